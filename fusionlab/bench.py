@@ -1,0 +1,268 @@
+"""Timing, measured ceilings and recorded results.
+
+On a GPU: the median of many timed runs after a warm-up (``triton.testing.do_bench``, CUDA events),
+on inputs large enough that they do not fit in L2. Rates are reported against *measured* ceilings:
+the copy bandwidth (bytes read + bytes written by a large device-to-device copy) and the bf16 matmul
+rate. Under the interpreter nothing is timed — a programme that runs one block after another on the
+CPU says nothing about a GPU — and the recorded GPU results shipped in ``fusionlab/recorded/`` are
+shown instead, labelled with the device, date and versions that produced them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import runtime
+from .trips import human_bytes
+
+RECORDED_DIR = Path(__file__).parent / "recorded"
+
+
+class NotOnGPU(RuntimeError):
+    """Raised instead of returning a meaningless interpreter time."""
+
+
+def _require_gpu(what: str, device=None) -> None:
+    dev = torch.device(device) if device is not None else runtime.DEVICE
+    if dev.type != "cuda":
+        raise NotOnGPU(
+            f"{what}: nothing to time here ({runtime.MODE} mode, {runtime.REASON}). Interpreter "
+            "timings measure Python, not a GPU; use fusionlab.bench.recorded(...) for GPU results."
+        )
+
+
+def time_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100, device=None) -> float:
+    """Median time of ``fn()`` in milliseconds, measured with CUDA events after a warm-up.
+
+    Warm-up keeps compilation and autotuning out of the number. do_bench also flushes L2 between
+    runs, so a tensor smaller than L2 is not timed from cache.
+    """
+    _require_gpu("time_ms", device)
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def gbps(nbytes: float, ms: float) -> float:
+    """Achieved bandwidth in GB/s (1e9 bytes per second)."""
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def tflops(flops: float, ms: float) -> float:
+    return flops / (ms * 1e-3) / 1e12
+
+
+# -- ceilings -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ceilings:
+    """What this GPU can do, measured: the two numbers every prediction divides by."""
+
+    copy_GBps: float  # device-to-device copy, bytes read + bytes written
+    matmul_TFLOPs: float  # bf16 (fp16 where bf16 is missing) square matmul through cuBLAS
+    copy_bytes: int = 0
+    matmul_n: int = 0
+    matmul_dtype: str = "bfloat16"
+
+    @property
+    def balance(self) -> float:
+        """FLOPs per byte at the roofline's ridge: below it, memory sets the pace."""
+        return self.matmul_TFLOPs * 1e12 / (self.copy_GBps * 1e9)
+
+
+_CEILINGS: Ceilings | None = None
+
+
+def measure_copy_bandwidth(nbytes: int = 2**30, device=None) -> float:
+    """GB/s of ``y.copy_(x)`` on ``nbytes`` of fp32, counting the read and the write."""
+    _require_gpu("measure_copy_bandwidth", device)
+    n = nbytes // 4
+    x = torch.randn(n, device="cuda")
+    y = torch.empty_like(x)
+    ms = time_ms(lambda: y.copy_(x))
+    return gbps(2 * n * 4, ms)
+
+
+def measure_matmul_rate(n: int = 8192, dtype=torch.bfloat16, device=None) -> float:
+    """TFLOP/s of an n×n×n matmul on random data (zeros run faster than real data)."""
+    _require_gpu("measure_matmul_rate", device)
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    ms = time_ms(lambda: a @ b)
+    return tflops(2 * n**3, ms)
+
+
+def ceilings(refresh: bool = False, copy_bytes: int = 2**30, matmul_n: int = 8192) -> Ceilings:
+    """Measured ceilings of this GPU (cached for the session); recorded ones under the interpreter."""
+    global _CEILINGS
+    if not runtime.is_gpu():
+        return recorded().ceilings
+    if _CEILINGS is None or refresh:
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        _CEILINGS = Ceilings(
+            copy_GBps=measure_copy_bandwidth(copy_bytes),
+            matmul_TFLOPs=measure_matmul_rate(matmul_n, dtype),
+            copy_bytes=copy_bytes,
+            matmul_n=matmul_n,
+            matmul_dtype=str(dtype).replace("torch.", ""),
+        )
+    return _CEILINGS
+
+
+# -- cases and results ----------------------------------------------------------------------------
+@dataclass
+class Case:
+    """One thing to time: a thunk, the bytes it must move and the FLOPs it must do."""
+
+    name: str
+    fn: Callable[[], object]
+    nbytes: float = 0
+    flops: float = 0
+    group: str = ""
+    predicted_ms: float | None = None
+
+
+@dataclass
+class Result:
+    name: str
+    ms: float
+    nbytes: float = 0
+    flops: float = 0
+    group: str = ""
+    predicted_ms: float | None = None
+    GBps: float | None = None
+    TFLOPs: float | None = None
+    frac_copy: float | None = None  # achieved bandwidth / measured copy bandwidth
+
+    @classmethod
+    def of(cls, case: Case, ms: float, ceil: Ceilings | None) -> Result:
+        r = cls(case.name, ms, case.nbytes, case.flops, case.group, case.predicted_ms)
+        if case.nbytes:
+            r.GBps = gbps(case.nbytes, ms)
+            if ceil is not None:
+                r.frac_copy = r.GBps / ceil.copy_GBps
+        if case.flops:
+            r.TFLOPs = tflops(case.flops, ms)
+        return r
+
+
+def run(cases: Iterable[Case], *, ceil: Ceilings | None = None, on_result=None, **timing) -> list[Result]:
+    """Time each case in turn; ``on_result(result)`` is called as each one arrives (live bars)."""
+    out = []
+    for case in cases:
+        res = Result.of(case, time_ms(case.fn, **timing), ceil)
+        out.append(res)
+        if on_result is not None:
+            on_result(res)
+    return out
+
+
+def table(results: Iterable[Result], baseline: str | None = None) -> str:
+    results = list(results)
+    base = next((r.ms for r in results if r.name == baseline), None)
+    head = f"{'case':<34} {'ms':>8} {'GB/s':>8} {'% copy':>7} {'TFLOP/s':>8}" + (" vs base" if base else "")
+    lines = [head]
+    for r in results:
+        cells = [
+            f"{r.name:<34}",
+            f"{r.ms:8.3f}",
+            f"{r.GBps:8.0f}" if r.GBps else f"{'':8}",
+            f"{100 * r.frac_copy:6.0f}%" if r.frac_copy else f"{'':7}",
+            f"{r.TFLOPs:8.1f}" if r.TFLOPs else f"{'':8}",
+        ]
+        if base:
+            cells.append(f"{r.ms / base:7.2f}x")
+        lines.append(" ".join(cells))
+    return "\n".join(lines)
+
+
+# -- recorded results -----------------------------------------------------------------------------
+@dataclass
+class Recorded:
+    """GPU results produced by ``python -m fusionlab.record`` and committed to the package."""
+
+    meta: dict
+    ceilings: Ceilings
+    suites: dict[str, list[Result]] = field(default_factory=dict)
+    path: Path | None = None
+
+    def label(self) -> str:
+        m = self.meta
+        return (
+            f"RECORDED on {m['device']} (sm_{m['capability'].replace('.', '')}), {m['date']}, "
+            f"torch {m['torch']}, triton {m['triton']} — not measured on this machine"
+        )
+
+    def results(self, suite: str) -> list[Result]:
+        if suite not in self.suites:
+            raise KeyError(f"no recorded suite {suite!r} in {self.path.name if self.path else 'recording'}; "
+                           f"have: {', '.join(self.suites)}")
+        return self.suites[suite]
+
+    def get(self, suite: str, name: str) -> Result:
+        for r in self.results(suite):
+            if r.name == name:
+                return r
+        raise KeyError(f"no case {name!r} in recorded suite {suite!r}")
+
+    def to_json(self) -> dict:
+        return {
+            "meta": self.meta,
+            "ceilings": asdict(self.ceilings),
+            "suites": {k: [asdict(r) for r in v] for k, v in self.suites.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict, path: Path | None = None) -> Recorded:
+        suites = {k: [Result(**r) for r in v] for k, v in data["suites"].items()}
+        return cls(data["meta"], Ceilings(**data["ceilings"]), suites, path)
+
+
+def recorded_files() -> list[Path]:
+    return sorted(RECORDED_DIR.glob("*.json"))
+
+
+def recorded(path: str | Path | None = None) -> Recorded:
+    """The newest recorded GPU run shipped with the package (or the one at ``path``)."""
+    if path is None:
+        files = recorded_files()
+        if not files:
+            raise FileNotFoundError(f"no recorded GPU results in {RECORDED_DIR}; run `python -m fusionlab.record` on a GPU")
+        runs = [Recorded.from_json(json.loads(p.read_text()), p) for p in files]
+        return max(runs, key=lambda r: (r.meta["date"], r.meta.get("time", "")))
+    p = Path(path)
+    return Recorded.from_json(json.loads(p.read_text()), p)
+
+
+def metadata() -> dict:
+    """Device, date and versions: what every recorded number carries."""
+    info = runtime.info()
+    now = _dt.datetime.now(_dt.timezone.utc)
+    return {
+        "device": info.device_name,
+        "capability": info.capability or "cpu",
+        "date": now.date().isoformat(),
+        "time": now.strftime("%H:%M:%SZ"),
+        "torch": info.torch,
+        "triton": info.triton,
+        "cuda": torch.version.cuda,
+        "python": info.python,
+        "command": "python -m fusionlab.record",
+    }
+
+
+def describe(res: Result, ceil: Ceilings) -> str:
+    """One sentence for a result: time, bandwidth, fraction of the copy ceiling."""
+    parts = [f"{res.name}: {res.ms:.3f} ms"]
+    if res.GBps:
+        parts.append(f"{res.GBps:.0f} GB/s ({100 * res.GBps / ceil.copy_GBps:.0f}% of copy, "
+                     f"{human_bytes(res.nbytes)} moved)")
+    if res.TFLOPs:
+        parts.append(f"{res.TFLOPs:.1f} TFLOP/s")
+    return ", ".join(parts)
+

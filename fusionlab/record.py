@@ -1,0 +1,47 @@
+"""Record every lesson's GPU benchmarks into ``fusionlab/recorded/`` (run on a GPU, never by hand).
+
+    python -m fusionlab.record                 # all suites, file named after device and date
+    python -m fusionlab.record --suites lesson1 --out /tmp/run.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+from . import bench, runtime, suites
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suites", default=",".join(suites.SUITES))
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if not runtime.is_gpu():
+        print(f"fusionlab.record needs a GPU Triton supports ({runtime.REASON}).", file=sys.stderr)
+        return 2
+    meta = bench.metadata()
+    ceil = bench.ceilings()
+    print(runtime.info(), f"\ncopy {ceil.copy_GBps:.0f} GB/s, matmul {ceil.matmul_TFLOPs:.0f} TFLOP/s", flush=True)
+    rec = bench.Recorded(meta, ceil)
+    for name in args.suites.split(","):
+        cases = suites.cases(name)
+        rec.suites[name] = bench.run(cases, ceil=ceil, on_result=lambda r: print(" ", bench.describe(r, ceil), flush=True))
+        del cases
+        torch.cuda.empty_cache()
+        print(f"\n[{name}]\n" + bench.table(rec.suites[name]), flush=True)
+    slug = re.sub(r"[^a-z0-9]+", "-", meta["device"].lower()).strip("-")
+    out = args.out or bench.RECORDED_DIR / f"{slug}-{meta['date']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rec.to_json(), indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""Lesson 1 on a GPU: one cos, eager cos().cos(), compiled, and the fused Triton kernel.
+
+``nbytes`` is the *minimum* traffic of the op (read x once, write y once), so "% of copy" reads
+as effective bandwidth: eager ``cos().cos()`` moves twice that and shows about half.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import kernels
+from ..bench import Case
+from ..trips import Ledger
+
+N_FULL = 2**28  # 1 GiB of fp32: far past any L2
+
+
+def cases(n: int = N_FULL, device="cuda") -> list[Case]:
+    x = torch.randn(n, device=device)
+    y = torch.empty_like(x)
+    one_pass = Ledger.chain(["cos"], n, torch.float32).fused_bytes  # 2N * 4 bytes
+    cc_compiled = torch.compile(lambda t: t.cos().cos())
+    out = [
+        Case("copy", lambda: y.copy_(x), one_pass, group="ceiling"),
+        Case("eager cos", lambda: torch.cos(x, out=y), one_pass, group="cos"),
+        Case("eager cos().cos()", lambda: x.cos().cos(), one_pass, group="cos"),
+        Case("compiled cos(cos(x))", lambda: cc_compiled(x), one_pass, group="cos"),
+        Case("triton cos", lambda: kernels.cos(x), one_pass, group="cos"),
+        Case("triton cos_cos (fused)", lambda: kernels.cos_cos(x), one_pass, group="cos"),
+        Case("eager relu fp32", lambda: torch.relu(x), one_pass, group="activation"),
+        Case("eager gelu fp32", lambda: F.gelu(x), one_pass, group="activation"),
+    ]
+    xh = torch.randn(n, device=device, dtype=torch.bfloat16)
+    half = one_pass // 2
+    out += [
+        Case("eager relu bf16", lambda: torch.relu(xh), half, group="activation"),
+        Case("eager gelu bf16 (erf)", lambda: F.gelu(xh), half, group="activation"),
+        Case("eager gelu bf16 (tanh)", lambda: F.gelu(xh, approximate="tanh"), half, group="activation"),
+    ]
+    return out

@@ -1,0 +1,178 @@
+"""The ledger: how many bytes a chain of operations moves through slow memory (HBM).
+
+Unfused, every op is its own kernel: it reads each of its inputs from HBM and writes its output back.
+Fused, the chain is one kernel: it reads each *external* input once (one produced by no op of the
+chain) and writes only the chain's *outputs*; every intermediate stays on chip, in registers.
+
+For a chain of k same-shape element-wise ops on N elements that is 2kN elements unfused and 2N fused:
+the IO reduction that the whole course builds on.
+
+    >>> led = Ledger(dtype_bytes=4)
+    >>> led.op("add", reads={"x": 1024, "bias": 8}, writes={"t": 1024})
+    >>> led.op("gelu", reads={"t": 1024}, writes={"y": 1024})
+    >>> led.unfused_bytes, led.fused_bytes
+    (16416, 8224)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+READ = "read"
+WRITE = "write"
+
+
+def dtype_bytes(dtype: torch.dtype | int) -> int:
+    return dtype if isinstance(dtype, int) else torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class Trip:
+    """One tensor crossing between HBM and the chip: the unit the course counts."""
+
+    op: str  # the op (kernel) that makes the trip
+    tensor: str
+    direction: str  # READ: HBM -> chip; WRITE: chip -> HBM
+    elements: int
+    nbytes: int
+
+
+@dataclass
+class Op:
+    name: str
+    reads: dict[str, int]
+    writes: dict[str, int]
+
+
+@dataclass
+class Ledger:
+    """Bytes moved by a chain of ops, unfused (one kernel each) and fused (one kernel in all)."""
+
+    dtype_bytes: int = 4
+    ops: list[Op] = field(default_factory=list)
+    outputs: tuple[str, ...] | None = None  # default: what the last op writes
+
+    def __post_init__(self):
+        self.dtype_bytes = dtype_bytes(self.dtype_bytes)
+
+    # -- building -----------------------------------------------------------------------------
+    def op(self, name: str, reads: dict[str, int], writes: dict[str, int]) -> Ledger:
+        for k, v in {**reads, **writes}.items():
+            if int(v) != v or v < 0:
+                raise ValueError(f"op {name!r}: tensor {k!r} has {v} elements; expected a whole number >= 0")
+        self.ops.append(Op(name, dict(reads), dict(writes)))
+        return self
+
+    @classmethod
+    def chain(cls, names, n: int, dtype=torch.float32, x: str = "x") -> Ledger:
+        """k same-shape element-wise ops, each taking the previous one's output: ``x -> t1 -> ... -> y``."""
+        led = cls(dtype_bytes=dtype_bytes(dtype))
+        names = list(names)
+        src = x
+        for i, name in enumerate(names):
+            dst = "y" if i == len(names) - 1 else f"t{i + 1}"
+            led.op(name, reads={src: n}, writes={dst: n})
+            src = dst
+        return led
+
+    # -- counting -----------------------------------------------------------------------------
+    def _outputs(self) -> set[str]:
+        if self.outputs is not None:
+            return set(self.outputs)
+        return set(self.ops[-1].writes) if self.ops else set()
+
+    def _trip(self, op, tensor, direction, n) -> Trip:
+        return Trip(op, tensor, direction, n, n * self.dtype_bytes)
+
+    def trips(self, fused: bool) -> list[Trip]:
+        """Every HBM crossing in launch order. Fused keeps only the first read of each external
+        input and the writes of the outputs; the rest never leaves the chip."""
+        out: list[Trip] = []
+        if not fused:
+            for op in self.ops:
+                out += [self._trip(op.name, t, READ, n) for t, n in op.reads.items()]
+                out += [self._trip(op.name, t, WRITE, n) for t, n in op.writes.items()]
+            return out
+        produced: set[str] = set()
+        seen: set[str] = set()
+        outputs = self._outputs()
+        for op in self.ops:
+            for t, n in op.reads.items():
+                if t not in produced and t not in seen:
+                    out.append(self._trip(op.name, t, READ, n))
+                    seen.add(t)
+            for t, n in op.writes.items():
+                produced.add(t)
+                if t in outputs:
+                    out.append(self._trip(op.name, t, WRITE, n))
+        return out
+
+    def bytes(self, fused: bool) -> int:
+        return sum(t.nbytes for t in self.trips(fused))
+
+    @property
+    def unfused_bytes(self) -> int:
+        return self.bytes(fused=False)
+
+    @property
+    def fused_bytes(self) -> int:
+        return self.bytes(fused=True)
+
+    @property
+    def kernels_unfused(self) -> int:
+        return len(self.ops)
+
+    @property
+    def saving(self) -> float:
+        """Predicted speedup of fusion for memory-bound ops: unfused bytes / fused bytes."""
+        return self.unfused_bytes / self.fused_bytes
+
+    def predict_ms(self, bandwidth_GBps: float, fused: bool) -> float:
+        """Time to move the bytes at the given bandwidth (GB/s, 1e9 bytes): the memory-bound floor."""
+        if bandwidth_GBps <= 0:
+            raise ValueError(f"bandwidth must be positive, got {bandwidth_GBps}")
+        return self.bytes(fused) / (bandwidth_GBps * 1e9) * 1e3
+
+    def table(self) -> str:
+        """A plain-text ledger: one line per trip, unfused beside fused."""
+        lines = [f"{'kernel':<10} {'tensor':<8} {'trip':<6} {'unfused':>14} {'fused':>14}"]
+        fused = {(t.op, t.tensor, t.direction) for t in self.trips(fused=True)}
+        for t in self.trips(fused=False):
+            kept = (t.op, t.tensor, t.direction) in fused
+            lines.append(
+                f"{t.op:<10} {t.tensor:<8} {t.direction:<6} {human_bytes(t.nbytes):>14} "
+                f"{human_bytes(t.nbytes) if kept else 'stays on chip':>14}"
+            )
+        lines.append(f"{'total':<26} {human_bytes(self.unfused_bytes):>14} {human_bytes(self.fused_bytes):>14}")
+        lines.append(f"predicted speedup from fusion (memory-bound): {self.saving:.2f}x")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def arithmetic_intensity(flops: float, nbytes: float) -> float:
+    """FLOPs per byte moved: below the machine's balance point, memory sets the time."""
+    if nbytes <= 0:
+        raise ValueError("bytes moved must be positive")
+    return flops / nbytes
+
+
+def machine_balance(tflops: float, bandwidth_GBps: float) -> float:
+    """FLOPs the chip can do per byte it can move: the ridge of the roofline."""
+    return tflops * 1e12 / (bandwidth_GBps * 1e9)
+
+
+def roofline_tflops(intensity: float, peak_tflops: float, bandwidth_GBps: float) -> float:
+    """Attainable rate at an intensity: min(peak, bandwidth × intensity)."""
+    return min(peak_tflops, bandwidth_GBps * 1e9 * intensity / 1e12)
