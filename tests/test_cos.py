@@ -1,0 +1,58 @@
+import pytest
+import torch
+
+from fusionlab import check, runtime
+from fusionlab.kernels import KernelInputError, cos, cos_cos, cos_cos_reference
+
+pytestmark = pytest.mark.lesson1
+
+SHAPES = [
+    (1,),  # a single element: one program, almost all of it masked
+    (4095,),  # one short of the block
+    (4097,),  # one past the block: the second program holds one element
+    (37, 129),  # 2-D, odd both ways: the kernel sees the flat view
+    (3, 5, 7),
+]
+DTYPES = [(torch.float32, 1e-6, 1e-6), (torch.float16, 1e-3, 1e-3)]
+if runtime.is_gpu():
+    DTYPES.append((torch.bfloat16, 1e-2, 1e-2))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype, atol, rtol", DTYPES)
+@pytest.mark.parametrize("fn, ref", [(cos_cos, cos_cos_reference), (cos, torch.cos)])
+def test_matches_reference_in_one_launch(shape, dtype, atol, rtol, fn, ref):
+    x = (torch.randn(shape) * 10).to(device=runtime.DEVICE, dtype=dtype)
+    with check.poisoned_allocations(), check.LaunchCounter() as counter:
+        y = fn(x)
+    assert counter.triton_launches == ["_cos_kernel"]
+    assert counter.torch_ops == []
+    expected = ref(x.float()).to(dtype)
+    torch.testing.assert_close(y, expected, atol=atol, rtol=rtol)
+
+
+def test_empty_tensor():
+    x = torch.empty(0, device=runtime.DEVICE)
+    assert cos_cos(x).shape == (0,)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: torch.randn(8, device="meta"), "is on meta"),
+        (lambda: torch.randn(8, dtype=torch.float64, device=runtime.DEVICE), "dtype float64"),
+        (lambda: torch.arange(8, device=runtime.DEVICE), "dtype int64"),
+        (lambda: torch.randn(8, 6, device=runtime.DEVICE).t(), "not contiguous"),
+        (lambda: [1.0, 2.0], "must be a torch.Tensor"),
+    ],
+)
+@pytest.mark.parametrize("fn", [cos, cos_cos])
+def test_bad_input_gets_a_clear_error(make, match, fn):
+    with pytest.raises(KernelInputError, match=match):
+        fn(make())
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="bf16 is refused only by the interpreter")
+def test_bf16_refused_in_interpreter_with_a_reason():
+    with pytest.raises(KernelInputError, match="interpreter does not support bfloat16"):
+        cos_cos(torch.randn(8, dtype=torch.bfloat16))
