@@ -232,7 +232,9 @@ def recorded(path: str | Path | None = None) -> Recorded:
     if path is None:
         files = recorded_files()
         if not files:
-            raise FileNotFoundError(f"no recorded GPU results in {RECORDED_DIR}; run `python -m fusionlab.record` on a GPU")
+            raise FileNotFoundError(
+                f"no recorded GPU results in {RECORDED_DIR}; run `python -m fusionlab.record` on a GPU"
+            )
         runs = [Recorded.from_json(json.loads(p.read_text()), p) for p in files]
         return max(runs, key=lambda r: (r.meta["date"], r.meta.get("time", "")))
     p = Path(path)

@@ -31,7 +31,8 @@ def main(argv=None) -> int:
     rec = bench.Recorded(meta, ceil)
     for name in args.suites.split(","):
         cases = suites.cases(name)
-        rec.suites[name] = bench.run(cases, ceil=ceil, on_result=lambda r: print(" ", bench.describe(r, ceil), flush=True))
+        show = lambda r: print(" ", bench.describe(r, ceil), flush=True)  # noqa: B023
+        rec.suites[name] = bench.run(cases, ceil=ceil, on_result=show)
         del cases
         torch.cuda.empty_cache()
         print(f"\n[{name}]\n" + bench.table(rec.suites[name]), flush=True)

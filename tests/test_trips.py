@@ -1,7 +1,15 @@
 import pytest
 import torch
 
-from fusionlab.trips import READ, WRITE, Ledger, arithmetic_intensity, human_bytes, machine_balance, roofline_tflops
+from fusionlab.trips import (
+    READ,
+    WRITE,
+    Ledger,
+    arithmetic_intensity,
+    human_bytes,
+    machine_balance,
+    roofline_tflops,
+)
 
 pytestmark = pytest.mark.lesson1
 

@@ -1,0 +1,1 @@
+"""One module of exercise checkers per lesson, built on :mod:`fusionlab.check`."""
