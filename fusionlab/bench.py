@@ -268,3 +268,52 @@ def describe(res: Result, ceil: Ceilings) -> str:
         parts.append(f"{res.TFLOPs:.1f} TFLOP/s")
     return ", ".join(parts)
 
+
+
+# -- one call for a lesson: live on a GPU, recorded elsewhere ----------------------------------------
+@dataclass
+class SuiteRun:
+    """A lesson's benchmark results, with where they come from."""
+
+    suite: str
+    results: list[Result]
+    ceilings: Ceilings
+    label: str
+    live: bool
+
+    def get(self, name: str) -> Result:
+        for r in self.results:
+            if r.name == name:
+                return r
+        raise KeyError(f"no case {name!r} in suite {self.suite!r}; have: {', '.join(r.name for r in self.results)}")
+
+    def ms(self, name: str) -> float:
+        return self.get(name).ms
+
+    def ratio(self, name: str, baseline: str) -> float:
+        return self.ms(name) / self.ms(baseline)
+
+    def table(self, baseline: str | None = None) -> str:
+        return f"{self.label}\n{table(self.results, baseline)}"
+
+
+def measure_suite(suite: str, on_result=None, **case_kwargs) -> SuiteRun:
+    """Time a lesson's suite here if this is a GPU Triton supports; otherwise load the recorded run.
+
+    ``on_result`` is called per result either way, so live bars fill as numbers arrive (on a GPU)
+    or all at once (recorded).
+    """
+    from . import suites
+
+    if runtime.is_gpu():
+        ceil = ceilings()
+        cases = suites.cases(suite, **case_kwargs)
+        results = run(cases, ceil=ceil, on_result=on_result)
+        label = f"MEASURED here: {runtime.info().label()}"
+        return SuiteRun(suite, results, ceil, label, live=True)
+    rec = recorded()
+    results = rec.results(suite)
+    for r in results:
+        if on_result is not None:
+            on_result(r)
+    return SuiteRun(suite, results, rec.ceilings, rec.label(), live=False)
