@@ -5,8 +5,8 @@
 """
 
 from . import runtime  # noqa: I001  (must stay first)
-from . import bench, trips
+from . import bench, trips, widgets
 from .runtime import DEVICE, info, pick
 
 __version__ = "0.1.0"
-__all__ = ["DEVICE", "bench", "info", "pick", "runtime", "trips"]
+__all__ = ["DEVICE", "bench", "info", "pick", "runtime", "trips", "widgets"]

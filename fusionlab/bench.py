@@ -297,6 +297,13 @@ class SuiteRun:
         return f"{self.label}\n{table(self.results, baseline)}"
 
 
+def source_label() -> str:
+    """Where this machine's lesson timings come from: measured here, or recorded elsewhere (and when)."""
+    if runtime.is_gpu():
+        return f"MEASURED here: {runtime.info().label()}"
+    return recorded().label()
+
+
 def measure_suite(suite: str, on_result=None, **case_kwargs) -> SuiteRun:
     """Time a lesson's suite here if this is a GPU Triton supports; otherwise load the recorded run.
 
@@ -309,8 +316,7 @@ def measure_suite(suite: str, on_result=None, **case_kwargs) -> SuiteRun:
         ceil = ceilings()
         cases = suites.cases(suite, **case_kwargs)
         results = run(cases, ceil=ceil, on_result=on_result)
-        label = f"MEASURED here: {runtime.info().label()}"
-        return SuiteRun(suite, results, ceil, label, live=True)
+        return SuiteRun(suite, results, ceil, source_label(), live=True)
     rec = recorded()
     results = rec.results(suite)
     for r in results:

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Everything a session checks on a lent GPU, in one scripted call (see benchmarks/README.md).
+#   bash benchmarks/gpu_run.sh [tests] [record] [tune] [nbval]     (default: all)
+# Writes logs and results under $OUT (default ./out). Needs the wheels of ../shared/tools/gpu-wheelhouse.sh
+# in .whl/ for nbval (the GPU machine has torch/triton/pytest but no Jupyter).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+stages=${*:-tests record tune nbval}
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+python3 -c "import fusionlab; print(fusionlab.info())" | tee "$OUT/info.txt"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv | tee -a "$OUT/info.txt"
+for s in $stages; do
+  echo "=== $s ==="
+  case $s in
+    tests) timeout 300 python3 -m pytest tests -q -x -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/pytest.log" ;;
+    record) timeout 400 python3 -m fusionlab.record --suites "${SUITES:-lesson1,lesson2,lesson3}" --out "$OUT/recorded.json" 2>&1 | tee "$OUT/record.log" | tail -60 ;;
+    tune) [ -f benchmarks/tune.py ] && timeout 300 python3 benchmarks/tune.py 2>&1 | tee "$OUT/tune.log" | tail -40 ;;
+    nbval) timeout 500 python3 -m pytest --nbval notebooks solutions --nbval-current-env \
+             --nbval-sanitize-with nbval_sanitize.cfg -p no:cacheprovider -q 2>&1 | tail -30 | tee "$OUT/nbval.log" ;;
+  esac
+done
