@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 for s in $stages; do
   echo "=== $s ==="
   case $s in
-    tests) timeout 300 python3 -m pytest tests -q -x -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/pytest.log" ;;
+    tests) timeout 300 python3 -m pytest tests -q -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/pytest.log" ;;
     record) timeout 400 python3 -m fusionlab.record --suites "${SUITES:-lesson1,lesson2,lesson3}" --out "$OUT/recorded.json" 2>&1 | tee "$OUT/record.log" | tail -60 ;;
     tune) [ -f benchmarks/tune.py ] && timeout 300 python3 benchmarks/tune.py 2>&1 | tee "$OUT/tune.log" | tail -40 ;;
     nbval) timeout 500 python3 -m pytest --nbval notebooks solutions --nbval-current-env \

@@ -314,7 +314,7 @@ def measure_suite(suite: str, on_result=None, **case_kwargs) -> SuiteRun:
 
     if runtime.is_gpu():
         ceil = ceilings()
-        cases = suites.cases(suite, **case_kwargs)
+        cases = suites.cases(suite, **{**suites.prediction_kwargs(suite, ceil), **case_kwargs})
         results = run(cases, ceil=ceil, on_result=on_result)
         return SuiteRun(suite, results, ceil, source_label(), live=True)
     rec = recorded()

@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     print(runtime.info(), f"\ncopy {ceil.copy_GBps:.0f} GB/s, matmul {ceil.matmul_TFLOPs:.0f} TFLOP/s", flush=True)
     rec = bench.Recorded(meta, ceil)
     for name in args.suites.split(","):
-        cases = suites.cases(name)
+        cases = suites.cases(name, **suites.prediction_kwargs(name, ceil))
         show = lambda r: print(" ", bench.describe(r, ceil), flush=True)  # noqa: B023
         rec.suites[name] = bench.run(cases, ceil=ceil, on_result=show)
         del cases

@@ -9,6 +9,19 @@ from .. import runtime
 runtime.require_triton()
 
 from ._validate import KernelInputError  # noqa: E402
+from .bias_gelu import bias_gelu, bias_gelu_config, bias_gelu_reference  # noqa: E402
+from .chain import chain, chain_names, chain_reference  # noqa: E402
 from .cos import cos, cos_cos, cos_cos_reference  # noqa: E402
 
-__all__ = ["KernelInputError", "cos", "cos_cos", "cos_cos_reference"]
+__all__ = [
+    "KernelInputError",
+    "bias_gelu",
+    "bias_gelu_config",
+    "bias_gelu_reference",
+    "chain",
+    "chain_names",
+    "chain_reference",
+    "cos",
+    "cos_cos",
+    "cos_cos_reference",
+]

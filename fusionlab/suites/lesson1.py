@@ -16,18 +16,24 @@ from ..trips import Ledger
 N_FULL = 2**28  # 1 GiB of fp32: far past any L2
 
 
-def cases(n: int = N_FULL, device="cuda") -> list[Case]:
+def cases(n: int = N_FULL, device="cuda", copy_GBps: float | None = None) -> list[Case]:
     x = torch.randn(n, device=device)
     y = torch.empty_like(x)
-    one_pass = Ledger.chain(["cos"], n, torch.float32).fused_bytes  # 2N * 4 bytes
+    cos_cos = Ledger.chain(["cos", "cos"], n, torch.float32)
+    one_pass = cos_cos.fused_bytes  # 2N * 4 bytes
+
+    def predict(fused: bool) -> float | None:  # the ledger's time at the measured copy bandwidth
+        return cos_cos.predict_ms(copy_GBps, fused=fused) if copy_GBps else None
+
     cc_compiled = torch.compile(lambda t: t.cos().cos())
     out = [
         Case("copy", lambda: y.copy_(x), one_pass, group="ceiling"),
-        Case("eager cos", lambda: torch.cos(x, out=y), one_pass, group="cos"),
-        Case("eager cos().cos()", lambda: x.cos().cos(), one_pass, group="cos"),
-        Case("compiled cos(cos(x))", lambda: cc_compiled(x), one_pass, group="cos"),
-        Case("triton cos", lambda: kernels.cos(x), one_pass, group="cos"),
-        Case("triton cos_cos (fused)", lambda: kernels.cos_cos(x), one_pass, group="cos"),
+        Case("eager cos", lambda: torch.cos(x, out=y), one_pass, group="cos", predicted_ms=predict(True)),
+        Case("eager cos().cos()", lambda: x.cos().cos(), one_pass, group="cos", predicted_ms=predict(False)),
+        Case("compiled cos(cos(x))", lambda: cc_compiled(x), one_pass, group="cos", predicted_ms=predict(True)),
+        Case("triton cos", lambda: kernels.cos(x), one_pass, group="cos", predicted_ms=predict(True)),
+        Case("triton cos_cos (fused)", lambda: kernels.cos_cos(x), one_pass, group="cos",
+             predicted_ms=predict(True)),
         Case("eager relu fp32", lambda: torch.relu(x), one_pass, group="activation"),
         Case("eager gelu fp32", lambda: F.gelu(x), one_pass, group="activation"),
     ]

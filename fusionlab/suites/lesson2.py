@@ -1,0 +1,151 @@
+"""Lesson 2 on a GPU: bias + GELU (eager, compiled, the fused Triton kernel) and the k-op chain.
+
+Every input is 1 GiB, far past any L2. ``nbytes`` is the *minimal* traffic of the op (read x and the
+bias once, write y once: the fused ledger), so "% of copy" reads as effective bandwidth: eager, which
+moves about twice that, shows about half. With ``copy_GBps`` (the measured copy ceiling) each case
+also carries ``predicted_ms``: the bytes that *its* schedule moves (eager: the unfused ledger; fused
+or compiled: the fused one) divided by the ceiling — the number to compare the measurement with.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import kernels
+from ..bench import Case
+from ..kernels.chain import MAX_K
+from ..trips import Ledger
+
+#: 1 GiB of input per dtype: 16384 x 16384 fp32, 32768 x 16384 bf16
+SHAPES = {torch.float32: (16384, 16384), torch.bfloat16: (32768, 16384)}
+CHAIN_N = 2**28  # 1 GiB of fp32
+APPROXIMATIONS = ("none", "tanh", "erf_fast")
+#: how the case names spell each approximation of the Triton kernel
+APPROX_LABEL = {"none": "erf", "tanh": "tanh", "erf_fast": "erf_fast"}
+
+
+def _dname(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+def bias_gelu_ledger(m: int, n: int, dtype) -> Ledger:
+    """Eager ``F.gelu(x + bias)``: add reads x and bias and writes t; gelu reads t and writes y."""
+    led = Ledger(dtype_bytes=dtype)
+    led.op("add", reads={"x": m * n, "bias": n}, writes={"t": m * n})
+    led.op("gelu", reads={"t": m * n}, writes={"y": m * n})
+    return led
+
+
+def _eager_bias_gelu(x, bias):
+    return F.gelu(x + bias)
+
+
+def _eager_bias_gelu_tanh(x, bias):
+    return F.gelu(x + bias, approximate="tanh")
+
+
+def _compiled(fn, *inputs):
+    """Compile once, outside any timed lambda, and run it once so compilation stays out of timings.
+
+    ``dynamic=False``: one specialised kernel per shape, as the Triton kernel is; without it a second
+    shape of the same function could trigger a dynamic-shape recompile with a slower kernel.
+    """
+    compiled = torch.compile(fn, dynamic=False)
+    compiled(*inputs)
+    return compiled
+
+
+def _predict(led: Ledger, copy_GBps: float | None, fused: bool) -> float | None:
+    return led.predict_ms(copy_GBps, fused=fused) if copy_GBps else None
+
+
+def bias_gelu_cases(dtype: torch.dtype, copy_GBps: float | None = None, device="cuda") -> list[Case]:
+    m, n = SHAPES[dtype]
+    d = _dname(dtype)
+    group = f"bias_gelu {d}"
+    x = torch.randn(m, n, device=device, dtype=dtype)
+    bias = torch.randn(n, device=device, dtype=dtype)
+    y = torch.empty_like(x)
+    led = bias_gelu_ledger(m, n, dtype)
+    nbytes = led.fused_bytes
+    copy_led = Ledger.chain(["copy"], m * n, dtype)
+    compiled = _compiled(_eager_bias_gelu, x, bias)
+    compiled_tanh = _compiled(_eager_bias_gelu_tanh, x, bias)
+    fused = _predict(led, copy_GBps, fused=True)
+    out = [
+        Case(f"copy {d}", lambda: y.copy_(x), copy_led.fused_bytes, group="ceiling",
+             predicted_ms=_predict(copy_led, copy_GBps, fused=True)),
+        Case(f"bias_gelu {d} eager", lambda: _eager_bias_gelu(x, bias), nbytes, group=group,
+             predicted_ms=_predict(led, copy_GBps, fused=False)),
+        Case(f"bias_gelu {d} eager tanh", lambda: _eager_bias_gelu_tanh(x, bias), nbytes, group=group,
+             predicted_ms=_predict(led, copy_GBps, fused=False)),
+        Case(f"bias_gelu {d} compiled", lambda: compiled(x, bias), nbytes, group=group, predicted_ms=fused),
+        Case(f"bias_gelu {d} compiled tanh", lambda: compiled_tanh(x, bias), nbytes, group=group,
+             predicted_ms=fused),
+    ]
+    for approximate in APPROXIMATIONS:
+        kernels.bias_gelu(x, bias, approximate)  # compile the Triton kernel before timing
+        out.append(Case(
+            f"bias_gelu {d} triton {APPROX_LABEL[approximate]}",
+            lambda a=approximate: kernels.bias_gelu(x, bias, a),
+            nbytes, group=group, predicted_ms=fused,
+        ))
+    return out
+
+
+def chain_cases(copy_GBps: float | None = None, n: int = CHAIN_N, device="cuda") -> list[Case]:
+    """For k = 1..8: the eager chain (k kernels, 2kN elements) and the fused kernel (one, 2N)."""
+    x = torch.randn(n, device=device)
+    out = []
+    for k in range(1, MAX_K + 1):
+        led = Ledger.chain(kernels.chain_names(k), n, torch.float32)
+        kernels.chain(x, k)  # compile this K's kernel before timing
+        out += [
+            Case(f"chain k={k} eager", lambda k=k: kernels.chain_reference(x, k), led.fused_bytes,
+                 group="chain eager", predicted_ms=_predict(led, copy_GBps, fused=False)),
+            Case(f"chain k={k} fused", lambda k=k: kernels.chain(x, k), led.fused_bytes,
+                 group="chain fused", predicted_ms=_predict(led, copy_GBps, fused=True)),
+        ]
+    return out
+
+
+def cases(copy_GBps: float | None = None, device="cuda") -> list[Case]:
+    """All lesson 2 cases. ``copy_GBps``: the measured copy ceiling (``fusionlab.bench.ceilings()``);
+    when given, every case carries ``predicted_ms``."""
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        out += bias_gelu_cases(dtype, copy_GBps, device)
+    out += chain_cases(copy_GBps, device=device)
+    return out
+
+
+def tuning_cases(
+    dtype: torch.dtype = torch.bfloat16,
+    approximate: str = "erf_fast",
+    tiles=((1, 1024), (2, 1024), (4, 1024), (8, 1024), (16, 1024), (8, 512), (16, 512), (32, 256),
+           (4, 2048), (2, 4096)),
+    warps=(4, 8, 16),
+    device="cuda",
+) -> list[Case]:
+    """A sweep of the bias + GELU kernel's tile (BLOCK_M, BLOCK_N) and num_warps at 1 GiB, to check
+    the launcher's default (``kernels.bias_gelu_config``) against its neighbours. Not in ``cases()``:
+    it is for whoever tunes the defaults, not for the lesson."""
+    m, n = SHAPES[dtype]
+    x = torch.randn(m, n, device=device, dtype=dtype)
+    bias = torch.randn(n, device=device, dtype=dtype)
+    nbytes = bias_gelu_ledger(m, n, dtype).fused_bytes
+    cfg = kernels.bias_gelu_config(m, n, dtype)
+    d = _dname(dtype)
+    out = []
+    for bm, bn in tiles:
+        for w in warps:
+            kw = {"block_m": bm, "block_n": bn, "num_warps": w}
+            kernels.bias_gelu(x, bias, approximate, **kw)  # compile before timing
+            default = " (default)" if (bm, bn, w) == (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"]) else ""
+            out.append(Case(
+                f"tune {d} {APPROX_LABEL[approximate]} {bm}x{bn} w{w}{default}",
+                lambda kw=kw: kernels.bias_gelu(x, bias, approximate, **kw),
+                nbytes, group=f"tune {d}",
+            ))
+    return out
