@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from fusionlab import bench
 from fusionlab.suites import lesson2
 
-TILES = ((1, 512), (1, 1024), (2, 1024), (4, 1024), (1, 2048), (2, 2048), (8, 512), (4, 2048))
+TILES = ((1, 1024), (2, 1024), (4, 1024), (1, 2048), (2, 2048), (1, 4096))
 ceil = bench.ceilings()
 print(f"copy {ceil.copy_GBps:.0f} GB/s")
 rows = []
@@ -25,11 +25,12 @@ for dtype, forms in ((torch.float32, ("none",)), (torch.bfloat16, ("erf_fast", "
         approx = "tanh" if form == "tanh" else "none"
         comp = torch.compile(lambda x, b, a=approx: F.gelu(x + b, approximate=a))
         comp(x, b)
-        res = bench.run([bench.Case(f"compiled {dtype} {approx}", lambda: comp(x, b), nbytes)], ceil=ceil)
+        res = bench.run([bench.Case(f"compiled {dtype} {approx}", lambda c=comp, x=x, b=b: c(x, b), nbytes)], ceil=ceil)
         res += bench.run(lesson2.tuning_cases(dtype, form, tiles=TILES, warps=(2, 4, 8)), ceil=ceil)
         best = min(res[1:], key=lambda r: r.ms)
         print(f"\n[{dtype} {form}] compiled {res[0].ms:.4f} ms ({100 * res[0].frac_copy:.1f}%), "
-              f"best {best.name} {best.ms:.4f} ms ({100 * best.frac_copy:.1f}%), compiled/best {res[0].ms / best.ms:.3f}")
+              f"best {best.name} {best.ms:.4f} ms ({100 * best.frac_copy:.1f}%), "
+              f"compiled/best {res[0].ms / best.ms:.3f}")
         print(bench.table(res, baseline=res[0].name))
         rows += [r.__dict__ for r in res]
         del comp
