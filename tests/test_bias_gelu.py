@@ -109,15 +109,16 @@ def test_reference_is_gelu_of_sum():
     torch.testing.assert_close(bias_gelu_reference(x, bias, "erf_fast"), F.gelu(x + bias), atol=0, rtol=0)
 
 
-def test_gpu_config_gives_16_elements_per_thread(monkeypatch):
+def test_gpu_config_gives_32_bytes_per_thread(monkeypatch):
     monkeypatch.setattr(runtime, "is_gpu", lambda: True)
-    assert bias_gelu_config(16384, 16384, torch.float32) == {"BLOCK_M": 4, "BLOCK_N": 1024, "num_warps": 8}
+    assert bias_gelu_config(16384, 16384, torch.float32) == {"BLOCK_M": 1, "BLOCK_N": 1024, "num_warps": 4}
     assert bias_gelu_config(32768, 16384, torch.bfloat16) == {"BLOCK_M": 2, "BLOCK_N": 1024, "num_warps": 4}
-    assert bias_gelu_config(4096, 129, torch.float32) == {"BLOCK_M": 16, "BLOCK_N": 256, "num_warps": 8}
+    assert bias_gelu_config(4096, 129, torch.float32) == {"BLOCK_M": 4, "BLOCK_N": 256, "num_warps": 4}
     assert bias_gelu_config(1, 1, torch.float32) == {"BLOCK_M": 1, "BLOCK_N": 16, "num_warps": 4}
     for m, n, dtype in [(16384, 16384, torch.float32), (32768, 16384, torch.bfloat16), (7, 3000, torch.float16)]:
         cfg = bias_gelu_config(m, n, dtype)
-        assert cfg["BLOCK_M"] * cfg["BLOCK_N"] <= 16 * 32 * cfg["num_warps"]
+        per_thread = cfg["BLOCK_M"] * cfg["BLOCK_N"] * torch.empty((), dtype=dtype).element_size()
+        assert per_thread <= 32 * 32 * cfg["num_warps"]
 
 
 @pytest.mark.parametrize("shape", SHAPES + [(100_000, 3)], ids=lambda s: "x".join(map(str, s)))

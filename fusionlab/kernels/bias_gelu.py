@@ -12,11 +12,12 @@ Three forms of GELU, picked with ``approximate``:
   because the interpreter has no tanh and on a GPU the sigmoid form avoids a cancellation for v << 0.
 - ``"erf_fast"``: the exact GELU with erf replaced by Abramowitz & Stegun's formula 7.1.26,
   ``erfc(z) ~= (a1 t + a2 t^2 + a3 t^3 + a4 t^4 + a5 t^5) exp(-z^2)``, ``t = 1 / (1 + p z)``, z >= 0,
-  whose absolute error on erf is at most 1.5e-7. It costs one division, one exp2 and a handful of
-  FMAs (approximate division and exp2 on a GPU), where ``tl.erf`` calls an accurate erf that costs
-  more. On an H200 (1 GiB, bf16, Triton 3.6) bias + GELU reached 66% of copy bandwidth with the exact
-  erf — the arithmetic, not the memory, sets the time when each element is only 2 bytes — and
-  89-95% with erf_fast (tanh form: 94%); in fp32 all three forms ran at 94-95%.
+  whose absolute error on erf is at most 1.5e-7. It costs one reciprocal (as rsqrt squared: one
+  fast MUFU instruction, where ``1.0 / d`` compiles to a correctly rounded division), one exp2 and
+  a handful of FMAs, where ``tl.erf`` calls an accurate erf that costs far more. Measured on one H200
+  (1 GiB, Triton 3.6, 2026-11-22, ``benchmarks/tune_variants.py``): in bf16 bias + GELU with the exact
+  erf reached only 66% of copy bandwidth — with 2 bytes per element the arithmetic, not the memory,
+  sets the time — erf_fast 95% and the tanh form 96-99%; in fp32 all three forms ran at 99.5-99.8%.
   Accuracy: the formula's 1.5e-7 on erf is at most 0.75e-7 |v| on GELU. With fp32 rounding, over
   v in [-12, 12] (beyond, both give v or ~0), the max absolute error measured 3.3e-7 against the
   float64 exact GELU (torch's own fp32 exact GELU: 3.7e-7 on a CPU) and 4.8e-7 against torch's fp32
@@ -76,20 +77,6 @@ def bias_gelu_reference(x: torch.Tensor, bias: torch.Tensor, approximate: str = 
 
 
 @triton.jit
-def _gelu_erf_fast(v):
-    """Exact-GELU formula with erf from A&S 7.1.26, written so that no digits cancel for v < 0."""
-    # fdiv without IEEE rounding: one fast reciprocal on a GPU instead of a correctly rounded
-    # division (several instructions); its ~2 ulp error is far below the formula's own 1.5e-7.
-    t = tl.math.fdiv(tl.zeros_like(v) + 1.0, 1.0 + _P_OVER_SQRT2 * tl.abs(v))
-    half_poly = t * (_H1 + t * (_H2 + t * (_H3 + t * (_H4 + t * _H5))))  # Horner: 5 FMAs
-    half_q = half_poly * tl.exp2(v * v * _NEG_HALF_LOG2E)  # erfc(|v| / sqrt 2) / 2
-    # 0.5 (1 + erf(v/sqrt2)) is 1 - q/2 for v >= 0 and q/2 for v < 0. Using q directly for v < 0
-    # keeps the small negative tail accurate instead of computing 1 + (q - 1) and losing the digits.
-    s = v * half_q
-    return tl.where(v >= 0, v - s, s)
-
-
-@triton.jit
 def _bias_gelu_kernel(
     x_ptr, bias_ptr, y_ptr,
     n_rows, n_cols,
@@ -110,22 +97,32 @@ def _bias_gelu_kernel(
 
     # The bias block is loaded once per program and broadcast down the tile's rows: no per-element
     # `offs % n_cols`, and BLOCK_M rows share one read of it.
-    b = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    b = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
 
     # The last row and column blocks hang over the edges. (An unmasked variant for tiles that divide
     # the tensor measured no faster on an H200: the mask costs little next to the loads.)
     mask = (offs_m[:, None] < n_rows) & mask_n[None, :]
-    # x is read exactly once: evict_first keeps it from pushing the (reused) bias out of L2
-    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_n[None, :], mask=mask, other=0.0,
-                eviction_policy="evict_first")
+    # (No eviction hints: evict_first on x and evict_last on the bias measured 2-3% slower on an H200.)
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_n[None, :], mask=mask, other=0.0)
     v = x.to(tl.float32) + b[None, :]  # math in fp32, whatever the storage
 
     if APPROX == 0:  # exact: resolved at compile time, one specialised kernel per form
         y = 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
     elif APPROX == 1:  # tanh form: 0.5 (1 + tanh z) = sigmoid(2z), 2 sqrt(2/pi) = 1.5957691216057308
         y = v * tl.sigmoid(1.5957691216057308 * (v + 0.044715 * v * v * v))
-    else:
-        y = _gelu_erf_fast(v)
+    else:  # erf_fast, A&S 7.1.26, written so that no digits cancel for v < 0
+        # 1/d as rsqrt(d)^2: one approximate MUFU instruction and a multiply on a GPU, where `1.0 / d`
+        # compiles to a correctly rounded division of several instructions; its few-ulp error is far
+        # below the formula's own 1.5e-7. (Written inline: Triton's interpreter fails on tl.math
+        # builtins called from a nested @triton.jit helper.)
+        r = tl.math.rsqrt(tl.abs(v) * _P_OVER_SQRT2 + 1.0)  # tensor first: constexpr * tensor trips the interpreter
+        t = r * r
+        half_poly = t * (_H1 + t * (_H2 + t * (_H3 + t * (_H4 + t * _H5))))  # Horner: 5 FMAs
+        half_q = half_poly * tl.exp2(v * v * _NEG_HALF_LOG2E)  # erfc(|v| / sqrt 2) / 2
+        # 0.5 (1 + erf(v/sqrt2)) is 1 - q/2 for v >= 0 and q/2 for v < 0: using q directly for v < 0
+        # keeps the small negative tail accurate instead of computing 1 + (q - 1) and losing digits.
+        s = v * half_q
+        y = tl.where(v >= 0, v - s, s)
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -136,23 +133,22 @@ def _next_pow2(n: int) -> int:
 def bias_gelu_config(n_rows: int, n_cols: int, dtype: torch.dtype) -> dict:
     """The launch configuration the launcher picks: ``{"BLOCK_M", "BLOCK_N", "num_warps"}``.
 
-    On a GPU: 16 elements per thread — 4096-element tiles with 8 warps for fp32 (four 16-byte loads
-    per thread), 2048-element tiles with 4 warps for bf16/fp16 (two). BLOCK_N covers up to 1024
-    columns, so a warp reads contiguous row segments; short rows get a whole row per tile and more
-    rows instead; BLOCK_M never exceeds the rows there are. Chosen from a sweep on an H200 at 1 GiB
-    (Triton 3.6; ``fusionlab.suites.lesson2.tuning_cases``): fp32 reached 94-95% of copy bandwidth
-    for all three GELU forms; in bf16 2 x 1024 with 4 warps was at or within 2 points of the best
-    tile for each form (tanh 94%, erf_fast 89%, exact erf 66%), while 8 warps or 8192-element tiles
-    lost up to 17 points for erf_fast. Those bf16 numbers moved by up to 6 points from one H200 to
-    another: re-run the sweep before trusting a single point.
+    On a GPU: 32 bytes per thread — 1 x 1024 tiles for 4-byte types (8 elements per thread),
+    2 x 1024 for 2-byte ones (16), both with 4 warps. BLOCK_N covers up to 1024 columns, so a warp
+    reads contiguous row segments; short rows get a whole row per tile and more rows instead;
+    BLOCK_M never exceeds the rows there are. Chosen from sweeps on an H200 at 1 GiB (Triton 3.6,
+    ``benchmarks/tune.py`` and ``tune_variants.py``, notes in ``benchmarks/NOTES.md``): fp32 1 x 1024
+    with 2 or 4 warps ran at 99.5-99.8% of copy bandwidth for every form; bf16 2 x 1024 with 4 warps
+    was the best tile for erf_fast (95%) and within 3 points of the best for tanh; 8 warps or 8 Ki
+    tiles lost up to 17 points in bf16.
 
     In the interpreter every program costs milliseconds of Python however small its tile, so tiles
     are 64 Ki elements there (up to 8192 columns): a few large programs instead of many small ones.
     """
     if runtime.is_gpu():
-        # 16 elements per thread: 8 warps for 4-byte types, 4 warps for 2-byte ones
-        num_warps = 8 if torch.empty((), dtype=dtype).element_size() >= 4 else 4
-        tile, max_n = 16 * 32 * num_warps, 1024
+        # 32 bytes per thread with 4 warps (128 threads): 1024 fp32 or 2048 bf16/fp16 elements a tile
+        num_warps = 4
+        tile, max_n = 128 * 32 // torch.empty((), dtype=dtype).element_size(), 1024
     else:
         tile, max_n, num_warps = 65536, 8192, 8
     # at least 16 columns: tiny power-of-two ranges gain nothing, and masks make them safe
