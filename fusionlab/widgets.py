@@ -753,3 +753,11 @@ def _plot_points(ax, points, peak_tflops: float, bandwidth_GBps: float) -> list[
                     ha="right" if above else "left", va="bottom" if above else "top", fontsize=8)
         ys.append(y)
     return ys
+
+
+def show(fig: Figure):
+    """A figure as a displayable PNG (leave it last in a cell). Our figures are built without pyplot,
+    so the notebook's inline backend does not draw them by itself."""
+    from IPython.display import Image
+
+    return Image(data=_png(fig), format="png")

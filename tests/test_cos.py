@@ -20,7 +20,11 @@ if runtime.is_gpu():
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype, atol, rtol", DTYPES)
-@pytest.mark.parametrize("fn, ref", [(cos_cos, cos_cos_reference), (cos, torch.cos)])
+@pytest.mark.parametrize(
+    "fn, ref",
+    [(cos_cos, cos_cos_reference), (lambda x: cos_cos(x, second="precise"), cos_cos_reference), (cos, torch.cos)],
+    ids=["cos_cos", "cos_cos_precise", "cos"],
+)
 def test_matches_reference_in_one_launch(shape, dtype, atol, rtol, fn, ref):
     x = (torch.randn(shape) * 10).to(device=runtime.DEVICE, dtype=dtype)
     with check.poisoned_allocations(), check.LaunchCounter() as counter:
@@ -29,6 +33,19 @@ def test_matches_reference_in_one_launch(shape, dtype, atol, rtol, fn, ref):
     assert counter.torch_ops == []
     expected = ref(x.float()).to(dtype)
     torch.testing.assert_close(y, expected, atol=atol, rtol=rtol)
+
+
+def test_polynomial_second_cosine_is_cos_to_fp32_rounding():
+    # the second cosine's argument covers all of [-1, 1]; compare with float64 over x where it matters
+    x = torch.linspace(-50, 50, 100_003, device=runtime.DEVICE)
+    exact = torch.cos(torch.cos(x.double()))
+    assert (cos_cos(x).double() - exact).abs().max().item() < 2.5e-7  # ~2 ulp at |y| <= 1
+    assert (cos_cos(x, second="precise").double() - exact).abs().max().item() < 2.5e-7
+
+
+def test_unknown_second_is_refused():
+    with pytest.raises(KernelInputError, match="second='fast'"):
+        cos_cos(torch.randn(8, device=runtime.DEVICE), second="fast")
 
 
 def test_empty_tensor():

@@ -9,7 +9,7 @@ from PIL import Image
 
 from fusionlab import bench
 from fusionlab.trips import Ledger, human_bytes, machine_balance, roofline_tflops
-from fusionlab.widgets import TimingBars, TripAnimation, roofline_figure, trips_figure
+from fusionlab.widgets import TimingBars, TripAnimation, roofline_figure, show, trips_figure
 
 pytestmark = pytest.mark.lesson1
 
@@ -235,3 +235,9 @@ def test_roofline_axes_units_device_and_points():
     assert "ridge: 295 FLOP/byte" in texts and "3350 GB/s" in texts and "989 TFLOP/s" in texts
     with pytest.raises(ValueError):
         roofline_figure(989.0, 3350.0, [("zero", 0.0, None)], "TEST GPU")
+
+
+def test_show_gives_a_png_for_static_renders():
+    fig = roofline_figure(989, 3350, [("add", 1 / 12, None)], device_label="H100 (datasheet)")
+    img = show(fig)
+    assert img.data[:8] == b"\x89PNG\r\n\x1a\n"

@@ -2,7 +2,13 @@
 
 Eager PyTorch runs ``x.cos().cos()`` as two kernels: read x, write t, read t, write y (4N elements
 through HBM). The fused kernel reads x once and writes y once (2N), doing both cosines in registers.
-Memory-bound, so the fused version should cost about what a single ``cos`` costs.
+
+The fused kernel is also where the arithmetic starts to show. A precise ``cos`` is a few dozen
+instructions (range reduction, then a polynomial); at fp32 copy speed an H200 has room for roughly
+30 per element, so two of them make the kernel compute-bound (89% of copy bandwidth at best, measured
+with ``benchmarks/tune_cos.py``). Fusion lets the kernel use what it knows about the intermediate:
+the second cosine's argument lies in [-1, 1], where no range reduction is needed and a short
+polynomial is exact to fp32 rounding. ``second="precise"`` keeps ``tl.cos`` twice, for comparison.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ._validate import check_tensor
+from ._validate import KernelInputError, check_tensor
+
+COS, COS_COS_PRECISE, COS_COS = 0, 1, 2
 
 
 def cos_cos_reference(x: torch.Tensor) -> torch.Tensor:
@@ -21,41 +29,48 @@ def cos_cos_reference(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _cos_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr, TWICE: tl.constexpr):
+def _cos_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr, WHAT: tl.constexpr):
     pid = tl.program_id(axis=0)
     offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offs < n_elements  # the last block hangs over the end of the tensor
     x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)  # math in fp32, whatever the storage
     y = tl.cos(x)
-    if TWICE:  # resolved at compile time: two specialised kernels, no branch at run time
+    if WHAT == 1:  # resolved at compile time: one specialised kernel per choice, no run-time branch
         y = tl.cos(y)
+    elif WHAT == 2:
+        # cos(c) for |c| <= 1 by its Taylor series up to c^12 (Horner in u = c^2): the first term left
+        # out is below 1.2e-11, far under fp32's rounding, so this is cos to within an ulp or two.
+        u = y * y
+        y = u * (u * (u * (u * (u * (u * (1 / 479001600) - 1 / 3628800) + 1 / 40320) - 1 / 720) + 1 / 24) - 0.5) + 1.0
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _block_size() -> int:
-    # On a GPU 4096 elements per program with 8 warps gives each thread 16 elements: four 16-byte
-    # loads in flight, enough to keep HBM busy. The interpreter runs programs one after another, so
-    # fewer, larger blocks run faster there too.
-    return 4096
-
-
-def _launch(x: torch.Tensor, twice: bool, op: str) -> torch.Tensor:
+def _launch(x: torch.Tensor, what: int, op: str) -> torch.Tensor:
     check_tensor(x, "x", op=op)
     y = torch.empty_like(x)
     n = x.numel()
     if n == 0:
         return y
-    grid = (triton.cdiv(n, _block_size()),)
-    kwargs = {"num_warps": 8} if runtime.is_gpu() else {}
-    _cos_kernel[grid](x, y, n, BLOCK_SIZE=_block_size(), TWICE=twice, **kwargs)
+    # 1024 elements and 4 warps per program: 8 fp32 elements (two 16-byte loads) per thread, the
+    # best of a sweep on an H200 (benchmarks/NOTES.md). The interpreter runs programs one after
+    # another, so it gets fewer, larger blocks.
+    block = 1024 if runtime.is_gpu() else 4096
+    kwargs = {"num_warps": 4} if runtime.is_gpu() else {}
+    _cos_kernel[(triton.cdiv(n, block),)](x, y, n, BLOCK_SIZE=block, WHAT=what, **kwargs)
     return y
 
 
 def cos(x: torch.Tensor) -> torch.Tensor:
     """``cos(x)`` in one Triton kernel: the one-pass baseline the fused chain is measured against."""
-    return _launch(x, twice=False, op="cos")
+    return _launch(x, COS, "cos")
 
 
-def cos_cos(x: torch.Tensor) -> torch.Tensor:
-    """``cos(cos(x))`` fused: one kernel, one read of x and one write of y."""
-    return _launch(x, twice=True, op="cos_cos")
+def cos_cos(x: torch.Tensor, second: str = "poly") -> torch.Tensor:
+    """``cos(cos(x))`` fused: one kernel, one read of x and one write of y.
+
+    ``second``: ``"poly"`` (default) computes the second cosine, whose argument lies in [-1, 1], by a
+    short polynomial; ``"precise"`` calls ``tl.cos`` twice.
+    """
+    if second not in ("poly", "precise"):
+        raise KernelInputError(f"cos_cos: second={second!r}; choose 'poly' or 'precise'.")
+    return _launch(x, COS_COS if second == "poly" else COS_COS_PRECISE, "cos_cos")
