@@ -73,9 +73,32 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 CAPABILITY = _cuda_capability()
 MODE, REASON = decide_mode(os.environ.get("FUSIONLAB_MODE", "auto"), CAPABILITY,
                            os.environ.get("TRITON_INTERPRET"))
+
+
+def _reinterpret_triton_helpers() -> int:
+    """Triton was imported before fusionlab: its own @triton.jit helpers (``tl.cdiv``, ``tl.sigmoid``,
+    ``tl.zeros_like``, ...) were compiled for a GPU and raise "Cannot call @triton.jit'd outside of the
+    scope of a kernel" inside the interpreter. Rebuild them as interpreted functions; returns how many."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    swapped: dict[int, object] = {}
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("triton.language") or mod is None:
+            continue
+        for attr, val in list(vars(mod).items()):
+            if isinstance(val, JITFunction) and not isinstance(val, InterpretedFunction):
+                if id(val) not in swapped:
+                    swapped[id(val)] = InterpretedFunction(val.fn)
+                setattr(mod, attr, swapped[id(val)])
+    return len(swapped)
+
+
 if MODE == INTERPRETER:
     # Must happen before any @triton.jit below (or in a notebook) is decorated.
     os.environ["TRITON_INTERPRET"] = "1"
+    if "triton.language" in sys.modules:  # imported before us: mend what it already compiled
+        _reinterpret_triton_helpers()
 
 #: where Triton kernels' tensors live
 DEVICE = torch.device("cuda" if MODE == GPU else "cpu")

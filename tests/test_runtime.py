@@ -65,3 +65,24 @@ def test_info_reports_versions():
     for key in ("mode", "device", "torch", "triton", "python"):
         assert key in text
     assert info.torch in info.label()
+
+
+def test_triton_imported_before_fusionlab_still_works_in_the_interpreter():
+    # Triton's own @triton.jit helpers (tl.sigmoid, tl.cdiv) are compiled when triton is imported; if
+    # that happens before fusionlab turns the interpreter on, fusionlab must mend them.
+    import subprocess
+    import sys
+
+    code = (
+        "import triton, triton.language as tl, torch\n"
+        "import fusionlab\n"
+        "from fusionlab.kernels import bias_gelu\n"
+        "x, b = torch.randn(37, 129), torch.randn(129)\n"
+        "err = (bias_gelu(x, b, 'tanh') - torch.nn.functional.gelu(x + b, approximate='tanh')).abs().max()\n"
+        "assert err < 1e-5, err\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "FUSIONLAB_MODE": "interpreter"}
+    env.pop("TRITON_INTERPRET", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
