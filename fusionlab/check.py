@@ -37,6 +37,19 @@ class CheckFailed(AssertionError):
     """The answer is not right yet; the message says what and where to look."""
 
 
+class Passed(str):
+    """A checker's success message. It is printed when the check passes and returned for tests; as the
+    last expression of a notebook cell it displays nothing, so the message does not appear twice."""
+
+    def _ipython_display_(self):
+        pass
+
+
+def passed(msg: str) -> Passed:
+    print(msg)
+    return Passed(msg)
+
+
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return TOLERANCES.get(dtype, (1e-3, 1e-3))
 
@@ -222,7 +235,7 @@ def check_function(
     launches: int | None = 1,
     allow_torch_ops: bool = False,
     hint: str = "",
-) -> str:
+) -> Passed:
     """Run ``student(*inputs)`` against ``reference(*inputs)`` on fresh inputs of every size and dtype.
 
     ``launches``: the number of Triton kernels the answer must launch (1 for a fused answer; None to
@@ -272,5 +285,4 @@ def check_function(
         + (f", {launches} launch each" if launches is not None else "")
         + ")"
     )
-    print(msg)
-    return msg
+    return passed(msg)

@@ -19,7 +19,7 @@ def silu_two_ops_ledger(n: int, dtype=torch.float32) -> Ledger:
     return led
 
 
-def check_silu_ledger(make_ledger) -> str:
+def check_silu_ledger(make_ledger) -> check.Passed:
     """Exercise 1: ``make_ledger(n, dtype)`` must describe SiLU-as-two-ops trip by trip."""
     for n, dtype in ((1000, torch.float32), (4097, torch.bfloat16), (2**28, torch.float16)):
         got = make_ledger(n, dtype)
@@ -39,15 +39,14 @@ def check_silu_ledger(make_ledger) -> str:
                        if not fused else "Fused, x is read once even though two ops use it.")
                 )
     msg = f"✓ SiLU ledger: {want.saving:.1f}x fewer bytes fused — the two reads of x become one"
-    print(msg)
-    return msg
+    return check.passed(msg)
 
 
 def exp_cos_reference(x: torch.Tensor) -> torch.Tensor:
     return torch.exp(torch.cos(x.float())).to(x.dtype)
 
 
-def check_exp_cos(exp_cos) -> str:
+def check_exp_cos(exp_cos) -> check.Passed:
     """Exercise 2: ``exp_cos(x)`` must compute exp(cos(x)) in one Triton kernel."""
     return check.check_function(
         exp_cos,
@@ -59,7 +58,7 @@ def check_exp_cos(exp_cos) -> str:
     )
 
 
-def check_predict_eager_ms(predict) -> str:
+def check_predict_eager_ms(predict) -> check.Passed:
     """Exercise 3: ``predict(n, dtype_bytes, copy_GBps)`` predicts eager ``x.cos().cos()`` in ms."""
     for n, b, bw in ((2**28, 4, 4000.0), (10**6, 2, 900.0), (12345, 4, 3350.0)):
         want = Ledger.chain(["cos", "cos"], n, b).predict_ms(bw, fused=False)
@@ -75,11 +74,10 @@ def check_predict_eager_ms(predict) -> str:
                 tip = " Check the units: GB/s is 1e9 bytes per second, and the answer is in milliseconds."
             raise CheckFailed(f"predict({n}, {b}, {bw}) = {got:.6g} ms, expected {want:.6g} ms.{tip}")
     msg = "✓ prediction: 4 passes of n elements (two kernels, each one read and one write) over the copy bandwidth"
-    print(msg)
-    return msg
+    return check.passed(msg)
 
 
-def check_add_intensity(intensity: float) -> str:
+def check_add_intensity(intensity: float) -> check.Passed:
     """Exercise 4: the arithmetic intensity of ``z = x + y`` on same-shape fp32 tensors."""
     want = 1 / 12
     if not isinstance(intensity, (int, float)) or abs(intensity - want) > 0.01 * want:
@@ -90,5 +88,4 @@ def check_add_intensity(intensity: float) -> str:
             tip = " Count bytes, not elements: fp32 has 4 bytes per element."
         raise CheckFailed(f"intensity {intensity!r} FLOP/byte is not right.{tip}")
     msg = "✓ intensity: 1 FLOP per 12 bytes — far below any GPU's balance point, so memory-bound"
-    print(msg)
-    return msg
+    return check.passed(msg)
