@@ -11,14 +11,29 @@ but called from a library (``extern_kernels.mm``/``addmm``: cuBLAS, or MKL/oneDN
     ['cpp_fused_add_gelu_0']            # on a GPU: ['triton_poi_fused_add_gelu_0']
     >>> eager_ops(lambda x, b: F.gelu(x + b), x, b)
     ['add', 'gelu']                     # eager: one kernel per op
+    >>> print(kernel_excerpt(code))     # the kernel's loop (C++) or its @triton.jit function (GPU)
+
+A CPU has no Triton code to show, so the code Inductor generated on a GPU for the lesson's functions
+is saved in the package (``fusionlab/generated/``, written by ``python -m fusionlab.inductor_code
+--save fusionlab/generated`` on a GPU) and read back with :func:`saved_generated`.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import datetime as _dt
+import inspect
 import logging
+import os
+import platform
 import re
+import sys
+import textwrap
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -59,16 +74,23 @@ def _run_with_logs(compiled: Callable, inputs: tuple) -> list[str]:
     return list(dict.fromkeys(codes))  # the codecache logs a cache hit's code a second time
 
 
-def generated_code(fn: Callable, *example_inputs, method: str = "auto", **compile_kwargs) -> str:
+def compile_with_code(
+    fn: Callable, *example_inputs, method: str = "auto", kernel_profile: bool = True, **compile_kwargs
+) -> tuple[Callable, str]:
     """Compile ``fn`` with ``torch.compile`` (Inductor), run it once on ``example_inputs`` and
-    return the code Inductor generated: C++ kernels on a CPU, Triton kernels on a GPU.
+    return ``(compiled, code)``: the compiled function, ready to call again, and the code Inductor
+    generated for it (C++ kernels on a CPU, Triton kernels on a GPU).
 
     Inductor caches compiled graphs, so the code is only generated (and seen) on a fresh compile:
     this calls ``torch._dynamo.reset()`` first, and every function compiled earlier in the session
-    recompiles on its next call (keep that out of a timing: warm up again). Several graphs (graph
-    breaks) come back joined by a ``# ---- next compiled graph ----`` line. ``compile_kwargs`` go to
-    ``torch.compile`` (e.g. ``mode="max-autotune"``). ``method``: ``"auto"`` uses
-    ``torch._inductor.utils.run_and_get_code`` where it exists, ``"logs"`` the ``output_code`` log.
+    recompiles on its next call (keep that out of a timing: warm up again; Inductor's on-disk cache
+    makes the recompile quick). Several graphs (graph breaks) come back joined by a
+    ``# ---- next compiled graph ----`` line. ``compile_kwargs`` go to ``torch.compile`` (e.g.
+    ``mode="max-autotune"``). ``method``: ``"auto"`` uses ``torch._inductor.utils.run_and_get_code``
+    where it exists, ``"logs"`` the ``output_code`` log. ``kernel_profile``: on a CPU, let each
+    generated C++ kernel announce itself to ``torch.profiler`` (Inductor's
+    ``cpp.enable_kernel_profile``; one extra line in the C++), so :func:`profiled_kernels` can name
+    it; GPU kernels are seen by the profiler anyway.
     """
     if method not in ("auto", "logs"):
         raise ValueError(f"method={method!r}; choose 'auto' or 'logs'.")
@@ -77,16 +99,33 @@ def generated_code(fn: Callable, *example_inputs, method: str = "auto", **compil
     if method == "auto":
         with contextlib.suppress(ImportError, AttributeError):
             from torch._inductor.utils import run_and_get_code
-    if run_and_get_code is not None:
-        _, codes = run_and_get_code(compiled, *example_inputs)  # it resets dynamo itself
-    else:
-        codes = _run_with_logs(compiled, example_inputs)
+    patch = contextlib.nullcontext()
+    if kernel_profile:
+        from torch._inductor import config
+
+        if hasattr(config, "cpp") and hasattr(config.cpp, "enable_kernel_profile"):
+            patch = config.patch({"cpp.enable_kernel_profile": True})
+    with patch, warnings.catch_warnings():
+        # A GPU with TF32 tensor cores gets a hint, once per process, to enable them for fp32 matmuls:
+        # advice about speed, not about what was generated, and noise in a notebook that reads code.
+        warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores")
+        if run_and_get_code is not None:
+            _, codes = run_and_get_code(compiled, *example_inputs)  # it resets dynamo itself
+        else:
+            codes = _run_with_logs(compiled, example_inputs)
     if not codes:
         raise RuntimeError(
             "torch.compile generated no code for this function: nothing to compile (no tensor ops), "
             "or a backend other than Inductor ran."
         )
-    return _SEPARATOR.join(codes)
+    return compiled, _SEPARATOR.join(codes)
+
+
+def generated_code(fn: Callable, *example_inputs, method: str = "auto", **compile_kwargs) -> str:
+    """The code Inductor generates for ``fn`` on ``example_inputs``: C++ kernels on a CPU, Triton
+    kernels on a GPU. :func:`compile_with_code` without the compiled function (and without the
+    profiler hook, so the C++ is exactly what a plain ``torch.compile`` builds)."""
+    return compile_with_code(fn, *example_inputs, method=method, kernel_profile=False, **compile_kwargs)[1]
 
 
 def kernel_names(code: str) -> list[str]:
@@ -117,3 +156,318 @@ def eager_ops(fn: Callable, *inputs) -> list[str]:
     with torch.no_grad(), LaunchCounter() as counter:
         fn(*inputs)
     return counter.torch_ops
+
+
+# -- reading the code -------------------------------------------------------------------------------
+_KERNEL_PREFIX = re.compile(r"^(?:graph_\d+_)?(?:triton_(?:poi|red|per|tem|tma|mm)_|triton_|cpp_|cuda_|halide_)")
+
+
+def fused_name(kernel: str) -> str:
+    """What a generated kernel's name says it fused: ``"triton_poi_fused_add_gelu_0"`` and
+    ``"cpp_fused_add_gelu_0"`` both give ``"add_gelu"``.
+
+    Inductor names a kernel after the aten ops it holds, sorted alphabetically (not in the order they
+    run), and drops ops that are only views. A name too long is cut short by Inductor, so read the
+    code when it matters.
+    """
+    name = _KERNEL_PREFIX.sub("", kernel)
+    name = re.sub(r"_\d+$", "", name)
+    return name[len("fused_"):] if name.startswith("fused_") else name
+
+
+def kernel_source(code: str, name: str | None = None) -> str:
+    """The source of one generated kernel (the first one if ``name`` is None): a Triton kernel from
+    its ``@triton.jit`` line to the end of its function, a C++ kernel as the whole ``extern "C"``
+    text Inductor hands to the compiler."""
+    names = kernel_names(code)
+    if not names:
+        raise ValueError("no generated kernel in this code (a library call only, or not Inductor's output)")
+    name = names[0] if name is None else name
+    if name not in names:
+        raise ValueError(f"no kernel {name!r} in this code; it has: {', '.join(names)}")
+    m = re.search(rf"^[ \t]*@triton\.jit\s*\n\s*def\s+{re.escape(name)}\s*\(", code, re.M)
+    if m:
+        lines = textwrap.dedent(code[m.start():]).splitlines()
+        head = next(i for i, line in enumerate(lines) if line.startswith("def "))
+        end = head + 1
+        while end < len(lines) and (not lines[end].strip() or lines[end][:1] in (" ", "\t")):
+            end += 1  # the body: indented lines; back at column 0 is the end (the string's closing quotes)
+        return "\n".join(lines[:end]).strip("\n") + "\n"
+    m = re.search(rf"^{re.escape(name)}\s*=\s*async_compile\.\w+\(.*?r?('''|\"\"\")", code, re.M | re.S)
+    if not m:
+        raise ValueError(f"found the name {name!r} but not its source")
+    body = code[m.end():]
+    return body[: body.find(m.group(1))].strip("\n") + "\n"
+
+
+def _tidy_cpp(line: str) -> str:
+    """``static_cast<int64_t>(256L)`` -> ``256``: Inductor's casts say nothing a reader needs."""
+    prev = None
+    while prev != line:
+        prev = line
+        line = re.sub(r"static_cast<int64_t>\(([^()]*)\)", r"\1", line)
+    return re.sub(r"\b(\d+)L\b", r"\1", line)
+
+
+def kernel_excerpt(code: str, name: str | None = None) -> str:
+    """A generated kernel, trimmed for reading: a Triton kernel's ``@triton.jit`` function; a C++
+    kernel's loop nest down to its first store (OpenMP pragma kept, braces, bounds guards and
+    ``static_cast<int64_t>`` dropped, indentation by loop depth)."""
+    src = kernel_source(code, name)
+    if src.startswith("@triton.jit"):
+        return src
+    lines = src.splitlines()
+    first = next((i for i, ln in enumerate(lines) if ln.strip().startswith("for(")), None)
+    if first is None:
+        return src
+    if first > 0 and lines[first - 1].strip().startswith("#pragma omp for"):
+        first -= 1
+    out, depth = [], 0
+    for ln in lines[first:]:
+        text = ln.strip()
+        if not text or text in ("{", "}") or text.startswith("if(C10_LIKELY") or text.startswith("if(C10_UNLIKELY"):
+            continue
+        out.append("    " * depth + _tidy_cpp(text))
+        if text.startswith("for("):
+            depth += 1
+        if ".store(" in text or re.match(r"(in_)?out_ptr\d+\[", text):
+            break
+    return "\n".join(out) + "\n"
+
+
+def launch_lines(code: str) -> list[str]:
+    """The lines of the generated ``call`` function that launch work, in order: library calls
+    (``extern_kernels.mm(...)``) and generated kernels (``cpp_fused_..(...)``,
+    ``triton_poi_fused_...run(...)``). This is the schedule the compiled function runs per call."""
+    names = kernel_names(code)
+    launch = re.compile(r"\bextern_kernels\.\w+\(|\b(?:" + "|".join(map(re.escape, names)) + r")(?:\.run)?\(") \
+        if names else _EXTERN_CALL
+    out = []
+    for block in re.finditer(r"^([ \t]*)def call\(.*?\):\n(.*?)(?=^\1\S|\Z)", code, re.M | re.S):
+        for line in block.group(2).splitlines():
+            text = line.strip()
+            if launch.search(text) and not text.startswith(("#", "def ")) and "async_compile" not in text:
+                out.append(text)
+    return out
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Send file descriptor 2 (C++ code's stderr) to /dev/null for the duration; Python's own
+    exceptions are unaffected."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def profiled_kernels(fn: Callable, *inputs, warmup: bool = True) -> list[str]:
+    """The kernels one call of ``fn(*inputs)`` launches, as ``torch.profiler`` sees them.
+
+    With CUDA inputs: every CUDA kernel the GPU ran (cuBLAS, PyTorch's element-wise kernels, Triton
+    kernels), memory copies and sets left out. On a CPU there is no kernel launch to see, so this
+    lists what stands for one: each aten op that computes, as your code called it (``relu``, not
+    the ``clamp_min`` it runs inside; views and allocations left out), and each generated C++
+    kernel — these show up only if the function was compiled with the profiler hook
+    (:func:`compile_with_code` sets it).
+    ``warmup`` runs ``fn`` once first, so compilation or autotuning is not what gets profiled.
+    """
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from .check import _NOT_COMPUTE
+
+    cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+    # (no torch.no_grad() here: a compiled function is guarded on the grad mode it was compiled in,
+    # and would recompile, without the profiler hook, under another)
+    if warmup:
+        fn(*inputs)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()
+    # On a CPU, some torch builds have the profiler library log "profiler_start/stop" lines on the
+    # process's stderr, which a notebook shows; silence them there (on a GPU, keep its warnings).
+    with (contextlib.nullcontext() if cuda else _quiet_stderr()), profile(activities=activities) as prof:
+        fn(*inputs)
+        if cuda:
+            torch.cuda.synchronize()
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    if cuda:
+        return [e.name for e in events
+                if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
+
+    def computes(e) -> bool:
+        return e.name.startswith("aten::") and e.name[len("aten::"):] not in _NOT_COMPUTE
+
+    def outer_compute(e) -> bool:
+        p = e.cpu_parent
+        while p is not None:
+            if computes(p):
+                return True
+            p = p.cpu_parent
+        return False
+
+    generated = re.compile(r"^(?:graph_\d+_)?((?:cpp|triton|cuda|halide)_\w+)$")
+    out = []
+    for e in events:
+        m = generated.match(e.name)
+        if m:
+            out.append(m.group(1))
+        elif computes(e) and not outer_compute(e):
+            out.append(e.name)
+    return out
+
+
+# -- GPU code saved in the package ------------------------------------------------------------------
+GENERATED_DIR = Path(__file__).parent / "generated"
+SAVE_COMMAND = "python -m fusionlab.inductor_code --save fusionlab/generated"
+
+
+@dataclass(frozen=True)
+class LessonFunction:
+    """A function whose generated code the lesson reads, with the inputs it is compiled for."""
+
+    name: str
+    what: str
+    fn: Callable
+    inputs: tuple  # ((shape, dtype), ...)
+
+
+def lesson_functions(small: bool = False) -> list[LessonFunction]:
+    """Lesson 3's functions at the shapes the benchmarks time them (``small``: tiny shapes, for a test).
+
+    Inductor specialises the code to the shape (the element count and the bias's length appear in it
+    as constants), so the saved code is the code that ran in the recorded timings."""
+    from .kernels.chain import CHAIN_OPS, chain_reference
+    from .suites import lesson2, lesson3
+
+    fp32, bf16 = torch.float32, torch.bfloat16
+    m2, n2 = (64, 256) if small else lesson2.SHAPES[fp32]
+    n_chain = 4096 if small else lesson2.CHAIN_N
+    m, k, n = (32, 64, 128) if small else (lesson3.M, lesson3.K, lesson3.N)
+    chain_ops = ", ".join(name for name, _ in CHAIN_OPS)
+
+    def chain_k4(x):
+        return chain_reference(x, 4)
+
+    return [
+        LessonFunction("bias_gelu_fp32", f"lesson 2's bias + GELU, F.gelu(h + b), fp32 {m2} x {n2}",
+                       lesson3.small_ops, (((m2, n2), fp32), ((n2,), fp32))),
+        LessonFunction("bias_gelu_bf16", f"lesson 3's small ops: bias + GELU on the layer's output, bf16 {m} x {n}",
+                       lesson3.small_ops, (((m, n), bf16), ((n,), bf16))),
+        LessonFunction("chain_k4", f"lesson 2's k-op chain, k = 4 ({chain_ops}), fp32, {n_chain} elements",
+                       chain_k4, (((n_chain,), fp32),)),
+        LessonFunction("layer_bf16", f"lesson 3's layer, linear -> bias -> GELU, bf16 {m} x {k} -> {n}",
+                       lesson3.layer_eager, (((m, k), bf16), ((n, k), bf16), ((n,), bf16))),
+    ]
+
+
+def _device_line(device: torch.device) -> str:
+    if device.type == "cuda":
+        cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        return f"{torch.cuda.get_device_name(device)} (sm_{cap.replace('.', '')}), CUDA {torch.version.cuda}"
+    return f"CPU ({platform.machine()})"
+
+
+def _header(lf: LessonFunction, code: str, device: torch.device) -> str:
+    from .runtime import _version
+
+    now = _dt.datetime.now(_dt.timezone.utc)
+    shapes = ", ".join(f"{tuple(s)} {str(d).replace('torch.', '')}" for s, d in lf.inputs)
+    extern = extern_calls(code)
+    lines = [
+        "# ruff: noqa",
+        f"# Code that torch.compile (Inductor) generated for fusionlab lesson 3: {lf.name}",
+        f"# function: {lf.what}",
+        f"# inputs: {shapes}; torch.compile(fn, dynamic=False)",
+        f"# device: {_device_line(device)}",
+        f"# date: {now.date().isoformat()} {now.strftime('%H:%M:%SZ')}",
+        f"# torch {torch.__version__.split('+')[0]}, triton {_version('triton')}, python {platform.python_version()}",
+        f"# generated kernels: {', '.join(kernel_names(code)) or 'none'}",
+        f"# library calls: {', '.join(extern) or 'none'}",
+        f"# written by: {SAVE_COMMAND}",
+        "#",
+        "# the function compiled:",
+        *("#   " + ln for ln in textwrap.dedent(inspect.getsource(lf.fn)).rstrip().splitlines()),
+    ]
+    return "\n".join(lines) + "\n\n"
+
+
+def save_generated(outdir: str | Path = GENERATED_DIR, device: str = "cuda", names=None,
+                   small: bool = False) -> list[Path]:
+    """Compile each of :func:`lesson_functions` on ``device`` and write its generated code to
+    ``outdir/<name>.py``, behind a comment header (device, date, versions, the function compiled).
+
+    Meant for a GPU (``device="cuda"``): the files are how a learner without one reads the Triton
+    kernels. ``device="cpu"`` writes the C++ versions (for a test). ``names`` limits which are done.
+    """
+    dev = torch.device(device)
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    todo = lesson_functions(small)
+    if names is not None:
+        unknown = set(names) - {lf.name for lf in todo}
+        if unknown:
+            raise ValueError(f"unknown names {sorted(unknown)}; have {', '.join(lf.name for lf in todo)}")
+        todo = [lf for lf in todo if lf.name in names]
+    written = []
+    for lf in todo:
+        g = torch.Generator(device=dev).manual_seed(0)
+        inputs = [torch.randn(s, generator=g, device=dev, dtype=d) for s, d in lf.inputs]
+        code = generated_code(lf.fn, *inputs, dynamic=False)
+        path = outdir / f"{lf.name}.py"
+        path.write_text(_header(lf, code, dev) + code.rstrip() + "\n")
+        written.append(path)
+        del inputs
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return written
+
+
+def saved_generated(directory: str | Path | None = None) -> dict[str, str]:
+    """The generated code saved in the package, ``{name: text}`` (empty when none is saved yet)."""
+    d = Path(directory) if directory is not None else GENERATED_DIR
+    if not d.is_dir():
+        return {}
+    return {p.stem: p.read_text() for p in sorted(d.glob("*.py")) if p.name != "__init__.py"}
+
+
+def header(text: str) -> str:
+    """The comment header of a saved file: where, when and from what the code was generated."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        if not line.startswith("# ruff:"):
+            out.append(line)
+    return "\n".join(out).rstrip("#\n ") + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Save the code Inductor generates for lesson 3's functions.")
+    ap.add_argument("--save", type=Path, required=True, metavar="DIR", help="where to write <name>.py")
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (C++ code, for a test)")
+    ap.add_argument("--names", default=None, help="comma-separated subset of: "
+                    + ", ".join(lf.name for lf in lesson_functions(small=True)))
+    ap.add_argument("--small", action="store_true", help="tiny shapes instead of the benchmarks' shapes")
+    args = ap.parse_args(argv)
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA GPU here: the Triton code must be generated on a GPU (or pass --device cpu)",
+              file=sys.stderr)
+        return 2
+    names = args.names.split(",") if args.names else None
+    for path in save_generated(args.save, args.device, names, small=args.small):
+        text = path.read_text()
+        kernels = ", ".join(kernel_names(text)) or "none"
+        print(f"wrote {path}: kernels {kernels}; library calls {', '.join(extern_calls(text)) or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -93,6 +93,7 @@ def cases(copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, de
     compiled_layer = _compiled(layer_eager, x, w, b)
     compiled_small = _compiled(small_ops, h, b)
     small_bytes = small.fused_bytes
+    one_pass = gelu_pass.fused_bytes  # read one M x N tensor, write one
     return [
         Case("layer matmul alone", lambda: x @ w.t(), mm_bytes, flops, group="layer",
              predicted_ms=predict("matmul")),
@@ -106,4 +107,9 @@ def cases(copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, de
              predicted_ms=small.predict_ms(copy_GBps, fused=False) if copy_GBps else None),
         Case("small ops compiled", lambda: compiled_small(h, b), small_bytes, group="small ops",
              predicted_ms=small.predict_ms(copy_GBps, fused=True) if copy_GBps else None),
+        # the two eager kernels one at a time, to see which one runs below the copy ceiling
+        Case("small ops: eager add alone", lambda: h + b, one_pass, group="small ops",
+             predicted_ms=gelu_pass.predict_ms(copy_GBps, fused=True) if copy_GBps else None),
+        Case("small ops: eager gelu alone", lambda: F.gelu(h), one_pass, group="small ops",
+             predicted_ms=gelu_pass.predict_ms(copy_GBps, fused=True) if copy_GBps else None),
     ]
