@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-stages=${*:-tests record tune nbval}
+stages=${*:-generated record tests nbval execute}
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
@@ -20,6 +20,13 @@ for s in $stages; do
     tests) timeout 300 python3 -m pytest tests -q -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/pytest.log" ;;
     record) timeout 400 python3 -m fusionlab.record --suites "${SUITES:-lesson1,lesson2,lesson3}" --out "$OUT/recorded.json" 2>&1 | tee "$OUT/record.log" | tail -60 ;;
     tune) [ -f benchmarks/tune.py ] && timeout 300 python3 benchmarks/tune.py 2>&1 | tee "$OUT/tune.log" | tail -40 ;;
+    generated) python3 -m fusionlab.inductor_code --save "$OUT/generated" 2>&1 | tail -5 \
+                 && tar -C "$OUT" -czf "$OUT/generated.tgz" generated && rm -rf "$OUT/generated" ;;
+    execute) # run every lesson and solution here, as a learner would, and bring the outputs back
+             rm -rf /tmp/gpu_nb && mkdir -p /tmp/gpu_nb && cp -r notebooks solutions /tmp/gpu_nb/ \
+               && timeout 560 python3 scripts/run_notebooks.py --keep-env --no-exercises /tmp/gpu_nb/notebooks/*.ipynb \
+                    /tmp/gpu_nb/solutions/*.ipynb 2>&1 | grep -v WARNING | tail -12 \
+               && tar -C /tmp/gpu_nb -czf "$OUT/gpu_notebooks.tgz" notebooks solutions ;;
     nbval) timeout 500 python3 -m pytest --nbval notebooks solutions --nbval-current-env \
              --nbval-sanitize-with nbval_sanitize.cfg -p no:cacheprovider -q 2>&1 | tail -30 | tee "$OUT/nbval.log" ;;
   esac

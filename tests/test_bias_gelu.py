@@ -19,7 +19,15 @@ pytestmark = [
 
 # not multiples of any block, so the last row block and the last column block both hang over; and one
 # that the tiles divide exactly
-SHAPES = [(1, 1), (3, 5), (37, 129), (128, 1000), (257, 4097), (64, 256)]
+SHAPES = [
+    (1, 1),  # one element, one program, almost all masked
+    (3, 5),
+    (37, 129),  # odd both ways: masks on rows and columns
+    (128, 1000),
+    (257, 4097),  # one past a block in both directions
+    (64, 256),  # tiles divide the tensor in both modes: the unmasked (EVEN) path
+    (4, 2048),
+]
 DTYPES = [
     pytest.param(torch.float32, 1e-5, 1e-5, id="fp32"),
     pytest.param(torch.float16, 2e-3, 2e-3, id="fp16"),
@@ -107,6 +115,12 @@ def test_reference_is_gelu_of_sum():
     )
     # erf_fast is how the kernel computes the exact GELU, not another function
     torch.testing.assert_close(bias_gelu_reference(x, bias, "erf_fast"), F.gelu(x + bias), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("shape, even", [((64, 256), True), ((4, 2048), True), ((37, 129), False)])
+def test_even_path_is_taken_only_when_tiles_divide(shape, even):
+    cfg = bias_gelu_config(*shape, torch.float32)
+    assert (shape[0] % cfg["BLOCK_M"] == 0 and shape[1] % cfg["BLOCK_N"] == 0) == even
 
 
 def test_gpu_config_gives_32_bytes_per_thread(monkeypatch):
