@@ -138,6 +138,7 @@ class Result:
     GBps: float | None = None
     TFLOPs: float | None = None
     frac_copy: float | None = None  # achieved bandwidth / measured copy bandwidth
+    ms_rounds: list[float] | None = None  # each round's median when timed in several rounds
 
     @classmethod
     def of(cls, case: Case, ms: float, ceil: Ceilings | None) -> Result:
@@ -151,14 +152,27 @@ class Result:
         return r
 
 
-def run(cases: Iterable[Case], *, ceil: Ceilings | None = None, on_result=None, **timing) -> list[Result]:
-    """Time each case in turn; ``on_result(result)`` is called as each one arrives (live bars)."""
-    out = []
-    for case in cases:
-        res = Result.of(case, time_ms(case.fn, **timing), ceil)
-        out.append(res)
-        if on_result is not None:
-            on_result(res)
+def run(cases: Iterable[Case], *, ceil: Ceilings | None = None, on_result=None, rounds: int = 1,
+        **timing) -> list[Result]:
+    """Time each case in turn; ``on_result(result)`` is called as each one arrives (live bars).
+
+    ``rounds > 1`` times the whole list again, round-robin, and keeps each case's fastest median:
+    a slow spell of the machine (clocks, a neighbour) then has to hit the same case every round to
+    show. ``Result.ms_rounds`` keeps every round's median, so the spread can be reported.
+    """
+    cases = list(cases)
+    times: list[list[float]] = [[] for _ in cases]
+    out: list[Result] = []
+    for r in range(max(1, rounds)):
+        last = r == max(1, rounds) - 1
+        for i, case in enumerate(cases):
+            times[i].append(time_ms(case.fn, **timing))
+            if last:  # report each case as soon as its final round is in
+                res = Result.of(case, min(times[i]), ceil)
+                res.ms_rounds = times[i] if len(times[i]) > 1 else None
+                out.append(res)
+                if on_result is not None:
+                    on_result(res)
     return out
 
 
