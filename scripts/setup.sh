@@ -27,7 +27,9 @@ VPY=.venv/bin/python
 
 case "${1:-}" in
   lab)
-    exec .venv/bin/jupyter lab notebooks/ ;;
+    extra=()
+    [ "$(id -u)" = 0 ] && extra+=(--allow-root)  # containers and cloud boxes often run as root
+    exec .venv/bin/jupyter lab "${extra[@]}" notebooks/ ;;
   test)
     # Unit tests, then every lesson and solution notebook under strict nbval (outputs compared,
     # except cells tagged nbval-ignore-output because they depend on the device).
