@@ -63,7 +63,7 @@ def decide_mode(requested: str, capability: tuple[int, int] | None, triton_env: 
         return INTERPRETER, (
             f"this GPU has compute capability {capability[0]}.{capability[1]}; Triton supports "
             f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} and newer. Triton kernels run in the interpreter "
-            "(correct, slow); torch timings still use the GPU. Set FUSIONLAB_MODE=gpu to try Triton "
+            "(correct, slow) and the lessons show recorded GPU timings. Set FUSIONLAB_MODE=gpu to try Triton "
             "on this GPU anyway (element-wise kernels often work; tl.dot is slow or fails)."
         )
     return GPU, f"CUDA GPU with compute capability {capability[0]}.{capability[1]}"
@@ -102,8 +102,6 @@ if MODE == INTERPRETER:
 
 #: where Triton kernels' tensors live
 DEVICE = torch.device("cuda" if MODE == GPU else "cpu")
-#: where plain torch code can be timed (a T4 in interpreter mode still times torch on the GPU)
-TORCH_DEVICE = torch.device("cuda" if CAPABILITY is not None else "cpu")
 #: dtypes a lesson may use; the interpreter does not support bf16
 DTYPES = (torch.float32, torch.bfloat16, torch.float16) if MODE == GPU else (torch.float32, torch.float16)
 #: the low-precision dtype a lesson shows beside fp32
