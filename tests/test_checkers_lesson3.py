@@ -141,64 +141,9 @@ def test_fusion_ceiling_mistakes(wrong, match):
 
 
 # -- the inductor_code helpers the lesson reads code with ------------------------------------------
-# Inductor's GPU output for bias + GELU, in the layout of torch 2.5-2.11 (abridged: the
-# decorator's metadata and the module's imports shortened), to test the parsers without a GPU.
-GPU_CODE = """
-# kernel path: /tmp/torchinductor/ab/cabc.py
-# Topologically Sorted Source Nodes: [add, gelu], Original ATen: [aten.add, aten.gelu]
-triton_poi_fused_add_gelu_0 = async_compile.triton('triton_poi_fused_add_gelu_0', '''
-import triton
-import triton.language as tl
-
-from torch._inductor.runtime import triton_helpers, triton_heuristics
-from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math
-triton_helpers.set_driver_to_gpu()
-
-@triton_heuristics.pointwise(
-    size_hints={'x': 268435456},
-    filename=__file__,
-    triton_meta={'signature': {'in_ptr0': '*fp32', 'in_ptr1': '*fp32', 'out_ptr0': '*fp32', 'xnumel': 'i32'}},
-    min_elem_per_thread=0
-)
-@triton.jit
-def triton_poi_fused_add_gelu_0(in_ptr0, in_ptr1, out_ptr0, xnumel, XBLOCK : tl.constexpr):
-    xnumel = 268435456
-    xoffset = tl.program_id(0) * XBLOCK
-    xindex = xoffset + tl.arange(0, XBLOCK)[:]
-    xmask = tl.full([XBLOCK], True, tl.int1)
-    x2 = xindex
-    x0 = (xindex % 16384)
-    tmp0 = tl.load(in_ptr0 + (x2), None)
-    tmp1 = tl.load(in_ptr1 + (x0), None, eviction_policy='evict_last')
-    tmp2 = tmp0 + tmp1
-    tmp3 = 0.5
-    tmp4 = tmp2 * tmp3
-    tmp5 = 0.7071067811865476
-    tmp6 = tmp2 * tmp5
-    tmp7 = libdevice.erf(tmp6)
-    tmp8 = 1.0
-    tmp9 = tmp7 + tmp8
-    tmp10 = tmp4 * tmp9
-    tl.store(out_ptr0 + (x2), tmp10, None)
-''', device_str='cuda')
-
-
-async_compile.wait(globals())
-del async_compile
-
-def call(args):
-    arg0_1, arg1_1 = args
-    args.clear()
-    with torch.cuda._DeviceGuard(0):
-        torch.cuda.set_device(0)
-        buf0 = empty_strided_cuda((16384, 16384), (16384, 1), torch.float32)
-        # Topologically Sorted Source Nodes: [add, gelu], Original ATen: [aten.add, aten.gelu]
-        stream0 = get_raw_stream(0)
-        triton_poi_fused_add_gelu_0.run(arg0_1, arg1_1, buf0, 268435456, stream=stream0)
-        del arg0_1
-        del arg1_1
-    return (buf0, )
-"""
+# Inductor's GPU output for bias + GELU, as saved in the package from an H200 run (lesson 3 shows the
+# same file to CPU learners): the parsers are tested on the real thing, without a GPU.
+GPU_CODE = ic.saved_generated()["bias_gelu_fp32"]
 
 
 def test_triton_kernel_source_and_excerpt():
