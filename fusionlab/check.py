@@ -1,7 +1,8 @@
 """Exercise checkers a student can trust.
 
 Every check draws fresh random inputs (a new seed each call), poisons outputs with NaN before the
-run (so an element the kernel never wrote cannot pass by luck), uses sizes that are not a multiple
+run (so an element the kernel never wrote cannot pass by luck) with a poisoned guard zone behind
+them (so a store past the end is caught too), uses sizes that are not a multiple
 of any block size (so a missing mask shows), compares with a tolerance that fits the dtype, and,
 where the exercise asks for fusion, counts the kernels launched and the torch ops called.
 Failures raise :class:`CheckFailed` with what is wrong and where to look.
@@ -109,23 +110,56 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(-12345)
 
 
+#: the smallest guard zone behind an output (or room behind an input), in elements
+GUARD_MIN = 2**16
+
+
 @contextlib.contextmanager
 def poisoned_allocations():
     """While active, ``torch.empty`` and ``torch.empty_like`` hand out NaN-filled memory, so an
-    output that a student's launcher allocates is poisoned too."""
+    output that a student's launcher allocates is poisoned too.
+
+    A floating-point contiguous allocation is also the front of a buffer twice as long (at least
+    :data:`GUARD_MIN` elements longer) whose poisoned tail is a *guard zone*: a store without a proper
+    mask writes into it, where on a GPU it would silently corrupt whatever memory follows. Yields the
+    guard zones, one per such allocation, for :func:`writes_past_the_end`.
+    """
     orig_empty, orig_like = torch.empty, torch.empty_like
+    guards: list[torch.Tensor] = []
 
-    def empty(*a, **k):
-        return poison_(orig_empty(*a, **k))
+    def guarded(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_floating_point() or not t.is_contiguous():
+            return poison_(t)
+        n = t.numel()
+        big = poison_(orig_empty(n + max(n, GUARD_MIN), dtype=t.dtype, device=t.device))
+        guards.append(big[n:])
+        return big[:n].view(t.shape)
 
-    def empty_like(*a, **k):
-        return poison_(orig_like(*a, **k))
-
-    torch.empty, torch.empty_like = empty, empty_like
+    torch.empty = lambda *a, **k: guarded(orig_empty(*a, **k))
+    torch.empty_like = lambda *a, **k: guarded(orig_like(*a, **k))
     try:
-        yield
+        yield guards
     finally:
         torch.empty, torch.empty_like = orig_empty, orig_like
+
+
+def writes_past_the_end(guards) -> tuple[int, int] | None:
+    """``(count, first)``: how many guard elements were overwritten and how far past the end the
+    first one is; None if every guard is intact."""
+    for g in guards:
+        hit = ~torch.isnan(g.detach().float().cpu())
+        if hit.any():
+            return int(hit.sum()), int(hit.nonzero()[0][0])
+    return None
+
+
+def with_room_after(t: torch.Tensor) -> torch.Tensor:
+    """``t`` copied to the front of a longer buffer of zeros: a load past its end (a missing load mask)
+    reads finite zeros, not whatever memory follows, and cannot fault."""
+    n = t.numel()
+    big = torch.zeros(n + max(n, GUARD_MIN), dtype=t.dtype, device=t.device)
+    big[:n] = t.reshape(-1)
+    return big[:n].view(t.shape)
 
 
 # -- counting launches -----------------------------------------------------------------------------
@@ -250,7 +284,7 @@ def check_function(
             inputs = make_inputs(n, dtype, gen)
             expected = reference(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
             where = f"{name}, size {n}, {_dtype_name(dtype)}"
-            with poisoned_allocations(), LaunchCounter() as counter:
+            with poisoned_allocations() as guards, LaunchCounter() as counter:
                 try:
                     actual = student(*inputs)
                 except CheckFailed:
@@ -260,6 +294,17 @@ def check_function(
                     if stub is not None:
                         raise CheckFailed(f"{name}: not implemented yet ({stub}).") from None
                     raise CheckFailed(f"{where}: your code raised {type(e).__name__}: {e}") from e
+            past = writes_past_the_end(guards)
+            if past is not None:
+                count, first = past
+                start = "right after the end" if first == 0 else f"{first} elements after the end"
+                raise CheckFailed(
+                    f"{where}: the kernel wrote {count} elements past the end of its output (the first one "
+                    f"{start}). A store whose mask misses the rows or columns beyond the tensor (or has no "
+                    "mask) writes into whatever memory follows: on a GPU that corrupts it silently. Mask "
+                    "every store: offs < n_elements for a 1-D block, (offs_m[:, None] < n_rows) & "
+                    "(offs_n[None, :] < n_cols) for a 2-D tile."
+                )
             if not allow_torch_ops and counter.torch_ops:
                 ops = ", ".join(sorted(set(counter.torch_ops)))
                 raise CheckFailed(

@@ -33,6 +33,24 @@ def unmasked(x):
     return y
 
 
+@triton.jit
+def _overshooting(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(y_ptr + offs, tl.cos(tl.cos(x)), mask=offs < n + 1)  # one element too far
+
+
+def overshooting(x):
+    y = torch.empty_like(x)
+    _overshooting[(triton.cdiv(x.numel(), 256),)](x, y, x.numel(), BLOCK=256)
+    return y
+
+
+def test_a_store_past_the_end_lands_in_the_guard_zone():
+    with pytest.raises(check.CheckFailed, match=r"wrote 1 elements past the end .*right after the end"):
+        run(overshooting)
+
+
 def test_right_answer_passes(capsys):
     msg = run(cos_cos)
     assert msg.startswith("✓ cos_cos")

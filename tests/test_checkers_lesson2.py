@@ -12,7 +12,7 @@ import torch
 
 # fusionlab first: on a CPU it sets TRITON_INTERPRET, which Triton reads when it is imported (its own
 # jit helpers such as tl.cdiv are defined then); imported the other way round they fail in the interpreter
-from fusionlab import runtime
+from fusionlab import check, runtime
 import triton
 import triton.language as tl
 
@@ -181,14 +181,14 @@ def test_bias_gelu_reports_an_unfilled_stub():
 
 def test_guard_zones_are_removed_and_intact_when_unused():
     orig = torch.empty
-    with ex.guarded_allocations() as guards:
+    with check.poisoned_allocations() as guards:
         y = torch.empty(3, 5, device=runtime.DEVICE)
         z = torch.empty_like(y)
     assert torch.empty is orig
     assert y.shape == (3, 5) and y.is_contiguous() and torch.isnan(y).all() and torch.isnan(z).all()
-    assert len(guards) == 2 and ex.writes_past_the_end(guards) is None
+    assert len(guards) == 2 and check.writes_past_the_end(guards) is None
     y.view(-1).as_strided((1,), (1,), 15).fill_(1.0)  # one element just past the end of y
-    assert ex.writes_past_the_end(guards) == (1, 0)
+    assert check.writes_past_the_end(guards) == (1, 0)
 
 
 # -- exercise 2: bytes of bias + GELU ----------------------------------------------------------------

@@ -14,8 +14,6 @@ import contextlib
 import io
 import math
 
-import torch
-
 from .. import check
 from ..check import CheckFailed
 from ..kernels.bias_gelu import bias_gelu_reference
@@ -28,77 +26,7 @@ from ..trips import Ledger, human_bytes
 SHAPES = ((1, 1), (37, 129), (130, 7), (257, 1000))
 #: chain lengths the fused-chain exercise is checked at: every op once, the wrap-around, two rounds
 CHAIN_KS = (1, 2, 3, 4, 5, 8)
-#: the smallest guard zone, in elements (at least the size of the tensor itself)
-GUARD_MIN = 2**16
-
-
 Passed, _passed = check.Passed, check.passed
-
-
-# -- guard zones -----------------------------------------------------------------------------------
-@contextlib.contextmanager
-def guarded_allocations():
-    """While active, ``torch.empty`` and ``torch.empty_like`` return NaN-filled tensors that are the
-    front of a buffer twice as long (at least :data:`GUARD_MIN` elements longer); yields the list of
-    the guard zones (the poisoned tails), one per allocation, for :func:`writes_past_the_end`."""
-    orig_empty, orig_like = torch.empty, torch.empty_like
-    guards: list[torch.Tensor] = []
-
-    def guarded(t: torch.Tensor) -> torch.Tensor:
-        if not t.is_floating_point() or not t.is_contiguous():
-            return check.poison_(t)
-        n = t.numel()
-        big = check.poison_(orig_empty(n + max(n, GUARD_MIN), dtype=t.dtype, device=t.device))
-        guards.append(big[n:])
-        return big[:n].view(t.shape)
-
-    torch.empty = lambda *a, **k: guarded(orig_empty(*a, **k))
-    torch.empty_like = lambda *a, **k: guarded(orig_like(*a, **k))
-    try:
-        yield guards
-    finally:
-        torch.empty, torch.empty_like = orig_empty, orig_like
-
-
-def writes_past_the_end(guards) -> tuple[int, int] | None:
-    """``(count, first)``: how many guard elements were overwritten and how far past the end the
-    first one is; None if every guard is intact. Uses only copies and numpy, which a
-    :class:`fusionlab.check.LaunchCounter` does not count as torch compute."""
-    for g in guards:
-        hit = ~_isnan_numpy(g)
-        if hit.any():
-            return int(hit.sum()), int(hit.nonzero()[0][0])
-    return None
-
-
-def _isnan_numpy(t: torch.Tensor):
-    import numpy as np
-
-    return np.isnan(t.detach().cpu().float().numpy())  # cpu() and float() are copies: not compute
-
-
-def _guarded(student, name: str):
-    """Wrap ``student`` so that its output allocations carry guard zones, checked after each call."""
-
-    def run(x, *rest):
-        with guarded_allocations() as guards:
-            y = student(x, *rest)
-        past = writes_past_the_end(guards)
-        if past is not None:
-            count, first = past
-            dtype = str(x.dtype).replace("torch.", "")
-            shape = tuple(x.shape) if x.dim() > 1 else x.numel()
-            start = "right after the end" if first == 0 else f"{first} elements after the end"
-            raise CheckFailed(
-                f"{name}, size {shape}, {dtype}: the kernel wrote {count} elements past the end of its output "
-                f"(the first one {start}). A store whose mask misses the rows or columns "
-                "beyond the tensor (or has no mask) writes into whatever memory follows: on a GPU that "
-                "corrupts it silently. Mask every store: offs < n_elements for a 1-D block, "
-                "(offs_m[:, None] < n_rows) & (offs_n[None, :] < n_cols) for a 2-D tile."
-            )
-        return y
-
-    return run
 
 
 @contextlib.contextmanager
@@ -115,21 +43,12 @@ def _only_failures_printed():
                 print(line)
 
 
-def with_room_after(t: torch.Tensor) -> torch.Tensor:
-    """``t`` copied to the front of a longer buffer of zeros: a load past its end (a missing load mask)
-    reads finite zeros, not whatever memory follows, and cannot fault."""
-    n = t.numel()
-    big = torch.zeros(n + max(n, GUARD_MIN), dtype=t.dtype, device=t.device)
-    big[:n] = t.reshape(-1)
-    return big[:n].view(t.shape)
-
-
 # -- exercise 1: the bias + GELU kernel --------------------------------------------------------------
 def bias_gelu_inputs(shape, dtype, gen):
     """``x`` of ``shape`` (spread enough to reach GELU's curved part and both tails) and a bias row."""
     x = check.randn(shape, dtype, gen=gen)
     bias = check.randn(shape[-1], dtype, gen=gen, scale=1.0)
-    return with_room_after(x), with_room_after(bias)
+    return check.with_room_after(x), check.with_room_after(bias)
 
 
 def check_bias_gelu(bias_gelu_fn) -> Passed:
@@ -137,7 +56,7 @@ def check_bias_gelu(bias_gelu_fn) -> Passed:
     stored in x's dtype) for x of shape (M, N) and bias of shape (N,), in one Triton kernel."""
     with _only_failures_printed():
         check.check_function(
-            _guarded(bias_gelu_fn, "bias_gelu"),
+            bias_gelu_fn,
             bias_gelu_reference,
             bias_gelu_inputs,
             name="bias_gelu",
@@ -224,9 +143,9 @@ def check_chain(chain_fn) -> Passed:
         name = f"chain k={k} ({' -> '.join(chain_names(k))})"
         with _only_failures_printed():
             check.check_function(
-                _guarded(chain_fn, name),
+                chain_fn,
                 chain_reference,
-                lambda n, dtype, gen, k=k: (with_room_after(check.randn(n, dtype, gen=gen)), k),
+                lambda n, dtype, gen, k=k: (check.with_room_after(check.randn(n, dtype, gen=gen)), k),
                 name=name,
                 launches=1,
                 hint="Op i of the chain is add 0.5, relu, multiply by 1.5, sigmoid, in turn (i % 4).",
