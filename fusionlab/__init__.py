@@ -2,21 +2,26 @@
 
 ``runtime`` is imported first, on purpose: it decides GPU or interpreter (and sets
 ``TRITON_INTERPRET``) before any Triton kernel, ours or a notebook's, is defined.
+
+The layers, each importing only those before it:
+runtime → ledger → kernels → bench, grading, instrument, inductor → viz → lessons → notebooks.
 """
 
 from . import runtime  # noqa: I001  (must stay first)
-from . import bench, trips
+from . import bench, ledger
 from .runtime import DEVICE, info, pick
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name):
-    # widgets pull in ipywidgets and matplotlib: loaded on first use, so `python -m fusionlab.record`
-    # runs on a bare GPU machine that has neither.
-    if name == "widgets":
+    # viz pulls in ipywidgets and matplotlib: loaded on first use, so `python -m fusionlab.record`
+    # runs on a bare GPU machine that has neither. (Not a cycle: viz is simply optional.)
+    if name in ("viz", "widgets"):
         import importlib
 
-        return importlib.import_module(f"{__name__}.widgets")
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-__all__ = ["DEVICE", "bench", "info", "pick", "runtime", "trips", "widgets"]
+
+
+__all__ = ["DEVICE", "bench", "info", "ledger", "pick", "runtime", "viz"]

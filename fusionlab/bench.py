@@ -11,7 +11,9 @@ shown instead, labelled with the device, date and versions that produced them.
 from __future__ import annotations
 
 import datetime as _dt
+import inspect
 import json
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,7 +21,7 @@ from pathlib import Path
 import torch
 
 from . import runtime
-from .trips import human_bytes
+from .ledger import human_bytes
 
 RECORDED_DIR = Path(__file__).parent / "recorded"
 
@@ -28,34 +30,47 @@ class NotOnGPU(RuntimeError):
     """Raised instead of returning a meaningless interpreter time."""
 
 
-def _require_gpu(what: str, device=None) -> None:
-    dev = torch.device(device) if device is not None else runtime.DEVICE
-    if dev.type != "cuda":
+def _require_gpu(what: str) -> None:
+    # The mode decides, not a device argument: on a T4 in interpreter mode, CUDA is there but the
+    # Triton kernels are not on it, and a timing would compare a GPU with the interpreter.
+    if not runtime.is_gpu():
         raise NotOnGPU(
             f"{what}: nothing to time here ({runtime.MODE} mode, {runtime.REASON}). Interpreter "
             "timings measure Python, not a GPU; use fusionlab.bench.recorded(...) for GPU results."
         )
 
 
-def time_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100, device=None) -> float:
+def time_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     """Median time of ``fn()`` in milliseconds, measured with CUDA events after a warm-up.
 
     Warm-up keeps compilation and autotuning out of the number. do_bench also flushes L2 between
     runs, so a tensor smaller than L2 is not timed from cache.
     """
-    _require_gpu("time_ms", device)
+    _require_gpu("time_ms")
     from triton.testing import do_bench
 
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def _positive_int(v, name: str, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {v!r}")
+    return v
+
+
+def _finite(v, name: str, *, positive: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (positive and v == 0):
+        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {v!r}")
+    return float(v)
+
+
 def gbps(nbytes: float, ms: float) -> float:
     """Achieved bandwidth in GB/s (1e9 bytes per second)."""
-    return nbytes / (ms * 1e-3) / 1e9
+    return _finite(nbytes, "nbytes") / (_finite(ms, "ms", positive=True) * 1e-3) / 1e9
 
 
 def tflops(flops: float, ms: float) -> float:
-    return flops / (ms * 1e-3) / 1e12
+    return _finite(flops, "flops") / (_finite(ms, "ms", positive=True) * 1e-3) / 1e12
 
 
 # -- ceilings -------------------------------------------------------------------------------------
@@ -78,9 +93,10 @@ class Ceilings:
 _CEILINGS: Ceilings | None = None
 
 
-def measure_copy_bandwidth(nbytes: int = 2**30, device=None) -> float:
+def measure_copy_bandwidth(nbytes: int = 2**30) -> float:
     """GB/s of ``y.copy_(x)`` on ``nbytes`` of fp32, counting the read and the write."""
-    _require_gpu("measure_copy_bandwidth", device)
+    _require_gpu("measure_copy_bandwidth")
+    _positive_int(nbytes, "nbytes", minimum=8)
     n = nbytes // 4
     x = torch.randn(n, device="cuda")
     y = torch.empty_like(x)
@@ -88,9 +104,10 @@ def measure_copy_bandwidth(nbytes: int = 2**30, device=None) -> float:
     return gbps(2 * n * 4, ms)
 
 
-def measure_matmul_rate(n: int = 8192, dtype=torch.bfloat16, device=None) -> float:
+def measure_matmul_rate(n: int = 8192, dtype=torch.bfloat16) -> float:
     """TFLOP/s of an n×n×n matmul on random data (zeros run faster than real data)."""
-    _require_gpu("measure_matmul_rate", device)
+    _require_gpu("measure_matmul_rate")
+    _positive_int(n, "n")
     a = torch.randn(n, n, device="cuda", dtype=dtype)
     b = torch.randn(n, n, device="cuda", dtype=dtype)
     ms = time_ms(lambda: a @ b)
@@ -285,6 +302,16 @@ def describe(res: Result, ceil: Ceilings) -> str:
 
 
 # -- one call for a lesson: live on a GPU, recorded elsewhere ----------------------------------------
+def compiled(fn, *inputs):
+    """``torch.compile(fn, dynamic=False)``, compiled and warmed on ``inputs`` outside any timing.
+
+    ``dynamic=False``: one specialised kernel per shape, as a Triton kernel is; without it a second
+    shape of the same function could trigger a dynamic-shape recompile with a slower kernel."""
+    out = torch.compile(fn, dynamic=False)
+    out(*inputs)
+    return out
+
+
 @dataclass
 class SuiteRun:
     """A lesson's benchmark results, with where they come from."""
@@ -318,17 +345,20 @@ def source_label() -> str:
     return recorded().label()
 
 
-def measure_suite(suite: str, on_result=None, **case_kwargs) -> SuiteRun:
-    """Time a lesson's suite here if this is a GPU Triton supports; otherwise load the recorded run.
+def ceiling_kwargs(make_cases: Callable, ceil: Ceilings) -> dict:
+    """The measured ceilings that ``make_cases`` takes (by parameter name) to fill in predictions."""
+    params = inspect.signature(make_cases).parameters
+    have = {"copy_GBps": ceil.copy_GBps, "matmul_TFLOPs": ceil.matmul_TFLOPs}
+    return {k: v for k, v in have.items() if k in params}
 
-    ``on_result`` is called per result either way, so live bars fill as numbers arrive (on a GPU)
-    or all at once (recorded).
-    """
-    from . import suites
 
+def measure_suite(suite: str, make_cases: Callable[..., list[Case]], on_result=None, **case_kwargs) -> SuiteRun:
+    """Time ``make_cases()`` here if this is a GPU Triton supports; otherwise load suite ``suite`` of the
+    recorded run. ``on_result`` is called per result either way, so live bars fill as numbers arrive
+    (on a GPU) or all at once (recorded)."""
     if runtime.is_gpu():
         ceil = ceilings()
-        cases = suites.cases(suite, **{**suites.prediction_kwargs(suite, ceil), **case_kwargs})
+        cases = make_cases(**{**ceiling_kwargs(make_cases, ceil), **case_kwargs})
         results = run(cases, ceil=ceil, on_result=on_result)
         return SuiteRun(suite, results, ceil, source_label(), live=True)
     rec = recorded()

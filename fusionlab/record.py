@@ -2,6 +2,8 @@
 
     python -m fusionlab.record                 # all suites, file named after device and date
     python -m fusionlab.record --suites lesson1 --out /tmp/run.json
+
+A tool on top of the lessons (it imports them), not a library module.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ from pathlib import Path
 
 import torch
 
-from . import bench, runtime, suites
+from . import bench, runtime
+from .lessons import SUITES, suite_module
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--suites", default=",".join(suites.SUITES))
+    ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
     if not runtime.is_gpu():
         print(f"fusionlab.record needs a GPU Triton supports ({runtime.REASON}).", file=sys.stderr)
@@ -30,10 +34,11 @@ def main(argv=None) -> int:
     print(runtime.info(), f"\ncopy {ceil.copy_GBps:.0f} GB/s, matmul {ceil.matmul_TFLOPs:.0f} TFLOP/s", flush=True)
     rec = bench.Recorded(meta, ceil)
     for name in args.suites.split(","):
-        cases = suites.cases(name, **suites.prediction_kwargs(name, ceil))
+        make_cases = suite_module(name).cases
+        cases = make_cases(**bench.ceiling_kwargs(make_cases, ceil))
         show = lambda r: print(" ", bench.describe(r, ceil), flush=True)  # noqa: B023
-        # three rounds, fastest median kept: the recording outlives the run, so it must not catch a slow spell
-        rec.suites[name] = bench.run(cases, ceil=ceil, on_result=show, rounds=3)
+        # several rounds, fastest median kept: the recording outlives the run, so it must not catch a slow spell
+        rec.suites[name] = bench.run(cases, ceil=ceil, on_result=show, rounds=args.rounds)
         del cases
         torch.cuda.empty_cache()
         print(f"\n[{name}]\n" + bench.table(rec.suites[name]), flush=True)

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import _triton
+
 MIN_CAPABILITY = (8, 0)  # Triton's supported floor (Ampere); a T4 is (7, 5)
 
 GPU = "gpu"
@@ -75,30 +77,11 @@ MODE, REASON = decide_mode(os.environ.get("FUSIONLAB_MODE", "auto"), CAPABILITY,
                            os.environ.get("TRITON_INTERPRET"))
 
 
-def _reinterpret_triton_helpers() -> int:
-    """Triton was imported before fusionlab: its own @triton.jit helpers (``tl.cdiv``, ``tl.sigmoid``,
-    ``tl.zeros_like``, ...) were compiled for a GPU and raise "Cannot call @triton.jit'd outside of the
-    scope of a kernel" inside the interpreter. Rebuild them as interpreted functions; returns how many."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    swapped: dict[int, object] = {}
-    for name, mod in list(sys.modules.items()):
-        if not name.startswith("triton.language") or mod is None:
-            continue
-        for attr, val in list(vars(mod).items()):
-            if isinstance(val, JITFunction) and not isinstance(val, InterpretedFunction):
-                if id(val) not in swapped:
-                    swapped[id(val)] = InterpretedFunction(val.fn)
-                setattr(mod, attr, swapped[id(val)])
-    return len(swapped)
-
-
 if MODE == INTERPRETER:
     # Must happen before any @triton.jit below (or in a notebook) is decorated.
     os.environ["TRITON_INTERPRET"] = "1"
     if "triton.language" in sys.modules:  # imported before us: mend what it already compiled
-        _reinterpret_triton_helpers()
+        _triton.reinterpret_helpers()
 
 #: where Triton kernels' tensors live
 DEVICE = torch.device("cuda" if MODE == GPU else "cpu")
@@ -129,7 +112,7 @@ def require_triton() -> None:
         )
 
 
-def _version(mod: str) -> str | None:
+def version(mod: str) -> str | None:
     try:
         return __import__(mod).__version__
     except Exception:
@@ -185,7 +168,7 @@ def info() -> RuntimeInfo:
         device_name=name,
         capability=cap,
         torch=torch.__version__.split("+")[0],
-        triton=_version("triton"),
+        triton=version("triton"),
         python=sys.version.split()[0],
         dtypes=tuple(str(d).replace("torch.", "") for d in DTYPES),
     )

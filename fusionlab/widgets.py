@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from . import runtime
-from .trips import READ, WRITE, Ledger, Trip, human_bytes, machine_balance, roofline_tflops
+from .ledger import READ, WRITE, Ledger, Trip, human_bytes, machine_balance, roofline_tflops
 
 # One palette for the SVG and the PNGs, so the animation and its picture read the same way.
 READ_COLOR = "#1f77b4"  # HBM -> chip

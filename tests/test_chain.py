@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from fusionlab import runtime
-from fusionlab.check import LaunchCounter, poisoned_allocations
-from fusionlab.kernels import KernelInputError, chain, chain_names, chain_reference
+from fusionlab.grading import Sandbox
+from fusionlab.instrument import LaunchCounter
+from fusionlab.kernels import KernelInputError
+from fusionlab.kernels.chain import chain, chain_names, chain_reference
 from fusionlab.kernels.chain import CHAIN_OPS, MAX_K
-from fusionlab.trips import Ledger
+from fusionlab.ledger import Ledger
 
 pytestmark = pytest.mark.lesson2
 
@@ -33,12 +35,12 @@ def _x(shape, dtype, seed=0):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_fused_matches_eager_in_one_launch(shape, dtype, atol, rtol, k):
     x = _x(shape, dtype)
-    with poisoned_allocations(), LaunchCounter() as counter:
+    with Sandbox() as counter:
         y = chain(x, k)
     assert y.shape == x.shape and y.dtype == x.dtype
     assert not torch.isnan(y).any(), f"{int(torch.isnan(y).sum())} elements never written"
     torch.testing.assert_close(y, chain_reference(x, k), atol=atol, rtol=rtol)
-    assert counter.triton_launches == ["_chain_kernel"]
+    assert counter.names == ["_chain_kernel"]
     assert counter.torch_ops == [], "the work must happen in the Triton kernel"
 
 
@@ -70,17 +72,17 @@ def test_chain_names_cycle():
 
 def test_small_blocks_many_programs():
     x = _x((37, 129), torch.float32, seed=1)
-    with poisoned_allocations(), LaunchCounter() as counter:
+    with Sandbox() as counter:
         y = chain(x, 5, block_size=256)  # 19 programs, the last one partial
     torch.testing.assert_close(y, chain_reference(x, 5), atol=1e-5, rtol=1e-5)
-    assert counter.triton_launches == ["_chain_kernel"]
+    assert counter.names == ["_chain_kernel"]
 
 
 def test_empty_input_launches_nothing():
     x = _x((0, 3), torch.float32)
     with LaunchCounter() as counter:
         y = chain(x, 2)
-    assert y.shape == (0, 3) and counter.triton_launches == []
+    assert y.shape == (0, 3) and counter.names == []
 
 
 # -- bad input --------------------------------------------------------------------------------------

@@ -12,15 +12,17 @@ import torch
 
 # fusionlab first: on a CPU it sets TRITON_INTERPRET, which Triton reads when it is imported (its own
 # jit helpers such as tl.cdiv are defined then); imported the other way round they fail in the interpreter
-from fusionlab import check, runtime
+from fusionlab import grading as check
+from fusionlab import runtime
 import triton
 import triton.language as tl
 
-from fusionlab.check import CheckFailed
-from fusionlab.checkers import lesson2 as ex
-from fusionlab.kernels import bias_gelu, bias_gelu_reference, chain, chain_reference
-from fusionlab.suites.lesson2 import bias_gelu_ledger
-from fusionlab.trips import Ledger
+from fusionlab.grading import CheckFailed
+from fusionlab.lessons.l2 import checkers as ex
+from fusionlab.kernels.bias_gelu import bias_gelu, bias_gelu_reference
+from fusionlab.kernels.chain import chain, chain_reference
+from fusionlab.kernels.bias_gelu import bias_gelu_ledger
+from fusionlab.ledger import Ledger
 
 pytestmark = [
     pytest.mark.lesson2,
@@ -122,17 +124,18 @@ def _no_row_mask_kernel(x_ptr, bias_ptr, y_ptr, n_rows, n_cols, stride_xm, strid
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def test_bias_gelu_accepts_the_solution_and_the_package_kernel(capsys):
+def test_bias_gelu_accepts_the_solution_and_refuses_the_package_kernel(capsys):
     msg = ex.check_bias_gelu(solution_bias_gelu)
-    assert msg.startswith("✓ bias_gelu: 8 checks passed")
+    assert msg.startswith("✓ bias_gelu: 10 checks passed")
     assert msg._ipython_display_() is None  # printed once; as a cell's last value it shows nothing more
-    ex.check_bias_gelu(bias_gelu)
     out = capsys.readouterr().out
-    assert out.count("✓ bias_gelu") == 2 and "nothing written past the end" in out
+    assert out.count("✓ bias_gelu") == 1 and "nothing written past the end" in out
+    with pytest.raises(CheckFailed, match="fusionlab's own kernel"):
+        ex.check_bias_gelu(bias_gelu)
 
 
 @pytest.mark.parametrize("unfused", [
-    pytest.param(lambda x, b: (bias_gelu(x, b), bias_gelu(x, b))[1], id="package-kernel-twice"),
+    pytest.param(lambda x, b: (solution_bias_gelu(x, b), solution_bias_gelu(x, b))[1], id="solution-twice"),
     pytest.param(add_then_gelu, id="add-then-gelu-kernels"),
 ])
 def test_bias_gelu_rejects_two_launches(unfused):
@@ -142,6 +145,8 @@ def test_bias_gelu_rejects_two_launches(unfused):
 
 def test_bias_gelu_rejects_the_torch_reference():
     with pytest.raises(CheckFailed, match=r"computes with torch \(add, gelu\)"):
+        ex.check_bias_gelu(lambda x, b: torch.nn.functional.gelu(x.float() + b.float()).to(x.dtype))
+    with pytest.raises(CheckFailed, match="answer keys"):
         ex.check_bias_gelu(bias_gelu_reference)
 
 
@@ -152,7 +157,7 @@ def test_bias_gelu_rejects_unwritten_tails():
 
 
 def test_bias_gelu_rejects_writes_past_the_end():
-    with pytest.raises(CheckFailed, match=r"size \(1, 1\), float32: the kernel wrote \d+ elements past the end"):
+    with pytest.raises(CheckFailed, match=r"shape \(1, 1\), float32: the kernel wrote \d+ elements past the end"):
         ex.check_bias_gelu(lambda x, b: _launch(_no_row_mask_kernel, x, b, 64, 256))
 
 
@@ -162,12 +167,12 @@ def gelu_without_bias(x, bias):
     return y
 
 
-@pytest.mark.parametrize("wrong", [
-    pytest.param(lambda x, b: bias_gelu(x, b, "tanh"), id="tanh-form"),
-    pytest.param(gelu_without_bias, id="bias-ignored"),
+@pytest.mark.parametrize("wrong, message", [
+    pytest.param(lambda x, b: bias_gelu(x, b, "tanh"), "own kernel", id="tanh-form-borrowed"),
+    pytest.param(gelu_without_bias, "input 1 is not passed to your kernel", id="bias-ignored"),
 ])
-def test_bias_gelu_rejects_wrong_values(wrong):
-    with pytest.raises(CheckFailed, match="elements differ"):
+def test_bias_gelu_rejects_wrong_values(wrong, message):
+    with pytest.raises(CheckFailed, match=message):
         ex.check_bias_gelu(wrong)
 
 
@@ -179,16 +184,17 @@ def test_bias_gelu_reports_an_unfilled_stub():
         ex.check_bias_gelu(stub)
 
 
-def test_guard_zones_are_removed_and_intact_when_unused():
-    orig = torch.empty
-    with check.poisoned_allocations() as guards:
+def test_guard_zones_catch_a_store_just_past_the_end():
+    with check.Sandbox() as box:
         y = torch.empty(3, 5, device=runtime.DEVICE)
         z = torch.empty_like(y)
-    assert torch.empty is orig
-    assert y.shape == (3, 5) and y.is_contiguous() and torch.isnan(y).all() and torch.isnan(z).all()
-    assert len(guards) == 2 and check.writes_past_the_end(guards) is None
+        w = y.new_empty((4,))
+        v = torch.empty_strided((2, 3), (1, 2), device=runtime.DEVICE)
+    assert y.shape == (3, 5) and y.is_contiguous() and v.stride() == (1, 2)
+    assert all(check.poisoned(t).all() for t in (y, z, w, v))
+    assert len(box.guards) == 4 and box.writes_past_the_end() is None
     y.view(-1).as_strided((1,), (1,), 15).fill_(1.0)  # one element just past the end of y
-    assert check.writes_past_the_end(guards) == (1, 0)
+    assert box.writes_past_the_end() == (1, 0)
 
 
 # -- exercise 2: bytes of bias + GELU ----------------------------------------------------------------
@@ -200,7 +206,8 @@ def solution_bias_gelu_bytes(m, n, dtype_bytes, fused):
 
 def test_bias_gelu_bytes_accepts_the_solution():
     assert ex.check_bias_gelu_bytes(solution_bias_gelu_bytes).startswith("✓ bias_gelu bytes")
-    ex.check_bias_gelu_bytes(lambda m, n, b, fused: bias_gelu_ledger(m, n, b).bytes(fused))
+    with pytest.raises(CheckFailed, match="answer keys"):  # the package's ledger is the answer key
+        ex.check_bias_gelu_bytes(lambda m, n, b, fused: bias_gelu_ledger(m, n, b).bytes(fused))
 
 
 @pytest.mark.parametrize("wrong,tip", [
@@ -304,10 +311,11 @@ def _chain_unmasked_kernel(x_ptr, y_ptr, n_elements, K: tl.constexpr, BLOCK_SIZE
     tl.store(y_ptr + offs, t.to(y_ptr.dtype.element_ty))
 
 
-def test_chain_accepts_the_solution_and_the_package_kernel(capsys):
-    assert ex.check_chain(solution_chain).startswith("✓ chain: k = 1, 2, 3, 4, 5, 8")
-    ex.check_chain(chain)
-    assert capsys.readouterr().out.count("✓ chain") == 2
+def test_chain_accepts_the_solution_and_refuses_the_package_kernel(capsys):
+    assert "k = 1, 2, 3, 4, 5, 8" in ex.check_chain(solution_chain)
+    with pytest.raises(CheckFailed, match="fusionlab's own kernel"):
+        ex.check_chain(chain)
+    assert capsys.readouterr().out.count("✓ chain") == 1
 
 
 def test_chain_rejects_one_kernel_per_op():
@@ -317,6 +325,8 @@ def test_chain_rejects_one_kernel_per_op():
 
 def test_chain_rejects_the_torch_reference():
     with pytest.raises(CheckFailed, match=r"computes with torch \(add\)"):
+        ex.check_chain(lambda x, k: (x.float() + 0.5).to(x.dtype))
+    with pytest.raises(CheckFailed, match="answer keys"):
         ex.check_chain(chain_reference)
 
 
@@ -333,7 +343,7 @@ def test_chain_rejects_an_unmasked_kernel():
 
 def test_chain_rejects_wrong_values():
     with pytest.raises(CheckFailed, match=r"chain k=1 \(add\), size .* elements differ"):
-        ex.check_chain(lambda x, k: chain(x, min(k + 1, 8)))
+        ex.check_chain(lambda x, k: solution_chain(x, min(k + 1, 8)))
 
 
 def test_chain_prediction_matches_the_ledger():

@@ -76,7 +76,7 @@ def test_triton_imported_before_fusionlab_still_works_in_the_interpreter():
     code = (
         "import triton, triton.language as tl, torch\n"
         "import fusionlab\n"
-        "from fusionlab.kernels import bias_gelu\n"
+        "from fusionlab.kernels.bias_gelu import bias_gelu\n"
         "x, b = torch.randn(37, 129), torch.randn(129)\n"
         "err = (bias_gelu(x, b, 'tanh') - torch.nn.functional.gelu(x + b, approximate='tanh')).abs().max()\n"
         "assert err < 1e-5, err\n"

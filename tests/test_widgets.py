@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from fusionlab import bench
-from fusionlab.trips import Ledger, human_bytes, machine_balance, roofline_tflops
+from fusionlab.ledger import Ledger, human_bytes, machine_balance, roofline_tflops
 from fusionlab.widgets import TimingBars, TripAnimation, roofline_figure, show, trips_figure
 
 pytestmark = pytest.mark.lesson1

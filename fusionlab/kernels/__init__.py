@@ -1,27 +1,27 @@
-"""The kernels the lessons build, one module per op, each beside its torch reference.
+"""The course's kernels: one op, one module, one name.
+
+``fusionlab.kernels.<op>`` holds everything the op is, in this order:
+
+- ``_<op>_kernel`` (and ``_<op>_bwd_kernel``...): the ``@triton.jit`` code;
+- ``<op>_reference``: the spec in torch, computed in fp32 (or float64), imported by tests, checkers,
+  benchmarks and lessons — never written twice;
+- ``<op>_eager``: what eager PyTorch runs for the op, the baseline every benchmark compares with;
+- ``<op>_ledger(...)``: the bytes each schedule moves (a :class:`fusionlab.ledger.Ledger`, op by op as
+  eager runs it; its fused total is what the kernel moves), and ``<op>_flops(...)``;
+- ``<op>_config(...)``: the launch configuration, through :mod:`fusionlab.kernels._launch`;
+- ``<op>(...)``: the launcher and public entry: checks its inputs, allocates, launches (an
+  ``autograd.Function`` where the op has a backward).
 
 Importing this package needs Triton (Linux); ``fusionlab.runtime`` has already decided GPU or
-interpreter before any kernel below is defined.
+interpreter before any kernel below is defined. Call an op through its module:
+``from fusionlab.kernels.bias_gelu import bias_gelu``.
 """
 
 from .. import runtime
 
 runtime.require_triton()
 
-from ._validate import KernelInputError  # noqa: E402
-from .bias_gelu import bias_gelu, bias_gelu_config, bias_gelu_reference  # noqa: E402
-from .chain import chain, chain_names, chain_reference  # noqa: E402
-from .cos import cos, cos_cos, cos_cos_reference  # noqa: E402
+from . import bias_gelu, chain, cos  # noqa: E402
+from ._launch import KernelInputError  # noqa: E402
 
-__all__ = [
-    "KernelInputError",
-    "bias_gelu",
-    "bias_gelu_config",
-    "bias_gelu_reference",
-    "chain",
-    "chain_names",
-    "chain_reference",
-    "cos",
-    "cos_cos",
-    "cos_cos_reference",
-]
+__all__ = ["KernelInputError", "bias_gelu", "chain", "cos"]

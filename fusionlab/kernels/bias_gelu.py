@@ -33,8 +33,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .. import runtime
-from ._validate import KernelInputError, check_same, check_tensor
+from .._exercise import answer_key
+from ..ledger import Ledger
+from ._launch import KernelInputError, check_block, check_same, check_tensor, check_tile, elementwise_config, launch_kwargs
 
 #: the ``approximate`` values the kernel knows, mapped to the constexpr that selects the code path
 APPROXIMATIONS = {"none": 0, "tanh": 1, "erf_fast": 2}
@@ -50,9 +51,6 @@ _P_OVER_SQRT2 = tl.constexpr(_AS_P * 0.7071067811865476)
 _H1, _H2, _H3, _H4, _H5 = (tl.constexpr(a / 2) for a in _AS_A)
 _NEG_HALF_LOG2E = tl.constexpr(-0.5 * 1.4426950408889634)  # exp(-v^2 / 2) = exp2(v^2 * this)
 
-#: Triton's largest block (TRITON_MAX_TENSOR_NUMEL)
-_MAX_TILE = 2**20
-
 
 def _check_approximate(approximate, op: str) -> int:
     if approximate not in APPROXIMATIONS:
@@ -62,6 +60,7 @@ def _check_approximate(approximate, op: str) -> int:
     return APPROXIMATIONS[approximate]
 
 
+@answer_key
 def bias_gelu_reference(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """The spec: ``F.gelu(x + bias, approximate=...)`` computed in fp32, returned in ``x.dtype``.
 
@@ -74,6 +73,31 @@ def bias_gelu_reference(x: torch.Tensor, bias: torch.Tensor, approximate: str = 
     _check_approximate(approximate, "bias_gelu_reference")
     torch_approximate = "tanh" if approximate == "tanh" else "none"
     return F.gelu(x.float() + bias.float(), approximate=torch_approximate).to(x.dtype)
+
+
+def bias_gelu_eager(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """What eager PyTorch runs: ``F.gelu(x + bias)``, two kernels (the add, then the GELU), rounding
+    ``x + bias`` to x's dtype in between. ``"erf_fast"`` has no eager form: it runs the exact GELU."""
+    _check_approximate(approximate, "bias_gelu_eager")
+    return F.gelu(x + bias, approximate="tanh" if approximate == "tanh" else "none")
+
+
+@answer_key
+def bias_gelu_ledger(m: int, n: int, dtype, *, x: str = "x", bias: str = "bias") -> Ledger:
+    """Eager ``F.gelu(x + bias)`` trip by trip: add reads x (m x n) and bias (n), writes t; gelu reads
+    t, writes y. Fused (the kernel): read x and bias, write y. ``x``/``bias`` name the tensors as a
+    lesson calls them (lesson 3 applies the op to a matmul's output h with bias b)."""
+    led = Ledger(dtype_bytes=dtype)
+    led.op("add", reads={x: m * n, bias: n}, writes={"t": m * n})
+    led.op("gelu", reads={"t": m * n}, writes={"y": m * n})
+    return led
+
+
+def bias_gelu_flops(m: int, n: int, approximate: str = "none") -> int:
+    """Nominal FLOPs: the add, and GELU counted as 8 per element (multiplies, adds and one special
+    function; the exact count depends on the form and the compiler)."""
+    _check_approximate(approximate, "bias_gelu_flops")
+    return 9 * m * n
 
 
 @triton.jit
@@ -132,43 +156,14 @@ def _bias_gelu_kernel(
         tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def bias_gelu_config(n_rows: int, n_cols: int, dtype: torch.dtype) -> dict:
     """The launch configuration the launcher picks: ``{"BLOCK_M", "BLOCK_N", "num_warps"}``.
 
-    On a GPU: 32 bytes per thread — 1 x 1024 tiles for 4-byte types (8 elements per thread),
-    2 x 1024 for 2-byte ones (16), both with 4 warps. BLOCK_N covers up to 1024 columns, so a warp
-    reads contiguous row segments; short rows get a whole row per tile and more rows instead;
-    BLOCK_M never exceeds the rows there are. Chosen from sweeps on an H200 at 1 GiB (Triton 3.6,
-    ``benchmarks/tune.py`` and ``tune_variants.py``, notes in ``benchmarks/NOTES.md``): fp32 1 x 1024
-    with 2 or 4 warps ran at 99.5-99.8% of copy bandwidth for every form; bf16 2 x 1024 with 4 warps
-    was the best tile for erf_fast (95%) and within 3 points of the best for tanh; 8 warps or 8 Ki
-    tiles lost up to 17 points in bf16.
-
-    In the interpreter every program costs milliseconds of Python however small its tile, so tiles
-    are 64 Ki elements there (up to 8192 columns): a few large programs instead of many small ones.
+    The shared element-wise tile (:func:`fusionlab.kernels._launch.elementwise_config`): on a GPU
+    1 x 1024 tiles for 4-byte types, 2 x 1024 for 2-byte ones, 4 warps; 64 Ki-element tiles in the
+    interpreter. The sweep behind it is in ``benchmarks/NOTES.md``.
     """
-    if runtime.is_gpu():
-        # 32 bytes per thread with 4 warps (128 threads): 1024 fp32 or 2048 bf16/fp16 elements a tile
-        num_warps = 4
-        tile, max_n = 128 * 32 // torch.empty((), dtype=dtype).element_size(), 1024
-    else:
-        tile, max_n, num_warps = 65536, 8192, 8
-    # at least 16 columns: tiny power-of-two ranges gain nothing, and masks make them safe
-    block_n = max(16, min(_next_pow2(n_cols), max_n))
-    block_m = max(1, min(tile // block_n, _next_pow2(n_rows)))
-    if block_m * block_n < 32 * num_warps:  # a tiny tensor: fewer warps than the tile has lanes for
-        num_warps = 4
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps}
-
-
-def _check_block(value, name: str, op: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
-        raise KernelInputError(f"{op}: {name}={value!r} must be a power of two >= 1 (tl.arange needs one).")
-    return value
+    return dict(elementwise_config(int(n_rows), int(n_cols), dtype))
 
 
 def bias_gelu(
@@ -207,17 +202,14 @@ def bias_gelu(
     n_rows = x.numel() // n_cols
 
     cfg = bias_gelu_config(n_rows, n_cols, x.dtype)
-    block_m = _check_block(block_m, "block_m", op) if block_m is not None else cfg["BLOCK_M"]
-    block_n = _check_block(block_n, "block_n", op) if block_n is not None else cfg["BLOCK_N"]
-    num_warps = _check_block(num_warps, "num_warps", op) if num_warps is not None else cfg["num_warps"]
-    if block_m * block_n > _MAX_TILE:
-        raise KernelInputError(
-            f"{op}: a {block_m} x {block_n} tile has {block_m * block_n} elements; Triton allows {_MAX_TILE}."
-        )
+    block_m = check_block(block_m, "block_m", op) if block_m is not None else cfg["BLOCK_M"]
+    block_n = check_block(block_n, "block_n", op) if block_n is not None else cfg["BLOCK_N"]
+    num_warps = check_block(num_warps, "num_warps", op, max_value=32) if num_warps is not None else cfg["num_warps"]
+    check_tile(block_m, block_n, op=op)
     grid = (triton.cdiv(n_rows, block_m) * triton.cdiv(n_cols, block_n),)
     # x is contiguous (checked), so viewing it as (rows, N) is free and gives the row stride
     x2, y2 = x.view(n_rows, n_cols), y.view(n_rows, n_cols)
-    kwargs = {"num_warps": num_warps} if runtime.is_gpu() else {}
+    kwargs = launch_kwargs(num_warps)
     _bias_gelu_kernel[grid](
         x2, bias, y2, n_rows, n_cols, x2.stride(0), y2.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, APPROX=approx, EVEN=n_rows % block_m == 0 and n_cols % block_n == 0,

@@ -30,7 +30,9 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ._validate import KernelInputError, check_tensor
+from .._exercise import answer_key
+from ..ledger import Ledger
+from ._launch import KernelInputError, check_tensor
 
 #: the most ops the fused kernel takes (it unrolls the chain at compile time, one variant per k)
 MAX_K = 8
@@ -61,13 +63,13 @@ def _check_k(k, op: str, max_k: int | None = MAX_K) -> int:
 def chain_names(k: int) -> list[str]:
     """The names of the chain's first k ops, e.g. ``chain_names(3) == ["add", "relu", "mul"]``.
 
-    Pass them to ``fusionlab.trips.Ledger.chain(chain_names(k), n, dtype)`` so the ledger counts the
-    same ops the kernels run.
+    The ledger (:func:`chain_ledger`) counts the same ops the kernels run.
     """
     _check_k(k, "chain_names", max_k=None)
     return [CHAIN_OPS[i % len(CHAIN_OPS)][0] for i in range(k)]
 
 
+@answer_key
 def chain_reference(x: torch.Tensor, k: int) -> torch.Tensor:
     """The spec and the eager baseline: the chain's first k ops, one torch call (kernel) each.
 
@@ -79,6 +81,12 @@ def chain_reference(x: torch.Tensor, k: int) -> torch.Tensor:
     for i in range(k):
         t = CHAIN_OPS[i % len(CHAIN_OPS)][1](t)
     return t.to(x.dtype)
+
+
+@answer_key
+def chain_ledger(k: int, n: int, dtype=torch.float32) -> Ledger:
+    """The chain's first k ops on n elements: 2kN elements eager, 2N fused."""
+    return Ledger.chain(chain_names(k), n, dtype)
 
 
 @triton.jit

@@ -18,14 +18,33 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ._validate import KernelInputError, check_tensor
+from .._exercise import answer_key
+from ..ledger import Ledger
+from ._launch import KernelInputError, check_tensor
 
 COS, COS_COS_PRECISE, COS_COS = 0, 1, 2
 
 
+@answer_key
 def cos_cos_reference(x: torch.Tensor) -> torch.Tensor:
-    """The spec: ``cos(cos(x))``, two kernels in eager mode."""
+    """The spec: ``cos(cos(x))`` in fp32, returned in x's dtype."""
+    return x.float().cos().cos().to(x.dtype)
+
+
+def cos_cos_eager(x: torch.Tensor) -> torch.Tensor:
+    """What eager PyTorch runs: ``x.cos().cos()``, two kernels (t1 = cos x, then cos t1)."""
     return x.cos().cos()
+
+
+@answer_key
+def cos_cos_ledger(n: int, dtype=torch.float32) -> Ledger:
+    """Eager: cos reads x, writes t1; cos reads t1, writes y (4N elements). Fused: read x, write y (2N)."""
+    return Ledger.chain(["cos", "cos"], n, dtype)
+
+
+def cos_cos_flops(n: int) -> int:
+    """Nominal: a precise cosine is a range reduction and a polynomial, ~20 operations; two per element."""
+    return 40 * n
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from fusionlab.trips import (
+from fusionlab.ledger import (
     READ,
     WRITE,
     Ledger,

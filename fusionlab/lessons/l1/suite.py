@@ -9,9 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
-from ..bench import Case
-from ..trips import Ledger
+from ...bench import Case
+from ...kernels.cos import cos, cos_cos, cos_cos_eager, cos_cos_ledger
 
 N_FULL = 2**28  # 1 GiB of fp32: far past any L2
 
@@ -19,22 +18,22 @@ N_FULL = 2**28  # 1 GiB of fp32: far past any L2
 def cases(n: int = N_FULL, device="cuda", copy_GBps: float | None = None) -> list[Case]:
     x = torch.randn(n, device=device)
     y = torch.empty_like(x)
-    cos_cos = Ledger.chain(["cos", "cos"], n, torch.float32)
-    one_pass = cos_cos.fused_bytes  # 2N * 4 bytes
+    led = cos_cos_ledger(n, torch.float32)
+    one_pass = led.fused_bytes  # 2N * 4 bytes
 
     def predict(fused: bool) -> float | None:  # the ledger's time at the measured copy bandwidth
-        return cos_cos.predict_ms(copy_GBps, fused=fused) if copy_GBps else None
+        return led.predict_ms(copy_GBps, fused=fused) if copy_GBps else None
 
-    cc_compiled = torch.compile(lambda t: t.cos().cos())
+    cc_compiled = torch.compile(cos_cos_eager, dynamic=False)
     out = [
         Case("copy", lambda: y.copy_(x), one_pass, group="ceiling"),
         Case("eager cos", lambda: torch.cos(x, out=y), one_pass, group="cos", predicted_ms=predict(True)),
-        Case("eager cos().cos()", lambda: x.cos().cos(), one_pass, group="cos", predicted_ms=predict(False)),
+        Case("eager cos().cos()", lambda: cos_cos_eager(x), one_pass, group="cos", predicted_ms=predict(False)),
         Case("compiled cos(cos(x))", lambda: cc_compiled(x), one_pass, group="cos", predicted_ms=predict(True)),
-        Case("triton cos", lambda: kernels.cos(x), one_pass, group="cos", predicted_ms=predict(True)),
-        Case("triton cos_cos, two tl.cos", lambda: kernels.cos_cos(x, second="precise"), one_pass, group="cos",
+        Case("triton cos", lambda: cos(x), one_pass, group="cos", predicted_ms=predict(True)),
+        Case("triton cos_cos, two tl.cos", lambda: cos_cos(x, second="precise"), one_pass, group="cos",
              predicted_ms=predict(True)),
-        Case("triton cos_cos (fused)", lambda: kernels.cos_cos(x), one_pass, group="cos",
+        Case("triton cos_cos (fused)", lambda: cos_cos(x), one_pass, group="cos",
              predicted_ms=predict(True)),
         Case("eager relu fp32", lambda: torch.relu(x), one_pass, group="activation"),
         Case("eager gelu fp32", lambda: F.gelu(x), one_pass, group="activation"),

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fusionlab.inductor_code import count_kernels, eager_ops, extern_calls, generated_code, kernel_names
+from fusionlab.inductor import count_kernels, eager_ops, extern_calls, generated_code, kernel_names
 
 pytestmark = [
     pytest.mark.lesson3,

@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..bench import Case
-from ..trips import Ledger
+from ...bench import Case, compiled
+from ...kernels.bias_gelu import bias_gelu_eager, bias_gelu_ledger
+from ...ledger import Ledger
 
 M, K, N = 8192, 4096, 16384  # tokens, input width, output width
 DTYPE = torch.bfloat16
@@ -30,18 +31,6 @@ def layer_linear(x, w, b):
     return F.gelu(F.linear(x, w, b))
 
 
-def small_ops(h, b):
-    return F.gelu(h + b)
-
-
-def small_ops_ledger(m: int = M, n: int = N, dtype=DTYPE) -> Ledger:
-    """Bias + GELU on the matmul's output h: add reads h and b, writes t; gelu reads t, writes y."""
-    led = Ledger(dtype_bytes=dtype)
-    led.op("add", reads={"h": m * n, "b": n}, writes={"t": m * n})
-    led.op("gelu", reads={"t": m * n}, writes={"y": m * n})
-    return led
-
-
 def layer_ledger(m: int = M, k: int = K, n: int = N, dtype=DTYPE) -> Ledger:
     """The whole layer, op by op; fused_bytes is the layer's minimum (x, w, b read, y written once)."""
     led = Ledger(dtype_bytes=dtype)
@@ -49,13 +38,6 @@ def layer_ledger(m: int = M, k: int = K, n: int = N, dtype=DTYPE) -> Ledger:
     led.op("add", reads={"h": m * n, "b": n}, writes={"t": m * n})
     led.op("gelu", reads={"t": m * n}, writes={"y": m * n})
     return led
-
-
-def _compiled(fn, *inputs):
-    """Compile once, outside the timed lambda, and warm it (``dynamic=False``: one shape, one kernel)."""
-    compiled = torch.compile(fn, dynamic=False)
-    compiled(*inputs)
-    return compiled
 
 
 def cases(copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, device="cuda") -> list[Case]:
@@ -70,7 +52,7 @@ def cases(copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, de
     h = x @ w.t()
     flops = 2 * M * N * K
     layer = layer_ledger()
-    small = small_ops_ledger()
+    small = bias_gelu_ledger(M, N, DTYPE, x="h", bias="b")
     mm_bytes = (M * K + N * K + M * N) * layer.dtype_bytes  # read x and w, write h
     gelu_pass = Ledger.chain(["gelu"], M * N, DTYPE)  # what F.linear leaves after the matmul
 
@@ -90,8 +72,8 @@ def cases(copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, de
         mm_ms = max(flops / (matmul_TFLOPs * 1e12), mm_bytes / (copy_GBps * 1e9)) * 1e3  # the roofline
         return mm_ms + after_ms(schedule)
 
-    compiled_layer = _compiled(layer_eager, x, w, b)
-    compiled_small = _compiled(small_ops, h, b)
+    compiled_layer = compiled(layer_eager, x, w, b)
+    compiled_small = compiled(bias_gelu_eager, h, b)
     small_bytes = small.fused_bytes
     one_pass = gelu_pass.fused_bytes  # read one M x N tensor, write one
     return [
@@ -103,7 +85,7 @@ def cases(copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, de
              predicted_ms=predict("linear")),
         Case("layer compiled", lambda: compiled_layer(x, w, b), layer.fused_bytes, flops, group="layer",
              predicted_ms=predict("fused")),
-        Case("small ops eager", lambda: small_ops(h, b), small_bytes, group="small ops",
+        Case("small ops eager", lambda: bias_gelu_eager(h, b), small_bytes, group="small ops",
              predicted_ms=small.predict_ms(copy_GBps, fused=False) if copy_GBps else None),
         Case("small ops compiled", lambda: compiled_small(h, b), small_bytes, group="small ops",
              predicted_ms=small.predict_ms(copy_GBps, fused=True) if copy_GBps else None),

@@ -1,6 +1,6 @@
 """Checkers for lesson 2's exercises (solutions/02_count_the_trips.ipynb).
 
-Kernel exercises go through :func:`fusionlab.check.check_function` (fresh random inputs, odd shapes,
+Kernel exercises go through :func:`fusionlab.grading.check_function` (fresh random inputs, odd shapes,
 NaN-poisoned outputs, one launch, no torch compute). On top of that, every output the answer
 allocates with ``torch.empty``/``torch.empty_like`` is the front of a longer buffer whose tail (a
 *guard zone*) is poisoned too: a kernel that stores without a mask, or with a mask that misses rows,
@@ -10,64 +10,49 @@ follows the tensor: on a GPU it corrupts it silently, in the interpreter it can 
 
 from __future__ import annotations
 
-import contextlib
-import io
-import math
-
-from .. import check
-from ..check import CheckFailed
-from ..kernels.bias_gelu import bias_gelu_reference
-from ..kernels.chain import chain_names, chain_reference
-from ..suites.lesson2 import bias_gelu_ledger
-from ..trips import Ledger, human_bytes
+from ... import grading
+from ...grading import CheckFailed, call_learner, number
+from ...kernels.bias_gelu import bias_gelu_ledger, bias_gelu_reference
+from ...kernels.chain import chain_ledger, chain_names, chain_reference
+from ...ledger import human_bytes
 
 #: (rows, cols) for the bias + GELU exercise: a single element, shapes that no power-of-two tile
 #: divides in either direction, and one with more rows than a row block
 SHAPES = ((1, 1), (37, 129), (130, 7), (257, 1000))
+#: many programs at any tile (2 x 1024 on a GPU: 520; 64 Ki elements in the interpreter: 17)
+MANY_SHAPE = (1031, 1031)
 #: chain lengths the fused-chain exercise is checked at: every op once, the wrap-around, two rounds
 CHAIN_KS = (1, 2, 3, 4, 5, 8)
-Passed, _passed = check.Passed, check.passed
-
-
-@contextlib.contextmanager
-def _only_failures_printed():
-    """Run a check_function quietly: its ✓ line is replaced by ours; anything else it (or the
-    learner's code) prints is passed through, also when the check fails."""
-    buf = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buf):
-            yield
-    finally:
-        for line in buf.getvalue().splitlines():
-            if not line.startswith("✓"):
-                print(line)
+Passed, _passed = grading.Passed, grading.passed
 
 
 # -- exercise 1: the bias + GELU kernel --------------------------------------------------------------
 def bias_gelu_inputs(shape, dtype, gen):
     """``x`` of ``shape`` (spread enough to reach GELU's curved part and both tails) and a bias row."""
-    x = check.randn(shape, dtype, gen=gen)
-    bias = check.randn(shape[-1], dtype, gen=gen, scale=1.0)
-    return check.with_room_after(x), check.with_room_after(bias)
+    x = grading.randn(shape, dtype, gen=gen)
+    bias = grading.randn(shape[-1], dtype, gen=gen, scale=1.0)
+    return grading.with_room_after(x), grading.with_room_after(bias)
 
 
 def check_bias_gelu(bias_gelu_fn) -> Passed:
     """Exercise 1: ``bias_gelu_fn(x, bias)`` computes exact ``GELU(x + bias)`` (erf form, fp32 inside,
     stored in x's dtype) for x of shape (M, N) and bias of shape (N,), in one Triton kernel."""
-    with _only_failures_printed():
-        check.check_function(
+    res = grading.check_function(
             bias_gelu_fn,
             bias_gelu_reference,
             bias_gelu_inputs,
             name="bias_gelu",
             sizes=SHAPES,
+            many=MANY_SHAPE,
             launches=1,
+            quiet=True,
             hint="Compute in fp32 (.to(tl.float32)), add the bias along the rows (b[None, :]), use the exact "
             "GELU 0.5 v (1 + erf(v / sqrt(2))), and store in y's dtype.",
         )
     msg = (
-        f"✓ bias_gelu: {2 * len(SHAPES)} checks passed (shapes {', '.join(map(str, SHAPES))} × 2 dtypes, fresh "
-        "random inputs, poisoned outputs, nothing written past the end, 1 launch each, no torch compute)"
+        f"✓ bias_gelu: {res.checks} checks passed (shapes {', '.join(map(str, SHAPES))} × 2 dtypes, one of "
+        f"{MANY_SHAPE[0]} × {MANY_SHAPE[1]} and one repeated; fresh random inputs, poisoned outputs, nothing "
+        "written past the end, inputs unchanged, 1 launch each, no torch compute)"
     )
     return _passed(msg)
 
@@ -80,10 +65,9 @@ def check_bias_gelu_bytes(bias_gelu_bytes) -> Passed:
         want_led = bias_gelu_ledger(m, n, b)
         for fused in (False, True):
             want = want_led.bytes(fused)
-            got = bias_gelu_bytes(m, n, b, fused)
             call = f"bias_gelu_bytes({m}, {n}, {b}, fused={fused})"
-            if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
-                raise CheckFailed(f"{call} returned {got!r}; expected a number of bytes.")
+            got = number(call_learner(bias_gelu_bytes, m, n, b, fused, name="bias_gelu_bytes", where=call), call,
+                         "bytes")
             if got == want:
                 continue
             mn, tip = m * n * b, ""
@@ -112,13 +96,11 @@ def check_predict_chain_ms(predict) -> Passed:
     """Exercise 3: ``predict(k, n, dtype_bytes, copy_GBps, fused)`` is the time in ms of the k-op
     chain on n elements at the copy bandwidth: 2kN elements eager, 2N fused."""
     for k, n, b, bw in ((1, 2**28, 4, 4000.0), (3, 2**28, 4, 4247.0), (8, 10**6, 2, 900.0), (5, 12345, 4, 3350.0)):
-        led = Ledger.chain(chain_names(k), n, b)
+        led = chain_ledger(k, n, b)
         for fused in (False, True):
             want = led.predict_ms(bw, fused=fused)
-            got = predict(k, n, b, bw, fused)
             call = f"predict({k}, {n}, {b}, {bw}, fused={fused})"
-            if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
-                raise CheckFailed(f"{call} returned {got!r}; expected a number of milliseconds.")
+            got = number(call_learner(predict, k, n, b, bw, fused, name="predict", where=call), call, "milliseconds")
             if abs(got - want) <= 1e-6 * want:
                 continue
             ratio, tip = got / want, ""
@@ -139,19 +121,22 @@ def check_predict_chain_ms(predict) -> Passed:
 def check_chain(chain_fn) -> Passed:
     """Exercise 4: ``chain_fn(x, k)`` runs the chain's first k ops (fusionlab.kernels.chain) in one
     Triton kernel, for every k in :data:`CHAIN_KS`."""
+    checks = 0
     for k in CHAIN_KS:
         name = f"chain k={k} ({' -> '.join(chain_names(k))})"
-        with _only_failures_printed():
-            check.check_function(
+        checks += grading.check_function(
                 chain_fn,
                 chain_reference,
-                lambda n, dtype, gen, k=k: (check.with_room_after(check.randn(n, dtype, gen=gen)), k),
+                lambda n, dtype, gen, k=k: (grading.with_room_after(grading.randn(n, dtype, gen=gen)), k),
                 name=name,
+                many=grading.MANY_PROGRAMS if k == CHAIN_KS[-1] else None,
                 launches=1,
+                quiet=True,
                 hint="Op i of the chain is add 0.5, relu, multiply by 1.5, sigmoid, in turn (i % 4).",
-            )
+            ).checks
     msg = (
-        f"✓ chain: k = {', '.join(map(str, CHAIN_KS))}, each on {len(check.ODD_SIZES)} odd sizes × 2 dtypes "
-        "(fresh random inputs, poisoned outputs, nothing written past the end), 1 launch whatever k is"
+        f"✓ chain: {checks} checks, k = {', '.join(map(str, CHAIN_KS))}, each on {len(grading.ODD_SIZES)} odd sizes "
+        "× 2 dtypes and one repeated, one needing many programs (fresh random inputs, poisoned outputs, nothing "
+        "written past the end, inputs unchanged), 1 launch whatever k is"
     )
     return _passed(msg)

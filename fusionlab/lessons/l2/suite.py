@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
-from ..bench import Case
-from ..kernels.chain import MAX_K
-from ..trips import Ledger
+from ...bench import Case, compiled
+from ...kernels.bias_gelu import bias_gelu, bias_gelu_config, bias_gelu_eager, bias_gelu_ledger
+from ...kernels.chain import MAX_K, chain, chain_ledger, chain_reference
+from ...ledger import Ledger
 
 #: 1 GiB of input per dtype: 16384 x 16384 fp32, 32768 x 16384 bf16
 SHAPES = {torch.float32: (16384, 16384), torch.bfloat16: (32768, 16384)}
@@ -27,33 +27,6 @@ APPROX_LABEL = {"none": "erf", "tanh": "tanh", "erf_fast": "erf_fast"}
 
 def _dname(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-
-
-def bias_gelu_ledger(m: int, n: int, dtype) -> Ledger:
-    """Eager ``F.gelu(x + bias)``: add reads x and bias and writes t; gelu reads t and writes y."""
-    led = Ledger(dtype_bytes=dtype)
-    led.op("add", reads={"x": m * n, "bias": n}, writes={"t": m * n})
-    led.op("gelu", reads={"t": m * n}, writes={"y": m * n})
-    return led
-
-
-def _eager_bias_gelu(x, bias):
-    return F.gelu(x + bias)
-
-
-def _eager_bias_gelu_tanh(x, bias):
-    return F.gelu(x + bias, approximate="tanh")
-
-
-def _compiled(fn, *inputs):
-    """Compile once, outside any timed lambda, and run it once so compilation stays out of timings.
-
-    ``dynamic=False``: one specialised kernel per shape, as the Triton kernel is; without it a second
-    shape of the same function could trigger a dynamic-shape recompile with a slower kernel.
-    """
-    compiled = torch.compile(fn, dynamic=False)
-    compiled(*inputs)
-    return compiled
 
 
 def _predict(led: Ledger, copy_GBps: float | None, fused: bool) -> float | None:
@@ -70,25 +43,25 @@ def bias_gelu_cases(dtype: torch.dtype, copy_GBps: float | None = None, device="
     led = bias_gelu_ledger(m, n, dtype)
     nbytes = led.fused_bytes
     copy_led = Ledger.chain(["copy"], m * n, dtype)
-    compiled = _compiled(_eager_bias_gelu, x, bias)
-    compiled_tanh = _compiled(_eager_bias_gelu_tanh, x, bias)
+    exact = compiled(bias_gelu_eager, x, bias)
+    tanh = compiled(bias_gelu_eager, x, bias, "tanh")
     fused = _predict(led, copy_GBps, fused=True)
     out = [
         Case(f"copy {d}", lambda: y.copy_(x), copy_led.fused_bytes, group="ceiling",
              predicted_ms=_predict(copy_led, copy_GBps, fused=True)),
-        Case(f"bias_gelu {d} eager", lambda: _eager_bias_gelu(x, bias), nbytes, group=group,
+        Case(f"bias_gelu {d} eager", lambda: bias_gelu_eager(x, bias), nbytes, group=group,
              predicted_ms=_predict(led, copy_GBps, fused=False)),
-        Case(f"bias_gelu {d} eager tanh", lambda: _eager_bias_gelu_tanh(x, bias), nbytes, group=group,
+        Case(f"bias_gelu {d} eager tanh", lambda: bias_gelu_eager(x, bias, "tanh"), nbytes, group=group,
              predicted_ms=_predict(led, copy_GBps, fused=False)),
-        Case(f"bias_gelu {d} compiled", lambda: compiled(x, bias), nbytes, group=group, predicted_ms=fused),
-        Case(f"bias_gelu {d} compiled tanh", lambda: compiled_tanh(x, bias), nbytes, group=group,
+        Case(f"bias_gelu {d} compiled", lambda: exact(x, bias), nbytes, group=group, predicted_ms=fused),
+        Case(f"bias_gelu {d} compiled tanh", lambda: tanh(x, bias, "tanh"), nbytes, group=group,
              predicted_ms=fused),
     ]
     for approximate in APPROXIMATIONS:
-        kernels.bias_gelu(x, bias, approximate)  # compile the Triton kernel before timing
+        bias_gelu(x, bias, approximate)  # compile the Triton kernel before timing
         out.append(Case(
             f"bias_gelu {d} triton {APPROX_LABEL[approximate]}",
-            lambda a=approximate: kernels.bias_gelu(x, bias, a),
+            lambda a=approximate: bias_gelu(x, bias, a),
             nbytes, group=group, predicted_ms=fused,
         ))
     return out
@@ -99,12 +72,12 @@ def chain_cases(copy_GBps: float | None = None, n: int = CHAIN_N, device="cuda")
     x = torch.randn(n, device=device)
     out = []
     for k in range(1, MAX_K + 1):
-        led = Ledger.chain(kernels.chain_names(k), n, torch.float32)
-        kernels.chain(x, k)  # compile this K's kernel before timing
+        led = chain_ledger(k, n, torch.float32)
+        chain(x, k)  # compile this K's kernel before timing
         out += [
-            Case(f"chain k={k} eager", lambda k=k: kernels.chain_reference(x, k), led.fused_bytes,
+            Case(f"chain k={k} eager", lambda k=k: chain_reference(x, k), led.fused_bytes,
                  group="chain eager", predicted_ms=_predict(led, copy_GBps, fused=False)),
-            Case(f"chain k={k} fused", lambda k=k: kernels.chain(x, k), led.fused_bytes,
+            Case(f"chain k={k} fused", lambda k=k: chain(x, k), led.fused_bytes,
                  group="chain fused", predicted_ms=_predict(led, copy_GBps, fused=True)),
         ]
     return out
@@ -129,23 +102,23 @@ def tuning_cases(
     device="cuda",
 ) -> list[Case]:
     """A sweep of the bias + GELU kernel's tile (BLOCK_M, BLOCK_N) and num_warps at 1 GiB, to check
-    the launcher's default (``kernels.bias_gelu_config``) against its neighbours. Not in ``cases()``:
+    the launcher's default (``bias_gelu_config``) against its neighbours. Not in ``cases()``:
     it is for whoever tunes the defaults, not for the lesson."""
     m, n = SHAPES[dtype]
     x = torch.randn(m, n, device=device, dtype=dtype)
     bias = torch.randn(n, device=device, dtype=dtype)
     nbytes = bias_gelu_ledger(m, n, dtype).fused_bytes
-    cfg = kernels.bias_gelu_config(m, n, dtype)
+    cfg = bias_gelu_config(m, n, dtype)
     d = _dname(dtype)
     out = []
     for bm, bn in tiles:
         for w in warps:
             kw = {"block_m": bm, "block_n": bn, "num_warps": w}
-            kernels.bias_gelu(x, bias, approximate, **kw)  # compile before timing
+            bias_gelu(x, bias, approximate, **kw)  # compile before timing
             default = " (default)" if (bm, bn, w) == (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"]) else ""
             out.append(Case(
                 f"tune {d} {APPROX_LABEL[approximate]} {bm}x{bn} w{w}{default}",
-                lambda kw=kw: kernels.bias_gelu(x, bias, approximate, **kw),
+                lambda kw=kw: bias_gelu(x, bias, approximate, **kw),
                 nbytes, group=f"tune {d}",
             ))
     return out

@@ -8,13 +8,13 @@ function and inputs, so running a checker cell again is instant.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from ..check import CheckFailed
-from ..inductor_code import eager_ops, extern_calls, generated_code, kernel_names
+from ... import grading
+from ...grading import CheckFailed, answer_key, call_learner, number
+from ...inductor import eager_ops, extern_calls, generated_code, kernel_names
 
 # -- exercise 1: what did it fuse? ------------------------------------------------------------------
 
@@ -62,7 +62,7 @@ def _count(value, what: str, name: str) -> int:
     return value
 
 
-def check_what_it_fused(fn, inputs, *, n_eager, n_generated, n_library) -> str:
+def check_what_it_fused(fn, inputs, *, n_eager, n_generated, n_library) -> grading.Passed:
     """Exercise 1: ``n_eager`` ops eager runs, ``n_generated`` kernels Inductor generates and
     ``n_library`` library calls it makes instead, for ``fn(*inputs)`` on this machine."""
     name = getattr(fn, "__name__", "fn")
@@ -95,13 +95,13 @@ def check_what_it_fused(fn, inputs, *, n_eager, n_generated, n_library) -> str:
     launches = want["n_generated"] + want["n_library"]
     msg = (f"✓ {name}: eager runs {want['n_eager']} kernels; compiled, {want['n_generated']} generated + "
            f"{want['n_library']} library = {launches} launch{'es' if launches != 1 else ''}")
-    print(msg)
-    return msg
+    return grading.passed(msg)
 
 
 # -- exercise 2: Amdahl for the layer ---------------------------------------------------------------
 
 
+@answer_key
 def layer_speedup(matmul_ms: float, small_eager_ms: float, small_compiled_ms: float) -> float:
     """The layer's predicted speedup from fusing its small ops: the matmul's time does not change."""
     return (matmul_ms + small_eager_ms) / (matmul_ms + small_compiled_ms)
@@ -110,17 +110,11 @@ def layer_speedup(matmul_ms: float, small_eager_ms: float, small_compiled_ms: fl
 _AMDAHL_CASES = ((1.6385, 0.5012, 0.2098), (1.0, 1.0, 0.5), (0.0, 0.8, 0.2), (10.0, 0.4, 0.1), (0.3, 2.0, 0.5))
 
 
-def _number(got, call: str) -> float:
-    if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
-        raise CheckFailed(f"{call} returned {got!r}; expected a finite number (a ratio, no unit).")
-    return float(got)
-
-
-def check_layer_speedup(predict) -> str:
+def check_layer_speedup(predict) -> grading.Passed:
     """Exercise 2: ``predict(matmul_ms, small_eager_ms, small_compiled_ms)`` -> the layer's speedup."""
     for mm, se, sc in _AMDAHL_CASES:
         call = f"predict({mm}, {se}, {sc})"
-        got = _number(predict(mm, se, sc), call)
+        got = number(call_learner(predict, mm, se, sc, name="predict", where=call), call, "(a ratio, no unit)")
         want = layer_speedup(mm, se, sc)
         if abs(got - want) <= 1e-6 * want:
             continue
@@ -135,25 +129,25 @@ def check_layer_speedup(predict) -> str:
                    "still take small_compiled_ms.")
         raise CheckFailed(f"{call} = {got:.6g}, expected {want:.6g}.{tip}")
     msg = "✓ layer speedup: (matmul + small ops eager) / (matmul + small ops compiled) — the matmul does not move"
-    print(msg)
-    return msg
+    return grading.passed(msg)
 
 
 # -- exercise 3: the ceiling of fusion -------------------------------------------------------------
 
 
+@answer_key
 def fusion_ceiling(matmul_ms: float, small_eager_ms: float) -> float:
     """The most fusing the small ops can give the layer: they cost nothing, the matmul remains."""
     return (matmul_ms + small_eager_ms) / matmul_ms
 
 
-def check_fusion_ceiling(ceiling) -> str:
+def check_fusion_ceiling(ceiling) -> grading.Passed:
     """Exercise 3: ``ceiling(matmul_ms, small_eager_ms)`` -> the layer's speedup if the small ops were free."""
     for mm, se, _ in _AMDAHL_CASES:
         if mm == 0:
             continue
         call = f"ceiling({mm}, {se})"
-        got = _number(ceiling(mm, se), call)
+        got = number(call_learner(ceiling, mm, se, name="ceiling", where=call), call, "(a ratio, no unit)")
         want = fusion_ceiling(mm, se)
         if abs(got - want) <= 1e-6 * want:
             continue
@@ -164,5 +158,4 @@ def check_fusion_ceiling(ceiling) -> str:
             tip = " Close: the time saved over the time left — but a speedup is time before over time after."
         raise CheckFailed(f"{call} = {got:.6g}, expected {want:.6g}.{tip}")
     msg = "✓ ceiling: (matmul + small ops) / matmul — with the small ops free, only the matmul is left"
-    print(msg)
-    return msg
+    return grading.passed(msg)

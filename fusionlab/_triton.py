@@ -1,0 +1,116 @@
+"""Every place fusionlab reaches into Triton's internals, in one module.
+
+Two patches, both reversible and both tested:
+
+- :func:`reinterpret_helpers`: when Triton was imported *before* fusionlab and fusionlab then chose
+  the interpreter, Triton's own ``@triton.jit`` helpers (``tl.cdiv``, ``tl.sigmoid``, ...) were
+  already compiled for a GPU and fail inside interpreted kernels; rebuild them as interpreted ones.
+- :func:`launch_hook`: see every kernel launch in a ``with`` block (name, defining module, the
+  tensors passed), counting one *logical* launch per call: an ``@triton.autotune`` kernel benchmarks
+  its configs by launching the same kernel again from inside its own ``run``, and those nested
+  launches are not the learner's.
+
+Triton is imported inside the functions, not at the top: it is optional (no wheels for macOS or
+Windows), and ``fusionlab.runtime`` must decide the interpreter before Triton is first imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+def reinterpret_helpers() -> int:
+    """Rebuild Triton's own GPU-compiled jit helpers as interpreted functions; returns how many."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    swapped: dict[int, object] = {}
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("triton.language") or mod is None:
+            continue
+        for attr, val in list(vars(mod).items()):
+            if isinstance(val, JITFunction) and not isinstance(val, InterpretedFunction):
+                if id(val) not in swapped:
+                    swapped[id(val)] = InterpretedFunction(val.fn)
+                setattr(mod, attr, swapped[id(val)])
+    return len(swapped)
+
+
+def _kernel_classes() -> list[type]:
+    """The classes whose ``run`` a ``kernel[grid](...)`` call goes through."""
+    out: list[type] = []
+    with contextlib.suppress(ImportError):
+        from triton.runtime.jit import JITFunction
+
+        out.append(JITFunction)
+    with contextlib.suppress(ImportError):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        out.append(InterpretedFunction)
+    with contextlib.suppress(ImportError):
+        from triton.runtime.autotuner import Autotuner, Heuristics
+
+        out += [Autotuner, Heuristics]
+    return out
+
+
+def _base_fn(kernel):
+    """The Python function under a jit / autotune / heuristics wrapper (each keeps it in ``.fn``)."""
+    for _ in range(8):
+        inner = getattr(kernel, "fn", None)
+        if inner is None:
+            return kernel
+        kernel = inner
+    return kernel
+
+
+@dataclass
+class Launch:
+    """One logical kernel launch: what was launched and the tensors it was given."""
+
+    name: str
+    module: str
+    tensors: list = field(default_factory=list)  # torch.Tensor arguments, in order
+
+
+@dataclass
+class _State:
+    depth: int = 0
+
+
+@contextlib.contextmanager
+def launch_hook(on_launch: Callable[[Launch], None]):
+    """Call ``on_launch(Launch)`` for each outermost kernel launch inside the block."""
+    import torch
+
+    state = _State()
+    patched = []
+    for cls in _kernel_classes():
+        orig = cls.__dict__.get("run")
+        if orig is None:
+            continue
+
+        def run(self_, *args, __orig=orig, **kwargs):
+            if state.depth == 0:
+                fn = _base_fn(self_)
+                name = getattr(fn, "__name__", None) or type(self_).__name__
+                module = getattr(fn, "__module__", "") or ""
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                tensors += [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+                on_launch(Launch(name, module, tensors))
+            state.depth += 1
+            try:
+                return __orig(self_, *args, **kwargs)
+            finally:
+                state.depth -= 1
+
+        cls.run = run
+        patched.append((cls, orig))
+    try:
+        yield state
+    finally:
+        for cls, orig in reversed(patched):
+            cls.run = orig

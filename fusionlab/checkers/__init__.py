@@ -1,1 +1,0 @@
-"""One module of exercise checkers per lesson, built on :mod:`fusionlab.check`."""

@@ -1,0 +1,524 @@
+"""The machinery every exercise checker uses: checks a learner cannot fool, messages a learner can use.
+
+Each kernel check, on every call:
+
+- draws **fresh random inputs** from a new master seed, which every failure message quotes, so
+  ``with fusionlab.grading.replay(SEED): check_...(fn)`` reruns the very inputs that failed;
+- **poisons every allocation** the answer makes, through whatever path (``torch.empty``,
+  ``empty_like``, ``new_empty``, ``empty_strided``...): a :class:`Sandbox` (a ``TorchDispatchMode``)
+  fills each new tensor with a NaN *bit pattern* and puts a poisoned **guard zone** behind it, so an
+  element never written and a store past the end are both seen by bit comparison (a kernel that
+  writes NaN does not look unwritten; one that writes past the end does not hide behind a NaN);
+- gives inputs room behind them (loads past the end read zeros, never fault) and compares every input
+  **bit for bit** after the call: an answer that writes into its input is caught;
+- uses sizes that are not block multiples, one size **large enough to need many programs** at any
+  block size the GPU or the interpreter would use, and one size **tried twice** with fresh values (an
+  answer that caches by shape is caught);
+- where fusion is asked: counts **Triton launches** (one logical launch per call, autotuned kernels
+  included), **torch compute ops** and **torch passes** (copies and casts of tensor data), requires
+  the launched kernel to receive the inputs and the output itself (so numpy, or torch with dispatch
+  switched off, followed by a copy kernel, is not "one Triton kernel"), and refuses the package's own
+  kernels and the checkers' answer keys inside the answer;
+- turns any exception the learner's code raises into a short message (what, where to look, seed).
+
+Checkers return a :class:`Passed`, printed once when the check passes and displayed as nothing, so
+the ✓ line never shows twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from . import _exercise, runtime
+from .instrument import LaunchCounter, op_name
+from .ledger import Ledger, human_bytes
+
+#: (atol, rtol) per dtype — a few units in the last place of each, since kernel and reference may
+#: round in a different order. The one table: tests import it too.
+TOLERANCES = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+    torch.float64: (1e-10, 1e-10),
+}
+
+#: lengths that are not multiples of any power-of-two block, so the last block always hangs over.
+#: The same in every mode, so a checker prints the same line on a laptop and on a GPU.
+ODD_SIZES = (1, 7, 1000, 4097, 12_345)
+#: a length that needs many programs at any block a kernel would use on a GPU (<= 8192 elements: 128
+#: programs) or in the interpreter (65536: 16); a fixed grid of a dozen programs cannot cover it
+MANY_PROGRAMS = 2**20 + 3
+#: the smallest guard zone behind an output (or room behind an input), in elements
+GUARD_MIN = 2**16
+
+
+class CheckFailed(AssertionError):
+    """The answer is not right yet; the message says what, where to look, and the seed to reproduce."""
+
+
+class ExerciseNotDone(NotImplementedError):
+    """Raised by an exercise stub that is still in place."""
+
+
+@dataclass(frozen=True)
+class Passed:
+    """A checker's success: printed once by the checker, displayed as nothing (so a checker as the
+    last line of a cell does not show its ✓ twice)."""
+
+    message: str
+    checks: int = 0
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return self.message
+
+    def _ipython_display_(self):
+        pass
+
+    def __contains__(self, text: str) -> bool:
+        return text in self.message
+
+    def startswith(self, prefix: str) -> bool:
+        return self.message.startswith(prefix)
+
+
+def passed(msg: str, checks: int = 0) -> Passed:
+    print(msg)
+    return Passed(msg, checks)
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    return TOLERANCES.get(dtype, (1e-3, 1e-3))
+
+
+def dtype_name(d) -> str:
+    return str(d).replace("torch.", "")
+
+
+# -- seeds --------------------------------------------------------------------------------------------
+_REPLAY: list[int] = []
+_CURRENT: list[random.Random] = []
+
+
+def new_seed() -> int:
+    """A fresh master seed (or the one :func:`replay` asks for)."""
+    if _REPLAY:
+        return _REPLAY[-1]
+    return int.from_bytes(os.urandom(6), "little")
+
+
+@contextlib.contextmanager
+def replay(seed: int):
+    """Rerun a check with the inputs of a failure message: ``with replay(SEED): check_x(fn)``."""
+    _REPLAY.append(int(seed))
+    try:
+        yield
+    finally:
+        _REPLAY.pop()
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Within the block, :func:`fresh_generator` derives its seeds from ``seed``."""
+    _CURRENT.append(random.Random(seed))
+    try:
+        yield seed
+    finally:
+        _CURRENT.pop()
+
+
+def fresh_generator() -> torch.Generator:
+    """A CPU generator with a new seed: derived from the running check's master seed, else random."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed(_CURRENT[-1].getrandbits(63) if _CURRENT else int.from_bytes(os.urandom(8), "little") >> 1)
+    return g
+
+
+def randn(shape, dtype=torch.float32, device=None, gen=None, scale: float = 3.0) -> torch.Tensor:
+    gen = gen or fresh_generator()
+    device = device or runtime.DEVICE
+    return (torch.randn(shape, generator=gen, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
+
+
+def fail(msg: str, seed: int | None = None) -> CheckFailed:
+    """A CheckFailed whose message ends with how to reproduce it."""
+    if seed is not None:
+        msg = f"{msg.rstrip()}\n  (seed {seed}: `with fusionlab.grading.replay({seed}): ...` reruns these inputs)"
+    return CheckFailed(msg)
+
+
+# -- poison -------------------------------------------------------------------------------------------
+#: NaN bit patterns with a payload no arithmetic produces (a computed NaN is 0x7FC00000 and the like)
+_POISON_BITS = {
+    torch.float64: (torch.int64, 0x7FF5A5A5A5A5A5A5),
+    torch.float32: (torch.int32, 0x7FA5A5A5),
+    torch.float16: (torch.int16, 0x7DA5),
+    torch.bfloat16: (torch.int16, 0x7FA5),
+}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s raw bits as integers (a copy on the CPU, contiguous)."""
+    t = t.detach()
+    if t.dtype in _POISON_BITS:
+        return t.contiguous().view(_POISON_BITS[t.dtype][0]).cpu()
+    if t.dtype == torch.bool:
+        return t.contiguous().view(torch.uint8).cpu()
+    return t.contiguous().cpu()
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill ``t`` with the poison bit pattern of its dtype (floats), -12345 (ints) or True (bools)."""
+    if t.dtype in _POISON_BITS:
+        itype, bits = _POISON_BITS[t.dtype]
+        t.view(itype).fill_(bits)
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    elif t.is_complex():
+        t.fill_(complex(float("nan"), float("nan")))
+    else:
+        t.fill_(-12345)
+    return t
+
+
+def poisoned(t: torch.Tensor) -> torch.Tensor:
+    """Where ``t`` still holds the poison bit pattern (flat bool mask on the CPU)."""
+    if t.dtype in _POISON_BITS:
+        return (_bits(t) == _POISON_BITS[t.dtype][1]).flatten()
+    if t.dtype == torch.bool:
+        return _bits(t).flatten().bool()
+    return (t.detach().cpu() == -12345).flatten()
+
+
+_ALLOC_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+
+
+class Sandbox(LaunchCounter):
+    """Where a learner's answer runs: every allocation poisoned and guarded, every launch, torch op and
+    pass counted (see :class:`fusionlab.instrument.LaunchCounter`)."""
+
+    def __init__(self, guard: bool = True):
+        super().__init__()
+        self.guard = guard
+        self.guards: list[torch.Tensor] = []
+        self.allocations: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (self._state is None or self._state.depth == 0) and op_name(func) in _ALLOC_OPS:
+            out = func(*args, **kwargs)
+            return self._guarded(out)
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _guarded(self, out: torch.Tensor) -> torch.Tensor:
+        # A dense layout (any order of strides) is the front of a longer buffer whose poisoned tail is
+        # the guard: a store past the end lands there, where on a GPU it would corrupt what follows.
+        n = out.numel()
+        dense = n > 0 and out.untyped_storage().nbytes() == n * out.element_size()
+        if not (self.guard and dense):
+            self.allocations.append(out)
+            return poison_(out)
+        big = poison_(torch.empty(n + max(n, GUARD_MIN), dtype=out.dtype, device=out.device))
+        view = big.as_strided(out.shape, out.stride(), 0)
+        self.guards.append(big[n:])
+        self.allocations.append(view)
+        return view
+
+    def writes_past_the_end(self) -> tuple[int, int] | None:
+        """``(count, first)``: guard elements overwritten and how far past the end the first one is."""
+        for g in self.guards:
+            hit = ~poisoned(g)
+            if hit.any():
+                return int(hit.sum()), int(hit.nonzero()[0][0])
+        return None
+
+
+def with_room_after(t: torch.Tensor) -> torch.Tensor:
+    """``t`` copied to the front of a longer buffer of zeros: a load past its end (a missing load mask)
+    reads finite zeros, not whatever memory follows, and cannot fault."""
+    n = t.numel()
+    big = torch.zeros(n + max(n, GUARD_MIN), dtype=t.dtype, device=t.device)
+    big[:n] = t.reshape(-1)
+    return big[:n].view(t.shape)
+
+
+# -- answer keys and the package's own kernels ----------------------------------------------------
+# the checkers' own answer keys are marked with fusionlab._exercise.answer_key (kernels use it too)
+answer_key = _exercise.answer_key
+
+
+def _learner_frame(tb) -> str:
+    """The innermost frame of the learner's own code (a notebook cell or a file outside fusionlab)."""
+    where = ""
+    pkg = os.path.dirname(__file__)
+    for frame in traceback.extract_tb(tb):
+        fname = frame.filename
+        if fname.startswith(pkg) or "site-packages" in fname or fname.startswith(sys.prefix):
+            continue
+        cell = "your cell" if fname.startswith("<ipython") or "ipykernel" in fname else os.path.basename(fname)
+        where = f"{cell}, line {frame.lineno}: {frame.line}" if frame.line else f"{cell}, line {frame.lineno}"
+    return where
+
+
+def stub_hint(e: BaseException) -> str | None:
+    """The hint of an exercise stub still in place, however it surfaced: a plain NotImplementedError,
+    one wrapped by Triton's interpreter, or a failed ``tl.static_assert`` in a kernel compiled for a GPU."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, NotImplementedError):
+            return str(e)
+        text = str(e)
+        if "NotImplementedError" in text or "Exercise:" in text:
+            line = next((ln for ln in text.splitlines() if "Exercise" in ln or "NotImplementedError" in ln), text)
+            return line.strip()
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def call_learner(fn: Callable, *args, name: str, where: str = "", seed: int | None = None):
+    """Call the learner's ``fn(*args)``; any exception becomes a short CheckFailed."""
+    _exercise.DEPTH[0] += 1
+    try:
+        return fn(*args)
+    except CheckFailed:
+        raise
+    except _exercise.AnswerKeyCalled as e:
+        raise fail(f"{where or name}: {e}", seed) from None
+    except Exception as e:
+        stub = stub_hint(e)
+        if stub is not None:
+            raise CheckFailed(f"{name}: not implemented yet ({stub}).") from None
+        line = _learner_frame(e.__traceback__)
+        msg = f"{where or name}: your code raised {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        if line:
+            msg += f"\n  at {line}"
+        raise fail(msg, seed) from None
+    finally:
+        _exercise.DEPTH[0] -= 1
+
+
+# -- comparing ----------------------------------------------------------------------------------------
+def assert_close(actual, expected, *, what: str = "output", hint: str = "", seed: int | None = None,
+                 unwritten: torch.Tensor | None = None) -> None:
+    """Like ``torch.testing.assert_close`` but says how many elements are off, and where.
+
+    ``unwritten``: a flat mask of elements still holding the poison (from :func:`poisoned`)."""
+    if not isinstance(actual, torch.Tensor):
+        raise fail(f"{what}: expected a torch.Tensor, got {type(actual).__name__}. Did you forget to return it?", seed)
+    if actual.shape != expected.shape:
+        raise fail(f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}.", seed)
+    if actual.dtype != expected.dtype:
+        raise fail(f"{what}: dtype {dtype_name(actual.dtype)}, expected {dtype_name(expected.dtype)} "
+                   "(store in the input's dtype).", seed)
+    if actual.device.type != expected.device.type:
+        raise fail(f"{what}: on {actual.device}, expected {expected.device}.", seed)
+    if unwritten is None:
+        unwritten = poisoned(actual)
+    if unwritten.any():
+        idx = unwritten.nonzero().flatten()
+        raise fail(
+            f"{what}: {idx.numel()} of {actual.numel()} elements were never written (still the poison), "
+            f"first at flat index {idx[0].item()}. Look at the grid (enough programs to cover every "
+            f"element?) and at the offsets/mask of the last block.", seed)
+    atol, rtol = tolerance(expected.dtype)
+    a = actual.detach().double().cpu().flatten()
+    e = expected.detach().double().cpu().flatten()
+    bad = ~torch.isclose(a, e, atol=atol, rtol=rtol, equal_nan=True)
+    if bad.any():
+        idx = bad.nonzero().flatten()
+        i = idx[0].item()
+        raise fail(
+            f"{what}: {idx.numel()} of {a.numel()} elements differ beyond atol={atol:g}, rtol={rtol:g} "
+            f"for {dtype_name(expected.dtype)}; first at flat index {i}: got {a[i].item():.6g}, "
+            f"expected {e[i].item():.6g}. {hint}".rstrip(), seed)
+
+
+def _snapshot(inputs) -> list:
+    return [_bits(t).clone() if isinstance(t, torch.Tensor) else None for t in inputs]
+
+
+def _changed_input(inputs, before) -> int | None:
+    for i, (t, b) in enumerate(zip(inputs, before)):
+        if b is not None and not torch.equal(_bits(t), b):
+            return i
+    return None
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+# -- the kernel check ------------------------------------------------------------------------------
+def check_function(
+    student: Callable,
+    reference: Callable,
+    make_inputs: Callable[[object, torch.dtype, torch.Generator], tuple],
+    *,
+    name: str,
+    sizes: Sequence = ODD_SIZES,
+    many: object | None = MANY_PROGRAMS,
+    dtypes: Sequence[torch.dtype] | None = None,
+    launches: int | None = 1,
+    allow_torch_ops: bool = False,
+    hint: str = "",
+    quiet: bool = False,
+) -> Passed:
+    """Run ``student(*inputs)`` against ``reference(*inputs)`` on fresh inputs of every size and dtype.
+
+    ``sizes``: what ``make_inputs(size, dtype, gen)`` takes (lengths or shapes); ``many``: one more
+    size, large enough to need many programs (checked in the first dtype); the last of ``sizes`` is
+    tried a second time with fresh values. ``launches``: the Triton launches the answer must make (1
+    for a fused answer; None: not counted). ``allow_torch_ops=False``: no torch compute and no torch
+    passes over tensor data.
+    """
+    dtypes = list(dtypes) if dtypes is not None else [torch.float32, runtime.HALF]
+    seed = new_seed()
+    plan = [(d, s) for d in dtypes for s in sizes]
+    if many is not None:
+        plan.append((dtypes[0], many))
+    plan.append((dtypes[-1], sizes[-1]))  # the same size again, fresh values: no caching by shape
+    with seeded(seed):
+        for dtype, size in plan:
+            _check_once(student, reference, make_inputs, name, size, dtype, launches, allow_torch_ops, hint, seed)
+    desc = (f"{len(sizes)} awkward sizes × {len(dtypes)} dtypes + one needing many programs + one repeated, "
+            "fresh random inputs, poisoned outputs, inputs unchanged"
+            + (f", {launches} launch each" if launches is not None else ""))
+    msg = f"✓ {name}: {len(plan)} checks passed ({desc})"
+    return passed(msg, len(plan)) if not quiet else Passed(msg, len(plan))
+
+
+def _size_text(size) -> str:
+    return f"shape {tuple(size)}" if isinstance(size, (tuple, list)) else f"size {size}"
+
+
+def _check_once(student, reference, make_inputs, name, size, dtype, launches, allow_torch_ops, hint, seed):
+    gen = fresh_generator()
+    inputs = make_inputs(size, dtype, gen)
+    where = f"{name}, {_size_text(size)}, {dtype_name(dtype)}"
+    expected = reference(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
+    before = _snapshot(inputs)
+    with Sandbox() as box:
+        actual = call_learner(student, *inputs, name=name, where=where, seed=seed)
+    changed = _changed_input(inputs, before)
+    if changed is not None:
+        raise fail(f"{where}: your code changed input {changed} (argument {changed + 1}). A kernel reads its "
+                   "inputs and writes only its own output: check which pointer each tl.store writes to.", seed)
+    past = box.writes_past_the_end()
+    if past is not None:
+        count, first = past
+        start = "right after the end" if first == 0 else f"{first} elements after the end"
+        raise fail(
+            f"{where}: the kernel wrote {count} elements past the end of its output (the first {start}). "
+            "Mask every store: offs < n for a 1-D block, (offs_m[:, None] < n_rows) & (offs_n[None, :] < "
+            "n_cols) for a 2-D tile.", seed)
+    own = sorted({la.name for la in box.launches if la.module.startswith("fusionlab.")})
+    if own:
+        raise fail(f"{where}: your answer launches fusionlab's own kernel ({', '.join(own)}). Write the "
+                   "kernel yourself: that is the exercise.", seed)
+    if not allow_torch_ops and (box.torch_ops or box.passes):
+        ops = ", ".join(sorted(set(box.torch_ops))) or ""
+        moves = ", ".join(sorted(set(box.passes))) or ""
+        if ops:
+            msg = (f"{where}: the answer computes with torch ({ops}). The result may be right, but the "
+                   "exercise asks for the work to happen inside your Triton kernel.")
+        else:
+            msg = (f"{where}: the answer moves tensor data with torch ({moves}): each copy or cast is a "
+                   "pass through memory of its own. Load in the input's dtype and cast inside the kernel "
+                   "(x.to(tl.float32)); allocate the output with torch.empty_like, in the output's dtype.")
+        raise fail(msg, seed)
+    if launches is not None:
+        got = len(box.launches)
+        if got != launches:
+            what = ", ".join(box.names) or "none"
+            msg = f"{where}: expected {launches} Triton kernel launch{'es' if launches != 1 else ''}, saw {got} ({what})."
+            if got > launches:
+                msg += " Each launch is a round trip through HBM: fuse them into one kernel."
+            raise fail(msg, seed)
+        if launches and isinstance(actual, torch.Tensor):
+            given = {_storage(t) for la in box.launches for t in la.tensors}
+            missing = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and _storage(t) not in given]
+            if missing or _storage(actual) not in given:
+                what = f"input {missing[0]}" if missing else "the tensor you return"
+                raise fail(f"{where}: {what} is not passed to your kernel. The kernel itself must read the "
+                           "inputs and write the output (computing elsewhere and copying is not fused).", seed)
+    unwritten = poisoned(actual) if isinstance(actual, torch.Tensor) else None
+    assert_close(actual, expected, what=where, hint=hint, seed=seed, unwritten=unwritten)
+
+
+# -- numbers and ledgers -----------------------------------------------------------------------------
+def number(got, call: str, unit: str = "") -> float:
+    """``got`` as a finite float, or a CheckFailed that says what came back."""
+    if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
+        raise CheckFailed(f"{call} returned {got!r}; expected a finite number{' of ' + unit if unit else ''}.")
+    return float(got)
+
+
+def compare_ledgers(got, want: Ledger, where: str) -> None:
+    """Compare two ledgers trip by trip (unfused, then fused); name the first trip that differs."""
+    if not isinstance(got, Ledger):
+        raise CheckFailed(f"{where}: expected a fusionlab.ledger.Ledger, got {type(got).__name__}.")
+    if got.dtype_bytes != want.dtype_bytes:
+        raise CheckFailed(f"{where}: the ledger counts {got.dtype_bytes} bytes per element, expected "
+                          f"{want.dtype_bytes}. Pass dtype_bytes=dtype.")
+    for fused in (False, True):
+        kind = "fused" if fused else "unfused"
+        g = [(t.op, t.tensor, t.direction, t.elements) for t in got.trips(fused)]
+        w = [(t.op, t.tensor, t.direction, t.elements) for t in want.trips(fused)]
+        if sorted(g) == sorted(w):
+            continue
+        missing = [t for t in w if t not in g]
+        extra = [t for t in g if t not in w]
+        if missing:
+            op, tensor, d, n = missing[0]
+            raise CheckFailed(f"{where}: {kind}, the trip '{op} {d}s {tensor}' ({n:,} elements) is missing"
+                              + (f"; you have '{extra[0][0]} {extra[0][2]}s {extra[0][1]}' ({extra[0][3]:,})"
+                                 if extra else "") + ".")
+        op, tensor, d, n = extra[0]
+        raise CheckFailed(f"{where}: {kind}, your ledger has a trip '{op} {d}s {tensor}' ({n:,} elements) "
+                          f"that does not happen (total {human_bytes(got.bytes(fused))}, expected "
+                          f"{human_bytes(want.bytes(fused))}).")
+
+
+# -- notebooks: one short message instead of a traceback -----------------------------------------------
+def _short_handler(shell, etype, evalue, tb, tb_offset=None):
+    if issubclass(etype, CheckFailed):
+        text = str(evalue)
+    elif issubclass(etype, NotImplementedError):
+        text = f"Not done yet: {evalue}"
+    elif issubclass(etype, NameError):
+        name = str(evalue).split("'")[1] if "'" in str(evalue) else str(evalue)
+        text = (f"`{name}` is not defined yet: it is made by an earlier cell. Run the cells above in order "
+                "(and fill in the exercise blank that defines it).")
+    else:  # pragma: no cover - only the types registered below reach here
+        return shell.showtraceback((etype, evalue, tb), tb_offset=tb_offset)
+    lines = text.splitlines() or [""]
+    print("✗ " + "\n  ".join(line for line in lines[:5]), file=sys.stderr)
+    return None
+
+
+def install_notebook_messages(exercise: bool = False) -> bool:
+    """In IPython, show a failed check (and, in exercise notebooks, an unfilled blank or a name an
+    earlier blank should have defined) as one short message instead of a traceback. Returns whether
+    it was installed."""
+    try:
+        from IPython import get_ipython  # optional: only notebooks have it
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+    types = (CheckFailed, NotImplementedError, NameError) if exercise else (CheckFailed,)
+    shell.set_custom_exc(types, _short_handler)
+    return True

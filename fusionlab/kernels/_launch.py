@@ -1,0 +1,201 @@
+"""What every launcher shares: input checks and launch configurations.
+
+Bad input gets a clear error, never a wrong answer. Triton kernels index raw pointers, so a tensor
+on the wrong device, of the wrong dtype, with strides the kernel does not expect, or a negated or
+conjugated *view* (torch keeps the sign as a flag, the memory is unchanged) would be read as garbage,
+and the interpreter never fires ``tl.device_assert``. The launcher checks on the host, before the
+launch. The checks are attribute reads (well under a microsecond each): a launcher is on the hot
+path of small tensors, where host time per call is the whole cost.
+
+Launch configurations are cached per (mode, size class, dtype): a launcher must not re-derive them
+(or allocate to learn an element size) on every call.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .. import runtime
+
+#: Triton's largest block (TRITON_MAX_TENSOR_NUMEL)
+MAX_TILE = 2**20
+#: int32 offsets: a kernel whose offsets are int32 takes fewer elements than this
+INT32_LIMIT = 2**31
+
+
+class KernelInputError(ValueError):
+    """A launcher was given a tensor (or argument) its kernel cannot take."""
+
+
+def dtype_name(d: torch.dtype) -> str:
+    return str(d).replace("torch.", "")
+
+
+@functools.lru_cache(maxsize=None)
+def element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def check_tensor(
+    x,
+    name: str,
+    *,
+    op: str,
+    dtypes=None,
+    ndim=None,
+    contiguous: bool = True,
+    grad: bool = False,
+    max_numel: int | None = INT32_LIMIT,
+) -> torch.Tensor:
+    """Validate one kernel argument and return it unchanged.
+
+    ``contiguous=False`` lets through any layout whose last dimension has stride 1 (row-strided
+    kernels). ``grad=False`` refuses a tensor that requires grad while autograd is on: an op without
+    a backward would silently cut the graph. ``max_numel``: the kernel's offset limit (None: any).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise KernelInputError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}.")
+    want = runtime.DEVICE
+    if x.device.type != want.type:
+        raise KernelInputError(
+            f"{op}: {name} is on {x.device}, but in {runtime.MODE} mode the kernels run on {want}. "
+            f"Move it with {name}.to(fusionlab.runtime.DEVICE)."
+        )
+    if x.device.type == "cuda" and x.device.index is not None and x.device.index != torch.cuda.current_device():
+        raise KernelInputError(
+            f"{op}: {name} is on {x.device} but the current CUDA device is cuda:{torch.cuda.current_device()}; "
+            f"Triton launches on the current device. Use `with torch.cuda.device({x.device.index}):` around the call."
+        )
+    dtypes = runtime.DTYPES if dtypes is None else dtypes
+    if x.dtype not in dtypes:
+        hint = " (Triton's interpreter does not support bfloat16)" if x.dtype == torch.bfloat16 else ""
+        raise KernelInputError(
+            f"{op}: {name} has dtype {dtype_name(x.dtype)}; supported here: "
+            f"{', '.join(map(dtype_name, dtypes))}{hint}."
+        )
+    if ndim is not None and x.dim() not in ((ndim,) if isinstance(ndim, int) else tuple(ndim)):
+        raise KernelInputError(f"{op}: {name} must have {ndim} dimension(s), got shape {tuple(x.shape)}.")
+    if x.is_neg() or x.is_conj():
+        raise KernelInputError(
+            f"{op}: {name} is a lazily negated (or conjugated) view: its memory holds the values before the "
+            f"sign flip, which is what a kernel would read. Pass {name}.resolve_neg() (a real copy)."
+        )
+    if contiguous:
+        if not x.is_contiguous():
+            raise KernelInputError(
+                f"{op}: {name} is not contiguous (strides {x.stride()} for shape {tuple(x.shape)}); the kernel "
+                f"walks memory in order. Pass {name}.contiguous()."
+            )
+    elif x.dim() and x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise KernelInputError(
+            f"{op}: {name}'s last dimension has stride {x.stride(-1)}; the kernel needs its rows contiguous "
+            f"(stride 1). Pass {name}.contiguous()."
+        )
+    if max_numel is not None and x.numel() >= max_numel:
+        raise KernelInputError(
+            f"{op}: {name} has {x.numel()} elements; this kernel's int32 offsets take fewer than {max_numel}."
+        )
+    if not grad and x.requires_grad and torch.is_grad_enabled():
+        raise KernelInputError(
+            f"{op}: {name} requires grad, but this kernel has no backward: the gradient would be lost. "
+            f"Call it under torch.no_grad(), or pass {name}.detach() if you mean to."
+        )
+    return x
+
+
+def check_same(a: torch.Tensor, b: torch.Tensor, names: str, *, op: str, shape: bool = True) -> None:
+    if a.dtype != b.dtype:
+        raise KernelInputError(
+            f"{op}: {names} must share a dtype, got {dtype_name(a.dtype)} and {dtype_name(b.dtype)}."
+        )
+    if a.device != b.device:
+        raise KernelInputError(f"{op}: {names} must be on the same device, got {a.device} and {b.device}.")
+    if shape and a.shape != b.shape:
+        raise KernelInputError(f"{op}: {names} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}.")
+
+
+def check_block(value, name: str, op: str, *, max_value: int = MAX_TILE) -> int:
+    """A user-given block size or warp count: a power of two in [1, max_value]."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+        raise KernelInputError(f"{op}: {name}={value!r} must be a power of two >= 1 (tl.arange needs one).")
+    if value > max_value:
+        raise KernelInputError(f"{op}: {name}={value} is over the limit of {max_value}.")
+    return value
+
+
+def check_tile(*blocks: int, op: str) -> None:
+    """A tile's element count must fit Triton's limit."""
+    n = 1
+    for b in blocks:
+        n *= b
+    if n > MAX_TILE:
+        raise KernelInputError(
+            f"{op}: a {' x '.join(map(str, blocks))} tile has {n} elements; Triton allows {MAX_TILE}."
+        )
+
+
+def launch_kwargs(num_warps: int | None = None, num_stages: int | None = None) -> dict:
+    """``num_warps``/``num_stages`` for a GPU launch; the interpreter takes neither."""
+    if not runtime.is_gpu():
+        return {}
+    out = {}
+    if num_warps is not None:
+        out["num_warps"] = num_warps
+    if num_stages is not None:
+        out["num_stages"] = num_stages
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def elementwise_config(n_rows: int, n_cols: int, dtype: torch.dtype, gpu: bool | None = None) -> dict:
+    """A (BLOCK_M, BLOCK_N, num_warps) tile for an element-wise op over a (rows, cols) view.
+
+    On a GPU: 32 bytes per thread with 4 warps — 1 x 1024 tiles for 4-byte types, 2 x 1024 for 2-byte
+    ones (benchmarks/NOTES.md has the sweep). BLOCK_N covers up to 1024 columns, so a warp reads
+    contiguous row segments; short rows get whole rows per tile and more rows instead. In the
+    interpreter every program costs milliseconds of Python however small its tile, so tiles are
+    64 Ki elements there: a few large programs instead of many small ones.
+    """
+    gpu = runtime.is_gpu() if gpu is None else gpu
+    if gpu:
+        num_warps = 4
+        tile, max_n = 128 * 32 // element_size(dtype), 1024
+    else:
+        tile, max_n, num_warps = 65536, 8192, 8
+    block_n = max(16, min(next_pow2(n_cols), max_n))  # masks make tiny ranges safe
+    block_m = max(1, min(tile // block_n, next_pow2(n_rows)))
+    if block_m * block_n < 32 * num_warps:  # a tiny tensor: fewer warps than the tile has lanes for
+        num_warps = 4
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps}
+
+
+@functools.lru_cache(maxsize=4096)
+def row_config(n_cols: int, dtype: torch.dtype, *, max_block: int | None = None, gpu: bool | None = None) -> dict:
+    """A launch configuration for a row-wise reduction (norms, softmax, cross-entropy).
+
+    Returns ``{"BLOCK_N", "num_warps", "SINGLE_TILE"}``. A row of up to ``max_block`` columns is held
+    on chip in one tile (``SINGLE_TILE``: one read per element); a wider row is walked in tiles of
+    ``max_block`` and re-read (the ledger's re-read term). Warps grow with the tile, so each thread
+    holds at most ~16 elements in registers: more spills, fewer starve the memory system.
+    Default ``max_block``: 64 KiB of row on a GPU (16384 fp32 or 32768 bf16 elements); 4096 elements
+    in the interpreter, where each tile is a numpy array and memory, not registers, is the limit.
+    """
+    gpu = runtime.is_gpu() if gpu is None else gpu
+    if max_block is None:
+        max_block = (65536 // element_size(dtype)) if gpu else 4096
+    block_n = min(next_pow2(max(n_cols, 1)), next_pow2(max_block))
+    block_n = max(block_n, 16)
+    if gpu:
+        # ~16 elements a thread at most, 1..32 warps
+        num_warps = min(32, max(1, block_n // (32 * 16)))
+        num_warps = next_pow2(num_warps)
+    else:
+        num_warps = 4
+    return {"BLOCK_N": block_n, "num_warps": num_warps, "SINGLE_TILE": n_cols <= block_n}

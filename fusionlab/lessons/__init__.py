@@ -1,0 +1,22 @@
+"""Lesson content, one package per lesson: ``lN.suite`` (the benchmark cases a notebook times live on a
+GPU and ``python -m fusionlab.record`` records), ``lN.checkers`` (the exercise checkers) and any
+artifacts the lesson reads (lesson 3's saved Inductor code).
+
+The library (runtime, ledger, kernels, bench, grading, instrument, inductor, viz) never imports from
+here; lessons import the library.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: suite name (as recorded) -> the lesson package that defines it
+LESSONS = {"lesson1": "l1", "lesson2": "l2", "lesson3": "l3"}
+SUITES = tuple(LESSONS)
+
+
+def suite_module(suite: str):
+    """The ``suite`` module of a lesson, by its recorded name (``"lesson2"``)."""
+    if suite not in LESSONS:
+        raise KeyError(f"unknown suite {suite!r}; have {', '.join(SUITES)}")
+    return importlib.import_module(f"{__name__}.{LESSONS[suite]}.suite")
