@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything a session checks on a lent GPU, in one scripted call (see benchmarks/README.md).
+# Everything a session checks on a lent GPU, in one scripted call (see benchmarks/NOTES.md).
 #   bash benchmarks/gpu_run.sh [tests] [record] [tune] [nbval]     (default: all)
 # Writes logs and results under $OUT (default ./out). Needs the wheels of ../shared/tools/gpu-wheelhouse.sh
 # in .whl/ for nbval (the GPU machine has torch/triton/pytest but no Jupyter).

@@ -6,16 +6,12 @@ a short polynomial (its input is in [-1, 1]; not used by the course): if it runs
 arithmetic sets the time.
 """
 
-import importlib
-
 import torch
 import triton
 import triton.language as tl
 
-from fusionlab import bench, kernels
-from fusionlab.kernels import cos as cos_mod  # noqa: F401
-
-cosm = importlib.import_module("fusionlab.kernels.cos")
+from fusionlab import bench
+from fusionlab.kernels import cos as cosm
 
 
 @triton.jit
@@ -38,17 +34,20 @@ for block in (512, 1024, 2048, 4096):
     for w in (2, 4, 8):
         variants = ((cosm.COS, "cos"), (cosm.COS_COS_PRECISE, "cos_cos precise"), (cosm.COS_COS, "cos_cos poly"))
         for what, name in variants:
+
             def f(block=block, w=w, what=what):
                 cosm._cos_kernel[(triton.cdiv(n, block),)](x, y, n, BLOCK_SIZE=block, WHAT=what, num_warps=w)
+
             f()
             cases.append(bench.Case(f"{name} {block} w{w}", f, nbytes))
 poly = lambda: _cos_poly_kernel[(triton.cdiv(n, 4096),)](x, y, n, BLOCK_SIZE=4096, num_warps=8)
 poly()
 cases.append(bench.Case("diagnostic: cos then polynomial 4096 w8", poly, nbytes))
-cases.append(bench.Case("package cos_cos (default)", lambda: kernels.cos_cos(x), nbytes))
+cases.append(bench.Case("package cos_cos (default)", lambda: cosm.cos_cos(x), nbytes))
 res = bench.run(cases, ceil=ceil)
 print(bench.table(res, baseline="eager cos"))
 for prefix in ("cos ", "cos_cos precise", "cos_cos poly"):
     best = min((r for r in res if r.name.startswith(prefix)), key=lambda r: r.ms)
-    print(f"BEST {best.name}: {best.ms:.4f} ms, {100 * best.frac_copy:.1f}% of copy, "
-          f"{best.ms / res[1].ms:.3f}x eager cos")
+    print(
+        f"BEST {best.name}: {best.ms:.4f} ms, {100 * best.frac_copy:.1f}% of copy, {best.ms / res[1].ms:.3f}x eager cos"
+    )

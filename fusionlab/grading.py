@@ -301,7 +301,8 @@ def call_learner(fn: Callable, *args, name: str, where: str = "", seed: int | No
         if stub is not None:
             raise CheckFailed(f"{name}: not implemented yet ({stub}).") from None
         line = _learner_frame(e.__traceback__)
-        msg = f"{where or name}: your code raised {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        msg = f"{where or name}: your code raised {type(e).__name__}: {first}"
         if line:
             msg += f"\n  at {line}"
         raise fail(msg, seed) from None
@@ -310,8 +311,15 @@ def call_learner(fn: Callable, *args, name: str, where: str = "", seed: int | No
 
 
 # -- comparing ----------------------------------------------------------------------------------------
-def assert_close(actual, expected, *, what: str = "output", hint: str = "", seed: int | None = None,
-                 unwritten: torch.Tensor | None = None) -> None:
+def assert_close(
+    actual,
+    expected,
+    *,
+    what: str = "output",
+    hint: str = "",
+    seed: int | None = None,
+    unwritten: torch.Tensor | None = None,
+) -> None:
     """Like ``torch.testing.assert_close`` but says how many elements are off, and where.
 
     ``unwritten``: a flat mask of elements still holding the poison (from :func:`poisoned`)."""
@@ -320,8 +328,11 @@ def assert_close(actual, expected, *, what: str = "output", hint: str = "", seed
     if actual.shape != expected.shape:
         raise fail(f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}.", seed)
     if actual.dtype != expected.dtype:
-        raise fail(f"{what}: dtype {dtype_name(actual.dtype)}, expected {dtype_name(expected.dtype)} "
-                   "(store in the input's dtype).", seed)
+        raise fail(
+            f"{what}: dtype {dtype_name(actual.dtype)}, expected {dtype_name(expected.dtype)} "
+            "(store in the input's dtype).",
+            seed,
+        )
     if actual.device.type != expected.device.type:
         raise fail(f"{what}: on {actual.device}, expected {expected.device}.", seed)
     if unwritten is None:
@@ -331,7 +342,9 @@ def assert_close(actual, expected, *, what: str = "output", hint: str = "", seed
         raise fail(
             f"{what}: {idx.numel()} of {actual.numel()} elements were never written (still the poison), "
             f"first at flat index {idx[0].item()}. Look at the grid (enough programs to cover every "
-            f"element?) and at the offsets/mask of the last block.", seed)
+            f"element?) and at the offsets/mask of the last block.",
+            seed,
+        )
     atol, rtol = tolerance(expected.dtype)
     a = actual.detach().double().cpu().flatten()
     e = expected.detach().double().cpu().flatten()
@@ -342,7 +355,9 @@ def assert_close(actual, expected, *, what: str = "output", hint: str = "", seed
         raise fail(
             f"{what}: {idx.numel()} of {a.numel()} elements differ beyond atol={atol:g}, rtol={rtol:g} "
             f"for {dtype_name(expected.dtype)}; first at flat index {i}: got {a[i].item():.6g}, "
-            f"expected {e[i].item():.6g}. {hint}".rstrip(), seed)
+            f"expected {e[i].item():.6g}. {hint}".rstrip(),
+            seed,
+        )
 
 
 def _snapshot(inputs) -> list:
@@ -350,7 +365,7 @@ def _snapshot(inputs) -> list:
 
 
 def _changed_input(inputs, before) -> int | None:
-    for i, (t, b) in enumerate(zip(inputs, before)):
+    for i, (t, b) in enumerate(zip(inputs, before, strict=True)):
         if b is not None and not torch.equal(_bits(t), b):
             return i
     return None
@@ -392,9 +407,11 @@ def check_function(
     with seeded(seed):
         for dtype, size in plan:
             _check_once(student, reference, make_inputs, name, size, dtype, launches, allow_torch_ops, hint, seed)
-    desc = (f"{len(sizes)} awkward sizes × {len(dtypes)} dtypes + one needing many programs + one repeated, "
-            "fresh random inputs, poisoned outputs, inputs unchanged"
-            + (f", {launches} launch each" if launches is not None else ""))
+    desc = (
+        f"{len(sizes)} awkward sizes × {len(dtypes)} dtypes + one needing many programs + one repeated, "
+        "fresh random inputs, poisoned outputs, inputs unchanged"
+        + (f", {launches} launch each" if launches is not None else "")
+    )
     msg = f"✓ {name}: {len(plan)} checks passed ({desc})"
     return passed(msg, len(plan)) if not quiet else Passed(msg, len(plan))
 
@@ -413,8 +430,11 @@ def _check_once(student, reference, make_inputs, name, size, dtype, launches, al
         actual = call_learner(student, *inputs, name=name, where=where, seed=seed)
     changed = _changed_input(inputs, before)
     if changed is not None:
-        raise fail(f"{where}: your code changed input {changed} (argument {changed + 1}). A kernel reads its "
-                   "inputs and writes only its own output: check which pointer each tl.store writes to.", seed)
+        raise fail(
+            f"{where}: your code changed input {changed} (argument {changed + 1}). A kernel reads its "
+            "inputs and writes only its own output: check which pointer each tl.store writes to.",
+            seed,
+        )
     past = box.writes_past_the_end()
     if past is not None:
         count, first = past
@@ -422,27 +442,38 @@ def _check_once(student, reference, make_inputs, name, size, dtype, launches, al
         raise fail(
             f"{where}: the kernel wrote {count} elements past the end of its output (the first {start}). "
             "Mask every store: offs < n for a 1-D block, (offs_m[:, None] < n_rows) & (offs_n[None, :] < "
-            "n_cols) for a 2-D tile.", seed)
+            "n_cols) for a 2-D tile.",
+            seed,
+        )
     own = sorted({la.name for la in box.launches if la.module.startswith("fusionlab.")})
     if own:
-        raise fail(f"{where}: your answer launches fusionlab's own kernel ({', '.join(own)}). Write the "
-                   "kernel yourself: that is the exercise.", seed)
+        raise fail(
+            f"{where}: your answer launches fusionlab's own kernel ({', '.join(own)}). Write the "
+            "kernel yourself: that is the exercise.",
+            seed,
+        )
     if not allow_torch_ops and (box.torch_ops or box.passes):
         ops = ", ".join(sorted(set(box.torch_ops))) or ""
         moves = ", ".join(sorted(set(box.passes))) or ""
         if ops:
-            msg = (f"{where}: the answer computes with torch ({ops}). The result may be right, but the "
-                   "exercise asks for the work to happen inside your Triton kernel.")
+            msg = (
+                f"{where}: the answer computes with torch ({ops}). The result may be right, but the "
+                "exercise asks for the work to happen inside your Triton kernel."
+            )
         else:
-            msg = (f"{where}: the answer moves tensor data with torch ({moves}): each copy or cast is a "
-                   "pass through memory of its own. Load in the input's dtype and cast inside the kernel "
-                   "(x.to(tl.float32)); allocate the output with torch.empty_like, in the output's dtype.")
+            msg = (
+                f"{where}: the answer moves tensor data with torch ({moves}): each copy or cast is a "
+                "pass through memory of its own. Load in the input's dtype and cast inside the kernel "
+                "(x.to(tl.float32)); allocate the output with torch.empty_like, in the output's dtype."
+            )
         raise fail(msg, seed)
     if launches is not None:
         got = len(box.launches)
         if got != launches:
             what = ", ".join(box.names) or "none"
-            msg = f"{where}: expected {launches} Triton kernel launch{'es' if launches != 1 else ''}, saw {got} ({what})."
+            msg = (
+                f"{where}: expected {launches} Triton kernel launch{'es' if launches != 1 else ''}, saw {got} ({what})."
+            )
             if got > launches:
                 msg += " Each launch is a round trip through HBM: fuse them into one kernel."
             raise fail(msg, seed)
@@ -451,8 +482,11 @@ def _check_once(student, reference, make_inputs, name, size, dtype, launches, al
             missing = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and _storage(t) not in given]
             if missing or _storage(actual) not in given:
                 what = f"input {missing[0]}" if missing else "the tensor you return"
-                raise fail(f"{where}: {what} is not passed to your kernel. The kernel itself must read the "
-                           "inputs and write the output (computing elsewhere and copying is not fused).", seed)
+                raise fail(
+                    f"{where}: {what} is not passed to your kernel. The kernel itself must read the "
+                    "inputs and write the output (computing elsewhere and copying is not fused).",
+                    seed,
+                )
     unwritten = poisoned(actual) if isinstance(actual, torch.Tensor) else None
     assert_close(actual, expected, what=where, hint=hint, seed=seed, unwritten=unwritten)
 
@@ -470,8 +504,10 @@ def compare_ledgers(got, want: Ledger, where: str) -> None:
     if not isinstance(got, Ledger):
         raise CheckFailed(f"{where}: expected a fusionlab.ledger.Ledger, got {type(got).__name__}.")
     if got.dtype_bytes != want.dtype_bytes:
-        raise CheckFailed(f"{where}: the ledger counts {got.dtype_bytes} bytes per element, expected "
-                          f"{want.dtype_bytes}. Pass dtype_bytes=dtype.")
+        raise CheckFailed(
+            f"{where}: the ledger counts {got.dtype_bytes} bytes per element, expected "
+            f"{want.dtype_bytes}. Pass dtype_bytes=dtype."
+        )
     for fused in (False, True):
         kind = "fused" if fused else "unfused"
         g = [(t.op, t.tensor, t.direction, t.elements) for t in got.trips(fused)]
@@ -482,13 +518,17 @@ def compare_ledgers(got, want: Ledger, where: str) -> None:
         extra = [t for t in g if t not in w]
         if missing:
             op, tensor, d, n = missing[0]
-            raise CheckFailed(f"{where}: {kind}, the trip '{op} {d}s {tensor}' ({n:,} elements) is missing"
-                              + (f"; you have '{extra[0][0]} {extra[0][2]}s {extra[0][1]}' ({extra[0][3]:,})"
-                                 if extra else "") + ".")
+            raise CheckFailed(
+                f"{where}: {kind}, the trip '{op} {d}s {tensor}' ({n:,} elements) is missing"
+                + (f"; you have '{extra[0][0]} {extra[0][2]}s {extra[0][1]}' ({extra[0][3]:,})" if extra else "")
+                + "."
+            )
         op, tensor, d, n = extra[0]
-        raise CheckFailed(f"{where}: {kind}, your ledger has a trip '{op} {d}s {tensor}' ({n:,} elements) "
-                          f"that does not happen (total {human_bytes(got.bytes(fused))}, expected "
-                          f"{human_bytes(want.bytes(fused))}).")
+        raise CheckFailed(
+            f"{where}: {kind}, your ledger has a trip '{op} {d}s {tensor}' ({n:,} elements) "
+            f"that does not happen (total {human_bytes(got.bytes(fused))}, expected "
+            f"{human_bytes(want.bytes(fused))})."
+        )
 
 
 # -- notebooks: one short message instead of a traceback -----------------------------------------------
@@ -499,8 +539,10 @@ def _short_handler(shell, etype, evalue, tb, tb_offset=None):
         text = f"Not done yet: {evalue}"
     elif issubclass(etype, NameError):
         name = str(evalue).split("'")[1] if "'" in str(evalue) else str(evalue)
-        text = (f"`{name}` is not defined yet: it is made by an earlier cell. Run the cells above in order "
-                "(and fill in the exercise blank that defines it).")
+        text = (
+            f"`{name}` is not defined yet: it is made by an earlier cell. Run the cells above in order "
+            "(and fill in the exercise blank that defines it)."
+        )
     else:  # pragma: no cover - only the types registered below reach here
         return shell.showtraceback((etype, evalue, tb), tb_offset=tb_offset)
     lines = text.splitlines() or [""]

@@ -129,8 +129,9 @@ def default_notebooks(root: Path = ROOT) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="*", type=Path,
-                        help="notebooks to clean (default: notebooks/*.ipynb solutions/*.ipynb)")
+    parser.add_argument(
+        "paths", nargs="*", type=Path, help="notebooks to clean (default: notebooks/*.ipynb solutions/*.ipynb)"
+    )
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file is not clean")
     args = parser.parse_args(argv)
 

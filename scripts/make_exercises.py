@@ -110,21 +110,17 @@ def find_blocks(source: str, where: str = "cell") -> list[Block]:
         text = line.strip()
         if text == BEGIN:
             if open_at is not None:
-                raise MarkupError(
-                    f"{where}, line {i + 1}: {BEGIN} inside the block opened on line {open_at + 1}"
-                )
+                raise MarkupError(f"{where}, line {i + 1}: {BEGIN} inside the block opened on line {open_at + 1}")
             open_at = i
         elif text == END:
             if open_at is None:
                 raise MarkupError(f"{where}, line {i + 1}: {END} without a {BEGIN}")
             indent = _indent(lines[open_at])
             if _indent(line) != indent:
-                raise MarkupError(
-                    f"{where}, line {i + 1}: {END} is not indented like its {BEGIN} (line {open_at + 1})"
-                )
+                raise MarkupError(f"{where}, line {i + 1}: {END} is not indented like its {BEGIN} (line {open_at + 1})")
             hint = DEFAULT_HINT
             if open_at + 1 < i and lines[open_at + 1].strip().startswith(HINT):
-                hint = lines[open_at + 1].strip()[len(HINT):].strip() or DEFAULT_HINT
+                hint = lines[open_at + 1].strip()[len(HINT) :].strip() or DEFAULT_HINT
             blocks.append(Block(open_at, i, indent, hint))
             open_at = None
     if open_at is not None:
@@ -154,7 +150,7 @@ def stub_source(source: str, blocks: list[Block]) -> str:
     out: list[str] = []
     pos = 0
     for block in blocks:
-        out.extend(lines[pos:block.begin])
+        out.extend(lines[pos : block.begin])
         newline = "\n" if lines[block.end].endswith("\n") else ""
         text = block.hint if block.hint.startswith("Exercise") else f"Exercise: {block.hint}"
         # json.dumps gives a double-quoted literal that Python reads back as the same string
@@ -316,8 +312,9 @@ def pair_up(solutions_dir: Path, exercises_dir: Path) -> tuple[list[Path], list[
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 and list the files if exercises/ is not up to date")
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 and list the files if exercises/ is not up to date"
+    )
     parser.add_argument("--prune", action="store_true", help="delete exercises that have no solution")
     parser.add_argument("--solutions", type=Path, default=SOLUTIONS_DIR, help=argparse.SUPPRESS)
     parser.add_argument("--exercises", type=Path, default=EXERCISES_DIR, help=argparse.SUPPRESS)

@@ -3,7 +3,7 @@
 This is how an instructor refreshes the committed outputs that strict nbval compares against::
 
     python scripts/run_notebooks.py                          # notebooks/*.ipynb and solutions/*.ipynb
-    python scripts/run_notebooks.py solutions/02_gelu.ipynb  # just these
+    python scripts/run_notebooks.py solutions/02_count_the_trips.ipynb  # just these
     python scripts/run_notebooks.py --keep-env               # on this machine's device, env untouched
     python scripts/run_notebooks.py --no-exercises           # do not regenerate exercises/ afterwards
 
@@ -67,11 +67,14 @@ def execute_notebook(path: Path, timeout: int = 600, kernel_name: str = KERNEL) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="*", type=Path,
-                        help="notebooks to run (default: notebooks/*.ipynb and solutions/*.ipynb)")
-    parser.add_argument("--keep-env", action="store_true",
-                        help="run with the environment as it is (default: "
-                        + " ".join(f"{k}={v!r}" for k, v in CPU_ENV.items()) + ")")
+    parser.add_argument(
+        "paths", nargs="*", type=Path, help="notebooks to run (default: notebooks/*.ipynb and solutions/*.ipynb)"
+    )
+    parser.add_argument(
+        "--keep-env",
+        action="store_true",
+        help="run with the environment as it is (default: " + " ".join(f"{k}={v!r}" for k, v in CPU_ENV.items()) + ")",
+    )
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
     parser.add_argument("--no-exercises", action="store_true", help="do not regenerate exercises/ afterwards")
     args = parser.parse_args(argv)
@@ -103,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_exercises:
         status = make_exercises.main([])
     if failed:
-        print(f"{len(failed)} notebook(s) failed and were not written: {', '.join(map(str, failed))}",
-              file=sys.stderr)
+        print(f"{len(failed)} notebook(s) failed and were not written: {', '.join(map(str, failed))}", file=sys.stderr)
         return 1
     return status
 

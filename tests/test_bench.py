@@ -3,8 +3,8 @@ import json
 import pytest
 
 from fusionlab import bench, runtime
-from fusionlab.lessons import SUITES, suite_module
 from fusionlab.bench import Case, Ceilings, Result
+from fusionlab.lessons import SUITES, suite_module
 
 pytestmark = pytest.mark.lesson1
 

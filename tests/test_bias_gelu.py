@@ -8,7 +8,6 @@ import torch.nn.functional as F
 
 from fusionlab import runtime
 from fusionlab.grading import Sandbox
-from fusionlab.instrument import LaunchCounter
 from fusionlab.kernels import KernelInputError
 from fusionlab.kernels.bias_gelu import bias_gelu, bias_gelu_config, bias_gelu_reference
 
@@ -203,9 +202,7 @@ def test_unknown_approximation():
         bias_gelu_reference(x, bias, "fast")
 
 
-@pytest.mark.parametrize(
-    "kw", [{"block_m": 3}, {"block_n": 0}, {"num_warps": 6}, {"block_m": 2048, "block_n": 1024}]
-)
+@pytest.mark.parametrize("kw", [{"block_m": 3}, {"block_n": 0}, {"num_warps": 6}, {"block_m": 2048, "block_n": 1024}])
 def test_bad_blocks(kw):
     x, bias = _good()
     with pytest.raises(KernelInputError, match="block_m|block_n|num_warps|tile"):

@@ -9,8 +9,7 @@ from fusionlab import runtime
 from fusionlab.grading import Sandbox
 from fusionlab.instrument import LaunchCounter
 from fusionlab.kernels import KernelInputError
-from fusionlab.kernels.chain import chain, chain_names, chain_reference
-from fusionlab.kernels.chain import CHAIN_OPS, MAX_K
+from fusionlab.kernels.chain import CHAIN_OPS, MAX_K, chain, chain_names, chain_reference
 from fusionlab.ledger import Ledger
 
 pytestmark = pytest.mark.lesson2

@@ -36,8 +36,9 @@ BLOCK = runtime.pick(gpu=1024, interpreter=4096)
 
 # -- exercise 1: the reference solution (a 1-D grid of tiles numbered row by row) ---------------------
 @triton.jit
-def _bias_gelu_kernel(x_ptr, bias_ptr, y_ptr, n_rows, n_cols, stride_xm, stride_ym,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _bias_gelu_kernel(
+    x_ptr, bias_ptr, y_ptr, n_rows, n_cols, stride_xm, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
     pid = tl.program_id(axis=0)
     n_tiles_n = tl.cdiv(n_cols, BLOCK_N)
     pid_m = pid // n_tiles_n
@@ -95,8 +96,9 @@ def add_then_gelu(x, bias):
 
 
 @triton.jit
-def _full_tiles_only_kernel(x_ptr, bias_ptr, y_ptr, n_rows, n_cols, stride_xm, stride_ym,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _full_tiles_only_kernel(
+    x_ptr, bias_ptr, y_ptr, n_rows, n_cols, stride_xm, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
     # "forgot" the tails: only tiles that lie wholly inside the tensor are written
     pid = tl.program_id(axis=0)
     n_tiles_n = tl.cdiv(n_cols, BLOCK_N)
@@ -110,8 +112,9 @@ def _full_tiles_only_kernel(x_ptr, bias_ptr, y_ptr, n_rows, n_cols, stride_xm, s
 
 
 @triton.jit
-def _no_row_mask_kernel(x_ptr, bias_ptr, y_ptr, n_rows, n_cols, stride_xm, stride_ym,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _no_row_mask_kernel(
+    x_ptr, bias_ptr, y_ptr, n_rows, n_cols, stride_xm, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
     # masks the columns but not the rows: the last row block stores past the end of y
     pid = tl.program_id(axis=0)
     n_tiles_n = tl.cdiv(n_cols, BLOCK_N)
@@ -134,10 +137,13 @@ def test_bias_gelu_accepts_the_solution_and_refuses_the_package_kernel(capsys):
         ex.check_bias_gelu(bias_gelu)
 
 
-@pytest.mark.parametrize("unfused", [
-    pytest.param(lambda x, b: (solution_bias_gelu(x, b), solution_bias_gelu(x, b))[1], id="solution-twice"),
-    pytest.param(add_then_gelu, id="add-then-gelu-kernels"),
-])
+@pytest.mark.parametrize(
+    "unfused",
+    [
+        pytest.param(lambda x, b: (solution_bias_gelu(x, b), solution_bias_gelu(x, b))[1], id="solution-twice"),
+        pytest.param(add_then_gelu, id="add-then-gelu-kernels"),
+    ],
+)
 def test_bias_gelu_rejects_two_launches(unfused):
     with pytest.raises(CheckFailed, match=r"expected 1 Triton kernel launch, saw 2.*fuse them"):
         ex.check_bias_gelu(unfused)
@@ -167,10 +173,13 @@ def gelu_without_bias(x, bias):
     return y
 
 
-@pytest.mark.parametrize("wrong, message", [
-    pytest.param(lambda x, b: bias_gelu(x, b, "tanh"), "own kernel", id="tanh-form-borrowed"),
-    pytest.param(gelu_without_bias, "input 1 is not passed to your kernel", id="bias-ignored"),
-])
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        pytest.param(lambda x, b: bias_gelu(x, b, "tanh"), "own kernel", id="tanh-form-borrowed"),
+        pytest.param(gelu_without_bias, "input 1 is not passed to your kernel", id="bias-ignored"),
+    ],
+)
 def test_bias_gelu_rejects_wrong_values(wrong, message):
     with pytest.raises(CheckFailed, match=message):
         ex.check_bias_gelu(wrong)
@@ -210,13 +219,16 @@ def test_bias_gelu_bytes_accepts_the_solution():
         ex.check_bias_gelu_bytes(lambda m, n, b, fused: bias_gelu_ledger(m, n, b).bytes(fused))
 
 
-@pytest.mark.parametrize("wrong,tip", [
-    (lambda m, n, b, fused: (2 if fused else 4) * m * n * b, "left out the bias"),
-    (lambda m, n, b, fused: ((2 if fused else 4) * m * n + m * n) * b, "not m × n"),
-    (lambda m, n, b, fused: ((2 if fused else 4) * m * n + (n if fused else 2 * n)) * b, "Only the add kernel"),
-    (lambda m, n, b, fused: (4 * m * n + n) * b, "Count the passes"),
-    (lambda m, n, b, fused: (2 if fused else 4) * m * n + n, "Count bytes"),
-])
+@pytest.mark.parametrize(
+    "wrong,tip",
+    [
+        (lambda m, n, b, fused: (2 if fused else 4) * m * n * b, "left out the bias"),
+        (lambda m, n, b, fused: ((2 if fused else 4) * m * n + m * n) * b, "not m × n"),
+        (lambda m, n, b, fused: ((2 if fused else 4) * m * n + (n if fused else 2 * n)) * b, "Only the add kernel"),
+        (lambda m, n, b, fused: (4 * m * n + n) * b, "Count the passes"),
+        (lambda m, n, b, fused: (2 if fused else 4) * m * n + n, "Count bytes"),
+    ],
+)
 def test_bias_gelu_bytes_rejects_miscounts(wrong, tip):
     with pytest.raises(CheckFailed, match=tip):
         ex.check_bias_gelu_bytes(wrong)
@@ -232,12 +244,15 @@ def test_predict_chain_accepts_the_solution():
     assert ex.check_predict_chain_ms(solution_predict_chain_ms).startswith("✓ chain prediction")
 
 
-@pytest.mark.parametrize("wrong,tip", [
-    (lambda k, n, b, bw, fused: 2 * k * n * b / (bw * 1e9) * 1e3, "whatever k is"),
-    (lambda k, n, b, bw, fused: (2 if fused else 2) * n * b / (bw * 1e9) * 1e3, "its own kernel"),
-    (lambda k, n, b, bw, fused: (1 if fused else k) * n * b / (bw * 1e9) * 1e3, "both directions"),
-    (lambda k, n, b, bw, fused: (2 if fused else 2 * k) * n * b / (bw * 1e9), "units"),
-])
+@pytest.mark.parametrize(
+    "wrong,tip",
+    [
+        (lambda k, n, b, bw, fused: 2 * k * n * b / (bw * 1e9) * 1e3, "whatever k is"),
+        (lambda k, n, b, bw, fused: (2 if fused else 2) * n * b / (bw * 1e9) * 1e3, "its own kernel"),
+        (lambda k, n, b, bw, fused: (1 if fused else k) * n * b / (bw * 1e9) * 1e3, "both directions"),
+        (lambda k, n, b, bw, fused: (2 if fused else 2 * k) * n * b / (bw * 1e9), "units"),
+    ],
+)
 def test_predict_chain_rejects_wrong_predictions(wrong, tip):
     with pytest.raises(CheckFailed, match=tip):
         ex.check_predict_chain_ms(wrong)

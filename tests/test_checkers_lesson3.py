@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from fusionlab import inductor as ic
-from fusionlab.lessons.l3 import generated_code
 from fusionlab.grading import CheckFailed
 from fusionlab.lessons.l3 import checkers as ex
+from fusionlab.lessons.l3 import generated_code
 
 pytestmark = [
     pytest.mark.lesson3,
@@ -44,8 +44,11 @@ def truth():
 def _solution(fn, inputs):
     """The solution notebook's answer: count with fusionlab.inductor_code (one more compile each)."""
     code = ic.generated_code(fn, *inputs)
-    return {"n_eager": len(ic.eager_ops(fn, *inputs)), "n_generated": ic.count_kernels(code),
-            "n_library": len(ic.extern_calls(code))}
+    return {
+        "n_eager": len(ic.eager_ops(fn, *inputs)),
+        "n_generated": ic.count_kernels(code),
+        "n_library": len(ic.extern_calls(code)),
+    }
 
 
 # -- exercise 1 ---------------------------------------------------------------------------------------
@@ -78,21 +81,33 @@ def test_truth_is_cached_per_function_and_shapes(truth):
         (scale_shift_relu, INPUTS_A, dict(n_eager=3, n_generated=1, n_library=0), r"n_eager = 3 .* `\* 2`"),
         (scale_shift_relu, INPUTS_A, dict(n_eager=4, n_generated=4, n_library=0), "That is the eager count"),
         (scale_shift_relu, INPUTS_A, dict(n_eager=4, n_generated=1, n_library=1), "n_library = 1 is not right"),
-        (residual_gelu_matmul, INPUTS_B, dict(n_eager=3, n_generated=2, n_library=1),
-         "You counted the library call as well"),
+        (
+            residual_gelu_matmul,
+            INPUTS_B,
+            dict(n_eager=3, n_generated=2, n_library=1),
+            "You counted the library call as well",
+        ),
         (residual_gelu_matmul, INPUTS_B, dict(n_eager=3, n_generated=1, n_library=0), "extern_calls"),
         (residual_gelu_matmul, INPUTS_B, dict(n_eager=3, n_generated=0, n_library=1), "count_kernels"),
     ],
-    ids=["eager-miscounted", "generated-is-eager", "library-where-none", "library-counted-as-generated",
-         "library-missed", "generated-zero"],
+    ids=[
+        "eager-miscounted",
+        "generated-is-eager",
+        "library-where-none",
+        "library-counted-as-generated",
+        "library-missed",
+        "generated-zero",
+    ],
 )
 def test_wrong_counts_are_explained(truth, fn, inputs, answer, match):
     with pytest.raises(CheckFailed, match=match):
         ex.check_what_it_fused(fn, inputs, **answer)
 
 
-@pytest.mark.parametrize("bad, match", [(["mul", "add"], "count it with len"), (1.0, "whole number"),
-                                        (None, "whole number"), (True, "whole number")])
+@pytest.mark.parametrize(
+    "bad, match",
+    [(["mul", "add"], "count it with len"), (1.0, "whole number"), (None, "whole number"), (True, "whole number")],
+)
 def test_counts_must_be_whole_numbers(truth, bad, match):
     with pytest.raises(CheckFailed, match=match):
         ex.check_what_it_fused(scale_shift_relu, INPUTS_A, n_eager=bad, n_generated=1, n_library=0)
@@ -133,8 +148,11 @@ def test_fusion_ceiling_solution_passes():
 
 @pytest.mark.parametrize(
     "wrong, match",
-    [(lambda mm, se: mm / (mm + se), "Upside down"), (lambda mm, se: se / mm, "time saved over the time left"),
-     (lambda mm, se: float("inf"), "finite number")],
+    [
+        (lambda mm, se: mm / (mm + se), "Upside down"),
+        (lambda mm, se: se / mm, "time saved over the time left"),
+        (lambda mm, se: float("inf"), "finite number"),
+    ],
     ids=["inverted", "saved-over-left", "inf"],
 )
 def test_fusion_ceiling_mistakes(wrong, match):
@@ -161,9 +179,15 @@ def test_triton_kernel_source_and_excerpt():
     ]
 
 
-@pytest.mark.parametrize("name, fused", [("cpp_fused_add_gelu_0", "add_gelu"), ("cpp_fused_gelu_0", "gelu"),
-                                         ("triton_per_fused__softmax_1", "_softmax"),
-                                         ("graph_0_cpp_fused_add_mul_relu_sigmoid_0", "add_mul_relu_sigmoid")])
+@pytest.mark.parametrize(
+    "name, fused",
+    [
+        ("cpp_fused_add_gelu_0", "add_gelu"),
+        ("cpp_fused_gelu_0", "gelu"),
+        ("triton_per_fused__softmax_1", "_softmax"),
+        ("graph_0_cpp_fused_add_mul_relu_sigmoid_0", "add_mul_relu_sigmoid"),
+    ],
+)
 def test_fused_name(name, fused):
     assert ic.fused_name(name) == fused
 
@@ -187,8 +211,15 @@ def test_saved_generated_roundtrip_on_cpu(tmp_path):
     assert text.startswith("# ruff: noqa\n")
     head = generated_code.header(text)
     assert "ruff" not in head
-    for field in ("# function: lesson 2's bias + GELU", "# device: CPU", "# date: ", "# torch ",
-                  "# generated kernels: cpp_fused_add_gelu_0", "# library calls: none", "def bias_gelu_eager("):
+    for field in (
+        "# function: lesson 2's bias + GELU",
+        "# device: CPU",
+        "# date: ",
+        "# torch ",
+        "# generated kernels: cpp_fused_add_gelu_0",
+        "# library calls: none",
+        "def bias_gelu_eager(",
+    ):
         assert field in head, field
     compile(text, str(path), "exec")  # a valid Python module, as Inductor wrote it
     assert "for(" in ic.kernel_excerpt(text) and ".store(" in ic.kernel_excerpt(text)

@@ -104,24 +104,27 @@ def _synthetic() -> nbformat.NotebookNode:
             "def double(x):\n"
             "    y = x\n"
             "    ### BEGIN SOLUTION\n"
-            "    ### HINT: multiply by \"two\"\n"
+            '    ### HINT: multiply by "two"\n'
             "    y = 2 * x\n"
             "    ### END SOLUTION\n"
             "    return y",
             execution_count=3,
             outputs=[v4.new_output("stream", name="stdout", text="hi\n")],
         ),
-        v4.new_code_cell("check_double(double)", execution_count=4,
-                         outputs=[v4.new_output("stream", name="stdout", text="ok\n")]),
+        v4.new_code_cell(
+            "check_double(double)", execution_count=4, outputs=[v4.new_output("stream", name="stdout", text="ok\n")]
+        ),
         v4.new_code_cell("for i in range(2):\n    ### BEGIN SOLUTION\n    total = i\n    ### END SOLUTION\n"),
         v4.new_code_cell("print(total)"),
         v4.new_code_cell("secret = 42", metadata={"tags": ["solution-only"]}),
         v4.new_markdown_cell("Why 42? Because.", metadata={"tags": ["solution-only"]}),
         v4.new_code_cell("print(secret + 1)"),
-        v4.new_code_cell("other = math.pi", execution_count=7,
-                         outputs=[v4.new_output("execute_result", data={"text/plain": "3.14"},
-                                                execution_count=7)],
-                         metadata={"execution": {"iopub.execute_input": "2026-01-01T00:00:00Z"}}),
+        v4.new_code_cell(
+            "other = math.pi",
+            execution_count=7,
+            outputs=[v4.new_output("execute_result", data={"text/plain": "3.14"}, execution_count=7)],
+            metadata={"execution": {"iopub.execute_input": "2026-01-01T00:00:00Z"}},
+        ),
         v4.new_code_cell("results = []", metadata={"tags": ["raises-in-exercise"]}),
     ]
     nb.cells = cells
@@ -171,14 +174,14 @@ def test_generator_tags_cells_that_fail_without_the_answers():
     tagged = {_source(c).splitlines()[0]: mx.TAG_RAISES in c.metadata.get("tags", []) for c in ex.cells}
     assert tagged == {
         "# Lesson": False,
-        "import math": False,              # before any block, defines the checker
-        "def double(x):": True,            # contains a block
-        "check_double(double)": True,      # calls a checker on an unfilled answer
-        "for i in range(2):": True,        # block at top level
-        "print(total)": True,              # uses a name the stub never binds
-        "print(secret + 1)": True,         # uses a name from a dropped solution-only cell
-        "other = math.pi": False,          # unrelated to the exercise
-        "results = []": True,              # forced by the author
+        "import math": False,  # before any block, defines the checker
+        "def double(x):": True,  # contains a block
+        "check_double(double)": True,  # calls a checker on an unfilled answer
+        "for i in range(2):": True,  # block at top level
+        "print(total)": True,  # uses a name the stub never binds
+        "print(secret + 1)": True,  # uses a name from a dropped solution-only cell
+        "other = math.pi": False,  # unrelated to the exercise
+        "results = []": True,  # forced by the author
     }
     assert all("raises-in-exercise" not in c.metadata.get("tags", []) for c in ex.cells)
 
@@ -233,8 +236,9 @@ def test_synthetic_exercise_runs_top_to_bottom(tmp_path):
     """The raises-exception tags are enough for a kernel to run the whole exercise notebook."""
     nbclient = pytest.importorskip("nbclient")
     ex = mx.make_exercise(_synthetic(), "synthetic.ipynb")
-    client = nbclient.NotebookClient(ex, timeout=60, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        ex, timeout=60, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()  # raises CellExecutionError if an untagged cell fails
     errors = [c for c in ex.cells if any(o.output_type == "error" for o in c.get("outputs", []))]
     assert errors and all(mx.TAG_RAISES in c.metadata["tags"] for c in errors)

@@ -137,24 +137,28 @@ def raises(x):
     return 1 / 0
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (two_kernels, r"expected 1 Triton kernel launch, saw 2 .*fuse them"),
-    (computes_in_torch, r"computes with torch \(cos\)"),
-    (upcast_first, r"moves tensor data with torch \(_to_copy\)"),
-    (scratch_cast_back, r"moves tensor data with torch \(_to_copy\)"),
-    (writes_its_input, r"changed input 0"),
-    (writes_its_input_quietly, r"changed input 0"),
-    (fixed_grid, r"never written"),
-    (caches_by_shape, r"the tensor you return is not passed to your kernel|elements differ"),
-    (numpy_then_copy, r"input 0 is not passed to your kernel"),
-    (no_dispatch_then_copy, r"input 0 is not passed to your kernel"),
-    (one_past_the_end, r"wrote 1 elements past the end .*right after the end"),
-    (unmasked_tail, r"never written"),
-    (lambda x: cos_cos(x), r"fusionlab's own kernel \(_cos_kernel\)"),
-    (lambda x: cos_cos_reference(x), r"answer keys"),
-    (raises, r"your code raised ZeroDivisionError: division by zero\n  at test_grading.py"),
-    (lambda x: launch(x, torch.empty_like(x), what=1), r"elements differ"),
-], ids=lambda v: getattr(v, "__name__", None) if callable(v) else "")
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (two_kernels, r"expected 1 Triton kernel launch, saw 2 .*fuse them"),
+        (computes_in_torch, r"computes with torch \(cos\)"),
+        (upcast_first, r"moves tensor data with torch \(_to_copy\)"),
+        (scratch_cast_back, r"moves tensor data with torch \(_to_copy\)"),
+        (writes_its_input, r"changed input 0"),
+        (writes_its_input_quietly, r"changed input 0"),
+        (fixed_grid, r"never written"),
+        (caches_by_shape, r"the tensor you return is not passed to your kernel|elements differ"),
+        (numpy_then_copy, r"input 0 is not passed to your kernel"),
+        (no_dispatch_then_copy, r"input 0 is not passed to your kernel"),
+        (one_past_the_end, r"wrote 1 elements past the end .*right after the end"),
+        (unmasked_tail, r"never written"),
+        (lambda x: cos_cos(x), r"fusionlab's own kernel \(_cos_kernel\)"),
+        (lambda x: cos_cos_reference(x), r"answer keys"),
+        (raises, r"your code raised ZeroDivisionError: division by zero\n  at test_grading.py"),
+        (lambda x: launch(x, torch.empty_like(x), what=1), r"elements differ"),
+    ],
+    ids=lambda v: getattr(v, "__name__", None) if callable(v) else "",
+)
 def test_each_class_of_wrong_answer_is_rejected(wrong, message):
     _CACHE.clear()
     with pytest.raises(CheckFailed, match=message) as err:
@@ -234,11 +238,15 @@ def test_tolerance_fits_dtype(dtype):
 def test_ledgers_are_compared_trip_by_trip():
     from fusionlab.ledger import Ledger
 
-    want = Ledger(dtype_bytes=4).op("a", reads={"x": 10}, writes={"t": 10}).op("b", reads={"t": 10, "x": 10},
-                                                                                writes={"y": 10})
+    want = (
+        Ledger(dtype_bytes=4)
+        .op("a", reads={"x": 10}, writes={"t": 10})
+        .op("b", reads={"t": 10, "x": 10}, writes={"y": 10})
+    )
     # the right totals from the wrong trips: b reads t twice instead of x
-    wrong = Ledger(dtype_bytes=4).op("a", reads={"x": 10}, writes={"t": 10}).op("b", reads={"t": 20},
-                                                                                 writes={"y": 10})
-    with pytest.raises(CheckFailed, match=r"unfused, the trip 'b reads t' \(10 elements\) is missing; you have 'b reads t' \(20\)"):
+    wrong = Ledger(dtype_bytes=4).op("a", reads={"x": 10}, writes={"t": 10}).op("b", reads={"t": 20}, writes={"y": 10})
+    with pytest.raises(
+        CheckFailed, match=r"unfused, the trip 'b reads t' \(10 elements\) is missing; you have 'b reads t' \(20\)"
+    ):
         grading.compare_ledgers(wrong, want, "ledger")
     grading.compare_ledgers(want, want, "ledger")

@@ -32,7 +32,11 @@ def test_bias_gelu_four_trips_become_two():
     led.op("gelu", reads={"t": m * n}, writes={"y": m * n})
     unfused = led.trips(fused=False)
     assert [(t.tensor, t.direction) for t in unfused] == [
-        ("x", READ), ("bias", READ), ("t", WRITE), ("t", READ), ("y", WRITE),
+        ("x", READ),
+        ("bias", READ),
+        ("t", WRITE),
+        ("t", READ),
+        ("y", WRITE),
     ]
     fused = led.trips(fused=True)
     assert [(t.tensor, t.direction) for t in fused] == [("x", READ), ("bias", READ), ("y", WRITE)]

@@ -49,8 +49,7 @@ def _environment_pip() -> list[str]:
 
 def _all_requirements() -> list[tuple[str, str]]:
     """``(where, requirement)`` for every requirement in both files."""
-    found = [(f"pyproject.toml [{group or 'dependencies'}]", r)
-             for group, reqs in _pyproject().items() for r in reqs]
+    found = [(f"pyproject.toml [{group or 'dependencies'}]", r) for group, reqs in _pyproject().items() for r in reqs]
     found += [("environment.yml", r) for r in _environment_pip()]
     return found
 
@@ -77,9 +76,7 @@ def test_colab_packages_are_not_pinned(package):
     assert mine, f"{package} is not a dependency any more; update COLAB in this test if that is intended"
     for where, r in mine:
         bounded = [str(s) for s in r.specifier if s.operator in UPPER_BOUND_OPERATORS]
-        assert not bounded, (
-            f"{where}: {r} pins or caps {package} ({', '.join(bounded)}); Colab's copy must stay"
-        )
+        assert not bounded, f"{where}: {r} pins or caps {package} ({', '.join(bounded)}); Colab's copy must stay"
         for version in COLAB[package]:
             assert r.specifier.contains(version, prereleases=True), (
                 f"{where}: {r} does not admit {package} {version}, which Colab ships"

@@ -33,7 +33,7 @@ def dtype_name(d: torch.dtype) -> str:
     return str(d).replace("torch.", "")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
@@ -77,8 +77,7 @@ def check_tensor(
     if x.dtype not in dtypes:
         hint = " (Triton's interpreter does not support bfloat16)" if x.dtype == torch.bfloat16 else ""
         raise KernelInputError(
-            f"{op}: {name} has dtype {dtype_name(x.dtype)}; supported here: "
-            f"{', '.join(map(dtype_name, dtypes))}{hint}."
+            f"{op}: {name} has dtype {dtype_name(x.dtype)}; supported here: {', '.join(map(dtype_name, dtypes))}{hint}."
         )
     if ndim is not None and x.dim() not in ((ndim,) if isinstance(ndim, int) else tuple(ndim)):
         raise KernelInputError(f"{op}: {name} must have {ndim} dimension(s), got shape {tuple(x.shape)}.")

@@ -14,10 +14,9 @@ Three forms of GELU, picked with ``approximate``:
   ``erfc(z) ~= (a1 t + a2 t^2 + a3 t^3 + a4 t^4 + a5 t^5) exp(-z^2)``, ``t = 1 / (1 + p z)``, z >= 0,
   whose absolute error on erf is at most 1.5e-7. It costs one reciprocal (as rsqrt squared: one
   fast MUFU instruction, where ``1.0 / d`` compiles to a correctly rounded division), one exp2 and
-  a handful of FMAs, where ``tl.erf`` calls an accurate erf that costs far more. Measured on one H200
-  (1 GiB, Triton 3.6, 2026-11-22, ``benchmarks/tune_variants.py``): in bf16 bias + GELU with the exact
-  erf reached only 66% of copy bandwidth — with 2 bytes per element the arithmetic, not the memory,
-  sets the time — erf_fast 95% and the tanh form 96-99%; in fp32 all three forms ran at 99.5-99.8%.
+  a handful of FMAs, where ``tl.erf`` calls an accurate erf that costs far more. In bf16, with 2 bytes
+  per element, the exact erf makes the kernel compute-bound and erf_fast brings it back to the copy
+  ceiling; the measurements are in ``benchmarks/NOTES.md`` (lesson 2) and the recorded suites.
   Accuracy: the formula's 1.5e-7 on erf is at most 0.75e-7 |v| on GELU. With fp32 rounding, over
   v in [-12, 12] (beyond, both give v or ~0), the max absolute error measured 3.3e-7 against the
   float64 exact GELU (torch's own fp32 exact GELU: 3.7e-7 on a CPU) and 4.8e-7 against torch's fp32
@@ -35,7 +34,15 @@ import triton.language as tl
 
 from .._exercise import answer_key
 from ..ledger import Ledger
-from ._launch import KernelInputError, check_block, check_same, check_tensor, check_tile, elementwise_config, launch_kwargs
+from ._launch import (
+    KernelInputError,
+    check_block,
+    check_same,
+    check_tensor,
+    check_tile,
+    elementwise_config,
+    launch_kwargs,
+)
 
 #: the ``approximate`` values the kernel knows, mapped to the constexpr that selects the code path
 APPROXIMATIONS = {"none": 0, "tanh": 1, "erf_fast": 2}
@@ -102,10 +109,17 @@ def bias_gelu_flops(m: int, n: int, approximate: str = "none") -> int:
 
 @triton.jit
 def _bias_gelu_kernel(
-    x_ptr, bias_ptr, y_ptr,
-    n_rows, n_cols,
-    stride_xm, stride_ym,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, APPROX: tl.constexpr, EVEN: tl.constexpr = False,
+    x_ptr,
+    bias_ptr,
+    y_ptr,
+    n_rows,
+    n_cols,
+    stride_xm,
+    stride_ym,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    APPROX: tl.constexpr,
+    EVEN: tl.constexpr = False,
 ):
     # One program per BLOCK_M x BLOCK_N tile, numbered in row-major order: programs that run at the
     # same time read neighbouring stretches of memory, as a plain streaming copy does. (A 2D grid with
@@ -211,8 +225,17 @@ def bias_gelu(
     x2, y2 = x.view(n_rows, n_cols), y.view(n_rows, n_cols)
     kwargs = launch_kwargs(num_warps)
     _bias_gelu_kernel[grid](
-        x2, bias, y2, n_rows, n_cols, x2.stride(0), y2.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, APPROX=approx, EVEN=n_rows % block_m == 0 and n_cols % block_n == 0,
+        x2,
+        bias,
+        y2,
+        n_rows,
+        n_cols,
+        x2.stride(0),
+        y2.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        APPROX=approx,
+        EVEN=n_rows % block_m == 0 and n_cols % block_n == 0,
         **kwargs,
     )
     return y

@@ -4,9 +4,11 @@ Eager PyTorch runs ``x.cos().cos()`` as two kernels: read x, write t, read t, wr
 through HBM). The fused kernel reads x once and writes y once (2N), doing both cosines in registers.
 
 The fused kernel is also where the arithmetic starts to show. A precise ``cos`` is a few dozen
-instructions (range reduction, then a polynomial); at fp32 copy speed an H200 has room for roughly
-30 per element, so two of them make the kernel compute-bound (89% of copy bandwidth at best, measured
-with ``benchmarks/tune_cos.py``). Fusion lets the kernel use what it knows about the intermediate:
+instructions (range reduction, then a polynomial). At copy speed a GPU has room for
+``(SMs x 128 fp32 lanes x clock) / (copy bandwidth / 8 bytes)`` instructions per fp32 element (each
+element is read and written: 8 bytes) — about 64 on an H200, fewer on a GPU with more bandwidth per
+lane; two precise cosines come close enough to that budget to make the kernel compute-bound on an H200
+(``benchmarks/NOTES.md``, lesson 1). Fusion lets the kernel use what it knows about the intermediate:
 the second cosine's argument lies in [-1, 1], where no range reduction is needed and a short
 polynomial is exact to fp32 rounding. ``second="precise"`` keeps ``tl.cos`` twice, for comparison.
 """

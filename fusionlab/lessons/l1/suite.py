@@ -31,10 +31,14 @@ def cases(n: int = N_FULL, device="cuda", copy_GBps: float | None = None) -> lis
         Case("eager cos().cos()", lambda: cos_cos_eager(x), one_pass, group="cos", predicted_ms=predict(False)),
         Case("compiled cos(cos(x))", lambda: cc_compiled(x), one_pass, group="cos", predicted_ms=predict(True)),
         Case("triton cos", lambda: cos(x), one_pass, group="cos", predicted_ms=predict(True)),
-        Case("triton cos_cos, two tl.cos", lambda: cos_cos(x, second="precise"), one_pass, group="cos",
-             predicted_ms=predict(True)),
-        Case("triton cos_cos (fused)", lambda: cos_cos(x), one_pass, group="cos",
-             predicted_ms=predict(True)),
+        Case(
+            "triton cos_cos, two tl.cos",
+            lambda: cos_cos(x, second="precise"),
+            one_pass,
+            group="cos",
+            predicted_ms=predict(True),
+        ),
+        Case("triton cos_cos (fused)", lambda: cos_cos(x), one_pass, group="cos", predicted_ms=predict(True)),
         Case("eager relu fp32", lambda: torch.relu(x), one_pass, group="activation"),
         Case("eager gelu fp32", lambda: F.gelu(x), one_pass, group="activation"),
     ]

@@ -38,17 +38,17 @@ def check_bias_gelu(bias_gelu_fn) -> Passed:
     """Exercise 1: ``bias_gelu_fn(x, bias)`` computes exact ``GELU(x + bias)`` (erf form, fp32 inside,
     stored in x's dtype) for x of shape (M, N) and bias of shape (N,), in one Triton kernel."""
     res = grading.check_function(
-            bias_gelu_fn,
-            bias_gelu_reference,
-            bias_gelu_inputs,
-            name="bias_gelu",
-            sizes=SHAPES,
-            many=MANY_SHAPE,
-            launches=1,
-            quiet=True,
-            hint="Compute in fp32 (.to(tl.float32)), add the bias along the rows (b[None, :]), use the exact "
-            "GELU 0.5 v (1 + erf(v / sqrt(2))), and store in y's dtype.",
-        )
+        bias_gelu_fn,
+        bias_gelu_reference,
+        bias_gelu_inputs,
+        name="bias_gelu",
+        sizes=SHAPES,
+        many=MANY_SHAPE,
+        launches=1,
+        quiet=True,
+        hint="Compute in fp32 (.to(tl.float32)), add the bias along the rows (b[None, :]), use the exact "
+        "GELU 0.5 v (1 + erf(v / sqrt(2))), and store in y's dtype.",
+    )
     msg = (
         f"✓ bias_gelu: {res.checks} checks passed (shapes {', '.join(map(str, SHAPES))} × 2 dtypes, one of "
         f"{MANY_SHAPE[0]} × {MANY_SHAPE[1]} and one repeated; fresh random inputs, poisoned outputs, nothing "
@@ -66,8 +66,9 @@ def check_bias_gelu_bytes(bias_gelu_bytes) -> Passed:
         for fused in (False, True):
             want = want_led.bytes(fused)
             call = f"bias_gelu_bytes({m}, {n}, {b}, fused={fused})"
-            got = number(call_learner(bias_gelu_bytes, m, n, b, fused, name="bias_gelu_bytes", where=call), call,
-                         "bytes")
+            got = number(
+                call_learner(bias_gelu_bytes, m, n, b, fused, name="bias_gelu_bytes", where=call), call, "bytes"
+            )
             if got == want:
                 continue
             mn, tip = m * n * b, ""
@@ -75,19 +76,25 @@ def check_bias_gelu_bytes(bias_gelu_bytes) -> Passed:
             if got == passes * mn:
                 tip = " Close: you left out the bias. It is small, but a kernel that uses it reads it from HBM."
             elif got == passes * mn + m * n * b or got == passes * mn + 2 * m * n * b:
-                tip = (" The bias has n elements, not m × n: the kernel reads the row once and every row of "
-                       "the tile reuses it on chip (that is what the broadcast b[None, :] does).")
+                tip = (
+                    " The bias has n elements, not m × n: the kernel reads the row once and every row of "
+                    "the tile reuses it on chip (that is what the broadcast b[None, :] does)."
+                )
             elif not fused and got == 4 * mn + 2 * n * b:
                 tip = " Only the add kernel reads the bias; the gelu kernel reads t alone."
             elif got in (mn, 2 * mn, 3 * mn, 4 * mn, 6 * mn) or got in (k * mn + n * b for k in (1, 2, 3, 4, 6)):
-                tip = (" Count the passes: eager is two kernels, each reads its input and writes its output; "
-                       "fused is one kernel that reads x once and writes y once.")
+                tip = (
+                    " Count the passes: eager is two kernels, each reads its input and writes its output; "
+                    "fused is one kernel that reads x once and writes y once."
+                )
             elif got in (want / b, want * 8, want / 8):
                 tip = " Count bytes, not elements or bits: multiply elements by dtype_bytes."
             raise CheckFailed(f"{call} = {got:,}, expected {want:,} ({human_bytes(want)}).{tip}")
     led = bias_gelu_ledger(16384, 16384, 4)
-    msg = (f"✓ bias_gelu bytes: eager 4 passes + the bias, fused 2 passes + the bias; "
-           f"predicted speedup {led.saving:.4f}x at 16384 × 16384 fp32")
+    msg = (
+        f"✓ bias_gelu bytes: eager 4 passes + the bias, fused 2 passes + the bias; "
+        f"predicted speedup {led.saving:.4f}x at 16384 × 16384 fp32"
+    )
     return _passed(msg)
 
 
@@ -125,15 +132,15 @@ def check_chain(chain_fn) -> Passed:
     for k in CHAIN_KS:
         name = f"chain k={k} ({' -> '.join(chain_names(k))})"
         checks += grading.check_function(
-                chain_fn,
-                chain_reference,
-                lambda n, dtype, gen, k=k: (grading.with_room_after(grading.randn(n, dtype, gen=gen)), k),
-                name=name,
-                many=grading.MANY_PROGRAMS if k == CHAIN_KS[-1] else None,
-                launches=1,
-                quiet=True,
-                hint="Op i of the chain is add 0.5, relu, multiply by 1.5, sigmoid, in turn (i % 4).",
-            ).checks
+            chain_fn,
+            chain_reference,
+            lambda n, dtype, gen, k=k: (grading.with_room_after(grading.randn(n, dtype, gen=gen)), k),
+            name=name,
+            many=grading.MANY_PROGRAMS if k == CHAIN_KS[-1] else None,
+            launches=1,
+            quiet=True,
+            hint="Op i of the chain is add 0.5, relu, multiply by 1.5, sigmoid, in turn (i % 4).",
+        ).checks
     msg = (
         f"✓ chain: {checks} checks, k = {', '.join(map(str, CHAIN_KS))}, each on {len(grading.ODD_SIZES)} odd sizes "
         "× 2 dtypes and one repeated, one needing many programs (fresh random inputs, poisoned outputs, nothing "

@@ -10,7 +10,6 @@ or compiled: the fused one) divided by the ceiling — the number to compare the
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ...bench import Case, compiled
 from ...kernels.bias_gelu import bias_gelu, bias_gelu_config, bias_gelu_eager, bias_gelu_ledger
@@ -47,23 +46,41 @@ def bias_gelu_cases(dtype: torch.dtype, copy_GBps: float | None = None, device="
     tanh = compiled(bias_gelu_eager, x, bias, "tanh")
     fused = _predict(led, copy_GBps, fused=True)
     out = [
-        Case(f"copy {d}", lambda: y.copy_(x), copy_led.fused_bytes, group="ceiling",
-             predicted_ms=_predict(copy_led, copy_GBps, fused=True)),
-        Case(f"bias_gelu {d} eager", lambda: bias_gelu_eager(x, bias), nbytes, group=group,
-             predicted_ms=_predict(led, copy_GBps, fused=False)),
-        Case(f"bias_gelu {d} eager tanh", lambda: bias_gelu_eager(x, bias, "tanh"), nbytes, group=group,
-             predicted_ms=_predict(led, copy_GBps, fused=False)),
+        Case(
+            f"copy {d}",
+            lambda: y.copy_(x),
+            copy_led.fused_bytes,
+            group="ceiling",
+            predicted_ms=_predict(copy_led, copy_GBps, fused=True),
+        ),
+        Case(
+            f"bias_gelu {d} eager",
+            lambda: bias_gelu_eager(x, bias),
+            nbytes,
+            group=group,
+            predicted_ms=_predict(led, copy_GBps, fused=False),
+        ),
+        Case(
+            f"bias_gelu {d} eager tanh",
+            lambda: bias_gelu_eager(x, bias, "tanh"),
+            nbytes,
+            group=group,
+            predicted_ms=_predict(led, copy_GBps, fused=False),
+        ),
         Case(f"bias_gelu {d} compiled", lambda: exact(x, bias), nbytes, group=group, predicted_ms=fused),
-        Case(f"bias_gelu {d} compiled tanh", lambda: tanh(x, bias, "tanh"), nbytes, group=group,
-             predicted_ms=fused),
+        Case(f"bias_gelu {d} compiled tanh", lambda: tanh(x, bias, "tanh"), nbytes, group=group, predicted_ms=fused),
     ]
     for approximate in APPROXIMATIONS:
         bias_gelu(x, bias, approximate)  # compile the Triton kernel before timing
-        out.append(Case(
-            f"bias_gelu {d} triton {APPROX_LABEL[approximate]}",
-            lambda a=approximate: bias_gelu(x, bias, a),
-            nbytes, group=group, predicted_ms=fused,
-        ))
+        out.append(
+            Case(
+                f"bias_gelu {d} triton {APPROX_LABEL[approximate]}",
+                lambda a=approximate: bias_gelu(x, bias, a),
+                nbytes,
+                group=group,
+                predicted_ms=fused,
+            )
+        )
     return out
 
 
@@ -75,10 +92,20 @@ def chain_cases(copy_GBps: float | None = None, n: int = CHAIN_N, device="cuda")
         led = chain_ledger(k, n, torch.float32)
         chain(x, k)  # compile this K's kernel before timing
         out += [
-            Case(f"chain k={k} eager", lambda k=k: chain_reference(x, k), led.fused_bytes,
-                 group="chain eager", predicted_ms=_predict(led, copy_GBps, fused=False)),
-            Case(f"chain k={k} fused", lambda k=k: chain(x, k), led.fused_bytes,
-                 group="chain fused", predicted_ms=_predict(led, copy_GBps, fused=True)),
+            Case(
+                f"chain k={k} eager",
+                lambda k=k: chain_reference(x, k),
+                led.fused_bytes,
+                group="chain eager",
+                predicted_ms=_predict(led, copy_GBps, fused=False),
+            ),
+            Case(
+                f"chain k={k} fused",
+                lambda k=k: chain(x, k),
+                led.fused_bytes,
+                group="chain fused",
+                predicted_ms=_predict(led, copy_GBps, fused=True),
+            ),
         ]
     return out
 
@@ -96,8 +123,18 @@ def cases(copy_GBps: float | None = None, device="cuda") -> list[Case]:
 def tuning_cases(
     dtype: torch.dtype = torch.bfloat16,
     approximate: str = "erf_fast",
-    tiles=((1, 1024), (2, 1024), (4, 1024), (8, 1024), (16, 1024), (8, 512), (16, 512), (32, 256),
-           (4, 2048), (2, 4096)),
+    tiles=(
+        (1, 1024),
+        (2, 1024),
+        (4, 1024),
+        (8, 1024),
+        (16, 1024),
+        (8, 512),
+        (16, 512),
+        (32, 256),
+        (4, 2048),
+        (2, 4096),
+    ),
     warps=(4, 8, 16),
     device="cuda",
 ) -> list[Case]:
@@ -116,9 +153,12 @@ def tuning_cases(
             kw = {"block_m": bm, "block_n": bn, "num_warps": w}
             bias_gelu(x, bias, approximate, **kw)  # compile before timing
             default = " (default)" if (bm, bn, w) == (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"]) else ""
-            out.append(Case(
-                f"tune {d} {APPROX_LABEL[approximate]} {bm}x{bn} w{w}{default}",
-                lambda kw=kw: bias_gelu(x, bias, approximate, **kw),
-                nbytes, group=f"tune {d}",
-            ))
+            out.append(
+                Case(
+                    f"tune {d} {APPROX_LABEL[approximate]} {bm}x{bn} w{w}{default}",
+                    lambda kw=kw: bias_gelu(x, bias, approximate, **kw),
+                    nbytes,
+                    group=f"tune {d}",
+                )
+            )
     return out

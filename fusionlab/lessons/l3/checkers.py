@@ -34,9 +34,7 @@ _TRUTH: dict[tuple, Fused] = {}
 def _key(fn, inputs) -> tuple:
     code = getattr(fn, "__code__", None)
     ident = (code.co_code, code.co_consts, code.co_names) if code is not None else id(fn)
-    shapes = tuple(
-        (tuple(t.shape), t.dtype, t.device.type) if isinstance(t, torch.Tensor) else repr(t) for t in inputs
-    )
+    shapes = tuple((tuple(t.shape), t.dtype, t.device.type) if isinstance(t, torch.Tensor) else repr(t) for t in inputs)
     return (getattr(fn, "__qualname__", repr(fn)), ident, shapes)
 
 
@@ -47,8 +45,9 @@ def what_it_fused(fn, inputs) -> Fused:
     inputs = tuple(inputs)
     key = _key(fn, inputs)
     if key not in _TRUTH:
-        like = tuple(torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-                     for t in inputs)
+        like = tuple(
+            torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs
+        )
         code = generated_code(fn, *like)
         _TRUTH[key] = Fused(tuple(eager_ops(fn, *like)), tuple(kernel_names(code)), tuple(extern_calls(code)))
     return _TRUTH[key]
@@ -66,8 +65,9 @@ def check_what_it_fused(fn, inputs, *, n_eager, n_generated, n_library) -> gradi
     """Exercise 1: ``n_eager`` ops eager runs, ``n_generated`` kernels Inductor generates and
     ``n_library`` library calls it makes instead, for ``fn(*inputs)`` on this machine."""
     name = getattr(fn, "__name__", "fn")
-    got = {k: _count(v, k, name) for k, v in
-           (("n_eager", n_eager), ("n_generated", n_generated), ("n_library", n_library))}
+    got = {
+        k: _count(v, k, name) for k, v in (("n_eager", n_eager), ("n_generated", n_generated), ("n_library", n_library))
+    }
     truth = what_it_fused(fn, inputs)
     want = {"n_eager": len(truth.eager), "n_generated": len(truth.generated), "n_library": len(truth.library)}
     if got["n_eager"] != want["n_eager"]:
@@ -78,11 +78,15 @@ def check_what_it_fused(fn, inputs, *, n_eager, n_generated, n_library) -> gradi
         )
     if got["n_generated"] != want["n_generated"]:
         if want["n_library"] and got["n_generated"] == want["n_generated"] + want["n_library"]:
-            tip = ("You counted the library call as well: Inductor does not generate the matmul, it calls "
-                   "a library (extern_calls(code)). Count it in n_library, not in n_generated.")
+            tip = (
+                "You counted the library call as well: Inductor does not generate the matmul, it calls "
+                "a library (extern_calls(code)). Count it in n_library, not in n_generated."
+            )
         elif got["n_generated"] == want["n_eager"]:
-            tip = ("That is the eager count, one kernel per op. Compiled, ops that feed each other are fused: "
-                   "count the kernels in the generated code with ic.count_kernels(code).")
+            tip = (
+                "That is the eager count, one kernel per op. Compiled, ops that feed each other are fused: "
+                "count the kernels in the generated code with ic.count_kernels(code)."
+            )
         else:
             tip = "Count the kernels in the code ic.generated_code(fn, *inputs) returns: ic.count_kernels(code)."
         raise CheckFailed(f"{name}: n_generated = {got['n_generated']} is not what Inductor generates here. {tip}")
@@ -93,8 +97,10 @@ def check_what_it_fused(fn, inputs, *, n_eager, n_generated, n_library) -> gradi
             "instead of generating a kernel, such as a matmul."
         )
     launches = want["n_generated"] + want["n_library"]
-    msg = (f"✓ {name}: eager runs {want['n_eager']} kernels; compiled, {want['n_generated']} generated + "
-           f"{want['n_library']} library = {launches} launch{'es' if launches != 1 else ''}")
+    msg = (
+        f"✓ {name}: eager runs {want['n_eager']} kernels; compiled, {want['n_generated']} generated + "
+        f"{want['n_library']} library = {launches} launch{'es' if launches != 1 else ''}"
+    )
     return grading.passed(msg)
 
 
@@ -120,13 +126,17 @@ def check_layer_speedup(predict) -> grading.Passed:
             continue
         tip = ""
         if abs(got - se / sc) < 1e-6 * (se / sc) and mm > 0:
-            tip = (" That is the speedup of the small ops alone; the layer also runs the matmul, which "
-                   "fusion does not touch.")
+            tip = (
+                " That is the speedup of the small ops alone; the layer also runs the matmul, which "
+                "fusion does not touch."
+            )
         elif abs(got - 1 / want) < 1e-6 / want:
             tip = " Upside down: a speedup is the time before (eager) divided by the time after (compiled)."
         elif mm > 0 and abs(got - (mm + se) / mm) < 1e-6 * (mm + se) / mm:
-            tip = (" That is the layer with the small ops costing nothing at all (exercise 3); compiled, they "
-                   "still take small_compiled_ms.")
+            tip = (
+                " That is the layer with the small ops costing nothing at all (exercise 3); compiled, they "
+                "still take small_compiled_ms."
+            )
         raise CheckFailed(f"{call} = {got:.6g}, expected {want:.6g}.{tip}")
     msg = "✓ layer speedup: (matmul + small ops eager) / (matmul + small ops compiled) — the matmul does not move"
     return grading.passed(msg)

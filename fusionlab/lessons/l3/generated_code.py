@@ -55,14 +55,30 @@ def lesson_functions(small: bool = False) -> list[LessonFunction]:
         return chain_reference(x, 4)
 
     return [
-        LessonFunction("bias_gelu_fp32", f"lesson 2's bias + GELU, F.gelu(h + b), fp32 {m2} x {n2}",
-                       bias_gelu_eager, (((m2, n2), fp32), ((n2,), fp32))),
-        LessonFunction("bias_gelu_bf16", f"lesson 3's small ops: bias + GELU on the layer's output, bf16 {m} x {n}",
-                       bias_gelu_eager, (((m, n), bf16), ((n,), bf16))),
-        LessonFunction("chain_k4", f"lesson 2's k-op chain, k = 4 ({chain_ops}), fp32, {n_chain} elements",
-                       chain_k4, (((n_chain,), fp32),)),
-        LessonFunction("layer_bf16", f"lesson 3's layer, linear -> bias -> GELU, bf16 {m} x {k} -> {n}",
-                       lesson3.layer_eager, (((m, k), bf16), ((n, k), bf16), ((n,), bf16))),
+        LessonFunction(
+            "bias_gelu_fp32",
+            f"lesson 2's bias + GELU, F.gelu(h + b), fp32 {m2} x {n2}",
+            bias_gelu_eager,
+            (((m2, n2), fp32), ((n2,), fp32)),
+        ),
+        LessonFunction(
+            "bias_gelu_bf16",
+            f"lesson 3's small ops: bias + GELU on the layer's output, bf16 {m} x {n}",
+            bias_gelu_eager,
+            (((m, n), bf16), ((n,), bf16)),
+        ),
+        LessonFunction(
+            "chain_k4",
+            f"lesson 2's k-op chain, k = 4 ({chain_ops}), fp32, {n_chain} elements",
+            chain_k4,
+            (((n_chain,), fp32),),
+        ),
+        LessonFunction(
+            "layer_bf16",
+            f"lesson 3's layer, linear -> bias -> GELU, bf16 {m} x {k} -> {n}",
+            lesson3.layer_eager,
+            (((m, k), bf16), ((n, k), bf16), ((n,), bf16)),
+        ),
     ]
 
 
@@ -95,8 +111,9 @@ def _header(lf: LessonFunction, code: str, device: torch.device) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-def save_generated(outdir: str | Path = GENERATED_DIR, device: str = "cuda", names=None,
-                   small: bool = False) -> list[Path]:
+def save_generated(
+    outdir: str | Path = GENERATED_DIR, device: str = "cuda", names=None, small: bool = False
+) -> list[Path]:
     """Compile each of :func:`lesson_functions` on ``device`` and write its generated code to
     ``outdir/<name>.py``, behind a comment header (device, date, versions, the function compiled).
 
@@ -149,13 +166,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Save the code Inductor generates for lesson 3's functions.")
     ap.add_argument("--save", type=Path, required=True, metavar="DIR", help="where to write <name>.py")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (C++ code, for a test)")
-    ap.add_argument("--names", default=None, help="comma-separated subset of: "
-                    + ", ".join(lf.name for lf in lesson_functions(small=True)))
+    ap.add_argument(
+        "--names",
+        default=None,
+        help="comma-separated subset of: " + ", ".join(lf.name for lf in lesson_functions(small=True)),
+    )
     ap.add_argument("--small", action="store_true", help="tiny shapes instead of the benchmarks' shapes")
     args = ap.parse_args(argv)
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
-        print("no CUDA GPU here: the Triton code must be generated on a GPU (or pass --device cpu)",
-              file=sys.stderr)
+        print("no CUDA GPU here: the Triton code must be generated on a GPU (or pass --device cpu)", file=sys.stderr)
         return 2
     names = args.names.split(",") if args.names else None
     for path in save_generated(args.save, args.device, names, small=args.small):

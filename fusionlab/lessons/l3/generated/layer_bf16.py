@@ -7,7 +7,7 @@
 # torch 2.11.0, triton 3.6.0, python 3.12.3
 # generated kernels: triton_poi_fused_add_gelu_0
 # library calls: mm
-# written by: python -m fusionlab.inductor_code --save fusionlab/generated
+# written by: python -m fusionlab.lessons.l3.generated_code --save fusionlab/lessons/l3/generated
 #
 # the function compiled:
 #   def layer_eager(x, w, b):
