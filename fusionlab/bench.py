@@ -169,8 +169,9 @@ class Result:
         return r
 
 
-def run(cases: Iterable[Case], *, ceil: Ceilings | None = None, on_result=None, rounds: int = 1,
-        **timing) -> list[Result]:
+def run(
+    cases: Iterable[Case], *, ceil: Ceilings | None = None, on_result=None, rounds: int = 1, **timing
+) -> list[Result]:
     """Time each case in turn; ``on_result(result)`` is called as each one arrives (live bars).
 
     ``rounds > 1`` times the whole list again, round-robin, and keeps each case's fastest median:
@@ -231,8 +232,10 @@ class Recorded:
 
     def results(self, suite: str) -> list[Result]:
         if suite not in self.suites:
-            raise KeyError(f"no recorded suite {suite!r} in {self.path.name if self.path else 'recording'}; "
-                           f"have: {', '.join(self.suites)}")
+            raise KeyError(
+                f"no recorded suite {suite!r} in {self.path.name if self.path else 'recording'}; "
+                f"have: {', '.join(self.suites)}"
+            )
         return self.suites[suite]
 
     def get(self, suite: str, name: str) -> Result:
@@ -293,12 +296,12 @@ def describe(res: Result, ceil: Ceilings) -> str:
     """One sentence for a result: time, bandwidth, fraction of the copy ceiling."""
     parts = [f"{res.name}: {res.ms:.3f} ms"]
     if res.GBps:
-        parts.append(f"{res.GBps:.0f} GB/s ({100 * res.GBps / ceil.copy_GBps:.0f}% of copy, "
-                     f"{human_bytes(res.nbytes)} moved)")
+        parts.append(
+            f"{res.GBps:.0f} GB/s ({100 * res.GBps / ceil.copy_GBps:.0f}% of copy, {human_bytes(res.nbytes)} moved)"
+        )
     if res.TFLOPs:
         parts.append(f"{res.TFLOPs:.1f} TFLOP/s")
     return ", ".join(parts)
-
 
 
 # -- one call for a lesson: live on a GPU, recorded elsewhere ----------------------------------------

@@ -19,20 +19,14 @@ functions (``fusionlab.lessons.l3.generated_code``).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import datetime as _dt
-import inspect
 import logging
 import os
-import platform
 import re
 import sys
 import textwrap
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch.autograd import DeviceType
@@ -176,7 +170,7 @@ def fused_name(kernel: str) -> str:
     """
     name = _KERNEL_PREFIX.sub("", kernel)
     name = re.sub(r"_\d+$", "", name)
-    return name[len("fused_"):] if name.startswith("fused_") else name
+    return name[len("fused_") :] if name.startswith("fused_") else name
 
 
 def kernel_source(code: str, name: str | None = None) -> str:
@@ -191,7 +185,7 @@ def kernel_source(code: str, name: str | None = None) -> str:
         raise ValueError(f"no kernel {name!r} in this code; it has: {', '.join(names)}")
     m = re.search(rf"^[ \t]*@triton\.jit\s*\n\s*def\s+{re.escape(name)}\s*\(", code, re.M)
     if m:
-        lines = textwrap.dedent(code[m.start():]).splitlines()
+        lines = textwrap.dedent(code[m.start() :]).splitlines()
         head = next(i for i, line in enumerate(lines) if line.startswith("def "))
         end = head + 1
         while end < len(lines) and (not lines[end].strip() or lines[end][:1] in (" ", "\t")):
@@ -200,7 +194,7 @@ def kernel_source(code: str, name: str | None = None) -> str:
     m = re.search(rf"^{re.escape(name)}\s*=\s*async_compile\.\w+\(.*?r?('''|\"\"\")", code, re.M | re.S)
     if not m:
         raise ValueError(f"found the name {name!r} but not its source")
-    body = code[m.end():]
+    body = code[m.end() :]
     return body[: body.find(m.group(1))].strip("\n") + "\n"
 
 
@@ -244,8 +238,11 @@ def launch_lines(code: str) -> list[str]:
     (``extern_kernels.mm(...)``) and generated kernels (``cpp_fused_..(...)``,
     ``triton_poi_fused_...run(...)``). This is the schedule the compiled function runs per call."""
     names = kernel_names(code)
-    launch = re.compile(r"\bextern_kernels\.\w+\(|\b(?:" + "|".join(map(re.escape, names)) + r")(?:\.run)?\(") \
-        if names else _EXTERN_CALL
+    launch = (
+        re.compile(r"\bextern_kernels\.\w+\(|\b(?:" + "|".join(map(re.escape, names)) + r")(?:\.run)?\(")
+        if names
+        else _EXTERN_CALL
+    )
     out = []
     for block in re.finditer(r"^([ \t]*)def call\(.*?\):\n(.*?)(?=^\1\S|\Z)", code, re.M | re.S):
         for line in block.group(2).splitlines():
@@ -292,17 +289,18 @@ def profiled_kernels(fn: Callable, *inputs, warmup: bool = True) -> list[str]:
         torch.cuda.synchronize()
     # On a CPU, some torch builds have the profiler library log "profiler_start/stop" lines on the
     # process's stderr, which a notebook shows; silence them there (on a GPU, keep its warnings).
-    with (contextlib.nullcontext() if cuda else _quiet_stderr()), profile(activities=activities) as prof:
+    with contextlib.nullcontext() if cuda else _quiet_stderr(), profile(activities=activities) as prof:
         fn(*inputs)
         if cuda:
             torch.cuda.synchronize()
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     if cuda:
-        return [e.name for e in events
-                if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
+        return [
+            e.name for e in events if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+        ]
 
     def computes(e) -> bool:
-        return e.name.startswith("aten::") and e.name[len("aten::"):] not in _NOT_COMPUTE
+        return e.name.startswith("aten::") and e.name[len("aten::") :] not in _NOT_COMPUTE
 
     def outer_compute(e) -> bool:
         p = e.cpu_parent

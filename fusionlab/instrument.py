@@ -23,20 +23,84 @@ from . import _triton
 from ._triton import Launch
 
 #: aten ops that allocate, view or read metadata: no tensor data moves
-FREE = frozenset({
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "view", "_unsafe_view",
-    "reshape", "as_strided", "detach", "alias", "lift_fresh", "t", "expand", "squeeze", "unsqueeze",
-    "flatten", "numel", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size",
-    "_local_scalar_dense", "resolve_conj", "resolve_neg", "slice", "select", "permute", "transpose",
-    "unbind", "split", "split_with_sizes", "chunk", "narrow", "view_as", "contiguous", "to", "set_",
-    "is_nonzero", "size", "stride", "dim", "_reshape_alias", "unfold", "diagonal", "movedim",
-})
+FREE = frozenset(
+    {
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "as_strided",
+        "detach",
+        "alias",
+        "lift_fresh",
+        "t",
+        "expand",
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "numel",
+        "sym_size",
+        "sym_stride",
+        "sym_numel",
+        "sym_storage_offset",
+        "is_same_size",
+        "_local_scalar_dense",
+        "resolve_conj",
+        "resolve_neg",
+        "slice",
+        "select",
+        "permute",
+        "transpose",
+        "unbind",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "narrow",
+        "view_as",
+        "contiguous",
+        "to",
+        "set_",
+        "is_nonzero",
+        "size",
+        "stride",
+        "dim",
+        "_reshape_alias",
+        "unfold",
+        "diagonal",
+        "movedim",
+    }
+)
 #: aten ops that move tensor data without computing: each one a pass through memory
-PASSES = frozenset({
-    "copy_", "_to_copy", "clone", "fill_", "zero_", "zeros", "zeros_like", "ones", "ones_like", "full",
-    "full_like", "new_zeros", "new_ones", "new_full", "_copy_from", "_copy_from_and_resize", "index_put_",
-    "masked_fill_", "masked_fill", "cat", "stack", "copy",
-})
+PASSES = frozenset(
+    {
+        "copy_",
+        "_to_copy",
+        "clone",
+        "fill_",
+        "zero_",
+        "zeros",
+        "zeros_like",
+        "ones",
+        "ones_like",
+        "full",
+        "full_like",
+        "new_zeros",
+        "new_ones",
+        "new_full",
+        "_copy_from",
+        "_copy_from_and_resize",
+        "index_put_",
+        "masked_fill_",
+        "masked_fill",
+        "cat",
+        "stack",
+        "copy",
+    }
+)
 
 
 def op_name(func) -> str:

@@ -73,8 +73,7 @@ def decide_mode(requested: str, capability: tuple[int, int] | None, triton_env: 
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 CAPABILITY = _cuda_capability()
-MODE, REASON = decide_mode(os.environ.get("FUSIONLAB_MODE", "auto"), CAPABILITY,
-                           os.environ.get("TRITON_INTERPRET"))
+MODE, REASON = decide_mode(os.environ.get("FUSIONLAB_MODE", "auto"), CAPABILITY, os.environ.get("TRITON_INTERPRET"))
 
 
 if MODE == INTERPRETER:
