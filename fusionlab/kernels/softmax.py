@@ -1,0 +1,537 @@
+"""Lesson 4: the row softmax — a reduction, so the whole row must be seen before any output is known.
+
+``y[i, j] = exp(x[i, j] - m_i) / l_i``, ``m_i = max_j x[i, j]``, ``l_i = sum_j exp(x[i, j] - m_i)``,
+over the last dimension of ``x`` (any leading shape). Subtracting the row maximum changes nothing
+mathematically and keeps ``exp`` from overflowing (logits of 1e4 give ``exp(0) = 1`` at most).
+
+Written in torch by hand (Triton's tutorial 02 counts it), softmax is five kernels: max, subtract,
+exp, sum, divide — ``8MN + 4M`` elements through HBM for M rows of N. The fused kernel reads each row
+once and writes it once, ``2MN``, *if the row fits on chip*: a row is a reduction's unit, and the
+k-x rule of element-wise chains no longer applies. Two schedules:
+
+- **one tile** (``SINGLE_TILE``, rows up to ``BLOCK_N`` wide): the row (or ``BLOCK_M`` short rows) is
+  loaded once into registers; max, exp, sum and the scaling happen there; y is written once.
+  Trips: read x, write y.
+- **online softmax** (wider rows): one pass over the row's tiles keeps a running max ``m`` and a
+  running sum ``l`` of ``exp(x - m)``; when a tile raises the max, the sum so far is rescaled by
+  ``exp(m_old - m_new)`` (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax").
+  A second pass re-reads the row and writes ``exp(x - m) / l``. Trips: read x, **read x again**, write
+  y — the ledger's re-read term. The same recurrence, run over blocks of keys, is the heart of
+  FlashAttention (lesson 7): :func:`online_softmax_stats` exposes its ``(m, l)`` and
+  :func:`online_softmax_reference_blocks` runs it in float64 torch, block by block.
+
+Backward (one kernel, from the saved y): ``dx = y * (dy - sum_j(dy * y))``. Trips: read y, dy; write
+dx (wide rows: y and dy are read twice).
+
+Numerics, as torch: fp32 arithmetic whatever the storage; masked lanes load as ``-inf`` (they add
+``exp(-inf) = 0``); a row that is entirely ``-inf`` gives NaN (``-inf - (-inf)``), as ``torch.softmax``
+does; a row holding ``+inf`` or NaN gives NaN throughout. The online recurrence guards the one case
+where it would differ from the one-tile path: while a row has seen only ``-inf`` its running max is
+``-inf`` and ``exp(-inf - (-inf))`` would poison the sum, so it rescales against 0 until a finite
+value arrives.
+
+Layout: the last dimension must have stride 1; the leading dimensions may be strided (their rows
+are found through up to two strides, so ``x[:, ::2]``, ``x.transpose(0, 1)`` of a 3-D tensor or a
+slice of a wider buffer are read in place). Row offsets are int64: rows x width past 2**31 works.
+
+Reference: Triton tutorial 02 (fused softmax); Liger-Kernel ``ops/softmax.py``; Milakov &
+Gimelshein (2018); Dao et al., FlashAttention (2022), section 3.1.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch.autograd.function import once_differentiable
+
+from .. import runtime
+from .._exercise import answer_key
+from ..ledger import READ, Ledger, Trip, human_bytes
+from ._launch import (
+    INT32_LIMIT,
+    MAX_TILE,
+    KernelInputError,
+    check_block,
+    check_tensor,
+    check_tile,
+    element_size,
+    launch_kwargs,
+    next_pow2,
+    row_config,
+)
+
+OP = "softmax"
+
+# -- launch configuration --------------------------------------------------------------------------
+#: GPU tuning (benchmarks/bench_softmax.py, notes in benchmarks/notes_softmax.md), in elements:
+#: ``max_single``: the widest row held in one tile (wider rows take the online two-pass path);
+#: ``wide_block``: the tile width of the online path; ``tile``: elements a program takes when rows are
+#: narrow (BLOCK_M rows of BLOCK_N); ``per_thread``: elements a thread holds (sets num_warps).
+GPU_TUNING = {
+    "forward": {"max_single": 32768, "wide_block": 8192, "tile": 8192, "per_thread": 16},
+    "backward": {"max_single": 16384, "wide_block": 8192, "tile": 8192, "per_thread": 16},
+}
+#: the interpreter: each program costs milliseconds of Python, so tiles are large (64 Ki elements),
+#: and rows past 4096 elements take the online path (a tile is a numpy array there, not registers)
+INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "per_thread": 16}
+
+
+@functools.lru_cache(maxsize=4096)
+def _config(n_rows: int, n_cols: int, max_single: int, wide_block: int, tile: int, per_thread: int,
+            gpu: bool, dtype: torch.dtype = torch.float32) -> dict:
+    # the row tile from the shared helper: one tile up to max_single columns, else wide_block tiles
+    single = row_config(n_cols, dtype, max_block=max_single, gpu=gpu)
+    if single["SINGLE_TILE"]:
+        block_n, single_tile = single["BLOCK_N"], True
+    else:
+        block_n, single_tile = row_config(n_cols, dtype, max_block=wide_block, gpu=gpu)["BLOCK_N"], False
+    # narrow rows: several rows a program, so each program still moves a useful amount
+    block_m = max(1, min(tile // block_n, next_pow2(max(n_rows, 1))))
+    num_warps = max(1, min(32, next_pow2(block_m * block_n // per_thread) // 32)) if gpu else 4
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "SINGLE_TILE": single_tile}
+
+
+def softmax_config(n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False,
+                   gpu: bool | None = None) -> dict:
+    """The launch configuration: ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}``.
+
+    ``SINGLE_TILE``: the row fits one ``BLOCK_N`` tile and is read once; otherwise the online path
+    walks it in ``BLOCK_N`` tiles and reads it twice. ``BLOCK_M`` rows share a program when rows are
+    narrow. ``gpu``: the GPU's configuration (default: this mode's), so a lesson on a CPU can ask
+    what the GPU kernel does. Tuned on an H100 (``benchmarks/notes_softmax.md``).
+    """
+    gpu = runtime.is_gpu() if gpu is None else gpu
+    t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
+    return dict(_config(int(n_rows), int(n_cols), t["max_single"], t["wide_block"], t["tile"], t["per_thread"],
+                        bool(gpu), dtype))
+
+
+# -- the reference, the baseline, the ledger ---------------------------------------------------------
+@answer_key
+def softmax_reference(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """The spec: ``torch.softmax`` evaluated in fp32 (float64 stays float64), returned in ``x.dtype``."""
+    return torch.softmax(x.to(torch.promote_types(x.dtype, torch.float32)), dim).to(x.dtype)
+
+
+def softmax_eager(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """What eager PyTorch runs: ``torch.softmax(x, dim)`` — itself one fused kernel (read x, write y;
+    for very wide rows PyTorch's kernel re-reads the row too)."""
+    return torch.softmax(x, dim)
+
+
+@dataclass
+class RereadLedger(Ledger):
+    """A :class:`~fusionlab.ledger.Ledger` whose fused kernel reads some inputs more than once.
+
+    ``rereads``: tensor -> extra elements the fused kernel reads (a row too wide for one tile is
+    read once to find its max and sum, and again to write the outputs). Eager counts are unchanged.
+    """
+
+    rereads: dict[str, int] = field(default_factory=dict)
+    reread_op: str = "pass 2"
+
+    def trips(self, fused: bool) -> list[Trip]:
+        out = super().trips(fused)
+        if not fused or not self.rereads:
+            return out
+        extra = [self._trip(self.reread_op, t, READ, n) for t, n in self.rereads.items()]
+        first_write = next((i for i, t in enumerate(out) if t.direction != READ), len(out))
+        return out[:first_write] + extra + out[first_write:]
+
+    def table(self) -> str:
+        lines = super().table().splitlines()
+        extra = [
+            f"{self.reread_op:<10} {t:<8} {'reread':<6} {'-':>14} {human_bytes(n * self.dtype_bytes):>14}"
+            for t, n in self.rereads.items()
+        ]
+        return "\n".join(lines[:-2] + extra + lines[-2:])
+
+
+@answer_key
+def softmax_ledger(rows: int, n: int, dtype, block: int | None = None, *, backward: bool = False) -> Ledger:
+    """Softmax of ``rows`` rows of ``n``, trip by trip, as five torch ops written by hand.
+
+    Forward (Triton tutorial 02's ``naive_softmax``): ``m = x.max(-1)`` (read x, write m),
+    ``z = x - m`` (read x, m; write z), ``e = exp(z)``, ``s = e.sum(-1)``, ``y = e / s``:
+    ``8 rows n + 4 rows`` elements. Fused: read x, write y (2 rows n). When the row is wider than one
+    tile (``n > block``) the fused kernel is the online softmax and reads x a second time (the
+    re-read term: 3 rows n). ``block``: the widest row held on chip; default: what this mode's
+    launcher does (``softmax_config(...)["SINGLE_TILE"]``; pass ``gpu=True``'s ``BLOCK_N`` to count
+    the GPU kernel). ``torch.softmax`` is itself one fused kernel, so eager PyTorch moves the fused
+    total, not the five-op one.
+
+    ``backward=True``: ``dx = y * (dy - sum(dy * y))`` by hand: ``t = dy * y``, ``s = t.sum(-1)``,
+    ``u = dy - s``, ``dx = y * u``; fused: read y, dy, write dx (wide rows: y and dy read twice).
+    """
+    rows, n = int(rows), int(n)
+    if block is None:
+        wide = not softmax_config(rows, n, dtype, backward=backward)["SINGLE_TILE"]
+    else:
+        wide = n > int(block)
+    mn = rows * n
+    if not backward:
+        led = RereadLedger(dtype_bytes=dtype, rereads={"x": mn} if wide else {})
+        led.op("max", reads={"x": mn}, writes={"m": rows})
+        led.op("sub", reads={"x": mn, "m": rows}, writes={"z": mn})
+        led.op("exp", reads={"z": mn}, writes={"e": mn})
+        led.op("sum", reads={"e": mn}, writes={"s": rows})
+        led.op("div", reads={"e": mn, "s": rows}, writes={"y": mn})
+    else:
+        led = RereadLedger(dtype_bytes=dtype, rereads={"y": mn, "dy": mn} if wide else {})
+        led.op("mul", reads={"dy": mn, "y": mn}, writes={"t": mn})
+        led.op("sum", reads={"t": mn}, writes={"s": rows})
+        led.op("sub", reads={"dy": mn, "s": rows}, writes={"u": mn})
+        led.op("mul", reads={"y": mn, "u": mn}, writes={"dx": mn})
+    return led
+
+
+def softmax_flops(rows: int, n: int, *, backward: bool = False) -> int:
+    """Nominal FLOPs: forward 5 per element (max, subtract, exp, sum, scale); backward 4 (multiply,
+    sum, subtract, multiply)."""
+    return (4 if backward else 5) * int(rows) * int(n)
+
+
+# -- the kernels -------------------------------------------------------------------------------------
+@triton.jit
+def _softmax_kernel(
+    x_ptr, y_ptr, m_ptr, l_ptr,
+    n_rows, n_cols, n_inner,
+    stride_xb, stride_xm, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SINGLE_TILE: tl.constexpr, TWO_LEVEL: tl.constexpr,
+    WRITE_Y: tl.constexpr, WRITE_STATS: tl.constexpr, NUM_STAGES: tl.constexpr = 1,
+):
+    # Programs walk blocks of BLOCK_M rows; with one program per block (the default grid) the loop
+    # runs once, with fewer programs it is a persistent loop.
+    n_blocks = tl.cdiv(n_rows, BLOCK_M)
+    for rb in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=NUM_STAGES):
+        # row numbers fit int32 (the launcher checks); rows * stride may not: int64 offsets
+        rows = (rb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # (BLOCK_M,)
+        row_ok = rows < n_rows
+        # rows past the end re-read the last row instead of masking it: no row of -inf lanes, no NaN
+        # computed for nothing, and a load mask only along the columns
+        rows_ld = tl.minimum(rows, n_rows - 1)
+        if TWO_LEVEL:  # leading dims that do not merge into one stride: row = (outer, inner)
+            x_rows = x_ptr + (rows_ld // n_inner) * stride_xb + (rows_ld % n_inner) * stride_xm
+        else:
+            x_rows = x_ptr + rows_ld * stride_xm
+        y_rows = y_ptr + rows * stride_ym
+        offs_n = tl.arange(0, BLOCK_N)
+
+        if SINGLE_TILE:  # the row is on chip: one read, one write
+            mask_n = offs_n < n_cols
+            x = tl.load(x_rows[:, None] + offs_n[None, :], mask=mask_n[None, :], other=float("-inf"))
+            x = x.to(tl.float32)  # (BLOCK_M, BLOCK_N), fp32 whatever the storage
+            m = tl.max(x, axis=1)
+            e = tl.exp(x - m[:, None])  # masked lanes: exp(-inf) = 0; all -inf row: NaN, as torch
+            l = tl.sum(e, axis=1)
+            if WRITE_Y:
+                # one reciprocal a row, then a multiply per element (a division per element costs
+                # several instructions; the product is within an ulp of it)
+                y = e * (1.0 / l)[:, None]
+                mask = row_ok[:, None] & mask_n[None, :]
+                tl.store(y_rows[:, None] + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        else:  # online softmax: pass 1 finds (m, l) in one sweep, pass 2 re-reads x and writes y
+            m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l = tl.zeros([BLOCK_M], tl.float32)
+            for start in tl.range(0, n_cols, BLOCK_N):
+                offs = start + offs_n
+                x = tl.load(x_rows[:, None] + offs[None, :], mask=(offs < n_cols)[None, :], other=float("-inf"))
+                x = x.to(tl.float32)
+                m_new = tl.maximum(m, tl.max(x, axis=1))
+                # a row that has seen only -inf keeps m = -inf; rescaling against it would compute
+                # exp(-inf - (-inf)) = NaN, so measure against 0 until a finite value arrives
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+                l = l * tl.exp(m - m_ref) + tl.sum(tl.exp(x - m_ref[:, None]), axis=1)
+                m = m_new
+            if WRITE_Y:
+                inv_l = 1.0 / l
+                for start in tl.range(0, n_cols, BLOCK_N):
+                    offs = start + offs_n
+                    mask_n = offs < n_cols
+                    x = tl.load(x_rows[:, None] + offs[None, :], mask=mask_n[None, :], other=float("-inf"))
+                    y = tl.exp(x.to(tl.float32) - m[:, None]) * inv_l[:, None]
+                    mask = row_ok[:, None] & mask_n[None, :]
+                    tl.store(y_rows[:, None] + offs[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        if WRITE_STATS:
+            tl.store(m_ptr + rows, m, mask=row_ok)
+            tl.store(l_ptr + rows, l, mask=row_ok)
+
+
+@triton.jit
+def _softmax_bwd_kernel(
+    y_ptr, dy_ptr, dx_ptr,
+    n_rows, n_cols, n_inner,
+    stride_ym, stride_dyb, stride_dym, stride_dxm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SINGLE_TILE: tl.constexpr, TWO_LEVEL: tl.constexpr, NUM_STAGES: tl.constexpr = 1,
+):
+    # dx = y * (dy - sum(dy * y)): a row's dot product first, then one element-wise pass
+    n_blocks = tl.cdiv(n_rows, BLOCK_M)
+    for rb in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=NUM_STAGES):
+        rows = (rb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # (BLOCK_M,)
+        row_ok = rows < n_rows
+        rows_ld = tl.minimum(rows, n_rows - 1)
+        y_rows = y_ptr + rows_ld * stride_ym
+        if TWO_LEVEL:  # the incoming gradient may be strided (y and dx are the kernels' own)
+            dy_rows = dy_ptr + (rows_ld // n_inner) * stride_dyb + (rows_ld % n_inner) * stride_dym
+        else:
+            dy_rows = dy_ptr + rows_ld * stride_dym
+        dx_rows = dx_ptr + rows * stride_dxm
+        offs_n = tl.arange(0, BLOCK_N)
+
+        if SINGLE_TILE:  # read y and dy once, write dx once
+            mask_n = offs_n < n_cols
+            y = tl.load(y_rows[:, None] + offs_n[None, :], mask=mask_n[None, :], other=0.0).to(tl.float32)
+            dy = tl.load(dy_rows[:, None] + offs_n[None, :], mask=mask_n[None, :], other=0.0).to(tl.float32)
+            dot = tl.sum(y * dy, axis=1)
+            dx = y * (dy - dot[:, None])
+            mask = row_ok[:, None] & mask_n[None, :]
+            tl.store(dx_rows[:, None] + offs_n[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        else:  # wide rows: the dot product in one sweep, then y and dy again
+            dot = tl.zeros([BLOCK_M], tl.float32)
+            for start in tl.range(0, n_cols, BLOCK_N):
+                offs = start + offs_n
+                mask_n = (offs < n_cols)[None, :]
+                y = tl.load(y_rows[:, None] + offs[None, :], mask=mask_n, other=0.0).to(tl.float32)
+                dy = tl.load(dy_rows[:, None] + offs[None, :], mask=mask_n, other=0.0).to(tl.float32)
+                dot += tl.sum(y * dy, axis=1)
+            for start in tl.range(0, n_cols, BLOCK_N):
+                offs = start + offs_n
+                mask_n = offs < n_cols
+                y = tl.load(y_rows[:, None] + offs[None, :], mask=mask_n[None, :], other=0.0).to(tl.float32)
+                dy = tl.load(dy_rows[:, None] + offs[None, :], mask=mask_n[None, :], other=0.0).to(tl.float32)
+                dx = y * (dy - dot[:, None])
+                mask = row_ok[:, None] & mask_n[None, :]
+                tl.store(dx_rows[:, None] + offs[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+# -- layouts and launches ----------------------------------------------------------------------------
+class _Rows(NamedTuple):
+    """Where a tensor's rows are: row r starts at ``(r // n_inner) * stride_b + (r % n_inner) * stride_m``."""
+
+    n_rows: int
+    n_cols: int
+    n_inner: int
+    stride_b: int
+    stride_m: int
+    two_level: bool
+
+
+def _rows(t: torch.Tensor) -> _Rows | None:
+    """Merge the leading dimensions into at most two (size, stride) levels; None if they need more."""
+    n_cols = t.shape[-1] if t.dim() else 1
+    levels: list[list[int]] = []  # innermost first: [size, stride]
+    for size, stride in zip(reversed(t.shape[:-1]), reversed(t.stride()[:-1])):
+        if size == 1:
+            continue  # a size-1 dim has no stride worth keeping
+        if levels and stride == levels[-1][0] * levels[-1][1]:
+            levels[-1][0] *= size  # this dim steps over the whole level inside it: one level
+        else:
+            levels.append([size, stride])
+    if not levels:
+        return _Rows(1, n_cols, 1, 0, n_cols, False)
+    if len(levels) == 1:
+        (n, s), = levels
+        return _Rows(n, n_cols, n, 0, s, False)
+    if len(levels) == 2:
+        (n_in, s_in), (n_out, s_out) = levels
+        return _Rows(n_in * n_out, n_cols, n_in, s_out, s_in, True)
+    return None
+
+
+def _check_input(x, dim, op: str, *, grad: bool) -> _Rows:
+    check_tensor(x, "x", op=op, contiguous=False, grad=grad, max_numel=None)
+    ndim = max(x.dim(), 1)
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
+        raise KernelInputError(f"{op}: dim={dim!r} is not a dimension of x (shape {tuple(x.shape)}).")
+    if dim % ndim != ndim - 1:
+        raise KernelInputError(
+            f"{op}: this kernel takes the softmax over the last dimension only (dim=-1), got dim={dim} "
+            f"for shape {tuple(x.shape)}. Move that dimension last: {op}(x.transpose({dim}, -1)).transpose({dim}, -1)."
+        )
+    if x.dim() and x.shape[-1] >= INT32_LIMIT:
+        raise KernelInputError(f"{op}: rows of {x.shape[-1]} elements; the kernel takes rows of fewer than 2**31.")
+    layout = _rows(x)
+    if layout is not None and layout.n_rows >= INT32_LIMIT - MAX_TILE:
+        raise KernelInputError(f"{op}: {layout.n_rows} rows; the kernel numbers rows in int32 (fewer than 2**31 - 2**20).")
+    if layout is None:
+        raise KernelInputError(
+            f"{op}: x's leading dimensions (shape {tuple(x.shape)}, strides {x.stride()}) do not merge into "
+            f"two row strides, which is all the kernel takes. Pass x.contiguous()."
+        )
+    return layout
+
+
+def _block_override(cfg: dict, block_m, block_n, num_warps, n_cols: int, op: str) -> dict:
+    cfg = dict(cfg)
+    if block_n is not None:
+        cfg["BLOCK_N"] = check_block(block_n, "block_n", op)
+        cfg["SINGLE_TILE"] = n_cols <= cfg["BLOCK_N"]
+    if block_m is not None:
+        cfg["BLOCK_M"] = check_block(block_m, "block_m", op)
+    if num_warps is not None:
+        cfg["num_warps"] = check_block(num_warps, "num_warps", op, max_value=32)
+    check_tile(cfg["BLOCK_M"], cfg["BLOCK_N"], op=op)
+    return cfg
+
+
+def _grid(n_rows: int, cfg: dict) -> tuple[int]:
+    n_blocks = triton.cdiv(n_rows, cfg["BLOCK_M"])
+    programs = cfg.get("programs")  # a persistent grid, when a tuning run asks for one
+    return (min(n_blocks, programs) if programs else n_blocks,)
+
+
+def _forward(x: torch.Tensor, layout: _Rows, cfg: dict) -> torch.Tensor:
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous, whatever x's strides
+    if x.numel() == 0:
+        return y
+    r = layout
+    _softmax_kernel[_grid(r.n_rows, cfg)](
+        x, y, y, y,  # m_ptr, l_ptr: unused when WRITE_STATS is off
+        r.n_rows, r.n_cols, r.n_inner, r.stride_b, r.stride_m, r.n_cols,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=r.two_level,
+        WRITE_Y=True, WRITE_STATS=False, NUM_STAGES=cfg.get("row_stages", 1),
+        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+    )
+    return y
+
+
+def _backward(y: torch.Tensor, dy: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
+    if dy.dtype != y.dtype:
+        dy = dy.to(y.dtype)
+    layout = _rows(dy) if (dy.dim() == 0 or dy.shape[-1] == 1 or dy.stride(-1) == 1) else None
+    if layout is None or dy.is_neg() or dy.is_conj():  # e.g. an expanded gradient (stride 0 everywhere)
+        dy = dy.resolve_neg().resolve_conj().contiguous()
+        layout = _rows(dy)
+    dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    if y.numel() == 0:
+        return dx
+    r = layout
+    if cfg is None:
+        cfg = softmax_config(r.n_rows, r.n_cols, y.dtype, backward=True)
+    _softmax_bwd_kernel[_grid(r.n_rows, cfg)](
+        y, dy, dx,
+        r.n_rows, r.n_cols, r.n_inner, r.n_cols, r.stride_b, r.stride_m, r.n_cols,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=r.two_level,
+        NUM_STAGES=cfg.get("row_stages", 1),
+        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+    )
+    return dx
+
+
+class SoftmaxFunction(torch.autograd.Function):
+    """``softmax`` with its backward: saves y (not x), ``dx = y * (dy - sum(dy * y))`` in one kernel."""
+
+    @staticmethod
+    def forward(ctx, x, layout, cfg):
+        y = _forward(x, layout, cfg)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return _backward(y, dy), None, None
+
+
+def softmax(
+    x: torch.Tensor,
+    dim: int = -1,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """``softmax(x)`` over the last dimension, fused: one kernel, forward and backward.
+
+    ``y = exp(x - max(x)) / sum(exp(x - max(x)))`` row by row, fp32 arithmetic, y in x's dtype.
+    ``x``: any shape ``(..., N)``, fp32/fp16/bf16 (fp32/fp16 in the interpreter), last dimension of
+    stride 1, leading dimensions possibly strided. ``dim`` must name the last dimension.
+    Trips: rows of up to ``BLOCK_N`` (:func:`softmax_config`): read x, write y; wider rows (online
+    softmax): read x twice, write y. Backward: read y, dy; write dx (wide rows: y, dy twice).
+    ``block_m``, ``block_n``, ``num_warps``: override the tile (powers of two); a ``block_n`` below
+    the row width forces the online path. Returns a new contiguous tensor of x's shape.
+    """
+    layout = _check_input(x, dim, OP, grad=True)
+    cfg = softmax_config(layout.n_rows, layout.n_cols, x.dtype)
+    if block_m is not None or block_n is not None or num_warps is not None:
+        cfg = _block_override(cfg, block_m, block_n, num_warps, layout.n_cols, OP)
+    if x.requires_grad and torch.is_grad_enabled():
+        return SoftmaxFunction.apply(x, layout, cfg)
+    return _forward(x, layout, cfg)
+
+
+@functools.lru_cache(maxsize=1024)
+def _stats_config(n_rows: int, n_cols: int, dtype: torch.dtype, block: int | None, gpu: bool) -> dict:
+    t = GPU_TUNING["forward"] if gpu else INTERPRETER_TUNING
+    if block is None:  # the forward kernel's tile: the whole row if it fits, else the online tile
+        return softmax_config(n_rows, n_cols, dtype)
+    block_m = max(1, min(t["tile"] // block, next_pow2(max(n_rows, 1))))
+    num_warps = max(1, min(32, next_pow2(block_m * block // t["per_thread"]) // 32)) if gpu else 4
+    check_tile(block_m, block, op="online_softmax_stats")
+    return {"BLOCK_M": block_m, "BLOCK_N": block, "num_warps": num_warps, "SINGLE_TILE": False}
+
+
+class SoftmaxStats(NamedTuple):
+    m: torch.Tensor  # (...,) fp32/float64: the row max
+    l: torch.Tensor  # (...,) the row's sum of exp(x - m)  # noqa: E741
+
+
+def online_softmax_stats(x: torch.Tensor, block: int | None = None) -> SoftmaxStats:
+    """``(m, l)`` per row from the one-pass online recurrence, in fp32, by the Triton kernel.
+
+    For each tile of ``block`` columns: ``m_new = max(m, max(tile))``,
+    ``l = l * exp(m - m_new) + sum(exp(tile - m_new))``, ``m = m_new`` (from m = -inf, l = 0). Then
+    ``softmax(x) = exp(x - m) / l`` and ``logsumexp(x) = m + log(l)``. ``block``: the tile width (a
+    power of two; default: the kernel's online tile); any block gives the same (m, l) up to rounding.
+    Returns tensors of shape ``x.shape[:-1]``. No backward.
+    """
+    op = "online_softmax_stats"
+    layout = _check_input(x, -1, op, grad=False)
+    if block is not None:
+        check_block(block, "block", op)
+    cfg = _stats_config(layout.n_rows, layout.n_cols, x.dtype, block, runtime.is_gpu())
+    lead = x.shape[:-1] if x.dim() else ()
+    m = torch.empty(lead, dtype=torch.float32, device=x.device)
+    l = torch.empty(lead, dtype=torch.float32, device=x.device)  # noqa: E741
+    if layout.n_rows == 0 or x.numel() == 0:
+        return SoftmaxStats(m.fill_(float("-inf")), l.zero_())
+    r = layout
+    _softmax_kernel[_grid(r.n_rows, cfg)](
+        x, m, m, l,
+        r.n_rows, r.n_cols, r.n_inner, r.stride_b, r.stride_m, 0,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=False, TWO_LEVEL=r.two_level,
+        WRITE_Y=False, WRITE_STATS=True,  # the recurrence even when the row fits one tile
+        **launch_kwargs(cfg["num_warps"]),
+    )
+    return SoftmaxStats(m, l)
+
+
+@answer_key
+def online_softmax_reference_blocks(x: torch.Tensor, block: int) -> SoftmaxStats:
+    """The online recurrence in float64 torch, ``block`` columns at a time: ``(m, l)`` per row.
+
+    The spec of :func:`online_softmax_stats`, written to be read: one loop step per tile, the running
+    max and the rescaled running sum. ``exp(x - m[..., None]) / l[..., None]`` is then the softmax
+    (compare it with :func:`softmax_reference` in float64), whatever the block.
+    """
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be a whole number >= 1, got {block!r}")
+    x = x.double()
+    lead = x.shape[:-1]
+    m = torch.full(lead, float("-inf"), dtype=torch.float64, device=x.device)
+    l = torch.zeros(lead, dtype=torch.float64, device=x.device)  # noqa: E741
+    for start in range(0, x.shape[-1], block):
+        tile = x[..., start:start + block]
+        m_new = torch.maximum(m, tile.amax(-1))
+        m_ref = torch.where(m_new == float("-inf"), 0.0, m_new)  # as the kernel: no -inf - -inf
+        l = l * torch.exp(m - m_ref) + torch.exp(tile - m_ref[..., None]).sum(-1)  # noqa: E741
+        m = m_new
+    return SoftmaxStats(m, l)
