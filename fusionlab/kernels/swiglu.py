@@ -130,10 +130,18 @@ def _tile(pid, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT
 
 @triton.jit
 def _swiglu_kernel(
-    g_ptr, u_ptr, h_ptr,
-    n_rows, n_cols,
-    stride_gm, stride_um, stride_hm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, INT64: tl.constexpr,
+    g_ptr,
+    u_ptr,
+    h_ptr,
+    n_rows,
+    n_cols,
+    stride_gm,
+    stride_um,
+    stride_hm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EVEN: tl.constexpr,
+    INT64: tl.constexpr,
 ):
     pid = tl.program_id(axis=0)
     offs_m, offs_n, mask = _tile(pid, n_rows, n_cols, BLOCK_M, BLOCK_N, INT64)
@@ -155,10 +163,22 @@ def _swiglu_kernel(
 
 @triton.jit
 def _swiglu_bwd_kernel(
-    dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr,
-    n_rows, n_cols,
-    stride_dhm, stride_gm, stride_um, stride_dgm, stride_dum,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, INT64: tl.constexpr,
+    dh_ptr,
+    g_ptr,
+    u_ptr,
+    dg_ptr,
+    du_ptr,
+    n_rows,
+    n_cols,
+    stride_dhm,
+    stride_gm,
+    stride_um,
+    stride_dgm,
+    stride_dum,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EVEN: tl.constexpr,
+    INT64: tl.constexpr,
 ):
     pid = tl.program_id(axis=0)
     offs_m, offs_n, mask = _tile(pid, n_rows, n_cols, BLOCK_M, BLOCK_N, INT64)
@@ -222,8 +242,18 @@ def _swiglu_forward(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     h2 = h.view(n_rows, n_cols)
     cfg, grid, even = _launch_grid(n_rows, n_cols, g.dtype)
     _swiglu_kernel[grid](
-        g2, u2, h2, n_rows, n_cols, g2.stride(0), u2.stride(0), h2.stride(0),
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], EVEN=even, INT64=_needs_int64(n_rows, n_cols, g2, u2, h2),
+        g2,
+        u2,
+        h2,
+        n_rows,
+        n_cols,
+        g2.stride(0),
+        u2.stride(0),
+        h2.stride(0),
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        EVEN=even,
+        INT64=_needs_int64(n_rows, n_cols, g2, u2, h2),
         **launch_kwargs(cfg["num_warps"]),
     )
     return h
@@ -247,9 +277,21 @@ def _swiglu_backward(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor) -> tupl
     dg2, du2 = dg.view(n_rows, n_cols), du.view(n_rows, n_cols)
     cfg, grid, even = _launch_grid(n_rows, n_cols, g.dtype)
     _swiglu_bwd_kernel[grid](
-        dh2, g2, u2, dg2, du2, n_rows, n_cols,
-        dh2.stride(0), g2.stride(0), u2.stride(0), dg2.stride(0), du2.stride(0),
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], EVEN=even,
+        dh2,
+        g2,
+        u2,
+        dg2,
+        du2,
+        n_rows,
+        n_cols,
+        dh2.stride(0),
+        g2.stride(0),
+        u2.stride(0),
+        dg2.stride(0),
+        du2.stride(0),
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        EVEN=even,
         INT64=_needs_int64(n_rows, n_cols, dh2, g2, u2, dg2, du2),
         **launch_kwargs(cfg["num_warps"]),
     )
