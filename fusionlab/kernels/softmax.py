@@ -59,7 +59,6 @@ from ._launch import (
     check_block,
     check_tensor,
     check_tile,
-    element_size,
     launch_kwargs,
     next_pow2,
     row_config,
@@ -82,8 +81,16 @@ INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "pe
 
 
 @functools.lru_cache(maxsize=4096)
-def _config(n_rows: int, n_cols: int, max_single: int, wide_block: int, tile: int, per_thread: int,
-            gpu: bool, dtype: torch.dtype = torch.float32) -> dict:
+def _config(
+    n_rows: int,
+    n_cols: int,
+    max_single: int,
+    wide_block: int,
+    tile: int,
+    per_thread: int,
+    gpu: bool,
+    dtype: torch.dtype = torch.float32,
+) -> dict:
     # the row tile from the shared helper: one tile up to max_single columns, else wide_block tiles
     single = row_config(n_cols, dtype, max_block=max_single, gpu=gpu)
     if single["SINGLE_TILE"]:
@@ -96,8 +103,9 @@ def _config(n_rows: int, n_cols: int, max_single: int, wide_block: int, tile: in
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "SINGLE_TILE": single_tile}
 
 
-def softmax_config(n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False,
-                   gpu: bool | None = None) -> dict:
+def softmax_config(
+    n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu: bool | None = None
+) -> dict:
     """The launch configuration: ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}``.
 
     ``SINGLE_TILE``: the row fits one ``BLOCK_N`` tile and is read once; otherwise the online path
@@ -107,8 +115,11 @@ def softmax_config(n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bo
     """
     gpu = runtime.is_gpu() if gpu is None else gpu
     t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
-    return dict(_config(int(n_rows), int(n_cols), t["max_single"], t["wide_block"], t["tile"], t["per_thread"],
-                        bool(gpu), dtype))
+    return dict(
+        _config(
+            int(n_rows), int(n_cols), t["max_single"], t["wide_block"], t["tile"], t["per_thread"], bool(gpu), dtype
+        )
+    )
 
 
 # -- the reference, the baseline, the ledger ---------------------------------------------------------
@@ -199,12 +210,23 @@ def softmax_flops(rows: int, n: int, *, backward: bool = False) -> int:
 # -- the kernels -------------------------------------------------------------------------------------
 @triton.jit
 def _softmax_kernel(
-    x_ptr, y_ptr, m_ptr, l_ptr,
-    n_rows, n_cols, n_inner,
-    stride_xb, stride_xm, stride_ym,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SINGLE_TILE: tl.constexpr, TWO_LEVEL: tl.constexpr,
-    WRITE_Y: tl.constexpr, WRITE_STATS: tl.constexpr, NUM_STAGES: tl.constexpr = 1,
+    x_ptr,
+    y_ptr,
+    m_ptr,
+    l_ptr,
+    n_rows,
+    n_cols,
+    n_inner,
+    stride_xb,
+    stride_xm,
+    stride_ym,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SINGLE_TILE: tl.constexpr,
+    TWO_LEVEL: tl.constexpr,
+    WRITE_Y: tl.constexpr,
+    WRITE_STATS: tl.constexpr,
+    NUM_STAGES: tl.constexpr = 1,
 ):
     # Programs walk blocks of BLOCK_M rows; with one program per block (the default grid) the loop
     # runs once, with fewer programs it is a persistent loop.
@@ -265,11 +287,21 @@ def _softmax_kernel(
 
 @triton.jit
 def _softmax_bwd_kernel(
-    y_ptr, dy_ptr, dx_ptr,
-    n_rows, n_cols, n_inner,
-    stride_ym, stride_dyb, stride_dym, stride_dxm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SINGLE_TILE: tl.constexpr, TWO_LEVEL: tl.constexpr, NUM_STAGES: tl.constexpr = 1,
+    y_ptr,
+    dy_ptr,
+    dx_ptr,
+    n_rows,
+    n_cols,
+    n_inner,
+    stride_ym,
+    stride_dyb,
+    stride_dym,
+    stride_dxm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SINGLE_TILE: tl.constexpr,
+    TWO_LEVEL: tl.constexpr,
+    NUM_STAGES: tl.constexpr = 1,
 ):
     # dx = y * (dy - sum(dy * y)): a row's dot product first, then one element-wise pass
     n_blocks = tl.cdiv(n_rows, BLOCK_M)
@@ -327,7 +359,7 @@ def _rows(t: torch.Tensor) -> _Rows | None:
     """Merge the leading dimensions into at most two (size, stride) levels; None if they need more."""
     n_cols = t.shape[-1] if t.dim() else 1
     levels: list[list[int]] = []  # innermost first: [size, stride]
-    for size, stride in zip(reversed(t.shape[:-1]), reversed(t.stride()[:-1])):
+    for size, stride in zip(reversed(t.shape[:-1]), reversed(t.stride()[:-1]), strict=True):
         if size == 1:
             continue  # a size-1 dim has no stride worth keeping
         if levels and stride == levels[-1][0] * levels[-1][1]:
@@ -337,7 +369,7 @@ def _rows(t: torch.Tensor) -> _Rows | None:
     if not levels:
         return _Rows(1, n_cols, 1, 0, n_cols, False)
     if len(levels) == 1:
-        (n, s), = levels
+        ((n, s),) = levels
         return _Rows(n, n_cols, n, 0, s, False)
     if len(levels) == 2:
         (n_in, s_in), (n_out, s_out) = levels
@@ -359,7 +391,9 @@ def _check_input(x, dim, op: str, *, grad: bool) -> _Rows:
         raise KernelInputError(f"{op}: rows of {x.shape[-1]} elements; the kernel takes rows of fewer than 2**31.")
     layout = _rows(x)
     if layout is not None and layout.n_rows >= INT32_LIMIT - MAX_TILE:
-        raise KernelInputError(f"{op}: {layout.n_rows} rows; the kernel numbers rows in int32 (fewer than 2**31 - 2**20).")
+        raise KernelInputError(
+            f"{op}: {layout.n_rows} rows; the kernel numbers rows in int32 (fewer than 2**31 - 2**20)."
+        )
     if layout is None:
         raise KernelInputError(
             f"{op}: x's leading dimensions (shape {tuple(x.shape)}, strides {x.stride()}) do not merge into "
@@ -393,10 +427,23 @@ def _forward(x: torch.Tensor, layout: _Rows, cfg: dict) -> torch.Tensor:
         return y
     r = layout
     _softmax_kernel[_grid(r.n_rows, cfg)](
-        x, y, y, y,  # m_ptr, l_ptr: unused when WRITE_STATS is off
-        r.n_rows, r.n_cols, r.n_inner, r.stride_b, r.stride_m, r.n_cols,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=r.two_level,
-        WRITE_Y=True, WRITE_STATS=False, NUM_STAGES=cfg.get("row_stages", 1),
+        x,
+        y,
+        y,
+        y,  # m_ptr, l_ptr: unused when WRITE_STATS is off
+        r.n_rows,
+        r.n_cols,
+        r.n_inner,
+        r.stride_b,
+        r.stride_m,
+        r.n_cols,
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        SINGLE_TILE=cfg["SINGLE_TILE"],
+        TWO_LEVEL=r.two_level,
+        WRITE_Y=True,
+        WRITE_STATS=False,
+        NUM_STAGES=cfg.get("row_stages", 1),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
     return y
@@ -416,9 +463,20 @@ def _backward(y: torch.Tensor, dy: torch.Tensor, cfg: dict | None = None) -> tor
     if cfg is None:
         cfg = softmax_config(r.n_rows, r.n_cols, y.dtype, backward=True)
     _softmax_bwd_kernel[_grid(r.n_rows, cfg)](
-        y, dy, dx,
-        r.n_rows, r.n_cols, r.n_inner, r.n_cols, r.stride_b, r.stride_m, r.n_cols,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=r.two_level,
+        y,
+        dy,
+        dx,
+        r.n_rows,
+        r.n_cols,
+        r.n_inner,
+        r.n_cols,
+        r.stride_b,
+        r.stride_m,
+        r.n_cols,
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        SINGLE_TILE=cfg["SINGLE_TILE"],
+        TWO_LEVEL=r.two_level,
         NUM_STAGES=cfg.get("row_stages", 1),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
@@ -505,10 +563,22 @@ def online_softmax_stats(x: torch.Tensor, block: int | None = None) -> SoftmaxSt
         return SoftmaxStats(m.fill_(float("-inf")), l.zero_())
     r = layout
     _softmax_kernel[_grid(r.n_rows, cfg)](
-        x, m, m, l,
-        r.n_rows, r.n_cols, r.n_inner, r.stride_b, r.stride_m, 0,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=False, TWO_LEVEL=r.two_level,
-        WRITE_Y=False, WRITE_STATS=True,  # the recurrence even when the row fits one tile
+        x,
+        m,
+        m,
+        l,
+        r.n_rows,
+        r.n_cols,
+        r.n_inner,
+        r.stride_b,
+        r.stride_m,
+        0,
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        SINGLE_TILE=False,
+        TWO_LEVEL=r.two_level,
+        WRITE_Y=False,
+        WRITE_STATS=True,  # the recurrence even when the row fits one tile
         **launch_kwargs(cfg["num_warps"]),
     )
     return SoftmaxStats(m, l)
@@ -529,7 +599,7 @@ def online_softmax_reference_blocks(x: torch.Tensor, block: int) -> SoftmaxStats
     m = torch.full(lead, float("-inf"), dtype=torch.float64, device=x.device)
     l = torch.zeros(lead, dtype=torch.float64, device=x.device)  # noqa: E741
     for start in range(0, x.shape[-1], block):
-        tile = x[..., start:start + block]
+        tile = x[..., start : start + block]
         m_new = torch.maximum(m, tile.amax(-1))
         m_ref = torch.where(m_new == float("-inf"), 0.0, m_new)  # as the kernel: no -inf - -inf
         l = l * torch.exp(m - m_ref) + torch.exp(tile - m_ref[..., None]).sum(-1)  # noqa: E741

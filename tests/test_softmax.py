@@ -1,0 +1,479 @@
+"""Lesson 4's row softmax: right against float64 on awkward shapes and values, both schedules (one tile,
+online two-pass), backward against torch autograd, strided rows read in place, clear errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fusionlab import runtime
+from fusionlab.grading import TOLERANCES, Sandbox, poisoned
+from fusionlab.kernels import KernelInputError
+from fusionlab.kernels.softmax import (
+    GPU_TUNING,
+    INTERPRETER_TUNING,
+    online_softmax_reference_blocks,
+    online_softmax_stats,
+    softmax,
+    softmax_config,
+    softmax_eager,
+    softmax_flops,
+    softmax_ledger,
+    softmax_reference,
+)
+
+pytestmark = [
+    pytest.mark.lesson4,
+    # an all -inf row computes -inf - (-inf) = NaN and 1 / 0 on purpose (torch gives NaN too); the
+    # interpreter's numpy warns about both
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),
+]
+gpu_only = pytest.mark.skipif(not runtime.is_gpu(), reason="needs a GPU Triton supports")
+
+KERNEL, BWD_KERNEL = "_softmax_kernel", "_softmax_bwd_kernel"
+#: the widest row held in one tile in this mode: wider rows take the online path
+MAX_SINGLE = (GPU_TUNING["forward"] if runtime.is_gpu() else INTERPRETER_TUNING)["max_single"]
+
+SHAPES = [
+    (1, 1),  # one row of one element: one program, 15 of 16 lanes masked
+    (1, 3),  # width 3
+    (4, 1),  # width 1: softmax is 1 everywhere
+    (37, 129),  # ragged: not a multiple of any block in either direction, several rows a program
+    (65537, 3),  # many rows of width 3: many programs of many rows, the last one mostly padding
+    (3, 4097),  # one past 4096: the online path in the interpreter, one tile on a GPU
+    (2, 128256),  # a vocabulary-sized row: the online path in every mode, 32+ tiles a row
+    (2, 3, 100),  # leading dims are rows
+]
+DTYPES = [
+    pytest.param(torch.float32, *TOLERANCES[torch.float32], id="fp32"),
+    pytest.param(torch.float16, *TOLERANCES[torch.float16], id="fp16"),
+]
+if torch.bfloat16 in runtime.DTYPES:
+    DTYPES.append(pytest.param(torch.bfloat16, *TOLERANCES[torch.bfloat16], id="bf16"))
+else:
+    DTYPES.append(
+        pytest.param(torch.bfloat16, 0, 0, id="bf16", marks=pytest.mark.skip(reason="no bf16 in the interpreter"))
+    )
+
+
+def _x(shape, dtype=torch.float32, seed=0, scale=3.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(runtime.DEVICE, dtype)
+
+
+def _sandboxed(fn, *args, **kw):
+    """Run with poisoned allocations (an element never written keeps the poison bits, even where the
+    right answer is NaN) and counted launches."""
+    with Sandbox() as box:
+        out = fn(*args, **kw)
+    assert box.writes_past_the_end() is None, "a store landed past the end of the output"
+    return out, box
+
+
+def _expect_close(y, expected, atol, rtol):
+    assert y.shape == expected.shape and y.device == expected.device
+    assert not poisoned(y).any(), f"{int(poisoned(y).sum())} elements never written"
+    torch.testing.assert_close(y.double(), expected.double(), atol=atol, rtol=rtol, equal_nan=True)
+
+
+def _softmax64(x):
+    return torch.softmax(x.double(), -1)
+
+
+# -- forward -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_forward_matches_float64_in_one_launch(shape, dtype, atol, rtol):
+    x = _x(shape, dtype)
+    x_before = x.clone()
+    y, box = _sandboxed(softmax, x)
+    assert y.dtype == dtype and y.is_contiguous()
+    _expect_close(y, _softmax64(x), atol, rtol)
+    assert box.names == [KERNEL] and box.torch_ops == [] and box.passes == []
+    assert torch.equal(x, x_before), "the input was modified"
+
+
+@pytest.mark.parametrize(
+    "shape, block_n",
+    [
+        ((5, 300), 16),  # 19 tiles a row, the last one 12 wide
+        ((3, 1000), 64),
+        ((1, 33), 32),  # two tiles, the second holds one element
+        ((70, 50), 16),  # many short rows per program on the online path
+    ],
+)
+def test_online_path_matches_float64(shape, block_n):
+    x = _x(shape, seed=1)
+    y, box = _sandboxed(softmax, x, block_n=block_n)
+    _expect_close(y, _softmax64(x), 1e-6, 1e-5)
+    assert box.names == [KERNEL]
+
+
+@pytest.mark.parametrize("block_n", [None, 16], ids=["config", "online"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_large_logits_do_not_overflow(dtype, block_n):
+    # logits of +-1e4: exp(1e4) overflows every float type; after the max subtraction it is exp(0)
+    x = _x((6, 77), torch.float64, seed=2, scale=1e4)
+    x[0, 5] = x[0, 40] = 6e4  # a tie for the max (randn * 1e4 stays below 6e4; fp16 holds it)
+    x = x.to(dtype)
+    y, _ = _sandboxed(softmax, x, block_n=block_n)
+    assert torch.isfinite(y).all()
+    _expect_close(y, _softmax64(x), *TOLERANCES[dtype])
+    assert y[0, 5].item() == pytest.approx(0.5, abs=1e-3) and y[0, 40].item() == pytest.approx(0.5, abs=1e-3)
+
+
+def _nonfinite_rows(width):
+    inf, nan = math.inf, math.nan
+    x = _x((7, width), seed=3)
+    x[0] = -inf  # all -inf: torch gives NaN
+    x[1] = -inf
+    x[1, width - 1] = 2.0  # one finite value in the last tile: y = one-hot
+    x[2, 1] = inf  # +inf: NaN throughout
+    x[3, width // 2] = nan  # NaN: NaN throughout
+    x[4, : width // 2] = -inf  # a -inf prefix spanning whole tiles, then finite values
+    x[5, 0] = -inf  # one masked-like lane
+    return x  # row 6 stays plain
+
+
+@pytest.mark.parametrize("block_n", [None, 16], ids=["config", "online"])
+@pytest.mark.parametrize("width", [3, 100, 4097])
+def test_nonfinite_rows_give_what_torch_gives(width, block_n):
+    x = _nonfinite_rows(width)
+    y, _ = _sandboxed(softmax, x, block_n=block_n)
+    expected = torch.softmax(x, -1)  # torch on the same device: the promise is "what torch gives"
+    assert torch.isnan(expected[0]).all() and torch.isnan(y[0]).all(), "an all -inf row is NaN, as in torch"
+    assert torch.equal(torch.isnan(y), torch.isnan(expected))
+    torch.testing.assert_close(y, expected, atol=1e-6, rtol=1e-5, equal_nan=True)
+    assert y[1, width - 1].item() == 1.0 and (y[1, : width - 1] == 0).all()
+
+
+def test_reference_and_eager():
+    x = _x((5, 33), torch.float16)
+    assert softmax_reference(x).dtype == torch.float16
+    torch.testing.assert_close(softmax_reference(x), torch.softmax(x.float(), -1).half(), atol=0, rtol=0)
+    x64 = _x((5, 33), torch.float64)
+    assert softmax_reference(x64).dtype == torch.float64  # float64 is not rounded through fp32
+    torch.testing.assert_close(softmax_eager(x), torch.softmax(x, -1), atol=0, rtol=0)
+
+
+# -- strided rows ------------------------------------------------------------------------------------
+def _strided_cases():
+    base = _x((6, 10, 2 * 97), seed=4)
+    return {
+        "row-stride-2N": base[0, :, :97],  # rows of a wider buffer: one level, stride 194
+        "every-other-row": base[:, ::2, :97],  # two levels: (5, 194*2), (6, 1940)
+        "transposed-leading": base[:, :, :97].transpose(0, 1),  # two levels, outer stride < inner
+        "expanded-rows": base[0, 0, :97].expand(4, 97),  # stride 0: four reads of one row
+        "size-1-dims": base[:1, 3:5, :97].unsqueeze(1),  # (1, 1, 2, 97): size-1 dims are dropped
+    }
+
+
+@pytest.mark.parametrize("case", list(_strided_cases()))
+def test_strided_rows_are_read_in_place(case):
+    x = _strided_cases()[case]
+    assert not x.is_contiguous()
+    y, box = _sandboxed(softmax, x)
+    _expect_close(y, _softmax64(x), 1e-6, 1e-5)
+    assert y.shape == x.shape and y.is_contiguous()
+    assert box.names == [KERNEL] and box.passes == [], "strided rows are read in place, not copied"
+
+
+def test_strided_rows_on_the_online_path():
+    x = _x((4, 2, 300), seed=5)[:, 1, :]  # row stride 600
+    y, _ = _sandboxed(softmax, x, block_n=32)
+    _expect_close(y, _softmax64(x), 1e-6, 1e-5)
+
+
+def test_unmergeable_leading_dims_are_refused():
+    x = _x((4, 4, 4, 8), seed=6)[::2, ::2, ::2]  # three levels of row strides
+    with pytest.raises(KernelInputError, match="two row strides.*contiguous"):
+        softmax(x)
+    torch.testing.assert_close(softmax(x.contiguous()), softmax_reference(x), atol=1e-6, rtol=1e-5)
+
+
+def test_last_dim_must_have_stride_1():
+    x = _x((8, 6), seed=7).t()
+    with pytest.raises(KernelInputError, match="stride 1"):
+        softmax(x)
+
+
+# -- backward ----------------------------------------------------------------------------------------
+BWD_SHAPES = [
+    (1, 1),
+    (1, 3),
+    (37, 129),  # several rows a program
+    (3, 4097),  # online backward in the interpreter (two passes over y and dy)
+    (2, 128256),  # online backward everywhere
+    (2, 3, 100),
+]
+
+
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("shape", BWD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_backward_matches_autograd_float64(shape, dtype, atol, rtol):
+    x = _x(shape, dtype, seed=8)
+    dy = _x(shape, dtype, seed=9, scale=1.0)
+    x64 = x.double().requires_grad_()
+    torch.softmax(x64, -1).backward(dy.double())
+
+    xg = x.clone().requires_grad_()
+    y = softmax(xg)
+    assert y.grad_fn is not None
+    dy_before = dy.clone()
+    with Sandbox() as box:  # autograd.grad: no accumulation into .grad (a copy the engine may make)
+        (dx,) = torch.autograd.grad(y, xg, dy)
+    assert box.names == [BWD_KERNEL] and box.torch_ops == [] and box.passes == []
+    assert dx.dtype == dtype and not poisoned(dx).any()
+    # y is saved in x's dtype, so the gradient carries y's rounding: compare relative to the largest
+    scale = x64.grad.abs().max().item()
+    torch.testing.assert_close(dx.double(), x64.grad, atol=atol * max(scale, 1.0), rtol=rtol)
+    assert torch.equal(dy, dy_before), "the incoming gradient was modified"
+
+
+def _dy_layouts(shape):
+    n = shape[-1]
+    return {
+        "row-stride-2N": _x((*shape[:-1], 2 * n), seed=10)[..., :n],
+        "two-levels": _x((shape[0], 2 * shape[1], n), seed=11)[:, ::2],
+    }
+
+
+@pytest.mark.parametrize("layout", ["row-stride-2N", "two-levels"])
+@pytest.mark.parametrize("width", [50, 4097])
+def test_backward_reads_strided_gradients_in_place(layout, width):
+    shape = (3, 4, width)
+    dy = _dy_layouts(shape)[layout]
+    assert dy.stride(-1) == 1 and not dy.is_contiguous()
+    x = _x(shape, seed=12)
+    x64 = x.double().requires_grad_()
+    torch.softmax(x64, -1).backward(dy.double())
+    xg = x.clone().requires_grad_()
+    y = softmax(xg)
+    with Sandbox() as box:
+        (dx,) = torch.autograd.grad(y, xg, dy)
+    assert box.names == [BWD_KERNEL] and box.passes == [], "a strided gradient is read in place"
+    torch.testing.assert_close(dx.double(), x64.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_backward_of_sum_takes_an_expanded_gradient():
+    # y.sum() hands back a gradient of stride 0 everywhere: copied to a dense one, then the kernel
+    x = _x((5, 40), seed=13).requires_grad_()
+    softmax(x).sum().backward()
+    assert x.grad.abs().max().item() < 1e-6  # sum(softmax) = 1 whatever x: zero gradient
+    x2 = _x((5, 40), seed=13).requires_grad_()
+    w = _x((40,), seed=14)
+    (softmax(x2) * w).sum().backward()  # gradient w broadcast over the rows: stride (0, 1)
+    x64 = x2.detach().double().requires_grad_()
+    (torch.softmax(x64, -1) * w.double()).sum().backward()
+    torch.testing.assert_close(x2.grad.double(), x64.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_backward_through_a_strided_input():
+    x64 = _x((6, 10, 40), torch.float64, seed=15)
+    x = x64.float()[:, ::2].requires_grad_()  # the graph starts at a strided view
+    w = _x((6, 5, 40), seed=16)
+    (softmax(x) * w).sum().backward()
+    xr = x64[:, ::2].clone().requires_grad_()
+    (torch.softmax(xr, -1) * w.double()).sum().backward()
+    torch.testing.assert_close(x.grad.double(), xr.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_no_graph_without_grad():
+    x = _x((3, 8)).requires_grad_()
+    with torch.no_grad():
+        assert softmax(x).grad_fn is None
+    assert softmax(x.detach()).grad_fn is None
+
+
+def test_gradcheck_float32_against_finite_differences():
+    # fp32 kernels, so only a loose finite-difference check: the exact one is against float64 autograd
+    x = _x((2, 7), seed=17)
+    x64 = x.double().requires_grad_()
+    dy = _x((2, 7), seed=18)
+    xg = x.clone().requires_grad_()
+    softmax(xg).backward(dy)
+    eps = 1e-3
+    for i, j in [(0, 0), (1, 6), (0, 3)]:
+        e = torch.zeros_like(x64)
+        e[i, j] = eps
+        fd = ((torch.softmax(x64 + e, -1) - torch.softmax(x64 - e, -1)) * dy.double()).sum() / (2 * eps)
+        assert xg.grad[i, j].item() == pytest.approx(fd.item(), abs=1e-5)
+
+
+# -- online softmax statistics ------------------------------------------------------------------------
+STATS_CASES = [
+    ((5, 300), 1),  # a tile per element: 300 rescalings a row
+    ((5, 300), 16),
+    ((1, 1), 16),
+    ((40, 7), 64),  # many rows a program, one tile a row
+    ((3, 4097), 64),
+    ((3, 4097), None),  # the kernel's own tile
+    ((40, 7), None),
+]
+
+
+@pytest.mark.parametrize(
+    "shape, block", STATS_CASES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v)
+)
+def test_online_stats_match_the_float64_recurrence(shape, block):
+    x = _x(shape, seed=19)
+    x[0, : shape[1] // 2] = -math.inf  # a row whose first tiles hold only -inf
+    (m, l), box = _sandboxed(online_softmax_stats, x, block)
+    assert box.names == [KERNEL] and m.dtype == l.dtype == torch.float32 and m.shape == l.shape == shape[:-1]
+    m64, l64 = online_softmax_reference_blocks(x, block or 64)
+    torch.testing.assert_close(m.double(), m64, atol=0, rtol=0)  # a max is exact
+    torch.testing.assert_close(l.double(), l64, atol=0, rtol=2e-6)
+    # and they are the softmax's normaliser: exp(x - m) / l is the softmax, m + log l the logsumexp
+    y = torch.exp(x.double() - m64[:, None]) / l64[:, None]
+    torch.testing.assert_close(y, _softmax64(x), atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(m64 + torch.log(l64), torch.logsumexp(x.double(), -1), atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("block", [1, 3, 16, 1000])
+def test_reference_recurrence_is_the_softmax_for_any_block(block):
+    x = _x((4, 257), torch.float64, seed=20, scale=30.0)  # large logits: many rescalings
+    m, l = online_softmax_reference_blocks(x, block)
+    torch.testing.assert_close(torch.exp(x - m[:, None]) / l[:, None], _softmax64(x), atol=1e-14, rtol=1e-12)
+    torch.testing.assert_close(m, x.amax(-1), atol=0, rtol=0)
+
+
+def test_reference_recurrence_all_neg_inf_row():
+    x = torch.full((1, 10), -math.inf, dtype=torch.float64)
+    m, l = online_softmax_reference_blocks(x, 4)
+    assert m.item() == -math.inf and l.item() == 0.0
+    assert torch.isnan(torch.exp(x - m[:, None]) / l[:, None]).all()  # NaN, as torch.softmax
+
+
+def test_online_stats_leading_dims_and_errors():
+    x = _x((2, 3, 50), seed=21)
+    m, l = online_softmax_stats(x, 16)
+    assert m.shape == (2, 3)
+    torch.testing.assert_close(
+        m.double() + torch.log(l.double()), torch.logsumexp(x.double(), -1), atol=1e-6, rtol=1e-6
+    )
+    with pytest.raises(KernelInputError, match="block=3 must be a power of two"):
+        online_softmax_stats(x, 3)
+    with pytest.raises(KernelInputError, match="requires grad"):
+        online_softmax_stats(x.clone().requires_grad_())
+    with pytest.raises(ValueError, match="block must be"):
+        online_softmax_reference_blocks(x, 0)
+
+
+# -- edge shapes and bad input -----------------------------------------------------------------------
+def test_empty_inputs_launch_nothing():
+    for shape in [(0, 8), (3, 0), (2, 0, 5)]:
+        x = torch.empty(shape, device=runtime.DEVICE)
+        y, box = _sandboxed(softmax, x)
+        assert y.shape == shape and box.names == []
+    m, l = online_softmax_stats(torch.empty(0, 8, device=runtime.DEVICE))
+    assert m.shape == (0,) and l.shape == (0,)
+
+
+def test_scalar_is_one_row_of_one():
+    x = torch.tensor(3.0, device=runtime.DEVICE)
+    y = softmax(x)
+    assert y.shape == () and y.item() == 1.0
+
+
+def test_dim_must_be_the_last():
+    x = _x((4, 5, 6))
+    torch.testing.assert_close(softmax(x, dim=2), softmax(x, dim=-1), atol=0, rtol=0)
+    with pytest.raises(KernelInputError, match=r"last dimension only.*transpose\(0, -1\)"):
+        softmax(x, dim=0)
+    with pytest.raises(KernelInputError, match="not a dimension"):
+        softmax(x, dim=3)
+    with pytest.raises(KernelInputError, match="not a dimension"):
+        softmax(x, dim=True)
+
+
+def test_bad_inputs_are_refused():
+    x = _x((4, 8))
+    with pytest.raises(KernelInputError, match="x is on meta"):
+        softmax(torch.empty(4, 8, device="meta"))
+    with pytest.raises(KernelInputError, match="x has dtype int32"):
+        softmax(x.to(torch.int32))
+    with pytest.raises(KernelInputError, match="x has dtype float64"):
+        softmax(x.double())
+    with pytest.raises(KernelInputError, match="negated"):
+        softmax(torch._neg_view(x))
+    with pytest.raises(KernelInputError, match="must be a torch.Tensor"):
+        softmax([1.0, 2.0])
+    with pytest.raises(KernelInputError, match="block_n=24 must be a power of two"):
+        softmax(x, block_n=24)
+    with pytest.raises(KernelInputError, match="num_warps=64 is over the limit"):
+        softmax(x, num_warps=64)
+
+
+# -- configuration and ledger ------------------------------------------------------------------------
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "interpreter"])
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
+@pytest.mark.parametrize("rows, n", [(1, 1), (65537, 3), (4096, 1000), (8, 32768), (4, 32769), (2, 262144)])
+def test_configs_are_legal(rows, n, backward, gpu):
+    cfg = softmax_config(rows, n, torch.float16, backward=backward, gpu=gpu)
+    for b in (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"]):
+        assert b >= 1 and b & (b - 1) == 0
+    assert cfg["BLOCK_M"] * cfg["BLOCK_N"] <= 2**20 and cfg["num_warps"] <= 32
+    assert cfg["BLOCK_M"] <= max(1, 2 * rows)
+    assert cfg["SINGLE_TILE"] == (n <= cfg["BLOCK_N"])
+    tuning = (GPU_TUNING["backward" if backward else "forward"]) if gpu else INTERPRETER_TUNING
+    assert cfg["SINGLE_TILE"] == (n <= tuning["max_single"])
+
+
+def test_gpu_holds_rows_up_to_32k_in_one_tile():
+    # the bar: rows up to 32k read once; wider rows are the online path (and its re-read)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert softmax_config(4096, 32768, dtype, gpu=True)["SINGLE_TILE"]
+        assert not softmax_config(4096, 65536, dtype, gpu=True)["SINGLE_TILE"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_ledger_counts_the_trips(dtype):
+    es = torch.empty((), dtype=dtype).element_size()
+    rows, n = 64, 1000
+    led = softmax_ledger(rows, n, dtype, block=1024)
+    assert led.unfused_bytes == (8 * rows * n + 4 * rows) * es  # Triton tutorial 02's count
+    assert led.fused_bytes == 2 * rows * n * es  # read x, write y
+    wide = softmax_ledger(rows, n, dtype, block=256)
+    assert wide.unfused_bytes == led.unfused_bytes
+    assert wide.fused_bytes == 3 * rows * n * es  # the re-read
+    assert "reread" in wide.table() and "reread" not in led.table()
+    bwd = softmax_ledger(rows, n, dtype, block=1024, backward=True)
+    assert bwd.fused_bytes == 3 * rows * n * es  # read y, dy; write dx
+    assert softmax_ledger(rows, n, dtype, block=256, backward=True).fused_bytes == 5 * rows * n * es
+    assert softmax_flops(rows, n) == 5 * rows * n and softmax_flops(rows, n, backward=True) == 4 * rows * n
+
+
+def test_ledger_default_block_is_what_the_launcher_does():
+    for n in (100, MAX_SINGLE, MAX_SINGLE + 1):
+        single = softmax_config(8, n, torch.float32)["SINGLE_TILE"]
+        assert softmax_ledger(8, n, torch.float32).fused_bytes == (2 if single else 3) * 8 * n * 4
+
+
+# -- GPU only: sizes the interpreter cannot take ------------------------------------------------------
+@pytest.mark.gpu
+@gpu_only
+def test_gpu_rows_times_width_past_2_31():
+    rows, n = 65537, 32768  # 2**31 + 32768 elements: int32 offsets would wrap on the last row
+    x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+    y = softmax(x)
+    for r in (0, rows // 2, rows - 1):
+        atol, rtol = TOLERANCES[torch.bfloat16]
+        torch.testing.assert_close(y[r].double(), _softmax64(x[r]), atol=atol, rtol=rtol)
+    del y
+    x.requires_grad_()
+    y = softmax(x)
+    y.backward(y.detach())  # dy = y: dx = y * (y - sum y^2)
+    yy = y.detach()[-1].double()
+    torch.testing.assert_close(x.grad[-1].double(), yy * (yy - (yy * yy).sum()), atol=1e-4, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("n", [32768, 65536, 262144, 100_003])
+def test_gpu_wide_rows(n, dtype):
+    x = _x((5, n), dtype, seed=22, scale=10.0)
+    _expect_close(softmax(x), _softmax64(x), *TOLERANCES[dtype])
