@@ -1,0 +1,410 @@
+"""Lesson 5's fused cross-entropy: F.cross_entropy's contract, against float64, loss and gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusionlab import runtime
+from fusionlab.grading import Sandbox
+from fusionlab.kernels import KernelInputError
+from fusionlab.kernels.cross_entropy import (
+    cross_entropy,
+    cross_entropy_config,
+    cross_entropy_eager,
+    cross_entropy_ledger,
+    cross_entropy_reference,
+)
+
+pytestmark = [
+    pytest.mark.lesson5,
+    # the interpreter computes -inf - -inf and exp(-inf) in numpy (masked lanes): right, but it warns
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+]
+gpu_only = pytest.mark.skipif(not runtime.is_gpu(), reason="needs a GPU Triton supports")
+
+FWD = "_cross_entropy_fwd_kernel"
+BWD = "_cross_entropy_bwd_kernel"
+DTYPES = [
+    pytest.param(torch.float32, 2e-5, 2e-5, id="fp32"),
+    pytest.param(torch.float16, 2e-3, 1e-2, id="fp16"),
+]
+if runtime.is_gpu():
+    DTYPES.append(pytest.param(torch.bfloat16, 1e-2, 2e-2, id="bf16"))  # the interpreter has no bf16
+
+# (tokens, vocab), each with the path it hits; the interpreter keeps 4096 columns on chip (HEAD), a GPU
+# 64 KiB of row
+SHAPES = [
+    (1, 2),  # one row, the smallest vocabulary: 14 of 16 lanes masked
+    (5, 3),  # odd, tiny: the aligned window starts before the row (VEC lanes of lead)
+    (37, 1000),  # many rows, one tile
+    (6, 4097),  # one column past the interpreter's head tile: a streamed tail of one element
+    (3, 50257),  # GPT-2's odd vocabulary: unaligned rows, several streamed tiles
+]
+WIDE = [(2, 128256), (2, 151936)]  # Llama 3 and Qwen 2 vocabularies: many streamed tiles (no 65536 limit)
+REDUCTIONS = ["mean", "sum", "none"]
+
+
+def _inputs(tokens, vocab, dtype, *, seed=0, ignored=0.3, scale=3.0, ignore_index=-100):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(tokens, vocab, generator=g) * scale).to(runtime.DEVICE, dtype)
+    t = torch.randint(0, vocab, (tokens,), generator=g)
+    if ignored:
+        drop = torch.rand(tokens, generator=g) < ignored
+        if tokens > 1:  # at least one ignored row and one kept row
+            drop[0], drop[-1] = True, False
+        t[drop] = ignore_index
+    return x, t.to(runtime.DEVICE)
+
+
+def _expected(x, t, reduction, w=None, **kw):
+    """float64 loss and gradient of sum(loss * w) (w: per-row weights for "none", a scalar otherwise)."""
+    xd = x.detach().double().requires_grad_()
+    loss = F.cross_entropy(xd, t, reduction=reduction, **kw)
+    w = torch.ones_like(loss) if w is None else w.double()
+    (loss * w).sum().backward()
+    return loss.detach(), xd.grad
+
+
+def _run(x, t, reduction, w=None, **kw):
+    """Our loss and gradient of sum(loss * w), with every allocation poisoned and launches counted."""
+    x = x.detach().clone().requires_grad_()
+    with Sandbox() as counter:
+        loss = cross_entropy(x, t, reduction=reduction, **kw)
+    w = torch.ones_like(loss) if w is None else w.to(loss.dtype)
+    (loss * w).sum().backward()
+    return loss.detach(), x.grad, counter
+
+
+def _close(got, want, atol, rtol, what):
+    assert not torch.isnan(got).any() or torch.isnan(want).any(), f"{what}: NaN where float64 has none"
+    torch.testing.assert_close(got.double(), want, atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_float64_with_ignored_rows(shape, dtype, atol, rtol, reduction):
+    x, t = _inputs(*shape, dtype)
+    # "none" with random per-row weights: the backward must scale each row by its own grad_output
+    w = torch.randn(shape[0], device=x.device) if reduction == "none" else None
+    want_loss, want_grad = _expected(x, t, reduction, w)
+    loss, grad, counter = _run(x, t, reduction, w)
+    assert loss.dtype == x.dtype and loss.shape == want_loss.shape
+    _close(loss, want_loss, atol * 10, rtol, "loss")  # a sum of rounded rows: looser than one element
+    _close(grad, want_grad, atol, rtol, "gradient")
+    assert counter.names == [FWD], "loss and gradient in one launch"
+    assert counter.passes == [] or set(counter.passes) <= {"_to_copy"}, "no (T, V) copies"
+    ignored = t == -100
+    assert (grad[ignored] == 0).all(), "ignored rows get exactly zero gradient"
+    if reduction == "none":
+        assert (loss[ignored] == 0).all()
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", WIDE, ids=lambda s: "x".join(map(str, s)))
+def test_wide_vocabularies(shape, reduction):
+    x, t = _inputs(*shape, torch.float32, ignored=0.0)
+    if reduction == "none":
+        t[0] = shape[1] - 1  # the last column: the end of the last streamed tile
+    want_loss, want_grad = _expected(x, t, reduction)
+    loss, grad, _ = _run(x, t, reduction)
+    _close(loss, want_loss, 1e-4, 1e-5, "loss")
+    _close(grad, want_grad, 1e-6, 1e-4, "gradient")
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", [(37, 1000), (9, 4500)], ids=["one-tile", "streamed"])
+def test_label_smoothing_with_ignored_rows(shape, reduction):
+    # the peer bug: smoothing applied to ignored rows (their loss and gradient must stay 0)
+    x, t = _inputs(*shape, torch.float32, seed=3)
+    w = torch.randn(shape[0]) if reduction == "none" else None
+    want_loss, want_grad = _expected(x, t, reduction, w, label_smoothing=0.1)
+    loss, grad, _ = _run(x, t, reduction, w, label_smoothing=0.1)
+    _close(loss, want_loss, 1e-4, 1e-5, "loss")
+    _close(grad, want_grad, 1e-6, 1e-4, "gradient")
+    assert (grad[t == -100] == 0).all()
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 1.0])
+def test_smoothing_extremes(smoothing):
+    x, t = _inputs(11, 300, torch.float32, seed=4)
+    want_loss, want_grad = _expected(x, t, "mean", label_smoothing=smoothing)
+    loss, grad, _ = _run(x, t, "mean", label_smoothing=smoothing)
+    _close(loss, want_loss, 1e-5, 1e-5, "loss")
+    _close(grad, want_grad, 1e-6, 1e-4, "gradient")
+
+
+def test_many_streamed_tiles_and_custom_ignore_index():
+    # small explicit tiles: a head of 64 and 14 streamed tiles of 32 a row; class 0 is the ignored one
+    x, t = _inputs(13, 500, torch.float32, seed=5, ignore_index=0)
+    want_loss, want_grad = _expected(x, t, "mean", ignore_index=0, label_smoothing=0.05)
+    loss, grad, _ = _run(x, t, "mean", ignore_index=0, label_smoothing=0.05, head_n=64, block_n=32, num_warps=2)
+    _close(loss, want_loss, 1e-5, 1e-5, "loss")
+    _close(grad, want_grad, 1e-6, 1e-4, "gradient")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_large_logits_need_the_max_subtraction(dtype):
+    # logits ~ 1e4: exp overflows fp32 (and fp16) unless the row maximum is subtracted first
+    x, t = _inputs(7, 3000, dtype, scale=1e4, seed=6)
+    want_loss, want_grad = _expected(x, t, "mean")
+    loss, grad, _ = _run(x, t, "mean")
+    assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
+    _close(loss, want_loss, 0.0, 2e-3 if dtype == torch.float16 else 1e-5, "loss")
+    _close(grad, want_grad, 1e-3 if dtype == torch.float16 else 1e-6, 1e-3, "gradient")
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_all_rows_ignored(reduction):
+    x, t = _inputs(4, 100, torch.float32)
+    t[:] = -100
+    want_loss, want_grad = _expected(x, t, reduction, label_smoothing=0.1)
+    loss, grad, _ = _run(x, t, reduction, label_smoothing=0.1)
+    if reduction == "mean":
+        assert torch.isnan(want_loss) and torch.isnan(loss), "mean over no rows is NaN, as torch"
+    else:
+        assert (loss == 0).all()
+    assert (want_grad == 0).all() and (grad == 0).all(), "zero gradient (torch too), never NaN"
+
+
+def test_padded_lanes_are_not_probability_mass():
+    # vocabulary 3 in a 16-lane tile: 13 masked lanes. If they counted as exp(0) the loss would grow by
+    # log(1 + 13 e^-max) and every probability would shrink.
+    x = torch.tensor([[0.0, 0.0, 0.0], [-5.0, -6.0, -7.0]], device=runtime.DEVICE)
+    t = torch.tensor([0, 2], device=runtime.DEVICE)
+    loss = cross_entropy(x, t, reduction="none")
+    torch.testing.assert_close(loss.double(), cross_entropy_reference(x.double(), t, reduction="none"))
+    torch.testing.assert_close(loss[0].item(), float(torch.log(torch.tensor(3.0))), atol=1e-6, rtol=0)
+
+
+def test_inplace_grad_overwrites_logits_and_adds_no_memory():
+    x, t = _inputs(9, 700, torch.float32, seed=7)
+    want_loss, want_grad = _expected(x, t, "mean")
+    leaf = x.detach().clone().requires_grad_()
+    loss = cross_entropy(leaf, t, inplace_grad=True)
+    _close(loss, want_loss, 1e-5, 1e-5, "loss")
+    _close(leaf.detach(), want_grad, 1e-6, 1e-4, "logits now hold the gradient")
+    loss.backward()
+    assert leaf.grad.data_ptr() == leaf.data_ptr(), "the gradient is the logits' own memory"
+    _close(leaf.grad, want_grad, 1e-6, 1e-4, "gradient")
+
+
+def test_inplace_grad_makes_other_savers_raise():
+    # tanh saves its *output* for the backward: destroying it must raise, not give wrong gradients
+    x = torch.randn(4, 50, device=runtime.DEVICE, requires_grad=True)
+    t = torch.randint(0, 50, (4,), device=runtime.DEVICE)
+    logits = torch.tanh(x)
+    loss = cross_entropy(logits, t, inplace_grad=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_grad_output_scales_and_backward_is_one_launch():
+    x, t = _inputs(8, 600, torch.float32, seed=8)
+    xl = x.clone().requires_grad_()
+    loss = cross_entropy(xl, t, reduction="sum")
+    with Sandbox() as counter:
+        (loss * 2.5).backward()
+    assert BWD in counter.names
+    _, want_grad = _expected(x, t, "sum", torch.tensor(2.5))
+    _close(xl.grad, want_grad, 1e-6, 1e-4, "gradient")
+
+
+def test_none_with_expanded_grad_output():
+    # loss.sum().backward() hands the backward an expanded (stride 0) tensor of ones
+    x, t = _inputs(6, 300, torch.float32, seed=9)
+    xl = x.clone().requires_grad_()
+    cross_entropy(xl, t, reduction="none").sum().backward()
+    _, want_grad = _expected(x, t, "none")
+    _close(xl.grad, want_grad, 1e-6, 1e-4, "gradient")
+
+
+def test_second_backward_raises():
+    x, t = _inputs(3, 40, torch.float32)
+    x.requires_grad_()
+    loss = cross_entropy(x, t)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        loss.backward()
+
+
+def test_forward_only_reads_once_and_leaves_logits():
+    x, t = _inputs(10, 5000, torch.float32, seed=10)
+    before = x.clone()
+    with torch.no_grad(), Sandbox() as counter:
+        loss = cross_entropy(x, t, label_smoothing=0.2, inplace_grad=True)
+    assert counter.names == [FWD]
+    assert torch.equal(x, before), "no gradient asked: the logits are untouched"
+    _close(loss, _expected(x, t, "mean", label_smoothing=0.2)[0], 1e-5, 1e-5, "loss")
+
+
+def test_strided_rows_odd_stride():
+    # rows of a wider buffer, row stride 1003 (not a multiple of 16): the unaligned-window path
+    big, t = _inputs(7, 1003, torch.float32, seed=11)
+    x = big[:, :1000]
+    want_loss, want_grad = _expected(x, t, "mean")
+    for inplace in (False, True):
+        loss, grad, _ = _run(x, t, "mean", inplace_grad=inplace)
+        _close(loss, want_loss, 1e-5, 1e-5, "loss")
+        _close(grad, want_grad, 1e-6, 1e-4, "gradient")
+
+
+def test_non_finite_logits_match_torch():
+    x = torch.randn(4, 20, device=runtime.DEVICE)
+    x[0, 3] = float("inf")  # +inf: torch gives NaN (inf - inf)
+    x[1, :10] = float("-inf")  # some -inf: a finite loss
+    x[2, 5] = float("nan")
+    t = torch.tensor([1, 12, 0, 4], device=runtime.DEVICE)
+    want = F.cross_entropy(x.double(), t, reduction="none")
+    got = cross_entropy(x, t, reduction="none")
+    torch.testing.assert_close(got.double(), want, equal_nan=True)
+    # the first 16-lane tile entirely -inf, the rest finite (online max starting at -inf)
+    y = torch.full((1, 40), float("-inf"), device=runtime.DEVICE)
+    y[0, 30:] = torch.randn(10, device=runtime.DEVICE)
+    ty = torch.tensor([35], device=runtime.DEVICE)
+    got = cross_entropy(y, ty, reduction="none", head_n=16, block_n=16)
+    torch.testing.assert_close(got.double(), F.cross_entropy(y.double(), ty, reduction="none"))
+
+
+def test_out_of_range_target_is_nan_not_a_stray_read():
+    x = torch.randn(3, 10, device=runtime.DEVICE, requires_grad=True)
+    t = torch.tensor([1, 10, -5], device=runtime.DEVICE)
+    loss = cross_entropy(x, t, reduction="none")
+    assert torch.isfinite(loss[0]) and torch.isnan(loss[1:]).all()
+    loss.sum().backward()
+    assert torch.isnan(x.grad[1:]).all() and torch.isfinite(x.grad[0]).all()
+
+
+def test_empty_batch():
+    x = torch.empty(0, 10, device=runtime.DEVICE, requires_grad=True)
+    t = torch.empty(0, dtype=torch.long, device=runtime.DEVICE)
+    with Sandbox() as counter:
+        loss = cross_entropy(x, t)
+    assert torch.isnan(loss) and counter.names == []
+    assert cross_entropy(x, t, reduction="sum").item() == 0
+    assert cross_entropy(x, t, reduction="none").shape == (0,)
+
+
+def test_eager_and_reference_are_torch():
+    x, t = _inputs(5, 30, torch.float32)
+    torch.testing.assert_close(cross_entropy_eager(x, t), F.cross_entropy(x, t))
+    torch.testing.assert_close(cross_entropy_reference(x, t), F.cross_entropy(x, t))
+
+
+# -- the ledger and the configuration -------------------------------------------------------------------
+def test_ledger_six_passes_against_two():
+    tokens, vocab = 1024, 32000
+    n = tokens * vocab
+    led = cross_entropy_ledger(tokens, vocab, torch.bfloat16, head=vocab)
+    big = [t for t in led.trips(fused=False) if t.elements == n]
+    assert len(big) == 6, [(t.op, t.tensor, t.direction) for t in big]
+    fused = [t for t in led.trips(fused=True) if t.elements == n]
+    assert [(t.tensor, t.direction) for t in fused] == [("logits", "read"), ("grad_logits", "write")]
+    # a row wider than the head is read again past it
+    led = cross_entropy_ledger(tokens, vocab, torch.bfloat16, head=8192)
+    assert led.fused_bytes - cross_entropy_ledger(tokens, vocab, torch.bfloat16, head=vocab).fused_bytes == (
+        tokens * (vocab - 8192) * 2
+    )
+    # forward only: read once; label smoothing adds eager passes, not fused ones
+    assert cross_entropy_ledger(tokens, vocab, torch.bfloat16, backward=False).kernels_unfused == 2
+    smooth = cross_entropy_ledger(tokens, vocab, torch.bfloat16, label_smoothing=0.1, head=vocab)
+    assert (
+        smooth.unfused_bytes > led.unfused_bytes
+        and smooth.fused_bytes == cross_entropy_ledger(tokens, vocab, torch.bfloat16, head=vocab).fused_bytes
+    )
+
+
+@pytest.mark.parametrize("vocab", [2, 3, 1000, 32000, 50257, 128256, 151936, 262144])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gpu", [True, False])
+def test_config_is_legal(vocab, dtype, gpu, monkeypatch):
+    monkeypatch.setattr(runtime, "is_gpu", lambda: gpu)
+    cfg = cross_entropy_config(vocab, dtype)
+    for k in ("HEAD", "BLOCK_N", "num_warps", "VEC"):
+        assert cfg[k] >= 1 and cfg[k] & (cfg[k] - 1) == 0, (k, cfg)
+    assert cfg["BLOCK_N"] <= cfg["HEAD"] <= 2**20 and cfg["num_warps"] <= 32
+    assert cfg["HEAD"] * torch.empty((), dtype=dtype).element_size() <= 65536  # 64 KiB of row on chip
+    assert (cfg["VEC"] > 1) == (vocab % 16 != 0)
+
+
+# -- bad input: a clear error before the launch ------------------------------------------------------------
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda x, t: (x.long(), t), "dtype"),
+        (lambda x, t: (x[None], t), "dimension"),
+        (lambda x, t: (x, t.int()), "dtype"),
+        (lambda x, t: (x, t[:-1]), "entries"),
+        (lambda x, t: (x.t(), t[:1].expand(10).contiguous()), "stride"),
+        (lambda x, t: (x[:, :0], t), "no classes"),
+        (lambda x, t: (x.detach().clone()._neg_view(), t), "negated"),
+    ],
+    ids=["int-logits", "3d", "int32-target", "short-target", "column-major", "no-classes", "neg-view"],
+)
+def test_bad_inputs(make, match):
+    x, t = _inputs(4, 10, torch.float32)
+    bx, bt = make(x, t)
+    with pytest.raises(KernelInputError, match=match):
+        cross_entropy(bx, bt)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"reduction": "avg"}, "reduction"),
+        ({"label_smoothing": 1.5}, "label_smoothing"),
+        ({"label_smoothing": -0.1}, "label_smoothing"),
+        ({"ignore_index": 1.0}, "ignore_index"),
+        ({"block_n": 100}, "power of two"),
+    ],
+)
+def test_bad_arguments(kw, match):
+    x, t = _inputs(4, 10, torch.float32)
+    with pytest.raises(KernelInputError, match=match):
+        cross_entropy(x, t, **kw)
+
+
+# -- GPU only: memory, and rows x vocabulary past 2**31 ------------------------------------------------------
+@gpu_only
+@pytest.mark.gpu
+def test_peak_memory_on_gpu():
+    from fusionlab.kernels.cross_entropy import cross_entropy_peak_memory
+
+    tokens, vocab = 2048, 32000
+    x, t = _inputs(tokens, vocab, torch.bfloat16, ignored=0.1)
+    logits_bytes = x.numel() * 2
+
+    def fused(inplace):
+        xl = x.detach().clone().requires_grad_() if not inplace else x.detach().requires_grad_()
+        return torch.autograd.grad(cross_entropy(xl, t, inplace_grad=inplace), xl)[0]
+
+    fused(False)
+    extra = cross_entropy_peak_memory(fused, False) - 2 * logits_bytes  # the clone and the gradient
+    assert extra <= 0.1 * logits_bytes, f"extra {extra / logits_bytes:.1%} of the logits"
+    inplace_extra = cross_entropy_peak_memory(fused, True)
+    assert inplace_extra <= 0.1 * logits_bytes, f"in place: {inplace_extra / logits_bytes:.1%} of the logits"
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_past_2_31_logits_on_gpu():
+    # 16400 x 131072 bf16 = 2.15e9 elements (4.3 GB): the last rows start past 2**31
+    tokens, vocab = 16400, 131072
+    assert tokens * vocab > 2**31
+    g = torch.Generator(device="cuda").manual_seed(12)
+    x = torch.randn(tokens, vocab, device="cuda", dtype=torch.bfloat16, generator=g)
+    t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
+    t[::5] = -100
+    rows = torch.tensor([0, 1, tokens // 2, tokens - 3, tokens - 2, tokens - 1], device="cuda")
+    sample = x[rows].clone()
+    x.requires_grad_()
+    loss = cross_entropy(x, t, reduction="none", inplace_grad=True)
+    (loss * 2.0).sum().backward()
+    # float64 on the sampled rows, including the last ones, whose offsets pass 2**31
+    want_loss, want_grad = _expected(sample, t[rows], "none", torch.full((len(rows),), 2.0, device="cuda"))
+    _close(loss[rows], want_loss, 2e-2, 2e-2, "loss")
+    _close(x.grad[rows], want_grad, 1e-2, 2e-2, "gradient")
+    assert torch.isfinite(loss).all()
