@@ -1,0 +1,330 @@
+"""Lesson 4's softmax on a GPU: tile sweep, then the package kernel beside eager, compiled and copy.
+
+    PYTHONPATH=. python3 benchmarks/bench_softmax.py [--sweep] [--budget SECONDS] [--out DIR]
+
+Forward: rows x width with the tensor >= 256 MiB, widths 128 ... 32768 (one tile, read once) and
+65536 ... 262144 (online softmax, read twice); bf16 and fp32. Backward: read y, dy; write dx.
+Rates are GB/s of the *fused ledger's* bytes (``softmax_ledger``: 2 trips a row that fits, 3 a wide
+one; backward 3 and 5), as a fraction of the copy bandwidth measured in the same run. Baselines:
+eager ``torch.softmax`` and ``torch.compile(dynamic=False)``, compiled and warmed before timing.
+``--sweep`` first times tile variants per shape (``--sweep`` output goes to the log, the table of the
+package defaults is printed last). The run stops starting new sections after ``--budget`` seconds.
+Without a GPU it runs a dry pass on tiny shapes (correctness of the script, no timings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+
+import fusionlab
+from fusionlab import runtime
+from fusionlab.kernels import softmax as S
+
+GPU = runtime.is_gpu()
+T0 = time.time()
+LOG: list[str] = []
+
+
+def say(*a):
+    line = " ".join(str(v) for v in a)
+    LOG.append(line)
+    print(line, flush=True)
+
+
+def elapsed() -> float:
+    return time.time() - T0
+
+
+def time_ms(fn) -> float:
+    if GPU:
+        return fusionlab.bench.time_ms(fn)
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
+def rows_for(n: int, dtype, mib: int) -> int:
+    es = torch.empty((), dtype=dtype).element_size()
+    return max(1, (mib << 20) // (n * es)) if GPU else 4
+
+
+def compiled(fn):
+    if not GPU:
+        return fn
+    return torch.compile(fn, dynamic=False)
+
+
+def fwd_variants(rows: int, n: int, dtype, sms: int) -> dict[str, dict]:
+    """The package default, then tiles around it (deduplicated)."""
+    base = S.softmax_config(rows, n, dtype)
+    out = {"default": base}
+    seen = {tuple(sorted(base.items()))}
+
+    def add(name, cfg):
+        key = tuple(sorted(cfg.items()))
+        if key not in seen:
+            seen.add(key)
+            out[name] = cfg
+
+    if n <= 32768:
+        for tile, pt in [(4096, 8), (4096, 16), (8192, 8), (8192, 16), (16384, 16), (16384, 32), (32768, 32)]:
+            cfg = S._config(rows, n, 65536, 8192, tile, pt, True, dtype)
+            add(f"t{tile}/pt{pt}", cfg)
+        add("persist4/s2", {**base, "programs": 4 * sms, "row_stages": 2})
+        if n >= 16384:
+            for wb in (4096, 8192):
+                cfg = S._config(rows, n, 1, wb, wb, 16, True, dtype)
+                add(f"online{wb}", cfg)
+    else:
+        for wb, pt in [(4096, 16), (8192, 16), (8192, 32), (16384, 16), (16384, 32)]:
+            add(f"online{wb}/pt{pt}", S._config(rows, n, 1, wb, wb, pt, True, dtype))
+        add("default/ns1", {**base, "num_stages": 1})
+        add("default/ns2", {**base, "num_stages": 2})
+    return out
+
+
+def bwd_variants(rows: int, n: int, dtype) -> dict[str, dict]:
+    base = S.softmax_config(rows, n, dtype, backward=True)
+    out = {"default": base}
+    seen = {tuple(sorted(base.items()))}
+    for name, args in [
+        ("single32k/pt16", (32768, 8192, 8192, 16)),
+        ("single32k/pt32", (32768, 8192, 8192, 32)),
+        ("t4096/pt8", (32768, 8192, 4096, 8)),
+        ("online4096", (1, 4096, 4096, 16)),
+        ("online8192", (1, 8192, 8192, 16)),
+    ]:
+        cfg = S._config(rows, n, *args, True, dtype)
+        key = tuple(sorted(cfg.items()))
+        if key not in seen and not (cfg["SINGLE_TILE"] and n > 32768):
+            seen.add(key)
+            out[name] = cfg
+    return out
+
+
+def check(y, x, what):
+    ref = torch.softmax(x[:64].double(), -1)
+    err = (y[:64].double() - ref).abs().max().item()
+    if not err < 2e-2:
+        say(f"!! {what}: max error {err:.3g}")
+    return err
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--budget", type=float, default=270.0)
+    ap.add_argument("--out", default=os.environ.get("OUT", "out"))
+    ap.add_argument("--widths", default="128,512,1024,2048,4096,8192,16384,32768")
+    ap.add_argument("--wide", default="65536,131072,262144")
+    ap.add_argument("--bwd", default="1024,4096,16384,32768,65536")
+    ap.add_argument("--dtypes", default="bf16,fp32")
+    ap.add_argument("--mib", type=int, default=256)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    if GPU:
+        for attr in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+            if hasattr(torch._dynamo.config, attr):
+                setattr(torch._dynamo.config, attr, 4096)
+    info = runtime.info()
+    say(info.label(), "·", datetime.date.today().isoformat(), "·", "GPU" if GPU else "DRY RUN (no GPU)")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if GPU else 4
+    copy = fusionlab.bench.measure_copy_bandwidth() if GPU else 1.0
+    say(f"copy bandwidth: {copy:.0f} GB/s")
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+    dts = [dtypes[d] for d in args.dtypes.split(",") if dtypes[d] in runtime.DTYPES]
+    results: list[dict] = []
+
+    def rec(section, dtype, rows, n, name, ms, nbytes, **extra):
+        gbs = nbytes / (ms * 1e-3) / 1e9
+        r = dict(
+            section=section,
+            dtype=str(dtype).replace("torch.", ""),
+            rows=rows,
+            n=n,
+            name=name,
+            ms=ms,
+            GBps=gbs,
+            frac_copy=gbs / copy,
+            **extra,
+        )
+        results.append(r)
+        say(
+            f"  {section:<4} {r['dtype']:<8} {rows:>7}x{n:<7} {name:<16} {ms:8.4f} ms {gbs:7.0f} GB/s {100 * gbs / copy:5.1f}%"
+        )
+        return r
+
+    eager_sm = compiled(lambda t: torch.softmax(t, -1))
+    bwd_eager = lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)  # noqa: E731
+    bwd_comp = compiled(bwd_eager)
+
+    # -- forward: one tile and online, all widths --------------------------------------------------
+    for dtype in dts:
+        es = torch.empty((), dtype=dtype).element_size()
+        for n in [int(v) for v in args.widths.split(",")] + [int(v) for v in args.wide.split(",") if v]:
+            if elapsed() > args.budget:
+                say(f"(budget: skipping forward {dtype} {n})")
+                continue
+            rows = rows_for(n, dtype, args.mib)
+            x = torch.randn(rows, n, device=runtime.DEVICE, dtype=dtype)
+            layout = S._rows(x)
+            variants = (
+                fwd_variants(rows, n, dtype, sms) if args.sweep else {"default": S.softmax_config(rows, n, dtype)}
+            )
+            for name, cfg in variants.items():
+                try:
+                    y = S._forward(x, layout, cfg)
+                    check(y, x, f"fwd {dtype} {n} {name}")
+                    del y
+                    single = n <= cfg["BLOCK_N"]
+                    nbytes = S.softmax_ledger(rows, n, dtype, block=cfg["BLOCK_N"]).fused_bytes
+                    ms = time_ms(lambda cfg=cfg: S._forward(x, layout, cfg))
+                    rec(
+                        "fwd",
+                        dtype,
+                        rows,
+                        n,
+                        name,
+                        ms,
+                        nbytes,
+                        cfg={k: v for k, v in cfg.items()},
+                        single=single,
+                        copy_equiv_frac=2 * rows * n * es / (ms * 1e-3) / 1e9 / copy,
+                    )
+                except Exception as e:  # a variant that fails to compile must not sink the run
+                    say(f"!! fwd {dtype} {n} {name}: {type(e).__name__}: {str(e)[:200]}")
+            base_bytes = 2 * rows * n * es  # what eager and compiled must move at least
+            ms = time_ms(lambda: torch.softmax(x, -1))
+            rec("fwd", dtype, rows, n, "eager", ms, base_bytes)
+            try:
+                eager_sm(x)  # compile and warm outside the timed lambda
+                ms = time_ms(lambda: eager_sm(x))
+                rec("fwd", dtype, rows, n, "compiled", ms, base_bytes)
+            except Exception as e:
+                say(f"!! compiled {dtype} {n}: {type(e).__name__}: {str(e)[:200]}")
+            del x
+            if GPU:
+                torch.cuda.empty_cache()
+
+    # -- backward ----------------------------------------------------------------------------------
+    for dtype in dts:
+        es = torch.empty((), dtype=dtype).element_size()
+        for n in [int(v) for v in args.bwd.split(",") if v]:
+            if elapsed() > args.budget:
+                say(f"(budget: skipping backward {dtype} {n})")
+                continue
+            rows = rows_for(n, dtype, args.mib)
+            y = torch.softmax(torch.randn(rows, n, device=runtime.DEVICE, dtype=torch.float32), -1).to(dtype)
+            dy = torch.randn(rows, n, device=runtime.DEVICE, dtype=dtype)
+            variants = (
+                bwd_variants(rows, n, dtype)
+                if args.sweep
+                else {"default": S.softmax_config(rows, n, dtype, backward=True)}
+            )
+            ref = bwd_eager(y[:64].double(), dy[:64].double())
+            for name, cfg in variants.items():
+                try:
+                    dx = S._backward(y, dy, cfg)
+                    err = (dx[:64].double() - ref).abs().max().item()
+                    if not err < 1e-2:
+                        say(f"!! bwd {dtype} {n} {name}: max error {err:.3g}")
+                    del dx
+                    nbytes = S.softmax_ledger(rows, n, dtype, block=cfg["BLOCK_N"], backward=True).fused_bytes
+                    ms = time_ms(lambda cfg=cfg: S._backward(y, dy, cfg))
+                    rec(
+                        "bwd",
+                        dtype,
+                        rows,
+                        n,
+                        name,
+                        ms,
+                        nbytes,
+                        cfg=dict(cfg),
+                        copy_equiv_frac=3 * rows * n * es / (ms * 1e-3) / 1e9 / copy,
+                    )
+                except Exception as e:
+                    say(f"!! bwd {dtype} {n} {name}: {type(e).__name__}: {str(e)[:200]}")
+            base_bytes = 3 * rows * n * es
+            rec("bwd", dtype, rows, n, "eager", time_ms(lambda: bwd_eager(y, dy)), base_bytes)
+            try:
+                bwd_comp(y, dy)
+                rec("bwd", dtype, rows, n, "compiled", time_ms(lambda: bwd_comp(y, dy)), base_bytes)
+            except Exception as e:
+                say(f"!! compiled bwd {dtype} {n}: {type(e).__name__}: {str(e)[:200]}")
+            del y, dy
+            if GPU:
+                torch.cuda.empty_cache()
+
+    # -- the summary: package defaults against eager, compiled and copy ------------------------------
+    summary = []
+    for sec in ("fwd", "bwd"):
+        for dtype in dts:
+            dn = str(dtype).replace("torch.", "")
+            for n in sorted({r["n"] for r in results if r["section"] == sec and r["dtype"] == dn}):
+                rs = {r["name"]: r for r in results if r["section"] == sec and r["dtype"] == dn and r["n"] == n}
+                d = rs.get("default")
+                if not d:
+                    continue
+                best = min((r for k, r in rs.items() if k not in ("eager", "compiled")), key=lambda r: r["ms"])
+                row = dict(
+                    sec=sec,
+                    dtype=dn,
+                    n=n,
+                    rows=d["rows"],
+                    ms=d["ms"],
+                    pct=100 * d["frac_copy"],
+                    single=d["cfg"]["SINGLE_TILE"],
+                    best=best["name"],
+                    best_pct=100 * best["frac_copy"],
+                )
+                for k in ("eager", "compiled"):
+                    row[k] = rs[k]["ms"] / d["ms"] if k in rs else float("nan")
+                summary.append(row)
+    narrow = {}
+    for s in summary:
+        if s["sec"] == "fwd" and s["n"] <= 32768:
+            narrow.setdefault(s["dtype"], []).append(s["pct"])
+    lines = [
+        f"softmax on {info.label()}, {datetime.date.today().isoformat()}; copy {copy:.0f} GB/s; "
+        "% copy by the fused ledger (fwd: 2 trips, 3 when wide; bwd: 3, 5 when wide)",
+        f"{'':4} {'dtype':<9} {'width':>7} {'rows':>7} {'path':<6} {'ms':>8} {'% copy':>7} "
+        f"{'x eager':>8} {'x compiled':>10}  best variant",
+    ]
+    for s in summary:
+        lines.append(
+            f"{s['sec']:<4} {s['dtype']:<9} {s['n']:>7} {s['rows']:>7} {'tile' if s['single'] else 'online':<6} "
+            f"{s['ms']:8.4f} {s['pct']:6.1f}% {s['eager']:7.2f}x {s['compiled']:9.2f}x  {s['best']} ({s['best_pct']:.1f}%)"
+        )
+    for dn, pcts in narrow.items():
+        med = sorted(pcts)[len(pcts) // 2]
+        wides = [s["pct"] for s in summary if s["sec"] == "fwd" and s["dtype"] == dn and s["n"] > 32768]
+        if wides:
+            lines.append(
+                f"{dn}: narrow median {med:.1f}% of copy, min {min(pcts):.1f}%; wide/narrow-median "
+                f"per byte: {', '.join(f'{w / med:.2f}' for w in wides)}"
+            )
+    table = "\n".join(lines)
+    meta = dict(
+        info=str(info.label()),
+        date=datetime.date.today().isoformat(),
+        copy_GBps=copy,
+        argv=sys.argv,
+        elapsed_s=elapsed(),
+    )
+    with open(os.path.join(args.out, "softmax_bench.json"), "w") as f:
+        json.dump(dict(meta=meta, results=results, summary=summary), f, indent=1)
+    with open(os.path.join(args.out, "softmax_bench.log"), "w") as f:
+        f.write("\n".join(LOG) + "\n\n" + table + "\n")
+    print("\n" + table)
+    print(f"[{elapsed():.0f} s]")
+
+
+if __name__ == "__main__":
+    main()
