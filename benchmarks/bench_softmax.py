@@ -157,7 +157,8 @@ def main():
         )
         results.append(r)
         say(
-            f"  {section:<4} {r['dtype']:<8} {rows:>7}x{n:<7} {name:<16} {ms:8.4f} ms {gbs:7.0f} GB/s {100 * gbs / copy:5.1f}%"
+            f"  {section:<4} {r['dtype']:<8} {rows:>7}x{n:<7} {name:<16} {ms:8.4f} ms {gbs:7.0f} GB/s "
+            f"{100 * gbs / copy:5.1f}%"
         )
         return r
 
@@ -209,7 +210,7 @@ def main():
                 rec("fwd", dtype, rows, n, "compiled", ms, base_bytes)
             except Exception as e:
                 say(f"!! compiled {dtype} {n}: {type(e).__name__}: {str(e)[:200]}")
-            del x
+            x = None  # free it before the next shape
             if GPU:
                 torch.cuda.empty_cache()
 
@@ -258,7 +259,7 @@ def main():
                 rec("bwd", dtype, rows, n, "compiled", time_ms(lambda: bwd_comp(y, dy)), base_bytes)
             except Exception as e:
                 say(f"!! compiled bwd {dtype} {n}: {type(e).__name__}: {str(e)[:200]}")
-            del y, dy
+            y = dy = None
             if GPU:
                 torch.cuda.empty_cache()
 
@@ -300,7 +301,8 @@ def main():
     for s in summary:
         lines.append(
             f"{s['sec']:<4} {s['dtype']:<9} {s['n']:>7} {s['rows']:>7} {'tile' if s['single'] else 'online':<6} "
-            f"{s['ms']:8.4f} {s['pct']:6.1f}% {s['eager']:7.2f}x {s['compiled']:9.2f}x  {s['best']} ({s['best_pct']:.1f}%)"
+            f"{s['ms']:8.4f} {s['pct']:6.1f}% {s['eager']:7.2f}x {s['compiled']:9.2f}x  "
+            f"{s['best']} ({s['best_pct']:.1f}%)"
         )
     for dn, pcts in narrow.items():
         med = sorted(pcts)[len(pcts) // 2]
