@@ -180,7 +180,7 @@ def _config(n_cols: int, dtype: torch.dtype, align: bool, gpu: bool) -> dict:
     else:
         block_n = min(head, 2048)
         num_warps = 4
-    return {"HEAD": head, "BLOCK_N": block_n, "num_warps": num_warps}
+    return {"HEAD": head, "BLOCK_N": block_n, "num_warps": num_warps, "PREFETCH": False, "num_stages": None}
 
 
 def cross_entropy_config(n_cols: int, dtype: torch.dtype, *, stride: int | None = None) -> dict:
@@ -216,6 +216,7 @@ def _cross_entropy_fwd_kernel(
     WRITE_GRAD: tl.constexpr,
     MEAN: tl.constexpr,
     SMOOTH: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     row = tl.program_id(axis=0).to(tl.int64)  # row * stride passes 2**31 at 16k x 128k
     y = tl.load(target_ptr + row)
@@ -246,10 +247,15 @@ def _cross_entropy_fwd_kernel(
         valid = (y >= 0) & (y < n_cols)  # an out-of-range target: NaN, never a stray read
         x_y = tl.load(x_ptr + x_start + y, mask=valid, other=float("nan")).to(tl.float32)
 
-        # sweep 1: online log-sum-exp. The head tile stays in registers for sweep 2.
+        # sweep 1: online log-sum-exp. The head tile stays in registers (in its storage dtype) for sweep 2.
         offs_h = tl.arange(0, HEAD)
         mask_h = (offs_h >= lead) & (offs_h < span)
-        x_h = tl.load(x_ptr + x_win + offs_h, mask=mask_h, other=float("-inf")).to(tl.float32)
+        x_h_raw = tl.load(x_ptr + x_win + offs_h, mask=mask_h, other=float("-inf"))
+        n_tail = tl.maximum(tl.cdiv(span - HEAD, BLOCK_N), 0)
+        if PREFETCH:  # issue the next tile's load before reducing this one: two tiles in flight
+            offs = HEAD + tl.arange(0, BLOCK_N)
+            x_next = tl.load(x_ptr + x_win + offs, mask=offs < span, other=float("-inf"))
+        x_h = x_h_raw.to(tl.float32)
         m = tl.max(x_h, axis=0)
         # a tile of only -inf (masked lanes, or -inf logits) has max -inf: exponentiate against 0
         # instead, or exp(-inf - -inf) would be NaN
@@ -257,11 +263,15 @@ def _cross_entropy_fwd_kernel(
         d = tl.sum(tl.exp(x_h - m_safe), axis=0)
         if SMOOTH:
             sum_x = tl.sum(tl.where(mask_h, x_h, 0.0), axis=0)
-        n_tail = tl.maximum(tl.cdiv(span - HEAD, BLOCK_N), 0)
         for i in range(0, n_tail):
             offs = HEAD + i * BLOCK_N + tl.arange(0, BLOCK_N)
             mask = offs < span
-            x = tl.load(x_ptr + x_win + offs, mask=mask, other=float("-inf")).to(tl.float32)
+            if PREFETCH:
+                x = x_next.to(tl.float32)
+                offs_next = offs + BLOCK_N
+                x_next = tl.load(x_ptr + x_win + offs_next, mask=offs_next < span, other=float("-inf"))
+            else:
+                x = tl.load(x_ptr + x_win + offs, mask=mask, other=float("-inf")).to(tl.float32)
             m_new = tl.maximum(m, tl.max(x, axis=0))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             d = d * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)
@@ -288,13 +298,23 @@ def _cross_entropy_fwd_kernel(
             c_t = (1.0 - label_smoothing) * scale
             c_s = label_smoothing / n_cols * scale
             # the streamed tiles newest first: the last ones read are the likeliest still in L2
+            if PREFETCH:
+                offs = HEAD + (n_tail - 1) * BLOCK_N + tl.arange(0, BLOCK_N)
+                x_next = tl.load(x_ptr + x_win + offs, mask=(offs >= HEAD) & (offs < span), other=float("-inf"))
             for i in range(0, n_tail):
                 offs = HEAD + (n_tail - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N)
                 mask = offs < span
-                x = tl.load(x_ptr + x_win + offs, mask=mask, other=float("-inf")).to(tl.float32)
+                if PREFETCH:
+                    x = x_next.to(tl.float32)
+                    offs_next = offs - BLOCK_N
+                    mask_next = (offs_next >= HEAD) & (offs_next < span)
+                    x_next = tl.load(x_ptr + x_win + offs_next, mask=mask_next, other=float("-inf"))
+                else:
+                    x = tl.load(x_ptr + x_win + offs, mask=mask, other=float("-inf")).to(tl.float32)
                 grad = tl.exp(x - m_safe) * c_p - c_s - tl.where(offs - lead == y, c_t, 0.0)
                 tl.store(grad_ptr + g_win + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
             # the head from registers: read once
+            x_h = x_h_raw.to(tl.float32)
             grad = tl.exp(x_h - m_safe) * c_p - c_s - tl.where(offs_h - lead == y, c_t, 0.0)
             tl.store(grad_ptr + g_win + offs_h, grad.to(grad_ptr.dtype.element_ty), mask=mask_h)
 
@@ -381,7 +401,8 @@ def _launch_forward(logits, target, grad, loss_rows, n_valid, ignore_index, labe
         WRITE_GRAD=grad is not None,
         MEAN=n_valid is not None,
         SMOOTH=label_smoothing != 0.0,
-        **launch_kwargs(cfg["num_warps"]),
+        PREFETCH=cfg["PREFETCH"],
+        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
 
 
