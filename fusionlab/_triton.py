@@ -81,6 +81,42 @@ class _State:
     depth: int = 0
 
 
+#: launch hooks active now: while one is, launchers take Triton's own (hooked) path
+_WATCHING = [0]
+
+
+def watching() -> bool:
+    return _WATCHING[0] > 0
+
+
+_RT: list = []  # (triton's runtime knobs, its active driver), looked up once: these run every launch
+
+
+def _runtime():
+    if not _RT:
+        from triton import knobs
+        from triton.runtime.driver import driver
+
+        _RT.extend((knobs.runtime, driver.active))
+    return _RT
+
+
+def _active(hook) -> bool:
+    # Triton 3.x keeps its hooks in a HookChain that is never None: a chain with no calls is no hook
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def launch_hooks_set() -> bool:
+    """Whether a launch enter/exit hook (Triton's profiling interface, e.g. proton) is installed."""
+    rt = _runtime()[0]
+    return _active(rt.launch_enter_hook) or _active(rt.launch_exit_hook)
+
+
+def current_stream(device: int):
+    """The current CUDA stream of ``device``, as Triton's launcher takes it."""
+    return _runtime()[1].get_current_stream(device)
+
+
 @contextlib.contextmanager
 def launch_hook(on_launch: Callable[[Launch], None]):
     """Call ``on_launch(Launch)`` for each outermost kernel launch inside the block."""
@@ -109,8 +145,10 @@ def launch_hook(on_launch: Callable[[Launch], None]):
 
         cls.run = run
         patched.append((cls, orig))
+    _WATCHING[0] += 1
     try:
         yield state
     finally:
+        _WATCHING[0] -= 1
         for cls, orig in reversed(patched):
             cls.run = orig

@@ -14,15 +14,26 @@ Launch configurations are cached per (mode, size class, dtype): a launcher must 
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 
-from .. import runtime
+from .. import _triton, runtime
 
 #: Triton's largest block (TRITON_MAX_TENSOR_NUMEL)
 MAX_TILE = 2**20
 #: int32 offsets: a kernel whose offsets are int32 takes fewer elements than this
 INT32_LIMIT = 2**31
+
+
+_IS_CUDA = runtime.DEVICE.type == "cuda"
+
+
+def current_device() -> int:
+    """The current CUDA device's index (torch's own call without its Python wrapper: this runs on
+    every launch, and the wrapper costs more than the answer)."""
+    getter = getattr(torch._C, "_cuda_getDevice", None)
+    return getter() if getter is not None else torch.cuda.current_device()
 
 
 class KernelInputError(ValueError):
@@ -62,13 +73,12 @@ def check_tensor(
     """
     if not isinstance(x, torch.Tensor):
         raise KernelInputError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}.")
-    want = runtime.DEVICE
-    if x.device.type != want.type:
+    if not (x.is_cuda if _IS_CUDA else x.is_cpu):
         raise KernelInputError(
-            f"{op}: {name} is on {x.device}, but in {runtime.MODE} mode the kernels run on {want}. "
+            f"{op}: {name} is on {x.device}, but in {runtime.MODE} mode the kernels run on {runtime.DEVICE}. "
             f"Move it with {name}.to(fusionlab.runtime.DEVICE)."
         )
-    if x.device.type == "cuda" and x.device.index is not None and x.device.index != torch.cuda.current_device():
+    if _IS_CUDA and x.get_device() != current_device():
         raise KernelInputError(
             f"{op}: {name} is on {x.device} but the current CUDA device is cuda:{torch.cuda.current_device()}; "
             f"Triton launches on the current device. Use `with torch.cuda.device({x.device.index}):` around the call."
@@ -198,3 +208,66 @@ def row_config(n_cols: int, dtype: torch.dtype, *, max_block: int | None = None,
     else:
         num_warps = 4
     return {"BLOCK_N": block_n, "num_warps": num_warps, "SINGLE_TILE": n_cols <= block_n}
+
+
+def _key(args) -> tuple:
+    """What Triton specialises a launch on, per argument: a tensor's dtype and 16-byte alignment; an
+    int's being 1, a multiple of 16, or too large for 32 bits. (A plain loop: this runs every call.)"""
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append(a.dtype)
+            key.append(a.data_ptr() & 15)
+        elif type(a) is int:
+            key.append(a == 1)
+            key.append(a & 15)
+            key.append(a >= 2**31 or a < -(2**31))
+        else:
+            key.append(a)
+    return tuple(key)
+
+
+class Launcher:
+    """Launch a ``@triton.jit`` kernel with less host time per call than ``kernel[grid](...)``.
+
+    Small tensors are launch-bound: the time per call is host work, and Triton's own launch path
+    (binding arguments, hashing the specialisation, looking up the compiled kernel, building launch
+    metadata) costs about as much as two eager PyTorch kernels (``benchmarks/NOTES.md``). The first
+    call for a specialisation goes through that path (it compiles); later calls with the same
+    specialisation — argument dtypes, 16-byte alignment, ints that are 1 or multiples of 16, the same
+    constexprs — call the compiled kernel's launcher directly, with the full argument list Triton
+    itself passes. In the interpreter, while ``fusionlab.instrument`` watches launches, and while a
+    launch hook (a profiler) is installed, every call takes Triton's own path.
+    """
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self._compiled: dict = {}
+        fn = kernel
+        while hasattr(fn, "fn") and not hasattr(fn, "arg_names"):
+            fn = fn.fn
+        self._names = list(getattr(fn, "arg_names", []))
+        params = getattr(fn, "params", [])
+        self._defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+    def __call__(self, grid, *args, key=None, **kwargs):
+        """``kernel[grid](*args, **kwargs)``. ``key``: the caller's own summary of everything Triton
+        specialises on (dtypes, 16-byte alignments, ints equal to 1 or multiples of 16, constexprs),
+        when it can say it more cheaply than :func:`_key` can work it out."""
+        if not runtime.is_gpu() or _triton.watching() or not self._names:
+            return self.kernel[grid](*args, **kwargs)
+        device = current_device()
+        key = (_key(args), tuple(kwargs.items()), device) if key is None else (key, device)
+        hit = self._compiled.get(key)
+        if hit is None or _triton.launch_hooks_set():
+            compiled = self.kernel[grid](*args, **kwargs)
+            options = {"num_warps", "num_stages", "num_ctas", "maxnreg"}
+            tail = tuple(kwargs[n] if n in kwargs else self._defaults.get(n) for n in self._names[len(args) :])
+            if compiled is not None and not (set(kwargs) - options - set(self._names)):
+                self._compiled[key] = (compiled, compiled.run, compiled.function, compiled.packed_metadata, tail)
+            return compiled
+        compiled, run, function, packed, tail = hit
+        g1 = grid[1] if len(grid) > 1 else 1
+        g2 = grid[2] if len(grid) > 2 else 1
+        run(grid[0], g1, g2, _triton.current_stream(device), function, packed, None, None, None, *args, *tail)
+        return compiled

@@ -27,6 +27,8 @@ Three forms of GELU, picked with ``approximate``:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -36,6 +38,7 @@ from .._exercise import answer_key
 from ..ledger import Ledger
 from ._launch import (
     KernelInputError,
+    Launcher,
     check_block,
     check_same,
     check_tensor,
@@ -180,6 +183,18 @@ def bias_gelu_config(n_rows: int, n_cols: int, dtype: torch.dtype) -> dict:
     return dict(elementwise_config(int(n_rows), int(n_cols), dtype))
 
 
+_launch = Launcher(_bias_gelu_kernel)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(n_rows: int, n_cols: int, dtype: torch.dtype) -> tuple:
+    """(BLOCK_M, BLOCK_N, num_warps, grid, EVEN) for the default tile: derived once per shape."""
+    cfg = elementwise_config(n_rows, n_cols, dtype)
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    grid = (triton.cdiv(n_rows, bm) * triton.cdiv(n_cols, bn),)
+    return bm, bn, cfg["num_warps"], grid, n_rows % bm == 0 and n_cols % bn == 0
+
+
 def bias_gelu(
     x: torch.Tensor,
     bias: torch.Tensor,
@@ -198,12 +213,15 @@ def bias_gelu(
     by default :func:`bias_gelu_config` picks them. Returns a new tensor like ``x``.
     """
     op = "bias_gelu"
-    approx = _check_approximate(approximate, op)
+    approx = APPROXIMATIONS.get(approximate) if isinstance(approximate, str) else None
+    if approx is None:
+        _check_approximate(approximate, op)  # raises with the list of choices
     check_tensor(x, "x", op=op)
+    check_tensor(bias, "bias", op=op, ndim=1)
+    if bias.dtype != x.dtype or bias.get_device() != x.get_device():
+        check_same(x, bias, "x and bias", op=op, shape=False)
     if x.dim() < 1:
         raise KernelInputError(f"{op}: x must have at least one dimension (..., N), got a scalar.")
-    check_tensor(bias, "bias", op=op, ndim=1)
-    check_same(x, bias, "x and bias", op=op, shape=False)
     n_cols = x.shape[-1]
     if bias.shape[0] != n_cols:
         raise KernelInputError(
@@ -211,31 +229,38 @@ def bias_gelu(
             "bias must have shape (N,) where N is x's last dimension."
         )
     y = torch.empty_like(x)
-    if x.numel() == 0:
+    numel = x.numel()
+    if numel == 0:
         return y
-    n_rows = x.numel() // n_cols
-
-    cfg = bias_gelu_config(n_rows, n_cols, x.dtype)
-    block_m = check_block(block_m, "block_m", op) if block_m is not None else cfg["BLOCK_M"]
-    block_n = check_block(block_n, "block_n", op) if block_n is not None else cfg["BLOCK_N"]
-    num_warps = check_block(num_warps, "num_warps", op, max_value=32) if num_warps is not None else cfg["num_warps"]
-    check_tile(block_m, block_n, op=op)
-    grid = (triton.cdiv(n_rows, block_m) * triton.cdiv(n_cols, block_n),)
-    # x is contiguous (checked), so viewing it as (rows, N) is free and gives the row stride
-    x2, y2 = x.view(n_rows, n_cols), y.view(n_rows, n_cols)
-    kwargs = launch_kwargs(num_warps)
-    _bias_gelu_kernel[grid](
-        x2,
+    n_rows = numel // n_cols
+    key = None
+    if block_m is None and block_n is None and num_warps is None:
+        block_m, block_n, num_warps, grid, even = _plan(n_rows, n_cols, x.dtype)
+        # everything Triton specialises this launch on: the plan follows from the shape and dtype
+        key = (x.shape, x.dtype, approx, x.data_ptr() & 15, bias.data_ptr() & 15, y.data_ptr() & 15)
+    else:
+        cfg = bias_gelu_config(n_rows, n_cols, x.dtype)
+        block_m = check_block(block_m, "block_m", op) if block_m is not None else cfg["BLOCK_M"]
+        block_n = check_block(block_n, "block_n", op) if block_n is not None else cfg["BLOCK_N"]
+        num_warps = check_block(num_warps, "num_warps", op, max_value=32) if num_warps is not None else cfg["num_warps"]
+        check_tile(block_m, block_n, op=op)
+        grid = (triton.cdiv(n_rows, block_m) * triton.cdiv(n_cols, block_n),)
+        even = n_rows % block_m == 0 and n_cols % block_n == 0
+    # x and y are contiguous (checked), so a row of the (rows, N) view starts every N elements
+    _launch(
+        grid,
+        x,
         bias,
-        y2,
+        y,
         n_rows,
         n_cols,
-        x2.stride(0),
-        y2.stride(0),
+        n_cols,
+        n_cols,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         APPROX=approx,
-        EVEN=n_rows % block_m == 0 and n_cols % block_n == 0,
-        **kwargs,
+        EVEN=even,
+        key=key,
+        **launch_kwargs(num_warps),
     )
     return y

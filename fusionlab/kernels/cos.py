@@ -15,6 +15,8 @@ polynomial is exact to fp32 rounding. ``second="precise"`` keeps ``tl.cos`` twic
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -22,7 +24,7 @@ import triton.language as tl
 from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
-from ._launch import KernelInputError, check_tensor
+from ._launch import KernelInputError, Launcher, check_tensor, launch_kwargs
 
 COS, COS_COS_PRECISE, COS_COS = 0, 1, 2
 
@@ -66,18 +68,27 @@ def _cos_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr, WHAT: tl.con
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+_launch_cos = Launcher(_cos_kernel)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(n: int) -> tuple:
+    # 1024 elements and 4 warps per program: 8 fp32 elements (two 16-byte loads) per thread, the
+    # best of a sweep on an H200 (benchmarks/NOTES.md). The interpreter runs programs one after
+    # another, so it gets fewer, larger blocks.
+    block = 1024 if runtime.is_gpu() else 4096
+    return (triton.cdiv(n, block),), block
+
+
 def _launch(x: torch.Tensor, what: int, op: str) -> torch.Tensor:
     check_tensor(x, "x", op=op)
     y = torch.empty_like(x)
     n = x.numel()
     if n == 0:
         return y
-    # 1024 elements and 4 warps per program: 8 fp32 elements (two 16-byte loads) per thread, the
-    # best of a sweep on an H200 (benchmarks/NOTES.md). The interpreter runs programs one after
-    # another, so it gets fewer, larger blocks.
-    block = 1024 if runtime.is_gpu() else 4096
-    kwargs = {"num_warps": 4} if runtime.is_gpu() else {}
-    _cos_kernel[(triton.cdiv(n, block),)](x, y, n, BLOCK_SIZE=block, WHAT=what, **kwargs)
+    grid, block = _plan(n)
+    key = (n, x.dtype, what, x.data_ptr() & 15, y.data_ptr() & 15)  # all Triton specialises on
+    _launch_cos(grid, x, y, n, BLOCK_SIZE=block, WHAT=what, key=key, **launch_kwargs(4))
     return y
 
 
