@@ -176,7 +176,8 @@ def test_padded_lanes_are_not_probability_mass():
     x = torch.tensor([[0.0, 0.0, 0.0], [-5.0, -6.0, -7.0]], device=runtime.DEVICE)
     t = torch.tensor([0, 2], device=runtime.DEVICE)
     loss = cross_entropy(x, t, reduction="none")
-    torch.testing.assert_close(loss.double(), cross_entropy_reference(x.double(), t, reduction="none"))
+    want = F.cross_entropy(x.double(), t, reduction="none")
+    torch.testing.assert_close(loss.double(), want, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(loss[0].item(), float(torch.log(torch.tensor(3.0))), atol=1e-6, rtol=0)
 
 
@@ -253,6 +254,7 @@ def test_strided_rows_odd_stride():
 
 
 def test_non_finite_logits_match_torch():
+    torch.manual_seed(0)
     x = torch.randn(4, 20, device=runtime.DEVICE)
     x[0, 3] = float("inf")  # +inf: torch gives NaN (inf - inf)
     x[1, :10] = float("-inf")  # some -inf: a finite loss
@@ -260,13 +262,13 @@ def test_non_finite_logits_match_torch():
     t = torch.tensor([1, 12, 0, 4], device=runtime.DEVICE)
     want = F.cross_entropy(x.double(), t, reduction="none")
     got = cross_entropy(x, t, reduction="none")
-    torch.testing.assert_close(got.double(), want, equal_nan=True)
+    torch.testing.assert_close(got.double(), want, equal_nan=True, atol=1e-5, rtol=1e-5)
     # the first 16-lane tile entirely -inf, the rest finite (online max starting at -inf)
     y = torch.full((1, 40), float("-inf"), device=runtime.DEVICE)
     y[0, 30:] = torch.randn(10, device=runtime.DEVICE)
     ty = torch.tensor([35], device=runtime.DEVICE)
     got = cross_entropy(y, ty, reduction="none", head_n=16, block_n=16)
-    torch.testing.assert_close(got.double(), F.cross_entropy(y.double(), ty, reduction="none"))
+    torch.testing.assert_close(got.double(), F.cross_entropy(y.double(), ty, reduction="none"), atol=1e-5, rtol=1e-5)
 
 
 def test_out_of_range_target_is_nan_not_a_stray_read():

@@ -108,7 +108,8 @@ def test_no_grad_forward_and_all_ignored():
     h, w, t = _inputs(12, 8, 30, seed=6)
     with torch.no_grad():
         loss = linear_cross_entropy(h, w, t, chunk=5)
-    torch.testing.assert_close(loss.double(), linear_cross_entropy_reference(h.double(), w.double(), t))
+    want = linear_cross_entropy_reference(h.double(), w.double(), t)
+    torch.testing.assert_close(loss.double(), want, atol=1e-5, rtol=1e-5)
     t[:] = -100
     assert torch.isnan(linear_cross_entropy(h, w, t)), "mean over no rows is NaN, as torch"
 
