@@ -1,0 +1,957 @@
+"""Lesson 4: residual-add + RMSNorm in one kernel, forward and backward.
+
+Llama's decoder layer adds a sub-layer's output to the residual stream and normalises the sum::
+
+    h = x + r                                   # the new residual stream: written, the next layer adds to it
+    y = h * rsqrt(mean(h², -1) + eps) * w       # the normalised input of the next sub-layer
+
+Both ``h`` and ``y`` leave the kernel. Fused, a row costs: read x, r (and w, shared by every row and
+served from L2), write h, y — ``4 rows N`` elements, not ``2 rows N``: the residual sum is an output.
+Eager PyTorch (Hugging Face's ``LlamaRMSNorm`` after an add) runs about nine kernels with fp32
+intermediates; :func:`rmsnorm_ledger` counts them.
+
+**A reduction needs the whole row.** ``mean(h²)`` is known only after the last element of the row is
+seen, and every output element needs it. A row of up to ``BLOCK_N`` elements (:func:`rmsnorm_config`,
+64 KiB of row on a GPU) is held in registers: one read per element. A wider row is walked twice in
+``BLOCK_N`` tiles: pass 1 computes and writes h and sums h², pass 2 re-reads h (not x and r: h is
+one tensor, x and r two) and writes y — the ledger's re-read term (``block=`` in the ledger). Pass 2
+walks the tiles backwards, so the tiles written last (the likeliest still in L2) are read first.
+
+**Numerics and cast order** (Hugging Face's LlamaRMSNorm, which we follow): ``h`` is rounded to the
+input dtype (it is stored, and eager adds in that dtype); statistics are fp32 from the rounded h
+whatever the storage; ``h * rstd`` is computed in fp32 and **rounded to the input dtype, then
+multiplied by the weight** (``weight * hidden.to(input_dtype)``), and y is rounded to the input dtype.
+The weight may be fp32 with fp16/bf16 activations (y stays in the activations' dtype; Hugging Face
+would return fp32 there — :func:`rmsnorm_eager` casts back so both give the same dtype). ``eps`` sits
+inside the square root, added to the mean square. ``rsqrt`` on a GPU is the hardware approximation
+(relative error ~2**-23, as ``torch.rsqrt``). Non-finite inputs give what the reference gives (an inf
+in a row makes its mean square inf, rstd 0, and the row NaN).
+
+**Backward** (``rstd`` saved in fp32, one per row; ``n = h * rstd``; ``g = dy * w``)::
+
+    dh = rstd * g - h * rstd³ * mean(g * h)  (+ grad_h, when the caller uses h)
+    dx = dresidual = dh;      dw = sum over rows of dy * round(n)
+
+dx (which is also the residual's gradient: the add passes it to both) comes from one kernel that
+reads dy, h, w, rstd (and grad_h) and writes dx. ``dw`` is a cross-program reduction: each of P
+programs walks a contiguous block of rows, accumulates ``dy * round(n)`` for its rows in fp32
+registers and writes one row of a ``(P, N)`` fp32 buffer; a second small Triton kernel sums the P
+rows in a fixed order. No atomics: ``tl.atomic_add`` from P programs would add the partial sums in
+whatever order the programs finish, which changes from run to run, and fp32 addition is not
+associative — dw would differ in its last bits between two identical calls. (A Triton kernel rather
+than ``buffer.sum(0)``: the same order on every device and mode, one fewer torch dispatch, and the
+reduction is part of the op the lesson shows.) Rows wider than the backward tile run two phases in
+the same kernel: phase 1 computes each row's ``rstd³ mean(g h)`` (one read of dy, h), phase 2 walks
+the tiles with the rows inside, so the dw partial of one tile stays in registers across rows (a
+second read of dy and h — the backward's re-read term).
+
+**Layout**: x and r of any shape ``(..., N)`` whose last dimension has stride 1; their leading
+dimensions may be strided as long as they merge into at most two (size, stride) levels (a slice of a
+wider buffer, ``x[:, :-1]`` of a ``(B, T, N)`` tensor, ``x[::2]``): they are read in place through
+their strides. A last dimension of stride != 1, or leading dimensions needing three strides, is
+refused with a :class:`KernelInputError` (no silent copy); gradients arriving in backward with such a
+layout (an expanded ``y.sum()`` gradient has stride 0 everywhere) are copied, since the caller does
+not choose them. Row offsets are int64: rows x N past 2**31 elements works. h and y are new,
+contiguous tensors.
+
+**Few rows**: one program per row (block of rows) is the schedule; 1–64 rows of 16k leave most of a
+132-SM GPU idle. Such a call moves at most a few MiB and is launch-bound (a launch costs more than the
+bytes at copy speed), so we keep one program per row and give it the most warps its tile allows
+(more loads in flight per row); the measured times are in ``benchmarks/notes_norms.md``. Splitting a
+row over programs would need a second kernel (or a grid-wide sync) to combine the partial sums.
+
+References: Zhang & Sennrich, "Root Mean Square Layer Normalization" (2019); Hugging Face
+``LlamaRMSNorm``; Triton tutorial 05 (layer norm, partial-sum dw); Liger-Kernel ``ops/rms_norm.py``
+(row-blocked backward, one dw partial per program).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from .._exercise import answer_key
+from ..ledger import READ, WRITE, Ledger, Trip, dtype_bytes, human_bytes
+from ._launch import (
+    INT32_LIMIT,
+    KernelInputError,
+    check_block,
+    check_tensor,
+    check_tile,
+    element_size,
+    launch_kwargs,
+    next_pow2,
+)
+
+OP = "rmsnorm"
+
+# -- launch configuration ----------------------------------------------------------------------------
+#: GPU tuning (benchmarks/bench_norms.py; the sweep is in benchmarks/notes_norms.md).
+#: ``max_single_bytes``: the widest row held in one tile, in bytes of the storage dtype;
+#: ``wide_block``: the tile width (elements) of the two-pass path; ``tile``: elements a program takes
+#: when rows are narrow (BLOCK_M rows of BLOCK_N); ``per_thread``: elements a thread holds (sets
+#: num_warps); ``programs_per_sm``: backward programs per SM (each walks a block of rows).
+GPU_TUNING = {
+    "forward": {"max_single_bytes": 65536, "wide_block": 4096, "tile": 2048, "per_thread": 16},
+    "backward": {"max_single_bytes": 32768, "wide_block": 4096, "tile": 2048, "per_thread": 16, "programs_per_sm": 4},
+}
+#: the interpreter: every program costs milliseconds of Python, so tiles are large (64 Ki elements)
+#: and few backward programs; rows past 4096 elements take the two-pass path.
+INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "programs": 4}
+#: the partial-sum reduction: BLOCK_P partial rows x BLOCK_N columns a step
+REDUCE = {"BLOCK_P": 32, "BLOCK_N": 128, "num_warps": 4}
+#: SMs assumed for a GPU configuration asked for on a machine without one (an H100 SXM)
+DEFAULT_SMS = 132
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count() -> int:
+    """This GPU's multiprocessor count (:data:`DEFAULT_SMS` without one)."""
+    if runtime.is_gpu():
+        return _sm_count(torch.cuda.current_device())
+    return DEFAULT_SMS
+
+
+@functools.lru_cache(maxsize=4096)
+def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
+    if gpu:
+        t = GPU_TUNING["backward" if backward else "forward"]
+        max_single = max(16, t["max_single_bytes"] // element_size(dtype))
+    else:
+        t = INTERPRETER_TUNING
+        max_single = t["max_single"]
+    single = n_cols <= next_pow2(max_single)
+    block_n = max(16, next_pow2(n_cols) if single else min(next_pow2(t["wide_block"]), next_pow2(max_single)))
+    # narrow rows: several rows a program, so each program still moves a useful amount
+    block_m = max(1, min(t["tile"] // block_n, next_pow2(max(n_rows, 1))))
+    if gpu:
+        num_warps = max(1, min(32, next_pow2(block_m * block_n // t["per_thread"]) // 32))
+        if triton.cdiv(max(n_rows, 1), block_m) < sms:  # few rows: the GPU idles; more loads in flight a row
+            block_m = 1
+            num_warps = max(num_warps, min(32, max(4, block_n // 256)))
+    else:
+        num_warps = 4
+    cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "SINGLE_TILE": single}
+    if backward:
+        blocks = triton.cdiv(max(n_rows, 1), block_m)
+        cfg["programs"] = max(1, min(blocks, sms * t["programs_per_sm"] if gpu else t["programs"]))
+    return cfg
+
+
+def rmsnorm_config(
+    n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu: bool | None = None
+) -> dict:
+    """The launch configuration: ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}`` (backward:
+    and ``"programs"``, the number of programs P, each walking a contiguous block of rows).
+
+    ``SINGLE_TILE``: the row fits one ``BLOCK_N`` tile and is read once; otherwise the two-pass path
+    walks it in ``BLOCK_N`` tiles. ``BLOCK_M`` rows share a program when rows are narrow. ``gpu``: the
+    GPU's configuration (default: this mode's), so a lesson on a CPU can ask what the GPU kernel does
+    (with :data:`DEFAULT_SMS` SMs there). Tuned on an H100 (``benchmarks/notes_norms.md``).
+    """
+    gpu = runtime.is_gpu() if gpu is None else bool(gpu)
+    sms = sm_count() if gpu and runtime.is_gpu() else DEFAULT_SMS
+    return dict(_config(int(n_rows), int(n_cols), dtype, bool(backward), gpu, sms))
+
+
+# -- a ledger for reductions -----------------------------------------------------------------------------
+@dataclass
+class NormLedger(Ledger):
+    """A :class:`fusionlab.ledger.Ledger` for reduction kernels: tensors of different element sizes
+    (fp32 statistics beside bf16 activations, an fp32 weight) and a fused schedule written out trip
+    by trip — a norm kernel writes statistics no eager op writes, re-reads rows too wide for one tile
+    and moves partial sums (a Ledger's rule "first read of each input, write of each output" does not
+    describe it).
+
+    ``sizes``: bytes (or dtype) per element by tensor name; other tensors take ``dtype_bytes``.
+    ``schedule``: the fused kernel(s) as ``(step, tensor, direction, elements)``; built with
+    :meth:`fused`. (General enough for ``fusionlab.ledger``; kept here until it moves there.)
+    """
+
+    sizes: dict = field(default_factory=dict)
+    schedule: list = field(default_factory=list)
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.sizes = {k: dtype_bytes(v) for k, v in self.sizes.items()}
+
+    def size(self, tensor: str) -> int:
+        return self.sizes.get(tensor, self.dtype_bytes)
+
+    def _trip(self, op, tensor, direction, n) -> Trip:
+        return Trip(op, tensor, direction, n, n * self.size(tensor))
+
+    def fused(self, step: str, reads: dict | None = None, writes: dict | None = None) -> NormLedger:
+        for t, n in (reads or {}).items():
+            self.schedule.append((step, t, READ, int(n)))
+        for t, n in (writes or {}).items():
+            self.schedule.append((step, t, WRITE, int(n)))
+        return self
+
+    def trips(self, fused: bool) -> list[Trip]:
+        if fused and self.schedule:
+            return [self._trip(*s) for s in self.schedule if s[3]]
+        return super().trips(fused)
+
+    def table(self) -> str:
+        lines = [f"{'kernel':<20} {'tensor':<8} {'trip':<6} {'bytes':>12}", "eager (one kernel per op):"]
+        for t in self.trips(fused=False):
+            lines.append(f"  {t.op:<18} {t.tensor:<8} {t.direction:<6} {human_bytes(t.nbytes):>12}")
+        lines.append("fused:")
+        for t in self.trips(fused=True):
+            lines.append(f"  {t.op:<18} {t.tensor:<8} {t.direction:<6} {human_bytes(t.nbytes):>12}")
+        lines.append(
+            f"total: eager {human_bytes(self.unfused_bytes)} in {self.kernels_unfused} kernels, "
+            f"fused {human_bytes(self.fused_bytes)}"
+        )
+        lines.append(f"predicted speedup from fusion (memory-bound): {self.saving:.2f}x")
+        return "\n".join(lines)
+
+
+# -- spec, eager, ledger, flops ------------------------------------------------------------------------
+@answer_key
+def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
+    """The spec, in float64 arithmetic with the model's roundings: ``h = x + r`` rounded to x's dtype;
+    ``n = h * rsqrt(mean(h², -1) + eps)`` rounded to x's dtype; ``y = n * w`` rounded to x's dtype.
+
+    Returns y, or ``(y, h)`` with a residual. On float64 inputs no rounding happens: the exact RMSNorm
+    (differentiable, for gradient checks against torch autograd).
+    """
+    d = x.dtype
+    h = x if residual is None else (x.double() + residual.double()).to(d)
+    hf = h.double()
+    n = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(d)
+    y = (n.double() * weight.double()).to(d)
+    return y if residual is None else (y, h)
+
+
+def rmsnorm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
+    """What eager PyTorch runs: the residual add, then Hugging Face's ``LlamaRMSNorm.forward``::
+
+        h = x + r
+        hf = h.to(torch.float32)
+        hf = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+        y = weight * hf.to(x.dtype)
+
+    About nine kernels with fp32 intermediates. With an fp32 weight and fp16/bf16 x, Hugging Face's y
+    would be fp32; this casts it back to x's dtype (one more kernel), so y has the kernel's dtype.
+    Returns y, or ``(y, h)`` with a residual.
+    """
+    h = x if residual is None else x + residual
+    hf = h.to(torch.float32)
+    hf = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+    y = weight * hf.to(x.dtype)
+    if y.dtype != x.dtype:
+        y = y.to(x.dtype)
+    return y if residual is None else (y, h)
+
+
+def _wide(rows: int, n: int, dtype, block: int | None, backward: bool) -> bool:
+    if block is None:  # the GPU kernel's own choice
+        return not rmsnorm_config(rows, n, dtype, backward=backward, gpu=True)["SINGLE_TILE"]
+    return n > int(block)
+
+
+@answer_key
+def rmsnorm_ledger(
+    rows: int,
+    n: int,
+    dtype,
+    residual: bool = True,
+    weight_dtype=None,
+    *,
+    block: int | None = None,
+    stats: bool = False,
+    backward: bool = False,
+    grad_h: bool = True,
+    programs: int | None = None,
+) -> NormLedger:
+    """Residual + RMSNorm of ``rows`` rows of ``n``, trip by trip: eager (``rmsnorm_eager``, op by
+    op) and the fused kernel.
+
+    Forward, fused: read x, r (``rows n`` each), w (``n``, once: every program reads the same
+    weight, which stays in L2); write h, y (``rows n`` each) — ``4 rows n`` elements plus the weight
+    (without a residual: read x, w; write y). ``stats=True`` (training: autograd needs rstd): also write
+    rstd (``rows`` fp32). A row wider than ``block`` (default: the GPU kernel's one-tile limit,
+    :func:`rmsnorm_config` with ``gpu=True``) is read in two passes: pass 2 re-reads h (or x without a
+    residual) — the re-read term, ``rows n`` more.
+
+    ``backward=True``: eager autograd of ``rmsnorm_eager`` (nominal: one trip per tensor each
+    formula of torch's derivatives reads or writes; the exact kernels vary by version) and the fused
+    backward: read dy, h (or x), w, rstd and, with ``grad_h`` (the caller uses h), grad_h; write dx
+    (which is also the residual's gradient); write then read the ``(programs, n)`` fp32 partial sums
+    of dw; write dw. Rows wider than ``block`` (the backward tile): dy and h are read twice, and one
+    fp32 per row (phase 1's row term) is written and read.
+
+    ``weight_dtype``: the weight's dtype (default: ``dtype``); it sets the size of w and dw (and in
+    the forward, eager's extra cast of an fp32 y back to ``dtype``).
+    """
+    rows, n = int(rows), int(n)
+    weight_dtype = dtype if weight_dtype is None else weight_dtype
+    f32 = torch.float32
+    rn = rows * n
+    low = dtype_bytes(dtype) != 4  # fp16/bf16: eager's .float() and .to(dtype) are real kernels
+    promoted = torch.promote_types(dtype, weight_dtype) if isinstance(dtype, torch.dtype) else dtype
+    h = "h" if residual else "x"
+    sizes = {
+        "w": weight_dtype,
+        "dw": weight_dtype,
+        "rstd": f32,
+        "c": f32,
+        "dw_partial": f32,
+        "y32": f32,
+        "hf": f32,
+        "sq": f32,
+        "var": f32,
+        "t": f32,
+        "rs": f32,
+        "hn": f32,
+        "dhn": f32,
+        "dhf1": f32,
+        "t2": f32,
+        "drs": f32,
+        "dt": f32,
+        "dsq": f32,
+        "dhf2": f32,
+        "dhf": f32,
+    }
+    wide = _wide(rows, n, dtype, block, backward)
+    led = NormLedger(dtype_bytes=dtype, sizes=sizes)
+    if not backward:
+        if residual:
+            led.op("add", reads={"x": rn, "r": rn}, writes={"h": rn})
+        hf = "hf" if low else h
+        if low:
+            led.op("float", reads={h: rn}, writes={"hf": rn})
+        led.op("pow", reads={hf: rn}, writes={"sq": rn})
+        led.op("mean", reads={"sq": rn}, writes={"var": rows})
+        led.op("add eps", reads={"var": rows}, writes={"t": rows})
+        led.op("rsqrt", reads={"t": rows}, writes={"rs": rows})
+        led.op("mul rstd", reads={hf: rn, "rs": rows}, writes={"hn": rn})
+        hb = "hb" if low else "hn"
+        if low:
+            led.op("to dtype", reads={"hn": rn}, writes={"hb": rn})
+        if promoted != dtype:
+            led.op("mul w", reads={"w": n, hb: rn}, writes={"y32": rn})
+            led.op("to dtype", reads={"y32": rn}, writes={"y": rn})
+        else:
+            led.op("mul w", reads={"w": n, hb: rn}, writes={"y": rn})
+        led.outputs = ("h", "y") if residual else ("y",)
+        step = "rmsnorm"
+        led.fused(step, reads={"x": rn, "r": rn if residual else 0, "w": n})
+        if residual:
+            led.fused(step, writes={"h": rn})
+        if wide:
+            led.fused("pass 2", reads={h: rn})
+        led.fused(step, writes={"y": rn, "rstd": rows if stats else 0})
+        return led
+
+    # backward: eager autograd, formula by formula (residual add: no kernel, dh goes to x and r)
+    hb = "hb" if low else "hn"
+    hf = "hf" if low else h
+    led.op("mul bwd (dhb)", reads={"dy": rn, "w": n}, writes={"dhb": rn})
+    led.op("mul bwd (dw)", reads={"dy": rn, hb: rn}, writes={"t1": rn})
+    led.op("sum (dw)", reads={"t1": rn}, writes={"dw": n})
+    dhn = "dhb"
+    if low:
+        led.op("to bwd", reads={"dhb": rn}, writes={"dhn": rn})
+        dhn = "dhn"
+    led.op("mul bwd (dhf)", reads={dhn: rn, "rs": rows}, writes={"dhf1": rn})
+    led.op("mul bwd (drs)", reads={dhn: rn, hf: rn}, writes={"t2": rn})
+    led.op("sum (drs)", reads={"t2": rn}, writes={"drs": rows})
+    led.op("rsqrt bwd", reads={"drs": rows, "rs": rows}, writes={"dt": rows})
+    led.op("mean bwd", reads={"dt": rows}, writes={"dsq": rn})
+    led.op("pow bwd", reads={"dsq": rn, hf: rn}, writes={"dhf2": rn})
+    led.op("add grads", reads={"dhf1": rn, "dhf2": rn}, writes={"dhf": rn})
+    dh = "dhf"
+    if low:
+        led.op("float bwd", reads={"dhf": rn}, writes={"dh1": rn})
+        dh = "dh1"
+    if residual and grad_h:
+        led.op("add grad_h", reads={dh: rn, "grad_h": rn}, writes={"dx": rn})
+    if programs is None:
+        programs = rmsnorm_config(rows, n, dtype, backward=True, gpu=True)["programs"]
+    step = "rmsnorm bwd"
+    led.fused(step, reads={"dy": rn, h: rn, "w": n, "rstd": rows, "grad_h": rn if (residual and grad_h) else 0})
+    if wide:
+        led.fused("phase 1", writes={"c": rows})
+        led.fused("phase 2", reads={"dy": rn, h: rn, "c": rows})
+    led.fused(step, writes={"dx": rn, "dw_partial": programs * n})
+    led.fused("sum partials", reads={"dw_partial": programs * n}, writes={"dw": n})
+    return led
+
+
+def rmsnorm_flops(rows: int, n: int, residual: bool = True, *, backward: bool = False) -> int:
+    """Nominal FLOPs. Forward, per element: the residual add (1), square and sum (2), times rstd (1),
+    times w (1); backward: g = dy w (1), g h and its sum (2), rstd g (1), h c (1), the difference (1),
+    grad_h (1), round(n) (1), dy n and its sum (2)."""
+    per = (11 if residual else 10) if backward else (5 if residual else 4)
+    return per * int(rows) * int(n)
+
+
+# -- kernels --------------------------------------------------------------------------------------------
+@triton.jit
+def _row_offsets(rows, n_inner, stride_b, stride_m, TWO_LEVEL: tl.constexpr):
+    # rows: int64. Row r starts at (r // n_inner) * stride_b + (r % n_inner) * stride_m (two levels of
+    # leading dimensions), or r * stride_m when they merge into one stride.
+    if TWO_LEVEL:
+        return (rows // n_inner) * stride_b + (rows % n_inner) * stride_m
+    else:
+        return rows * stride_m
+
+
+@triton.jit
+def _rmsnorm_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    h_ptr,
+    y_ptr,
+    rstd_ptr,
+    n_rows,
+    n_cols,
+    n_inner,
+    stride_xb,
+    stride_xm,
+    stride_rb,
+    stride_rm,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SINGLE_TILE: tl.constexpr,
+    EVEN: tl.constexpr,
+    TWO_LEVEL: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    STORE_RSTD: tl.constexpr,
+):
+    # One program per BLOCK_M rows. h and y are contiguous (rows, N); x and r are read through strides.
+    pid = tl.program_id(axis=0)
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    mask_m = offs_m < n_rows
+    rows = offs_m.to(tl.int64)  # rows x N can pass 2**31
+    x_rows = x_ptr + _row_offsets(rows, n_inner, stride_xb, stride_xm, TWO_LEVEL)
+    r_rows = r_ptr + _row_offsets(rows, n_inner, stride_rb, stride_rm, TWO_LEVEL)
+    h_rows = h_ptr + rows * n_cols
+    y_rows = y_ptr + rows * n_cols
+    offs_n = tl.arange(0, BLOCK_N)
+    if SINGLE_TILE:  # the whole row in registers: one read of each element
+        mask = mask_m[:, None] & (offs_n < n_cols)[None, :]
+        if EVEN:  # BLOCK_N == N and the row blocks divide the rows: no masks
+            x = tl.load(x_rows[:, None] + offs_n[None, :])
+            w = tl.load(w_ptr + offs_n).to(tl.float32)
+        else:
+            x = tl.load(x_rows[:, None] + offs_n[None, :], mask=mask, other=0.0)
+            w = tl.load(w_ptr + offs_n, mask=offs_n < n_cols, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            if EVEN:
+                r = tl.load(r_rows[:, None] + offs_n[None, :])
+            else:
+                r = tl.load(r_rows[:, None] + offs_n[None, :], mask=mask, other=0.0)
+            # h rounded to the storage dtype: it is stored, and the statistics are those of what is stored
+            h = (x.to(tl.float32) + r.to(tl.float32)).to(h_ptr.dtype.element_ty)
+            if EVEN:
+                tl.store(h_rows[:, None] + offs_n[None, :], h)
+            else:
+                tl.store(h_rows[:, None] + offs_n[None, :], h, mask=mask)
+        else:
+            h = x
+        hf = h.to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(hf * hf, axis=1) / n_cols + eps)  # (BLOCK_M,) fp32; eps inside the root
+        # Llama's cast order: normalise in fp32, round to the activations' dtype, then multiply by w
+        nrm = (hf * rstd[:, None]).to(y_ptr.dtype.element_ty).to(tl.float32)
+        y = (nrm * w[None, :]).to(y_ptr.dtype.element_ty)
+        if EVEN:
+            tl.store(y_rows[:, None] + offs_n[None, :], y)
+        else:
+            tl.store(y_rows[:, None] + offs_n[None, :], y, mask=mask)
+    else:  # a row wider than one tile: pass 1 writes h and sums h², pass 2 re-reads h and writes y
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            offs = start + offs_n
+            mask = mask_m[:, None] & (offs < n_cols)[None, :]
+            x = tl.load(x_rows[:, None] + offs[None, :], mask=mask, other=0.0)
+            if HAS_RESIDUAL:
+                r = tl.load(r_rows[:, None] + offs[None, :], mask=mask, other=0.0)
+                h = (x.to(tl.float32) + r.to(tl.float32)).to(h_ptr.dtype.element_ty)
+                tl.store(h_rows[:, None] + offs[None, :], h, mask=mask)
+            else:
+                h = x
+            hf = h.to(tl.float32)
+            acc += hf * hf  # element-wise partial sums; one reduction after the loop
+        rstd = tl.math.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
+        # the h this program stored is read back below: make every thread's stores visible first
+        tl.debug_barrier()
+        n_tiles = tl.cdiv(n_cols, BLOCK_N)
+        for i in range(0, n_tiles):
+            start = (n_tiles - 1 - i) * BLOCK_N  # backwards: the tiles stored last are likeliest in L2
+            offs = start + offs_n
+            mask_n = offs < n_cols
+            mask = mask_m[:, None] & mask_n[None, :]
+            if HAS_RESIDUAL:
+                hf = tl.load(h_rows[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+            else:
+                hf = tl.load(x_rows[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + offs, mask=mask_n, other=0.0).to(tl.float32)
+            nrm = (hf * rstd[:, None]).to(y_ptr.dtype.element_ty).to(tl.float32)
+            y = (nrm * w[None, :]).to(y_ptr.dtype.element_ty)
+            tl.store(y_rows[:, None] + offs[None, :], y, mask=mask)
+    if STORE_RSTD:  # autograd's saved statistic: one fp32 a row
+        tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
+
+
+@triton.jit
+def _rmsnorm_bwd_kernel(
+    dy_ptr,
+    h_ptr,
+    w_ptr,
+    rstd_ptr,
+    dh_ptr,
+    dx_ptr,
+    dwp_ptr,
+    c_ptr,
+    n_rows,
+    n_cols,
+    n_inner,
+    rows_per_program,
+    stride_dym,
+    stride_hb,
+    stride_hm,
+    stride_dhm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SINGLE_TILE: tl.constexpr,
+    TWO_LEVEL: tl.constexpr,
+    HAS_DH: tl.constexpr,
+    COMPUTE_DX: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+):
+    # Program pid walks rows [row_start, row_end) in steps of BLOCK_M and writes one (N,) fp32 row of
+    # dw partial sums: dw_partial[pid] = sum over its rows of dy * round(h * rstd).
+    # dy, grad_h (dh) and dx are (rows, N) with one row stride; h may have two levels.
+    pid = tl.program_id(axis=0)
+    row_start = pid * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, n_rows)
+    offs_n = tl.arange(0, BLOCK_N)
+    if SINGLE_TILE:
+        mask_n = offs_n < n_cols
+        w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for m0 in range(row_start, row_end, BLOCK_M):
+            offs_m = m0 + tl.arange(0, BLOCK_M)
+            mask_m = offs_m < row_end
+            rows = offs_m.to(tl.int64)
+            mask = mask_m[:, None] & mask_n[None, :]
+            dy = tl.load(dy_ptr + rows[:, None] * stride_dym + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+            h_rows = h_ptr + _row_offsets(rows, n_inner, stride_hb, stride_hm, TWO_LEVEL)
+            hf = tl.load(h_rows[:, None] + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
+            if COMPUTE_DX:
+                g = dy * w[None, :]
+                c = tl.sum(g * hf, axis=1) * (rstd * rstd * rstd) / n_cols
+                dh = g * rstd[:, None] - hf * c[:, None]
+                if HAS_DH:  # the caller used h too: its gradient joins the one through y
+                    dh += tl.load(dh_ptr + rows[:, None] * stride_dhm + offs_n[None, :], mask=mask, other=0.0).to(
+                        tl.float32
+                    )
+                tl.store(dx_ptr + rows[:, None] * n_cols + offs_n[None, :], dh.to(dx_ptr.dtype.element_ty), mask=mask)
+            if COMPUTE_DW:  # y = round(n) * w: dw sees the rounded normalised row, as autograd does
+                nrm = (hf * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
+                acc += dy * nrm
+        if COMPUTE_DW:
+            tl.store(dwp_ptr + pid.to(tl.int64) * n_cols + offs_n, tl.sum(acc, axis=0), mask=mask_n)
+    else:
+        if COMPUTE_DX:  # phase 1: each row's c = rstd³ mean(g h), one fp32 a row
+            for m0 in range(row_start, row_end, BLOCK_M):
+                offs_m = m0 + tl.arange(0, BLOCK_M)
+                mask_m = offs_m < row_end
+                rows = offs_m.to(tl.int64)
+                h_rows = h_ptr + _row_offsets(rows, n_inner, stride_hb, stride_hm, TWO_LEVEL)
+                acc1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for start in range(0, n_cols, BLOCK_N):
+                    offs = start + offs_n
+                    mask_n = offs < n_cols
+                    mask = mask_m[:, None] & mask_n[None, :]
+                    dy = tl.load(dy_ptr + rows[:, None] * stride_dym + offs[None, :], mask=mask, other=0.0)
+                    hf = tl.load(h_rows[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+                    w = tl.load(w_ptr + offs, mask=mask_n, other=0.0).to(tl.float32)
+                    acc1 += dy.to(tl.float32) * w[None, :] * hf
+                rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
+                tl.store(c_ptr + offs_m, tl.sum(acc1, axis=1) * (rstd * rstd * rstd) / n_cols, mask=mask_m)
+            tl.debug_barrier()  # phase 2's threads read c values other threads stored
+        # phase 2: tiles outside, rows inside, so one tile's dw partial stays in registers
+        for start in range(0, n_cols, BLOCK_N):
+            offs = start + offs_n
+            mask_n = offs < n_cols
+            w = tl.load(w_ptr + offs, mask=mask_n, other=0.0).to(tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for m0 in range(row_start, row_end, BLOCK_M):
+                offs_m = m0 + tl.arange(0, BLOCK_M)
+                mask_m = offs_m < row_end
+                rows = offs_m.to(tl.int64)
+                mask = mask_m[:, None] & mask_n[None, :]
+                h_rows = h_ptr + _row_offsets(rows, n_inner, stride_hb, stride_hm, TWO_LEVEL)
+                dy = tl.load(dy_ptr + rows[:, None] * stride_dym + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+                hf = tl.load(h_rows[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+                rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
+                if COMPUTE_DX:
+                    c = tl.load(c_ptr + offs_m, mask=mask_m, other=0.0)
+                    dh = dy * w[None, :] * rstd[:, None] - hf * c[:, None]
+                    if HAS_DH:
+                        dh += tl.load(dh_ptr + rows[:, None] * stride_dhm + offs[None, :], mask=mask, other=0.0).to(
+                            tl.float32
+                        )
+                    tl.store(dx_ptr + rows[:, None] * n_cols + offs[None, :], dh.to(dx_ptr.dtype.element_ty), mask=mask)
+                if COMPUTE_DW:
+                    nrm = (hf * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
+                    acc += dy * nrm
+            if COMPUTE_DW:
+                tl.store(dwp_ptr + pid.to(tl.int64) * n_cols + offs, tl.sum(acc, axis=0), mask=mask_n)
+
+
+@triton.jit
+def _sum_partials_kernel(
+    part_ptr,
+    out_ptr,
+    n_parts,
+    n_cols,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # part: (K, P, N) fp32 partial sums; out: (K, N). Program (column block, k) adds the P rows of its
+    # columns in a fixed order: the same bits on every call (no atomics, see the module docstring).
+    pid_n = tl.program_id(axis=0)
+    k = tl.program_id(axis=1).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < n_cols
+    base = part_ptr + k * n_parts * n_cols
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for p0 in range(0, n_parts, BLOCK_P):
+        offs_p = p0 + tl.arange(0, BLOCK_P)
+        mask = (offs_p < n_parts)[:, None] & mask_n[None, :]
+        acc += tl.load(base + offs_p.to(tl.int64)[:, None] * n_cols + offs_n[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + k * n_cols + offs_n, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+def sum_partials(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``part.sum(1)`` for a ``(K, P, N)`` fp32 buffer of partial sums, as a ``(K, N)`` tensor of
+    ``dtype``, by :func:`_sum_partials_kernel` (a fixed order: deterministic)."""
+    k, p, n = part.shape
+    out = torch.empty((k, n), dtype=dtype, device=part.device)
+    if out.numel() == 0:
+        return out
+    if p == 0:
+        return out.zero_()
+    if runtime.is_gpu():
+        bp, bn, nw = REDUCE["BLOCK_P"], REDUCE["BLOCK_N"], REDUCE["num_warps"]
+    else:  # the interpreter: one program a column block of up to 4096, all partial rows at once
+        bp, bn, nw = next_pow2(p), min(4096, max(16, next_pow2(n))), None
+    _sum_partials_kernel[(triton.cdiv(n, bn), k)](part, out, p, n, BLOCK_P=bp, BLOCK_N=bn, **launch_kwargs(nw))
+    return out
+
+
+# -- layouts ------------------------------------------------------------------------------------------
+class Rows(NamedTuple):
+    """Where a tensor's rows are: row r starts at ``(r // n_inner) * stride_b + (r % n_inner) * stride_m``."""
+
+    n_rows: int
+    n_cols: int
+    n_inner: int
+    stride_b: int
+    stride_m: int
+    two_level: bool
+
+
+def _levels(t: torch.Tensor) -> list[list[int]] | None:
+    """The leading dimensions merged into (size, stride) levels, innermost first; None for more than two."""
+    levels: list[list[int]] = []
+    for size, stride in zip(reversed(t.shape[:-1]), reversed(t.stride()[:-1])):
+        if size == 1:
+            continue  # a size-1 dim has no stride worth keeping
+        if levels and stride == levels[-1][0] * levels[-1][1]:
+            levels[-1][0] *= size  # this dim steps over the whole level inside it: one level
+        else:
+            levels.append([size, stride])
+    return levels if len(levels) <= 2 else None
+
+
+def row_layouts(*tensors: torch.Tensor) -> list[Rows] | None:
+    """One :class:`Rows` per tensor (all of one shape ``(..., N)``), sharing ``n_inner`` so that one
+    kernel can walk them together; None if a tensor needs three strides or two need different splits."""
+    t0 = tensors[0]
+    n_cols = t0.shape[-1] if t0.dim() else 1
+    n_rows = t0.numel() // n_cols if n_cols else math.prod(t0.shape[:-1])
+    levels = [_levels(t) for t in tensors]
+    if any(lv is None for lv in levels):
+        return None
+    inner = {lv[0][0] for lv in levels if len(lv) == 2}
+    if len(inner) > 1:
+        return None
+    if not inner:  # one stride each
+        return [Rows(n_rows, n_cols, max(n_rows, 1), 0, lv[0][1] if lv else n_cols, False) for lv in levels]
+    (n_inner,) = inner
+    out = []
+    for lv in levels:
+        if len(lv) == 2:
+            out.append(Rows(n_rows, n_cols, n_inner, lv[1][1], lv[0][1], True))
+        else:
+            s = lv[0][1] if lv else n_cols
+            out.append(Rows(n_rows, n_cols, n_inner, n_inner * s, s, True))
+    return out
+
+
+def grad_rows(g: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A gradient as ``(tensor, row stride)`` with unit column stride and one row stride, copying it
+    when autograd handed over another layout (an expanded ``y.sum()`` gradient, a transposed view)."""
+    if g.dim() == 0 or g.is_neg() or g.is_conj():
+        g = g.resolve_neg().resolve_conj().contiguous()
+    if g.shape[-1] > 1 and g.stride(-1) != 1:
+        g = g.contiguous()
+    lv = _levels(g)
+    if lv is None or len(lv) == 2:
+        g = g.contiguous()
+        lv = _levels(g)
+    return g, (lv[0][1] if lv else g.shape[-1])
+
+
+# -- launchers ------------------------------------------------------------------------------------------
+def apply_overrides(cfg: dict, override: dict | None, n_cols: int, op: str) -> dict:
+    """A configuration with a tuning run's (or a test's) overrides: any of ``BLOCK_M``, ``BLOCK_N``,
+    ``num_warps``, ``programs`` (backward), ``num_stages``. A ``BLOCK_N`` below the row width forces
+    the two-pass path."""
+    if not override:
+        return cfg
+    cfg = dict(cfg)
+    for key, value in override.items():
+        if key in ("BLOCK_M", "BLOCK_N"):
+            cfg[key] = check_block(value, key, op)
+        elif key == "num_warps":
+            cfg[key] = check_block(value, key, op, max_value=32)
+        elif key in ("programs", "num_stages"):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise KernelInputError(f"{op}: {key}={value!r} must be a whole number >= 1.")
+            cfg[key] = value
+        else:
+            raise KernelInputError(
+                f"{op}: unknown configuration key {key!r}; use BLOCK_M, BLOCK_N, num_warps, programs, num_stages."
+            )
+    cfg["BLOCK_N"] = max(cfg["BLOCK_N"], 1)
+    cfg["SINGLE_TILE"] = n_cols <= cfg["BLOCK_N"]
+    check_tile(cfg["BLOCK_M"], cfg["BLOCK_N"], op=op)
+    return cfg
+
+
+def check_eps(eps, op: str) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise KernelInputError(f"{op}: eps={eps!r} must be a finite number >= 0.")
+    return float(eps)
+
+
+def check_rows(x: torch.Tensor, name: str, others: dict, op: str) -> list[Rows]:
+    """Validate the layout of ``x`` and same-shaped ``others`` ({name: tensor}); their Rows."""
+    if x.dim() < 1:
+        raise KernelInputError(f"{op}: {name} must have at least one dimension (..., N), got a scalar.")
+    if x.shape[-1] >= INT32_LIMIT:
+        raise KernelInputError(f"{op}: rows of {x.shape[-1]} elements; the kernel takes rows of fewer than 2**31.")
+    layouts = row_layouts(x, *others.values())
+    if layouts is None:
+        names = " and ".join([name, *others])
+        raise KernelInputError(
+            f"{op}: the leading dimensions of {names} (shape {tuple(x.shape)}, strides "
+            f"{[tuple(t.stride()) for t in (x, *others.values())]}) do not merge into the (at most two, shared) "
+            f"row strides the kernel takes. Pass .contiguous()."
+        )
+    if layouts[0].n_rows >= INT32_LIMIT:
+        raise KernelInputError(f"{op}: {layouts[0].n_rows} rows; the kernel numbers rows in int32 (fewer than 2**31).")
+    return layouts
+
+
+def _forward(x, weight, residual, eps, layouts, cfg, store_rstd):
+    """Launch the forward kernel: ``(y, h, rstd)`` (h is None without a residual, rstd None unless asked)."""
+    n_cols = x.shape[-1]
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
+    lx = layouts[0]
+    rstd = torch.empty(lx.n_rows, dtype=torch.float32, device=x.device) if store_rstd else None
+    if x.numel() == 0:
+        return y, h, rstd
+    lr = layouts[1] if residual is not None else lx
+    even = cfg["SINGLE_TILE"] and n_cols == cfg["BLOCK_N"] and lx.n_rows % cfg["BLOCK_M"] == 0
+    _rmsnorm_kernel[(triton.cdiv(lx.n_rows, cfg["BLOCK_M"]),)](
+        x,
+        residual if residual is not None else x,
+        weight,
+        h if h is not None else y,
+        y,
+        rstd if rstd is not None else y,
+        lx.n_rows,
+        n_cols,
+        lx.n_inner,
+        lx.stride_b,
+        lx.stride_m,
+        lr.stride_b,
+        lr.stride_m,
+        eps,
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        SINGLE_TILE=cfg["SINGLE_TILE"],
+        EVEN=even,
+        TWO_LEVEL=lx.two_level,
+        HAS_RESIDUAL=residual is not None,
+        STORE_RSTD=store_rstd,
+        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+    )
+    return y, h, rstd
+
+
+def _backward(dy, grad_h, h, layout_h, weight, rstd, cfg, need_dx, need_dw):
+    """``(dx, dw)``: one kernel for dx and the dw partials, one for their sum (None where not needed)."""
+    n_rows, n_cols = layout_h.n_rows, layout_h.n_cols
+    dtype = h.dtype
+    dx = torch.empty(h.shape, dtype=dtype, device=h.device) if need_dx else None
+    if dy is None:  # only h was used downstream: y's branch contributes nothing
+        if need_dx and grad_h is not None:
+            dx.copy_(grad_h)
+        elif need_dx:
+            dx.zero_()
+        dw = torch.zeros(n_cols, dtype=weight.dtype, device=weight.device) if need_dw else None
+        return dx, dw
+    if n_rows == 0 or n_cols == 0:
+        dw = torch.zeros(n_cols, dtype=weight.dtype, device=weight.device) if need_dw else None
+        return dx, dw
+    if cfg is None:
+        cfg = rmsnorm_config(n_rows, n_cols, dtype, backward=True)
+    dy, stride_dy = grad_rows(dy.to(dtype))
+    has_dh = grad_h is not None and need_dx
+    if has_dh:
+        grad_h, stride_dh = grad_rows(grad_h.to(dtype))
+    else:
+        stride_dh = 0
+    bm = cfg["BLOCK_M"]
+    programs = max(1, min(cfg["programs"], triton.cdiv(n_rows, bm)))
+    rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), bm) * bm
+    programs = triton.cdiv(n_rows, rows_per_program)
+    part = torch.empty((1, programs, n_cols), dtype=torch.float32, device=h.device) if need_dw else None
+    c = torch.empty(n_rows, dtype=torch.float32, device=h.device) if (need_dx and not cfg["SINGLE_TILE"]) else None
+    dummy = rstd
+    _rmsnorm_bwd_kernel[(programs,)](
+        dy,
+        h,
+        weight,
+        rstd,
+        grad_h if has_dh else dy,
+        dx if dx is not None else dummy,
+        part if part is not None else dummy,
+        c if c is not None else dummy,
+        n_rows,
+        n_cols,
+        layout_h.n_inner,
+        rows_per_program,
+        stride_dy,
+        layout_h.stride_b,
+        layout_h.stride_m,
+        stride_dh,
+        BLOCK_M=bm,
+        BLOCK_N=cfg["BLOCK_N"],
+        SINGLE_TILE=cfg["SINGLE_TILE"],
+        TWO_LEVEL=layout_h.two_level,
+        HAS_DH=has_dh,
+        COMPUTE_DX=need_dx,
+        COMPUTE_DW=need_dw,
+        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+    )
+    dw = sum_partials(part, weight.dtype)[0] if need_dw else None
+    return dx, dw
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """Residual + RMSNorm with its backward. Saves h (x without a residual), w and rstd (fp32, a row)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, residual, eps, layouts, fwd_cfg, bwd_cfg):
+        y, h, rstd = _forward(x, weight, residual, eps, layouts, fwd_cfg, store_rstd=True)
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None, not zeros
+        ctx.has_residual = residual is not None
+        ctx.layout_h = layouts[0] if residual is None else row_layouts(h)[0]
+        ctx.bwd_cfg = bwd_cfg
+        ctx.save_for_backward(x if residual is None else h, weight, rstd)
+        return (y, h) if residual is not None else y
+
+    @staticmethod
+    def backward(ctx, dy, grad_h=None):
+        h, weight, rstd = ctx.saved_tensors
+        need_dx = ctx.needs_input_grad[0] or ctx.needs_input_grad[2]
+        need_dw = ctx.needs_input_grad[1]
+        dx, dw = _backward(dy, grad_h, h, ctx.layout_h, weight, rstd, ctx.bwd_cfg, need_dx, need_dw)
+        # the add passes dh to both of its inputs: x and the residual get the same tensor (autograd
+        # copies before any in-place accumulation, as it does for AddBackward's own (grad, grad))
+        dr = dx if ctx.has_residual and ctx.needs_input_grad[2] else None
+        return (dx if ctx.needs_input_grad[0] else None), dw, dr, None, None, None, None
+
+
+def rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
+    *,
+    fwd_config: dict | None = None,
+    bwd_config: dict | None = None,
+):
+    """Residual-add + RMSNorm fused, differentiable: ``y = h * rsqrt(mean(h², -1) + eps) * w``.
+
+    Without ``residual``: ``h = x``, returns y. With it: ``h = x + residual`` is written too and
+    ``(y, h)`` is returned (gradients flow through both: ``dh = dh_from_y + grad_h``).
+
+    ``x`` (and ``residual``, same shape and dtype): any shape ``(..., N)``, fp32/fp16/bf16 (no bf16 in
+    the interpreter), last dimension of stride 1, leading dimensions possibly strided (up to two merged
+    strides). ``weight``: shape ``(N,)``, contiguous, x's dtype or another float dtype (fp32 with
+    bf16/fp16 activations is the usual mix); y and h are in x's dtype. Cast order, numerics, trips
+    and the backward: the module docstring; reference: :func:`rmsnorm_reference`; trips:
+    :func:`rmsnorm_ledger`.
+
+    ``fwd_config``/``bwd_config``: overrides of :func:`rmsnorm_config`'s choice (``BLOCK_M``,
+    ``BLOCK_N``, ``num_warps``, ``programs``, ``num_stages``) for tuning and tests; a ``BLOCK_N``
+    below N forces the two-pass path.
+    """
+    op = OP
+    check_tensor(x, "x", op=op, contiguous=False, grad=True, max_numel=None)
+    check_tensor(weight, "weight", op=op, ndim=1, grad=True, max_numel=None)
+    eps = check_eps(eps, op)
+    others = {}
+    if residual is not None:
+        check_tensor(residual, "residual", op=op, contiguous=False, grad=True, max_numel=None)
+        if residual.dtype != x.dtype or residual.shape != x.shape:
+            raise KernelInputError(
+                f"{op}: residual must have x's shape and dtype, got {tuple(residual.shape)} {residual.dtype} for "
+                f"x {tuple(x.shape)} {x.dtype}."
+            )
+        others["residual"] = residual
+    layouts = check_rows(x, "x", others, op)
+    n_rows, n_cols = layouts[0].n_rows, layouts[0].n_cols
+    if weight.shape[0] != n_cols:
+        raise KernelInputError(
+            f"{op}: weight has {weight.shape[0]} elements but x has {n_cols} columns (shape {tuple(x.shape)}); "
+            "weight must have shape (N,) where N is x's last dimension."
+        )
+    if weight.device != x.device:
+        raise KernelInputError(f"{op}: x and weight must be on the same device, got {x.device} and {weight.device}.")
+    fwd_cfg = apply_overrides(rmsnorm_config(n_rows, n_cols, x.dtype), fwd_config, n_cols, op)
+    bwd_cfg = None
+    if bwd_config:
+        bwd_cfg = apply_overrides(rmsnorm_config(n_rows, n_cols, x.dtype, backward=True), bwd_config, n_cols, op)
+    needs_grad = x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)
+    if needs_grad and torch.is_grad_enabled():
+        return RMSNormFunction.apply(x, weight, residual, eps, layouts, fwd_cfg, bwd_cfg)
+    y, h, _ = _forward(x, weight, residual, eps, layouts, fwd_cfg, store_rstd=False)
+    return y if residual is None else (y, h)
