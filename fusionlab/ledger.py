@@ -16,6 +16,7 @@ the IO reduction that the whole course builds on.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -24,8 +25,20 @@ READ = "read"
 WRITE = "write"
 
 
+def _elements(v, what: str) -> int:
+    """A count of elements: a whole number >= 0 (an int, or a float that is one), else a clear error."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or int(v) != v:
+        raise ValueError(f"{what} has {v!r} elements; expected a whole number >= 0")
+    return int(v)
+
+
 def dtype_bytes(dtype: torch.dtype | int) -> int:
-    return dtype if isinstance(dtype, int) else torch.empty((), dtype=dtype).element_size()
+    """Bytes per element: a torch dtype, or a positive int given directly."""
+    if isinstance(dtype, torch.dtype):
+        return torch.empty((), dtype=dtype).element_size()
+    if isinstance(dtype, bool) or not isinstance(dtype, int) or dtype <= 0:
+        raise ValueError(f"dtype_bytes must be a torch dtype or a whole number of bytes > 0, got {dtype!r}")
+    return dtype
 
 
 @dataclass(frozen=True)
@@ -59,10 +72,16 @@ class Ledger:
 
     # -- building -----------------------------------------------------------------------------
     def op(self, name: str, reads: dict[str, int], writes: dict[str, int]) -> Ledger:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"an op needs a name (a non-empty string), got {name!r}")
+        for what, d in (("reads", reads), ("writes", writes)):
+            if not isinstance(d, dict):
+                raise ValueError(
+                    f"op {name!r}: {what} must be a dict {{tensor name: elements}}, got {type(d).__name__}"
+                )
         for k, v in {**reads, **writes}.items():
-            if int(v) != v or v < 0:
-                raise ValueError(f"op {name!r}: tensor {k!r} has {v} elements; expected a whole number >= 0")
-        self.ops.append(Op(name, dict(reads), dict(writes)))
+            _elements(v, f"op {name!r}: tensor {k!r}")
+        self.ops.append(Op(name, {k: int(v) for k, v in reads.items()}, {k: int(v) for k, v in writes.items()}))
         return self
 
     @classmethod
@@ -70,6 +89,9 @@ class Ledger:
         """k same-shape element-wise ops, each taking the previous one's output: ``x -> t1 -> ... -> y``."""
         led = cls(dtype_bytes=dtype_bytes(dtype))
         names = list(names)
+        if not names:
+            raise ValueError("a chain needs at least one op")
+        _elements(n, "the chain's tensor")
         src = x
         for i, name in enumerate(names):
             dst = "y" if i == len(names) - 1 else f"t{i + 1}"
@@ -127,12 +149,13 @@ class Ledger:
     @property
     def saving(self) -> float:
         """Predicted speedup of fusion for memory-bound ops: unfused bytes / fused bytes."""
+        if self.fused_bytes == 0:
+            raise ValueError("the fused schedule moves no bytes (empty tensors?): a speedup is undefined")
         return self.unfused_bytes / self.fused_bytes
 
     def predict_ms(self, bandwidth_GBps: float, fused: bool) -> float:
         """Time to move the bytes at the given bandwidth (GB/s, 1e9 bytes): the memory-bound floor."""
-        if bandwidth_GBps <= 0:
-            raise ValueError(f"bandwidth must be positive, got {bandwidth_GBps}")
+        _positive(bandwidth_GBps, "bandwidth_GBps")
         return self.bytes(fused) / (bandwidth_GBps * 1e9) * 1e3
 
     def table(self) -> str:
@@ -161,18 +184,25 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _positive(v, what: str, *, zero_ok: bool = False) -> float:
+    bad = isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+    if bad or v < 0 or (v == 0 and not zero_ok):
+        raise ValueError(f"{what} must be a finite number {'>= 0' if zero_ok else '> 0'}, got {v!r}")
+    return float(v)
+
+
 def arithmetic_intensity(flops: float, nbytes: float) -> float:
     """FLOPs per byte moved: below the machine's balance point, memory sets the time."""
-    if nbytes <= 0:
-        raise ValueError("bytes moved must be positive")
-    return flops / nbytes
+    return _positive(flops, "flops", zero_ok=True) / _positive(nbytes, "bytes moved")
 
 
 def machine_balance(tflops: float, bandwidth_GBps: float) -> float:
     """FLOPs the chip can do per byte it can move: the ridge of the roofline."""
-    return tflops * 1e12 / (bandwidth_GBps * 1e9)
+    return _positive(tflops, "tflops") * 1e12 / (_positive(bandwidth_GBps, "bandwidth_GBps") * 1e9)
 
 
 def roofline_tflops(intensity: float, peak_tflops: float, bandwidth_GBps: float) -> float:
     """Attainable rate at an intensity: min(peak, bandwidth × intensity)."""
-    return min(peak_tflops, bandwidth_GBps * 1e9 * intensity / 1e12)
+    intensity = _positive(intensity, "intensity", zero_ok=True)
+    memory = _positive(bandwidth_GBps, "bandwidth_GBps") * 1e9 * intensity / 1e12
+    return min(_positive(peak_tflops, "peak_tflops"), memory)

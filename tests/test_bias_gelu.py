@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import DTYPES
 
 from fusionlab import runtime
 from fusionlab.grading import Sandbox
@@ -29,12 +30,6 @@ SHAPES = [
     (64, 256),  # tiles divide the tensor in both modes: the unmasked (EVEN) path
     (4, 2048),
 ]
-DTYPES = [
-    pytest.param(torch.float32, 1e-5, 1e-5, id="fp32"),
-    pytest.param(torch.float16, 2e-3, 2e-3, id="fp16"),
-]
-if runtime.is_gpu():
-    DTYPES.append(pytest.param(torch.bfloat16, 1.6e-2, 1.6e-2, id="bf16"))  # the interpreter has no bf16
 APPROXIMATIONS = ["none", "tanh", "erf_fast"]
 KERNEL = "_bias_gelu_kernel"
 

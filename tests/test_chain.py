@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import DTYPES
 
 from fusionlab import runtime
 from fusionlab.grading import Sandbox
@@ -15,12 +16,6 @@ from fusionlab.ledger import Ledger
 pytestmark = pytest.mark.lesson2
 
 SHAPES = [(1, 1), (3, 5), (37, 129), (128, 1000), (257, 4097)]
-DTYPES = [
-    pytest.param(torch.float32, 1e-5, 1e-5, id="fp32"),
-    pytest.param(torch.float16, 2e-3, 2e-3, id="fp16"),
-]
-if runtime.is_gpu():
-    DTYPES.append(pytest.param(torch.bfloat16, 1.6e-2, 1.6e-2, id="bf16"))  # the interpreter has no bf16
 KS = range(1, MAX_K + 1)
 
 

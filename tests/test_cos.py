@@ -1,5 +1,6 @@
 import pytest
 import torch
+from conftest import DTYPES
 
 from fusionlab import grading as check
 from fusionlab import runtime
@@ -15,9 +16,6 @@ SHAPES = [
     (37, 129),  # 2-D, odd both ways: the kernel sees the flat view
     (3, 5, 7),
 ]
-DTYPES = [(torch.float32, 1e-6, 1e-6), (torch.float16, 1e-3, 1e-3)]
-if runtime.is_gpu():
-    DTYPES.append((torch.bfloat16, 1e-2, 1e-2))
 
 
 @pytest.mark.parametrize("shape", SHAPES)

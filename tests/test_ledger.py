@@ -82,3 +82,61 @@ def test_roofline_helpers():
     assert roofline_tflops(1000, 989, 3350) == 989
     assert human_bytes(2**30) == "1.00 GiB"
     assert human_bytes(12) == "12 B"
+
+
+# -- properties ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(20))
+def test_fusing_never_moves_more_bytes(seed):
+    import random
+
+    rng = random.Random(seed)
+    led = Ledger(dtype_bytes=rng.choice([1, 2, 4]))
+    made = ["x0"]
+    for i in range(rng.randint(1, 6)):
+        reads = {t: rng.randint(1, 1000) for t in rng.sample(made, rng.randint(1, len(made)))}
+        out = f"t{i + 1}"
+        led.op(f"op{i}", reads=reads, writes={out: rng.randint(1, 1000)})
+        made.append(out)
+    assert 0 < led.fused_bytes <= led.unfused_bytes
+    assert led.saving >= 1
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+@pytest.mark.parametrize("n", [1, 1000, 2**28])
+def test_a_k_chain_moves_2kN_unfused_and_2N_fused(k, n):
+    led = Ledger.chain(["op"] * k, n, torch.float16)
+    assert led.unfused_bytes == 2 * k * n * 2 and led.fused_bytes == 2 * n * 2 and led.kernels_unfused == k
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, float("nan"), float("inf"), "10", None, True])
+def test_bad_sizes_get_a_clear_error(bad):
+    with pytest.raises(ValueError, match="whole number >= 0"):
+        Ledger().op("add", reads={"x": bad}, writes={"y": 10})
+    with pytest.raises(ValueError, match="whole number >= 0"):
+        Ledger.chain(["cos"], bad)
+
+
+@pytest.mark.parametrize("bad", [0, -5.0, float("nan"), float("inf"), "900", None])
+def test_bad_bandwidths_and_rates_get_a_clear_error(bad):
+    led = Ledger.chain(["cos", "cos"], 1000)
+    with pytest.raises(ValueError, match="bandwidth_GBps must be a finite number > 0"):
+        led.predict_ms(bad, fused=True)
+    with pytest.raises(ValueError, match="must be a finite number"):
+        machine_balance(bad, 1000.0)
+    with pytest.raises(ValueError, match="must be a finite number"):
+        roofline_tflops(1.0, 100.0, bad)
+    with pytest.raises(ValueError, match="bytes moved must be a finite number > 0"):
+        arithmetic_intensity(1.0, bad)
+
+
+def test_empty_tensors_have_no_speedup_to_predict():
+    led = Ledger.chain(["cos"], 0)
+    assert led.fused_bytes == 0
+    with pytest.raises(ValueError, match="speedup is undefined"):
+        _ = led.saving
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, "fp32", None])
+def test_bad_dtype_bytes(bad):
+    with pytest.raises(ValueError, match="dtype_bytes must be"):
+        Ledger(dtype_bytes=bad)
