@@ -1,0 +1,659 @@
+"""Lesson 6: a tiled matmul ``C = A @ B`` in Triton, with an epilogue that runs on the tile in registers.
+
+Each program owns one ``BLOCK_M x BLOCK_N`` tile of C. It walks K in steps of ``BLOCK_K``: it loads a
+``BLOCK_M x BLOCK_K`` tile of A and a ``BLOCK_K x BLOCK_N`` tile of B, multiplies them on the tensor
+cores (``tl.dot``) and adds the product to an fp32 accumulator that never leaves the chip. When K is
+done, the *epilogue* runs on that accumulator (row scale, bias, activation, residual: see
+:mod:`fusionlab.kernels.linear`), and the tile is written once, in the output dtype.
+
+The matmul's own trips (:func:`matmul_ledger`): a program reads its BLOCK_M rows of A and its BLOCK_N
+columns of B in full, so A is read once per column of tiles (``ceil(N / BLOCK_N)`` times) and B once
+per row of tiles (``ceil(M / BLOCK_M)`` times). Those re-reads are served by the L2 cache when the
+programs that share a tile of A or B run at about the same time, which is what the *grouped* tile
+order arranges: instead of sweeping a whole row of tiles (which touches all of B before reusing any of
+it), ``GROUP_M`` rows of tiles are walked column by column, so a wave of programs shares a few
+columns of B and a few rows of A (Triton's tutorial 03 draws it).
+
+Two kernels share that tile order and the epilogue (:func:`_epilogue`), selected by the launcher:
+
+- ``_matmul_kernel`` (``variant="plain"``): the teaching version. One program per tile, pointer
+  arithmetic with any strides, masks on every edge (any M, N, K, including K not a multiple of
+  BLOCK_K), int64 row offsets. Runs in the interpreter and on any GPU Triton supports.
+- ``_matmul_tma_kernel`` (``variant="tma"``): the Hopper path (compute capability 9.0+, fp16/bf16,
+  rows 16-byte aligned). *Persistent*: one program per SM, each looping over tiles
+  (``tl.range(..., flatten=True)`` lets the compiler issue the next tile's loads during this tile's
+  epilogue); A, B and C move through *TMA descriptors* (the tensor memory accelerator copies whole
+  tiles between HBM and shared memory, zero-fills what lies past the edge on loads and clips stores,
+  so no masks); the output leaves in two half-tiles (``EPILOGUE_SUBTILE``) so that the staging
+  buffer is half as large and the pipeline can be deeper. The configuration is autotuned over a
+  short list (``TMA_CONFIGS``). Built after Triton's tutorial 09 (persistent matmul, triton 3.6).
+  The measurements behind each choice are in ``benchmarks/notes_lesson6.md``.
+
+Precision: the accumulator is fp32 whatever the inputs. fp16/bf16 products are exact in fp32; the
+result is rounded once to the output dtype. fp32 inputs on a GPU go through the tensor cores as
+**TF32** by default (``input_precision="tf32"``: operands rounded to a 10-bit mantissa, as
+``torch.backends.cuda.matmul.allow_tf32 = True`` does for cuBLAS), a relative error of about 1e-3 of
+``|A| |B|``; ``input_precision="ieee"`` gives full fp32 (FMA units, several times slower). The
+interpreter always computes fp32 in full precision (numpy) and the launcher passes ``"ieee"`` there.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from .._exercise import answer_key
+from ..ledger import Ledger
+from ._launch import (
+    INT32_LIMIT,
+    KernelInputError,
+    Launcher,
+    check_block,
+    check_tensor,
+    check_tile,
+    dtype_name,
+    element_size,
+    launch_kwargs,
+    next_pow2,
+)
+
+try:  # host-side TMA descriptors: triton >= 3.4 (the GPU machine and Colab have 3.6)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton: the plain kernel only
+    TensorDescriptor = None
+
+#: activation name -> the constexpr code the kernels switch on
+ACTIVATIONS = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}
+#: tl.dot's fp32 modes the launcher accepts
+INPUT_PRECISIONS = ("tf32", "tf32x3", "ieee")
+VARIANTS = (None, "auto", "plain", "tma")
+_SQRT1_2 = 0.7071067811865476
+_TANH_GELU_2C = 1.5957691216057308  # 2 sqrt(2/pi): 0.5 (1 + tanh z) = sigmoid(2z)
+
+
+def _check_activation(activation, op: str) -> int:
+    if activation not in ACTIVATIONS:
+        names = ", ".join(repr(a) for a in ACTIVATIONS)
+        raise KernelInputError(f"{op}: activation={activation!r}; choose one of {names}.")
+    return ACTIVATIONS[activation]
+
+
+# -- the spec -------------------------------------------------------------------------------------
+@answer_key
+def matmul_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The spec: ``a @ b`` computed in float64, returned in ``a.dtype``."""
+    return (a.double() @ b.double()).to(a.dtype)
+
+
+def matmul_eager(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """What eager PyTorch runs: ``torch.matmul``, one cuBLAS call (fp32 accumulation)."""
+    return torch.matmul(a, b)
+
+
+def _tiles(n: int, block: int | None) -> int:
+    return 1 if block is None else math.ceil(n / block)
+
+
+@answer_key
+def matmul_ledger(
+    M: int, N: int, K: int, BLOCK_M: int | None = None, BLOCK_N: int | None = None, dtype=torch.bfloat16
+) -> Ledger:
+    """The matmul's own trips: A (M x K) read ``ceil(N / BLOCK_N)`` times, B (K x N) read
+    ``ceil(M / BLOCK_M)`` times, C (M x N) written once.
+
+    Every program reads the full K extent of its BLOCK_M rows of A and its BLOCK_N columns of B, so
+    each row of A is read by every program in its row of tiles, and each column of B by every program
+    in its column of tiles. That is the traffic between the SMs and the memory system; the L2 cache
+    serves the repeats that arrive close together in time (the grouped order's purpose), so the bytes
+    that reach HBM lie between this count and the ideal one read of each. ``BLOCK_M=BLOCK_N=None``:
+    the ideal (each input read once: the tile as large as the matrix).
+    """
+    led = Ledger(dtype_bytes=dtype)
+    led.op("matmul", reads={"A": M * K * _tiles(N, BLOCK_N), "B": K * N * _tiles(M, BLOCK_M)}, writes={"C": M * N})
+    return led
+
+
+def matmul_flops(M: int, N: int, K: int) -> int:
+    """``2 M N K``: one multiply and one add per term of every dot product."""
+    return 2 * M * N * K
+
+
+# -- the kernels ----------------------------------------------------------------------------------
+@triton.jit
+def _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Tile ``tile_id`` -> (pid_m, pid_n) in grouped order: GROUP_M rows of tiles walked column by
+    column, so programs that run together share columns of B and rows of A in L2."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)  # the last group may be short
+    pid_m = first_pid_m + (tile_id % num_pid_in_group) % group_size_m
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _epilogue(
+    acc,
+    offs_m,
+    offs_n,
+    M,
+    N,
+    bias_ptr,
+    res_ptr,
+    scale_ptr,
+    stride_rm,
+    stride_rn,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr,
+):
+    """``act(scale[m] * acc + bias[n]) + residual[m, n]`` on the fp32 tile, in registers.
+
+    Each flag is a constexpr: a kernel compiled without it has no trace of it. The row scale is
+    RMSNorm's rstd (lesson 6's prologue: ``(x rstd) W = rstd (x W)``), one fp32 number per row of the
+    tile; the bias is one number per *column* (per output feature), broadcast down the rows.
+    """
+    if HAS_ROW_SCALE:
+        scale = tl.load(scale_ptr + offs_m, mask=offs_m < M, other=0.0)
+        acc = acc * scale[:, None]
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
+    if ACTIVATION == 1:  # exact GELU: 0.5 v (1 + erf(v / sqrt 2))
+        acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+    elif ACTIVATION == 2:  # tanh GELU, as v sigmoid(2z): no cancellation for v << 0
+        acc = acc * tl.sigmoid(1.5957691216057308 * (acc + 0.044715 * acc * acc * acc))
+    elif ACTIVATION == 3:  # SiLU
+        acc = acc * tl.sigmoid(acc)
+    if HAS_RESIDUAL:
+        r_ptrs = res_ptr + offs_m.to(tl.int64)[:, None] * stride_rm + offs_n[None, :] * stride_rn
+        r = tl.load(r_ptrs, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)
+        acc = acc + r.to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _matmul_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    bias_ptr,
+    res_ptr,
+    scale_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    stride_rm,
+    stride_rn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr = False,
+    ACTIVATION: tl.constexpr = 0,
+    HAS_RESIDUAL: tl.constexpr = False,
+    HAS_ROW_SCALE: tl.constexpr = False,
+):
+    # A: (M, K), B: (K, N) with any strides (F.linear's (N, K) weight arrives as its transposed
+    # view), C: (M, N). One program per BLOCK_M x BLOCK_N tile of C.
+    pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    # int64 row and column offsets: M x K past 2**31 elements must not wrap
+    a_ptrs = a_ptr + offs_m.to(tl.int64)[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n.to(tl.int64)[None, :] * stride_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # fp32 whatever the inputs
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:  # BLOCK_K divides K: only the M and N edges are masked
+            a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
+        else:  # the last K step hangs over: the zeros it loads add nothing to the sums
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    acc = _epilogue(
+        acc, offs_m, offs_n, M, N, bias_ptr, res_ptr, scale_ptr, stride_rm, stride_rn,
+        HAS_BIAS, ACTIVATION, HAS_RESIDUAL, HAS_ROW_SCALE,
+    )  # fmt: skip
+    c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _matmul_tma_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    bias_ptr,
+    res_ptr,
+    scale_ptr,
+    M,
+    N,
+    K,
+    stride_rm,
+    stride_rn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    B_KN: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr = False,
+    ACTIVATION: tl.constexpr = 0,
+    HAS_RESIDUAL: tl.constexpr = False,
+    HAS_ROW_SCALE: tl.constexpr = False,
+):
+    # Persistent: NUM_SMS programs, each takes tiles start_pid, start_pid + NUM_SMS, ... in grouped
+    # order. A: (M, K) descriptor; B: (K, N) if B_KN else (N, K) (F.linear's weight as it lies);
+    # C: (M, N). TMA zero-fills loads past the edges and clips stores: no masks in the loop.
+    start_pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    # the epilogue recomputes its tile's coordinates from a second counter (as tutorial 09 does), so
+    # the flattened loop nest does not carry the loop's values across into the epilogue
+    tile_id_c = start_pid - NUM_SMS
+    # flatten: one software pipeline over (tile, k) pairs, so the next tile's first loads are in
+    # flight during this tile's epilogue. (Triton 3.6 does not flatten a warp-specialised loop on
+    # Hopper.)
+    for tile_id in tl.range(
+        start_pid, num_tiles, NUM_SMS, flatten=not WARP_SPECIALIZE, warp_specialize=WARP_SPECIALIZE
+    ):
+        pid_m, pid_n = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            a = a_desc.load([off_m, off_k])
+            if B_KN:
+                b = b_desc.load([off_k, off_n])
+                acc = tl.dot(a, b, acc)
+            else:
+                b = b_desc.load([off_n, off_k])
+                acc = tl.dot(a, b.T, acc)
+
+        tile_id_c += NUM_SMS
+        pid_m, pid_n = _grouped_tile(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        if EPILOGUE_SUBTILE:
+            # two BLOCK_M x BLOCK_N/2 halves: half the shared-memory staging for the TMA store and
+            # half the registers for the epilogue's temporaries
+            acc = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            acc0, acc1 = tl.split(acc)
+            offs_n = off_n + tl.arange(0, BLOCK_N // 2)
+            y0 = _epilogue(
+                acc0, offs_m, offs_n, M, N, bias_ptr, res_ptr, scale_ptr, stride_rm, stride_rn,
+                HAS_BIAS, ACTIVATION, HAS_RESIDUAL, HAS_ROW_SCALE,
+            )  # fmt: skip
+            c_desc.store([off_m, off_n], y0.to(c_desc.dtype))
+            y1 = _epilogue(
+                acc1, offs_m, offs_n + BLOCK_N // 2, M, N, bias_ptr, res_ptr, scale_ptr, stride_rm,
+                stride_rn, HAS_BIAS, ACTIVATION, HAS_RESIDUAL, HAS_ROW_SCALE,
+            )  # fmt: skip
+            c_desc.store([off_m, off_n + BLOCK_N // 2], y1.to(c_desc.dtype))
+        else:
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            y = _epilogue(
+                acc, offs_m, offs_n, M, N, bias_ptr, res_ptr, scale_ptr, stride_rm, stride_rn,
+                HAS_BIAS, ACTIVATION, HAS_RESIDUAL, HAS_ROW_SCALE,
+            )  # fmt: skip
+            c_desc.store([off_m, off_n], y.to(c_desc.dtype))
+
+
+def _tma_block_shapes(nargs) -> None:
+    """Autotune pre-hook: give the descriptors the block shapes of the config being tried."""
+    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["a_desc"].block_shape = [bm, bk]
+    nargs["b_desc"].block_shape = [bk, bn] if nargs["B_KN"] else [bn, bk]
+    nargs["c_desc"].block_shape = [bm, bn // 2] if nargs["EPILOGUE_SUBTILE"] else [bm, bn]
+
+
+def _tma_config(bm, bn, bk, stages, warps, subtile=True, ws=False) -> triton.Config:
+    meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "EPILOGUE_SUBTILE": subtile}
+    meta["WARP_SPECIALIZE"] = ws
+    return triton.Config(meta, num_warps=warps, num_stages=stages, pre_hook=_tma_block_shapes)
+
+
+#: the autotuner's short list for the TMA path (benchmarks/notes_lesson6.md has the sweep behind it)
+TMA_CONFIGS = [
+    _tma_config(128, 256, 64, 3, 8),
+    _tma_config(128, 256, 64, 4, 8),
+    _tma_config(128, 128, 64, 4, 8),
+    _tma_config(128, 128, 64, 4, 4),
+]
+_TMA_KEYS = ["M", "N", "K", "B_KN", "HAS_BIAS", "ACTIVATION", "HAS_RESIDUAL", "HAS_ROW_SCALE"]
+_matmul_tma_autotuned = triton.autotune(configs=TMA_CONFIGS, key=_TMA_KEYS)(_matmul_tma_kernel)
+
+
+# -- configuration --------------------------------------------------------------------------------
+def _clamp_pow2(n: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, next_pow2(n)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain_config(M: int, N: int, K: int, dtype: torch.dtype, gpu: bool) -> dict:
+    """The plain kernel's tile for a problem size (see :func:`matmul_config`)."""
+    if not gpu:
+        # every program is milliseconds of Python: few, large tiles (tl.dot needs 16 at least)
+        return {
+            "BLOCK_M": _clamp_pow2(M, 16, 64),
+            "BLOCK_N": _clamp_pow2(N, 16, 64),
+            "BLOCK_K": _clamp_pow2(K, 16, 64),
+            "GROUP_M": 8,
+            "num_warps": 4,
+            "num_stages": 1,
+        }
+    wide = element_size(dtype) == 4  # fp32: TF32 tiles hold half as many K per byte
+    if M <= 64:  # decode-sized: a short, wide tile that streams B (the weights) over many programs
+        bm = _clamp_pow2(M, 16, 64)
+        return {
+            "BLOCK_M": bm,
+            "BLOCK_N": 64,
+            "BLOCK_K": 64 if wide else 128,
+            "GROUP_M": 8,
+            "num_warps": 4,
+            "num_stages": 4,
+        }
+    if wide:
+        return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+    return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4}
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.cache
+def _hopper() -> bool:
+    return runtime.is_gpu() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """A TMA descriptor needs a 16-byte aligned base, unit stride along rows, 16-byte row pitch."""
+    es = t.element_size()
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * es) % 16 == 0
+
+
+def _b_layout(b: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
+    """B (K, N) as TMA wants it: ``(b, True)`` if its rows are contiguous, ``(b.T, False)`` if it is
+    the transposed view of an (N, K) row-major tensor (F.linear's weight); None if neither."""
+    if b.stride(1) == 1 and _aligned(b):
+        return b, True
+    bt = b.t()
+    if bt.stride(1) == 1 and _aligned(bt):
+        return bt, False
+    return None
+
+
+def _tma_eligible(a: torch.Tensor, b: torch.Tensor, M: int, N: int, K: int) -> bool:
+    if TensorDescriptor is None or not _hopper() or a.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if min(M, N) < 128 or K < 16 or (N * a.element_size()) % 16:  # C's rows must be 16-byte aligned too
+        return False
+    return _aligned(a) and _b_layout(b) is not None
+
+
+def matmul_config(M: int, N: int, K: int, dtype: torch.dtype, *, tma: bool | None = None) -> dict:
+    """The launch configuration the launcher picks for an (M, K) @ (K, N) problem.
+
+    ``{"variant": "plain", BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages}`` for the plain
+    kernel: on a GPU 128 x 128 x 64 tiles, 4 warps, 4 stages for 16-bit inputs (128 x 128 x 32, 8
+    warps, 3 stages for fp32), and for M <= 64 (decode) a short BLOCK_M x 64 tile with a long K step;
+    in the interpreter up to 64 x 64 x 64 (few programs: each costs Python time).
+    ``{"variant": "tma", "configs": [...]}`` for the Hopper path: the autotuner's candidates
+    (``TMA_CONFIGS``); it times them on the first call for each shape and keeps the fastest.
+    ``tma``: whether the inputs qualify (the launcher decides from dtype, alignment and device); None
+    assumes they do when the device and dtype allow it and M, N >= 128.
+    """
+    if tma is None:
+        tma = TensorDescriptor is not None and _hopper() and dtype in (torch.float16, torch.bfloat16)
+        tma = tma and min(M, N) >= 128 and K >= 16
+    if tma:
+        return {"variant": "tma", "configs": [dict(c.all_kwargs()) for c in TMA_CONFIGS]}
+    return {"variant": "plain", **_plain_config(int(M), int(N), int(K), dtype, runtime.is_gpu())}
+
+
+# -- the launcher shared by matmul, linear and rmsnorm_linear -------------------------------------
+_launch_plain = Launcher(_matmul_kernel)
+
+
+def _check_config(config: dict, op: str, keys: tuple[str, ...]) -> dict:
+    unknown = set(config) - set(keys)
+    if unknown:
+        raise KernelInputError(f"{op}: unknown config key(s) {sorted(unknown)}; known: {', '.join(keys)}.")
+    out = dict(config)
+    for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"):
+        if name in out:
+            check_block(out[name], name, op, max_value=1024)
+    for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+        if name in out and out[name] < 16:
+            raise KernelInputError(f"{op}: {name}={out[name]}; tl.dot needs tiles of at least 16.")
+    if "num_warps" in out:
+        check_block(out["num_warps"], "num_warps", op, max_value=32)
+    return out
+
+
+_PLAIN_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+_TMA_KEYS_USER = _PLAIN_KEYS + ("EPILOGUE_SUBTILE", "WARP_SPECIALIZE")
+
+
+def _precision(dtype: torch.dtype, input_precision, op: str) -> str:
+    if input_precision is None:
+        return "tf32" if runtime.is_gpu() and dtype == torch.float32 else "ieee"
+    if input_precision not in INPUT_PRECISIONS:
+        raise KernelInputError(f"{op}: input_precision={input_precision!r}; choose one of {INPUT_PRECISIONS}.")
+    return input_precision if runtime.is_gpu() else "ieee"  # the interpreter computes fp32 in full
+
+
+def gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    activation: int = 0,
+    residual: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+    variant: str | None = None,
+    config: dict | None = None,
+    input_precision: str | None = None,
+    op: str = "matmul",
+) -> torch.Tensor:
+    """``act(row_scale[:, None] * (a @ b) + bias) + residual`` in one launch; inputs already checked.
+
+    ``a``: (M, K); ``b``: (K, N), any strides (pass ``weight.t()`` for F.linear's (N, K) weight);
+    ``bias`` (N,) contiguous; ``residual`` (M, N) any strides; ``row_scale`` (M,) fp32 contiguous;
+    ``activation``: a code from :data:`ACTIVATIONS`. The launcher behind :func:`matmul`,
+    :func:`fusionlab.kernels.linear.linear` and :func:`fusionlab.kernels.rmsnorm_linear.rmsnorm_linear`.
+    """
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    if M == 0 or N == 0:
+        return c
+    precision = _precision(a.dtype, input_precision, op)
+    if variant not in VARIANTS:
+        raise KernelInputError(f"{op}: variant={variant!r}; choose one of {VARIANTS}.")
+    tma_ok = _tma_eligible(a, b, M, N, K)
+    if variant == "tma" and not tma_ok:
+        raise KernelInputError(
+            f"{op}: variant='tma' needs a Hopper GPU (compute capability 9.0+), fp16/bf16 inputs, M and N "
+            f">= 128, K >= 16, and A, B and C rows 16 bytes aligned (got {dtype_name(a.dtype)}, M={M}, N={N}, "
+            f"K={K}, A strides {a.stride()}, B strides {b.stride()}); use variant='plain'."
+        )
+    use_tma = variant == "tma" or (variant in (None, "auto") and tma_ok)
+    dummy = c  # never read: the flag that would read it is off
+    flags = {
+        "HAS_BIAS": bias is not None,
+        "ACTIVATION": activation,
+        "HAS_RESIDUAL": residual is not None,
+        "HAS_ROW_SCALE": row_scale is not None,
+    }
+    bias_t = bias if bias is not None else dummy
+    res_t = residual if residual is not None else dummy
+    scale_t = row_scale if row_scale is not None else dummy
+    stride_rm, stride_rn = (residual.stride(0), residual.stride(1)) if residual is not None else (0, 0)
+
+    if use_tma:
+        b_t, b_kn = _b_layout(b)
+        nsm = _num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
+        if config is None:
+            cfg0 = TMA_CONFIGS[0].all_kwargs()
+            bm, bn, bk, sub = cfg0["BLOCK_M"], cfg0["BLOCK_N"], cfg0["BLOCK_K"], cfg0["EPILOGUE_SUBTILE"]
+        else:
+            cfg = _check_config(config, op, _TMA_KEYS_USER)
+            bm, bn, bk = cfg.get("BLOCK_M", 128), cfg.get("BLOCK_N", 256), cfg.get("BLOCK_K", 64)
+            sub = bool(cfg.get("EPILOGUE_SUBTILE", True))
+            check_tile(bm, bn, op=op)
+        # descriptors carry shape, strides and the block shape (set again by the autotuner's pre-hook)
+        a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
+        b_desc = TensorDescriptor.from_tensor(b_t, [bk, bn] if b_kn else [bn, bk])
+        c_desc = TensorDescriptor.from_tensor(c, [bm, bn // 2] if sub else [bm, bn])
+        args = (a_desc, b_desc, c_desc, bias_t, res_t, scale_t, M, N, K, stride_rm, stride_rn)
+        if config is None:
+
+            def grid(meta):
+                return (min(nsm, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
+
+            _matmul_tma_autotuned[grid](*args, NUM_SMS=nsm, B_KN=b_kn, **flags)
+        else:
+            grid = (min(nsm, triton.cdiv(M, bm) * triton.cdiv(N, bn)),)
+            _matmul_tma_kernel[grid](
+                *args,
+                BLOCK_M=bm,
+                BLOCK_N=bn,
+                BLOCK_K=bk,
+                GROUP_M=cfg.get("GROUP_M", 8),
+                NUM_SMS=nsm,
+                B_KN=b_kn,
+                EPILOGUE_SUBTILE=sub,
+                WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
+                num_warps=cfg.get("num_warps", 8),
+                num_stages=cfg.get("num_stages", 3),
+                **flags,
+            )
+        return c
+
+    cfg = _plain_config(M, N, K, a.dtype, runtime.is_gpu())
+    if config is not None:
+        cfg = {**cfg, **_check_config(config, op, _PLAIN_KEYS)}
+        check_tile(cfg["BLOCK_M"], cfg["BLOCK_N"], op=op)
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    # the K loop advances pointers by BLOCK_K * stride in int32: refuse strides that would wrap
+    if max(abs(a.stride(1)), abs(b.stride(0))) * bk >= INT32_LIMIT:
+        raise KernelInputError(
+            f"{op}: a K-step of {bk} times stride {max(a.stride(1), b.stride(0))} passes 2**31 elements; "
+            "pass row-major (contiguous) operands."
+        )
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    _launch_plain(
+        grid,
+        a,
+        b,
+        c,
+        bias_t,
+        res_t,
+        scale_t,
+        M,
+        N,
+        K,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        c.stride(0),
+        c.stride(1),
+        stride_rm,
+        stride_rn,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=cfg["GROUP_M"],
+        EVEN_K=K % bk == 0,
+        PRECISION=precision,
+        **flags,
+        **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
+    )
+    return c
+
+
+def check_operand(t, name: str, op: str, dtypes=None) -> torch.Tensor:
+    """A 2-D matmul operand: device, dtype, no lazy negation, no grad. Row-major or column-major
+    (a transposed view such as ``w.t()``) strides; the launcher picks the TMA path only for row-major
+    rows that are 16 bytes aligned, and the plain kernel reads either."""
+    if isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[1] > 1 and t.stride(1) != 1:
+        if t.shape[0] > 1 and t.stride(0) != 1:
+            raise KernelInputError(
+                f"{op}: {name} has strides {t.stride()} (shape {tuple(t.shape)}): neither its rows nor its "
+                f"columns are contiguous. Pass {name}.contiguous()."
+            )
+        check_tensor(t.t(), name, op=op, dtypes=dtypes, ndim=2, contiguous=False, max_numel=None)
+    else:
+        check_tensor(t, name, op=op, dtypes=dtypes, ndim=2, contiguous=False, max_numel=None)
+    return t
+
+
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    variant: str | None = None,
+    config: dict | None = None,
+    input_precision: str | None = None,
+) -> torch.Tensor:
+    """``a @ b`` for ``a`` (M, K) and ``b`` (K, N): one launch, fp32 accumulation, any M, N, K.
+
+    fp16/bf16 on a GPU (fp32 too, as TF32 by default, see the module docstring); fp32/fp16 in the
+    interpreter. Any strides (``b`` may be ``w.t()``). ``variant``: None picks the Hopper TMA kernel
+    where it applies (see :func:`matmul_config`) and the plain kernel otherwise; ``"plain"`` or
+    ``"tma"`` force one. ``config``: tile overrides for a tuning sweep (``BLOCK_M``, ``BLOCK_N``,
+    ``BLOCK_K``, ``GROUP_M``, ``num_warps``, ``num_stages``; the TMA kernel also takes
+    ``EPILOGUE_SUBTILE`` and ``WARP_SPECIALIZE``); with a config the TMA path skips the autotuner.
+    Trips: :func:`matmul_ledger`. Reference: :func:`matmul_reference`.
+    """
+    op = "matmul"
+    check_operand(a, "a", op)
+    check_operand(b, "b", op)
+    if a.dtype != b.dtype or a.device != b.device:
+        raise KernelInputError(
+            f"{op}: a and b must share dtype and device, got {a.dtype}/{a.device} and {b.dtype}/{b.device}."
+        )
+    if a.shape[1] != b.shape[0]:
+        raise KernelInputError(
+            f"{op}: a is {tuple(a.shape)} and b is {tuple(b.shape)}: a's columns (K) must equal b's rows. "
+            "For F.linear's (N, K) weight pass weight.t(), or use fusionlab.kernels.linear.linear."
+        )
+    return gemm(a, b, variant=variant, config=config, input_precision=input_precision, op=op)

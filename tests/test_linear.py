@@ -1,0 +1,246 @@
+"""Lesson 6's linear layer with its epilogue: ``act(x W^T + b) + r`` against float64, in one launch,
+bias along the right axis, each activation, residual, M = 1, bias absent; ledger; clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusionlab import runtime
+from fusionlab.grading import Sandbox
+from fusionlab.kernels import KernelInputError
+from fusionlab.kernels.linear import (
+    ACTIVATIONS,
+    linear,
+    linear_config,
+    linear_eager,
+    linear_flops,
+    linear_ledger,
+    linear_reference,
+)
+
+GPU = runtime.is_gpu()
+gpu_only = pytest.mark.skipif(not GPU, reason="needs a GPU Triton supports")
+HOPPER = GPU and torch.cuda.get_device_capability() >= (9, 0)
+
+pytestmark = [
+    # the interpreter's sigmoid is numpy's 1 / (1 + exp(-z)): exp overflows to inf for z << 0, the
+    # result is the right 0, and numpy warns
+    pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning"),
+]
+
+# (M, K, N): M != N everywhere, so a bias added along the wrong axis reads the wrong numbers (or
+# past the end) and fails the comparison
+SHAPES = [
+    (1, 33, 17),  # a GEMV: one row of x
+    (65, 127, 129),  # ragged in M, N and K
+    (20, 257, 48),  # K = 257: the last K step is one element wide
+    (64, 64, 32),  # tiles divide the problem (interpreter): unmasked K
+]
+DTYPES = [
+    pytest.param(torch.float32, *((2e-3, 1e-2) if GPU else (1e-6, 1e-5)), id="fp32"),
+    pytest.param(torch.float16, 1e-3, 4e-3, id="fp16"),
+]
+if torch.bfloat16 in runtime.DTYPES:
+    DTYPES.append(pytest.param(torch.bfloat16, 8e-3, 3e-2, id="bf16"))
+
+
+def _inputs(M, K, N, dtype, seed=0, residual=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g)
+    w = torch.randn(N, K, generator=g) / K**0.5  # outputs ~ N(0, 1): GELU's curve and both tails
+    b = torch.randn(N, generator=g)
+    r = torch.randn(M, N, generator=g) if residual else None
+    to = lambda t: None if t is None else t.to(runtime.DEVICE, dtype)  # noqa: E731
+    return to(x), to(w), to(b), to(r)
+
+
+def assert_close_rel(y, ref, norm_tol, elem_tol):
+    assert y.shape == ref.shape and y.dtype == ref.dtype and y.device == ref.device
+    yd, rd = y.double(), ref.double()
+    assert not torch.isnan(yd).any(), f"{int(torch.isnan(yd).sum())} elements NaN (never written?)"
+    scale = rd.abs().max().clamp_min(1e-30)
+    err = ((yd - rd).norm() / rd.norm().clamp_min(1e-30)).item()
+    worst = ((yd - rd).abs().max() / scale).item()
+    assert err <= norm_tol and worst <= elem_tol, f"relative error {err:.2e} (norm), {worst:.2e} (max element)"
+
+
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+@pytest.mark.parametrize("dtype,norm_tol,elem_tol", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_bias_and_activation_in_one_launch(shape, dtype, norm_tol, elem_tol, activation):
+    x, w, b, _ = _inputs(*shape, dtype)
+    with Sandbox() as box:
+        y = linear(x, w, b, activation)
+    assert box.writes_past_the_end() is None
+    assert_close_rel(y, linear_reference(x, w, b, activation), norm_tol, elem_tol)
+    assert box.names == ["_matmul_kernel"], "one kernel: matmul and epilogue together"
+    assert box.torch_ops == [] and box.passes == []
+
+
+@pytest.mark.parametrize("activation", [None, "gelu"])
+@pytest.mark.parametrize("dtype,norm_tol,elem_tol", DTYPES[:2])
+def test_no_bias_and_residual(dtype, norm_tol, elem_tol, activation):
+    x, w, _, r = _inputs(37, 80, 50, dtype, seed=1, residual=True)
+    for bias, residual in [(None, None), (None, r)]:
+        with Sandbox() as box:
+            y = linear(x, w, bias, activation, residual)
+        assert box.names == ["_matmul_kernel"] and box.torch_ops == []
+        assert_close_rel(y, linear_reference(x, w, bias, activation, residual), norm_tol, elem_tol)
+
+
+def test_residual_with_bias_and_every_activation():
+    x, w, b, r = _inputs(33, 65, 40, torch.float32, seed=2, residual=True)
+    tol = (2e-3, 1e-2) if GPU else (1e-6, 1e-5)
+    for activation in ACTIVATIONS:
+        assert_close_rel(linear(x, w, b, activation, r), linear_reference(x, w, b, activation, r), *tol)
+
+
+def test_bias_is_per_output_feature():
+    # a bias that is 0 except for feature 3: only column 3 of y may move, in every row
+    x, w, _, _ = _inputs(24, 32, 40, torch.float32, seed=3)
+    b = torch.zeros(40, device=runtime.DEVICE)
+    b[3] = 100.0
+    delta = linear(x, w, b) - linear(x, w)
+    expected = torch.zeros_like(delta)
+    expected[:, 3] = 100.0
+    torch.testing.assert_close(delta, expected, atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "x_shape",
+    [(33,), (1, 33), (2, 3, 33), (4, 1, 1, 33)],
+    ids=["1-D (GEMV)", "one row", "3-D", "4-D"],
+)
+def test_leading_dimensions(x_shape):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(x_shape, generator=g).to(runtime.DEVICE)
+    w = torch.randn(17, 33, generator=g).to(runtime.DEVICE)
+    b = torch.randn(17, generator=g).to(runtime.DEVICE)
+    r = torch.randn(*x_shape[:-1], 17, generator=g).to(runtime.DEVICE)
+    y = linear(x, w, b, "gelu", r)
+    assert y.shape == (*x_shape[:-1], 17)
+    assert_close_rel(y, linear_reference(x, w, b, "gelu", r), *((2e-3, 1e-2) if GPU else (1e-6, 1e-5)))
+
+
+def test_strided_x_and_residual():
+    g = torch.Generator().manual_seed(5)
+    big = torch.randn(40, 100, generator=g).to(runtime.DEVICE)
+    x = big[::2, 10:74]  # (20, 64), row stride 200
+    w = torch.randn(30, 64, generator=g).to(runtime.DEVICE)
+    r = torch.randn(20, 50, generator=g).to(runtime.DEVICE)[:, 5:35]  # (20, 30), row stride 50
+    with Sandbox() as box:
+        y = linear(x, w, None, "silu", r)
+    assert box.passes == []
+    assert_close_rel(y, linear_reference(x, w, None, "silu", r), *((2e-3, 1e-2) if GPU else (1e-6, 1e-5)))
+
+
+def test_k_zero_is_the_epilogue_of_zero():
+    x = torch.randn(4, 0, device=runtime.DEVICE)
+    w = torch.randn(6, 0, device=runtime.DEVICE)
+    b = torch.randn(6, device=runtime.DEVICE)
+    torch.testing.assert_close(linear(x, w, b, "gelu"), F.gelu(b).expand(4, 6))
+    assert linear(torch.randn(0, 5, device=runtime.DEVICE), torch.randn(6, 5, device=runtime.DEVICE)).shape == (0, 6)
+
+
+def test_eager_is_flinear_then_activation():
+    x, w, b, r = _inputs(8, 16, 12, torch.float32, residual=True)
+    torch.testing.assert_close(linear_eager(x, w, b, "gelu", r), F.gelu(F.linear(x, w, b)) + r)
+    torch.testing.assert_close(linear_eager(x, w, None, "silu"), F.silu(F.linear(x, w)))
+
+
+def test_ledger_unfused_and_fused():
+    M, K, N = 8192, 4096, 16384
+    led = linear_ledger(M, K, N, torch.bfloat16)
+    # unfused: matmul (x, w, h), add (h, b, t), gelu (t, y); fused: x, w, b, y
+    assert led.unfused_bytes == 2 * (M * K + N * K + M * N + M * N + N + M * N + M * N + M * N)
+    assert led.fused_bytes == 2 * (M * K + N * K + N + M * N)
+    assert [op.name for op in led.ops] == ["matmul", "add", "gelu"]
+    bare = linear_ledger(M, K, N, torch.bfloat16, bias=False, activation=None)
+    assert bare.unfused_bytes == bare.fused_bytes == 2 * (M * K + N * K + M * N)
+    res = linear_ledger(M, K, N, torch.bfloat16, residual=True)
+    assert res.fused_bytes == 2 * (M * K + N * K + N + 2 * M * N)
+    tiled = linear_ledger(1000, 64, 300, torch.float16, block_m=128, block_n=128)
+    assert tiled.fused_bytes == 2 * (1000 * 64 * 3 + 300 * 64 * 8 + 300 + 1000 * 300)
+
+
+def test_flops_and_config():
+    assert linear_flops(2, 3, 4) == 2 * 2 * 3 * 4 + 2 * 4 * 9
+    assert linear_flops(2, 3, 4, bias=False, activation=None) == 48
+    assert linear_config(16, 64, 64, torch.float16)["variant"] == "plain"
+
+
+def _bad_inputs():
+    dev = runtime.DEVICE
+    X = lambda: torch.randn(8, 16, device=dev)  # noqa: E731
+    W = lambda: torch.randn(4, 16, device=dev)  # noqa: E731
+    return [
+        ("weight K mismatch", lambda: (X(), torch.randn(4, 15, device=dev), None, None), {}, "features"),
+        ("weight 1-D", lambda: (X(), torch.randn(16, device=dev), None, None), {}, "dimension"),
+        ("bias on the wrong axis", lambda: (X(), W(), torch.randn(8, device=dev), None), {}, "bias"),
+        ("bias 2-D", lambda: (X(), W(), torch.randn(1, 4, device=dev), None), {}, "dimension"),
+        ("residual shape", lambda: (X(), W(), None, torch.randn(4, 8, device=dev)), {}, "residual"),
+        ("residual dtype", lambda: (X(), W(), None, torch.randn(8, 4, device=dev).half()), {}, "dtype"),
+        ("mixed dtypes", lambda: (X(), W().half(), None, None), {}, "dtype"),
+        ("scalar x", lambda: (torch.tensor(1.0, device=dev), W(), None, None), {}, "dimension"),
+        ("not a tensor", lambda: ([[1.0] * 16], W(), None, None), {}, "torch.Tensor"),
+        (
+            "x not viewable as rows",
+            lambda: (torch.randn(2, 16, 4, device=dev).transpose(1, 2), W(), None, None),
+            {},
+            "contiguous",
+        ),
+        ("bad activation", lambda: (X(), W(), None, None), {"activation": "relu"}, "activation"),
+        ("requires grad", lambda: (X(), W().requires_grad_(), None, None), {}, "grad"),
+    ]
+
+
+@pytest.mark.parametrize("make,kw,match", [c[1:] for c in _bad_inputs()], ids=[c[0] for c in _bad_inputs()])
+def test_bad_inputs_raise(make, kw, match):
+    x, w, b, r = make()
+    with pytest.raises(KernelInputError, match=match):
+        linear(x, w, b, residual=r, **kw)
+
+
+# -- GPU ------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_4095_cubed_bias_gelu_against_float64(dtype):
+    x, w, b, _ = _inputs(4095, 4095, 4095, dtype, seed=6)
+    y = linear(x, w, b, "gelu")
+    tol = (1e-3, 4e-3) if dtype == torch.float16 else (8e-3, 3e-2)
+    assert_close_rel(y, linear_reference(x, w, b, "gelu"), *tol)
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("M", [1, 7])
+def test_gemv_k_8193(M):
+    x, w, b, _ = _inputs(M, 8193, 1000, torch.bfloat16, seed=7)
+    assert_close_rel(linear(x, w, b, "gelu"), linear_reference(x, w, b, "gelu"), 8e-3, 3e-2)
+    assert_close_rel(linear(x, w), linear_reference(x, w), 8e-3, 3e-2)
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.skipif(not HOPPER, reason="the TMA path needs a Hopper GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_tma_path_epilogues(dtype):
+    # aligned rows, ragged M and K: the Hopper kernel with every epilogue flag (one config, so each
+    # flag combination compiles once), then the autotuned default for bias + GELU
+    M, K, N = 1000, 1048, 1032
+    x, w, b, r = _inputs(M, K, N, dtype, seed=8, residual=True)
+    tol = (1e-3, 4e-3) if dtype == torch.float16 else (8e-3, 3e-2)
+    cfg = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 3, "num_warps": 8}
+    for activation in ACTIVATIONS:
+        for bias, residual in [(b, None), (None, r), (b, r)]:
+            with Sandbox() as box:
+                y = linear(x, w, bias, activation, residual, config=cfg)
+            assert box.names == ["_matmul_tma_kernel"] and box.writes_past_the_end() is None
+            assert_close_rel(y, linear_reference(x, w, bias, activation, residual), *tol)
+    y = linear(x, w, b, "gelu")
+    assert_close_rel(y, linear_reference(x, w, b, "gelu"), *tol)
+    plain = linear(x, w, b, "gelu", variant="plain")
+    assert_close_rel(y, plain, *tol)
