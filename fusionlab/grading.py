@@ -31,6 +31,7 @@ import contextlib
 import math
 import os
 import random
+import re
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -277,12 +278,12 @@ def stub_hint(e: BaseException) -> str | None:
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, NotImplementedError):
-            return str(e)
         text = str(e)
-        if "NotImplementedError" in text or "Exercise:" in text:
-            line = next((ln for ln in text.splitlines() if "Exercise" in ln or "NotImplementedError" in ln), text)
-            return line.strip()
+        found = re.search(r"Exercise:\s*(.*?)['\")]*\s*$", text, re.M)
+        if found:  # the stub's own words, without the wrapper an interpreter or compiler put around them
+            return found.group(1).strip()
+        if isinstance(e, NotImplementedError):
+            return text.strip() or "a blank to fill"
         e = e.__cause__ or e.__context__
     return None
 
@@ -299,7 +300,7 @@ def call_learner(fn: Callable, *args, name: str, where: str = "", seed: int | No
     except Exception as e:
         stub = stub_hint(e)
         if stub is not None:
-            raise CheckFailed(f"{name}: not implemented yet ({stub}).") from None
+            raise CheckFailed(f"{name}: not done yet — {stub}") from None
         line = _learner_frame(e.__traceback__)
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         msg = f"{where or name}: your code raised {type(e).__name__}: {first}"
@@ -536,7 +537,7 @@ def _short_handler(shell, etype, evalue, tb, tb_offset=None):
     if issubclass(etype, CheckFailed):
         text = str(evalue)
     elif issubclass(etype, NotImplementedError):
-        text = f"Not done yet: {evalue}"
+        text = f"not done yet — {stub_hint(evalue) or evalue}"
     elif issubclass(etype, NameError):
         name = str(evalue).split("'")[1] if "'" in str(evalue) else str(evalue)
         text = (

@@ -244,12 +244,18 @@ def _analyse(source: str, from_line: int | None) -> tuple[set[str], set[str], se
 
 
 # -- the generator ----------------------------------------------------------------------------------
+#: the import of a lesson's checkers, after which the exercise switches on short messages
+CHECKERS_IMPORT = re.compile(r"^from fusionlab\.lessons\.l\d+ import checkers as ex\s*$", re.M)
+SHORT_MESSAGES = "fl.grading.install_notebook_messages(exercise=True)  # a blank not yet filled: one short message"
+
+
 def make_exercise(solution: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:
     """Return the exercise notebook for ``solution`` (which is not modified)."""
     nb = copy.deepcopy(solution)
     cells = []
     broken: set[str] = set()  # names that are unbound or raise in the exercise at this point
     seen_block = False
+    installed = False
     for index, cell in enumerate(nb.cells):
         where = f"{name}, cell {index + 1}"
         src = _source(cell)
@@ -290,6 +296,10 @@ def make_exercise(solution: nbformat.NotebookNode, name: str = "notebook") -> nb
         else:
             cell.metadata.pop("tags", None)
         cell.source = stub_source(src, blocks)
+        if not installed and CHECKERS_IMPORT.search(cell.source):
+            # an unfinished blank (and a cell that needs it) shows one short message, not a traceback
+            cell.source = cell.source.rstrip("\n") + "\n" + SHORT_MESSAGES
+            installed = True
         cell.outputs = []
         cell.execution_count = None
         cells.append(cell)

@@ -242,3 +242,30 @@ def test_synthetic_exercise_runs_top_to_bottom(tmp_path):
     client.execute()  # raises CellExecutionError if an untagged cell fails
     errors = [c for c in ex.cells if any(o.output_type == "error" for o in c.get("outputs", []))]
     assert errors and all(mx.TAG_RAISES in c.metadata["tags"] for c in errors)
+
+
+@pytest.mark.parametrize("name", ["01_the_warehouse.ipynb", "02_count_the_trips.ipynb"])
+def test_an_exercise_run_top_to_bottom_shows_one_short_message_per_blank(name):
+    """Run All on an untouched exercise: every blank (and every cell that needs one) says what to do in
+    at most five lines, never a traceback through the checker's internals."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(ROOT / "exercises" / name, as_version=4)
+    NotebookClient(
+        nb,
+        timeout=600,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": str(ROOT / "exercises")}},
+    ).execute()
+    blanks = 0
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for out in cell.outputs:
+            assert out.output_type != "error", f"cell {i}: a traceback ({out.ename}: {out.evalue})"
+            if out.output_type == "stream" and out.name == "stderr" and "✗" in out.text:
+                blanks += 1
+                assert len(out.text.strip().splitlines()) <= 5, f"cell {i}: {out.text}"
+                assert "Traceback" not in out.text and "fusionlab/" not in out.text
+    assert blanks >= 3
