@@ -46,6 +46,8 @@ SHAPES = [
     (3, 4097),  # one past 4096: the online path in the interpreter, one tile on a GPU
     (2, 128256),  # a vocabulary-sized row: the online path in every mode, 32+ tiles a row
     (2, 3, 100),  # leading dims are rows
+    (64, 256),  # the tiles divide the tensor in every mode: the unmasked loads and stores
+    (2, 8192),  # the online path with whole tiles in the interpreter (unmasked), one tile on a GPU
 ]
 DTYPES = [
     pytest.param(torch.float32, *TOLERANCES[torch.float32], id="fp32"),
@@ -208,6 +210,8 @@ BWD_SHAPES = [
     (3, 4097),  # online backward in the interpreter (two passes over y and dy)
     (2, 128256),  # online backward everywhere
     (2, 3, 100),
+    (64, 256),  # unmasked
+    (2, 8192),  # online and unmasked in the interpreter
 ]
 
 
@@ -445,6 +449,18 @@ def test_ledger_counts_the_trips(dtype):
     assert bwd.fused_bytes == 3 * rows * n * es  # read y, dy; write dx
     assert softmax_ledger(rows, n, dtype, block=256, backward=True).fused_bytes == 5 * rows * n * es
     assert softmax_flops(rows, n) == 5 * rows * n and softmax_flops(rows, n, backward=True) == 4 * rows * n
+
+
+@pytest.mark.parametrize(
+    "shape, even",
+    [((64, 256), (True, True)), ((2, 8192), (True, True)), ((37, 129), (False, False)), ((65537, 3), (False, False))],
+)
+def test_unmasked_paths_only_when_tiles_divide(shape, even):
+    from fusionlab.kernels.softmax import _launch_flags, _rows
+
+    x = _x(shape)
+    flags = _launch_flags(_rows(x), softmax_config(*shape, torch.float32))
+    assert (flags["EVEN_M"], flags["EVEN_N"]) == even
 
 
 def test_ledger_default_block_is_what_the_launcher_does():

@@ -72,8 +72,8 @@ OP = "softmax"
 #: ``wide_block``: the tile width of the online path; ``tile``: elements a program takes when rows are
 #: narrow (BLOCK_M rows of BLOCK_N); ``per_thread``: elements a thread holds (sets num_warps).
 GPU_TUNING = {
-    "forward": {"max_single": 32768, "wide_block": 8192, "tile": 8192, "per_thread": 16},
-    "backward": {"max_single": 16384, "wide_block": 8192, "tile": 8192, "per_thread": 16},
+    "forward": {"max_single": 32768, "wide_block": 16384, "tile": 4096, "per_thread": 16},
+    "backward": {"max_single": 16384, "wide_block": 16384, "tile": 4096, "per_thread": 16},
 }
 #: the interpreter: each program costs milliseconds of Python, so tiles are large (64 Ki elements),
 #: and rows past 4096 elements take the online path (a tile is a numpy array there, not registers)
@@ -209,6 +209,30 @@ def softmax_flops(rows: int, n: int, *, backward: bool = False) -> int:
 
 # -- the kernels -------------------------------------------------------------------------------------
 @triton.jit
+def _load_tile(ptrs, col_ok, OTHER: tl.constexpr, EVEN_N: tl.constexpr, EVICT: tl.constexpr):
+    # EVEN_N: the tiles divide the row, so no column mask at all (checked on the host); rows need
+    # none either, since rows past the end re-read the last row
+    if EVEN_N:
+        t = tl.load(ptrs, eviction_policy=EVICT)
+    else:
+        t = tl.load(ptrs, mask=col_ok[None, :], other=OTHER, eviction_policy=EVICT)
+    return t.to(tl.float32)  # fp32 arithmetic whatever the storage
+
+
+@triton.jit
+def _store_tile(ptrs, val, row_ok, col_ok, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr):
+    val = val.to(ptrs.dtype.element_ty)
+    if EVEN_M and EVEN_N:
+        tl.store(ptrs, val)
+    elif EVEN_N:
+        tl.store(ptrs, val, mask=row_ok[:, None])
+    elif EVEN_M:
+        tl.store(ptrs, val, mask=col_ok[None, :])
+    else:
+        tl.store(ptrs, val, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
 def _softmax_kernel(
     x_ptr,
     y_ptr,
@@ -226,63 +250,60 @@ def _softmax_kernel(
     TWO_LEVEL: tl.constexpr,
     WRITE_Y: tl.constexpr,
     WRITE_STATS: tl.constexpr,
-    NUM_STAGES: tl.constexpr = 1,
+    EVEN_M: tl.constexpr = False,
+    EVEN_N: tl.constexpr = False,
+    EVICT_1: tl.constexpr = "",
+    EVICT_2: tl.constexpr = "",
 ):
-    # Programs walk blocks of BLOCK_M rows; with one program per block (the default grid) the loop
-    # runs once, with fewer programs it is a persistent loop.
-    n_blocks = tl.cdiv(n_rows, BLOCK_M)
-    for rb in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=NUM_STAGES):
-        # row numbers fit int32 (the launcher checks); rows * stride may not: int64 offsets
-        rows = (rb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # (BLOCK_M,)
-        row_ok = rows < n_rows
-        # rows past the end re-read the last row instead of masking it: no row of -inf lanes, no NaN
-        # computed for nothing, and a load mask only along the columns
-        rows_ld = tl.minimum(rows, n_rows - 1)
-        if TWO_LEVEL:  # leading dims that do not merge into one stride: row = (outer, inner)
-            x_rows = x_ptr + (rows_ld // n_inner) * stride_xb + (rows_ld % n_inner) * stride_xm
-        else:
-            x_rows = x_ptr + rows_ld * stride_xm
-        y_rows = y_ptr + rows * stride_ym
-        offs_n = tl.arange(0, BLOCK_N)
+    # one program per BLOCK_M rows; row numbers fit int32 (the launcher checks), rows * stride may
+    # not: int64 offsets
+    pid = tl.program_id(axis=0)
+    rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # (BLOCK_M,)
+    row_ok = rows < n_rows
+    # rows past the end re-read the last row instead of masking it: no row of -inf lanes, no NaN
+    # computed for nothing, and a load mask only along the columns
+    rows_ld = tl.minimum(rows, n_rows - 1)
+    if TWO_LEVEL:  # leading dims that do not merge into one stride: row = (outer, inner)
+        x_rows = x_ptr + (rows_ld // n_inner) * stride_xb + (rows_ld % n_inner) * stride_xm
+    else:
+        x_rows = x_ptr + rows_ld * stride_xm
+    y_rows = y_ptr + rows * stride_ym
+    offs_n = tl.arange(0, BLOCK_N)
 
-        if SINGLE_TILE:  # the row is on chip: one read, one write
-            mask_n = offs_n < n_cols
-            x = tl.load(x_rows[:, None] + offs_n[None, :], mask=mask_n[None, :], other=float("-inf"))
-            x = x.to(tl.float32)  # (BLOCK_M, BLOCK_N), fp32 whatever the storage
-            m = tl.max(x, axis=1)
-            e = tl.exp(x - m[:, None])  # masked lanes: exp(-inf) = 0; all -inf row: NaN, as torch
-            l = tl.sum(e, axis=1)
-            if WRITE_Y:
-                # one reciprocal a row, then a multiply per element (a division per element costs
-                # several instructions; the product is within an ulp of it)
-                y = e * (1.0 / l)[:, None]
-                mask = row_ok[:, None] & mask_n[None, :]
-                tl.store(y_rows[:, None] + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-        else:  # online softmax: pass 1 finds (m, l) in one sweep, pass 2 re-reads x and writes y
-            m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            l = tl.zeros([BLOCK_M], tl.float32)
+    if SINGLE_TILE:  # the row is on chip: one read, one write
+        col_ok = offs_n < n_cols
+        x = _load_tile(x_rows[:, None] + offs_n[None, :], col_ok, float("-inf"), EVEN_N, EVICT_1)  # (BLOCK_M, BLOCK_N)
+        m = tl.max(x, axis=1)
+        e = tl.exp(x - m[:, None])  # masked lanes: exp(-inf) = 0; an all -inf row: NaN, as torch
+        l = tl.sum(e, axis=1)
+        if WRITE_Y:
+            # one reciprocal a row, then a multiply per element (a division per element costs
+            # several instructions; the product is within an ulp of it)
+            y = e * (1.0 / l)[:, None]
+            _store_tile(y_rows[:, None] + offs_n[None, :], y, row_ok, col_ok, EVEN_M, EVEN_N)
+    else:  # online softmax: pass 1 finds (m, l) in one sweep, pass 2 re-reads x and writes y
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_M], tl.float32)
+        for start in tl.range(0, n_cols, BLOCK_N):
+            offs = start + offs_n
+            x = _load_tile(x_rows[:, None] + offs[None, :], offs < n_cols, float("-inf"), EVEN_N, EVICT_1)
+            m_new = tl.maximum(m, tl.max(x, axis=1))
+            # a row that has seen only -inf keeps m = -inf; rescaling against it would compute
+            # exp(-inf - (-inf)) = NaN, so measure against 0 until a finite value arrives
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            l = l * tl.exp(m - m_ref) + tl.sum(tl.exp(x - m_ref[:, None]), axis=1)
+            m = m_new
+        if WRITE_Y:
+            inv_l = 1.0 / l
             for start in tl.range(0, n_cols, BLOCK_N):
                 offs = start + offs_n
-                x = tl.load(x_rows[:, None] + offs[None, :], mask=(offs < n_cols)[None, :], other=float("-inf"))
-                x = x.to(tl.float32)
-                m_new = tl.maximum(m, tl.max(x, axis=1))
-                # a row that has seen only -inf keeps m = -inf; rescaling against it would compute
-                # exp(-inf - (-inf)) = NaN, so measure against 0 until a finite value arrives
-                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-                l = l * tl.exp(m - m_ref) + tl.sum(tl.exp(x - m_ref[:, None]), axis=1)
-                m = m_new
-            if WRITE_Y:
-                inv_l = 1.0 / l
-                for start in tl.range(0, n_cols, BLOCK_N):
-                    offs = start + offs_n
-                    mask_n = offs < n_cols
-                    x = tl.load(x_rows[:, None] + offs[None, :], mask=mask_n[None, :], other=float("-inf"))
-                    y = tl.exp(x.to(tl.float32) - m[:, None]) * inv_l[:, None]
-                    mask = row_ok[:, None] & mask_n[None, :]
-                    tl.store(y_rows[:, None] + offs[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-        if WRITE_STATS:
-            tl.store(m_ptr + rows, m, mask=row_ok)
-            tl.store(l_ptr + rows, l, mask=row_ok)
+                col_ok = offs < n_cols
+                x = _load_tile(x_rows[:, None] + offs[None, :], col_ok, float("-inf"), EVEN_N, EVICT_2)
+                y = tl.exp(x - m[:, None]) * inv_l[:, None]
+                _store_tile(y_rows[:, None] + offs[None, :], y, row_ok, col_ok, EVEN_M, EVEN_N)
+    if WRITE_STATS:
+        tl.store(m_ptr + rows, m, mask=row_ok)
+        tl.store(l_ptr + rows, l, mask=row_ok)
 
 
 @triton.jit
@@ -301,46 +322,41 @@ def _softmax_bwd_kernel(
     BLOCK_N: tl.constexpr,
     SINGLE_TILE: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
-    NUM_STAGES: tl.constexpr = 1,
+    EVEN_M: tl.constexpr = False,
+    EVEN_N: tl.constexpr = False,
 ):
     # dx = y * (dy - sum(dy * y)): a row's dot product first, then one element-wise pass
-    n_blocks = tl.cdiv(n_rows, BLOCK_M)
-    for rb in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=NUM_STAGES):
-        rows = (rb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # (BLOCK_M,)
-        row_ok = rows < n_rows
-        rows_ld = tl.minimum(rows, n_rows - 1)
-        y_rows = y_ptr + rows_ld * stride_ym
-        if TWO_LEVEL:  # the incoming gradient may be strided (y and dx are the kernels' own)
-            dy_rows = dy_ptr + (rows_ld // n_inner) * stride_dyb + (rows_ld % n_inner) * stride_dym
-        else:
-            dy_rows = dy_ptr + rows_ld * stride_dym
-        dx_rows = dx_ptr + rows * stride_dxm
-        offs_n = tl.arange(0, BLOCK_N)
+    pid = tl.program_id(axis=0)
+    rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # (BLOCK_M,)
+    row_ok = rows < n_rows
+    rows_ld = tl.minimum(rows, n_rows - 1)
+    y_rows = y_ptr + rows_ld * stride_ym
+    if TWO_LEVEL:  # the incoming gradient may be strided (y and dx are the kernels' own)
+        dy_rows = dy_ptr + (rows_ld // n_inner) * stride_dyb + (rows_ld % n_inner) * stride_dym
+    else:
+        dy_rows = dy_ptr + rows_ld * stride_dym
+    dx_rows = dx_ptr + rows * stride_dxm
+    offs_n = tl.arange(0, BLOCK_N)
 
-        if SINGLE_TILE:  # read y and dy once, write dx once
-            mask_n = offs_n < n_cols
-            y = tl.load(y_rows[:, None] + offs_n[None, :], mask=mask_n[None, :], other=0.0).to(tl.float32)
-            dy = tl.load(dy_rows[:, None] + offs_n[None, :], mask=mask_n[None, :], other=0.0).to(tl.float32)
-            dot = tl.sum(y * dy, axis=1)
-            dx = y * (dy - dot[:, None])
-            mask = row_ok[:, None] & mask_n[None, :]
-            tl.store(dx_rows[:, None] + offs_n[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        else:  # wide rows: the dot product in one sweep, then y and dy again
-            dot = tl.zeros([BLOCK_M], tl.float32)
-            for start in tl.range(0, n_cols, BLOCK_N):
-                offs = start + offs_n
-                mask_n = (offs < n_cols)[None, :]
-                y = tl.load(y_rows[:, None] + offs[None, :], mask=mask_n, other=0.0).to(tl.float32)
-                dy = tl.load(dy_rows[:, None] + offs[None, :], mask=mask_n, other=0.0).to(tl.float32)
-                dot += tl.sum(y * dy, axis=1)
-            for start in tl.range(0, n_cols, BLOCK_N):
-                offs = start + offs_n
-                mask_n = offs < n_cols
-                y = tl.load(y_rows[:, None] + offs[None, :], mask=mask_n[None, :], other=0.0).to(tl.float32)
-                dy = tl.load(dy_rows[:, None] + offs[None, :], mask=mask_n[None, :], other=0.0).to(tl.float32)
-                dx = y * (dy - dot[:, None])
-                mask = row_ok[:, None] & mask_n[None, :]
-                tl.store(dx_rows[:, None] + offs[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    if SINGLE_TILE:  # read y and dy once, write dx once
+        col_ok = offs_n < n_cols
+        y = _load_tile(y_rows[:, None] + offs_n[None, :], col_ok, 0.0, EVEN_N, "")  # (BLOCK_M, BLOCK_N)
+        dy = _load_tile(dy_rows[:, None] + offs_n[None, :], col_ok, 0.0, EVEN_N, "")
+        dot = tl.sum(y * dy, axis=1)
+        _store_tile(dx_rows[:, None] + offs_n[None, :], y * (dy - dot[:, None]), row_ok, col_ok, EVEN_M, EVEN_N)
+    else:  # wide rows: the dot product in one sweep, then y and dy again
+        dot = tl.zeros([BLOCK_M], tl.float32)
+        for start in tl.range(0, n_cols, BLOCK_N):
+            offs = start + offs_n
+            y = _load_tile(y_rows[:, None] + offs[None, :], offs < n_cols, 0.0, EVEN_N, "")
+            dy = _load_tile(dy_rows[:, None] + offs[None, :], offs < n_cols, 0.0, EVEN_N, "")
+            dot += tl.sum(y * dy, axis=1)
+        for start in tl.range(0, n_cols, BLOCK_N):
+            offs = start + offs_n
+            col_ok = offs < n_cols
+            y = _load_tile(y_rows[:, None] + offs[None, :], col_ok, 0.0, EVEN_N, "")
+            dy = _load_tile(dy_rows[:, None] + offs[None, :], col_ok, 0.0, EVEN_N, "")
+            _store_tile(dx_rows[:, None] + offs[None, :], y * (dy - dot[:, None]), row_ok, col_ok, EVEN_M, EVEN_N)
 
 
 # -- layouts and launches ----------------------------------------------------------------------------
@@ -415,10 +431,11 @@ def _block_override(cfg: dict, block_m, block_n, num_warps, n_cols: int, op: str
     return cfg
 
 
-def _grid(n_rows: int, cfg: dict) -> tuple[int]:
-    n_blocks = triton.cdiv(n_rows, cfg["BLOCK_M"])
-    programs = cfg.get("programs")  # a persistent grid, when a tuning run asks for one
-    return (min(n_blocks, programs) if programs else n_blocks,)
+def _launch_flags(r: _Rows, cfg: dict) -> dict:
+    """Constexprs that follow from the shape: the unmasked paths when the tiles divide the tensor."""
+    if cfg.get("masked"):  # a tuning run measuring what the masks cost
+        return {"EVEN_M": False, "EVEN_N": False}
+    return {"EVEN_M": r.n_rows % cfg["BLOCK_M"] == 0, "EVEN_N": r.n_cols % cfg["BLOCK_N"] == 0}
 
 
 def _forward(x: torch.Tensor, layout: _Rows, cfg: dict) -> torch.Tensor:
@@ -426,7 +443,7 @@ def _forward(x: torch.Tensor, layout: _Rows, cfg: dict) -> torch.Tensor:
     if x.numel() == 0:
         return y
     r = layout
-    _softmax_kernel[_grid(r.n_rows, cfg)](
+    _softmax_kernel[(triton.cdiv(r.n_rows, cfg["BLOCK_M"]),)](
         x,
         y,
         y,
@@ -443,7 +460,9 @@ def _forward(x: torch.Tensor, layout: _Rows, cfg: dict) -> torch.Tensor:
         TWO_LEVEL=r.two_level,
         WRITE_Y=True,
         WRITE_STATS=False,
-        NUM_STAGES=cfg.get("row_stages", 1),
+        EVICT_1=cfg.get("EVICT_1", ""),
+        EVICT_2=cfg.get("EVICT_2", ""),
+        **_launch_flags(r, cfg),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
     return y
@@ -462,7 +481,7 @@ def _backward(y: torch.Tensor, dy: torch.Tensor, cfg: dict | None = None) -> tor
     r = layout
     if cfg is None:
         cfg = softmax_config(r.n_rows, r.n_cols, y.dtype, backward=True)
-    _softmax_bwd_kernel[_grid(r.n_rows, cfg)](
+    _softmax_bwd_kernel[(triton.cdiv(r.n_rows, cfg["BLOCK_M"]),)](
         y,
         dy,
         dx,
@@ -477,7 +496,7 @@ def _backward(y: torch.Tensor, dy: torch.Tensor, cfg: dict | None = None) -> tor
         BLOCK_N=cfg["BLOCK_N"],
         SINGLE_TILE=cfg["SINGLE_TILE"],
         TWO_LEVEL=r.two_level,
-        NUM_STAGES=cfg.get("row_stages", 1),
+        **_launch_flags(r, cfg),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
     return dx
@@ -562,7 +581,7 @@ def online_softmax_stats(x: torch.Tensor, block: int | None = None) -> SoftmaxSt
     if layout.n_rows == 0 or x.numel() == 0:
         return SoftmaxStats(m.fill_(float("-inf")), l.zero_())
     r = layout
-    _softmax_kernel[_grid(r.n_rows, cfg)](
+    _softmax_kernel[(triton.cdiv(r.n_rows, cfg["BLOCK_M"]),)](
         x,
         m,
         m,
@@ -579,6 +598,7 @@ def online_softmax_stats(x: torch.Tensor, block: int | None = None) -> SoftmaxSt
         TWO_LEVEL=r.two_level,
         WRITE_Y=False,
         WRITE_STATS=True,  # the recurrence even when the row fits one tile
+        **_launch_flags(r, cfg),
         **launch_kwargs(cfg["num_warps"]),
     )
     return SoftmaxStats(m, l)
