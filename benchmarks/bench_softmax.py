@@ -61,60 +61,57 @@ def compiled(fn):
     return torch.compile(fn, dynamic=False)
 
 
-def fwd_variants(rows: int, n: int, dtype, sms: int) -> dict[str, dict]:
-    """The package default, then tiles around it (deduplicated)."""
-    base = S.softmax_config(rows, n, dtype)
-    out = {"default": base}
-    seen = {tuple(sorted(base.items()))}
+HINTS_1 = {"EVICT_1": "evict_first"}  # one tile: x is read once, stream it through L2
+HINTS_2 = {"EVICT_1": "evict_last", "EVICT_2": "evict_first"}  # online: keep x in L2 for the re-read
 
-    def add(name, cfg):
+
+def _unique(named: list[tuple[str, dict]]) -> dict[str, dict]:
+    out, seen = {}, set()
+    for name, cfg in named:
         key = tuple(sorted(cfg.items()))
         if key not in seen:
             seen.add(key)
             out[name] = cfg
-
-    if n <= 32768:
-        for tile, pt in [(4096, 8), (4096, 16), (8192, 8), (8192, 16), (16384, 16), (16384, 32), (32768, 32)]:
-            cfg = S._config(rows, n, 65536, 8192, tile, pt, True, dtype)
-            add(f"t{tile}/pt{pt}", cfg)
-        add("persist4/s2", {**base, "programs": 4 * sms, "row_stages": 2})
-        if n >= 16384:
-            for wb in (4096, 8192):
-                cfg = S._config(rows, n, 1, wb, wb, 16, True, dtype)
-                add(f"online{wb}", cfg)
-    else:
-        for wb, pt in [(4096, 16), (8192, 16), (8192, 32), (16384, 16), (16384, 32)]:
-            add(f"online{wb}/pt{pt}", S._config(rows, n, 1, wb, wb, pt, True, dtype))
-        add("default/ns1", {**base, "num_stages": 1})
-        add("default/ns2", {**base, "num_stages": 2})
     return out
+
+
+def fwd_variants(rows: int, n: int, dtype) -> dict[str, dict]:
+    """The package default, then tiles and flags around it."""
+    base = S.softmax_config(rows, n, dtype)
+    named = [("default", base), ("masked", {**base, "masked": True})]
+    if n <= 32768:
+        named.append(("evict_first", {**base, **HINTS_1}))
+        for tile, pt in [(4096, 8), (8192, 16), (16384, 16)]:
+            named.append((f"t{tile}/pt{pt}", S._config(rows, n, 65536, 16384, tile, pt, True, dtype)))
+        if n >= 16384:
+            for wb in (8192, 16384):
+                cfg = S._config(rows, n, 1, wb, wb, 16, True, dtype)
+                if cfg["BLOCK_N"] < n:
+                    named += [(f"online{wb}", cfg), (f"online{wb}/L2", {**cfg, **HINTS_2})]
+    else:
+        named.append(("default/L2", {**base, **HINTS_2}))
+        for wb, pt in [(8192, 16), (16384, 32), (32768, 32)]:
+            cfg = S._config(rows, n, 1, wb, wb, pt, True, dtype)
+            named += [(f"online{wb}/pt{pt}", cfg), (f"online{wb}/pt{pt}/L2", {**cfg, **HINTS_2})]
+    return _unique(named)
 
 
 def bwd_variants(rows: int, n: int, dtype) -> dict[str, dict]:
     base = S.softmax_config(rows, n, dtype, backward=True)
-    out = {"default": base}
-    seen = {tuple(sorted(base.items()))}
+    named = [("default", base), ("masked", {**base, "masked": True})]
     for name, args in [
-        ("single32k/pt16", (32768, 8192, 8192, 16)),
-        ("single32k/pt32", (32768, 8192, 8192, 32)),
-        ("t4096/pt8", (32768, 8192, 4096, 8)),
-        ("online4096", (1, 4096, 4096, 16)),
+        ("t4096/pt8", (32768, 16384, 4096, 8)),
+        ("t8192/pt16", (32768, 16384, 8192, 16)),
+        ("single32k/pt16", (32768, 16384, 4096, 16)),
+        ("single32k/pt32", (32768, 16384, 4096, 32)),
         ("online8192", (1, 8192, 8192, 16)),
+        ("online16384", (1, 16384, 16384, 16)),
+        ("online16384/pt32", (1, 16384, 16384, 32)),
     ]:
         cfg = S._config(rows, n, *args, True, dtype)
-        key = tuple(sorted(cfg.items()))
-        if key not in seen and not (cfg["SINGLE_TILE"] and n > 32768):
-            seen.add(key)
-            out[name] = cfg
-    return out
-
-
-def check(y, x, what):
-    ref = torch.softmax(x[:64].double(), -1)
-    err = (y[:64].double() - ref).abs().max().item()
-    if not err < 2e-2:
-        say(f"!! {what}: max error {err:.3g}")
-    return err
+        if not (cfg["SINGLE_TILE"] and n > 32768):
+            named.append((name, cfg))
+    return _unique(named)
 
 
 def main():
@@ -127,6 +124,7 @@ def main():
     ap.add_argument("--bwd", default="1024,4096,16384,32768,65536")
     ap.add_argument("--dtypes", default="bf16,fp32")
     ap.add_argument("--mib", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if GPU:
@@ -135,7 +133,6 @@ def main():
                 setattr(torch._dynamo.config, attr, 4096)
     info = runtime.info()
     say(info.label(), "·", datetime.date.today().isoformat(), "·", "GPU" if GPU else "DRY RUN (no GPU)")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if GPU else 4
     copy = fusionlab.bench.measure_copy_bandwidth() if GPU else 1.0
     say(f"copy bandwidth: {copy:.0f} GB/s")
     dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
@@ -166,50 +163,84 @@ def main():
     bwd_eager = lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)  # noqa: E731
     bwd_comp = compiled(bwd_eager)
 
+    def trio(section, dtype, rows, n, ours, eager, comp, ours_bytes, base_bytes, cfg):
+        """The package default, eager and compiled, timed round-robin; each keeps its fastest median."""
+        cases = {"ours": ours, "eager": eager, "compiled": comp}
+        times = {k: [] for k in cases}
+        for _ in range(args.rounds):
+            for k, fn in cases.items():
+                if fn is not None:
+                    times[k].append(time_ms(fn))
+        for k, ts in times.items():
+            if ts:
+                rec(
+                    section,
+                    dtype,
+                    rows,
+                    n,
+                    k,
+                    min(ts),
+                    ours_bytes if k == "ours" else base_bytes,
+                    rounds=ts,
+                    cfg=dict(cfg) if k == "ours" else None,
+                )
+
+    def sweep(section, dtype, rows, n, variants, run, ledger, check_fn):
+        for name, cfg in variants.items():
+            try:
+                check_fn(run(cfg), f"{section} {dtype} {n} {name}")
+                ms = time_ms(lambda cfg=cfg: run(cfg))
+                rec(section, dtype, rows, n, name, ms, ledger(cfg).fused_bytes, cfg=dict(cfg))
+            except Exception as e:  # a variant that fails to compile must not sink the run
+                say(f"!! {section} {dtype} {n} {name}: {type(e).__name__}: {str(e)[:300]}")
+
     # -- forward: one tile and online, all widths --------------------------------------------------
     for dtype in dts:
         es = torch.empty((), dtype=dtype).element_size()
-        for n in [int(v) for v in args.widths.split(",")] + [int(v) for v in args.wide.split(",") if v]:
+        for n in [int(v) for v in args.widths.split(",") if v] + [int(v) for v in args.wide.split(",") if v]:
             if elapsed() > args.budget:
                 say(f"(budget: skipping forward {dtype} {n})")
                 continue
             rows = rows_for(n, dtype, args.mib)
             x = torch.randn(rows, n, device=runtime.DEVICE, dtype=dtype)
             layout = S._rows(x)
-            variants = (
-                fwd_variants(rows, n, dtype, sms) if args.sweep else {"default": S.softmax_config(rows, n, dtype)}
-            )
-            for name, cfg in variants.items():
-                try:
-                    y = S._forward(x, layout, cfg)
-                    check(y, x, f"fwd {dtype} {n} {name}")
-                    del y
-                    single = n <= cfg["BLOCK_N"]
-                    nbytes = S.softmax_ledger(rows, n, dtype, block=cfg["BLOCK_N"]).fused_bytes
-                    ms = time_ms(lambda cfg=cfg: S._forward(x, layout, cfg))
-                    rec(
-                        "fwd",
-                        dtype,
-                        rows,
-                        n,
-                        name,
-                        ms,
-                        nbytes,
-                        cfg={k: v for k, v in cfg.items()},
-                        single=single,
-                        copy_equiv_frac=2 * rows * n * es / (ms * 1e-3) / 1e9 / copy,
-                    )
-                except Exception as e:  # a variant that fails to compile must not sink the run
-                    say(f"!! fwd {dtype} {n} {name}: {type(e).__name__}: {str(e)[:200]}")
-            base_bytes = 2 * rows * n * es  # what eager and compiled must move at least
-            ms = time_ms(lambda: torch.softmax(x, -1))
-            rec("fwd", dtype, rows, n, "eager", ms, base_bytes)
+            ref = torch.softmax(x[:64].double(), -1)
+
+            def check_fn(y, what, ref=ref):
+                err = (y[:64].double() - ref).abs().max().item()
+                if not err < 2e-2:
+                    say(f"!! {what}: max error {err:.3g}")
+
+            def run(cfg, x=x, layout=layout):
+                return S._forward(x, layout, cfg)
+
+            def ledger(cfg, rows=rows, n=n, dtype=dtype):
+                return S.softmax_ledger(rows, n, dtype, block=cfg["BLOCK_N"])
+
+            if args.sweep:
+                sweep("fwd", dtype, rows, n, fwd_variants(rows, n, dtype), run, ledger, check_fn)
+            cfg = S.softmax_config(rows, n, dtype)
+            y = S.softmax(x)
+            check_fn(y, f"fwd {dtype} {n} package")
+            y = None
             try:
                 eager_sm(x)  # compile and warm outside the timed lambda
-                ms = time_ms(lambda: eager_sm(x))
-                rec("fwd", dtype, rows, n, "compiled", ms, base_bytes)
+                comp = lambda x=x: eager_sm(x)  # noqa: E731
             except Exception as e:
                 say(f"!! compiled {dtype} {n}: {type(e).__name__}: {str(e)[:200]}")
+                comp = None
+            trio(
+                "fwd",
+                dtype,
+                rows,
+                n,
+                lambda x=x: S.softmax(x),
+                lambda x=x: torch.softmax(x, -1),
+                comp,
+                ledger(cfg).fused_bytes,
+                2 * rows * n * es,
+                cfg,
+            )
             x = None  # free it before the next shape
             if GPU:
                 torch.cuda.empty_cache()
@@ -224,41 +255,41 @@ def main():
             rows = rows_for(n, dtype, args.mib)
             y = torch.softmax(torch.randn(rows, n, device=runtime.DEVICE, dtype=torch.float32), -1).to(dtype)
             dy = torch.randn(rows, n, device=runtime.DEVICE, dtype=dtype)
-            variants = (
-                bwd_variants(rows, n, dtype)
-                if args.sweep
-                else {"default": S.softmax_config(rows, n, dtype, backward=True)}
-            )
             ref = bwd_eager(y[:64].double(), dy[:64].double())
-            for name, cfg in variants.items():
-                try:
-                    dx = S._backward(y, dy, cfg)
-                    err = (dx[:64].double() - ref).abs().max().item()
-                    if not err < 1e-2:
-                        say(f"!! bwd {dtype} {n} {name}: max error {err:.3g}")
-                    del dx
-                    nbytes = S.softmax_ledger(rows, n, dtype, block=cfg["BLOCK_N"], backward=True).fused_bytes
-                    ms = time_ms(lambda cfg=cfg: S._backward(y, dy, cfg))
-                    rec(
-                        "bwd",
-                        dtype,
-                        rows,
-                        n,
-                        name,
-                        ms,
-                        nbytes,
-                        cfg=dict(cfg),
-                        copy_equiv_frac=3 * rows * n * es / (ms * 1e-3) / 1e9 / copy,
-                    )
-                except Exception as e:
-                    say(f"!! bwd {dtype} {n} {name}: {type(e).__name__}: {str(e)[:200]}")
-            base_bytes = 3 * rows * n * es
-            rec("bwd", dtype, rows, n, "eager", time_ms(lambda: bwd_eager(y, dy)), base_bytes)
+
+            def check_fn(dx, what, ref=ref):
+                err = (dx[:64].double() - ref).abs().max().item()
+                if not err < 1e-2:
+                    say(f"!! {what}: max error {err:.3g}")
+
+            def run(cfg, y=y, dy=dy):
+                return S._backward(y, dy, cfg)
+
+            def ledger(cfg, rows=rows, n=n, dtype=dtype):
+                return S.softmax_ledger(rows, n, dtype, block=cfg["BLOCK_N"], backward=True)
+
+            if args.sweep:
+                sweep("bwd", dtype, rows, n, bwd_variants(rows, n, dtype), run, ledger, check_fn)
+            cfg = S.softmax_config(rows, n, dtype, backward=True)
+            check_fn(S._backward(y, dy), f"bwd {dtype} {n} package")
             try:
                 bwd_comp(y, dy)
-                rec("bwd", dtype, rows, n, "compiled", time_ms(lambda: bwd_comp(y, dy)), base_bytes)
+                comp = lambda y=y, dy=dy: bwd_comp(y, dy)  # noqa: E731
             except Exception as e:
                 say(f"!! compiled bwd {dtype} {n}: {type(e).__name__}: {str(e)[:200]}")
+                comp = None
+            trio(
+                "bwd",
+                dtype,
+                rows,
+                n,
+                lambda y=y, dy=dy: S._backward(y, dy),
+                lambda y=y, dy=dy: bwd_eager(y, dy),
+                comp,
+                ledger(cfg).fused_bytes,
+                3 * rows * n * es,
+                cfg,
+            )
             y = dy = None
             if GPU:
                 torch.cuda.empty_cache()
@@ -270,10 +301,11 @@ def main():
             dn = str(dtype).replace("torch.", "")
             for n in sorted({r["n"] for r in results if r["section"] == sec and r["dtype"] == dn}):
                 rs = {r["name"]: r for r in results if r["section"] == sec and r["dtype"] == dn and r["n"] == n}
-                d = rs.get("default")
+                d = rs.get("ours")
                 if not d:
                     continue
                 best = min((r for k, r in rs.items() if k not in ("eager", "compiled")), key=lambda r: r["ms"])
+                spread = max(d["rounds"]) / min(d["rounds"]) - 1
                 row = dict(
                     sec=sec,
                     dtype=dn,
@@ -284,6 +316,7 @@ def main():
                     single=d["cfg"]["SINGLE_TILE"],
                     best=best["name"],
                     best_pct=100 * best["frac_copy"],
+                    spread_pct=100 * spread,
                 )
                 for k in ("eager", "compiled"):
                     row[k] = rs[k]["ms"] / d["ms"] if k in rs else float("nan")
@@ -296,12 +329,12 @@ def main():
         f"softmax on {info.label()}, {datetime.date.today().isoformat()}; copy {copy:.0f} GB/s; "
         "% copy by the fused ledger (fwd: 2 trips, 3 when wide; bwd: 3, 5 when wide)",
         f"{'':4} {'dtype':<9} {'width':>7} {'rows':>7} {'path':<6} {'ms':>8} {'% copy':>7} "
-        f"{'x eager':>8} {'x compiled':>10}  best variant",
+        f"{'x eager':>8} {'x compiled':>10} {'spread':>6}  best variant",
     ]
     for s in summary:
         lines.append(
             f"{s['sec']:<4} {s['dtype']:<9} {s['n']:>7} {s['rows']:>7} {'tile' if s['single'] else 'online':<6} "
-            f"{s['ms']:8.4f} {s['pct']:6.1f}% {s['eager']:7.2f}x {s['compiled']:9.2f}x  "
+            f"{s['ms']:8.4f} {s['pct']:6.1f}% {s['eager']:7.2f}x {s['compiled']:9.2f}x {s['spread_pct']:5.1f}%  "
             f"{s['best']} ({s['best_pct']:.1f}%)"
         )
     for dn, pcts in narrow.items():
