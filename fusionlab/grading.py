@@ -265,7 +265,7 @@ def _learner_frame(tb) -> str:
     pkg = os.path.dirname(__file__)
     for frame in traceback.extract_tb(tb):
         fname = frame.filename
-        if fname.startswith(pkg) or "site-packages" in fname or fname.startswith(sys.prefix):
+        if fname.startswith((pkg, sys.prefix, sys.base_prefix, sys.exec_prefix)) or "site-packages" in fname:
             continue
         cell = "your cell" if fname.startswith("<ipython") or "ipykernel" in fname else os.path.basename(fname)
         where = f"{cell}, line {frame.lineno}: {frame.line}" if frame.line else f"{cell}, line {frame.lineno}"

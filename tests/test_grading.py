@@ -169,6 +169,27 @@ def test_each_class_of_wrong_answer_is_rejected(wrong, message):
     assert len(text.splitlines()) <= 5  # short: what is wrong, where to look, the seed
 
 
+@triton.autotune(configs=[triton.Config({"BLOCK": 256}), triton.Config({"BLOCK": 1024})], key=["n"])
+@triton.jit
+def _autotuned(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(y_ptr + offs, tl.cos(tl.cos(x)).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@pytest.mark.skipif(not runtime.is_gpu(), reason="Triton's autotuner needs a GPU driver (the interpreter has none)")
+def test_an_autotuned_answer_counts_as_one_launch():
+    # the autotuner launches every config while it benchmarks: those launches are not the answer's
+    def autotuned(x):
+        y = torch.empty_like(x)
+        n = x.numel()
+        _autotuned[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
+        return y
+
+    assert run(autotuned).startswith("✓ cos_cos")
+
+
 def test_not_implemented_is_reported_as_such():
     def stub(x):
         raise NotImplementedError("Exercise: write the kernel")

@@ -164,8 +164,9 @@ def _bias_gelu_kernel(
         half_q = half_poly * tl.exp2(v * v * _NEG_HALF_LOG2E)  # erfc(|v| / sqrt 2) / 2
         # 0.5 (1 + erf(v/sqrt2)) is 1 - q/2 for v >= 0 and q/2 for v < 0: using q directly for v < 0
         # keeps the small negative tail accurate instead of computing 1 + (q - 1) and losing digits.
-        s = v * half_q
-        y = tl.where(v >= 0, v - s, s)
+        # v * (1 - q/2) rather than v - v q/2: at v = +inf, q/2 is 0 and inf * 0 would give NaN where
+        # GELU gives inf (at v = -inf both give NaN, as torch does).
+        y = tl.where(v >= 0, v * (1.0 - half_q), v * half_q)
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     if EVEN:
         tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty))

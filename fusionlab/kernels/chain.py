@@ -32,7 +32,7 @@ import triton.language as tl
 from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
-from ._launch import KernelInputError, check_tensor
+from ._launch import KernelInputError, check_block, check_tensor
 
 #: the most ops the fused kernel takes (it unrolls the chain at compile time, one variant per k)
 MAX_K = 8
@@ -124,8 +124,7 @@ def chain(x: torch.Tensor, k: int, *, block_size: int | None = None) -> torch.Te
     _check_k(k, op)
     check_tensor(x, "x", op=op)
     block = _block_size() if block_size is None else block_size
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or block & (block - 1):
-        raise KernelInputError(f"{op}: block_size={block!r} must be a power of two >= 1.")
+    check_block(block, "block_size", op)
     y = torch.empty_like(x)
     n = x.numel()
     if n == 0:
