@@ -241,3 +241,19 @@ def test_profiled_kernels_on_cpu(truth):
     eager_layer = ic.profiled_kernels(lambda x, w, b: F.gelu(x @ w + b), x, w, b)
     assert eager_layer == ["aten::matmul", "aten::add", "aten::gelu"]  # as called: matmul, not the mm inside
     assert ic.profiled_kernels(compiled, *INPUTS_A) == ic.kernel_names(code)
+
+
+def test_an_error_in_the_learners_function_is_a_message():
+    def broken(x):
+        return (x @ x.t()) @ torch.ones(3, 3)  # (4, 4) @ (3, 3): a shape error
+
+    with pytest.raises(CheckFailed, match=r"your code raised \w*RuntimeError"):
+        ex.check_what_it_fused(broken, (torch.randn(4, 5),), n_eager=1, n_generated=1, n_library=1)
+    with pytest.raises(CheckFailed, match="pass the function and a tuple"):
+        ex.check_what_it_fused(broken, torch.randn(4, 5), n_eager=1, n_generated=1, n_library=1)
+
+
+@pytest.mark.parametrize("check", ["check_layer_speedup", "check_fusion_ceiling"])
+def test_a_formula_that_divides_by_zero_is_a_message(check):
+    with pytest.raises(CheckFailed, match="ZeroDivisionError"):
+        getattr(ex, check)(lambda *a: 1 / 0)

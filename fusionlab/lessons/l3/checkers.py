@@ -68,7 +68,12 @@ def check_what_it_fused(fn, inputs, *, n_eager, n_generated, n_library) -> gradi
     got = {
         k: _count(v, k, name) for k, v in (("n_eager", n_eager), ("n_generated", n_generated), ("n_library", n_library))
     }
-    truth = what_it_fused(fn, inputs)
+    if not callable(fn) or not isinstance(inputs, (tuple, list)):
+        raise CheckFailed(
+            f"{name}: pass the function and a tuple of its inputs, got {type(fn).__name__} and {type(inputs).__name__}."
+        )
+    # the learner's function runs here (eager and compiled): an error in it becomes a message
+    truth = call_learner(what_it_fused, fn, tuple(inputs), name=name, where=f"{name}(*inputs)")
     want = {"n_eager": len(truth.eager), "n_generated": len(truth.generated), "n_library": len(truth.library)}
     if got["n_eager"] != want["n_eager"]:
         raise CheckFailed(
