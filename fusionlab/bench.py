@@ -23,6 +23,11 @@ import torch
 from . import runtime
 from .ledger import human_bytes
 
+try:  # Triton kernels need Triton (Linux); without it there is nothing to time anyway
+    from .kernels.fma_chain import fma_chain, fma_chain_flops
+except ImportError:
+    fma_chain = fma_chain_flops = None
+
 RECORDED_DIR = Path(__file__).parent / "recorded"
 
 
@@ -83,11 +88,21 @@ class Ceilings:
     copy_bytes: int = 0
     matmul_n: int = 0
     matmul_dtype: str = "bfloat16"
+    #: fp32 FMAs on the vector units (a long FMA chain per element): the ceiling of element-wise work,
+    #: which never runs on tensor cores. 0 in recordings made before it was measured.
+    vector_TFLOPs: float = 0.0
 
     @property
     def balance(self) -> float:
-        """FLOPs per byte at the roofline's ridge: below it, memory sets the pace."""
+        """FLOPs per byte at the tensor cores' ridge: the matmul's balance point."""
         return self.matmul_TFLOPs * 1e12 / (self.copy_GBps * 1e9)
+
+    @property
+    def vector_balance(self) -> float:
+        """FLOPs per byte at the vector units' ridge: the balance point of element-wise work."""
+        if not self.vector_TFLOPs:
+            raise ValueError("this recording has no vector-unit ceiling (made before it was measured)")
+        return self.vector_TFLOPs * 1e12 / (self.copy_GBps * 1e9)
 
 
 _CEILINGS: Ceilings | None = None
@@ -114,6 +129,15 @@ def measure_matmul_rate(n: int = 8192, dtype=torch.bfloat16) -> float:
     return tflops(2 * n**3, ms)
 
 
+def measure_vector_rate(n: int = 2**24, k: int = 2048) -> float:
+    """TFLOP/s of ``k`` fp32 FMAs per element on ``n`` elements: far past the copy ceiling, so the
+    vector units set the time."""
+    _require_gpu("measure_vector_rate")
+    x = torch.randn(_positive_int(n, "n"), device="cuda")
+    fma_chain(x, k)  # compile before timing
+    return tflops(fma_chain_flops(n, k), time_ms(lambda: fma_chain(x, k)))
+
+
 def ceilings(refresh: bool = False, copy_bytes: int = 2**30, matmul_n: int = 8192) -> Ceilings:
     """Measured ceilings of this GPU (cached for the session); recorded ones under the interpreter."""
     global _CEILINGS
@@ -127,6 +151,7 @@ def ceilings(refresh: bool = False, copy_bytes: int = 2**30, matmul_n: int = 819
             copy_bytes=copy_bytes,
             matmul_n=matmul_n,
             matmul_dtype=str(dtype).replace("torch.", ""),
+            vector_TFLOPs=measure_vector_rate(),
         )
     return _CEILINGS
 

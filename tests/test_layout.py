@@ -64,8 +64,8 @@ def _imports(module: str, path: Path):
 
 def _in_type_checking(tree, node) -> bool:
     for n in tree.body:
-        if isinstance(n, ast.If) and any(node is m for m in ast.walk(n)):
-            return True  # `if ...:` at module level (e.g. TYPE_CHECKING) counts as module level
+        if isinstance(n, (ast.If, ast.Try)) and any(node is m for m in ast.walk(n)):
+            return True  # `if ...:` / `try:` at module level (optional dependencies) count as module level
     return False
 
 
