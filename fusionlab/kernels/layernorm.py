@@ -57,7 +57,6 @@ from .rmsnorm import (
     check_eps,
     check_rows,
     grad_rows,
-    row_layouts,
     sm_count,
     sum_partials,
 )

@@ -675,7 +675,7 @@ class Rows(NamedTuple):
 def _levels(t: torch.Tensor) -> list[list[int]] | None:
     """The leading dimensions merged into (size, stride) levels, innermost first; None for more than two."""
     levels: list[list[int]] = []
-    for size, stride in zip(reversed(t.shape[:-1]), reversed(t.stride()[:-1])):
+    for size, stride in zip(reversed(t.shape[:-1]), reversed(t.stride()[:-1]), strict=True):
         if size == 1:
             continue  # a size-1 dim has no stride worth keeping
         if levels and stride == levels[-1][0] * levels[-1][1]:
