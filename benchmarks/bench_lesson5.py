@@ -23,7 +23,12 @@ import torch.nn.functional as F
 
 import fusionlab  # noqa: F401  (decides the mode before any kernel is defined)
 from fusionlab import bench, runtime
-from fusionlab.kernels.cross_entropy import CrossEntropyFunction, cross_entropy, cross_entropy_config
+from fusionlab.kernels.cross_entropy import (
+    CrossEntropyFunction,
+    _launch_forward,
+    cross_entropy,
+    cross_entropy_config,
+)
 from fusionlab.kernels.linear_cross_entropy import linear_cross_entropy, linear_cross_entropy_eager
 from fusionlab.kernels.swiglu import _swiglu_backward, swiglu, swiglu_eager, swiglu_ledger
 
@@ -151,6 +156,10 @@ def _ce_one(tokens, vocab, copy, budget, compiled_shapes):
     xg = x.clone().requires_grad_()
     xi = x.clone().requires_grad_()
     ms = {"fused": bench.time_ms(_ce_fused(xg, t)), "inplace": bench.time_ms(_ce_fused(xi, t, inplace=True))}
+    tuned = _tuned_cfg(vocab)
+    if tuned is not None:
+        ms["tuned_fused"] = bench.time_ms(_ce_fused(xg, t, tuned))
+        ms["tuned_inplace"] = bench.time_ms(_ce_fused(xi, t, tuned, inplace=True))
     ms["eager"] = bench.time_ms(lambda: torch.autograd.grad(F.cross_entropy(xg, t), xg))
     with torch.no_grad():
         ms["fwd_fused"] = bench.time_ms(lambda: cross_entropy(x, t))
@@ -172,6 +181,7 @@ def _ce_one(tokens, vocab, copy, budget, compiled_shapes):
     reread = tokens * max(0, vocab - cfg["HEAD"]) * 2
     honest = bench.gbps(two + reread, ms["inplace"]) / copy
     best = min(ms["fused"], ms["inplace"])
+    tuned_best = min(ms.get("tuned_fused", 1e9), ms.get("tuned_inplace", 1e9))
     record(
         "ce",
         tokens=tokens,
@@ -191,35 +201,60 @@ def _ce_one(tokens, vocab, copy, budget, compiled_shapes):
         f"{mem['eager'] / logits_bytes:5.2f}  {mem.get('compiled', float('nan')) / logits_bytes:8.2f} | "
         f"{ms['fwd_eager'] / ms['fwd_fused']:5.2f}x   (with re-read {honest:.1%})"
     )
+    if tuned is not None:
+        line(
+            f"      tuned H{tuned['HEAD']} B{tuned['BLOCK_N']} w{tuned['num_warps']} pf{int(tuned['PREFETCH'])}: "
+            f"fused {ms['tuned_fused']:.3f} ms {bench.gbps(two, ms['tuned_fused']) / copy:.1%}, in-place "
+            f"{ms['tuned_inplace']:.3f} ms {bench.gbps(two, ms['tuned_inplace']) / copy:.1%}; vs eager "
+            f"{ms['eager'] / tuned_best:.2f}x, vs compiled {ms.get('compiled', float('nan')) / tuned_best:.2f}x"
+        )
 
 
 TUNE = [  # (HEAD, BLOCK_N, num_warps, PREFETCH)
     (32768, 8192, 32, False),
     (32768, 8192, 32, True),
-    (32768, 4096, 16, True),
     (32768, 16384, 32, False),
+    (32768, 4096, 16, False),
+    (16384, 16384, 32, False),
+    (16384, 8192, 32, False),
     (16384, 8192, 16, False),
     (16384, 8192, 16, True),
-    (16384, 4096, 8, True),
+    (16384, 4096, 16, True),
     (8192, 8192, 16, False),
+    (8192, 4096, 8, False),
     (8192, 4096, 8, True),
     (4096, 4096, 8, False),
-    (65536, 8192, 32, False),
+    (4096, 2048, 4, True),
 ]
 TUNE_SHAPES = [(8192, 32000), (4096, 50257), (8192, 128256), (4096, 262144)]
+BEST: dict[int, dict] = {}  # tuned vocabulary -> the fastest configuration measured for it
+
+
+def _tuned_cfg(vocab):
+    if not BEST:
+        return None
+    near = min(BEST, key=lambda v: abs(v - vocab))
+    cfg = dict(cross_entropy_config(vocab, torch.bfloat16))
+    cfg.update({k: BEST[near][k] for k in ("HEAD", "BLOCK_N", "num_warps", "PREFETCH")})
+    return cfg
 
 
 def sec_tune(copy, budget):
-    line("tune: in-place fwd+bwd, %copy by 2 trips      " + "  ".join(f"{t}x{v}" for t, v in TUNE_SHAPES))
+    line(
+        "tune: in-place fwd+bwd, %copy by 2 trips      "
+        + "  ".join(f"{t}x{v}" for t, v in TUNE_SHAPES)
+        + "  regs/spills"
+    )
     inputs = {}
     for tokens, vocab in TUNE_SHAPES:
         x, t = _ce_inputs(tokens, vocab, seed=1)
         inputs[(tokens, vocab)] = (x.requires_grad_(), t)
+    best = {}
     for head, block_n, warps, prefetch in TUNE:
         if left(budget) < 30:
             line("  (skipped the rest: time)")
             break
-        cells = []
+        cells, regs = [], "?"
         for tokens, vocab in TUNE_SHAPES:
             xi, t = inputs[(tokens, vocab)]
             cfg = dict(cross_entropy_config(vocab, torch.bfloat16))
@@ -227,6 +262,11 @@ def sec_tune(copy, budget):
             try:
                 ms = bench.time_ms(_ce_fused(xi, t, cfg, inplace=True))
                 frac = bench.gbps(2 * xi.numel() * 2, ms) / copy
+                if vocab == 128256:
+                    with torch.no_grad():
+                        loss_rows = torch.empty(tokens, device="cuda")
+                        k = _launch_forward(xi.detach(), t, xi.detach(), loss_rows, None, -100, 0.0, cfg)
+                    regs = f"{getattr(k, 'n_regs', '?')}/{getattr(k, 'n_spills', '?')}"
             except Exception as e:  # a config that does not compile (registers): say so, go on
                 ms, frac = float("nan"), float("nan")
                 print("tune failed", head, block_n, warps, prefetch, type(e).__name__, str(e)[:200], flush=True)
@@ -240,9 +280,31 @@ def sec_tune(copy, budget):
                 prefetch=prefetch,
                 ms=ms,
                 frac_copy=frac,
+                regs=regs,
             )
+            if frac == frac and frac > best.get(vocab, {}).get("frac", 0):
+                best[vocab] = {
+                    "HEAD": head,
+                    "BLOCK_N": min(block_n, head),
+                    "num_warps": warps,
+                    "PREFETCH": prefetch,
+                    "frac": frac,
+                }
             cells.append(f"{ms:7.3f} {frac:5.1%}")
-        line(f"  H{head:<6} B{block_n:<6} w{warps:<3} pf{int(prefetch)}                 " + "  ".join(cells))
+        line(
+            f"  H{head:<6} B{block_n:<6} w{warps:<3} pf{int(prefetch)}                 "
+            + "  ".join(cells)
+            + f"  {regs}"
+        )
+    BEST.update(best)
+    line(
+        "  best: "
+        + "; ".join(
+            f"V={v}: H{c['HEAD']} B{c['BLOCK_N']} w{c['num_warps']} pf{int(c['PREFETCH'])} {c['frac']:.1%}"
+            for v, c in sorted(best.items())
+        )
+    )
+    record("tune_best", best={str(k): v for k, v in best.items()})
     del inputs
     torch.cuda.empty_cache()
 

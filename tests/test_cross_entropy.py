@@ -10,6 +10,7 @@ from fusionlab import runtime
 from fusionlab.grading import Sandbox
 from fusionlab.kernels import KernelInputError
 from fusionlab.kernels.cross_entropy import (
+    CrossEntropyFunction,
     cross_entropy,
     cross_entropy_config,
     cross_entropy_eager,
@@ -120,7 +121,7 @@ def test_wide_vocabularies(shape, reduction):
 def test_label_smoothing_with_ignored_rows(shape, reduction):
     # the peer bug: smoothing applied to ignored rows (their loss and gradient must stay 0)
     x, t = _inputs(*shape, torch.float32, seed=3)
-    w = torch.randn(shape[0]) if reduction == "none" else None
+    w = torch.randn(shape[0], device=x.device) if reduction == "none" else None
     want_loss, want_grad = _expected(x, t, reduction, w, label_smoothing=0.1)
     loss, grad, _ = _run(x, t, reduction, w, label_smoothing=0.1)
     _close(loss, want_loss, 1e-4, 1e-5, "loss")
@@ -144,6 +145,24 @@ def test_many_streamed_tiles_and_custom_ignore_index():
     loss, grad, _ = _run(x, t, "mean", ignore_index=0, label_smoothing=0.05, head_n=64, block_n=32, num_warps=2)
     _close(loss, want_loss, 1e-5, 1e-5, "loss")
     _close(grad, want_grad, 1e-6, 1e-4, "gradient")
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
+@pytest.mark.parametrize("vocab", [509, 512], ids=["split-row", "aligned-row"])
+def test_streamed_tiles_with_and_without_prefetch(vocab, prefetch):
+    # head 64, tiles of 32: each row streams 14-15 tiles both ways; 509 columns (fp16, VEC 8) split every
+    # row into a fragment, a 16-byte aligned body and a tail fragment
+    x, t = _inputs(11, vocab, torch.float16, seed=13)
+    cfg = dict(cross_entropy_config(vocab, torch.float16))
+    assert (cfg["VEC"] > 1) == (vocab % 16 != 0)
+    cfg.update(HEAD=64, BLOCK_N=32, num_warps=2, PREFETCH=prefetch)
+    for reduction, smoothing in [("mean", 0.0), ("none", 0.1)]:
+        want_loss, want_grad = _expected(x, t, reduction, label_smoothing=smoothing)
+        xl = x.clone().requires_grad_()
+        loss = CrossEntropyFunction.apply(xl, t, -100, reduction, smoothing, False, cfg)
+        loss.sum().backward()
+        _close(loss, want_loss, 2e-2, 1e-2, "loss")
+        _close(xl.grad, want_grad, 2e-3, 1e-2, "gradient")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -210,7 +229,7 @@ def test_grad_output_scales_and_backward_is_one_launch():
     with Sandbox() as counter:
         (loss * 2.5).backward()
     assert BWD in counter.names
-    _, want_grad = _expected(x, t, "sum", torch.tensor(2.5))
+    _, want_grad = _expected(x, t, "sum", torch.tensor(2.5, device=x.device))
     _close(xl.grad, want_grad, 1e-6, 1e-4, "gradient")
 
 

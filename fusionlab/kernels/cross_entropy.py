@@ -166,15 +166,14 @@ def cross_entropy_peak_memory(fn, *args, **kwargs) -> int:
 
 # -- configuration ------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=4096)
-def _config(n_cols: int, dtype: torch.dtype, align: bool, gpu: bool) -> dict:
+def _config(n_cols: int, dtype: torch.dtype, gpu: bool) -> dict:
     # HEAD: the first tile of a row, kept on chip between the sweeps (64 KiB of row on a GPU, as
     # row_config's largest single tile; 4096 elements in the interpreter). BLOCK_N: the tiles that
-    # stream the rest. An aligned window may start up to VEC - 1 elements before the row.
-    vec = 16 // element_size(dtype)
-    span = n_cols + (vec - 1 if align else 0)
-    base = row_config(span, dtype, gpu=gpu)
+    # stream the rest.
+    base = row_config(n_cols, dtype, gpu=gpu)
     head = base["BLOCK_N"]
     if gpu:
+        vec = 16 // element_size(dtype)
         block_n = min(head, 32 * 32 * vec)  # one 16-byte access per thread of 32 warps
         num_warps = max(base["num_warps"], min(32, next_pow2(head // (32 * 16))))
     else:
@@ -184,20 +183,25 @@ def _config(n_cols: int, dtype: torch.dtype, align: bool, gpu: bool) -> dict:
 
 
 def cross_entropy_config(n_cols: int, dtype: torch.dtype, *, stride: int | None = None) -> dict:
-    """The launch configuration for rows of ``n_cols`` logits: ``{"HEAD", "BLOCK_N", "num_warps",
-    "VEC"}``. HEAD elements of a row stay in registers between the two sweeps; the rest is streamed in
-    BLOCK_N tiles. VEC > 1 when the row stride (default ``n_cols``) is not a multiple of 16: each row's
-    tile window then starts at the 16-byte boundary before the row, so loads stay 16 bytes wide.
+    """The launch configuration for rows of ``n_cols`` logits at row ``stride`` (default ``n_cols``):
+    ``{"HEAD", "BLOCK_N", "num_warps", "VEC", "PREFETCH", "num_stages"}``. HEAD elements of a row stay
+    in registers between the two sweeps; the rest is streamed in BLOCK_N tiles. VEC > 1 when the row
+    length or stride is not a multiple of 16 elements: each row is then split at its 16-byte
+    boundaries (see the kernel) so that its body still moves in 16-byte accesses.
     """
     stride = n_cols if stride is None else stride
     vec = 16 // element_size(dtype)
-    align = stride % 16 != 0 and vec > 1
-    cfg = dict(_config(int(n_cols), dtype, align, runtime.is_gpu()))
-    cfg["VEC"] = vec if align else 1
+    split = (stride % 16 != 0 or n_cols % 16 != 0) and vec > 1
+    cfg = dict(_config(int(n_cols), dtype, runtime.is_gpu()))
+    cfg["VEC"] = vec if split else 1
     return cfg
 
 
 # -- kernels --------------------------------------------------------------------------------------------
+_LOG2E = tl.constexpr(1.4426950408889634)
+_LN2 = tl.constexpr(0.6931471805599453)
+
+
 @triton.jit
 def _cross_entropy_fwd_kernel(
     x_ptr,
@@ -218,105 +222,152 @@ def _cross_entropy_fwd_kernel(
     SMOOTH: tl.constexpr,
     PREFETCH: tl.constexpr,
 ):
+    # exp(v) is computed as exp2(v log2 e): one multiply and one MUFU ex2. Differences x - max are
+    # formed in natural units first: they are exact for logits near the max, also at 1e4 (multiplying
+    # by log2 e first would round each logit, an error of 1e-3 at that size).
     row = tl.program_id(axis=0).to(tl.int64)  # row * stride passes 2**31 at 16k x 128k
     y = tl.load(target_ptr + row)
-    x_start = row * stride_xm
-    g_start = row * stride_gm
+    x_row = x_ptr + row * stride_xm
+    g_row = grad_ptr + row * stride_gm
     if VEC > 1:
-        # Rows of odd length start anywhere: open the tile window at the 16-byte boundary before the
-        # row so every tile load is 16 bytes wide. Lanes before the row (lead) are masked. The
-        # launcher sets VEC > 1 only when the gradient has the logits' stride (same lead).
-        lead = (x_start % VEC).to(tl.int32)
-        x_win = tl.multiple_of(x_start - lead, VEC)
-        g_win = tl.multiple_of(g_start - lead, VEC)
+        # A row whose start or length is not a multiple of 16 bytes: masks at its ends would stop the
+        # compiler from using 16-byte accesses for the whole row. Split it: `lo` elements up to the first
+        # 16-byte boundary, a body of a multiple of VEC elements (16-byte aligned, its mask constant
+        # over each VEC group), and fewer than VEC elements after it. The two fragments share one
+        # tiny tile of 2 VEC lanes. The gradient has the logits' row stride (the launcher sees to it).
+        x_start = row * stride_xm
+        lo = ((VEC - x_start % VEC) % VEC).to(tl.int32)
+        lo = tl.minimum(lo, n_cols)
+        body_len = tl.multiple_of(((n_cols - lo) // VEC) * VEC, VEC)
+        x_body = x_ptr + tl.multiple_of(x_start + lo, VEC)
+        g_body = grad_ptr + tl.multiple_of(row * stride_gm + lo, VEC)
+        lane = tl.arange(0, 2 * VEC)
+        hi = lane >= VEC
+        col_f = tl.where(hi, lo + body_len + lane - VEC, lane)
+        mask_f = tl.where(hi, col_f < n_cols, lane < lo)
     else:
-        lead = 0
-        x_win = x_start
-        g_win = g_start
-    span = n_cols + lead  # window lanes that cover the row
+        lo = 0
+        body_len = n_cols
+        x_body = x_row
+        g_body = g_row
 
     if y == ignore_index:
         # zero loss, zero gradient (and the mean's denominator never counted this row)
         if WRITE_GRAD:
             zero = tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty)
-            for start in range(0, span, BLOCK_N):
+            for start in range(0, body_len, BLOCK_N):
                 offs = start + tl.arange(0, BLOCK_N)
-                tl.store(grad_ptr + g_win + offs, zero, mask=(offs >= lead) & (offs < span))
+                tl.store(g_body + offs, zero, mask=offs < body_len)
+            if VEC > 1:
+                tl.store(g_row + col_f, tl.zeros([2 * VEC], dtype=grad_ptr.dtype.element_ty), mask=mask_f)
         tl.store(loss_ptr + row, 0.0)
     else:
         valid = (y >= 0) & (y < n_cols)  # an out-of-range target: NaN, never a stray read
-        x_y = tl.load(x_ptr + x_start + y, mask=valid, other=float("nan")).to(tl.float32)
+        x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
 
-        # sweep 1: online log-sum-exp. The head tile stays in registers (in its storage dtype) for sweep 2.
+        # -- sweep 1: the log-sum-exp. The head tile stays in registers (storage dtype) for sweep 2.
         offs_h = tl.arange(0, HEAD)
-        mask_h = (offs_h >= lead) & (offs_h < span)
-        x_h_raw = tl.load(x_ptr + x_win + offs_h, mask=mask_h, other=float("-inf"))
-        n_tail = tl.maximum(tl.cdiv(span - HEAD, BLOCK_N), 0)
-        if PREFETCH:  # issue the next tile's load before reducing this one: two tiles in flight
+        mask_h = offs_h < body_len
+        x_h_raw = tl.load(x_body + offs_h, mask=mask_h, other=float("-inf"))
+        n_tail = tl.maximum(tl.cdiv(body_len - HEAD, BLOCK_N), 0)
+        if PREFETCH:  # issue the first streamed tile's load before reducing the head: two tiles in flight
             offs = HEAD + tl.arange(0, BLOCK_N)
-            x_next = tl.load(x_ptr + x_win + offs, mask=offs < span, other=float("-inf"))
+            x_next = tl.load(x_body + offs, mask=offs < body_len, other=float("-inf"))
         x_h = x_h_raw.to(tl.float32)
-        m = tl.max(x_h, axis=0)
+        if VEC > 1:
+            x_f_raw = tl.load(x_row + col_f, mask=mask_f, other=float("-inf"))
+            x_f = x_f_raw.to(tl.float32)
+            m = tl.maximum(tl.max(x_h, axis=0), tl.max(x_f, axis=0))
+        else:
+            m = tl.max(x_h, axis=0)
         # a tile of only -inf (masked lanes, or -inf logits) has max -inf: exponentiate against 0
         # instead, or exp(-inf - -inf) would be NaN
         m_safe = tl.where(m == float("-inf"), 0.0, m)
-        d = tl.sum(tl.exp(x_h - m_safe), axis=0)
+        d = tl.sum(tl.math.exp2((x_h - m_safe) * _LOG2E), axis=0)
         if SMOOTH:
-            sum_x = tl.sum(tl.where(mask_h, x_h, 0.0), axis=0)
+            s = tl.sum(tl.where(mask_h, x_h, 0.0), axis=0)
+        if VEC > 1:
+            d += tl.sum(tl.math.exp2((x_f - m_safe) * _LOG2E), axis=0)
+            if SMOOTH:
+                s += tl.sum(tl.where(mask_f, x_f, 0.0), axis=0)
+        # The streamed tiles keep a running max and sum *per lane* (no reduction across threads, no
+        # barrier, one exp2 an element): for t = x - m_lane, either x is no larger (add e^t) or it is
+        # the new maximum (rescale the sum by e^-t, add 1). Lanes are combined once, at the end.
+        m_v = tl.full([BLOCK_N], float("-inf"), tl.float32)
+        d_v = tl.zeros([BLOCK_N], tl.float32)
+        if SMOOTH:
+            s_v = tl.zeros([BLOCK_N], tl.float32)
         for i in range(0, n_tail):
             offs = HEAD + i * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask = offs < span
+            mask = offs < body_len
             if PREFETCH:
                 x = x_next.to(tl.float32)
                 offs_next = offs + BLOCK_N
-                x_next = tl.load(x_ptr + x_win + offs_next, mask=offs_next < span, other=float("-inf"))
+                x_next = tl.load(x_body + offs_next, mask=offs_next < body_len, other=float("-inf"))
             else:
-                x = tl.load(x_ptr + x_win + offs, mask=mask, other=float("-inf")).to(tl.float32)
-            m_new = tl.maximum(m, tl.max(x, axis=0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            d = d * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)
-            m = m_new
+                x = tl.load(x_body + offs, mask=mask, other=float("-inf")).to(tl.float32)
+            t = x - m_v
+            e = tl.where(x == float("-inf"), 0.0, tl.math.exp2(tl.abs(t) * -_LOG2E))  # -inf - -inf: NaN
+            new_max = t > 0
+            d_v = tl.where(new_max, d_v * e + 1.0, d_v + e)
+            m_v = tl.where(new_max, x, m_v)
             if SMOOTH:
-                sum_x += tl.sum(tl.where(mask, x, 0.0), axis=0)
-        # lse = m + log d; a row of only -inf gives d = 0 and lse = -inf (loss NaN, as torch)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        lse = m_safe + tl.log(d)
+                s_v += tl.where(mask, x, 0.0)
+        big = tl.maximum(m, tl.max(m_v, axis=0))
+        big_safe = tl.where(big == float("-inf"), 0.0, big)
+        # exp(m - big) is 0 for an all -inf head (m = -inf), never 0 * inf
+        d = d * tl.math.exp2((m - big_safe) * _LOG2E) + tl.sum(d_v * tl.math.exp2((m_v - big_safe) * _LOG2E), axis=0)
+        lse = big_safe + tl.math.log2(d) * _LN2  # a row of only -inf: d = 0, lse = -inf, loss NaN (as torch)
         loss = lse - x_y
         if SMOOTH:
-            loss = (1.0 - label_smoothing) * loss + label_smoothing * (lse - sum_x / n_cols)
+            s += tl.sum(s_v, axis=0)
+            loss = (1.0 - label_smoothing) * loss + label_smoothing * (lse - s / n_cols)
         tl.store(loss_ptr + row, loss)
 
         if WRITE_GRAD:
-            # sweep 2: grad = (softmax - (1 - eps) onehot - eps / V) * scale, scale = 1/n_valid for
-            # "mean" (loaded from the device: no host sync), 1 otherwise (backward multiplies).
+            # -- sweep 2: grad = (softmax - eps/V - (1 - eps) onehot) * scale, scale = 1/n_valid for
+            # "mean" (loaded from the device: no host sync), 1 otherwise (the backward multiplies).
+            # softmax * scale = exp(x - big) * scale / d = exp2((x - big) log2 e + log2(scale / d)):
+            # a subtract, an FMA and an exp2 an element.
             if MEAN:
                 scale = 1.0 / tl.load(n_valid_ptr).to(tl.float32)
             else:
                 scale = 1.0
-            scale = tl.where(valid, scale, float("nan"))
-            c_p = scale / d  # exp(x - m) * scale / d = softmax * scale
-            c_t = (1.0 - label_smoothing) * scale
+            log2_c = tl.where(valid, tl.math.log2(scale / d), float("nan"))
             c_s = label_smoothing / n_cols * scale
             # the streamed tiles newest first: the last ones read are the likeliest still in L2
             if PREFETCH:
                 offs = HEAD + (n_tail - 1) * BLOCK_N + tl.arange(0, BLOCK_N)
-                x_next = tl.load(x_ptr + x_win + offs, mask=(offs >= HEAD) & (offs < span), other=float("-inf"))
+                x_next = tl.load(x_body + offs, mask=(offs >= HEAD) & (offs < body_len), other=float("-inf"))
             for i in range(0, n_tail):
                 offs = HEAD + (n_tail - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N)
-                mask = offs < span
+                mask = offs < body_len
                 if PREFETCH:
-                    x = x_next.to(tl.float32)
+                    x = x_next
                     offs_next = offs - BLOCK_N
-                    mask_next = (offs_next >= HEAD) & (offs_next < span)
-                    x_next = tl.load(x_ptr + x_win + offs_next, mask=mask_next, other=float("-inf"))
+                    mask_next = (offs_next >= HEAD) & (offs_next < body_len)
+                    x_next = tl.load(x_body + offs_next, mask=mask_next, other=float("-inf"))
                 else:
-                    x = tl.load(x_ptr + x_win + offs, mask=mask, other=float("-inf")).to(tl.float32)
-                grad = tl.exp(x - m_safe) * c_p - c_s - tl.where(offs - lead == y, c_t, 0.0)
-                tl.store(grad_ptr + g_win + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+                    x = tl.load(x_body + offs, mask=mask, other=float("-inf"))
+                grad = tl.math.exp2((x.to(tl.float32) - big_safe) * _LOG2E + log2_c)
+                if SMOOTH:
+                    grad -= c_s
+                tl.store(g_body + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
             # the head from registers: read once
-            x_h = x_h_raw.to(tl.float32)
-            grad = tl.exp(x_h - m_safe) * c_p - c_s - tl.where(offs_h - lead == y, c_t, 0.0)
-            tl.store(grad_ptr + g_win + offs_h, grad.to(grad_ptr.dtype.element_ty), mask=mask_h)
+            grad = tl.math.exp2((x_h_raw.to(tl.float32) - big_safe) * _LOG2E + log2_c)
+            if SMOOTH:
+                grad -= c_s
+            tl.store(g_body + offs_h, grad.to(grad_ptr.dtype.element_ty), mask=mask_h)
+            if VEC > 1:
+                grad = tl.math.exp2((x_f_raw.to(tl.float32) - big_safe) * _LOG2E + log2_c)
+                if SMOOTH:
+                    grad -= c_s
+                tl.store(g_row + col_f, grad.to(grad_ptr.dtype.element_ty), mask=mask_f)
+            # the target's element also gets -(1 - eps) * scale: one scalar store, after a barrier so
+            # that it lands after the tile store of the same element (by another thread)
+            tl.debug_barrier()
+            grad_y = tl.math.exp2((x_y - big_safe) * _LOG2E + log2_c) - c_s - (1.0 - label_smoothing) * scale
+            tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=valid)
 
 
 @triton.jit
@@ -384,7 +435,7 @@ def _launch_forward(logits, target, grad, loss_rows, n_valid, ignore_index, labe
     if n_rows == 0:
         return
     g = logits if grad is None else grad
-    _cross_entropy_fwd_kernel[(n_rows,)](
+    return _cross_entropy_fwd_kernel[(n_rows,)](
         logits,
         target,
         g,
@@ -411,7 +462,7 @@ def _launch_backward(grad, target, grad_output, ignore_index):
     if n_rows == 0:
         return
     stride_go = grad_output.stride(0) if grad_output.dim() else 0
-    cfg = _config(n_cols, grad.dtype, False, runtime.is_gpu())
+    cfg = _config(n_cols, grad.dtype, runtime.is_gpu())
     _cross_entropy_bwd_kernel[(n_rows,)](
         grad,
         target,
@@ -448,7 +499,12 @@ class CrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, target, ignore_index, reduction, label_smoothing, inplace_grad, cfg):
-        grad = logits if inplace_grad else torch.empty_like(logits)
+        # the gradient gets the logits' row stride, so both split a row at the same 16-byte boundaries
+        grad = (
+            logits
+            if inplace_grad
+            else torch.empty_strided(logits.shape, logits.stride(), dtype=logits.dtype, device=logits.device)
+        )
         loss_rows = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
         n_valid = (target != ignore_index).sum() if reduction == "mean" else None
         _launch_forward(logits, target, grad, loss_rows, n_valid, ignore_index, label_smoothing, cfg)
@@ -508,10 +564,7 @@ def cross_entropy(
     _check_inputs(logits, target, op)
     n_rows, n_cols = logits.shape
     need_grad = torch.is_grad_enabled() and logits.requires_grad
-    # VEC alignment needs the gradient at the logits' stride: true in place and for a contiguous
-    # logits tensor (its empty_like is contiguous too)
-    same_stride = (not need_grad) or inplace_grad or logits.is_contiguous()
-    cfg = cross_entropy_config(n_cols, logits.dtype, stride=logits.stride(0) if same_stride else 16)
+    cfg = cross_entropy_config(n_cols, logits.dtype, stride=logits.stride(0))
     if head_n is not None or block_n is not None or num_warps is not None:
         cfg = dict(cfg)
         if head_n is not None:
