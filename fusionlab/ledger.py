@@ -66,9 +66,29 @@ class Ledger:
     dtype_bytes: int = 4
     ops: list[Op] = field(default_factory=list)
     outputs: tuple[str, ...] | None = None  # default: what the last op writes
+    #: bytes (or a dtype) per element by tensor name, for tensors not of ``dtype_bytes`` (fp32
+    #: statistics beside bf16 activations, an fp32 weight)
+    sizes: dict = field(default_factory=dict)
+    #: the fused kernel(s) written out trip by trip, ``(step, tensor, direction, elements)``, built with
+    #: :meth:`fused`; when empty, the fused schedule follows the rule "first read of each external
+    #: input, write of each output". A reduction needs it: it writes statistics no eager op writes,
+    #: re-reads rows too wide for one tile, and moves partial sums.
+    schedule: list = field(default_factory=list)
 
     def __post_init__(self):
         self.dtype_bytes = dtype_bytes(self.dtype_bytes)
+        self.sizes = {k: dtype_bytes(v) for k, v in self.sizes.items()}
+
+    def size(self, tensor: str) -> int:
+        """Bytes per element of ``tensor``."""
+        return self.sizes.get(tensor, self.dtype_bytes)
+
+    def fused(self, step: str, reads: dict | None = None, writes: dict | None = None) -> Ledger:
+        """Add one step of the fused schedule: what it reads from and writes to HBM, in elements."""
+        for d, trips in ((READ, reads or {}), (WRITE, writes or {})):
+            for t, n in trips.items():
+                self.schedule.append((step, t, d, _elements(n, f"fused step {step!r}: tensor {t!r}")))
+        return self
 
     # -- building -----------------------------------------------------------------------------
     def op(self, name: str, reads: dict[str, int], writes: dict[str, int]) -> Ledger:
@@ -106,12 +126,14 @@ class Ledger:
         return set(self.ops[-1].writes) if self.ops else set()
 
     def _trip(self, op, tensor, direction, n) -> Trip:
-        return Trip(op, tensor, direction, n, n * self.dtype_bytes)
+        return Trip(op, tensor, direction, n, n * self.size(tensor))
 
     def trips(self, fused: bool) -> list[Trip]:
         """Every HBM crossing in launch order. Fused keeps only the first read of each external
         input and the writes of the outputs; the rest never leaves the chip."""
         out: list[Trip] = []
+        if fused and self.schedule:
+            return [self._trip(*step) for step in self.schedule if step[3]]
         if not fused:
             for op in self.ops:
                 out += [self._trip(op.name, t, READ, n) for t, n in op.reads.items()]

@@ -140,3 +140,16 @@ def test_empty_tensors_have_no_speedup_to_predict():
 def test_bad_dtype_bytes(bad):
     with pytest.raises(ValueError, match="dtype_bytes must be"):
         Ledger(dtype_bytes=bad)
+
+
+def test_a_written_out_fused_schedule_with_mixed_sizes():
+    # residual + RMSNorm on 8 rows of 16 bf16 with an fp32 weight and fp32 rstd: the fused kernel writes
+    # h, y and the statistic, none of which the first-read/last-write rule would find
+    led = Ledger(dtype_bytes=torch.bfloat16, sizes={"w": torch.float32, "rstd": torch.float32})
+    led.op("add", reads={"x": 128, "r": 128}, writes={"h": 128})
+    led.op("rmsnorm", reads={"h": 128, "w": 16}, writes={"y": 128})
+    led.fused("fused", reads={"x": 128, "r": 128, "w": 16}, writes={"h": 128, "y": 128, "rstd": 8})
+    assert led.unfused_bytes == (128 * 3 + 128 * 2) * 2 + 16 * 4
+    assert led.fused_bytes == 128 * 4 * 2 + 16 * 4 + 8 * 4
+    with pytest.raises(ValueError, match="whole number"):
+        led.fused("bad", reads={"x": -1})
