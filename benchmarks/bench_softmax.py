@@ -61,6 +61,7 @@ def compiled(fn):
     return torch.compile(fn, dynamic=False)
 
 
+NO_HINTS = {"EVICT_1": "", "EVICT_2": ""}
 HINTS_1 = {"EVICT_1": "evict_first"}  # one tile: x is read once, stream it through L2
 HINTS_2 = {"EVICT_1": "evict_last", "EVICT_2": "evict_first"}  # online: keep x in L2 for the re-read
 
@@ -75,42 +76,35 @@ def _unique(named: list[tuple[str, dict]]) -> dict[str, dict]:
     return out
 
 
+def _cfg(rows, n, dtype, max_single, wide_block, tile, thread_bytes, hints=True):
+    return S._config(rows, n, max_single, wide_block, tile, thread_bytes, True, dtype, hints)
+
+
 def fwd_variants(rows: int, n: int, dtype) -> dict[str, dict]:
-    """The package default, then tiles and flags around it."""
+    """The package default, then the alternatives measured beside it (the earlier sweeps, with tiles
+    of 4096-32768 elements, 8-32 elements a thread, masks and hints, are in notes_softmax.md)."""
     base = S.softmax_config(rows, n, dtype)
-    named = [("default", base), ("masked", {**base, "masked": True})]
+    named = [("default", base)]
     if n <= 32768:
-        named.append(("evict_first", {**base, **HINTS_1}))
-        for tile, pt in [(4096, 8), (8192, 16), (16384, 16)]:
-            named.append((f"t{tile}/pt{pt}", S._config(rows, n, 65536, 16384, tile, pt, True, dtype)))
-        if n >= 16384:
-            for wb in (8192, 16384):
-                cfg = S._config(rows, n, 1, wb, wb, 16, True, dtype)
-                if cfg["BLOCK_N"] < n:
-                    named += [(f"online{wb}", cfg), (f"online{wb}/L2", {**cfg, **HINTS_2})]
+        if n in (1024, 4096):
+            named.append(("t4096/16B", _cfg(rows, n, dtype, 32768, 32768, 4096, 16)))
+            named.append(("t4096/64B", _cfg(rows, n, dtype, 32768, 32768, 4096, 64)))
+        if n == 32768:
+            named.append(("online16384/L2", _cfg(rows, n, dtype, 16384, 16384, 4096, 32)))
     else:
-        named.append(("default/L2", {**base, **HINTS_2}))
-        for wb, pt in [(8192, 16), (16384, 32), (32768, 32)]:
-            cfg = S._config(rows, n, 1, wb, wb, pt, True, dtype)
-            named += [(f"online{wb}/pt{pt}", cfg), (f"online{wb}/pt{pt}/L2", {**cfg, **HINTS_2})]
+        named.append(("no-hints", {**base, **NO_HINTS}))
+        named.append(("online16384/L2", _cfg(rows, n, dtype, 1, 16384, 4096, 32)))
+        named.append(("online16384", _cfg(rows, n, dtype, 1, 16384, 4096, 32, hints=False)))
     return _unique(named)
 
 
 def bwd_variants(rows: int, n: int, dtype) -> dict[str, dict]:
     base = S.softmax_config(rows, n, dtype, backward=True)
-    named = [("default", base), ("masked", {**base, "masked": True})]
-    for name, args in [
-        ("t4096/pt8", (32768, 16384, 4096, 8)),
-        ("t8192/pt16", (32768, 16384, 8192, 16)),
-        ("single32k/pt16", (32768, 16384, 4096, 16)),
-        ("single32k/pt32", (32768, 16384, 4096, 32)),
-        ("online8192", (1, 8192, 8192, 16)),
-        ("online16384", (1, 16384, 16384, 16)),
-        ("online16384/pt32", (1, 16384, 16384, 32)),
-    ]:
-        cfg = S._config(rows, n, *args, True, dtype)
-        if not (cfg["SINGLE_TILE"] and n > 32768):
-            named.append((name, cfg))
+    named = [("default", base), ("no-hints", {**base, **NO_HINTS})]
+    if n <= 32768:
+        named.append(("single32k", _cfg(rows, n, dtype, 32768, 16384, 4096, 32)))
+    named.append(("online8192/L2", _cfg(rows, n, dtype, 1, 8192, 4096, 32)))
+    named.append(("online32768/L2", _cfg(rows, n, dtype, 1, 32768, 4096, 32)))
     return _unique(named)
 
 

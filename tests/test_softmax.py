@@ -427,6 +427,27 @@ def test_configs_are_legal(rows, n, backward, gpu):
     assert cfg["SINGLE_TILE"] == (n <= tuning["max_single"])
 
 
+def test_gpu_online_path_keeps_the_row_in_l2_for_its_second_pass():
+    for backward, n in [(False, 65536), (True, 32768)]:
+        cfg = softmax_config(1024, n, torch.bfloat16, backward=backward, gpu=True)
+        assert not cfg["SINGLE_TILE"] and (cfg["EVICT_1"], cfg["EVICT_2"]) == ("evict_last", "evict_first")
+    assert "EVICT_1" not in softmax_config(1024, 4096, torch.bfloat16, gpu=True)  # read once: no hint
+
+
+def test_kernels_take_the_eviction_hints():
+    # the interpreter ignores the hints, but it checks that the kernels accept them on every path
+    from fusionlab.kernels.softmax import _backward, _forward, _rows
+
+    x = _x((3, 300), seed=23)
+    cfg = {**softmax_config(3, 300, torch.float32), "BLOCK_N": 64, "SINGLE_TILE": False}
+    cfg.update(EVICT_1="evict_last", EVICT_2="evict_first")
+    y = _forward(x, _rows(x), cfg)
+    _expect_close(y, _softmax64(x), 1e-6, 1e-5)
+    dy = _x((3, 300), seed=24)
+    expected = torch._softmax_backward_data(dy.double(), y.double(), -1, torch.float64)
+    _expect_close(_backward(y, dy, cfg), expected, 1e-6, 1e-5)
+
+
 def test_gpu_holds_rows_up_to_32k_in_one_tile():
     # the bar: rows up to 32k read once; wider rows are the online path (and its re-read)
     for dtype in (torch.float32, torch.bfloat16):

@@ -59,6 +59,7 @@ from ._launch import (
     check_block,
     check_tensor,
     check_tile,
+    element_size,
     launch_kwargs,
     next_pow2,
     row_config,
@@ -67,17 +68,19 @@ from ._launch import (
 OP = "softmax"
 
 # -- launch configuration --------------------------------------------------------------------------
-#: GPU tuning (benchmarks/bench_softmax.py, notes in benchmarks/notes_softmax.md), in elements:
-#: ``max_single``: the widest row held in one tile (wider rows take the online two-pass path);
-#: ``wide_block``: the tile width of the online path; ``tile``: elements a program takes when rows are
-#: narrow (BLOCK_M rows of BLOCK_N); ``per_thread``: elements a thread holds (sets num_warps).
+#: GPU tuning (benchmarks/bench_softmax.py; the sweeps are in benchmarks/notes_softmax.md), in elements
+#: unless named: ``max_single``: the widest row held in one tile (wider rows take the online path);
+#: ``wide_block``: the online path's tile; ``tile``: elements a program takes when rows are narrow
+#: (BLOCK_M rows of BLOCK_N); ``thread_bytes``: bytes of row a thread holds (sets num_warps, up to 32);
+#: ``l2_hints``: the online path's first pass loads with evict_last and its second with evict_first,
+#: so the re-read finds the row in L2 when the rows in flight fit there.
 GPU_TUNING = {
-    "forward": {"max_single": 32768, "wide_block": 16384, "tile": 4096, "per_thread": 16},
-    "backward": {"max_single": 16384, "wide_block": 16384, "tile": 4096, "per_thread": 16},
+    "forward": {"max_single": 32768, "wide_block": 32768, "tile": 4096, "thread_bytes": 32, "l2_hints": True},
+    "backward": {"max_single": 16384, "wide_block": 16384, "tile": 4096, "thread_bytes": 32, "l2_hints": True},
 }
 #: the interpreter: each program costs milliseconds of Python, so tiles are large (64 Ki elements),
 #: and rows past 4096 elements take the online path (a tile is a numpy array there, not registers)
-INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "per_thread": 16}
+INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "thread_bytes": 64, "l2_hints": False}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -87,9 +90,10 @@ def _config(
     max_single: int,
     wide_block: int,
     tile: int,
-    per_thread: int,
+    thread_bytes: int,
     gpu: bool,
     dtype: torch.dtype = torch.float32,
+    l2_hints: bool = False,
 ) -> dict:
     # the row tile from the shared helper: one tile up to max_single columns, else wide_block tiles
     single = row_config(n_cols, dtype, max_block=max_single, gpu=gpu)
@@ -99,14 +103,19 @@ def _config(
         block_n, single_tile = row_config(n_cols, dtype, max_block=wide_block, gpu=gpu)["BLOCK_N"], False
     # narrow rows: several rows a program, so each program still moves a useful amount
     block_m = max(1, min(tile // block_n, next_pow2(max(n_rows, 1))))
+    per_thread = max(1, thread_bytes // element_size(dtype))
     num_warps = max(1, min(32, next_pow2(block_m * block_n // per_thread) // 32)) if gpu else 4
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "SINGLE_TILE": single_tile}
+    cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "SINGLE_TILE": single_tile}
+    if l2_hints and gpu and not single_tile:
+        cfg.update(EVICT_1="evict_last", EVICT_2="evict_first")
+    return cfg
 
 
 def softmax_config(
     n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu: bool | None = None
 ) -> dict:
-    """The launch configuration: ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}``.
+    """The launch configuration: ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}`` (and, for the
+    online path on a GPU, the eviction hints ``EVICT_1``/``EVICT_2`` of its two passes).
 
     ``SINGLE_TILE``: the row fits one ``BLOCK_N`` tile and is read once; otherwise the online path
     walks it in ``BLOCK_N`` tiles and reads it twice. ``BLOCK_M`` rows share a program when rows are
@@ -115,11 +124,18 @@ def softmax_config(
     """
     gpu = runtime.is_gpu() if gpu is None else gpu
     t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
-    return dict(
-        _config(
-            int(n_rows), int(n_cols), t["max_single"], t["wide_block"], t["tile"], t["per_thread"], bool(gpu), dtype
-        )
+    cfg = _config(
+        int(n_rows),
+        int(n_cols),
+        t["max_single"],
+        t["wide_block"],
+        t["tile"],
+        t["thread_bytes"],
+        bool(gpu),
+        dtype,
+        t["l2_hints"],
     )
+    return dict(cfg)
 
 
 # -- the reference, the baseline, the ledger ---------------------------------------------------------
@@ -324,6 +340,8 @@ def _softmax_bwd_kernel(
     TWO_LEVEL: tl.constexpr,
     EVEN_M: tl.constexpr = False,
     EVEN_N: tl.constexpr = False,
+    EVICT_1: tl.constexpr = "",
+    EVICT_2: tl.constexpr = "",
 ):
     # dx = y * (dy - sum(dy * y)): a row's dot product first, then one element-wise pass
     pid = tl.program_id(axis=0)
@@ -348,14 +366,14 @@ def _softmax_bwd_kernel(
         dot = tl.zeros([BLOCK_M], tl.float32)
         for start in tl.range(0, n_cols, BLOCK_N):
             offs = start + offs_n
-            y = _load_tile(y_rows[:, None] + offs[None, :], offs < n_cols, 0.0, EVEN_N, "")
-            dy = _load_tile(dy_rows[:, None] + offs[None, :], offs < n_cols, 0.0, EVEN_N, "")
+            y = _load_tile(y_rows[:, None] + offs[None, :], offs < n_cols, 0.0, EVEN_N, EVICT_1)
+            dy = _load_tile(dy_rows[:, None] + offs[None, :], offs < n_cols, 0.0, EVEN_N, EVICT_1)
             dot += tl.sum(y * dy, axis=1)
         for start in tl.range(0, n_cols, BLOCK_N):
             offs = start + offs_n
             col_ok = offs < n_cols
-            y = _load_tile(y_rows[:, None] + offs[None, :], col_ok, 0.0, EVEN_N, "")
-            dy = _load_tile(dy_rows[:, None] + offs[None, :], col_ok, 0.0, EVEN_N, "")
+            y = _load_tile(y_rows[:, None] + offs[None, :], col_ok, 0.0, EVEN_N, EVICT_2)
+            dy = _load_tile(dy_rows[:, None] + offs[None, :], col_ok, 0.0, EVEN_N, EVICT_2)
             _store_tile(dx_rows[:, None] + offs[None, :], y * (dy - dot[:, None]), row_ok, col_ok, EVEN_M, EVEN_N)
 
 
@@ -496,6 +514,8 @@ def _backward(y: torch.Tensor, dy: torch.Tensor, cfg: dict | None = None) -> tor
         BLOCK_N=cfg["BLOCK_N"],
         SINGLE_TILE=cfg["SINGLE_TILE"],
         TWO_LEVEL=r.two_level,
+        EVICT_1=cfg.get("EVICT_1", ""),
+        EVICT_2=cfg.get("EVICT_2", ""),
         **_launch_flags(r, cfg),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
@@ -551,7 +571,8 @@ def _stats_config(n_rows: int, n_cols: int, dtype: torch.dtype, block: int | Non
     if block is None:  # the forward kernel's tile: the whole row if it fits, else the online tile
         return softmax_config(n_rows, n_cols, dtype)
     block_m = max(1, min(t["tile"] // block, next_pow2(max(n_rows, 1))))
-    num_warps = max(1, min(32, next_pow2(block_m * block // t["per_thread"]) // 32)) if gpu else 4
+    per_thread = max(1, t["thread_bytes"] // element_size(dtype))
+    num_warps = max(1, min(32, next_pow2(block_m * block // per_thread) // 32)) if gpu else 4
     check_tile(block_m, block, op="online_softmax_stats")
     return {"BLOCK_M": block_m, "BLOCK_N": block, "num_warps": num_warps, "SINGLE_TILE": False}
 
