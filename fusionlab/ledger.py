@@ -181,7 +181,10 @@ class Ledger:
         return self.bytes(fused) / (bandwidth_GBps * 1e9) * 1e3
 
     def table(self) -> str:
-        """A plain-text ledger: one line per trip, unfused beside fused."""
+        """A plain-text ledger: one line per trip, unfused beside fused (or one after the other, when
+        the fused schedule is written out)."""
+        if self.schedule:
+            return self._table_by_schedule()
         lines = [f"{'kernel':<10} {'tensor':<8} {'trip':<6} {'unfused':>14} {'fused':>14}"]
         fused = {(t.op, t.tensor, t.direction) for t in self.trips(fused=True)}
         for t in self.trips(fused=False):
@@ -191,6 +194,20 @@ class Ledger:
                 f"{human_bytes(t.nbytes) if kept else 'stays on chip':>14}"
             )
         lines.append(f"{'total':<26} {human_bytes(self.unfused_bytes):>14} {human_bytes(self.fused_bytes):>14}")
+        lines.append(f"predicted speedup from fusion (memory-bound): {self.saving:.2f}x")
+        return "\n".join(lines)
+
+    def _table_by_schedule(self) -> str:
+        lines = [f"{'kernel':<20} {'tensor':<8} {'trip':<6} {'bytes':>12}", "eager (one kernel per op):"]
+        for t in self.trips(fused=False):
+            lines.append(f"  {t.op:<18} {t.tensor:<8} {t.direction:<6} {human_bytes(t.nbytes):>12}")
+        lines.append("fused:")
+        for t in self.trips(fused=True):
+            lines.append(f"  {t.op:<18} {t.tensor:<8} {t.direction:<6} {human_bytes(t.nbytes):>12}")
+        lines.append(
+            f"total: eager {human_bytes(self.unfused_bytes)} in {self.kernels_unfused} kernels, "
+            f"fused {human_bytes(self.fused_bytes)}"
+        )
         lines.append(f"predicted speedup from fusion (memory-bound): {self.saving:.2f}x")
         return "\n".join(lines)
 
