@@ -1,0 +1,319 @@
+"""Lesson 4's norms on a GPU: residual + RMSNorm (forward, backward) and LayerNorm (forward, backward).
+
+    PYTHONPATH=. python3 benchmarks/bench_norms.py sweep [--budget-s 120] [--out DIR]
+    PYTHONPATH=. python3 benchmarks/bench_norms.py final [--budget-s 200] [--out DIR]
+
+``sweep``: the package kernels only, over launch configurations (rows per program, warps, backward
+programs per SM, one tile against two passes), at rows 4096 and 32768 x hidden 1024 ... 16384, bf16.
+``final``: the package's default configuration beside eager PyTorch and ``torch.compile`` of the
+eager function (``dynamic=False``, compiled and warmed outside the timed lambda) in the same run:
+forward (no grad), backward (dx, d residual and dw through autograd, with a gradient for both y
+and h), LayerNorm forward and backward, and few rows of 16k. Percentages are of the copy bandwidth
+measured in the same run (``fusionlab.bench.measure_copy_bandwidth``: 1 GiB fp32, read + write) by
+the op's *fused* ledger (:func:`rmsnorm_ledger`, :func:`layernorm_ledger`): the bytes the fused
+kernel must move, so a compiled or eager time is converted with the same byte count. Timings:
+``fusionlab.bench.time_ms`` (do_bench median, L2 flushed). Results go to ``DIR/norms_<mode>.json``;
+a compact table is printed last. ``--budget-s``: stop starting new shapes after this many seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+
+from fusionlab import bench, runtime
+from fusionlab.kernels import layernorm as ln
+from fusionlab.kernels import rmsnorm as rn
+
+DT = torch.bfloat16
+EPS = 1e-6
+ROWS = (4096, 32768)
+HIDDEN = (1024, 4096, 5120, 8192, 11008, 16384)
+T0 = time.time()
+
+
+def meta() -> dict:
+    import triton
+
+    p = torch.cuda.get_device_properties(0)
+    return {
+        "device": torch.cuda.get_device_name(0),
+        "sms": p.multi_processor_count,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def elapsed() -> float:
+    return time.time() - T0
+
+
+def rand(shape, dtype=DT, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def fwd_bytes(rows, n, wdtype=DT):
+    return rn.rmsnorm_ledger(rows, n, DT, residual=True, weight_dtype=wdtype, stats=False).fused_bytes
+
+
+def bwd_bytes(rows, n, programs):
+    return rn.rmsnorm_ledger(rows, n, DT, backward=True, grad_h=True, programs=programs).fused_bytes
+
+
+def pct(nbytes, ms, copy):
+    return 100 * bench.gbps(nbytes, ms) / copy
+
+
+# -- sweep -------------------------------------------------------------------------------------------
+def fwd_variants(n):
+    bn = rn.next_pow2(n)
+    out = []
+    for bm in (1, 2, 4):
+        if bm * bn > 8192 or (bm > 1 and bn > 2048):
+            continue
+        for per_thread in (8, 16, 32):
+            nw = max(1, min(32, bm * bn // (32 * per_thread)))
+            cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": rn.next_pow2(nw)}
+            if cfg not in out:
+                out.append(cfg)
+    if n > 8192:  # the two-pass path at a width a single tile could hold: is one tile worth it?
+        out.append({"BLOCK_M": 1, "BLOCK_N": 4096, "num_warps": 8})
+    return out
+
+
+def bwd_variants(n, sms):
+    base = rn.rmsnorm_config(32768, n, DT, backward=True)
+    out = []
+    for k in (1, 2, 4, 8):
+        out.append({**{key: base[key] for key in ("BLOCK_M", "BLOCK_N", "num_warps")}, "programs": sms * k})
+    for nw in (base["num_warps"] // 2, base["num_warps"] * 2):
+        if 1 <= nw <= 32:
+            out.append({"BLOCK_M": base["BLOCK_M"], "BLOCK_N": base["BLOCK_N"], "num_warps": nw, "programs": sms * 4})
+    if base["BLOCK_N"] <= 2048:
+        out.append(
+            {
+                "BLOCK_M": base["BLOCK_M"] * 2,
+                "BLOCK_N": base["BLOCK_N"],
+                "num_warps": base["num_warps"] * 2,
+                "programs": sms * 4,
+            }
+        )
+    return out
+
+
+def _sweep_shape(rows, n, res, copy, sms):
+    x, r, w = rand((rows, n), seed=1), rand((rows, n), seed=2), rand(n, seed=3)
+    nb = fwd_bytes(rows, n)
+    default = rn.rmsnorm_config(rows, n, DT)
+    eager_ms = bench.time_ms(lambda: rn.rmsnorm_eager(x, w, EPS, r))
+    rows_fwd = []
+    for cfg in fwd_variants(n):
+        with torch.no_grad():
+            ms = bench.time_ms(lambda cfg=cfg: rn.rmsnorm(x, w, EPS, r, fwd_config=cfg))
+        rows_fwd.append({"rows": rows, "n": n, "cfg": cfg, "ms": ms, "pct": pct(nb, ms, copy)})
+    res["fwd"] += rows_fwd
+    best = min(rows_fwd, key=lambda v: v["ms"])
+    keys = ("BLOCK_M", "BLOCK_N", "num_warps")
+    dft = next((v for v in rows_fwd if all(v["cfg"][k] == default[k] for k in keys)), None)
+    dft_txt = f"{dft['pct']:.0f}%" if dft else "-"
+    out = [
+        f"fwd {rows:>6}x{n:<6} eager {eager_ms:7.3f} ms ({pct(nb, eager_ms, copy):3.0f}%)  "
+        f"best {best['ms']:7.3f} ms {best['pct']:3.0f}% {best['cfg']}  default {dft_txt}"
+    ]
+    # backward: the kernels alone (no autograd), a gradient for y and for h
+    y, h, rstd = rn._forward(x, w, r, EPS, rn.row_layouts(x, r), default, store_rstd=True)
+    lh = rn.row_layouts(h)[0]
+    dy, dh = rand((rows, n), seed=4), rand((rows, n), seed=5)
+    rows_bwd = []
+    for cfg in bwd_variants(n, sms):
+        full = rn.apply_overrides(rn.rmsnorm_config(rows, n, DT, backward=True), cfg, n, "sweep")
+        ms = bench.time_ms(lambda full=full: rn._backward(dy, dh, h, lh, w, rstd, full, True, True))
+        p = min(full["programs"], rows)
+        rows_bwd.append({"rows": rows, "n": n, "cfg": cfg, "ms": ms, "pct": pct(bwd_bytes(rows, n, p), ms, copy)})
+    res["bwd"] += rows_bwd
+    best = min(rows_bwd, key=lambda v: v["ms"])
+    out.append(f"bwd {rows:>6}x{n:<6} best {best['ms']:7.3f} ms {best['pct']:3.0f}% {best['cfg']}")
+    return out
+
+
+def sweep(args, res, copy):
+    sms = rn.sm_count()
+    res["fwd"], res["bwd"] = [], []
+    lines = []
+    for n in HIDDEN:
+        for rows in ROWS:
+            if elapsed() > args.budget_s:
+                lines.append(f"(budget reached at {rows}x{n})")
+                return lines
+            out = _sweep_shape(rows, n, res, copy, sms)
+            print("\n".join(out), flush=True)
+            lines += out
+            torch.cuda.empty_cache()
+    return lines
+
+
+# -- final -------------------------------------------------------------------------------------------
+def compiled(fn):
+    # one code object compiled for every shape, with and without grad: past dynamo's default limit of
+    # 8 recompiles it would silently run eager
+    import torch._dynamo
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 256)
+    return torch.compile(fn, dynamic=False)
+
+
+def _final_shape(rows, n, c_rms, c_ln, copy):
+    x, r, w = rand((rows, n), seed=1), rand((rows, n), seed=2), rand(n, seed=3)
+    nb = fwd_bytes(rows, n)
+    row = {"rows": rows, "n": n}
+    with torch.no_grad():
+        row["fwd_ms"] = bench.time_ms(lambda: rn.rmsnorm(x, w, EPS, r))
+        row["eager_ms"] = bench.time_ms(lambda: rn.rmsnorm_eager(x, w, EPS, r))
+        c_rms(x, w, EPS, r)
+        row["compiled_ms"] = bench.time_ms(lambda: c_rms(x, w, EPS, r))
+        y_ours, _ = rn.rmsnorm(x, w, EPS, r)
+        y_c, _ = c_rms(x, w, EPS, r)
+        row["max_diff_vs_compiled"] = (y_ours.float() - y_c.float()).abs().max().item()
+    # backward: autograd for both, gradients for y and h
+    dy, dh = rand((rows, n), seed=4), rand((rows, n), seed=5)
+    xg, rg, wg = (t.clone().requires_grad_() for t in (x, r, w))
+    y, h = rn.rmsnorm(xg, wg, EPS, rg)
+    row["bwd_ms"] = bench.time_ms(lambda: torch.autograd.grad((y, h), (xg, wg, rg), (dy, dh), retain_graph=True))
+    yc, hc = c_rms(xg, wg, EPS, rg)
+    torch.autograd.grad((yc, hc), (xg, wg, rg), (dy, dh), retain_graph=True)
+    row["compiled_bwd_ms"] = bench.time_ms(
+        lambda: torch.autograd.grad((yc, hc), (xg, wg, rg), (dy, dh), retain_graph=True)
+    )
+    programs = rn.rmsnorm_config(rows, n, DT, backward=True)["programs"]
+    nbb = bwd_bytes(rows, n, programs)
+    row.update(fwd_bytes=nb, bwd_bytes=nbb)
+    # LayerNorm forward (no grad) and backward
+    lw, lb = rand(n, seed=6), rand(n, seed=7)
+    lnb = ln.layernorm_ledger(rows, n, DT).fused_bytes
+    lrow = {"rows": rows, "n": n, "fwd_bytes": lnb}
+    with torch.no_grad():
+        lrow["fwd_ms"] = bench.time_ms(lambda: ln.layernorm(x, lw, lb))
+        lrow["eager_ms"] = bench.time_ms(lambda: ln.layernorm_eager(x, lw, lb))
+        c_ln(x, lw, lb)
+        lrow["compiled_ms"] = bench.time_ms(lambda: c_ln(x, lw, lb))
+    xl, wl, bl = (t.clone().requires_grad_() for t in (x, lw, lb))
+    yl = ln.layernorm(xl, wl, bl)
+    lrow["bwd_ms"] = bench.time_ms(lambda: torch.autograd.grad(yl, (xl, wl, bl), dy, retain_graph=True))
+    ye = ln.layernorm_eager(xl, wl, bl)
+    lrow["eager_bwd_ms"] = bench.time_ms(lambda: torch.autograd.grad(ye, (xl, wl, bl), dy, retain_graph=True))
+    lprog = ln.layernorm_config(rows, n, DT, backward=True)["programs"]
+    lrow["bwd_bytes"] = ln.layernorm_ledger(rows, n, DT, backward=True, programs=lprog).fused_bytes
+    line = (
+        f"{rows:>6}x{n:<6} | {row['fwd_ms']:7.3f} {pct(nb, row['fwd_ms'], copy):5.1f} "
+        f"{row['eager_ms'] / row['fwd_ms']:6.2f} {row['compiled_ms'] / row['fwd_ms']:6.3f} "
+        f"{pct(nb, row['compiled_ms'], copy):5.1f} | {row['bwd_ms']:7.3f} {pct(nbb, row['bwd_ms'], copy):5.1f} "
+        f"{row['compiled_bwd_ms'] / row['bwd_ms']:6.3f} {pct(nbb, row['compiled_bwd_ms'], copy):5.1f} | "
+        f"{lrow['fwd_ms']:7.3f} {pct(lnb, lrow['fwd_ms'], copy):5.1f} {lrow['compiled_ms'] / lrow['fwd_ms']:6.3f} "
+        f"{pct(lrow['bwd_bytes'], lrow['bwd_ms'], copy):5.1f} {lrow['eager_bwd_ms'] / lrow['bwd_ms']:6.2f}"
+    )
+    return row, lrow, line
+
+
+def _few_rows(rows, n, c_rms, copy):
+    x, r, w = rand((rows, n), seed=1), rand((rows, n), seed=2), rand(n, seed=3)
+    with torch.no_grad():
+        f = {
+            "ours": bench.time_ms(lambda: rn.rmsnorm(x, w, EPS, r)),
+            "eager": bench.time_ms(lambda: rn.rmsnorm_eager(x, w, EPS, r)),
+        }
+        c_rms(x, w, EPS, r)
+        f["compiled"] = bench.time_ms(lambda: c_rms(x, w, EPS, r))
+    f.update(rows=rows, n=n, bytes=fwd_bytes(rows, n))
+    line = (
+        f"few rows {rows:>4}x{n}: ours {1e3 * f['ours']:6.1f} us, eager {1e3 * f['eager']:6.1f} us, "
+        f"compiled {1e3 * f['compiled']:6.1f} us ({pct(f['bytes'], f['ours'], copy):4.1f}% of copy)"
+    )
+    return f, line
+
+
+def final(args, res, copy):
+    lines = []
+    res["rmsnorm"], res["layernorm"], res["few_rows"] = [], [], []
+    c_rms = compiled(rn.rmsnorm_eager)
+    c_ln = compiled(ln.layernorm_eager)
+    lines.append(
+        f"{'shape':>13} | {'fwd ms':>7} {'%copy':>5} {'/eager':>6} {'/comp':>6} {'comp%':>5} | "
+        f"{'bwd ms':>7} {'%copy':>5} {'/comp':>6} {'comp%':>5} | {'LN ms':>7} {'%copy':>5} {'/comp':>6} "
+        f"{'LNb%':>5} {'/eagb':>6}"
+    )
+    shapes = [(rows, n) for rows in ROWS for n in HIDDEN]
+    if args.quick:
+        shapes = [(32768, 4096), (4096, 1024)]
+    for rows, n in shapes:
+        if elapsed() > args.budget_s:
+            lines.append(f"(budget reached before {rows}x{n})")
+            break
+        row, lrow, line = _final_shape(rows, n, c_rms, c_ln, copy)
+        res["rmsnorm"].append(row)
+        res["layernorm"].append(lrow)
+        lines.append(line)
+        print(line, flush=True)
+        torch.cuda.empty_cache()
+    # few rows of 16k: launch-bound; one program per row
+    if elapsed() < args.budget_s + 30:
+        for rows in (1, 8, 64, 256):
+            f, line = _few_rows(rows, 16384, c_rms, copy)
+            res["few_rows"].append(f)
+            lines.append(line)
+    return lines
+
+
+def warm(args):
+    """Compile (and run once) torch.compile's versions for a share of the final's shapes, so the
+    timing process finds Inductor's on-disk caches warm. Several run side by side before ``final``."""
+    i, k = (int(v) for v in args.part.split("/"))
+    shapes = [(rows, n) for rows in ROWS for n in HIDDEN][i::k]
+    c_rms, c_ln = compiled(rn.rmsnorm_eager), compiled(ln.layernorm_eager)
+    for rows, n in shapes:
+        x, r, w = rand((rows, n), seed=1), rand((rows, n), seed=2), rand(n, seed=3)
+        with torch.no_grad():
+            c_rms(x, w, EPS, r)
+            c_ln(x, w, w)
+        xg, rg, wg = (t.clone().requires_grad_() for t in (x, r, w))
+        yc, hc = c_rms(xg, wg, EPS, rg)
+        torch.autograd.grad((yc, hc), (xg, wg, rg), (x, r))
+        del x, r, w, xg, rg, wg, yc, hc
+        torch.cuda.empty_cache()
+        print(f"warm {args.part}: {rows}x{n} compiled at {elapsed():.0f} s", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["sweep", "final", "warm"])
+    ap.add_argument("--part", default="0/1")
+    ap.add_argument("--budget-s", type=float, default=200)
+    ap.add_argument("--out", default=os.environ.get("OUT", "out"))
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    if not runtime.is_gpu():
+        sys.exit("bench_norms needs a GPU Triton supports")
+    os.makedirs(args.out, exist_ok=True)
+    if args.mode == "warm":
+        return warm(args)
+    res = {"meta": meta()}
+    copy = bench.measure_copy_bandwidth()
+    res["copy_GBps"] = copy
+    lines = sweep(args, res, copy) if args.mode == "sweep" else final(args, res, copy)
+    with open(os.path.join(args.out, f"norms_{args.mode}.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"\n== {args.mode}: {res['meta']} copy {copy:.0f} GB/s, {elapsed():.0f} s ==")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
