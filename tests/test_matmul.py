@@ -223,9 +223,10 @@ def test_4095_cubed_against_float64(dtype):
     ids=["autotuned", "128x128-no-subtile"],
 )
 def test_tma_path_edges(dtype, b_layout, config):
-    # M = 1000 (not a tile multiple: TMA clips the store), K = 1048 (not a multiple of 64: TMA
-    # zero-fills the last K step), N = 1032: rows stay 16-byte aligned, so the TMA path applies
-    M, K, N = 1000, 1048, 1032
+    # M = 1008 (not a tile multiple: TMA clips the store), K = 1040 (not a multiple of 64: TMA
+    # zero-fills the last K step), N = 1040 (not a multiple of 256): rows stay 16-byte aligned, so the
+    # TMA path applies. (Multiples of 16, as the benchmark shapes are: the same compiled kernels.)
+    M, K, N = 1008, 1040, 1040
     a, b = _inputs(M, K, N, dtype, seed=5)
     if b_layout == "NK":
         b = b.t().contiguous().t()  # F.linear's (N, K) weight, seen as K x N
@@ -253,3 +254,41 @@ def test_gemv_and_large_k(M):
     # K = 8193: one past a power of two, unaligned rows: the plain kernel's K mask on its last step
     a, b = _inputs(M, 8193, 512, torch.bfloat16, seed=7)
     assert_close_rel(matmul(a, b), matmul_reference(a, b), 8e-3, 3e-2)
+
+
+@pytest.mark.skipif(GPU, reason="the GPU runs this kernel through the launcher (test_tma_path_edges)")
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+@pytest.mark.parametrize("b_kn", [True, False], ids=["B (K, N)", "B (N, K)"])
+@pytest.mark.parametrize("subtile", [True, False], ids=["subtile", "whole tile"])
+def test_tma_kernel_logic_in_the_interpreter(b_kn, subtile):
+    # The Hopper kernel's persistent loop, grouped order, half-tile stores and every epilogue flag,
+    # run by the interpreter (which emulates TMA descriptors): 3 programs take 4 x 3 tiles of 64 x 64
+    # with ragged edges in M, N and K. The launcher never picks this kernel off a Hopper GPU.
+    from fusionlab.kernels.matmul import TensorDescriptor, _matmul_tma_kernel
+
+    if TensorDescriptor is None:
+        pytest.skip("this triton has no host-side TensorDescriptor")
+    g = torch.Generator().manual_seed(9)
+    M, K, N = 200, 80, 144
+    a = torch.randn(M, K, generator=g).half()
+    w = torch.randn(N, K, generator=g).half()
+    bias, r, scale = (
+        torch.randn(N, generator=g).half(),
+        torch.randn(M, N, generator=g).half(),
+        torch.rand(M, generator=g),
+    )
+    c = torch.full((M, N), float("nan")).half()
+    bm, bn, bk = 64, 64, 32
+    bt = w.t().contiguous() if b_kn else w
+    descs = (
+        TensorDescriptor.from_tensor(a, [bm, bk]),
+        TensorDescriptor.from_tensor(bt, [bk, bn] if b_kn else [bn, bk]),
+        TensorDescriptor.from_tensor(c, [bm, bn // 2] if subtile else [bm, bn]),
+    )
+    _matmul_tma_kernel[(3,)](
+        *descs, bias, r, scale, M, N, K, r.stride(0), r.stride(1),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2, B_KN=b_kn, EPILOGUE_SUBTILE=subtile,
+        WARP_SPECIALIZE=False, HAS_BIAS=True, ACTIVATION=1, HAS_RESIDUAL=True, HAS_ROW_SCALE=True,
+    )  # fmt: skip
+    ref = torch.nn.functional.gelu(scale[:, None].double() * (a.double() @ w.double().t()) + bias.double()) + r.double()
+    assert_close_rel(c, ref.half(), 1e-3, 4e-3)

@@ -69,6 +69,8 @@ except ImportError:  # pragma: no cover - older triton: the plain kernel only
 
 #: activation name -> the constexpr code the kernels switch on
 ACTIVATIONS = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}
+#: exact GELU through libdevice's erf instead of A&S 7.1.26: a code the benchmarks compare (not public)
+_GELU_LIBDEVICE = 4
 #: tl.dot's fp32 modes the launcher accepts
 INPUT_PRECISIONS = ("tf32", "tf32x3", "ieee")
 VARIANTS = (None, "auto", "plain", "tma")
@@ -166,12 +168,25 @@ def _epilogue(
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]
-    if ACTIVATION == 1:  # exact GELU: 0.5 v (1 + erf(v / sqrt 2))
-        acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+    if ACTIVATION == 1:  # exact GELU, 0.5 v (1 + erf(v / sqrt 2)), erf by A&S 7.1.26 (|error| <= 1.5e-7)
+        # As lesson 2's erf_fast (fusionlab.kernels.bias_gelu): one rsqrt and one exp2 (the SFU) and a
+        # few FMAs, where libdevice's erf (ACTIVATION 4) costs about twice as much; on a GPU the
+        # epilogue's arithmetic is not hidden behind the tensor cores, so it shows in the layer's time
+        # (benchmarks/notes_lesson6.md). t = 1 / (1 + p |v| / sqrt 2) as rsqrt(.)^2: an approximate
+        # reciprocal in one instruction, its few-ulp error far below the formula's.
+        r = tl.math.rsqrt(tl.abs(acc) * 0.23164193985531953 + 1.0)  # p / sqrt 2, p = 0.3275911
+        t = r * r
+        # the A&S coefficients a1..a5 halved (the 1/2 of GELU's 0.5 v folded in), Horner form
+        poly = t * (0.127414796 + t * (-0.142248368 + t * (0.7107068705 + t * (-0.7265760135 + t * 0.5307027145))))
+        half_q = poly * tl.exp2(acc * acc * -0.7213475204444817)  # erfc(|v| / sqrt 2) / 2
+        s = acc * half_q
+        acc = tl.where(acc >= 0, acc - s, s)  # v (1 - q/2) for v >= 0, v q/2 below: no cancellation
     elif ACTIVATION == 2:  # tanh GELU, as v sigmoid(2z): no cancellation for v << 0
         acc = acc * tl.sigmoid(1.5957691216057308 * (acc + 0.044715 * acc * acc * acc))
     elif ACTIVATION == 3:  # SiLU
         acc = acc * tl.sigmoid(acc)
+    elif ACTIVATION == 4:  # exact GELU through libdevice's erf: the benchmarks' comparison
+        acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
     if HAS_RESIDUAL:
         r_ptrs = res_ptr + offs_m.to(tl.int64)[:, None] * stride_rm + offs_n[None, :] * stride_rn
         r = tl.load(r_ptrs, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)
@@ -263,16 +278,18 @@ def _matmul_tma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr,
     B_KN: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
+    PROGRAMS_PER_SM: tl.constexpr = 1,
     HAS_BIAS: tl.constexpr = False,
     ACTIVATION: tl.constexpr = 0,
     HAS_RESIDUAL: tl.constexpr = False,
     HAS_ROW_SCALE: tl.constexpr = False,
 ):
-    # Persistent: NUM_SMS programs, each takes tiles start_pid, start_pid + NUM_SMS, ... in grouped
+    # Persistent: PROGRAMS_PER_SM x (number of SMs) programs (the launcher's grid; two per SM let one
+    # program's epilogue overlap the other's matmul where registers and shared memory allow), each
+    # taking tiles start_pid, start_pid + num_progs, ... in grouped
     # order. A: (M, K) descriptor; B: (K, N) if B_KN else (N, K) (F.linear's weight as it lies);
     # C: (M, N). TMA zero-fills loads past the edges and clips stores: no masks in the loop.
     start_pid = tl.program_id(axis=0)
@@ -282,12 +299,13 @@ def _matmul_tma_kernel(
     num_tiles = num_pid_m * num_pid_n
     # the epilogue recomputes its tile's coordinates from a second counter (as tutorial 09 does), so
     # the flattened loop nest does not carry the loop's values across into the epilogue
-    tile_id_c = start_pid - NUM_SMS
+    num_progs = tl.num_programs(axis=0)
+    tile_id_c = start_pid - num_progs
     # flatten: one software pipeline over (tile, k) pairs, so the next tile's first loads are in
     # flight during this tile's epilogue. (Triton 3.6 does not flatten a warp-specialised loop on
     # Hopper.)
     for tile_id in tl.range(
-        start_pid, num_tiles, NUM_SMS, flatten=not WARP_SPECIALIZE, warp_specialize=WARP_SPECIALIZE
+        start_pid, num_tiles, num_progs, flatten=not WARP_SPECIALIZE, warp_specialize=WARP_SPECIALIZE
     ):
         pid_m, pid_n = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
@@ -303,7 +321,7 @@ def _matmul_tma_kernel(
                 b = b_desc.load([off_n, off_k])
                 acc = tl.dot(a, b.T, acc)
 
-        tile_id_c += NUM_SMS
+        tile_id_c += num_progs
         pid_m, pid_n = _grouped_tile(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -341,9 +359,9 @@ def _tma_block_shapes(nargs) -> None:
     nargs["c_desc"].block_shape = [bm, bn // 2] if nargs["EPILOGUE_SUBTILE"] else [bm, bn]
 
 
-def _tma_config(bm, bn, bk, stages, warps, subtile=True, ws=False) -> triton.Config:
+def _tma_config(bm, bn, bk, stages, warps, subtile=True, ws=False, per_sm=1) -> triton.Config:
     meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "EPILOGUE_SUBTILE": subtile}
-    meta["WARP_SPECIALIZE"] = ws
+    meta.update(WARP_SPECIALIZE=ws, PROGRAMS_PER_SM=per_sm)
     return triton.Config(meta, num_warps=warps, num_stages=stages, pre_hook=_tma_block_shapes)
 
 
@@ -468,7 +486,7 @@ def _check_config(config: dict, op: str, keys: tuple[str, ...]) -> dict:
 
 
 _PLAIN_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
-_TMA_KEYS_USER = _PLAIN_KEYS + ("EPILOGUE_SUBTILE", "WARP_SPECIALIZE")
+_TMA_KEYS_USER = _PLAIN_KEYS + ("EPILOGUE_SUBTILE", "WARP_SPECIALIZE", "PROGRAMS_PER_SM")
 
 
 def _precision(dtype: torch.dtype, input_precision, op: str) -> str:
@@ -546,19 +564,21 @@ def gemm(
         if config is None:
 
             def grid(meta):
-                return (min(nsm, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
+                tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+                return (min(nsm * meta["PROGRAMS_PER_SM"], tiles),)
 
-            _matmul_tma_autotuned[grid](*args, NUM_SMS=nsm, B_KN=b_kn, **flags)
+            _matmul_tma_autotuned[grid](*args, B_KN=b_kn, **flags)
         else:
-            grid = (min(nsm, triton.cdiv(M, bm) * triton.cdiv(N, bn)),)
+            pps = cfg.get("PROGRAMS_PER_SM", 1)
+            grid = (min(nsm * pps, triton.cdiv(M, bm) * triton.cdiv(N, bn)),)
             _matmul_tma_kernel[grid](
                 *args,
                 BLOCK_M=bm,
                 BLOCK_N=bn,
                 BLOCK_K=bk,
                 GROUP_M=cfg.get("GROUP_M", 8),
-                NUM_SMS=nsm,
                 B_KN=b_kn,
+                PROGRAMS_PER_SM=pps,
                 EPILOGUE_SUBTILE=sub,
                 WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
                 num_warps=cfg.get("num_warps", 8),
