@@ -286,18 +286,27 @@ def recorded_files() -> list[Path]:
     return sorted(RECORDED_DIR.glob("*.json"))
 
 
-def recorded(path: str | Path | None = None) -> Recorded:
-    """The newest recorded GPU run shipped with the package (or the one at ``path``)."""
-    if path is None:
-        files = recorded_files()
-        if not files:
-            raise FileNotFoundError(
-                f"no recorded GPU results in {RECORDED_DIR}; run `python -m fusionlab.record` on a GPU"
-            )
-        runs = [Recorded.from_json(json.loads(p.read_text()), p) for p in files]
-        return max(runs, key=lambda r: (r.meta["date"], r.meta.get("time", "")))
-    p = Path(path)
-    return Recorded.from_json(json.loads(p.read_text()), p)
+def recorded_runs() -> list[Recorded]:
+    """Every recorded GPU run shipped with the package, oldest first."""
+    runs = [Recorded.from_json(json.loads(p.read_text()), p) for p in recorded_files()]
+    return sorted(runs, key=lambda r: (r.meta["date"], r.meta.get("time", "")))
+
+
+def recorded(path: str | Path | None = None, *, device: str | None = None) -> Recorded:
+    """The newest recorded GPU run shipped with the package; ``device`` (e.g. ``"H100"``) picks the
+    newest run on a device whose name contains it; ``path`` a file."""
+    if path is not None:
+        p = Path(path)
+        return Recorded.from_json(json.loads(p.read_text()), p)
+    runs = recorded_runs()
+    if device is not None:
+        runs = [r for r in runs if device.lower() in r.meta["device"].lower()]
+    if not runs:
+        where = f" on a device matching {device!r}" if device else ""
+        raise FileNotFoundError(
+            f"no recorded GPU results{where} in {RECORDED_DIR}; run `python -m fusionlab.record` on a GPU"
+        )
+    return runs[-1]
 
 
 def metadata() -> dict:

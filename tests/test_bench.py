@@ -96,3 +96,14 @@ def test_dtype_of_recorded_results_roundtrip():
     rec = bench.recorded()
     again = bench.Recorded.from_json(json.loads(json.dumps(rec.to_json())))
     assert again.results("lesson1")[0] == rec.results("lesson1")[0]
+
+
+def test_recordings_can_be_picked_by_device():
+    runs = bench.recorded_runs()
+    assert runs == sorted(runs, key=lambda r: (r.meta["date"], r.meta.get("time", "")))
+    assert bench.recorded() is not None and bench.recorded().meta == runs[-1].meta
+    for r in runs:
+        name = r.meta["device"].split()[-1] if "H200" in r.meta["device"] else "H100"
+        assert name.lower() in bench.recorded(device=name).meta["device"].lower()
+    with pytest.raises(FileNotFoundError, match="matching 'TPU'"):
+        bench.recorded(device="TPU")
