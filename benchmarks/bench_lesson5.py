@@ -91,20 +91,20 @@ def _swiglu_one(dtype, copy):
         "fused": bench.time_ms(lambda: torch.autograd.grad(hf, (gr, ur), dh, retain_graph=True)),
         "eager": bench.time_ms(lambda: torch.autograd.grad(he, (gr, ur), dh, retain_graph=True)),
     }
-    if dtype == torch.bfloat16:  # compiled: inference graph for the forward, training graph for the backward
-        comp = bench.compiled(swiglu_eager, g, u)
-        t["compiled"] = bench.time_ms(lambda: comp(g, u))
-        comp_t = torch.compile(swiglu_eager, dynamic=False)
-        hc = comp_t(gr, ur)
-        torch.autograd.grad(hc, (gr, ur), dh, retain_graph=True)
-        tb["compiled"] = bench.time_ms(lambda: torch.autograd.grad(hc, (gr, ur), dh, retain_graph=True))
+    # compiled: the inference graph for the forward, the training graph for the backward
+    comp = bench.compiled(swiglu_eager, g, u)
+    t["compiled"] = bench.time_ms(lambda: comp(g, u))
+    comp_t = torch.compile(swiglu_eager, dynamic=False)
+    hc = comp_t(gr, ur)
+    torch.autograd.grad(hc, (gr, ur), dh, retain_graph=True)
+    tb["compiled"] = bench.time_ms(lambda: torch.autograd.grad(hc, (gr, ur), dh, retain_graph=True))
     ff = bench.gbps(fb, t["fused"]) / copy
     fbk = bench.gbps(bb, tb["fused_kernel"]) / copy
     record("swiglu", dtype=str(dtype), fwd=t, bwd=tb, fwd_frac_copy=ff, bwd_frac_copy=fbk)
     line(
         f"  {str(dtype)[6:]:<9} fused            {t['fused']:7.3f}  {ff:5.1%}  {t['eager'] / t['fused']:7.2f}x  "
-        f"{t.get('compiled', float('nan')) / t['fused']:9.2f}x | {tb['fused_kernel']:6.3f}  {fbk:5.1%}  "
-        f"{tb['eager'] / tb['fused']:7.2f}x  {tb.get('compiled', float('nan')) / tb['fused']:9.2f}x"
+        f"{t.get('compiled', float('nan')) / t['fused']:9.3f}x | {tb['fused_kernel']:6.3f}  {fbk:5.1%}  "
+        f"{tb['eager'] / tb['fused']:7.2f}x  {tb.get('compiled', float('nan')) / tb['fused']:9.3f}x"
         f"  (bwd via autograd {tb['fused']:.3f} ms)"
     )
 
@@ -133,7 +133,7 @@ CE_SHAPES = [
     (4096, 262144),
     (16384, 262144),
 ]
-CE_COMPILED = {(8192, 32000), (8192, 128256), (4096, 262144)}
+CE_COMPILED = set(CE_SHAPES)
 
 
 def sec_ce(copy, budget, compiled_shapes=CE_COMPILED):
@@ -170,7 +170,7 @@ def _ce_one(tokens, vocab, copy, budget, compiled_shapes):
         "inplace": peak_extra(_ce_fused(xi, t, inplace=True)),
         "eager": peak_extra(lambda: torch.autograd.grad(F.cross_entropy(xg, t), xg)) - logits_bytes,
     }
-    if (tokens, vocab) in compiled_shapes and left(budget) > 90:
+    if (tokens, vocab) in compiled_shapes and left(budget) > 120:
         comp = torch.compile(lambda a, b: F.cross_entropy(a, b), dynamic=False)
         torch.autograd.grad(comp(xg, t), xg)
         ms["compiled"] = bench.time_ms(lambda: torch.autograd.grad(comp(xg, t), xg))
@@ -203,28 +203,26 @@ def _ce_one(tokens, vocab, copy, budget, compiled_shapes):
     )
     if tuned is not None:
         line(
-            f"      tuned H{tuned['HEAD']} B{tuned['BLOCK_N']} w{tuned['num_warps']} pf{int(tuned['PREFETCH'])}: "
+            f"      tuned H{tuned['HEAD']} B{tuned['BLOCK_N']} w{tuned['num_warps']} pf{int(tuned['PREFETCH'])}"
+            f" ev{int(tuned['EVICT'])}: "
             f"fused {ms['tuned_fused']:.3f} ms {bench.gbps(two, ms['tuned_fused']) / copy:.1%}, in-place "
             f"{ms['tuned_inplace']:.3f} ms {bench.gbps(two, ms['tuned_inplace']) / copy:.1%}; vs eager "
             f"{ms['eager'] / tuned_best:.2f}x, vs compiled {ms.get('compiled', float('nan')) / tuned_best:.2f}x"
         )
 
 
-TUNE = [  # (HEAD, BLOCK_N, num_warps, PREFETCH)
-    (32768, 8192, 32, False),
-    (32768, 8192, 32, True),
-    (32768, 16384, 32, False),
-    (32768, 4096, 16, False),
-    (16384, 16384, 32, False),
-    (16384, 8192, 32, False),
-    (16384, 8192, 16, False),
-    (16384, 8192, 16, True),
-    (16384, 4096, 16, True),
-    (8192, 8192, 16, False),
-    (8192, 4096, 8, False),
-    (8192, 4096, 8, True),
-    (4096, 4096, 8, False),
-    (4096, 2048, 4, True),
+TUNE = [  # (HEAD, BLOCK_N, num_warps, PREFETCH, EVICT); the first two are the defaults (narrow, wide)
+    (8192, 4096, 8, True, False),
+    (32768, 8192, 32, False, False),
+    (8192, 4096, 8, True, True),
+    (32768, 8192, 32, False, True),
+    (32768, 8192, 32, True, True),
+    (16384, 8192, 32, False, True),
+    (32768, 4096, 16, False, False),
+    (4096, 4096, 8, True, False),
+    (16384, 4096, 8, True, False),
+    (8192, 2048, 8, True, False),
+    (8192, 4096, 16, True, False),
 ]
 TUNE_SHAPES = [(8192, 32000), (4096, 50257), (8192, 128256), (4096, 262144)]
 BEST: dict[int, dict] = {}  # tuned vocabulary -> the fastest configuration measured for it
@@ -235,7 +233,7 @@ def _tuned_cfg(vocab):
         return None
     near = min(BEST, key=lambda v: abs(v - vocab))
     cfg = dict(cross_entropy_config(vocab, torch.bfloat16))
-    cfg.update({k: BEST[near][k] for k in ("HEAD", "BLOCK_N", "num_warps", "PREFETCH")})
+    cfg.update({k: BEST[near][k] for k in ("HEAD", "BLOCK_N", "num_warps", "PREFETCH", "EVICT")})
     return cfg
 
 
@@ -250,7 +248,7 @@ def sec_tune(copy, budget):
         x, t = _ce_inputs(tokens, vocab, seed=1)
         inputs[(tokens, vocab)] = (x.requires_grad_(), t)
     best = {}
-    for head, block_n, warps, prefetch in TUNE:
+    for head, block_n, warps, prefetch, evict in TUNE:
         if left(budget) < 30:
             line("  (skipped the rest: time)")
             break
@@ -258,7 +256,7 @@ def sec_tune(copy, budget):
         for tokens, vocab in TUNE_SHAPES:
             xi, t = inputs[(tokens, vocab)]
             cfg = dict(cross_entropy_config(vocab, torch.bfloat16))
-            cfg.update(HEAD=head, BLOCK_N=min(block_n, head), num_warps=warps, PREFETCH=prefetch)
+            cfg.update(HEAD=head, BLOCK_N=min(block_n, head), num_warps=warps, PREFETCH=prefetch, EVICT=evict)
             try:
                 ms = bench.time_ms(_ce_fused(xi, t, cfg, inplace=True))
                 frac = bench.gbps(2 * xi.numel() * 2, ms) / copy
@@ -269,7 +267,7 @@ def sec_tune(copy, budget):
                     regs = f"{getattr(k, 'n_regs', '?')}/{getattr(k, 'n_spills', '?')}"
             except Exception as e:  # a config that does not compile (registers): say so, go on
                 ms, frac = float("nan"), float("nan")
-                print("tune failed", head, block_n, warps, prefetch, type(e).__name__, str(e)[:200], flush=True)
+                print("tune failed", head, block_n, warps, prefetch, evict, type(e).__name__, str(e)[:200], flush=True)
             record(
                 "tune",
                 tokens=tokens,
@@ -278,6 +276,7 @@ def sec_tune(copy, budget):
                 block_n=block_n,
                 num_warps=warps,
                 prefetch=prefetch,
+                evict=evict,
                 ms=ms,
                 frac_copy=frac,
                 regs=regs,
@@ -288,11 +287,12 @@ def sec_tune(copy, budget):
                     "BLOCK_N": min(block_n, head),
                     "num_warps": warps,
                     "PREFETCH": prefetch,
+                    "EVICT": evict,
                     "frac": frac,
                 }
             cells.append(f"{ms:7.3f} {frac:5.1%}")
         line(
-            f"  H{head:<6} B{block_n:<6} w{warps:<3} pf{int(prefetch)}                 "
+            f"  H{head:<6} B{block_n:<6} w{warps:<3} pf{int(prefetch)} ev{int(evict)}             "
             + "  ".join(cells)
             + f"  {regs}"
         )
@@ -300,7 +300,8 @@ def sec_tune(copy, budget):
     line(
         "  best: "
         + "; ".join(
-            f"V={v}: H{c['HEAD']} B{c['BLOCK_N']} w{c['num_warps']} pf{int(c['PREFETCH'])} {c['frac']:.1%}"
+            f"V={v}: H{c['HEAD']} B{c['BLOCK_N']} w{c['num_warps']} pf{int(c['PREFETCH'])} ev{int(c['EVICT'])} "
+            f"{c['frac']:.1%}"
             for v, c in sorted(best.items())
         )
     )
@@ -325,13 +326,16 @@ def sec_lce(copy, budget):
     ref = torch.autograd.grad(F.cross_entropy(h32 @ w32.T, t), (h32, w32))
     del h32, w32
     torch.cuda.empty_cache()
+    comp = torch.compile(linear_cross_entropy_eager, dynamic=False)
     variants = {
         "eager": lambda: torch.autograd.grad(linear_cross_entropy_eager(hl, wl, t), (hl, wl)),
-        "fused fp32-acc": lambda: torch.autograd.grad(linear_cross_entropy(hl, wl, t), (hl, wl)),
-        "fused bf16-acc": lambda: torch.autograd.grad(linear_cross_entropy(hl, wl, t, accum_dtype=None), (hl, wl)),
-        "fused bf16-acc chunk 2048": lambda: torch.autograd.grad(
-            linear_cross_entropy(hl, wl, t, chunk=2048, accum_dtype=None), (hl, wl)
+        "compiled": lambda: torch.autograd.grad(comp(hl, wl, t), (hl, wl)),
+        "fused (default: bf16 acc)": lambda: torch.autograd.grad(linear_cross_entropy(hl, wl, t), (hl, wl)),
+        "fused fp32 acc": lambda: torch.autograd.grad(
+            linear_cross_entropy(hl, wl, t, accum_dtype=torch.float32), (hl, wl)
         ),
+        "fused chunk 2048": lambda: torch.autograd.grad(linear_cross_entropy(hl, wl, t, chunk=2048), (hl, wl)),
+        "fused chunk 512": lambda: torch.autograd.grad(linear_cross_entropy(hl, wl, t, chunk=512), (hl, wl)),
     }
     base = {}
     for name, fn in variants.items():

@@ -155,7 +155,7 @@ def test_streamed_tiles_with_and_without_prefetch(vocab, prefetch):
     x, t = _inputs(11, vocab, torch.float16, seed=13)
     cfg = dict(cross_entropy_config(vocab, torch.float16))
     assert (cfg["VEC"] > 1) == (vocab % 16 != 0)
-    cfg.update(HEAD=64, BLOCK_N=32, num_warps=2, PREFETCH=prefetch)
+    cfg.update(HEAD=64, BLOCK_N=32, num_warps=2, PREFETCH=prefetch, EVICT=prefetch)  # and the L2 hints
     for reduction, smoothing in [("mean", 0.0), ("none", 0.1)]:
         want_loss, want_grad = _expected(x, t, reduction, label_smoothing=smoothing)
         xl = x.clone().requires_grad_()

@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ._launch import KernelInputError, check_block, check_tensor, element_size, launch_kwargs, next_pow2, row_config
+from ._launch import KernelInputError, check_block, check_tensor, element_size, launch_kwargs, row_config
 from .swiglu import FusedLedger
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -165,27 +165,33 @@ def cross_entropy_peak_memory(fn, *args, **kwargs) -> int:
 
 
 # -- configuration ------------------------------------------------------------------------------------------
+#: measured on an H100 (bf16 fwd+bwd in place, benchmarks/notes_lesson5.md): rows up to 64 Ki elements
+#: run fastest in small programs (8 warps, a head of 8192, the next tile prefetched: several programs
+#: per SM overlap one's loads with another's arithmetic); wider rows in one 32-warp program per SM
+#: with a 64 KiB head, which keeps fewer rows in flight, so sweep 2 finds its tiles still in L2.
+NARROW_MAX = 65536
+
+
 @functools.lru_cache(maxsize=4096)
 def _config(n_cols: int, dtype: torch.dtype, gpu: bool) -> dict:
-    # HEAD: the first tile of a row, kept on chip between the sweeps (64 KiB of row on a GPU, as
-    # row_config's largest single tile; 4096 elements in the interpreter). BLOCK_N: the tiles that
-    # stream the rest.
-    base = row_config(n_cols, dtype, gpu=gpu)
-    head = base["BLOCK_N"]
-    if gpu:
-        vec = 16 // element_size(dtype)
-        block_n = min(head, 32 * 32 * vec)  # one 16-byte access per thread of 32 warps
-        num_warps = max(base["num_warps"], min(32, next_pow2(head // (32 * 16))))
-    else:
-        block_n = min(head, 2048)
-        num_warps = 4
-    return {"HEAD": head, "BLOCK_N": block_n, "num_warps": num_warps, "PREFETCH": False, "num_stages": None}
+    cfg = {"PREFETCH": False, "EVICT": False, "num_stages": None}
+    if not gpu:  # the interpreter: 4096-element tiles (numpy arrays: memory, not registers, limits)
+        head = row_config(n_cols, dtype, gpu=False)["BLOCK_N"]
+        return {**cfg, "HEAD": head, "BLOCK_N": min(head, 2048), "num_warps": 4}
+    if n_cols <= NARROW_MAX:
+        head = row_config(n_cols, dtype, max_block=8192, gpu=True)["BLOCK_N"]
+        return {**cfg, "HEAD": head, "BLOCK_N": min(head, 4096), "num_warps": 8, "PREFETCH": True}
+    head = row_config(n_cols, dtype, gpu=True)["BLOCK_N"]  # 64 KiB of row, the largest single tile
+    vec = 16 // element_size(dtype)
+    return {**cfg, "HEAD": head, "BLOCK_N": 32 * 32 * vec, "num_warps": 32}  # one 16-byte access a thread
 
 
 def cross_entropy_config(n_cols: int, dtype: torch.dtype, *, stride: int | None = None) -> dict:
     """The launch configuration for rows of ``n_cols`` logits at row ``stride`` (default ``n_cols``):
-    ``{"HEAD", "BLOCK_N", "num_warps", "VEC", "PREFETCH", "num_stages"}``. HEAD elements of a row stay
-    in registers between the two sweeps; the rest is streamed in BLOCK_N tiles. VEC > 1 when the row
+    ``{"HEAD", "BLOCK_N", "num_warps", "VEC", "PREFETCH", "EVICT", "num_stages"}``. HEAD elements of a
+    row stay in registers between the two sweeps; the rest is streamed in BLOCK_N tiles (PREFETCH: the
+    next tile's load is issued before this one is reduced; EVICT: L2 eviction hints, evict-last for
+    tiles read again, evict-first for the rest). VEC > 1 when the row
     length or stride is not a multiple of 16 elements: each row is then split at its 16-byte
     boundaries (see the kernel) so that its body still moves in 16-byte accesses.
     """
@@ -221,6 +227,9 @@ def _cross_entropy_fwd_kernel(
     MEAN: tl.constexpr,
     SMOOTH: tl.constexpr,
     PREFETCH: tl.constexpr,
+    SINGLE: tl.constexpr = False,
+    KEEP: tl.constexpr = "",
+    DROP: tl.constexpr = "",
 ):
     # exp(v) is computed as exp2(v log2 e): one multiply and one MUFU ex2. Differences x - max are
     # formed in natural units first: they are exact for logits near the max, also at 1e4 (multiplying
@@ -268,11 +277,14 @@ def _cross_entropy_fwd_kernel(
         # -- sweep 1: the log-sum-exp. The head tile stays in registers (storage dtype) for sweep 2.
         offs_h = tl.arange(0, HEAD)
         mask_h = offs_h < body_len
-        x_h_raw = tl.load(x_body + offs_h, mask=mask_h, other=float("-inf"))
+        # (the head is never read again: DROP may mark it evict-first in L2; streamed tiles are read
+        # again in sweep 2: KEEP may mark them evict-last)
+        x_h_raw = tl.load(x_body + offs_h, mask=mask_h, other=float("-inf"), eviction_policy=DROP)
         n_tail = tl.maximum(tl.cdiv(body_len - HEAD, BLOCK_N), 0)
-        if PREFETCH:  # issue the first streamed tile's load before reducing the head: two tiles in flight
-            offs = HEAD + tl.arange(0, BLOCK_N)
-            x_next = tl.load(x_body + offs, mask=offs < body_len, other=float("-inf"))
+        if PREFETCH:  # the first streamed tile's load before the head's reduction: two tiles in flight
+            if not SINGLE:
+                offs = HEAD + tl.arange(0, BLOCK_N)
+                x_next = tl.load(x_body + offs, mask=offs < body_len, other=float("-inf"), eviction_policy=KEEP)
         x_h = x_h_raw.to(tl.float32)
         if VEC > 1:
             x_f_raw = tl.load(x_row + col_f, mask=mask_f, other=float("-inf"))
@@ -290,37 +302,45 @@ def _cross_entropy_fwd_kernel(
             d += tl.sum(tl.math.exp2((x_f - m_safe) * _LOG2E), axis=0)
             if SMOOTH:
                 s += tl.sum(tl.where(mask_f, x_f, 0.0), axis=0)
-        # The streamed tiles keep a running max and sum *per lane* (no reduction across threads, no
-        # barrier, one exp2 an element): for t = x - m_lane, either x is no larger (add e^t) or it is
-        # the new maximum (rescale the sum by e^-t, add 1). Lanes are combined once, at the end.
-        m_v = tl.full([BLOCK_N], float("-inf"), tl.float32)
-        d_v = tl.zeros([BLOCK_N], tl.float32)
-        if SMOOTH:
-            s_v = tl.zeros([BLOCK_N], tl.float32)
-        for i in range(0, n_tail):
-            offs = HEAD + i * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask = offs < body_len
-            if PREFETCH:
-                x = x_next.to(tl.float32)
-                offs_next = offs + BLOCK_N
-                x_next = tl.load(x_body + offs_next, mask=offs_next < body_len, other=float("-inf"))
-            else:
-                x = tl.load(x_body + offs, mask=mask, other=float("-inf")).to(tl.float32)
-            t = x - m_v
-            e = tl.where(x == float("-inf"), 0.0, tl.math.exp2(tl.abs(t) * -_LOG2E))  # -inf - -inf: NaN
-            new_max = t > 0
-            d_v = tl.where(new_max, d_v * e + 1.0, d_v + e)
-            m_v = tl.where(new_max, x, m_v)
+        if SINGLE:  # the row fits the head: nothing streamed, nothing to combine
+            big_safe = m_safe
+        else:
+            # The streamed tiles keep a running max and sum *per lane* (no reduction across threads, no
+            # barrier, one exp2 an element): for t = x - m_lane, either x is no larger (add e^t) or it
+            # is the new maximum (rescale the sum by e^-t, add 1). Lanes are combined once, at the end.
+            m_v = tl.full([BLOCK_N], float("-inf"), tl.float32)
+            d_v = tl.zeros([BLOCK_N], tl.float32)
             if SMOOTH:
-                s_v += tl.where(mask, x, 0.0)
-        big = tl.maximum(m, tl.max(m_v, axis=0))
-        big_safe = tl.where(big == float("-inf"), 0.0, big)
-        # exp(m - big) is 0 for an all -inf head (m = -inf), never 0 * inf
-        d = d * tl.math.exp2((m - big_safe) * _LOG2E) + tl.sum(d_v * tl.math.exp2((m_v - big_safe) * _LOG2E), axis=0)
+                s_v = tl.zeros([BLOCK_N], tl.float32)
+            for i in range(0, n_tail):
+                offs = HEAD + i * BLOCK_N + tl.arange(0, BLOCK_N)
+                mask = offs < body_len
+                if PREFETCH:
+                    x = x_next.to(tl.float32)
+                    offs_next = offs + BLOCK_N
+                    x_next = tl.load(
+                        x_body + offs_next, mask=offs_next < body_len, other=float("-inf"), eviction_policy=KEEP
+                    )
+                else:
+                    x = tl.load(x_body + offs, mask=mask, other=float("-inf"), eviction_policy=KEEP).to(tl.float32)
+                t = x - m_v
+                e = tl.where(x == float("-inf"), 0.0, tl.math.exp2(tl.abs(t) * -_LOG2E))  # -inf - -inf: NaN
+                new_max = t > 0
+                d_v = tl.where(new_max, d_v * e + 1.0, d_v + e)
+                m_v = tl.where(new_max, x, m_v)
+                if SMOOTH:
+                    s_v += tl.where(mask, x, 0.0)
+            big = tl.maximum(m, tl.max(m_v, axis=0))
+            big_safe = tl.where(big == float("-inf"), 0.0, big)
+            # exp(m - big) is 0 for an all -inf head (m = -inf), never 0 * inf
+            d = d * tl.math.exp2((m - big_safe) * _LOG2E) + tl.sum(
+                d_v * tl.math.exp2((m_v - big_safe) * _LOG2E), axis=0
+            )
+            if SMOOTH:
+                s += tl.sum(s_v, axis=0)
         lse = big_safe + tl.math.log2(d) * _LN2  # a row of only -inf: d = 0, lse = -inf, loss NaN (as torch)
         loss = lse - x_y
         if SMOOTH:
-            s += tl.sum(s_v, axis=0)
             loss = (1.0 - label_smoothing) * loss + label_smoothing * (lse - s / n_cols)
         tl.store(loss_ptr + row, loss)
 
@@ -335,29 +355,31 @@ def _cross_entropy_fwd_kernel(
                 scale = 1.0
             log2_c = tl.where(valid, tl.math.log2(scale / d), float("nan"))
             c_s = label_smoothing / n_cols * scale
-            # the streamed tiles newest first: the last ones read are the likeliest still in L2
-            if PREFETCH:
-                offs = HEAD + (n_tail - 1) * BLOCK_N + tl.arange(0, BLOCK_N)
-                x_next = tl.load(x_body + offs, mask=(offs >= HEAD) & (offs < body_len), other=float("-inf"))
-            for i in range(0, n_tail):
-                offs = HEAD + (n_tail - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N)
-                mask = offs < body_len
+            if not SINGLE:
+                # the streamed tiles newest first: the last ones read are the likeliest still in L2
                 if PREFETCH:
-                    x = x_next
-                    offs_next = offs - BLOCK_N
-                    mask_next = (offs_next >= HEAD) & (offs_next < body_len)
-                    x_next = tl.load(x_body + offs_next, mask=mask_next, other=float("-inf"))
-                else:
-                    x = tl.load(x_body + offs, mask=mask, other=float("-inf"))
-                grad = tl.math.exp2((x.to(tl.float32) - big_safe) * _LOG2E + log2_c)
-                if SMOOTH:
-                    grad -= c_s
-                tl.store(g_body + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+                    offs = HEAD + (n_tail - 1) * BLOCK_N + tl.arange(0, BLOCK_N)
+                    mask_next = (offs >= HEAD) & (offs < body_len)
+                    x_next = tl.load(x_body + offs, mask=mask_next, other=float("-inf"), eviction_policy=DROP)
+                for i in range(0, n_tail):
+                    offs = HEAD + (n_tail - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N)
+                    mask = offs < body_len
+                    if PREFETCH:
+                        x = x_next
+                        offs_next = offs - BLOCK_N
+                        mask_next = (offs_next >= HEAD) & (offs_next < body_len)
+                        x_next = tl.load(x_body + offs_next, mask=mask_next, other=float("-inf"), eviction_policy=DROP)
+                    else:
+                        x = tl.load(x_body + offs, mask=mask, other=float("-inf"), eviction_policy=DROP)
+                    grad = tl.math.exp2((x.to(tl.float32) - big_safe) * _LOG2E + log2_c)
+                    if SMOOTH:
+                        grad -= c_s
+                    tl.store(g_body + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask, eviction_policy=DROP)
             # the head from registers: read once
             grad = tl.math.exp2((x_h_raw.to(tl.float32) - big_safe) * _LOG2E + log2_c)
             if SMOOTH:
                 grad -= c_s
-            tl.store(g_body + offs_h, grad.to(grad_ptr.dtype.element_ty), mask=mask_h)
+            tl.store(g_body + offs_h, grad.to(grad_ptr.dtype.element_ty), mask=mask_h, eviction_policy=DROP)
             if VEC > 1:
                 grad = tl.math.exp2((x_f_raw.to(tl.float32) - big_safe) * _LOG2E + log2_c)
                 if SMOOTH:
@@ -453,6 +475,9 @@ def _launch_forward(logits, target, grad, loss_rows, n_valid, ignore_index, labe
         MEAN=n_valid is not None,
         SMOOTH=label_smoothing != 0.0,
         PREFETCH=cfg["PREFETCH"],
+        SINGLE=n_cols <= cfg["HEAD"],
+        KEEP="evict_last" if cfg.get("EVICT") else "",
+        DROP="evict_first" if cfg.get("EVICT") else "",
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
 
