@@ -14,6 +14,7 @@ import datetime as _dt
 import inspect
 import json
 import math
+import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -372,7 +373,8 @@ class SuiteRun:
         return self.ms(name) / self.ms(baseline)
 
     def table(self, baseline: str | None = None) -> str:
-        return f"{self.label}\n{table(self.results, baseline)}"
+        # the label wraps at 100 columns, so a printed table never wraps mid-number in a narrow window
+        return "\n".join([*textwrap.wrap(self.label, 100), table(self.results, baseline)])
 
 
 def source_label() -> str:

@@ -107,3 +107,11 @@ def test_recordings_can_be_picked_by_device():
         assert name.lower() in bench.recorded(device=name).meta["device"].lower()
     with pytest.raises(FileNotFoundError, match="matching 'TPU'"):
         bench.recorded(device="TPU")
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_printed_tables_fit_100_columns(suite):
+    run = bench.SuiteRun(
+        suite, bench.recorded().results(suite), bench.recorded().ceilings, bench.recorded().label(), live=False
+    )
+    assert max(len(line) for line in run.table(baseline=run.results[0].name).splitlines()) <= 100
