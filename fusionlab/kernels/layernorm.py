@@ -48,7 +48,7 @@ import triton.language as tl
 
 from .. import runtime
 from .._exercise import answer_key
-from ._launch import KernelInputError, check_tensor, element_size, launch_kwargs, next_pow2
+from ._launch import KernelInputError, Launcher, check_tensor, element_size, launch_kwargs, next_pow2
 from .rmsnorm import (
     DEFAULT_SMS,
     NormLedger,
@@ -66,7 +66,7 @@ OP = "layernorm"
 #: GPU tuning, as :data:`fusionlab.kernels.rmsnorm.GPU_TUNING` (benchmarks/notes_norms.md)
 GPU_TUNING = {
     "forward": {"max_single_bytes": 65536, "wide_block": 4096, "tile": 2048, "per_thread": 16},
-    "backward": {"max_single_bytes": 32768, "wide_block": 4096, "tile": 2048, "per_thread": 16, "programs_per_sm": 4},
+    "backward": {"max_single_bytes": 32768, "wide_block": 4096, "tile": 2048, "per_thread": 16, "warps_per_sm": 16},
 }
 INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "programs": 4}
 
@@ -92,7 +92,8 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
     cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "SINGLE_TILE": single}
     if backward:
         blocks = triton.cdiv(max(n_rows, 1), block_m)
-        cfg["programs"] = max(1, min(blocks, sms * t["programs_per_sm"] if gpu else t["programs"]))
+        per_sm = max(1, t["warps_per_sm"] // num_warps) if gpu else 0
+        cfg["programs"] = max(1, min(blocks, sms * per_sm if gpu else t["programs"]))
     return cfg
 
 
@@ -332,6 +333,7 @@ def _layernorm_bwd_kernel(
     COMPUTE_DW: tl.constexpr,
     COMPUTE_DB: tl.constexpr,
     DB_SLOT: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     # Program pid walks rows [row_start, row_end); partial sums go to part[slot, pid, :] (slot 0: dw,
     # slot DB_SLOT: db), fp32, summed later by _sum_partials_kernel.
@@ -346,7 +348,7 @@ def _layernorm_bwd_kernel(
         w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         acc_w = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for m0 in range(row_start, row_end, BLOCK_M):
+        for m0 in tl.range(row_start, row_end, BLOCK_M, num_stages=NUM_STAGES):  # >1: prefetch next rows
             offs_m = m0 + tl.arange(0, BLOCK_M)
             mask_m = offs_m < row_end
             rows = offs_m.to(tl.int64)
@@ -432,6 +434,10 @@ def _layernorm_bwd_kernel(
 
 
 # -- launchers ------------------------------------------------------------------------------------------
+_launch_fwd = Launcher(_layernorm_kernel)
+_launch_bwd = Launcher(_layernorm_bwd_kernel)
+
+
 def _forward(x, weight, bias, eps, layout, cfg, store_stats):
     """``(y, mean, rstd)`` (the statistics only when asked)."""
     n_cols = x.shape[-1]
@@ -441,7 +447,8 @@ def _forward(x, weight, bias, eps, layout, cfg, store_stats):
     if x.numel() == 0:
         return y, mean, rstd
     even = cfg["SINGLE_TILE"] and n_cols == cfg["BLOCK_N"] and layout.n_rows % cfg["BLOCK_M"] == 0
-    _layernorm_kernel[(triton.cdiv(layout.n_rows, cfg["BLOCK_M"]),)](
+    _launch_fwd(
+        (triton.cdiv(layout.n_rows, cfg["BLOCK_M"]),),
         x,
         weight,
         bias if bias is not None else weight,
@@ -483,7 +490,8 @@ def _backward(dy, x, layout, weight, mean, rstd, cfg, need_dx, need_dw, need_db)
     programs = triton.cdiv(n_rows, rows_per_program)
     part = torch.empty((k, programs, n_cols), dtype=torch.float32, device=x.device) if k else None
     c = torch.empty(2 * n_rows, dtype=torch.float32, device=x.device) if (need_dx and not cfg["SINGLE_TILE"]) else None
-    _layernorm_bwd_kernel[(programs,)](
+    _launch_bwd(
+        (programs,),
         dy,
         x,
         weight,
@@ -508,6 +516,7 @@ def _backward(dy, x, layout, weight, mean, rstd, cfg, need_dx, need_dw, need_db)
         COMPUTE_DW=need_dw,
         COMPUTE_DB=need_db,
         DB_SLOT=1 if need_dw else 0,
+        NUM_STAGES=cfg.get("row_stages", 1) if runtime.is_gpu() else 1,
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
     dw = db = None

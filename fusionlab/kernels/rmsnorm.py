@@ -82,6 +82,7 @@ from ..ledger import READ, WRITE, Ledger, Trip, dtype_bytes, human_bytes
 from ._launch import (
     INT32_LIMIT,
     KernelInputError,
+    Launcher,
     check_block,
     check_tensor,
     check_tile,
@@ -97,16 +98,18 @@ OP = "rmsnorm"
 #: ``max_single_bytes``: the widest row held in one tile, in bytes of the storage dtype;
 #: ``wide_block``: the tile width (elements) of the two-pass path; ``tile``: elements a program takes
 #: when rows are narrow (BLOCK_M rows of BLOCK_N); ``per_thread``: elements a thread holds (sets
-#: num_warps); ``programs_per_sm``: backward programs per SM (each walks a block of rows).
+#: num_warps); ``warps_per_sm``: the backward launches ``SMs * warps_per_sm // num_warps`` programs
+#: (at least one a SM), each walking a contiguous block of rows.
 GPU_TUNING = {
     "forward": {"max_single_bytes": 65536, "wide_block": 4096, "tile": 2048, "per_thread": 16},
-    "backward": {"max_single_bytes": 32768, "wide_block": 4096, "tile": 2048, "per_thread": 16, "programs_per_sm": 4},
+    "backward": {"max_single_bytes": 32768, "wide_block": 4096, "tile": 2048, "per_thread": 16, "warps_per_sm": 16},
 }
 #: the interpreter: every program costs milliseconds of Python, so tiles are large (64 Ki elements)
 #: and few backward programs; rows past 4096 elements take the two-pass path.
 INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "programs": 4}
-#: the partial-sum reduction: BLOCK_P partial rows x BLOCK_N columns a step
-REDUCE = {"BLOCK_P": 32, "BLOCK_N": 128, "num_warps": 4}
+#: the partial-sum reduction: about ``reduce_programs`` column blocks (enough to spread over the SMs
+#: when N is small), each adding at most ``reduce_tile`` fp32 elements a step
+REDUCE = {"reduce_programs": 256, "reduce_tile": 8192, "num_warps": 4}
 #: SMs assumed for a GPU configuration asked for on a machine without one (an H100 SXM)
 DEFAULT_SMS = 132
 
@@ -145,7 +148,8 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
     cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "SINGLE_TILE": single}
     if backward:
         blocks = triton.cdiv(max(n_rows, 1), block_m)
-        cfg["programs"] = max(1, min(blocks, sms * t["programs_per_sm"] if gpu else t["programs"]))
+        per_sm = max(1, t["warps_per_sm"] // num_warps) if gpu else 0
+        cfg["programs"] = max(1, min(blocks, sms * per_sm if gpu else t["programs"]))
     return cfg
 
 
@@ -535,6 +539,7 @@ def _rmsnorm_bwd_kernel(
     HAS_DH: tl.constexpr,
     COMPUTE_DX: tl.constexpr,
     COMPUTE_DW: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     # Program pid walks rows [row_start, row_end) in steps of BLOCK_M and writes one (N,) fp32 row of
     # dw partial sums: dw_partial[pid] = sum over its rows of dy * round(h * rstd).
@@ -547,7 +552,8 @@ def _rmsnorm_bwd_kernel(
         mask_n = offs_n < n_cols
         w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for m0 in range(row_start, row_end, BLOCK_M):
+        # NUM_STAGES > 1: Triton prefetches the next rows' loads while this row computes
+        for m0 in tl.range(row_start, row_end, BLOCK_M, num_stages=NUM_STAGES):
             offs_m = m0 + tl.arange(0, BLOCK_M)
             mask_m = offs_m < row_end
             rows = offs_m.to(tl.int64)
@@ -643,6 +649,22 @@ def _sum_partials_kernel(
     tl.store(out_ptr + k * n_cols + offs_n, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
+@functools.lru_cache(maxsize=4096)
+def reduce_config(n_parts: int, n_cols: int, gpu: bool) -> tuple[int, int, int | None]:
+    """``(BLOCK_P, BLOCK_N, num_warps)`` for :func:`_sum_partials_kernel`. On a GPU, narrow column
+    blocks when N is small (N = 1024 in blocks of 16: 64 programs instead of 8), and as many partial
+    rows a step as fit ``reduce_tile`` (usually all of them: one round of loads). The interpreter:
+    one program a column block of up to 4096, all partial rows at once."""
+    if not gpu:
+        return next_pow2(n_parts), min(4096, max(16, next_pow2(n_cols))), None
+    bn = max(16, min(256, next_pow2(triton.cdiv(n_cols, REDUCE["reduce_programs"]))))
+    bp = max(1, min(next_pow2(n_parts), REDUCE["reduce_tile"] // bn))
+    return bp, bn, REDUCE["num_warps"]
+
+
+_launch_sum = Launcher(_sum_partials_kernel)
+
+
 def sum_partials(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``part.sum(1)`` for a ``(K, P, N)`` fp32 buffer of partial sums, as a ``(K, N)`` tensor of
     ``dtype``, by :func:`_sum_partials_kernel` (a fixed order: deterministic)."""
@@ -652,11 +674,8 @@ def sum_partials(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return out
     if p == 0:
         return out.zero_()
-    if runtime.is_gpu():
-        bp, bn, nw = REDUCE["BLOCK_P"], REDUCE["BLOCK_N"], REDUCE["num_warps"]
-    else:  # the interpreter: one program a column block of up to 4096, all partial rows at once
-        bp, bn, nw = next_pow2(p), min(4096, max(16, next_pow2(n))), None
-    _sum_partials_kernel[(triton.cdiv(n, bn), k)](part, out, p, n, BLOCK_P=bp, BLOCK_N=bn, **launch_kwargs(nw))
+    bp, bn, nw = reduce_config(p, n, runtime.is_gpu())
+    _launch_sum((triton.cdiv(n, bn), k), part, out, p, n, BLOCK_P=bp, BLOCK_N=bn, **launch_kwargs(nw))
     return out
 
 
@@ -672,42 +691,47 @@ class Rows(NamedTuple):
     two_level: bool
 
 
-def _levels(t: torch.Tensor) -> list[list[int]] | None:
+def _levels(shape, stride) -> list[list[int]] | None:
     """The leading dimensions merged into (size, stride) levels, innermost first; None for more than two."""
     levels: list[list[int]] = []
-    for size, stride in zip(reversed(t.shape[:-1]), reversed(t.stride()[:-1]), strict=True):
+    for size, st in zip(reversed(shape[:-1]), reversed(stride[:-1]), strict=True):
         if size == 1:
             continue  # a size-1 dim has no stride worth keeping
-        if levels and stride == levels[-1][0] * levels[-1][1]:
+        if levels and st == levels[-1][0] * levels[-1][1]:
             levels[-1][0] *= size  # this dim steps over the whole level inside it: one level
         else:
-            levels.append([size, stride])
+            levels.append([size, st])
     return levels if len(levels) <= 2 else None
 
 
-def row_layouts(*tensors: torch.Tensor) -> list[Rows] | None:
-    """One :class:`Rows` per tensor (all of one shape ``(..., N)``), sharing ``n_inner`` so that one
-    kernel can walk them together; None if a tensor needs three strides or two need different splits."""
-    t0 = tensors[0]
-    n_cols = t0.shape[-1] if t0.dim() else 1
-    n_rows = t0.numel() // n_cols if n_cols else math.prod(t0.shape[:-1])
-    levels = [_levels(t) for t in tensors]
+@functools.lru_cache(maxsize=4096)
+def _layouts(shape: tuple, strides: tuple) -> tuple[Rows, ...] | None:
+    n_cols = shape[-1] if shape else 1
+    n_rows = math.prod(shape[:-1])
+    levels = [_levels(shape, st) for st in strides]
     if any(lv is None for lv in levels):
         return None
     inner = {lv[0][0] for lv in levels if len(lv) == 2}
     if len(inner) > 1:
         return None
     if not inner:  # one stride each
-        return [Rows(n_rows, n_cols, max(n_rows, 1), 0, lv[0][1] if lv else n_cols, False) for lv in levels]
+        return tuple(Rows(n_rows, n_cols, max(n_rows, 1), 0, lv[0][1] if lv else n_cols, False) for lv in levels)
     (n_inner,) = inner
     out = []
     for lv in levels:
         if len(lv) == 2:
             out.append(Rows(n_rows, n_cols, n_inner, lv[1][1], lv[0][1], True))
         else:
-            s = lv[0][1] if lv else n_cols
-            out.append(Rows(n_rows, n_cols, n_inner, n_inner * s, s, True))
-    return out
+            st = lv[0][1] if lv else n_cols
+            out.append(Rows(n_rows, n_cols, n_inner, n_inner * st, st, True))
+    return tuple(out)
+
+
+def row_layouts(*tensors: torch.Tensor) -> tuple[Rows, ...] | None:
+    """One :class:`Rows` per tensor (all of one shape ``(..., N)``), sharing ``n_inner`` so that one
+    kernel can walk them together; None if a tensor needs three strides or two need different splits.
+    Cached by shape and strides: a launcher works it out once per layout."""
+    return _layouts(tuple(tensors[0].shape), tuple(tuple(t.stride()) for t in tensors))
 
 
 def grad_rows(g: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -717,10 +741,10 @@ def grad_rows(g: torch.Tensor) -> tuple[torch.Tensor, int]:
         g = g.resolve_neg().resolve_conj().contiguous()
     if g.shape[-1] > 1 and g.stride(-1) != 1:
         g = g.contiguous()
-    lv = _levels(g)
+    lv = _levels(g.shape, g.stride())
     if lv is None or len(lv) == 2:
         g = g.contiguous()
-        lv = _levels(g)
+        lv = _levels(g.shape, g.stride())
     return g, (lv[0][1] if lv else g.shape[-1])
 
 
@@ -737,13 +761,14 @@ def apply_overrides(cfg: dict, override: dict | None, n_cols: int, op: str) -> d
             cfg[key] = check_block(value, key, op)
         elif key == "num_warps":
             cfg[key] = check_block(value, key, op, max_value=32)
-        elif key in ("programs", "num_stages"):
+        elif key in ("programs", "num_stages", "row_stages"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise KernelInputError(f"{op}: {key}={value!r} must be a whole number >= 1.")
             cfg[key] = value
         else:
             raise KernelInputError(
-                f"{op}: unknown configuration key {key!r}; use BLOCK_M, BLOCK_N, num_warps, programs, num_stages."
+                f"{op}: unknown configuration key {key!r}; use BLOCK_M, BLOCK_N, num_warps, programs, "
+                "num_stages, row_stages."
             )
     cfg["BLOCK_N"] = max(cfg["BLOCK_N"], 1)
     cfg["SINGLE_TILE"] = n_cols <= cfg["BLOCK_N"]
@@ -757,7 +782,7 @@ def check_eps(eps, op: str) -> float:
     return float(eps)
 
 
-def check_rows(x: torch.Tensor, name: str, others: dict, op: str) -> list[Rows]:
+def check_rows(x: torch.Tensor, name: str, others: dict, op: str) -> tuple[Rows, ...]:
     """Validate the layout of ``x`` and same-shaped ``others`` ({name: tensor}); their Rows."""
     if x.dim() < 1:
         raise KernelInputError(f"{op}: {name} must have at least one dimension (..., N), got a scalar.")
@@ -776,6 +801,10 @@ def check_rows(x: torch.Tensor, name: str, others: dict, op: str) -> list[Rows]:
     return layouts
 
 
+_launch_fwd = Launcher(_rmsnorm_kernel)
+_launch_bwd = Launcher(_rmsnorm_bwd_kernel)
+
+
 def _forward(x, weight, residual, eps, layouts, cfg, store_rstd):
     """Launch the forward kernel: ``(y, h, rstd)`` (h is None without a residual, rstd None unless asked)."""
     n_cols = x.shape[-1]
@@ -787,7 +816,8 @@ def _forward(x, weight, residual, eps, layouts, cfg, store_rstd):
         return y, h, rstd
     lr = layouts[1] if residual is not None else lx
     even = cfg["SINGLE_TILE"] and n_cols == cfg["BLOCK_N"] and lx.n_rows % cfg["BLOCK_M"] == 0
-    _rmsnorm_kernel[(triton.cdiv(lx.n_rows, cfg["BLOCK_M"]),)](
+    _launch_fwd(
+        (triton.cdiv(lx.n_rows, cfg["BLOCK_M"]),),
         x,
         residual if residual is not None else x,
         weight,
@@ -844,7 +874,8 @@ def _backward(dy, grad_h, h, layout_h, weight, rstd, cfg, need_dx, need_dw):
     part = torch.empty((1, programs, n_cols), dtype=torch.float32, device=h.device) if need_dw else None
     c = torch.empty(n_rows, dtype=torch.float32, device=h.device) if (need_dx and not cfg["SINGLE_TILE"]) else None
     dummy = rstd
-    _rmsnorm_bwd_kernel[(programs,)](
+    _launch_bwd(
+        (programs,),
         dy,
         h,
         weight,
@@ -868,6 +899,7 @@ def _backward(dy, grad_h, h, layout_h, weight, rstd, cfg, need_dx, need_dw):
         HAS_DH=has_dh,
         COMPUTE_DX=need_dx,
         COMPUTE_DW=need_dw,
+        NUM_STAGES=cfg.get("row_stages", 1) if runtime.is_gpu() else 1,
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
     dw = sum_partials(part, weight.dtype)[0] if need_dw else None
