@@ -209,7 +209,7 @@ def main():
                 return S._forward(x, layout, cfg)
 
             def ledger(cfg, rows=rows, n=n, dtype=dtype):
-                return S.softmax_ledger(rows, n, dtype, block=cfg["BLOCK_N"])
+                return S.softmax_ledger(rows, n, dtype, block=cfg["BLOCK_N"] if cfg["SINGLE_TILE"] else 0)
 
             if args.sweep:
                 sweep("fwd", dtype, rows, n, fwd_variants(rows, n, dtype), run, ledger, check_fn)
@@ -260,7 +260,9 @@ def main():
                 return S._backward(y, dy, cfg)
 
             def ledger(cfg, rows=rows, n=n, dtype=dtype):
-                return S.softmax_ledger(rows, n, dtype, block=cfg["BLOCK_N"], backward=True)
+                return S.softmax_ledger(
+                    rows, n, dtype, block=cfg["BLOCK_N"] if cfg["SINGLE_TILE"] else 0, backward=True
+                )
 
             if args.sweep:
                 sweep("bwd", dtype, rows, n, bwd_variants(rows, n, dtype), run, ledger, check_fn)

@@ -76,7 +76,7 @@ OP = "softmax"
 #: so the re-read finds the row in L2 when the rows in flight fit there.
 GPU_TUNING = {
     "forward": {"max_single": 32768, "wide_block": 32768, "tile": 4096, "thread_bytes": 32, "l2_hints": True},
-    "backward": {"max_single": 16384, "wide_block": 16384, "tile": 4096, "thread_bytes": 32, "l2_hints": True},
+    "backward": {"max_single": 16384, "wide_block": 32768, "tile": 4096, "thread_bytes": 32, "l2_hints": True},
 }
 #: the interpreter: each program costs milliseconds of Python, so tiles are large (64 Ki elements),
 #: and rows past 4096 elements take the online path (a tile is a numpy array there, not registers)
