@@ -16,12 +16,15 @@ k-x rule of element-wise chains no longer applies. Two schedules:
   running sum ``l`` of ``exp(x - m)``; when a tile raises the max, the sum so far is rescaled by
   ``exp(m_old - m_new)`` (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax").
   A second pass re-reads the row and writes ``exp(x - m) / l``. Trips: read x, **read x again**, write
-  y — the ledger's re-read term. The same recurrence, run over blocks of keys, is the heart of
-  FlashAttention (lesson 7): :func:`online_softmax_stats` exposes its ``(m, l)`` and
-  :func:`online_softmax_reference_blocks` runs it in float64 torch, block by block.
+  y — the ledger's re-read term. On a GPU the first pass loads with ``evict_last`` and the second
+  with ``evict_first``: while the rows in flight fit in L2 the re-read is served from there, and the
+  time approaches one trip's (``benchmarks/notes_softmax.md`` has where that stops). The same
+  recurrence, run over blocks of keys, is the heart of FlashAttention (lesson 7):
+  :func:`online_softmax_stats` exposes its ``(m, l)`` and :func:`online_softmax_reference_blocks`
+  runs it in float64 torch, block by block.
 
 Backward (one kernel, from the saved y): ``dx = y * (dy - sum_j(dy * y))``. Trips: read y, dy; write
-dx (wide rows: y and dy are read twice).
+dx (rows wider than its one-tile limit: y and dy are read twice, the second time with L2 hints).
 
 Numerics, as torch: fp32 arithmetic whatever the storage; masked lanes load as ``-inf`` (they add
 ``exp(-inf) = 0``); a row that is entirely ``-inf`` gives NaN (``-inf - (-inf)``), as ``torch.softmax``
