@@ -156,6 +156,53 @@ def _sweep_shape(rows, n, res, copy, sms):
     return out
 
 
+def extra(args, res, copy):
+    """Sweep 3 (before the final, same call): prefetch with a 16384 tile; the forward at 4096 x 4096;
+    LayerNorm's backward with and without prefetch."""
+    sms = rn.sm_count()
+    lines = []
+    res["extra"] = []
+    for rows, n in ((32768, 11008), (4096, 11008), (32768, 16384), (4096, 16384)):
+        x, r, w = rand((rows, n), seed=1), rand((rows, n), seed=2), rand(n, seed=3)
+        cfg0 = rn.rmsnorm_config(rows, n, DT)
+        y, h, rstd = rn._forward(x, w, r, EPS, rn.row_layouts(x, r), cfg0, store_rstd=True)
+        lh = rn.row_layouts(h)[0]
+        dy, dh = rand((rows, n), seed=4), rand((rows, n), seed=5)
+        for nw, stages in ((32, 1), (32, 2), (16, 2)):
+            over = {"num_warps": nw, "programs": sms, "row_stages": stages}
+            full = rn.apply_overrides(rn.rmsnorm_config(rows, n, DT, backward=True), over, n, "extra")
+            args_ = (dy, dh, h, lh, w, rstd, full, True, True)
+            try:
+                ms = bench.time_ms(lambda args_=args_: rn._backward(*args_))
+            except Exception as e:
+                lines.append(f"bwd {rows}x{n} {over}: {type(e).__name__}: {str(e)[:160]}")
+                continue
+            p = pct(bwd_bytes(rows, n, sms), ms, copy)
+            res["extra"].append({"what": "bwd", "rows": rows, "n": n, "cfg": over, "ms": ms, "pct": p})
+            lines.append(f"bwd {rows:>6}x{n:<6} {over} {ms:.4f} ms {p:.1f}%")
+        del x, r, w, y, h, rstd, dy, dh, args_
+    rows, n = 4096, 4096
+    x, r, w = rand((rows, n), seed=1), rand((rows, n), seed=2), rand(n, seed=3)
+    for bm, nw in ((1, 4), (1, 8), (1, 16), (2, 8), (2, 16), (4, 16)):
+        over = {"BLOCK_M": bm, "num_warps": nw}
+        with torch.no_grad():
+            ms = bench.time_ms(lambda over=over: rn.rmsnorm(x, w, EPS, r, fwd_config=over))
+        p = pct(fwd_bytes(rows, n), ms, copy)
+        res["extra"].append({"what": "fwd", "rows": rows, "n": n, "cfg": over, "ms": ms, "pct": p})
+        lines.append(f"fwd {rows:>6}x{n:<6} {over} {ms:.4f} ms {p:.1f}%")
+    rows, n = 32768, 4096
+    x = rand((rows, n), seed=1)
+    lw, lb, dy = rand(n, seed=6), rand(n, seed=7), rand((rows, n), seed=8)
+    xl, wl, bl = (t.clone().requires_grad_() for t in (x, lw, lb))
+    for stages in (1, 2):
+        yl = ln.layernorm(xl, wl, bl, bwd_config={"row_stages": stages})
+        ms = bench.time_ms(lambda yl=yl: torch.autograd.grad(yl, (xl, wl, bl), dy, retain_graph=True))
+        nb = ln.layernorm_ledger(rows, n, DT, backward=True).fused_bytes
+        res["extra"].append({"what": "ln bwd", "rows": rows, "n": n, "row_stages": stages, "ms": ms})
+        lines.append(f"ln bwd {rows}x{n} row_stages={stages} {ms:.4f} ms {pct(nb, ms, copy):.1f}%")
+    return lines
+
+
 def sweep(args, res, copy):
     sms = rn.sm_count()
     res["fwd"], res["bwd"] = [], []
@@ -177,10 +224,14 @@ def compiled(fn):
     # one code object compiled for every shape, with and without grad: past dynamo's default limit of
     # 8 recompiles it would silently run eager
     import torch._dynamo
+    import torch._functorch.config
 
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 256)
+    # the timed backward runs with retain_graph=True (the same graph, many times), which donated
+    # buffers forbid; the setting changes no kernel of the backward
+    torch._functorch.config.donated_buffer = False
     return torch.compile(fn, dynamic=False)
 
 
@@ -306,7 +357,7 @@ def warm(args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["sweep", "final", "warm"])
+    ap.add_argument("mode", choices=["sweep", "final", "warm", "extra"])
     ap.add_argument("--part", default="0/1")
     ap.add_argument("--budget-s", type=float, default=200)
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
@@ -320,7 +371,7 @@ def main():
     res = {"meta": meta()}
     copy = bench.measure_copy_bandwidth()
     res["copy_GBps"] = copy
-    lines = sweep(args, res, copy) if args.mode == "sweep" else final(args, res, copy)
+    lines = {"sweep": sweep, "final": final, "extra": extra}[args.mode](args, res, copy)
     with open(os.path.join(args.out, f"norms_{args.mode}.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"\n== {args.mode}: {res['meta']} copy {copy:.0f} GB/s, {elapsed():.0f} s ==")

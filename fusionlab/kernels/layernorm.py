@@ -66,7 +66,14 @@ OP = "layernorm"
 #: GPU tuning, as :data:`fusionlab.kernels.rmsnorm.GPU_TUNING` (benchmarks/notes_norms.md)
 GPU_TUNING = {
     "forward": {"max_single_bytes": 65536, "wide_block": 4096, "tile": 2048, "per_thread": 16},
-    "backward": {"max_single_bytes": 32768, "wide_block": 4096, "tile": 2048, "per_thread": 16, "warps_per_sm": 16},
+    "backward": {
+        "max_single_bytes": 32768,
+        "wide_block": 4096,
+        "tile": 2048,
+        "per_thread": 16,
+        "warps_per_sm": 16,
+        "prefetch_tile": 8192,
+    },
 }
 INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "programs": 4}
 
@@ -94,6 +101,8 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
         blocks = triton.cdiv(max(n_rows, 1), block_m)
         per_sm = max(1, t["warps_per_sm"] // num_warps) if gpu else 0
         cfg["programs"] = max(1, min(blocks, sms * per_sm if gpu else t["programs"]))
+        if gpu and single and block_m * block_n <= t["prefetch_tile"]:
+            cfg["row_stages"] = 2  # the next rows' loads in flight while this row computes
     return cfg
 
 
