@@ -74,6 +74,14 @@ class Ledger:
     #: input, write of each output". A reduction needs it: it writes statistics no eager op writes,
     #: re-reads rows too wide for one tile, and moves partial sums.
     schedule: list = field(default_factory=list)
+    #: elements the fused kernel reads a second time, by tensor: a row too wide for one tile is read
+    #: once for its statistics and again to write the outputs. Added to the rule-based fused schedule
+    #: as the step ``reread_step``.
+    rereads: dict = field(default_factory=dict)
+    reread_step: str = "pass 2"
+    #: inputs of the eager chain the fused kernel never reads, because it recomputes them on chip
+    #: from other inputs (SwiGLU's backward recomputes silu(g) from g instead of reading it)
+    recomputed: tuple = ()
 
     def __post_init__(self):
         self.dtype_bytes = dtype_bytes(self.dtype_bytes)
@@ -142,6 +150,11 @@ class Ledger:
         produced: set[str] = set()
         seen: set[str] = set()
         outputs = self._outputs()
+        rereads = [
+            self._trip(self.reread_step, t, READ, _elements(n, f"re-read of {t!r}"))
+            for t, n in self.rereads.items()
+            if n
+        ]
         for op in self.ops:
             for t, n in op.reads.items():
                 if t not in produced and t not in seen:
@@ -151,7 +164,9 @@ class Ledger:
                 produced.add(t)
                 if t in outputs:
                     out.append(self._trip(op.name, t, WRITE, n))
-        return out
+        out = [t for t in out if t.tensor not in self.recomputed]
+        first_write = next((i for i, t in enumerate(out) if t.direction == WRITE), len(out))
+        return out[:first_write] + rereads + out[first_write:]
 
     def bytes(self, fused: bool) -> int:
         return sum(t.nbytes for t in self.trips(fused))
@@ -193,6 +208,11 @@ class Ledger:
                 f"{t.op:<10} {t.tensor:<8} {t.direction:<6} {human_bytes(t.nbytes):>14} "
                 f"{human_bytes(t.nbytes) if kept else 'stays on chip':>14}"
             )
+        for t in self.trips(fused=True):
+            if t.op == self.reread_step and t.tensor in self.rereads:
+                lines.append(f"{t.op:<10} {t.tensor:<8} {'reread':<6} {'-':>14} {human_bytes(t.nbytes):>14}")
+        if self.recomputed:
+            lines.append(f"(fused: {', '.join(self.recomputed)} recomputed on chip, never read)")
         lines.append(f"{'total':<26} {human_bytes(self.unfused_bytes):>14} {human_bytes(self.fused_bytes):>14}")
         lines.append(f"predicted speedup from fusion (memory-bound): {self.saving:.2f}x")
         return "\n".join(lines)

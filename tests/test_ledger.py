@@ -153,3 +153,18 @@ def test_a_written_out_fused_schedule_with_mixed_sizes():
     assert led.fused_bytes == 128 * 4 * 2 + 16 * 4 + 8 * 4
     with pytest.raises(ValueError, match="whole number"):
         led.fused("bad", reads={"x": -1})
+
+
+def test_rereads_and_recomputed_inputs():
+    # online softmax of a wide row: x read twice; SwiGLU's backward: s recomputed from g, never read
+    led = Ledger(dtype_bytes=2, rereads={"x": 100})
+    led.op("max", reads={"x": 100}, writes={"m": 1}).op("div", reads={"x": 100, "m": 1}, writes={"y": 100})
+    trips = [(t.op, t.tensor, t.direction) for t in led.trips(fused=True)]
+    assert trips == [("max", "x", READ), ("pass 2", "x", READ), ("div", "y", WRITE)]
+    assert led.fused_bytes == 3 * 100 * 2 and "reread" in led.table()
+    bwd = Ledger(dtype_bytes=2, recomputed=("s",))
+    bwd.op("mul", reads={"dh": 10, "s": 10}, writes={"du": 10}).op(
+        "dsilu", reads={"g": 10, "dh": 10}, writes={"dg": 10}
+    )
+    bwd.outputs = ("du", "dg")
+    assert {t.tensor for t in bwd.trips(fused=True) if t.direction == READ} == {"dh", "g"}

@@ -44,7 +44,6 @@ Gimelshein (2018); Dao et al., FlashAttention (2022), section 3.1.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -54,7 +53,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import runtime
 from .._exercise import answer_key
-from ..ledger import READ, Ledger, Trip, human_bytes
+from ..ledger import Ledger
 from ._launch import (
     INT32_LIMIT,
     MAX_TILE,
@@ -154,34 +153,6 @@ def softmax_eager(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.softmax(x, dim)
 
 
-@dataclass
-class RereadLedger(Ledger):
-    """A :class:`~fusionlab.ledger.Ledger` whose fused kernel reads some inputs more than once.
-
-    ``rereads``: tensor -> extra elements the fused kernel reads (a row too wide for one tile is
-    read once to find its max and sum, and again to write the outputs). Eager counts are unchanged.
-    """
-
-    rereads: dict[str, int] = field(default_factory=dict)
-    reread_op: str = "pass 2"
-
-    def trips(self, fused: bool) -> list[Trip]:
-        out = super().trips(fused)
-        if not fused or not self.rereads:
-            return out
-        extra = [self._trip(self.reread_op, t, READ, n) for t, n in self.rereads.items()]
-        first_write = next((i for i, t in enumerate(out) if t.direction != READ), len(out))
-        return out[:first_write] + extra + out[first_write:]
-
-    def table(self) -> str:
-        lines = super().table().splitlines()
-        extra = [
-            f"{self.reread_op:<10} {t:<8} {'reread':<6} {'-':>14} {human_bytes(n * self.dtype_bytes):>14}"
-            for t, n in self.rereads.items()
-        ]
-        return "\n".join(lines[:-2] + extra + lines[-2:])
-
-
 @answer_key
 def softmax_ledger(rows: int, n: int, dtype, block: int | None = None, *, backward: bool = False) -> Ledger:
     """Softmax of ``rows`` rows of ``n``, trip by trip, as five torch ops written by hand.
@@ -205,14 +176,14 @@ def softmax_ledger(rows: int, n: int, dtype, block: int | None = None, *, backwa
         wide = n > int(block)
     mn = rows * n
     if not backward:
-        led = RereadLedger(dtype_bytes=dtype, rereads={"x": mn} if wide else {})
+        led = Ledger(dtype_bytes=dtype, rereads={"x": mn} if wide else {})
         led.op("max", reads={"x": mn}, writes={"m": rows})
         led.op("sub", reads={"x": mn, "m": rows}, writes={"z": mn})
         led.op("exp", reads={"z": mn}, writes={"e": mn})
         led.op("sum", reads={"e": mn}, writes={"s": rows})
         led.op("div", reads={"e": mn, "s": rows}, writes={"y": mn})
     else:
-        led = RereadLedger(dtype_bytes=dtype, rereads={"y": mn, "dy": mn} if wide else {})
+        led = Ledger(dtype_bytes=dtype, rereads={"y": mn, "dy": mn} if wide else {})
         led.op("mul", reads={"dy": mn, "y": mn}, writes={"t": mn})
         led.op("sum", reads={"t": mn}, writes={"s": rows})
         led.op("sub", reads={"dy": mn, "s": rows}, writes={"u": mn})
