@@ -291,12 +291,148 @@ def bench_rmsnorm(run: Run, dname: str, shapes):
             run.add(kind="rmsnorm", dtype=dname, shape=[M, K, N], variant=name, ms=ms, err=err)
 
 
+# -- 4. the recording: interleaved rounds, medians -------------------------------------------------
+def measure(fns: dict, rounds: int = 3) -> dict:
+    """Median ms of each fn over ``rounds`` rounds, every fn timed once per round in turn, so that the
+    GPU's clock and temperature drift fall on all of them alike."""
+    times: dict = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(bench.time_ms(fn))
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
+def checked(run: Run, section: str, dname: str, shape, fns: dict, refs: dict) -> dict:
+    """Run each fn once, compare with its reference (rel. error < 1e-2), keep those that pass."""
+    ok = {}
+    for name, fn in fns.items():
+        try:
+            y = fn()
+            ref = refs.get(name)
+            if ref is not None:
+                err = rel_err(y, ref)
+                if not err < 1e-2:
+                    run.add(kind=section, dtype=dname, shape=list(shape), variant=name, error=f"rel_err {err:.2e}")
+                    continue
+            ok[name] = fn
+        except Exception as e:
+            run.add(kind=section, dtype=dname, shape=list(shape), variant=name, error=repr(e)[:300])
+    return ok
+
+
+def record(run: Run, section: str, dname: str, shape, fns: dict, base: str, rounds: int = 3):
+    med = measure(fns, rounds)
+    for name, ms in med.items():
+        run.add(kind=section, dtype=dname, shape=list(shape), variant=name, ms=ms, over_base=ms / med[base], base=base)
+    return med
+
+
+def final(run: Run, dtypes, rmsnorm: bool, msweep: bool, max_autotune: bool):
+    rms_c = torch.compile(rmsnorm_eager, dynamic=False)
+    lesson4 = None
+    try:
+        from fusionlab.kernels.rmsnorm import rmsnorm as lesson4
+    except Exception:
+        pass
+    for dname in dtypes:
+        dtype = DTYPES[dname]
+        for M, K, N in SHAPES:
+            if not run.ok(30):
+                return
+            shape = (M, K, N)
+            x, w, b = inputs(M, K, N, dtype, seed=3)
+            w_kn = w.t().contiguous()
+            # matmul, both layouts of B
+            mm = {
+                "cuBLAS a@b (K,N)": lambda: torch.matmul(x, w_kn),
+                "ours a@b (K,N)": lambda: matmul(x, w_kn),
+                "cuBLAS x@w.T (N,K)": lambda: torch.matmul(x, w.t()),
+                "ours x@w.T (N,K)": lambda: matmul(x, w.t()),
+            }
+            ref_kn = torch.matmul(x, w_kn)
+            mm = checked(run, "mm", dname, shape, mm, {"ours a@b (K,N)": ref_kn, "ours x@w.T (N,K)": ref_kn})
+            record(run, "mm", dname, shape, mm, "cuBLAS x@w.T (N,K)")
+            # linear + bias + GELU
+            ref = F.gelu(F.linear(x.float(), w.float(), b.float()))
+            cf = torch.compile(lambda x, w, b: F.gelu(F.linear(x, w, b)), dynamic=False)
+            t0 = time.time()
+            cf(x, w, b)
+            run.add(kind="compile_time", dtype=dname, shape=list(shape), mode="default", seconds=time.time() - t0)
+            lin = {
+                "cuBLAS matmul alone": lambda: torch.matmul(x, w.t()),
+                "ours linear+bias+GELU": lambda: linear(x, w, b, "gelu"),
+                "F.linear + F.gelu": lambda: F.gelu(F.linear(x, w, b)),
+                "matmul, +bias, gelu (3 kernels)": lambda: F.gelu(torch.matmul(x, w.t()) + b),
+                "cuBLASLt _addmm_activation gelu": lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True),
+                "torch.compile default": lambda: cf(x, w, b),
+            }
+            refs = {n: ref for n in lin if "GELU" in n or "gelu" in n or "compile" in n}
+            lin = checked(run, "linear", dname, shape, lin, refs)
+            record(run, "linear", dname, shape, lin, "cuBLAS matmul alone")
+            if rmsnorm:
+                gamma = (torch.rand(K, device="cuda") + 0.5).to(dtype)
+                fw = fold_rmsnorm_weight(w, gamma)
+                rref = F.linear(rmsnorm_eager(x.float(), gamma.float()), w.float())
+                rms = {
+                    "cuBLAS matmul alone": lambda: torch.matmul(x, w.t()),
+                    "ours rmsnorm_linear": lambda: rmsnorm_linear(x, gamma, w, folded_weight=fw),
+                    "compiled rmsnorm + cuBLAS": lambda: torch.matmul(rms_c(x, gamma), w.t()),
+                }
+                if lesson4 is not None:
+                    rms["lesson 4 rmsnorm + cuBLAS"] = lambda: torch.matmul(lesson4(x, gamma, 1e-6), w.t())
+                rms = checked(run, "rmsnorm", dname, shape, rms, {n: rref for n in rms if n != "cuBLAS matmul alone"})
+                record(run, "rmsnorm", dname, shape, rms, "compiled rmsnorm + cuBLAS")
+    if max_autotune:
+        for dname in dtypes:
+            dtype = DTYPES[dname]
+            for M, K, N in SHAPES:
+                if not run.ok(45):
+                    break
+                x, w, b = inputs(M, K, N, dtype, seed=3)
+                ref = F.gelu(F.linear(x.float(), w.float(), b.float()))
+                t0 = time.time()
+                try:
+                    torch._dynamo.reset()
+                    cm = torch.compile(lambda x, w, b: F.gelu(F.linear(x, w, b)), dynamic=False, mode="max-autotune")
+                    cm(x, w, b)
+                except Exception as e:
+                    run.add(kind="compile_time", dtype=dname, shape=[M, K, N], mode="max-autotune", error=repr(e)[:300])
+                    continue
+                run.add(
+                    kind="compile_time", dtype=dname, shape=[M, K, N], mode="max-autotune", seconds=time.time() - t0
+                )
+                fns = {
+                    "cuBLAS matmul alone": lambda: torch.matmul(x, w.t()),
+                    "ours linear+bias+GELU": lambda: linear(x, w, b, "gelu"),
+                    "torch.compile max-autotune": lambda: cm(x, w, b),
+                }
+                fns = checked(run, "max-autotune", dname, (M, K, N), fns, {"torch.compile max-autotune": ref})
+                record(run, "max-autotune", dname, (M, K, N), fns, "cuBLAS matmul alone")
+    if msweep and run.ok(30):
+        dname, dtype, K, N = "bf16", torch.bfloat16, 4096, 16384
+        for M in (16, 64, 256, 1024, 4096):
+            if not run.ok(10):
+                break
+            x, w, b = inputs(M, K, N, dtype, seed=4)
+            ref = F.gelu(F.linear(x.float(), w.float(), b.float()))
+            fns = {
+                "cuBLAS matmul alone": lambda: torch.matmul(x, w.t()),
+                "ours linear+bias+GELU": lambda: linear(x, w, b, "gelu"),
+                "F.linear + F.gelu": lambda: F.gelu(F.linear(x, w, b)),
+                "cuBLASLt _addmm_activation gelu": lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True),
+            }
+            fns = checked(run, "msweep", dname, (M, K, N), fns, {"ours linear+bias+GELU": ref})
+            record(run, "msweep", dname, (M, K, N), fns, "cuBLAS matmul alone")
+
+
 # -- table -----------------------------------------------------------------------------------------
 def _row_line(r: dict) -> str | None:
     shape = "x".join(map(str, r.get("shape", [])))
     head = f"{r['kind']:<16} {r.get('dtype', ''):<4} {shape:<16}"
     if "error" in r:
         return f"{head} {r.get('cfg') or r.get('variant') or r.get('mode')}: ERROR {r['error'][:90]}"
+    if "over_base" in r:
+        return f"{head} {r['variant']:<32} {r['ms']:.3f} ms  {r['over_base']:.3f}x {r['base']}"
     if r["kind"] == "matmul":
         rate = f"{r['tflops']:4.0f} TF/s (cuBLAS {r['cublas_tflops']:4.0f})"
         return f"{head} {r['layout']} {r['cfg']:<22} {rate}  ratio {r['ratio']:.3f}"
@@ -331,6 +467,8 @@ def main(argv=None):
     p.add_argument("--max-autotune", action="store_true")
     p.add_argument("--rmsnorm", action="store_true")
     p.add_argument("--autotuned", action="store_true", help="include the autotuned default path")
+    p.add_argument("--final", action="store_true", help="the recording: interleaved rounds, medians")
+    p.add_argument("--msweep", action="store_true", help="(with --final) M from 16 to 4096")
     args = p.parse_args(argv)
     if not runtime.is_gpu():
         sys.exit("bench_lesson6 needs a GPU")
@@ -338,6 +476,10 @@ def main(argv=None):
     dtypes = args.dtypes.split(",")
     try:
         run.add(kind="copy", GBps=bench.measure_copy_bandwidth())
+        if args.final:
+            final(run, dtypes, args.rmsnorm, args.msweep, args.max_autotune)
+            run.add(kind="autotune_picks", picks={str(k): str(v) for k, v in _autotune_cache().items()})
+            return
         configs = {k: SWEEP[k] for k in args.configs.split(",") if k} or SWEEP
         score = {}
         if args.sweep:
