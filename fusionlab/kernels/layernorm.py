@@ -48,10 +48,10 @@ import triton.language as tl
 
 from .. import runtime
 from .._exercise import answer_key
+from ..ledger import Ledger
 from ._launch import KernelInputError, Launcher, check_tensor, element_size, launch_kwargs, next_pow2
 from .rmsnorm import (
     DEFAULT_SMS,
-    NormLedger,
     _row_offsets,
     apply_overrides,
     check_eps,
@@ -150,7 +150,7 @@ def layernorm_ledger(
     stats: bool = False,
     backward: bool = False,
     programs: int | None = None,
-) -> NormLedger:
+) -> Ledger:
     """LayerNorm of ``rows`` rows of ``n``, trip by trip.
 
     Eager: ``F.layer_norm`` is one kernel (read x, w, b; write y, and mean and rstd in training) —
@@ -178,7 +178,7 @@ def layernorm_ledger(
         wide = not layernorm_config(rows, n, dtype, backward=backward, gpu=True)["SINGLE_TILE"]
     else:
         wide = n > int(block)
-    led = NormLedger(dtype_bytes=dtype, sizes=sizes)
+    led = Ledger(dtype_bytes=dtype, sizes=sizes)
     if not backward:
         if naive:
             led.op("mean", reads={"x": rn}, writes={"mu": rows})

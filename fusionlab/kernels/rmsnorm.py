@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -81,7 +80,7 @@ import triton.language as tl
 
 from .. import runtime
 from .._exercise import answer_key
-from ..ledger import READ, WRITE, Ledger, Trip, dtype_bytes, human_bytes
+from ..ledger import Ledger, dtype_bytes
 from ._launch import (
     INT32_LIMIT,
     KernelInputError,
@@ -185,59 +184,6 @@ def rmsnorm_config(
 
 
 # -- a ledger for reductions -----------------------------------------------------------------------------
-@dataclass
-class NormLedger(Ledger):
-    """A :class:`fusionlab.ledger.Ledger` for reduction kernels: tensors of different element sizes
-    (fp32 statistics beside bf16 activations, an fp32 weight) and a fused schedule written out trip
-    by trip — a norm kernel writes statistics no eager op writes, re-reads rows too wide for one tile
-    and moves partial sums (a Ledger's rule "first read of each input, write of each output" does not
-    describe it).
-
-    ``sizes``: bytes (or dtype) per element by tensor name; other tensors take ``dtype_bytes``.
-    ``schedule``: the fused kernel(s) as ``(step, tensor, direction, elements)``; built with
-    :meth:`fused`. (General enough for ``fusionlab.ledger``; kept here until it moves there.)
-    """
-
-    sizes: dict = field(default_factory=dict)
-    schedule: list = field(default_factory=list)
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.sizes = {k: dtype_bytes(v) for k, v in self.sizes.items()}
-
-    def size(self, tensor: str) -> int:
-        return self.sizes.get(tensor, self.dtype_bytes)
-
-    def _trip(self, op, tensor, direction, n) -> Trip:
-        return Trip(op, tensor, direction, n, n * self.size(tensor))
-
-    def fused(self, step: str, reads: dict | None = None, writes: dict | None = None) -> NormLedger:
-        for t, n in (reads or {}).items():
-            self.schedule.append((step, t, READ, int(n)))
-        for t, n in (writes or {}).items():
-            self.schedule.append((step, t, WRITE, int(n)))
-        return self
-
-    def trips(self, fused: bool) -> list[Trip]:
-        if fused and self.schedule:
-            return [self._trip(*s) for s in self.schedule if s[3]]
-        return super().trips(fused)
-
-    def table(self) -> str:
-        lines = [f"{'kernel':<20} {'tensor':<8} {'trip':<6} {'bytes':>12}", "eager (one kernel per op):"]
-        for t in self.trips(fused=False):
-            lines.append(f"  {t.op:<18} {t.tensor:<8} {t.direction:<6} {human_bytes(t.nbytes):>12}")
-        lines.append("fused:")
-        for t in self.trips(fused=True):
-            lines.append(f"  {t.op:<18} {t.tensor:<8} {t.direction:<6} {human_bytes(t.nbytes):>12}")
-        lines.append(
-            f"total: eager {human_bytes(self.unfused_bytes)} in {self.kernels_unfused} kernels, "
-            f"fused {human_bytes(self.fused_bytes)}"
-        )
-        lines.append(f"predicted speedup from fusion (memory-bound): {self.saving:.2f}x")
-        return "\n".join(lines)
-
-
 # -- spec, eager, ledger, flops ------------------------------------------------------------------------
 @answer_key
 def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
@@ -295,7 +241,7 @@ def rmsnorm_ledger(
     backward: bool = False,
     grad_h: bool = True,
     programs: int | None = None,
-) -> NormLedger:
+) -> Ledger:
     """Residual + RMSNorm of ``rows`` rows of ``n``, trip by trip: eager (``rmsnorm_eager``, op by
     op) and the fused kernel.
 
@@ -346,7 +292,7 @@ def rmsnorm_ledger(
         "dhf": f32,
     }
     wide = _wide(rows, n, dtype, block, backward)
-    led = NormLedger(dtype_bytes=dtype, sizes=sizes)
+    led = Ledger(dtype_bytes=dtype, sizes=sizes)
     if not backward:
         if residual:
             led.op("add", reads={"x": rn, "r": rn}, writes={"h": rn})
