@@ -17,7 +17,7 @@ __version__ = "0.2.0"
 def __getattr__(name):
     # viz pulls in ipywidgets and matplotlib: loaded on first use, so `python -m fusionlab.record`
     # runs on a bare GPU machine that has neither. (Not a cycle: viz is simply optional.)
-    if name in ("viz", "widgets"):
+    if name == "viz":
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")

@@ -21,7 +21,7 @@ LAYERS = [
     {"fusionlab.ledger"},
     {"fusionlab.kernels"},
     {"fusionlab.bench", "fusionlab.instrument", "fusionlab.grading", "fusionlab.inductor"},
-    {"fusionlab.viz", "fusionlab.widgets"},
+    {"fusionlab.viz"},
     {"fusionlab.lessons", "fusionlab.record"},
 ]
 #: third-party modules a function may import lazily: optional dependencies, never fusionlab itself
