@@ -392,7 +392,6 @@ def sec_tests(budget):
         "-m",
         "pytest",
         "-q",
-        "-x",
         "-p",
         "no:cacheprovider",
         "tests/test_swiglu.py",

@@ -324,6 +324,9 @@ def test_ledger_six_passes_against_two():
     assert len(big) == 6, [(t.op, t.tensor, t.direction) for t in big]
     fused = [t for t in led.trips(fused=True) if t.elements == n]
     assert [(t.tensor, t.direction) for t in fused] == [("logits", "read"), ("grad_logits", "write")]
+    # bf16 logits and gradient, int64 targets, one fp32 loss (mean)
+    assert led.fused_bytes == 2 * n * 2 + tokens * 8 + 4
+    assert led.unfused_bytes == 6 * n * 2 + tokens * 2 + 2 * tokens * 8 + 4
     # a row wider than the head is read again past it
     led = cross_entropy_ledger(tokens, vocab, torch.bfloat16, head=8192)
     assert led.fused_bytes - cross_entropy_ledger(tokens, vocab, torch.bfloat16, head=vocab).fused_bytes == (

@@ -20,10 +20,13 @@ a tile raises the maximum, d is rescaled by exp(m_old − m_new)), picks out x_y
 after one read. The gradient needs the row's final lse, so a second sweep over the row computes
 ``exp(x − lse) − (1 − ε)[j = y] − ε/V`` (times the reduction's scale) and writes it — into a gradient
 buffer, or **over the logits** (``inplace_grad=True``). No probability tensor ever exists. The first
-tile of the row (up to 64 KiB) stays in registers from the first sweep to the second, so a row that
-fits in it is read once; a wider row's remaining tiles are read again, newest first, so that the
-second sweep finds what it read last still in L2 (the ledger counts the re-read honestly, as
-``rereads``). The backward of the autograd function only multiplies the stored gradient by
+tile of the row (the "head": 8192 elements for rows up to 64 Ki, 64 KiB of row for wider ones) stays
+in registers from the first sweep to the second, so a row that fits in it is read once; a wider
+row's other tiles are read again, newest first, so that the second sweep finds what it read last
+still in L2 (the ledger counts the re-read honestly, as ``rereads``). The streamed tiles keep a
+running max and sum per lane (no reduction across threads in the loop); a row whose start or length
+is not a multiple of 16 bytes (V = 50257) is split at its 16-byte boundaries so its body still moves
+in 16-byte accesses. The backward of the autograd function only multiplies the stored gradient by
 grad_output — and skips rows whose grad_output is exactly 1, the usual case, without a host sync.
 
 Numerics: fp32 arithmetic for any storage dtype, max subtraction (logits of 1e4 do not overflow),
@@ -46,8 +49,8 @@ import triton
 import triton.language as tl
 
 from .. import runtime
+from ..ledger import Ledger
 from ._launch import KernelInputError, check_block, check_tensor, element_size, launch_kwargs, row_config
-from .swiglu import FusedLedger
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -82,12 +85,6 @@ def cross_entropy_eager(
     )
 
 
-def _rows_as(n_rows: int, nbytes_each: int, dtype) -> int:
-    # The ledger counts one element size; per-row tensors of another dtype (int64 targets, fp32 losses)
-    # are counted in logits-sized units so that the byte totals stay exact.
-    return -(-n_rows * nbytes_each // element_size(dtype))
-
-
 def cross_entropy_ledger(
     tokens: int,
     vocab: int,
@@ -97,39 +94,39 @@ def cross_entropy_ledger(
     reduction: str = "mean",
     backward: bool = True,
     head: int | None = None,
-) -> FusedLedger:
+) -> Ledger:
     """Trips of cross-entropy on (tokens, vocab) logits, forward + backward, as eager runs it and fused.
 
     Eager (``backward=True``), op by op: ``log_softmax`` reads the logits, writes lsm; ``nll_loss``
-    gathers one lsm per row; ``nll_loss_backward`` writes a (T, V) gradient of lsm (zeros and one entry
-    per row); ``log_softmax_backward`` reads it and lsm, writes the gradient of the logits: six (T, V)
-    trips. Label smoothing adds ``sum`` over lsm and, backward, the ``add`` of its broadcast gradient.
-    Fused: read the logits (and targets), write the gradient (and per-row losses); ``rereads`` holds
-    the second sweep's re-read of the part of each row beyond the ``head`` elements kept on chip
-    (default: the launcher's configuration for this vocabulary; 0 re-read when the row fits).
-    ``backward=False``: the forward alone (eager: log_softmax + nll_loss; fused: read once, no gradient).
-    Per-row int64 targets and fp32 losses are counted in logits-sized units.
+    gathers one lsm per row; ``nll_bwd`` writes a (T, V) gradient of lsm (zeros and one entry per
+    row); ``lsm_bwd`` reads it and lsm, writes the gradient of the logits: six (T, V) trips. Label
+    smoothing adds ``sum`` over lsm and, backward, the ``add`` of its broadcast gradient. Fused: read
+    the logits (and the int64 targets), write the gradient (and the loss); ``rereads`` holds the second
+    sweep's re-read of the part of each row beyond the ``head`` elements kept on chip (default: the
+    launcher's configuration for this vocabulary; nothing when the row fits). ``backward=False``: the
+    forward alone (eager: log_softmax + nll_loss; fused: one read, no gradient). Targets are counted as
+    int64 and losses as fp32 (``Ledger.sizes``); the fused kernel writes one fp32 loss per row, which
+    torch then sums (T × 4 bytes, not in the ledger).
     """
     n = tokens * vocab
-    tgt = _rows_as(tokens, 8, dtype)
-    rowf = _rows_as(tokens, 4, dtype)
-    out_loss = rowf if reduction == "none" else _rows_as(1, 4, dtype)
+    out_loss = tokens if reduction == "none" else 1
     outputs = ("loss", "grad_logits") if backward else ("loss",)
     reread = 0
     if backward:
         if head is None:
             head = cross_entropy_config(vocab, _dtype_of(dtype))["HEAD"]
         reread = tokens * max(0, vocab - head)
-    led = FusedLedger(dtype_bytes=dtype, outputs=outputs, rereads={"logits": reread})
+    sizes = {"target": 8, "loss": 4, "smooth": 4}
+    led = Ledger(dtype_bytes=dtype, outputs=outputs, rereads={"logits": reread}, sizes=sizes)
     led.op("log_softmax", reads={"logits": n}, writes={"lsm": n})
-    led.op("nll_loss", reads={"lsm": tokens, "target": tgt}, writes={"loss": out_loss})
+    led.op("nll_loss", reads={"lsm": tokens, "target": tokens}, writes={"loss": out_loss})
     if label_smoothing:
-        led.op("sum", reads={"lsm": n}, writes={"smooth": rowf})
+        led.op("sum", reads={"lsm": n}, writes={"smooth": tokens})
     if not backward:
         return led
-    led.op("nll_bwd", reads={"target": tgt}, writes={"grad_lsm": n})
+    led.op("nll_bwd", reads={"target": tokens}, writes={"grad_lsm": n})
     if label_smoothing:
-        led.op("add", reads={"grad_lsm": n, "smooth": rowf}, writes={"grad_lsm2": n})
+        led.op("add", reads={"grad_lsm": n, "smooth": tokens}, writes={"grad_lsm2": n})
         led.op("lsm_bwd", reads={"grad_lsm2": n, "lsm": n}, writes={"grad_logits": n})
     else:
         led.op("lsm_bwd", reads={"grad_lsm": n, "lsm": n}, writes={"grad_logits": n})
@@ -165,10 +162,11 @@ def cross_entropy_peak_memory(fn, *args, **kwargs) -> int:
 
 
 # -- configuration ------------------------------------------------------------------------------------------
-#: measured on an H100 (bf16 fwd+bwd in place, benchmarks/notes_lesson5.md): rows up to 64 Ki elements
+#: from a sweep on an H100 (bf16 fwd+bwd, benchmarks/notes_lesson5.md): rows up to 64 Ki elements
 #: run fastest in small programs (8 warps, a head of 8192, the next tile prefetched: several programs
 #: per SM overlap one's loads with another's arithmetic); wider rows in one 32-warp program per SM
-#: with a 64 KiB head, which keeps fewer rows in flight, so sweep 2 finds its tiles still in L2.
+#: with a 64 KiB head, which keeps fewer rows in flight, and L2 hints (evict-last on the tiles sweep 2
+#: reads again, evict-first on the rest), so that sweep 2 finds its tiles still in L2.
 NARROW_MAX = 65536
 
 
@@ -183,7 +181,8 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool) -> dict:
         return {**cfg, "HEAD": head, "BLOCK_N": min(head, 4096), "num_warps": 8, "PREFETCH": True}
     head = row_config(n_cols, dtype, gpu=True)["BLOCK_N"]  # 64 KiB of row, the largest single tile
     vec = 16 // element_size(dtype)
-    return {**cfg, "HEAD": head, "BLOCK_N": 32 * 32 * vec, "num_warps": 32}  # one 16-byte access a thread
+    # 32 * 32 * vec: one 16-byte access a thread; the L2 hints keep the streamed tiles for sweep 2
+    return {**cfg, "HEAD": head, "BLOCK_N": 32 * 32 * vec, "num_warps": 32, "EVICT": True}
 
 
 def cross_entropy_config(n_cols: int, dtype: torch.dtype, *, stride: int | None = None) -> dict:

@@ -257,10 +257,9 @@ def linear_cross_entropy(
     accumulated in across chunks. Each chunk's product is formed in fp32 by cuBLAS either way; the
     default (``None``) adds it to grad_W in the weight's dtype, one rounding per chunk (8 by default),
     as Liger-Kernel does. ``torch.float32`` keeps an fp32 accumulator: one rounding in all, at the
-    price of V × D × 4 bytes more and an fp32 read-modify-write per chunk. Measured on an H100 at
-    8k × 4096 → 128256 bf16 (benchmarks/notes_lesson5.md): bf16 accumulation 0.22× eager's extra peak
-    memory at 1.01× its time, grad_W error 2.6e-3 against eager's 2.4e-3 (relative, vs fp32); fp32
-    accumulation 0.51× the memory, 1.16× the time, eager's error. Returns the loss in h's dtype.
+    price of V × D × 4 bytes more (twice the weight's size in bf16: at a 128k vocabulary that alone is
+    more than a quarter of eager's peak) and an fp32 read-modify-write per chunk. The measured memory,
+    time and error of both are in ``benchmarks/notes_lesson5.md``. Returns the loss in h's dtype.
     Reference: :func:`linear_cross_entropy_reference`.
     """
     op = "linear_cross_entropy"

@@ -25,51 +25,13 @@ Shazeer, "GLU Variants Improve Transformer" (2020).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..ledger import READ, Ledger, human_bytes
+from ..ledger import Ledger
 from ._launch import INT32_LIMIT, KernelInputError, check_same, check_tensor, elementwise_config, launch_kwargs
-
-
-# -- a ledger for kernels that recompute or re-read ------------------------------------------------
-@dataclass
-class FusedLedger(Ledger):
-    """A :class:`fusionlab.ledger.Ledger` whose fused kernel is not simply "first read of each input,
-    write of each output":
-
-    - ``recomputed``: inputs of the eager chain that the fused kernel does *not* read, because it
-      recomputes them on chip from other inputs (SwiGLU's backward recomputes s = silu(g) from g);
-    - ``rereads``: ``{tensor: elements}`` the fused kernel reads a second time (cross-entropy's second
-      sweep over a row wider than the tile it keeps on chip).
-
-    (General enough for ``fusionlab.ledger``; kept here until it moves there.)
-    """
-
-    recomputed: tuple[str, ...] = ()
-    rereads: dict[str, int] = field(default_factory=dict)
-
-    def trips(self, fused: bool):
-        out = super().trips(fused)
-        if not fused:
-            return out
-        out = [t for t in out if t.tensor not in self.recomputed]
-        return out + [self._trip("sweep 2", t, READ, n) for t, n in self.rereads.items() if n]
-
-    def table(self) -> str:
-        lines = super().table().splitlines()
-        extra = [
-            f"{'sweep 2':<10} {t:<8} {'read':<6} {'-':>14} {human_bytes(n * self.dtype_bytes):>14}"
-            for t, n in self.rereads.items()
-            if n
-        ]
-        if self.recomputed:
-            extra.append(f"(fused: {', '.join(self.recomputed)} recomputed on chip, never read)")
-        return "\n".join(lines[:-2] + extra + lines[-2:])
 
 
 # -- spec, eager, ledger, flops -----------------------------------------------------------------------
@@ -96,7 +58,7 @@ def swiglu_ledger(n: int, dtype, *, backward: bool = False) -> Ledger:
         led.op("silu", reads={"g": n}, writes={"s": n})
         led.op("mul", reads={"s": n, "u": n}, writes={"h": n})
         return led
-    led = FusedLedger(dtype_bytes=dtype, outputs=("du", "dg"), recomputed=("s",))
+    led = Ledger(dtype_bytes=dtype, outputs=("du", "dg"), recomputed=("s",))
     led.op("mul (du)", reads={"dh": n, "s": n}, writes={"du": n})
     led.op("mul (ds)", reads={"dh": n, "u": n}, writes={"ds": n})
     led.op("silu_bwd", reads={"ds": n, "g": n}, writes={"dg": n})
