@@ -446,6 +446,8 @@ def test_roofline_old_signature_and_bad_points():
         roofline_figure(3000.0, CEILINGS, [("x", 1.0, None, "tensor")], "TEST GPU")
     with pytest.raises(ValueError, match="at least one ceiling"):
         roofline_figure(3000.0, [], [], "TEST GPU")
+    with pytest.raises(ValueError, match="'vector' is 0.0 TFLOP/s"):
+        roofline_figure(3000.0, [("tensor", 700.0), ("vector", 0.0)], [], "TEST GPU")
 
 
 # -- line charts --------------------------------------------------------------------------------------------

@@ -42,6 +42,9 @@ def roofline_figure(bandwidth_GBps, ceilings, points=(), device_label: str = "")
     roofs = sorted(((str(n), float(t)) for n, t in ceilings), key=lambda c: -c[1])
     if not roofs:
         raise ValueError("give at least one ceiling: [(name, TFLOP/s), ...]")
+    for name, tflops in roofs:
+        if not tflops > 0:  # e.g. Ceilings.vector_TFLOPs is 0.0 in a recording made before it was measured
+            raise ValueError(f"ceiling {name!r} is {tflops} TFLOP/s: give only measured ceilings (> 0)")
     color = {name: CEILING_COLORS[i % len(CEILING_COLORS)] for i, (name, _) in enumerate(roofs)}
     peak = dict(roofs)
     pts = [_point(p, roofs[0][0], peak, bandwidth_GBps) for p in points]
