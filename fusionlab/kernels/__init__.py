@@ -21,7 +21,36 @@ from .. import runtime
 
 runtime.require_triton()
 
-from . import bias_gelu, chain, cos  # noqa: E402
+from . import (  # noqa: E402
+    bias_gelu,
+    chain,
+    cos,
+    cross_entropy,
+    fma_chain,
+    layernorm,
+    linear,
+    linear_cross_entropy,
+    matmul,
+    rmsnorm,
+    rmsnorm_linear,
+    softmax,
+    swiglu,
+)
 from ._launch import KernelInputError  # noqa: E402
 
-__all__ = ["KernelInputError", "bias_gelu", "chain", "cos"]
+__all__ = [
+    "KernelInputError",
+    "bias_gelu",
+    "chain",
+    "cos",
+    "cross_entropy",
+    "fma_chain",
+    "layernorm",
+    "linear",
+    "linear_cross_entropy",
+    "matmul",
+    "rmsnorm",
+    "rmsnorm_linear",
+    "softmax",
+    "swiglu",
+]
