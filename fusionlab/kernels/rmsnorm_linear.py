@@ -38,7 +38,7 @@ import triton.language as tl
 from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
-from ._launch import KernelInputError, Launcher, check_same, check_tensor, element_size, launch_kwargs, next_pow2
+from ._launch import KernelInputError, Launcher, check_same, check_tensor, launch_kwargs, next_pow2
 from .linear import _activate, _rows
 from .matmul import _check_activation, _tiles, check_operand, gemm, matmul_config
 
@@ -80,12 +80,18 @@ def rmsnorm_linear_ledger(
     (M x K) and gamma (K) and writes xn (M x K); the matmul reads xn and w (N x K) and writes h; then
     the bias add and the activation, as in :func:`fusionlab.kernels.linear.linear_ledger`.
 
-    ``fused_bytes`` is the one-kernel ideal (x, gamma, w, b read once, y written). The two launches
-    here move a little more, :func:`rmsnorm_linear_bytes`: x is read a second time by the pre-pass and
-    M fp32 rstd values are written and read back, while gamma is not read (it is in W').
+    The fused schedule is what the two launches move: the pre-pass reads x and writes M fp32 rstd; the
+    matmul reads x again, W' (N x K, gamma folded in, so gamma itself is not read), rstd and b, and
+    writes y.
     """
     _check_activation(activation, "rmsnorm_linear_ledger")
-    led = Ledger(dtype_bytes=dtype)
+    led = Ledger(dtype_bytes=dtype, sizes={"rstd": torch.float32})
+    led.fused("rstd pre-pass", reads={"x": M * K}, writes={"rstd": M})
+    led.fused(
+        "matmul + epilogue",
+        reads={"x": M * K, "w'": N * K, "rstd": M, **({"b": N} if bias else {})},
+        writes={"y": M * N},
+    )
     led.op("rmsnorm", reads={"x": M * K, "gamma": K}, writes={"xn": M * K})
     last = "h" if (bias or activation) else "y"
     led.op("matmul", reads={"xn": M * K * _tiles(N, block_n), "w": N * K * _tiles(M, block_m)}, writes={last: M * N})
@@ -100,10 +106,8 @@ def rmsnorm_linear_ledger(
 
 
 def rmsnorm_linear_bytes(M: int, K: int, N: int, dtype=torch.bfloat16, *, bias: bool = False) -> int:
-    """Bytes the two launches move (each input read once per launch): the pre-pass reads x and writes
-    M fp32 rstd; the matmul reads x, W' (N x K), rstd and b, and writes y."""
-    es = element_size(dtype)
-    return es * (2 * M * K + N * K + M * N + (N if bias else 0)) + 2 * 4 * M
+    """Bytes the two launches move (each input read once per launch): the ledger's fused schedule."""
+    return rmsnorm_linear_ledger(M, K, N, dtype, bias=bias).fused_bytes
 
 
 def rmsnorm_linear_flops(M: int, K: int, N: int, *, bias: bool = False, activation: str | None = None) -> int:
