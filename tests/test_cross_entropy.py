@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import gpu_only
 
 from fusionlab import runtime
 from fusionlab.grading import Sandbox
@@ -24,7 +25,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
     pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
 ]
-gpu_only = pytest.mark.skipif(not runtime.is_gpu(), reason="needs a GPU Triton supports")
 
 FWD = "_cross_entropy_fwd_kernel"
 BWD = "_cross_entropy_bwd_kernel"

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from conftest import DTYPES, gpu_only
 
 from fusionlab import runtime
 from fusionlab.grading import TOLERANCES, Sandbox, poisoned
@@ -26,7 +27,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
     pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
 ]
-gpu_only = pytest.mark.skipif(not runtime.is_gpu(), reason="needs a GPU Triton supports")
 
 KERNEL, BWD_KERNEL, SUM_KERNEL = "_layernorm_kernel", "_layernorm_bwd_kernel", "_sum_partials_kernel"
 EPS = 1e-5
@@ -40,16 +40,6 @@ SHAPES = [
     (2, 128256),  # two-pass in every mode
     (2, 3, 100),  # leading dims are rows
 ]
-DTYPES = [
-    pytest.param(torch.float32, *TOLERANCES[torch.float32], id="fp32"),
-    pytest.param(torch.float16, *TOLERANCES[torch.float16], id="fp16"),
-]
-if torch.bfloat16 in runtime.DTYPES:
-    DTYPES.append(pytest.param(torch.bfloat16, *TOLERANCES[torch.bfloat16], id="bf16"))
-else:
-    DTYPES.append(
-        pytest.param(torch.bfloat16, 0, 0, id="bf16", marks=pytest.mark.skip(reason="no bf16 in the interpreter"))
-    )
 
 
 def _t(shape, dtype=torch.float32, seed=0, scale=1.0, offset=0.0):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import gpu_only
 
 from fusionlab import runtime
 from fusionlab.grading import Sandbox
@@ -21,7 +22,6 @@ from fusionlab.kernels.linear import (
 )
 
 GPU = runtime.is_gpu()
-gpu_only = pytest.mark.skipif(not GPU, reason="needs a GPU Triton supports")
 HOPPER = GPU and torch.cuda.get_device_capability() >= (9, 0)
 
 pytestmark = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import gpu_only
 
 from fusionlab import runtime
 from fusionlab.instrument import LaunchCounter
@@ -22,7 +23,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
     pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
 ]
-gpu_only = pytest.mark.skipif(not runtime.is_gpu(), reason="needs a GPU Triton supports")
 
 
 def _inputs(tokens, hidden, vocab, dtype=torch.float32, *, seed=0, ignored=0.3):

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from conftest import DTYPES, gpu_only
 
 from fusionlab import runtime
 from fusionlab.grading import TOLERANCES, Sandbox, poisoned
@@ -29,7 +30,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
     pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
 ]
-gpu_only = pytest.mark.skipif(not runtime.is_gpu(), reason="needs a GPU Triton supports")
 
 KERNEL, BWD_KERNEL, SUM_KERNEL = "_rmsnorm_kernel", "_rmsnorm_bwd_kernel", "_sum_partials_kernel"
 EPS = 1e-6
@@ -44,16 +44,6 @@ SHAPES = [
     (2, 128256),  # a vocabulary-sized row: the two-pass path in every mode, 32+ tiles a row
     (2, 3, 100),  # leading dims are rows
 ]
-DTYPES = [
-    pytest.param(torch.float32, *TOLERANCES[torch.float32], id="fp32"),
-    pytest.param(torch.float16, *TOLERANCES[torch.float16], id="fp16"),
-]
-if torch.bfloat16 in runtime.DTYPES:
-    DTYPES.append(pytest.param(torch.bfloat16, *TOLERANCES[torch.bfloat16], id="bf16"))
-else:
-    DTYPES.append(
-        pytest.param(torch.bfloat16, 0, 0, id="bf16", marks=pytest.mark.skip(reason="no bf16 in the interpreter"))
-    )
 
 
 def _t(shape, dtype=torch.float32, seed=0, scale=1.0, offset=0.0):

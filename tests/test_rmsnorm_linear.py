@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import gpu_only
 
 from fusionlab import runtime
 from fusionlab.grading import Sandbox
@@ -22,7 +23,6 @@ from fusionlab.kernels.rmsnorm_linear import (
 )
 
 GPU = runtime.is_gpu()
-gpu_only = pytest.mark.skipif(not GPU, reason="needs a GPU Triton supports")
 HOPPER = GPU and torch.cuda.get_device_capability() >= (9, 0)
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 

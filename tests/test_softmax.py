@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from conftest import DTYPES, gpu_only
 
 from fusionlab import runtime
 from fusionlab.grading import TOLERANCES, Sandbox, poisoned
@@ -31,7 +32,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
     pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),
 ]
-gpu_only = pytest.mark.skipif(not runtime.is_gpu(), reason="needs a GPU Triton supports")
 
 KERNEL, BWD_KERNEL = "_softmax_kernel", "_softmax_bwd_kernel"
 #: the widest row held in one tile in this mode: wider rows take the online path
@@ -49,16 +49,6 @@ SHAPES = [
     (64, 256),  # the tiles divide the tensor in every mode: the unmasked loads and stores
     (2, 8192),  # the online path with whole tiles in the interpreter (unmasked), one tile on a GPU
 ]
-DTYPES = [
-    pytest.param(torch.float32, *TOLERANCES[torch.float32], id="fp32"),
-    pytest.param(torch.float16, *TOLERANCES[torch.float16], id="fp16"),
-]
-if torch.bfloat16 in runtime.DTYPES:
-    DTYPES.append(pytest.param(torch.bfloat16, *TOLERANCES[torch.bfloat16], id="bf16"))
-else:
-    DTYPES.append(
-        pytest.param(torch.bfloat16, 0, 0, id="bf16", marks=pytest.mark.skip(reason="no bf16 in the interpreter"))
-    )
 
 
 def _x(shape, dtype=torch.float32, seed=0, scale=3.0):
