@@ -16,7 +16,7 @@ import pytest
 from matplotlib.text import Text
 from PIL import Image
 
-from fusionlab import bench, viz
+from fusionlab import bench, runtime, viz
 from fusionlab.ledger import Ledger, human_bytes, machine_balance, roofline_tflops
 from fusionlab.viz import (
     TimingBars,
@@ -231,10 +231,8 @@ def test_bars_add_updates_values_and_the_chart():
     assert "bad" not in bars.values
 
 
-def test_bars_label_defaults_to_this_machine():
-    from fusionlab import runtime
-
-    assert TimingBars("t").label == runtime.info().label()
+def test_bars_label_defaults_to_where_the_lessons_timings_come_from():
+    assert TimingBars("t").label == bench.source_label()
 
 
 def test_bars_draw_only_when_asked_and_only_when_changed():
@@ -368,7 +366,7 @@ import io, json, contextlib, sys, time
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 import fusionlab
-from fusionlab import bench, viz
+from fusionlab import bench, runtime, viz
 cfg = Config()
 cfg.HistoryManager.enabled = False
 ip = InteractiveShell.instance(config=cfg)
@@ -566,3 +564,9 @@ def test_show_gives_a_png_for_static_renders():
     img = show(fig)
     assert img.data[:8] == PNG_MAGIC and img.format == "png"
     assert viz.show is show
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="on a GPU the default label is this machine's: it measures")
+def test_bars_without_a_label_never_carry_this_machines_name():
+    bars = TimingBars("recorded bars")
+    assert bars.label.startswith("RECORDED on") and runtime.info().device_name not in bars.label

@@ -28,7 +28,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.transforms import offset_copy
 
-from .. import runtime
+from .. import bench
 from ._style import (
     DPI,
     FOOTER_SIZE,
@@ -61,7 +61,8 @@ class TimingBars:
         bars.show()
         fusionlab.bench.run(cases, on_result=bars.add_result)
 
-    ``label`` says where the numbers come from (default: this machine); it is printed under the chart.
+    ``label`` says where the numbers come from (default: ``fusionlab.bench.source_label()``); it is
+    printed under the chart.
     """
 
     #: least time between two draws while results keep arriving (the first draw after ``show`` waits too,
@@ -71,7 +72,9 @@ class TimingBars:
     def __init__(self, title: str, unit: str = "ms", label: str | None = None):
         self.title = title
         self.unit = unit
-        self.label = label if label is not None else runtime.info().label()
+        # default: where this machine's lesson timings come from (measured here, or the recording's
+        # label): numbers recorded elsewhere must never carry this machine's name
+        self.label = label if label is not None else bench.source_label()
         self._values: dict[str, float] = {}
         self._predicted: dict[str, float] = {}
         self._image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", height="auto"))
