@@ -33,6 +33,7 @@ def main(argv=None) -> int:
     ceil = bench.ceilings()
     print(runtime.info(), f"\ncopy {ceil.copy_GBps:.0f} GB/s, matmul {ceil.matmul_TFLOPs:.0f} TFLOP/s", flush=True)
     rec = bench.Recorded(meta, ceil)
+    missed = 0
     for name in args.suites.split(","):
         make_cases = suite_module(name).cases
         cases = make_cases(**bench.ceiling_kwargs(make_cases, ceil))
@@ -42,11 +43,15 @@ def main(argv=None) -> int:
         del cases
         torch.cuda.empty_cache()
         print(f"\n[{name}]\n" + bench.table(rec.suites[name]), flush=True)
+        gate = getattr(suite_module(name), "bars", None)
+        for bar, met, detail in gate(rec.suites[name]) if gate else ():
+            print(f"  {'met   ' if met else 'MISSED'} {bar}: {detail}", flush=True)
+            missed += not met
     slug = re.sub(r"[^a-z0-9]+", "-", meta["device"].lower()).strip("-")
     out = args.out or bench.RECORDED_DIR / f"{slug}-{meta['date']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rec.to_json(), indent=1) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {out}" + (f"; {missed} bar(s) missed (see above)" if missed else "; every bar met"))
     return 0
 
 

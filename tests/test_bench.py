@@ -115,3 +115,20 @@ def test_printed_tables_fit_100_columns(suite):
         suite, bench.recorded().results(suite), bench.recorded().ceilings, bench.recorded().label(), live=False
     )
     assert max(len(line) for line in run.table(baseline=run.results[0].name).splitlines()) <= 100
+
+
+def test_the_bars_gate_reads_a_run_and_can_fail():
+    from fusionlab.lessons.l1 import suite as lesson1
+
+    results = bench.recorded().results("lesson1")
+    assert all(len(b) == 3 for b in lesson1.bars(results))
+    slow = [
+        bench.Result(
+            r.name,
+            r.ms * (3 if r.name == "triton cos_cos (fused)" else 1),
+            r.nbytes,
+            frac_copy=(r.frac_copy or 0) / (3 if r.name == "triton cos_cos (fused)" else 1),
+        )
+        for r in results
+    ]
+    assert not all(met for _, met, _ in lesson1.bars(slow))

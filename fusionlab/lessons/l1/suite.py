@@ -50,3 +50,15 @@ def cases(n: int = N_FULL, device="cuda", copy_GBps: float | None = None) -> lis
         Case("eager gelu bf16 (tanh)", lambda: F.gelu(xh, approximate="tanh"), half, group="activation"),
     ]
     return out
+
+
+def bars(results) -> list[tuple[str, bool, str]]:
+    """The issue's speed bars for this suite, read off a run: ``(bar, met, detail)``."""
+    r = {x.name: x for x in results}
+    fused, one = r["triton cos_cos (fused)"], r["eager cos"]
+    eager = r["eager cos().cos()"].ms / one.ms
+    return [
+        ("fused cos_cos >= 90% of copy", fused.frac_copy >= 0.90, f"{fused.frac_copy:.1%}"),
+        ("fused cos_cos <= 1.1x one eager cos", fused.ms <= 1.1 * one.ms, f"{fused.ms / one.ms:.3f}x"),
+        ("eager cos().cos() costs two passes", 1.8 <= eager <= 2.2, f"{eager:.2f}x"),
+    ]

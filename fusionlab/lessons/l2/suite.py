@@ -162,3 +162,25 @@ def tuning_cases(
                 )
             )
     return out
+
+
+def bars(results) -> list[tuple[str, bool, str]]:
+    """The issue's speed bars for this suite, read off a run: ``(bar, met, detail)``. A ratio within 1%
+    of the compiled kernel's is a tie (the run-to-run spread)."""
+    r = {x.name: x for x in results}
+    out = []
+    for d, form, baseline in (
+        ("fp32", "erf", "compiled"),
+        ("fp32", "tanh", "compiled tanh"),
+        ("bf16", "erf_fast", "compiled"),
+        ("bf16", "tanh", "compiled tanh"),
+    ):
+        ours, theirs = r[f"bias_gelu {d} triton {form}"], r[f"bias_gelu {d} {baseline}"]
+        out.append((f"bias_gelu {d} {form} >= 90% of copy", ours.frac_copy >= 0.90, f"{ours.frac_copy:.1%}"))
+        out.append(
+            (f"bias_gelu {d} {form} >= 0.99x {baseline}", theirs.ms / ours.ms >= 0.99, f"{theirs.ms / ours.ms:.3f}x")
+        )
+    for k in range(1, MAX_K + 1):
+        measured = r[f"chain k={k} eager"].ms / r[f"chain k={k} fused"].ms
+        out.append((f"chain k={k}: eager/fused within 20% of k", abs(measured / k - 1) <= 0.20, f"{measured:.2f}"))
+    return out
