@@ -1,0 +1,141 @@
+"""``scripts/setup.sh``, the front door: each command runs what the README and INSTRUCTORS.md promise,
+and ``lab`` opens the repository root on START_HERE.ipynb, with lessons, exercises and solutions reachable.
+
+The commands are read from a dry run (``FUSIONLAB_DRY_RUN=1`` prints the command, one argument a line,
+without setting anything up); the lab's one is then started for real on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SETUP = ROOT / "scripts" / "setup.sh"
+NBVAL = ["--nbval", "notebooks", "solutions", "--nbval-current-env", "--nbval-sanitize-with", "nbval_sanitize.cfg"]
+
+
+def dry_run(*args: str) -> list[str]:
+    env = {**os.environ, "FUSIONLAB_DRY_RUN": "1"}
+    out = subprocess.run(["bash", str(SETUP), *args], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def _has_run(argv: list[str], run: list[str]) -> bool:
+    return any(argv[i : i + len(run)] == run for i in range(len(argv)))
+
+
+def test_unknown_command_fails_fast_with_the_usage():
+    start = time.monotonic()
+    out = subprocess.run(["bash", str(SETUP), "tset"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    for cmd in ("lab", "test", "nbval", "record", "exercises"):
+        assert cmd in out.stderr
+    assert time.monotonic() - start < 5, "an unknown command must be refused before the (slow) set-up"
+
+
+def test_no_command_sets_up_only():
+    assert dry_run() == []
+
+
+def test_test_runs_unit_tests_then_strict_nbval():
+    argv = dry_run("test")
+    assert argv[:4] == [".venv/bin/python", "-m", "pytest", "tests"]
+    assert _has_run(argv, NBVAL)
+
+
+def test_nbval_runs_strict_nbval_only_on_this_machine():
+    argv = dry_run("nbval", "-x")
+    assert argv[:3] == [".venv/bin/python", "-m", "pytest"] and "tests" not in argv
+    assert _has_run(argv, NBVAL) and argv[-1] == "-x"  # extra arguments reach pytest
+
+
+def test_record_and_exercises():
+    assert dry_run("record", "--suites", "lesson1") == [
+        ".venv/bin/python",
+        "-m",
+        "fusionlab.record",
+        "--suites",
+        "lesson1",
+    ]
+    assert dry_run("exercises", "--check") == [".venv/bin/python", "scripts/make_exercises.py", "--check"]
+    assert (ROOT / "scripts" / "make_exercises.py").is_file()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str):
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.status, r.read()
+
+
+@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "jupyter").exists(), reason="needs .venv with JupyterLab")
+def test_lab_opens_the_course_root_on_the_landing_page(tmp_path):
+    argv = dry_run("lab")
+    assert argv[:2] == [".venv/bin/jupyter", "lab"] and argv[-1] == "START_HERE.ipynb"
+    assert f"--ServerApp.root_dir={ROOT}" in argv
+    port, token = _free_port(), "t0ken"
+    opened = tmp_path / "opened.txt"
+    # the "browser" writes down the address the lab would open
+    browser = f"{shlex.quote(sys.executable)} -c \"import sys; open({str(opened)!r}, 'w').write(sys.argv[1])\" %s"
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path)}
+    cmd = [
+        *argv[:-1],
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.browser={browser}",
+        "--ServerApp.open_browser=True",
+        argv[-1],
+    ]
+    if "--allow-root" not in cmd:
+        cmd.insert(2, "--allow-root")  # harmless when not root; the dry run adds it only as root
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _get(f"{base}/api/status?token={token}")
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+                assert time.monotonic() < deadline, "JupyterLab did not start in 60 s"
+                time.sleep(0.5)
+        while not opened.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # what the browser is given: a local page that redirects to the lab's address for the file
+        page = Path(urllib.parse.urlparse(opened.read_text()).path).read_text()
+        target = urllib.parse.urlparse(re.search(r'url=([^"]+)"', page).group(1))
+        assert target.path == "/lab/tree/START_HERE.ipynb", page
+        top = {c["name"] for c in json.loads(_get(f"{base}/api/contents?token={token}")[1])["content"]}
+        assert {"notebooks", "exercises", "solutions", "START_HERE.ipynb"} <= top
+        for folder in ("notebooks", "exercises", "solutions"):
+            for nb in sorted((ROOT / folder).glob("*.ipynb"))[:1]:
+                status, _ = _get(f"{base}/api/contents/{folder}/{nb.name}?token={token}&content=0")
+                assert status == 200, f"{folder}/{nb.name} is not reachable from the lab"
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
