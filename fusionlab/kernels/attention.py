@@ -274,13 +274,15 @@ def _attention_inner(
     SCALE_NEG: tl.constexpr,
     TMA: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
+    EVEN_N: tl.constexpr,
 ):
     """Key blocks ``[lo, hi)`` of one Q tile: the online-softmax update, block by block.
 
     ``MASKED``: the diagonal and the partial last block (the key bound, and the causal mask when
     ``CAUSAL``); otherwise no mask at all. Plain path: ``k_src``/``v_src`` point at the head's first
     token (``k_row``/``k_col`` unused); TMA path: they are descriptors and the tile starts at row
-    ``k_row + start_n``, column ``k_col``.
+    ``k_row + start_n``, column ``k_col``. ``EVEN_N``: BLOCK_N divides N_k, so no block hangs past the
+    last key and the masked blocks need only the causal mask.
     """
     offs_n0 = tl.arange(0, BLOCK_N)
     d_mask = offs_d[None, :] < HEAD_DIM  # all true unless the head dim is padded
@@ -291,15 +293,18 @@ def _attention_inner(
             k = k_src.load([k_row + start_n, k_col])  # (BLOCK_N, BLOCK_D)
         else:
             k_ptrs = k_src + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :]
-            if MASKED:
+            if MASKED and not EVEN_N:
                 k = tl.load(k_ptrs, mask=(offs_n[:, None] < n_k) & d_mask, other=0.0)
             else:
                 k = tl.load(k_ptrs, mask=d_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) fp32, unscaled
         if MASKED:
-            keep = offs_n[None, :] < n_k
             if CAUSAL:
-                keep = keep & (offs_m[:, None] >= offs_n[None, :])
+                keep = offs_m[:, None] >= offs_n[None, :]  # top-left: query i sees keys j <= i
+                if not EVEN_N:
+                    keep = keep & (offs_n[None, :] < n_k)
+            else:
+                keep = offs_n[None, :] < n_k
             qk = tl.where(keep, qk * qk_scale, float("-inf"))
             # every row sees key 0, so m is finite from the first block on: no -inf - -inf
             m_ij = tl.maximum(m_i, tl.max(qk, 1))
@@ -318,11 +323,11 @@ def _attention_inner(
         acc = acc * alpha[:, None]
         if TMA:
             v = v_src.load([v_row + start_n, v_col])  # (BLOCK_N, BLOCK_D)
-            if MASKED:  # rows past n_k belong to the next head: zero them (0 * inf would be NaN)
+            if MASKED and not EVEN_N:  # rows past n_k are the next head's: zero them (0 * inf = NaN)
                 v = tl.where(offs_n[:, None] < n_k, v, 0.0)
         else:
             v_ptrs = v_src + offs_n.to(tl.int64)[:, None] * stride_vn + offs_d[None, :]
-            if MASKED:
+            if MASKED and not EVEN_N:
                 v = tl.load(v_ptrs, mask=(offs_n[:, None] < n_k) & d_mask, other=0.0)
             else:
                 v = tl.load(v_ptrs, mask=d_mask, other=0.0)
@@ -337,6 +342,7 @@ def _attention_kernel(
     k_src,
     v_src,
     o_ptr,
+    o_desc,
     lse_ptr,
     kv_group,
     n_q,
@@ -368,6 +374,8 @@ def _attention_kernel(
     SCALE_NEG: tl.constexpr,
     TMA: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    TMA_STORE: tl.constexpr,
 ):
     # q: (B, H, N_q, D), k/v: (B, H_kv, N_k, D), o: (B, H, N_q, D), lse: (B, H, N_q) fp32.
     # Each of q, k, v is addressed as rows of a 2-D matrix: head (b, h) starts at row
@@ -416,21 +424,24 @@ def _attention_kernel(
     acc, l_i, m_i = _attention_inner(
         acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
         offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
-        HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE,
+        HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N,
     )  # fmt: skip
     acc, l_i, m_i = _attention_inner(
         acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
         offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-        HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE,
+        HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N,
     )  # fmt: skip
 
     # one division per row, at the end; lse back from base-2 units to natural log
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
     o = acc / l_i[:, None]
     row_ok = offs_m < n_q
-    o_base = o_ptr + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
-    o_ptrs = o_base + offs_m.to(tl.int64)[:, None] * stride_om + offs_d[None, :]
-    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_mask)
+    if TMA_STORE:  # BLOCK_M divides N_q: the tile is whole rows of O seen as (B H N_q, D)
+        o_desc.store([(off_b * tl.num_programs(1) + off_h) * n_q + m0, 0], o.to(o_desc.dtype))
+    else:
+        o_base = o_ptr + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+        o_ptrs = o_base + offs_m.to(tl.int64)[:, None] * stride_om + offs_d[None, :]
+        tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_mask)
     lse_base = lse_ptr + (off_b.to(tl.int64) * tl.num_programs(1) + off_h) * n_q
     tl.store(lse_base + offs_m, lse, mask=row_ok)
 
@@ -441,16 +452,31 @@ def _hopper() -> bool:
     return runtime.is_gpu() and torch.cuda.get_device_capability() >= (9, 0)
 
 
-#: the Hopper (TMA) path's tiles by head-dim class and mask: benchmarks/notes_attention.md has the
-#: sweep behind each row. (BLOCK_M, BLOCK_N, num_warps, num_stages, WARP_SPECIALIZE)
+#: the Hopper (TMA) path's tiles, (BLOCK_M, BLOCK_N, num_warps, num_stages), by (head-dim class,
+#: causal, long sequence): benchmarks/notes_attention.md has the H100 sweep behind each row. Short
+#: sequences take 64-row tiles: a program streams few key blocks, and more, smaller programs per SM
+#: hide each one's prologue (the Q load, the pipeline's fill) and epilogue behind the others' loops.
+#: Warp specialisation (``tl.range(..., warp_specialize=True)``) did not compile for this kernel on
+#: triton 3.6 (Hopper), in any tile; the launcher keeps the switch for later versions.
 TMA_TABLE = {
-    (64, False): (128, 64, 4, 3, False),
-    (64, True): (128, 64, 4, 3, False),
-    (128, False): (128, 64, 4, 2, False),
-    (128, True): (128, 64, 4, 2, False),
-    (256, False): (64, 64, 4, 2, False),
-    (256, True): (64, 64, 4, 2, False),
+    (64, False, False): (64, 64, 4, 3),
+    (64, False, True): (128, 64, 4, 3),
+    (64, True, False): (64, 64, 4, 3),
+    (64, True, True): (64, 64, 4, 3),
+    (128, False, False): (64, 64, 4, 3),
+    (128, False, True): (128, 64, 4, 2),
+    (128, True, False): (64, 64, 4, 3),
+    (128, True, True): (128, 128, 8, 3),
+    (256, False, False): (64, 64, 4, 2),
+    (256, False, True): (64, 64, 4, 2),
+    (256, True, False): (64, 64, 4, 2),
+    (256, True, True): (64, 64, 4, 2),
 }
+#: "long" starts past this many queries (causal: past LONG_CAUSAL)
+LONG = 2048
+LONG_CAUSAL = 8192
+#: store O through a descriptor (one TMA copy per tile) where BLOCK_M divides N_q
+TMA_STORE = False
 #: the pointer path on a GPU (pre-Hopper, or a layout the descriptors cannot take)
 PLAIN_TABLE = {
     64: (128, 64, 4, 3),
@@ -473,7 +499,9 @@ def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> d
         bm, bn = INTERPRETER_TILE
         nw, ns, ws = 4, 1, False
     elif tma:
-        bm, bn, nw, ns, ws = TMA_TABLE[(_d_class(block_d), causal)]
+        long = n_q > (LONG_CAUSAL if causal else LONG)
+        bm, bn, nw, ns = TMA_TABLE[(_d_class(block_d), causal, long)]
+        ws = False
     else:
         bm, bn, nw, ns = PLAIN_TABLE[_d_class(block_d)]
         ws = False
@@ -490,6 +518,7 @@ def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> d
         "num_warps": nw,
         "num_stages": ns,
         "WARP_SPECIALIZE": ws,
+        "TMA_STORE": tma and TMA_STORE,
     }
 
 
@@ -509,7 +538,7 @@ def attention_config(
     return dict(_config(int(N_q), int(N_k), int(D), bool(causal), bool(tma), runtime.is_gpu()))
 
 
-_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "WARP_SPECIALIZE")
+_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "WARP_SPECIALIZE", "TMA_STORE")
 
 
 def _check_config(config: dict, causal: bool) -> dict:
@@ -695,10 +724,15 @@ def attention(
         raise KernelInputError(f"{OP}: causal needs BLOCK_M ({bm}) to be a multiple of BLOCK_N ({bn}).")
 
     (q_rb, q_rh, q_cb, q_ch, q_sn), (k_rb, k_rh, k_cb, k_ch, k_sn), (v_rb, v_rh, v_cb, v_ch, v_sn) = layouts
+    o_desc = o
+    tma_store = tma and cfg["TMA_STORE"] and N_q % bm == 0 and B * H * N_q + bm < 2**31
+    if tma_store:
+        o_desc = TensorDescriptor(o, [B * H * N_q, D], [D, 1], [bm, bd])
     grid = (triton.cdiv(N_q, bm), H, B)
     _attention_kernel[grid](
         *srcs,
         o,
+        o_desc,
         lse,
         H // H_kv,
         N_q,
@@ -730,6 +764,8 @@ def attention(
         SCALE_NEG=scale < 0,
         TMA=tma,
         WARP_SPECIALIZE=bool(cfg["WARP_SPECIALIZE"]),
+        EVEN_N=N_k % bn == 0,
+        TMA_STORE=bool(tma_store),
         **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
     )
     return o, lse
