@@ -1,0 +1,360 @@
+"""Lesson 1 as a learner sees it: run in headless Chromium, in JupyterLab 4 (ipywidgets 8) and in classic
+Notebook 6.5 (ipywidgets 7.7.1, Colab's version), with the widgets checked live.
+
+For each front end: a Jupyter server on loopback serves a temporary copy of the course (so nothing
+is written into the repository), Chromium opens lesson 1 and runs every cell, and the test asserts
+
+- no cell has an error output, and no widget failed to render;
+- the trip animation is a live widget: its Step and Reset buttons and its slider are there, and a
+  click on Step changes the frame text ("trip 0 of 4 ..." becomes "trip 1 of 4 ...") through a round
+  trip to the kernel;
+- the timing bars are a live widget: an image widget whose PNG has loaded.
+
+In JupyterLab it first opens START_HERE.ipynb (where `bash scripts/setup.sh lab` lands) and follows its
+link to lesson 1's exercise notebook. Screenshots (PNG) and ``result.json`` go to ``--out``.
+
+Run it through ``scripts/browser_test.sh``, which installs what it needs (Debian's chromium, a venv
+with playwright, a venv with Notebook 6.5 + ipywidgets 7.7.1); this file needs playwright and a
+Chromium at ``--chromium``, and never downloads a browser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from playwright.sync_api import sync_playwright
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSON = "notebooks/01_the_warehouse.ipynb"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+FRAME_TEXT = re.compile(r"trip (\d+) of (\d+) of the unfused chain")
+#: what a front end shows where a widget or an output could not be rendered
+RENDER_ERRORS = ("Error displaying widget", "Error rendering output item", "Failed to load model class")
+#: the lab settings that make a run reproducible: every cell in the DOM (no windowing), no autosave, no news
+LAB_SETTINGS = {
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
+}
+
+# -- JavaScript run in the page, per front end -------------------------------------------------------------
+# Each returns plain JSON. `cells()` lists the code cells as {i, source, count, running, outputs}.
+LAB_JS = {
+    "ready": """(path) => {
+        const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+        if (!w || !w.context || w.context.path !== path) return false;
+        const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+        return !!(k && k.connectionStatus === 'connected' && k.status === 'idle' && w.content.widgets.length);
+    }""",
+    "run_all": "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); return true; }",
+    "cells": """() => window.jupyterapp.shell.currentWidget.content.widgets.map((c, i) => {
+        c.node.setAttribute('data-fl-cell', String(i));
+        if (c.model.type !== 'code') return null;
+        const prompt = c.node.querySelector('.jp-InputPrompt');
+        return {i, source: c.model.sharedModel.getSource(), count: c.model.executionCount,
+                running: !!(prompt && prompt.textContent.includes('*')), outputs: c.model.outputs.toJSON()};
+    }).filter(Boolean)""",
+    "idle": "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
+}
+CLASSIC_JS = {
+    "ready": """(path) => !!(window.Jupyter && Jupyter.notebook && Jupyter.notebook._fully_loaded
+        && Jupyter.notebook.kernel && Jupyter.notebook.kernel.is_connected()
+        && document.querySelector('#kernel_indicator_icon.kernel_idle_icon'))""",
+    "run_all": """() => { Jupyter.notebook.set_autosave_interval(0); Jupyter.notebook.execute_all_cells();
+        return true; }""",
+    "cells": """() => Jupyter.notebook.get_cells().map((c, i) => {
+        c.element[0].setAttribute('data-fl-cell', String(i));
+        if (c.cell_type !== 'code') return null;
+        return {i, source: c.get_text(), count: c.input_prompt_number, running: c.input_prompt_number === '*',
+                outputs: JSON.parse(JSON.stringify(c.output_area.outputs))};
+    }).filter(Boolean)""",
+    "idle": "() => !!document.querySelector('#kernel_indicator_icon.kernel_idle_icon')",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A Jupyter server (lab or classic) on loopback, in its own process group, over a temporary root."""
+
+    def __init__(self, kind: str, python: Path, root: Path, work: Path):
+        self.kind, self.root = kind, root
+        self.port, self.token = _free_port(), secrets.token_hex(16)
+        env = {
+            **os.environ,
+            "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}",  # the kernel's `python`
+            "FUSIONLAB_MODE": "interpreter",  # as CI: Triton's interpreter, torch on the CPU
+            "CUDA_VISIBLE_DEVICES": "",
+            "JUPYTER_CONFIG_DIR": str(work / "config"),
+            "JUPYTER_DATA_DIR": str(work / "data"),
+            "JUPYTER_RUNTIME_DIR": str(work / "runtime"),
+            "IPYTHONDIR": str(work / "ipython"),
+            "JUPYTERLAB_SETTINGS_DIR": str(work / "settings"),
+            "JUPYTERLAB_WORKSPACES_DIR": str(work / "workspaces"),
+        }
+        for name, value in LAB_SETTINGS.items():
+            (work / "settings" / name).parent.mkdir(parents=True, exist_ok=True)
+            (work / "settings" / name).write_text(json.dumps(value))
+        common = ["--no-browser", "--allow-root"]
+        if kind == "lab":
+            cmd = [str(python), "-m", "jupyterlab", *common, "--ServerApp.ip=127.0.0.1"]
+            cmd += [f"--ServerApp.port={self.port}", f"--IdentityProvider.token={self.token}"]
+            cmd += [f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True"]
+        else:
+            cmd = [str(python), "-m", "notebook", *common, "--ip=127.0.0.1", f"--port={self.port}"]
+            cmd += [f"--NotebookApp.token={self.token}", f"--notebook-dir={root}"]
+        self.log = (work / f"{kind}-server.log").open("w")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.base}/api/status?token={self.token}", timeout=2).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"{kind} server did not start; see {self.log.name}") from None
+                time.sleep(0.5)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, path: str) -> str:
+        if self.kind == "lab":  # ?reset: a fresh workspace, so the tabs of an earlier page are not restored
+            return f"{self.base}/lab/tree/{path}?reset&token={self.token}"
+        return f"{self.base}/notebooks/{path}?token={self.token}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # our own process group: the server and its kernels
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def _wait(page, js: str, what: str, timeout_s: float, arg=None) -> None:
+    try:
+        page.wait_for_function(js, arg=arg, timeout=timeout_s * 1000, polling=250)
+    except Exception as e:
+        raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}") from e
+
+
+def run_lesson(page, server: Server, out: Path, timeout_s: float) -> dict:
+    """Open the lesson, run every cell, check the widgets; returns what it found (raises on a failure)."""
+    js = LAB_JS if server.kind == "lab" else CLASSIC_JS
+    name = server.kind
+    t0 = time.monotonic()
+    page.goto(server.url(LESSON))
+    _wait(page, js["ready"], "the notebook and its kernel", 120, arg=LESSON)
+    loaded = time.monotonic()
+    page.evaluate(js["run_all"])
+    time.sleep(1)
+    deadline = time.monotonic() + timeout_s
+    while True:  # every code cell has run (or was aborted after an error) and the kernel is idle
+        cells = page.evaluate(js["cells"])
+        if not any(c["running"] for c in cells) and page.evaluate(js["idle"]):
+            time.sleep(1)  # let the last widget messages land
+            cells = page.evaluate(js["cells"])
+            if not any(c["running"] for c in cells):
+                break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{name}: cells still running after {timeout_s:.0f} s")
+        time.sleep(0.5)
+    ran = time.monotonic()
+
+    problems = []
+    for c in cells:
+        head = c["source"].strip().splitlines()[0][:70] if c["source"].strip() else ""
+        for o in c["outputs"]:
+            if o.get("output_type") == "error":
+                problems.append(f"cell {c['i']} ({head}): {o.get('ename')}: {o.get('evalue')}")
+            elif o.get("output_type") == "stream" and o.get("name") == "stderr":
+                text = "".join(o.get("text", ""))
+                if re.search(r"Traceback|Error", text):
+                    problems.append(f"cell {c['i']} ({head}) wrote an error to stderr: {text.strip()[:300]}")
+        if c["source"].strip() and not isinstance(c["count"], int):
+            problems.append(f"cell {c['i']} ({head}) did not run (an earlier error stops Run All)")
+    html = page.content()
+    problems += [f"the page shows {e!r}" for e in RENDER_ERRORS if e in html]
+
+    def cell_with(snippet: str) -> str:
+        hits = [c["i"] for c in cells if snippet in c["source"]]
+        if not hits:
+            raise AssertionError(f"{name}: no cell of {LESSON} contains {snippet!r}")
+        return f'[data-fl-cell="{hits[0]}"]'
+
+    # the trip animation: live controls, and a Step click that changes the frame through the kernel
+    trips = page.locator(cell_with("TripAnimation("))
+    found = {}
+    step, reset = trips.get_by_role("button", name="Step"), trips.get_by_role("button", name="Reset")
+    found["step_button"], found["reset_button"] = step.count(), reset.count()
+    found["slider"] = trips.locator(".widget-slider, .widget-hslider").count()
+    frame = trips.get_by_text(FRAME_TEXT).first
+    if not (found["step_button"] and found["reset_button"] and found["slider"] and frame.count()):
+        trips.screenshot(path=str(out / f"{name}-trips.png"))
+        raise AssertionError(f"{name}: the trip animation is not a live widget ({found}); problems: {problems}")
+    before = frame.inner_text()
+    step.first.click()
+    try:
+        page.wait_for_function(
+            "([sel, before]) => { const el = [...document.querySelectorAll(sel + ' *')].find("
+            "e => /trip \\d+ of \\d+ of the unfused chain/.test(e.textContent) && e.children.length === 0);"
+            " return el && el.textContent !== before; }",
+            arg=[cell_with("TripAnimation("), before],
+            timeout=20_000,
+        )
+    except Exception:
+        problems.append(f"a Step click did not change the frame text ({before!r})")
+    after = trips.get_by_text(FRAME_TEXT).first.inner_text()
+    found["frame_before"], found["frame_after"] = before, after
+    trips.screenshot(path=str(out / f"{name}-trips.png"))
+
+    # the timing bars: an image widget whose PNG loaded
+    bars = page.locator(cell_with("TimingBars("))
+    img = bars.locator("img.widget-image")
+    found["bars_images"] = img.count()
+    if img.count():
+        img.first.scroll_into_view_if_needed()
+        found["bars_png_px"] = page.evaluate("(el) => [el.naturalWidth, el.naturalHeight]", img.first.element_handle())
+        if not found["bars_png_px"][0]:
+            problems.append("the timing bars' image widget has no picture")
+    else:
+        problems.append("the timing bars are not a live widget (no image widget in their cell's output)")
+    box = bars.locator(".widget-vbox").filter(has=page.locator("img.widget-image"))
+    (box.first if box.count() else bars).screenshot(path=str(out / f"{name}-bars.png"))
+    trips.scroll_into_view_if_needed()
+    page.screenshot(path=str(out / f"{name}-page.png"))
+
+    m = FRAME_TEXT.search(after or "")
+    if not m or after == before:
+        problems.append(f"frame text before/after Step: {before!r} / {after!r}")
+    if problems:
+        raise AssertionError(f"{name}: " + "; ".join(problems))
+    return {
+        **found,
+        "cells_run": sum(1 for c in cells if isinstance(c["count"], int)),
+        "seconds": {"open": round(loaded - t0, 1), "run_all": round(ran - loaded, 1)},
+    }
+
+
+def check_landing(page, server: Server, out: Path) -> dict:
+    """START_HERE.ipynb in the lab: its table links lesson 1's exercise, and the link opens it."""
+    page.goto(server.url("START_HERE.ipynb"))
+    page.locator(".jp-RenderedMarkdown h2", has_text="The lessons").first.wait_for(timeout=60_000)
+    page.screenshot(path=str(out / "lab-landing.png"))
+    exercise = Path(LESSON).name
+    link = page.locator(f'.jp-RenderedMarkdown a[href*="exercises/{exercise}"]')
+    if not link.count():
+        raise AssertionError(f"START_HERE.ipynb has no link to exercises/{exercise}")
+    link.first.click()
+    page.wait_for_function(
+        "(p) => window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.context"
+        " && window.jupyterapp.shell.currentWidget.context.path === p",
+        arg=f"exercises/{exercise}",
+        timeout=60_000,
+    )
+    return {"landing": "START_HERE.ipynb links and opens " + f"exercises/{exercise}"}
+
+
+def _loopback_only(route) -> None:
+    """The page talks to our server only (the Colab badge's image, for one, is not fetched)."""
+    host = urllib.parse.urlparse(route.request.url).hostname
+    route.continue_() if host in ("127.0.0.1", "localhost") else route.abort()
+
+
+def course_copy(dest: Path) -> Path:
+    """The course's notebooks in a temporary root: the browser's kernels and saves never touch the repository."""
+    for folder in ("notebooks", "exercises", "solutions"):
+        if (ROOT / folder).is_dir():
+            shutil.copytree(ROOT / folder, dest / folder)
+    shutil.copy2(ROOT / "START_HERE.ipynb", dest / "START_HERE.ipynb")
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lab-python", type=Path, default=ROOT / ".venv" / "bin" / "python")
+    ap.add_argument("--classic-python", type=Path, default=Path("/tmp/nb7/bin/python"))
+    ap.add_argument("--frontends", default="lab,classic")
+    ap.add_argument("--chromium", default="/usr/bin/chromium")
+    ap.add_argument("--out", type=Path, default=ROOT / "out" / "browser")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds for a notebook's cells to run")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    results, failures = {}, []
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="fusionlab-browser-") as tmp, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=args.chromium, headless=True, args=CHROMIUM_ARGS)
+        for kind in args.frontends.split(","):
+            python = args.lab_python if kind == "lab" else args.classic_python
+            work = Path(tmp) / kind
+            t0 = time.monotonic()
+            server = Server(kind, python, course_copy(work / "root"), work)
+            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            context.route("**/*", _loopback_only)
+            page = context.new_page()
+            console = []
+            page.on("console", lambda m, c=console: c.append(f"{m.type}: {m.text}") if m.type == "error" else None)
+            try:
+                res = {}
+                if kind == "lab":
+                    res.update(check_landing(page, server, args.out))
+                res.update(run_lesson(page, server, args.out, args.timeout))
+                res["seconds"]["total"] = round(time.monotonic() - t0, 1)
+                results[kind] = res
+                print(f"PASS {kind}: {json.dumps(res)}", flush=True)
+            except Exception as e:
+                failures.append(f"{kind}: {e}")
+                results[kind] = {"error": str(e), "console_errors": console[-20:]}
+                print(f"FAIL {kind}: {e}", flush=True)
+                for line in console[-10:]:
+                    print(f"  browser console {line[:300]}")
+                page.screenshot(path=str(args.out / f"{kind}-failure.png"))
+            finally:
+                context.close()
+                server.stop()
+                shutil.copy2(work / f"{kind}-server.log", args.out / f"{kind}-server.log")
+        browser.close()
+    results["seconds"] = round(time.monotonic() - start, 1)
+    (args.out / "result.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"screenshots and result.json in {args.out}")
+    t0 = os.environ.get("FUSIONLAB_BROWSER_T0")  # set by browser_test.sh: the time its set-up started
+    if t0:
+        print(f"browser test: {time.time() - float(t0):.0f} s in all, set-up included")
+    passed, failed = len(results) - 1 - len(failures), len(failures)
+    print(f"{passed} passed, {failed} failed")  # last: the line CI reads
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
