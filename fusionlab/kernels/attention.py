@@ -452,31 +452,30 @@ def _hopper() -> bool:
     return runtime.is_gpu() and torch.cuda.get_device_capability() >= (9, 0)
 
 
-#: the Hopper (TMA) path's tiles, (BLOCK_M, BLOCK_N, num_warps, num_stages), by (head-dim class,
-#: causal, long sequence): benchmarks/notes_attention.md has the H100 sweep behind each row. Short
-#: sequences take 64-row tiles: a program streams few key blocks, and more, smaller programs per SM
-#: hide each one's prologue (the Q load, the pipeline's fill) and epilogue behind the others' loops.
+#: the Hopper (TMA) path's tiles, (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA_STORE), by (head-dim
+#: class, causal, long sequence: N_q > LONG): benchmarks/notes_attention.md has the H100 sweeps behind
+#: each row. Short sequences take 64-row tiles: a program streams few key blocks, and more, smaller
+#: programs per SM hide each one's prologue (the Q load, the pipeline's fill) and epilogue behind the
+#: others' loops. TMA_STORE: O leaves through a descriptor (one bulk copy per tile, where BLOCK_M
+#: divides N_q), which measured faster at head dim 128 and for long non-causal runs at 64.
 #: Warp specialisation (``tl.range(..., warp_specialize=True)``) did not compile for this kernel on
-#: triton 3.6 (Hopper), in any tile; the launcher keeps the switch for later versions.
+#: triton 3.6 (Hopper) in any tile tried; the launcher keeps the switch for later versions.
 TMA_TABLE = {
-    (64, False, False): (64, 64, 4, 3),
-    (64, False, True): (128, 64, 4, 3),
-    (64, True, False): (64, 64, 4, 3),
-    (64, True, True): (64, 64, 4, 3),
-    (128, False, False): (64, 64, 4, 3),
-    (128, False, True): (128, 64, 4, 2),
-    (128, True, False): (64, 64, 4, 3),
-    (128, True, True): (128, 128, 8, 3),
-    (256, False, False): (64, 64, 4, 2),
-    (256, False, True): (64, 64, 4, 2),
-    (256, True, False): (64, 64, 4, 2),
-    (256, True, True): (64, 64, 4, 2),
+    (64, False, False): (64, 64, 4, 3, False),
+    (64, False, True): (128, 64, 4, 3, True),
+    (64, True, False): (64, 64, 4, 3, False),
+    (64, True, True): (64, 64, 4, 3, False),
+    (128, False, False): (64, 64, 4, 3, True),
+    (128, False, True): (128, 64, 4, 2, True),
+    (128, True, False): (64, 64, 4, 3, True),
+    (128, True, True): (128, 64, 4, 2, True),
+    (256, False, False): (64, 64, 4, 2, False),
+    (256, False, True): (64, 64, 4, 2, False),
+    (256, True, False): (64, 64, 4, 2, False),
+    (256, True, True): (64, 64, 4, 2, False),
 }
-#: "long" starts past this many queries (causal: past LONG_CAUSAL)
+#: "long" starts past this many queries
 LONG = 2048
-LONG_CAUSAL = 8192
-#: store O through a descriptor (one TMA copy per tile) where BLOCK_M divides N_q
-TMA_STORE = False
 #: the pointer path on a GPU (pre-Hopper, or a layout the descriptors cannot take)
 PLAIN_TABLE = {
     64: (128, 64, 4, 3),
@@ -495,12 +494,12 @@ def _d_class(block_d: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> dict:
     block_d = max(16, next_pow2(d))
+    store = False
     if not gpu:
         bm, bn = INTERPRETER_TILE
         nw, ns, ws = 4, 1, False
     elif tma:
-        long = n_q > (LONG_CAUSAL if causal else LONG)
-        bm, bn, nw, ns = TMA_TABLE[(_d_class(block_d), causal, long)]
+        bm, bn, nw, ns, store = TMA_TABLE[(_d_class(block_d), causal, n_q > LONG)]
         ws = False
     else:
         bm, bn, nw, ns = PLAIN_TABLE[_d_class(block_d)]
@@ -518,7 +517,7 @@ def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> d
         "num_warps": nw,
         "num_stages": ns,
         "WARP_SPECIALIZE": ws,
-        "TMA_STORE": tma and TMA_STORE,
+        "TMA_STORE": tma and store,
     }
 
 
@@ -526,7 +525,7 @@ def attention_config(
     B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, causal: bool = False, *, tma: bool | None = None
 ) -> dict:
     """The launch configuration the launcher picks: ``{"variant", "BLOCK_M", "BLOCK_N", "BLOCK_D",
-    "num_warps", "num_stages", "WARP_SPECIALIZE"}``.
+    "num_warps", "num_stages", "WARP_SPECIALIZE", "TMA_STORE"}``.
 
     ``BLOCK_D`` is the head dim rounded up to a power of two (at least 16). On a Hopper GPU with
     fp16/bf16 inputs in a descriptor-friendly layout (``tma=None`` assumes one) the TMA path with the
