@@ -22,24 +22,10 @@ import torch
 from fusionlab import bench, runtime
 from fusionlab.kernels.bias_gelu import bias_gelu, bias_gelu_eager
 from fusionlab.kernels.cos import cos_cos, cos_cos_eager
+from fusionlab.lessons.l1 import regimes
+from fusionlab.lessons.l1.regimes import per_call_us
 
 SHAPES = ((8, 4096), (128, 11008), (1024, 4096))
-
-
-def per_call_us(fn, calls: int = 1000, repeats: int = 5) -> float:
-    """Wall time per call of ``calls`` back-to-back calls (the GPU queue drained at both ends), the best of
-    ``repeats``: the host's own noise (clock ramps, a neighbour) only ever adds time."""
-    best = float("inf")
-    for _ in range(repeats):
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-    return best
 
 
 def graph_us(fn, calls: int = 100) -> float:
@@ -104,18 +90,7 @@ def small(out: dict) -> None:
 
 
 def sweep(out: dict) -> None:
-    rows = []
-    compiled = torch.compile(cos_cos_eager, dynamic=False)
-    for log2 in range(10, 29, 2):  # 1 Ki .. 256 Mi fp32 elements: 4 KiB .. 1 GiB
-        n = 2**log2
-        x = torch.randn(n, device="cuda")
-        compiled(x)
-        cases = {"eager": lambda: cos_cos_eager(x), "compiled": lambda: compiled(x), "fused": lambda: cos_cos(x)}
-        row = {"n": n, "bytes": 4 * n}
-        for name, fn in cases.items():
-            row[f"{name} do_bench ms"] = bench.time_ms(fn)
-            row[f"{name} per call us"] = per_call_us(fn, calls=50 if n >= 2**24 else 500, repeats=3)
-        rows.append(row)
+    rows = regimes.sweep()
     out["sweep"] = rows
     print(f"\n{'bytes':>12} {'eager/fused (do_bench)':>24} {'eager/fused (per call)':>24} {'fused us/call':>14}")
     for r in rows:

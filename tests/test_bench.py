@@ -132,3 +132,16 @@ def test_the_bars_gate_reads_a_run_and_can_fail():
         for r in results
     ]
     assert not all(met for _, met, _ in lesson1.bars(slow))
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="on a GPU the sweep is measured live (a minute)")
+def test_the_recorded_regimes_sweep_shows_three_regimes():
+    from fusionlab.lessons.l1 import regimes
+
+    reg = regimes.measure()
+    assert not reg.live and reg.label.startswith("RECORDED on") and reg.bytes == sorted(reg.bytes)
+    assert reg.bytes[0] <= 4096 and reg.bytes[-1] >= 2**30
+    assert reg.launch_bytes < reg.l2_bytes < reg.bytes[-1]
+    assert abs(reg.ratio(len(reg.bytes) - 1) - 2) < 0.1  # HBM-bound: the ledger's 2x
+    small = [reg.ratio(i, per_call=False) for i, b in enumerate(reg.bytes) if b < reg.l2_bytes // 4]
+    assert max(small) < 1.9  # under the L2, eager's intermediate never reaches HBM

@@ -559,11 +559,17 @@ def test_every_text_lies_inside_the_canvas(name, monkeypatch):
                 assert box.x0 <= ext.x0 and ext.x1 <= box.x1 and box.y0 <= ext.y0 and ext.y1 <= box.y1, t.get_text()
 
 
-def test_show_gives_a_png_for_static_renders():
+def test_show_gives_a_png_for_static_renders(monkeypatch):
     fig = roofline_figure(3000.0, CEILINGS, [("add", 1 / 12, None, None)], device_label="H100 (datasheet)")
-    img = show(fig)
+    img = show(fig)  # no IPython shell here: the picture comes back
     assert img.data[:8] == PNG_MAGIC and img.format == "png"
     assert viz.show is show
+    shown = []
+    from fusionlab.viz import _style
+
+    monkeypatch.setattr(_style, "get_ipython", lambda: object())
+    monkeypatch.setattr(_style, "display", shown.append)
+    assert show(fig) is None and shown[0].data[:8] == PNG_MAGIC  # in a notebook: displayed where it stands
 
 
 @pytest.mark.skipif(runtime.is_gpu(), reason="on a GPU the default label is this machine's: it measures")

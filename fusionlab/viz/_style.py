@@ -12,7 +12,8 @@ import io
 import textwrap
 
 import ipywidgets as widgets
-from IPython.display import Image
+from IPython import get_ipython
+from IPython.display import Image, display
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Annotation, Text
@@ -201,10 +202,15 @@ def widget_view(widget: widgets.Widget) -> dict:
     }
 
 
-def show(fig: Figure) -> Image:
-    """A figure as a displayable PNG (leave it last in a cell). Our figures are built without pyplot,
-    so the notebook's inline backend does not draw them by itself.
+def show(fig: Figure) -> Image | None:
+    """Display a figure as a PNG, wherever the call stands in a cell (several in one cell each show).
+    Our figures are built without pyplot, so the notebook's inline backend does not draw them by itself.
+    Outside IPython (a script), nothing is displayed: the picture is returned instead.
 
     IPython is imported at module level: ipywidgets depends on it, so it is there wherever viz is.
     """
-    return Image(data=png(fig), format="png")
+    img = Image(data=png(fig), format="png")
+    if get_ipython() is None:
+        return img
+    display(img)
+    return None
