@@ -4,7 +4,7 @@ import pytest
 
 from fusionlab import bench, runtime
 from fusionlab.bench import Case, Ceilings, Result
-from fusionlab.lessons import SUITES, suite_module
+from fusionlab.lessons import suite_module
 
 pytestmark = pytest.mark.lesson1
 
