@@ -293,17 +293,20 @@ def recorded_runs() -> list[Recorded]:
     return sorted(runs, key=lambda r: (r.meta["date"], r.meta.get("time", "")))
 
 
-def recorded(path: str | Path | None = None, *, device: str | None = None) -> Recorded:
+def recorded(path: str | Path | None = None, *, device: str | None = None, suite: str | None = None) -> Recorded:
     """The newest recorded GPU run shipped with the package; ``device`` (e.g. ``"H100"``) picks the
-    newest run on a device whose name contains it; ``path`` a file."""
+    newest run on a device whose name contains it, ``suite`` the newest run that holds that suite (a
+    lesson recorded after the others lives in a later file); ``path`` a file."""
     if path is not None:
         p = Path(path)
         return Recorded.from_json(json.loads(p.read_text()), p)
     runs = recorded_runs()
     if device is not None:
         runs = [r for r in runs if device.lower() in r.meta["device"].lower()]
+    if suite is not None:
+        runs = [r for r in runs if suite in r.suites]
     if not runs:
-        where = f" on a device matching {device!r}" if device else ""
+        where = (f" on a device matching {device!r}" if device else "") + (f" with suite {suite!r}" if suite else "")
         raise FileNotFoundError(
             f"no recorded GPU results{where} in {RECORDED_DIR}; run `python -m fusionlab.record` on a GPU"
         )
@@ -400,7 +403,10 @@ def measure_suite(suite: str, make_cases: Callable[..., list[Case]], on_result=N
         cases = make_cases(**{**ceiling_kwargs(make_cases, ceil), **case_kwargs})
         results = run(cases, ceil=ceil, on_result=on_result)
         return SuiteRun(suite, results, ceil, source_label(), live=True)
-    rec = recorded()
+    try:
+        rec = recorded(suite=suite)
+    except FileNotFoundError as e:  # a lesson whose suite no recording holds yet
+        raise KeyError(str(e)) from None
     results = rec.results(suite)
     for r in results:
         if on_result is not None:
