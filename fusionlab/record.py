@@ -48,7 +48,10 @@ def main(argv=None) -> int:
             print(f"  {'met   ' if met else 'MISSED'} {bar}: {detail}", flush=True)
             missed += not met
     slug = re.sub(r"[^a-z0-9]+", "-", meta["device"].lower()).strip("-")
-    out = args.out or bench.RECORDED_DIR / f"{slug}-{meta['date']}.json"
+    names = args.suites.split(",")
+    # a run of some suites only gets its own file: it must not replace a run of the others
+    part = "" if set(names) >= set(SUITES) else "-" + "-".join(names)
+    out = args.out or bench.RECORDED_DIR / f"{slug}-{meta['date']}{part}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rec.to_json(), indent=1) + "\n")
     print(f"wrote {out}" + (f"; {missed} bar(s) missed (see above)" if missed else "; every bar met"))
