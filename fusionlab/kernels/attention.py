@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -555,13 +556,13 @@ def _check_config(config: dict, causal: bool) -> dict:
 
 
 # -- layouts --------------------------------------------------------------------------------------
-def _row_layout(t: torch.Tensor) -> tuple[int, int, int, int, int]:
+def _row_layout(shape, stride) -> tuple[int, int, int, int, int]:
     """(rb, rh, cb, ch, stride_n): element (b, h, n, d) of ``t`` lies at
     ``(b rb + h rh + n) * stride_n + b cb + h ch + d`` — the tensor as rows of a matrix whose rows
     are ``stride_n`` elements apart, every head's tokens consecutive rows. Exact for any strides
     (``rb, cb = divmod(stride_b, stride_n)``); a dimension of size 1 has no stride that matters."""
-    B, H, N, D = t.shape
-    sb, sh, sn, _ = t.stride()
+    B, H, N, D = shape
+    sb, sh, sn, _ = stride
     sb = sb if B > 1 else 0
     sh = sh if H > 1 else 0
     if sn <= 0:  # N == 1 (checked by the caller): any row pitch describes it
@@ -571,8 +572,9 @@ def _row_layout(t: torch.Tensor) -> tuple[int, int, int, int, int]:
     return rb, rh, cb, ch, sn
 
 
-def _descriptor(t: torch.Tensor, layout, block_rows: int, block_d: int):
-    """A 2-D TMA descriptor over ``t``'s rows, or None when the layout does not allow one.
+def _descriptor(shape, layout, es: int, block_rows: int, block_d: int):
+    """``(shape, strides, block)`` of a 2-D TMA descriptor over a tensor's rows, or None when the
+    layout does not allow one (the base's alignment is checked per call).
 
     Rows must be 16-byte aligned. When every head starts at column 0 (contiguous tensors, slices
     along B or H) the descriptor is D columns wide and zero-fills a padded head dim; otherwise
@@ -580,10 +582,9 @@ def _descriptor(t: torch.Tensor, layout, block_rows: int, block_d: int):
     must be a power of two (no padding, which would read the neighbouring head) and every head must
     fit in its row.
     """
-    B, H, N, D = t.shape
+    B, H, N, D = shape
     rb, rh, cb, ch, sn = layout
-    es = t.element_size()
-    if t.data_ptr() % 16 or (sn * es) % 16 or (D * es) % 16:
+    if (sn * es) % 16 or (D * es) % 16:
         return None
     rows = (B - 1) * rb + (H - 1) * rh + N
     if rows + block_rows >= 2**31:  # TMA coordinates are int32
@@ -594,7 +595,7 @@ def _descriptor(t: torch.Tensor, layout, block_rows: int, block_d: int):
         cols = sn
     else:
         return None
-    return TensorDescriptor(t, [rows, cols], [sn, 1], [block_rows, block_d])
+    return ([rows, cols], [sn, 1], [block_rows, block_d])
 
 
 # -- the launcher ---------------------------------------------------------------------------------
@@ -684,90 +685,109 @@ def attention(
     if variant not in VARIANTS:
         raise KernelInputError(f"{OP}: variant={variant!r}; choose one of {VARIANTS}.")
     B, H, N_q, D = q.shape
-    H_kv, N_k = k.shape[1], k.shape[2]
     scale = _default_scale(D, scale)
     o = torch.empty((B, H, N_q, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return o, lse
-    if N_k == 0:  # a softmax over no keys: SDPA's math path gives 0, and log(0) = -inf
+    if k.shape[2] == 0:  # a softmax over no keys: SDPA's math path gives 0, and log(0) = -inf
         return o.zero_(), lse.fill_(float("-inf"))
 
-    layouts = [_row_layout(t) for t in (q, k, v)]
+    plan = _plan(q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, causal, variant, _config_key(config))
+    srcs, o_desc = (q, k, v), o
+    if plan.descs is not None:
+        if (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0:  # TMA needs 16-byte aligned bases
+            srcs = [TensorDescriptor(t, *spec) for t, spec in zip(srcs, plan.descs, strict=True)]
+            if plan.store is not None:
+                o_desc = TensorDescriptor(o, *plan.store)
+        elif variant == "tma":
+            raise KernelInputError(f"{OP}: variant='tma' needs q, k and v to start on 16-byte boundaries.")
+        else:  # an odd view's base: the pointer path
+            plan = _plan(q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, causal, "plain", plan.key)
+    _attention_kernel[plan.grid](*srcs, o, o_desc, lse, *plan.ints[:3], scale * LOG2E, *plan.ints[3:],
+                                 SCALE_NEG=scale < 0, **plan.meta)  # fmt: skip
+    return o, lse
+
+
+class _Plan(NamedTuple):
+    """Everything a launch derives from shapes, strides, dtype and options: computed once per
+    combination (:func:`_plan`), so a call does only its checks, two allocations and the launch."""
+
+    ints: tuple  # the kernel's integer arguments (the scale goes between the third and the fourth)
+    meta: dict  # constexprs and launch options
+    grid: tuple
+    descs: tuple | None  # (shape, strides, block) of the q, k, v descriptors; None: the pointer path
+    store: tuple | None  # (shape, strides, block) of O's descriptor, or None
+    key: tuple  # the config overrides, as _config_key gives them
+
+
+def _config_key(config: dict | None) -> tuple:
+    if config is None:
+        return ()
+    if not isinstance(config, dict):
+        raise KernelInputError(f"{OP}: config must be a dict of tile overrides, got {type(config).__name__}.")
+    try:
+        return tuple(sorted(config.items()))
+    except TypeError:
+        raise KernelInputError(f"{OP}: config values must be numbers or booleans, got {config!r}.") from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant, config_key) -> _Plan:
+    B, H, N_q, D = q_shape
+    H_kv, N_k = k_shape[1], k_shape[2]
     gpu = runtime.is_gpu()
+    metas = [(q_shape, q_stride), (k_shape, k_stride), (k_shape, v_stride)]
+    layouts = [_row_layout(shape, stride) for shape, stride in metas]
     tma = variant == "tma" or (variant in (None, "auto") and gpu and _hopper())
+    if variant == "tma" and gpu and not _hopper():
+        raise KernelInputError(
+            f"{OP}: variant='tma' needs a Hopper GPU (compute capability 9.0+); use variant='plain'."
+        )
     if tma and TensorDescriptor is None:
         if variant == "tma":
             raise KernelInputError(f"{OP}: variant='tma' needs triton >= 3.4 (tensor descriptors).")
         tma = False
-    overrides = _check_config(config, causal) if config is not None else {}
+    overrides = _check_config(dict(config_key), causal)
     cfg = {**_config(N_q, N_k, D, causal, tma, gpu), **overrides}
-    srcs = (q, k, v)
+    descs = None
     if tma:
         rows = (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_N"])
-        descs = [_descriptor(t, lay, r, cfg["BLOCK_D"]) for t, lay, r in zip(srcs, layouts, rows, strict=True)]
+        es = element_size(dtype)
+        descs = [_descriptor(m[0], lay, es, r, cfg["BLOCK_D"]) for m, lay, r in zip(metas, layouts, rows, strict=True)]
         if all(d is not None for d in descs):
-            srcs = descs
+            descs = tuple(descs)
         elif variant == "tma":
             raise KernelInputError(
                 f"{OP}: variant='tma' needs 16-byte aligned rows and heads the descriptors can address (strides "
-                f"q {q.stride()}, k {k.stride()}, v {v.stride()}, head dim {D}); use variant='plain' or .contiguous()."
+                f"q {q_stride}, k {k_stride}, v {v_stride}, head dim {D}); use variant='plain' or .contiguous()."
             )
         else:  # a layout the descriptors cannot take: the pointer path reads any strides
-            tma = False
+            tma, descs = False, None
             cfg = {**_config(N_q, N_k, D, causal, False, gpu), **overrides}
     if not tma:
         cfg["WARP_SPECIALIZE"] = False  # warp specialisation works on the descriptors' async copies
     bm, bn, bd = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_D"]
     if causal and bm % bn:
         raise KernelInputError(f"{OP}: causal needs BLOCK_M ({bm}) to be a multiple of BLOCK_N ({bn}).")
-
-    (q_rb, q_rh, q_cb, q_ch, q_sn), (k_rb, k_rh, k_cb, k_ch, k_sn), (v_rb, v_rh, v_cb, v_ch, v_sn) = layouts
-    o_desc = o
-    tma_store = tma and cfg["TMA_STORE"] and N_q % bm == 0 and B * H * N_q + bm < 2**31
-    if tma_store:
-        o_desc = TensorDescriptor(o, [B * H * N_q, D], [D, 1], [bm, bd])
-    grid = (triton.cdiv(N_q, bm), H, B)
-    _attention_kernel[grid](
-        *srcs,
-        o,
-        o_desc,
-        lse,
-        H // H_kv,
-        N_q,
-        N_k,
-        scale * LOG2E,
-        q_rb,
-        q_rh,
-        q_cb,
-        q_ch,
-        q_sn,
-        k_rb,
-        k_rh,
-        k_cb,
-        k_ch,
-        k_sn,
-        v_rb,
-        v_rh,
-        v_cb,
-        v_ch,
-        v_sn,
-        o.stride(0),
-        o.stride(1),
-        o.stride(2),
-        HEAD_DIM=D,
-        BLOCK_D=bd,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        CAUSAL=causal,
-        SCALE_NEG=scale < 0,
-        TMA=tma,
-        WARP_SPECIALIZE=bool(cfg["WARP_SPECIALIZE"]),
-        EVEN_N=N_k % bn == 0,
-        TMA_STORE=bool(tma_store),
+    store = None
+    if tma and cfg["TMA_STORE"] and N_q % bm == 0 and B * H * N_q + bm < 2**31:
+        store = ([B * H * N_q, D], [D, 1], [bm, bd])  # O is allocated contiguous: (B H N_q, D) rows
+    o_strides = (H * N_q * D, N_q * D, D)
+    ints = (H // H_kv, N_q, N_k, *layouts[0], *layouts[1], *layouts[2], *o_strides)
+    meta = {
+        "HEAD_DIM": D,
+        "BLOCK_D": bd,
+        "BLOCK_M": bm,
+        "BLOCK_N": bn,
+        "CAUSAL": causal,
+        "TMA": tma,
+        "WARP_SPECIALIZE": bool(cfg["WARP_SPECIALIZE"]),
+        "EVEN_N": N_k % bn == 0,
+        "TMA_STORE": store is not None,
         **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
-    )
-    return o, lse
+    }
+    return _Plan(ints, meta, (triton.cdiv(N_q, bm), H, B), descs, store, config_key)
 
 
 def attention_bytes(
