@@ -129,6 +129,19 @@ def test_exercises_generated_from_solutions_keep_the_cells_and_get_their_own_bad
     assert ex.cells[setup].metadata["tags"] == [colab.TAG_SETUP], "the set-up cell must not be tagged to raise"
 
 
+def test_once_the_course_has_colab_cells_every_notebook_has_them_up_to_date():
+    paths = _paths(ROOT)
+    adopted = [p for p in paths if colab.TAG_BADGE in p.read_text(encoding="utf-8")]
+    if not adopted:
+        pytest.skip("no notebook has Colab cells yet: `python scripts/colab.py notebooks/*.ipynb ...` adds them")
+    stale = [
+        str(p.relative_to(ROOT))
+        for p in paths
+        if not colab.is_current(clean_notebooks.read_notebook(p), p.relative_to(ROOT).as_posix())
+    ]
+    assert not stale, f"stale or missing Colab badge / set-up cell (run scripts/colab.py on them): {stale}"
+
+
 # -- what the set-up cell does ----------------------------------------------------------------------------
 def _run_cell(source: str) -> tuple[str, dict]:
     ns: dict = {}
