@@ -1,0 +1,452 @@
+"""Checkers for lesson 5's exercises (solutions/05_gates_and_losses.ipynb).
+
+1. ``check_swiglu``: a fused SwiGLU forward kernel, ``silu(g) * u``, reading g and u in place as the two
+   halves of one ``(T, 2F)`` projection (rows ``2F`` apart). Rejects two kernels (the ``silu`` result
+   written and read back), the gate on the wrong input, and 16-bit arithmetic that overflows.
+2. ``check_cross_entropy``: loss (the mean over rows) and gradient of cross-entropy in one kernel,
+   one row per program, the whole row in one block. ``check_cross_entropy_ignore``: the same with
+   ``ignore_index`` (and, if the answer takes ``label_smoothing``, smoothing too). Rejects a gradient
+   without the mean's 1/N, ignored rows in the denominator or with a gradient, no max subtraction
+   (logits near 1e4 overflow ``exp``), and a materialised probability tensor: the answer may allocate
+   one tensor of the logits' size (the gradient), counted in the sandbox's ``allocations``.
+3. ``check_eager_peak_gib``: the peak memory of eager ``F.cross_entropy`` forward + backward.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.utils._pytree import tree_leaves
+
+from ... import grading, runtime
+from ...grading import CheckFailed, answer_key, call_learner, fail, number
+from ...instrument import FREE, op_name
+from ...kernels.swiglu import swiglu_reference
+
+Passed, _passed = grading.Passed, grading.passed
+_ALLOCS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+
+# -- exercise 1: the fused SwiGLU forward ---------------------------------------------------------------
+#: (rows, F): one element, shapes no power-of-two tile divides, more rows than a row block
+SWIGLU_SHAPES = ((1, 1), (37, 129), (130, 7), (257, 1000))
+#: many programs at any tile (1 x 1024 on a GPU: 1031; 64 x 256 in the interpreter: 85)
+SWIGLU_MANY = (1031, 1031)
+
+
+def swiglu_inputs(shape, dtype, gen):
+    """``g, u``: the two halves of one ``(rows, 2F)`` projection, as ``gu.chunk(2, dim=-1)`` gives them
+    (views, rows ``2F`` elements apart), spread enough to reach silu's bend and both tails."""
+    rows, cols = shape
+    gu = grading.with_room_after(grading.randn((rows, 2 * cols), dtype, gen=gen))
+    return gu[:, :cols], gu[:, cols:]
+
+
+def _swiglu_overflow_inputs(gen):
+    """fp16 inputs where ``g * u`` overflows (|g u| > 65504) but ``silu(g) * u`` is small: g in [-40, -20]
+    (silu(g) ~ 1e-8), u of a few thousand; every other column ordinary values."""
+    rows, cols = 37, 129
+    g = torch.randn(rows, 2 * cols, generator=gen)
+    g[:, 0:cols:2] = -20 - 20 * torch.rand(rows, (cols + 1) // 2, generator=gen)
+    g[:, cols + 0 :: 2] = (4000 + 4000 * torch.rand(rows, (cols + 1) // 2, generator=gen)) * torch.sign(
+        torch.randn(rows, (cols + 1) // 2, generator=gen)
+    )
+    gu = grading.with_room_after(g.to(device=runtime.DEVICE, dtype=torch.float16))
+    return gu[:, :cols], gu[:, cols:]
+
+
+def _swapped(g, u):
+    return (F.silu(u.double()) * g.double()).to(g.dtype)
+
+
+def check_swiglu(swiglu_fn) -> Passed:
+    """Exercise 1: ``swiglu_fn(g, u)`` returns ``silu(g) * u`` (fp32 inside, stored in g's dtype) for g
+    and u the two halves of one ``(T, 2F)`` tensor, in one Triton kernel."""
+    name = "swiglu"
+    seed = grading.new_seed()
+    with grading.seeded(seed):
+        # the two mistakes with a message of their own, on inputs where they show
+        g, u = swiglu_inputs((37, 129), torch.float32, grading.fresh_generator())
+        with grading.Sandbox():  # guarded allocations: a store past the end lands in a guard zone
+            h = call_learner(swiglu_fn, g, u, name=name, where=f"{name}, shape (37, 129), float32", seed=seed)
+        if isinstance(h, torch.Tensor) and h.shape == g.shape and not grading.poisoned(h).any():
+            atol, rtol = grading.tolerance(torch.float32)
+            right = torch.allclose(h.double().cpu(), swiglu_reference(g, u).double().cpu(), atol=atol, rtol=rtol)
+            if not right and torch.allclose(h.double().cpu(), _swapped(g, u).double().cpu(), atol=atol, rtol=rtol):
+                raise fail(
+                    f"{name}: your kernel computes silu(u) * g. The gate is g, the first argument: silu goes on g, "
+                    "and u is the value it lets through.",
+                    seed,
+                )
+        g, u = _swiglu_overflow_inputs(grading.fresh_generator())
+        where = f"{name}, shape (37, 129), float16 with |g * u| > 65504"
+        with grading.Sandbox():
+            h = call_learner(swiglu_fn, g, u, name=name, where=where, seed=seed)
+        if isinstance(h, torch.Tensor) and h.shape == g.shape and h.dtype == g.dtype:
+            ref, got = swiglu_reference(g, u).double().cpu(), h.double().cpu()
+            atol, rtol = grading.tolerance(torch.float16)
+            # right on the ordinary (odd) columns, inf or NaN on the others: 16-bit arithmetic overflowed
+            right_elsewhere = torch.allclose(got[:, 1::2], ref[:, 1::2], atol=atol, rtol=rtol)
+            bad = ~torch.isfinite(got) & torch.isfinite(ref)
+            if right_elsewhere and bad.any():
+                raise fail(
+                    f"{where}: {int(bad.sum())} results are inf or NaN where silu(g) * u is small and finite. An "
+                    "intermediate overflowed fp16 (largest value 65504): g * u is formed in 16 bits. Convert what "
+                    "you load to fp32 first and store in h's dtype once, at the end.",
+                    seed,
+                )
+    res = grading.check_function(
+        swiglu_fn,
+        swiglu_reference,
+        swiglu_inputs,
+        name=name,
+        sizes=SWIGLU_SHAPES,
+        many=SWIGLU_MANY,
+        launches=1,
+        quiet=True,
+        hint="Look at the row stride of each tensor (g.stride(0) is 2F, not F) and compute in fp32.",
+    )
+    msg = (
+        f"✓ swiglu: {res.checks + 2} checks passed (shapes {', '.join(map(str, SWIGLU_SHAPES))} × 2 dtypes, one of "
+        f"{SWIGLU_MANY[0]} × {SWIGLU_MANY[1]}, one repeated, one with |g·u| past fp16's range; g and u read in place "
+        "from one (T, 2F) tensor, poisoned outputs, nothing written past the end, inputs unchanged, 1 launch each)"
+    )
+    return _passed(msg)
+
+
+# -- exercise 2: cross-entropy, loss and gradient in one pass ----------------------------------------------
+#: (rows, vocabulary): a handful, odd sizes, one class; each row is one program. (1, 1) is not first: the
+#: checks that count tensors the size of the logits need logits larger than a row of losses.
+CE_SHAPES = ((7, 5), (37, 129), (1, 1), (130, 1000))
+#: many programs (one per row)
+CE_MANY = (300, 77)
+#: logits this large overflow exp() in fp32 (e^88 is its largest) unless the row max is subtracted
+BIG_LOGITS = 1e4
+SMOOTHING = 0.1
+
+
+def ce_inputs(shape, dtype, gen, *, shift=0.0, ignore_frac=0.0, ignore_index=-100, all_ignored=False):
+    """``logits, target``: logits ~ 3 N(0, 1) + ``shift``; targets uniform over the classes, a share
+    ``ignore_frac`` of them set to ``ignore_index`` (at least one row kept and, with two rows or more,
+    one ignored); every row ignored with ``all_ignored``."""
+    rows, cols = shape
+    logits = (torch.randn(shape, generator=gen) * 3 + shift).to(device=runtime.DEVICE, dtype=dtype)
+    target = torch.randint(0, cols, (rows,), generator=gen)
+    if all_ignored:
+        target[:] = ignore_index
+    elif ignore_frac:
+        drop = torch.rand(rows, generator=gen) < ignore_frac
+        if rows >= 2:
+            drop[0], drop[-1] = True, False
+        else:
+            drop[:] = False
+        target[drop] = ignore_index
+    return grading.with_room_after(logits), grading.with_room_after(target.to(runtime.DEVICE))
+
+
+def ce_reference(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    """The mean (or ``reduction``) loss and its gradient, in float64 from the same inputs."""
+    x = logits.detach().double().requires_grad_()
+    loss = F.cross_entropy(x, target, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
+    (grad,) = torch.autograd.grad(loss, x)
+    return loss.detach(), grad
+
+
+class _Watch(grading.Sandbox):
+    """The grading sandbox, also noting every torch op at the top level whose output is at least
+    ``big`` elements (the logits' size): a (T, V) tensor computed or filled by torch."""
+
+    def __init__(self, big: int):
+        super().__init__()
+        self.big = big
+        self.big_ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        name = op_name(func)
+        if (self._state is None or self._state.depth == 0) and name not in _ALLOCS and name not in FREE:
+            if any(isinstance(t, torch.Tensor) and t.numel() >= self.big for t in tree_leaves(out)):
+                self.big_ops.append(name)
+        return out
+
+
+def _takes(fn, param: str) -> bool:
+    try:
+        return param in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _as_loss(loss, where, seed) -> float:
+    if isinstance(loss, torch.Tensor):
+        if loss.numel() != 1:
+            raise fail(
+                f"{where}: the loss should be one number (the mean over rows), got shape {tuple(loss.shape)}.", seed
+            )
+        return float(loss.detach().double().cpu().reshape(()))
+    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+        return float(loss)
+    raise fail(f"{where}: the loss should be a number or a 0-d tensor, got {type(loss).__name__}.", seed)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
+    return torch.isclose(a, b, atol=atol, rtol=rtol, equal_nan=True)
+
+
+def _ce_case(fn, name, shape, dtype, seed, *, shift=0.0, ignore=False, all_ignored=False, smoothing=0.0, ii=-100):
+    gen = grading.fresh_generator()
+    logits, target = ce_inputs(
+        shape, dtype, gen, shift=shift, ignore_frac=0.3 if ignore else 0.0, ignore_index=ii, all_ignored=all_ignored
+    )
+    rows, cols = shape
+    parts = [f"{name}, shape {shape}, {grading.dtype_name(dtype)}"]
+    if shift:
+        parts.append(f"logits near {shift:g}")
+    if ignore:
+        parts.append(f"ignore_index={ii}" + (" on every row" if all_ignored else ""))
+    if smoothing:
+        parts.append(f"label_smoothing={smoothing}")
+    where = ", ".join(parts)
+    args = (logits, target, ii) if ignore else (logits, target)
+    kwargs = {"label_smoothing": smoothing} if smoothing else {}
+    ref_loss, ref_grad = ce_reference(logits, target, ii, smoothing)
+    before = [grading._bits(logits).clone(), grading._bits(target).clone()]
+    with _Watch(logits.numel()) as box:
+        out = call_learner(lambda: fn(*args, **kwargs), name=name, where=where, seed=seed)
+
+    # -- what came back, and what the answer did to get it
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise fail(f"{where}: return (loss, grad), a pair; got {type(out).__name__}.", seed)
+    loss, grad = out
+    if not isinstance(grad, torch.Tensor) or grad.shape != logits.shape or grad.dtype != logits.dtype:
+        got = f"{tuple(grad.shape)} {grading.dtype_name(grad.dtype)}" if isinstance(grad, torch.Tensor) else type(grad)
+        raise fail(f"{where}: the gradient should be a tensor like the logits ({shape}, {dtype}), got {got}.", seed)
+    own = sorted({la.name for la in box.launches if la.module.startswith("fusionlab.")})
+    if own:
+        raise fail(f"{where}: your answer launches fusionlab's own kernel ({', '.join(own)}). Write it yourself.", seed)
+    if not torch.equal(grading._bits(logits), before[0]) or not torch.equal(grading._bits(target), before[1]):
+        raise fail(f"{where}: your code changed its inputs. Write the gradient into a tensor of its own.", seed)
+    past = box.writes_past_the_end()
+    if past is not None:
+        raise fail(
+            f"{where}: the kernel wrote {past[0]} elements past the end of a tensor it allocated. Mask every store "
+            "(offs < n_cols) and check the grid: one program per row.",
+            seed,
+        )
+    if cols > 1:
+        big = [a for a in box.allocations if a.numel() >= logits.numel()]
+        if len(big) > 1:
+            raise fail(
+                f"{where}: your code allocates {len(big)} tensors the size of the logits; the gradient is the only "
+                "one it needs. A (T, V) tensor of probabilities is the memory this exercise removes: keep each "
+                "row's exp() in registers and write the gradient directly.",
+                seed,
+            )
+        if box.big_ops:
+            ops = ", ".join(sorted(set(box.big_ops)))
+            raise fail(
+                f"{where}: torch runs {ops} on a tensor the size of the logits. Each such op is a (T, V) pass "
+                "through memory (and often a (T, V) tensor more): do that work in your kernel, and allocate the "
+                "gradient with torch.empty_like.",
+                seed,
+            )
+    if len(box.launches) != 1:
+        what = ", ".join(box.names) or "none"
+        raise fail(
+            f"{where}: expected 1 Triton kernel launch, saw {len(box.launches)} ({what}). The loss and the gradient "
+            "come from the same pass over each row: one kernel.",
+            seed,
+        )
+    given = {grading._storage(t) for t in box.launches[0].tensors}
+    if grading._storage(grad) not in given or grading._storage(logits) not in given:
+        raise fail(f"{where}: the kernel itself must read the logits and write the gradient you return.", seed)
+    unwritten = grading.poisoned(grad)
+    if unwritten.any():
+        row = int(unwritten.nonzero()[0][0]) // cols
+        tip = " That row is ignored: its gradient is zero, and zero must be written." if target[row] == ii else ""
+        raise fail(
+            f"{where}: {int(unwritten.sum())} gradient elements were never written, the first in row {row}.{tip} "
+            "Check the grid (one program per row) and the store mask.",
+            seed,
+        )
+
+    # -- the numbers
+    got_loss = _as_loss(loss, where, seed)
+    g = grad.detach().double().cpu()
+    want, loss_want = ref_grad.cpu(), float(ref_loss)
+    valid = (target != ii).cpu()
+    n_valid = int(valid.sum())
+    finite_ref = torch.isfinite(want)
+    if (~torch.isfinite(g) & finite_ref).any() or (math.isfinite(loss_want) and not math.isfinite(got_loss)):
+        tip = (
+            f" The logits are near {shift:g}: exp() of them overflows fp32 (e^88 is the largest). Subtract the row's "
+            "maximum before exp(): softmax and logsumexp do not change, and every exponent is then <= 0."
+            if shift
+            else " Look for exp() of a large number, or a division by zero."
+        )
+        raise fail(f"{where}: the loss or the gradient is inf/NaN where the answer is finite.{tip}", seed)
+    if ignore and not valid.all():
+        rows_bad = (g[~valid] != 0).any(dim=1)
+        if rows_bad.any():
+            tip = (
+                " Label smoothing too: an ignored row has no target, so it gets no smoothing either."
+                if smoothing
+                else ""
+            )
+            raise fail(
+                f"{where}: {int(rows_bad.sum())} ignored rows have a nonzero gradient. A row whose target is "
+                f"ignore_index has zero loss and zero gradient.{tip}",
+                seed,
+            )
+    # compare the gradient as if the loss were a sum (times n_valid): values of order 1, so the dtype's
+    # tolerance means the same for every batch size; logits near 1e4 carry fp32's rounding of them
+    atol, rtol = grading.tolerance(dtype)
+    if shift:
+        atol, rtol = max(atol, 4 * 2**-24 * shift), max(rtol, 4 * 2**-24 * shift)
+    n = max(n_valid, 1)
+    ok_grad = _close(g * n, want * n, atol, rtol).all()
+    loss_tol = 1e-4 + 1e-6 * abs(shift)
+    ok_loss = (
+        math.isnan(loss_want) and math.isnan(got_loss) or abs(got_loss - loss_want) <= loss_tol * (1 + abs(loss_want))
+    )
+    if ok_grad and ok_loss:
+        return
+    ref_sum, _ = ce_reference(logits, target, ii, smoothing, reduction="sum")
+    ref_sum = float(ref_sum)
+    if not ok_grad:
+        if n > 1 and _close(g, want * n, atol, rtol).all():
+            raise fail(
+                f"{where}: the gradient is {n} times too large: the loss is the mean over {n} rows, so each row's "
+                "gradient carries the mean's 1/N too.",
+                seed,
+            )
+        if ignore and n_valid < rows and _close(g * rows, want * n, atol, rtol).all():
+            raise fail(
+                f"{where}: the gradient divides by all {rows} rows; only the {n_valid} rows that are not ignored "
+                "count in the mean.",
+                seed,
+            )
+    if not ok_loss and math.isfinite(loss_want):
+        if ignore and n_valid < rows and abs(got_loss - ref_sum / rows) <= loss_tol * (1 + abs(ref_sum / rows)):
+            raise fail(
+                f"{where}: loss {got_loss:.6g}, expected {loss_want:.6g}: you divided by all {rows} rows; the mean "
+                f"is over the {n_valid} rows that are not ignored.",
+                seed,
+            )
+        if n > 1 and abs(got_loss - ref_sum) <= loss_tol * (1 + abs(ref_sum)):
+            raise fail(f"{where}: loss {got_loss:.6g} is the sum over rows; the mean divides it by {n}.", seed)
+        raise fail(f"{where}: loss {got_loss:.6g}, expected {loss_want:.6g}.", seed)
+    if not ok_loss:
+        raise fail(f"{where}: loss {got_loss:.6g}, expected {loss_want:.6g} (every row ignored: 0 / 0).", seed)
+    bad = ~_close(g * n, want * n, atol, rtol)
+    i = int(bad.flatten().nonzero()[0][0])
+    r, c = divmod(i, cols)
+    tip = " That is the target's column." if c == int(target[r]) else ""
+    raise fail(
+        f"{where}: {int(bad.sum())} of {g.numel()} gradient elements differ; first at row {r}, column {c}: got "
+        f"{g[r, c].item():.6g}, expected {want[r, c].item():.6g}.{tip}",
+        seed,
+    )
+
+
+def _plan(ignore: bool, smoothing: bool) -> list[dict]:
+    half = runtime.HALF
+    plan = [dict(shape=s, dtype=d) for d in (torch.float32, half) for s in CE_SHAPES]
+    plan.append(dict(shape=CE_MANY, dtype=torch.float32))
+    plan += [dict(shape=(37, 129), dtype=d, shift=BIG_LOGITS) for d in (torch.float32, half)]
+    if ignore:
+        plan += [dict(shape=(7, 5), dtype=torch.float32, all_ignored=True), dict(shape=(37, 129), dtype=half, ii=-1)]
+        if smoothing:
+            plan += [
+                dict(shape=s, dtype=d, smoothing=SMOOTHING)
+                for s, d in (((37, 129), torch.float32), ((130, 1000), half))
+            ]
+    plan.append(dict(shape=CE_SHAPES[-1], dtype=half))  # the same size again, fresh values
+    return plan
+
+
+def _check_ce(fn, name: str, ignore: bool) -> tuple[int, bool]:
+    if not callable(fn):
+        raise CheckFailed(f"{name}: pass your function, got {type(fn).__name__}.")
+    smoothing = ignore and _takes(fn, "label_smoothing")
+    seed = grading.new_seed()
+    plan = _plan(ignore, smoothing)
+    with grading.seeded(seed):
+        for case in plan:
+            _ce_case(fn, name, case.pop("shape"), case.pop("dtype"), seed, ignore=ignore, **case)
+    return len(plan), smoothing
+
+
+def check_cross_entropy(ce_fn) -> Passed:
+    """Exercise 2a: ``ce_fn(logits, target)`` -> ``(loss, grad)``: the mean cross-entropy over rows and its
+    gradient with respect to the logits, from one Triton kernel (one row per program)."""
+    checks, _ = _check_ce(ce_fn, "cross_entropy", ignore=False)
+    msg = (
+        f"✓ cross_entropy: {checks} checks passed (shapes {', '.join(map(str, CE_SHAPES))} × 2 dtypes, "
+        f"{CE_MANY[0]} rows, logits near {BIG_LOGITS:g}, one repeated; loss and gradient against float64, "
+        "1 launch, no (T, V) tensor but the gradient)"
+    )
+    return _passed(msg)
+
+
+def check_cross_entropy_ignore(ce_fn) -> Passed:
+    """Exercise 2b: ``ce_fn(logits, target, ignore_index)`` -> ``(loss, grad)``: rows whose target is
+    ``ignore_index`` have zero loss and zero gradient and leave the mean's denominator; every row
+    ignored gives a NaN loss, as torch. With a ``label_smoothing`` parameter, smoothing is checked too."""
+    checks, smoothing = _check_ce(ce_fn, "cross_entropy_ignore", ignore=True)
+    extra = f", label_smoothing={SMOOTHING}" if smoothing else " (add a label_smoothing parameter to check it too)"
+    msg = (
+        f"✓ cross_entropy_ignore: {checks} checks passed (30% of rows ignored, every row ignored, "
+        f"ignore_index -100 and -1, logits near {BIG_LOGITS:g}{extra}; 1 launch, no (T, V) tensor but the gradient)"
+    )
+    return _passed(msg)
+
+
+# -- exercise 3: the peak memory of eager cross-entropy -----------------------------------------------------
+#: the exercise's logits: 4096 tokens x Qwen's vocabulary of 151936, fp32
+PEAK_TOKENS, PEAK_VOCAB, PEAK_DTYPE_BYTES = 4096, 151936, 4
+GIB = 2**30
+
+
+@answer_key
+def eager_peak_bytes(tokens: int, vocab: int, dtype_bytes: int) -> int:
+    """Peak bytes eager ``F.cross_entropy`` forward + backward allocates beyond the logits (the gradient
+    it returns included): the log-probabilities (saved by the forward), then in the backward their
+    gradient and the logits' gradient, all three alive at once."""
+    return 3 * tokens * vocab * dtype_bytes
+
+
+def check_eager_peak_gib(peak_gib) -> Passed:
+    """Exercise 3: the peak memory in GiB, beyond the logits, of eager ``F.cross_entropy`` forward +
+    backward on 4096 × 151936 fp32 logits."""
+    got = number(peak_gib, "my_eager_peak_gib", "GiB")
+    logits = PEAK_TOKENS * PEAK_VOCAB * PEAK_DTYPE_BYTES
+    want = eager_peak_bytes(PEAK_TOKENS, PEAK_VOCAB, PEAK_DTYPE_BYTES) / GIB
+    if abs(got - want) <= 0.01 * want:
+        return _passed(
+            f"✓ eager peak: {want:.2f} GiB beyond the logits = 3 (T, V) tensors of {logits / GIB:.2f} GiB "
+            "(log-probabilities, their gradient, the logits' gradient), alive together in the backward"
+        )
+    tips = {
+        1: "That is one (T, V) tensor: the log-probabilities the forward keeps. The backward makes more.",
+        2: "Two (T, V) tensors: the backward also writes the gradient of the log-probabilities "
+        "(nll_loss's backward) before it writes the logits' gradient, and both are alive together.",
+        4: "That counts the logits too; the question is what eager allocates beyond them.",
+        6: "Six is the number of (T, V) trips eager makes, not the tensors alive at once.",
+        1.5: "Bytes per element: these logits are fp32.",
+    }
+    tip = ""
+    for k, text in tips.items():
+        if abs(got - k * logits / GIB) <= 0.01 * k * logits / GIB:
+            tip = " " + text
+            break
+    else:
+        if abs(got - want * GIB / 1e9) <= 0.01 * want * GIB / 1e9:
+            tip = " That is in GB (1e9 bytes); the question asks for GiB (2**30 bytes)."
+        elif abs(got - want * GIB) <= 0.01 * want * GIB:
+            tip = " That is in bytes; divide by 2**30 for GiB."
+        elif abs(got - want / PEAK_DTYPE_BYTES) <= 0.01 * want / PEAK_DTYPE_BYTES:
+            tip = " That counts elements; multiply by the bytes per element."
+    raise CheckFailed(f"my_eager_peak_gib = {got:.4g}, expected about {want:.2f} GiB.{tip}")
