@@ -1,7 +1,10 @@
 """Lesson 7 on a GPU: the FlashAttention forward against SDPA's flash and cuDNN backends, in one call.
 
-    PYTHONPATH=. python3 benchmarks/bench_attention.py --out $OUT [--sweep] [--workers 10]
-        [--tests] [--baselines] [--memory] [--plain] [--deadline EPOCH]
+    PYTHONPATH=. python3 benchmarks/bench_attention.py --out $OUT [--sweep | --final] [--rounds 3]
+        [--workers 10] [--tests] [--baselines] [--memory] [--plain] [--deadline EPOCH]
+
+(the three H100 calls of benchmarks/notes_attention.md: ``--sweep --workers 10 --tests --memory``;
+``--sweep --plain --rounds 2 --baselines ...``; ``--final --rounds 3 --workers 10 --tests --memory``)
 
 Shapes: head dims 64 and 128, N = 1k, 4k, 16k with B x H = (16384 / N) x 16 (16k x 16 token-heads),
 causal and not, bf16 and fp16. For each shape SDPA's flash and cuDNN backends are timed, then the
@@ -12,7 +15,8 @@ log-sum-exp. ``--workers``: compile the kernels the sweep will time in that many
 tests/test_attention.py (pytest -n 6) alongside the compiles. ``--baselines``: eager (nanoGPT's
 manual attention) and ``torch.compile`` of it at a few shapes. ``--memory``: N = 131072, B = 1,
 H = 16, D = 128: extra memory and time. ``--plain``: the pointer path at the default tiles, to
-measure what the descriptors buy. Timings: do_bench median, L2 flushed. JSON goes to
+measure what the descriptors buy. ``--final``: the shipped defaults (and a few alternatives) against
+the backends in rounds whose order rotates. Timings: do_bench median, L2 flushed. JSON goes to
 ``$OUT/attention.json``; a compact table is printed last.
 """
 

@@ -28,7 +28,9 @@ Numerics: the scores, ``m``, ``l`` and ``acc`` are fp32; ``P`` is cast to the in
 ``P V`` product (the tensor cores take fp16/bf16 operands; P lies in [0, 1], so the rounding is
 relative, ~0.4% in bf16). ``exp`` is ``exp2`` with ``scale * log2(e)`` folded into one multiply-add
 per score; ``m`` is kept in those base-2 units and converted at the end:
-``lse = ln(2) * (m + log2(l))``.
+``lse = ln(2) * (m + log2(l))``. Non-finite inputs: a NaN or inf in Q or K gives what the float64
+reference gives (masked scores become -inf whatever they held); a NaN or inf in V reaches the rows of
+the tiles that load its key (``0 * inf`` is NaN), where the dense reference spreads it to every row.
 
 Masks. ``causal=True`` follows ``F.scaled_dot_product_attention(is_causal=True)``: the mask is
 **top-left aligned**, query i sees keys j <= i (also when N_q != N_k; then query rows i >= N_k see
@@ -51,6 +53,10 @@ Two ways to load the tiles, one kernel (``TMA`` constexpr):
   last token reads the next head's rows: those keys are masked to ``-inf`` and their V rows zeroed
   (an inf there would otherwise make ``0 * inf = NaN``), and those query rows are never stored.
   Head dims that are not a power of two are padded to one by the descriptor's zero fill.
+
+Measured (H100, bf16/fp16, 16k x 16 token-heads, ``benchmarks/notes_attention.md``): 1.33-1.56x SDPA's
+flash backend at 23 of 24 shapes; 0.85-0.93x its cuDNN backend at head dim 64 and 0.76-0.86x at 128;
+N = 131072 (16 heads of 128) in 0.51 GiB beyond the inputs, at 525-531 TFLOP/s.
 
 Reference: Dao et al., "FlashAttention" (NeurIPS 2022) and "FlashAttention-2" (2023); Milakov &
 Gimelshein, "Online normalizer calculation for softmax" (2018); Triton's tutorial 06 (fused
@@ -678,7 +684,7 @@ def attention(
     N_k = 0 gives O = 0 and lse = -inf. No backward yet (lesson 8): inputs that require grad are
     refused. ``variant``: ``"tma"`` or ``"plain"`` forces a load path (None picks: TMA on Hopper where
     the layout allows). ``config``: tile overrides for a sweep (``BLOCK_M``, ``BLOCK_N``, ``num_warps``,
-    ``num_stages``, ``WARP_SPECIALIZE``). Trips: :func:`attention_ledger`; FLOPs:
+    ``num_stages``, ``WARP_SPECIALIZE``, ``TMA_STORE``). Trips: :func:`attention_ledger`; FLOPs:
     :func:`attention_flops`; reference: :func:`attention_reference`.
     """
     _check_inputs(q, k, v, causal, scale)
