@@ -60,6 +60,7 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import colab  # noqa: E402
 from clean_notebooks import dumps_notebook, normalize_notebook, read_notebook, write_if_changed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -304,6 +305,8 @@ def make_exercise(solution: nbformat.NotebookNode, name: str = "notebook") -> nb
         cell.execution_count = None
         cells.append(cell)
     nb.cells = cells
+    if any(colab.TAG_BADGE in c.get("metadata", {}).get("tags", []) for c in nb.cells):
+        colab.apply(nb, f"exercises/{name}")  # the solution's Colab cells, pointed at the exercise itself
     return normalize_notebook(nb)
 
 

@@ -37,7 +37,22 @@ def course(tmp_path, monkeypatch):
     monkeypatch.delenv("FUSIONLAB_BRANCH", raising=False)
     for folder in ("notebooks", "exercises", "solutions"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
+        for p in (tmp_path / folder).glob("*.ipynb"):  # as they were before the cells: the tests add them
+            nb = clean_notebooks.read_notebook(p)
+            nb.cells = [c for c in nb.cells if not {colab.TAG_BADGE, colab.TAG_SETUP} & set(_tags(c))]
+            p.write_text(clean_notebooks.dumps_notebook(nb))
     return tmp_path
+
+
+def _tags(cell) -> list[str]:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def _original(rel: str):
+    """A repository notebook without its Colab cells."""
+    nb = clean_notebooks.read_notebook(ROOT / rel)
+    nb.cells = [c for c in nb.cells if not {colab.TAG_BADGE, colab.TAG_SETUP} & set(_tags(c))]
+    return nb
 
 
 def _paths(root: Path) -> list[Path]:
@@ -72,7 +87,7 @@ def test_badge_first_setup_before_the_first_code_cell_and_idempotent(course):
         assert nb.cells[setup].outputs == []
         assert f'os.chdir(f"{{clone}}/{p.parent.name}")' in nb.cells[setup].source
         # the rest of the notebook is untouched
-        original = clean_notebooks.read_notebook(ROOT / rel)
+        original = _original(rel)
         assert [c.source for i, c in enumerate(nb.cells) if i not in (0, setup)] == [c.source for c in original.cells]
         assert clean_notebooks.dumps_notebook(clean_notebooks.normalize_notebook(copy.deepcopy(nb))) == p.read_text()
     assert _cli(course, "--check") == 0
@@ -118,13 +133,13 @@ def test_a_notebook_outside_github_is_refused(monkeypatch):
 
 
 def test_exercises_generated_from_solutions_keep_the_cells_and_get_their_own_badge(course):
-    """How make_exercises.py can carry them: generate from a solution that has them, then apply()."""
+    """make_exercises.py carries them: generated from a solution that has them, pointed at the exercise."""
     _cli(course)
     solution = course / "solutions" / SOLUTIONS[0].name
     ex = make_exercises.make_exercise(clean_notebooks.read_notebook(solution), solution.name)
     rel = "exercises/" + solution.name
-    assert colab.apply(ex, rel)  # the badge still points at solutions/
-    assert colab.is_current(ex, rel)
+    assert colab.is_current(ex, rel)  # make_exercise already pointed the badge at exercises/
+    assert f"/blob/main/{rel})" in ex.cells[0].source
     (setup,) = _tagged(ex, colab.TAG_SETUP)
     assert ex.cells[setup].metadata["tags"] == [colab.TAG_SETUP], "the set-up cell must not be tagged to raise"
 
