@@ -576,3 +576,17 @@ def test_show_gives_a_png_for_static_renders(monkeypatch):
 def test_bars_without_a_label_never_carry_this_machines_name():
     bars = TimingBars("recorded bars")
     assert bars.label.startswith("RECORDED on") and runtime.info().device_name not in bars.label
+
+
+def test_the_animation_takes_rereads_and_written_out_schedules():
+    wide = Ledger(dtype_bytes=2, rereads={"x": 100})
+    wide.op("max", reads={"x": 100}, writes={"m": 1}).op("div", reads={"x": 100, "m": 1}, writes={"y": 100})
+    anim = TripAnimation(wide, title="online softmax, a wide row")
+    anim.frame = anim.n_frames - 1
+    assert anim.bytes_moved(fused=True) == wide.fused_bytes
+    norm = Ledger(dtype_bytes=2, sizes={"rstd": 4})
+    norm.op("add", reads={"x": 8, "r": 8}, writes={"h": 8}).op("norm", reads={"h": 8}, writes={"y": 8})
+    norm.fused("fused", reads={"x": 8, "r": 8}, writes={"h": 8, "y": 8, "rstd": 1})
+    anim = TripAnimation(norm)
+    anim.frame = anim.n_frames - 1
+    assert anim.bytes_moved(fused=True) == norm.fused_bytes and "rstd" in anim.html(fused=True)

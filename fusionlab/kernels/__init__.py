@@ -22,6 +22,7 @@ from .. import runtime
 runtime.require_triton()
 
 from . import (  # noqa: E402
+    attention,
     bias_gelu,
     chain,
     cos,
@@ -40,6 +41,7 @@ from ._launch import KernelInputError  # noqa: E402
 
 __all__ = [
     "KernelInputError",
+    "attention",
     "bias_gelu",
     "chain",
     "cos",

@@ -68,14 +68,23 @@ def _timeline(ledger: Ledger, fused: bool) -> _Timeline:
     unfused = ledger.trips(fused=False)
     unfused_idx = _op_indices(ledger)
     trips = ledger.trips(fused=fused)
-    # The fused trips are a subsequence of the unfused ones (same order, some dropped): match them in
-    # order to recover each one's op index, which the trip itself does not carry.
+    # Rule-based fused trips are a subsequence of the unfused ones (same order, some dropped): match them
+    # in order to recover each one's op index, which the trip itself does not carry. A trip no eager op
+    # makes (a re-read, a step of a written-out schedule) belongs with the trip before it.
     op_index, j = [], 0
     for t in trips:
-        while (unfused[j].op, unfused[j].tensor, unfused[j].direction) != (t.op, t.tensor, t.direction):
-            j += 1
-        op_index.append(unfused_idx[j])
-        j += 1
+        k = j
+        while k < len(unfused) and (unfused[k].op, unfused[k].tensor, unfused[k].direction) != (
+            t.op,
+            t.tensor,
+            t.direction,
+        ):
+            k += 1
+        if k < len(unfused):
+            op_index.append(unfused_idx[k])
+            j = k + 1
+        else:
+            op_index.append(op_index[-1] if op_index else 0)
     slots, inputs = [], set()
     for t in trips:
         if t.tensor not in slots:
@@ -83,6 +92,8 @@ def _timeline(ledger: Ledger, fused: bool) -> _Timeline:
             if t.direction == READ:
                 inputs.add(t.tensor)
     nbytes = {t.tensor: t.nbytes for t in unfused}
+    for t in trips:  # tensors only a fused schedule moves (statistics written by the kernel)
+        nbytes.setdefault(t.tensor, t.nbytes)
     return _Timeline(trips, op_index, slots, inputs, nbytes)
 
 
