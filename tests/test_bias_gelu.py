@@ -94,11 +94,12 @@ def test_erf_fast_accuracy_claim():
     # beyond |v| = 12 erfc underflows and both give v or 0 exactly
     v = torch.linspace(-12, 12, 2**20, dtype=torch.float32, device=runtime.DEVICE)
     y = bias_gelu(v.reshape(256, 4096), torch.zeros(4096, device=runtime.DEVICE), "erf_fast").flatten()
-    # torch's GELU on the same device: CPU builds differ by up to 1.4e-6 among themselves (vectorised erf)
-    vs_torch = (y - F.gelu(v)).abs().max().item()
     vs_exact = (y.double() - F.gelu(v.double())).abs().max().item()
-    assert vs_torch <= 1e-6, f"max |erf_fast - torch fp32 exact GELU| = {vs_torch:.3g}"
     assert vs_exact <= 1e-6, f"max |erf_fast - float64 exact GELU| = {vs_exact:.3g}"
+    # torch's own fp32 GELU is itself up to 1.4e-6 off float64 on some CPUs (its vectorised erf;
+    # seen on an AMD EPYC with torch 2.13), so against it the bound is the sum of both errors
+    vs_torch = (y - F.gelu(v)).abs().max().item()
+    assert vs_torch <= 2.5e-6, f"max |erf_fast - torch fp32 exact GELU| = {vs_torch:.3g}"
     # and it is an approximation of the *exact* GELU, far from the tanh form (up to ~5e-4 apart)
     assert vs_torch < (F.gelu(v, approximate="tanh") - F.gelu(v)).abs().max().item() / 100
 
