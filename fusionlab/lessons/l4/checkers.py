@@ -1,0 +1,374 @@
+"""Checkers for lesson 4's exercises (solutions/04_fused_reductions.ipynb).
+
+1. ``check_add_rmsnorm``: residual-add + RMSNorm forward in **one** kernel: ``h = x + r`` and
+   ``y = h * rsqrt(mean(h²) + eps) * w``, both written. Rejects a missing residual (x normalised instead
+   of h), the residual sum not written back, ``eps`` outside the square root (added to the rms, or to
+   its reciprocal), statistics from one tile of a row wider than the kernel's tile, and two kernels.
+2. ``check_softmax``: the row softmax, one kernel. Rejects no max subtraction (logits near 1e4), lanes
+   past the row's end that count in the sum (loaded as 0, not -inf) or are read or written unmasked,
+   and torch doing the work. Rows with masked (-inf) entries must work; a row masked entirely has no
+   softmax: NaN (as torch gives) and 0 (as attention kernels write) are both accepted.
+3. ``check_fused_bytes``: the bytes of the fused residual + RMSNorm forward, re-read term included.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ... import grading, runtime
+from ...grading import CheckFailed, call_learner, fail, number
+from ...kernels.rmsnorm import rmsnorm_ledger, rmsnorm_reference
+from ...kernels.softmax import softmax_reference
+from ...ledger import dtype_bytes, human_bytes
+
+Passed, _passed = grading.Passed, grading.passed
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _run(fn, args, name, where, seed):
+    """Call the answer in the sandbox; refuse what no fused answer does (whatever the numbers)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    before = [grading._bits(t).clone() for t in tensors]
+    with grading.Sandbox() as box:
+        out = call_learner(fn, *args, name=name, where=where, seed=seed)
+    for t, b in zip(tensors, before, strict=True):
+        if not torch.equal(grading._bits(t), b):
+            raise fail(f"{where}: your code changed an input. A kernel writes only its own outputs.", seed)
+    past = box.writes_past_the_end()
+    if past is not None:
+        raise fail(
+            f"{where}: the kernel wrote {past[0]} elements past the end of a tensor it allocated. Mask every "
+            "store (offs < n_cols): the last block of a row hangs over its end.",
+            seed,
+        )
+    own = sorted({la.name for la in box.launches if la.module.startswith("fusionlab.")})
+    if own:
+        raise fail(f"{where}: your answer launches fusionlab's own kernel ({', '.join(own)}). Write it yourself.", seed)
+    if box.torch_ops or box.passes:
+        ops = ", ".join(sorted(set(box.torch_ops) | set(box.passes)))
+        raise fail(
+            f"{where}: torch does part of the work ({ops}). Each torch op is a pass through memory of its own: "
+            "do it inside your kernel, and allocate outputs with torch.empty_like.",
+            seed,
+        )
+    return out, box
+
+
+def _one_launch(box, where, seed, needed, what: str) -> None:
+    if len(box.launches) != 1:
+        names = ", ".join(box.names) or "none"
+        msg = f"{where}: expected 1 Triton kernel launch, saw {len(box.launches)} ({names})."
+        if len(box.launches) > 1:
+            msg += f" {what} Each extra kernel is another round trip through HBM: fuse them into one."
+        raise fail(msg, seed)
+    given = {_storage(t) for t in box.launches[0].tensors}
+    if any(_storage(t) not in given for t in needed):
+        raise fail(f"{where}: the kernel itself must read the inputs and write the outputs you return.", seed)
+
+
+def _tensor(out, like, what, where, seed) -> torch.Tensor:
+    if not isinstance(out, torch.Tensor) or out.shape != like.shape or out.dtype != like.dtype:
+        got = f"{tuple(out.shape)} {grading.dtype_name(out.dtype)}" if isinstance(out, torch.Tensor) else type(out)
+        raise fail(
+            f"{where}: {what} should be a tensor like x ({tuple(like.shape)}, {grading.dtype_name(like.dtype)}), "
+            f"got {got}.",
+            seed,
+        )
+    return out
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype) -> bool:
+    atol, rtol = grading.tolerance(dtype)
+    return bool(torch.isclose(a.double().cpu(), b.double().cpu(), atol=atol, rtol=rtol, equal_nan=True).all())
+
+
+# -- exercise 1: residual + RMSNorm, one kernel ---------------------------------------------------------
+#: (rows, N) that fit one tile of any kernel a learner writes (one element, odd widths) ...
+RMS_NARROW = ((1, 1), (7, 5), (37, 129), (130, 1000))
+#: ... and rows wider than the tile of the lesson's kernel (BLOCK_N of at most 1024 or 4096)
+RMS_WIDE = ((3, 4097), (2, 12_345))
+#: many programs at one row each
+RMS_MANY = (1031, 64)
+#: an eps large enough beside a mean square near 1 that where it sits shows
+BIG_EPS = 0.25
+
+
+def rms_inputs(shape, dtype, gen, scale: float = 3.0):
+    """``x, r, w``: rows of ``scale`` N(0, 1) (their sum's mean square about 2 scale²), w = 1 + N(0, 1)/2."""
+    rows, n = shape
+    x = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=scale))
+    r = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=scale))
+    w = grading.with_room_after((1 + 0.5 * torch.randn(n, generator=gen)).to(device=runtime.DEVICE, dtype=dtype))
+    return x, r, w
+
+
+def _rms_alternatives(x, r, w, eps):
+    """The wrong answers with a message of their own, in float64 from the same inputs."""
+    d = x.dtype
+    h = (x.double() + r.double()).to(d).double()
+    ms = h.pow(2).mean(-1, keepdim=True)
+    wd = w.double()
+    xd = x.double()
+    return {
+        "x normalised": (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * wd).to(d),
+        "eps on the rms": (h / (ms.sqrt() + eps) * wd).to(d),
+        "eps on rsqrt": (h * (torch.rsqrt(ms) + eps) * wd).to(d),
+    }
+
+
+_RMS_TIPS = {
+    "x normalised": "your y is RMSNorm of x: the residual is missing. Normalise h = x + r, the new residual "
+    "stream (the sum you also write out).",
+    "eps on the rms": "your y divides by sqrt(mean(h²)) + eps: eps sits on the rms. It belongs inside the "
+    "square root, added to the mean square: rsqrt(mean(h²) + eps).",
+    "eps on rsqrt": "your y uses rsqrt(mean(h²)) + eps: eps is outside the square root. It belongs inside, "
+    "added to the mean square: rsqrt(mean(h²) + eps).",
+}
+
+
+def _rms_case(fn, name, shape, dtype, eps, seed, *, narrow_passed: bool = False):
+    gen = grading.fresh_generator()
+    x, r, w = rms_inputs(shape, dtype, gen, scale=1.0 if eps >= BIG_EPS else 3.0)
+    where = f"{name}, shape {shape}, {grading.dtype_name(dtype)}, eps={eps:g}"
+    y_ref, h_ref = rmsnorm_reference(x, w, eps, residual=r)
+    out, box = _run(fn, (x, r, w, eps), name, where, seed)
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise fail(f"{where}: return (y, h), a pair: the normalised output and the residual sum.", seed)
+    y = _tensor(out[0], x, "y (the first of the pair)", where, seed)
+    h = _tensor(out[1], x, "h (the second of the pair)", where, seed)
+    if _storage(h) in {_storage(x), _storage(r)}:
+        raise fail(f"{where}: h is one of the inputs. Write h = x + r into a tensor of its own.", seed)
+    _one_launch(
+        box,
+        where,
+        seed,
+        (x, r, w, y, h),
+        "The residual add and the norm read and write the same rows: one kernel can add, write h, and keep "
+        "h on chip for its statistics.",
+    )
+    unwritten_h, unwritten_y = grading.poisoned(h), grading.poisoned(y)
+    if unwritten_h.all() and not unwritten_y.any():
+        raise fail(
+            f"{where}: h was never written. The residual sum h = x + r is an output: the next layer adds its "
+            "own result to it. Store it from the same kernel (it costs one write, no extra read).",
+            seed,
+        )
+    for what, unwritten in (("h", unwritten_h), ("y", unwritten_y)):
+        if unwritten.any():
+            first = int(unwritten.nonzero()[0][0])
+            raise fail(
+                f"{where}: {int(unwritten.sum())} elements of {what} were never written, the first in row "
+                f"{first // shape[1]}. Check the grid (one program per row) and that every tile of a row is stored.",
+                seed,
+            )
+    if not _close(h, h_ref, dtype):
+        if _close(h, x, dtype):
+            raise fail(f"{where}: h equals x: the residual r was not added. h = x + r.", seed)
+        grading.assert_close(h, h_ref, what=f"{where}: h", seed=seed, hint="h = x + r, stored in x's dtype.")
+    if _close(y, y_ref, dtype):
+        return
+    for key, alt in _rms_alternatives(x, r, w, eps).items():
+        if _close(y, alt, dtype):
+            raise fail(f"{where}: {_RMS_TIPS[key]}", seed)
+    if narrow_passed and shape in RMS_WIDE:
+        raise fail(
+            f"{where}: y is right on rows of up to {RMS_NARROW[-1][1]} elements but wrong on this row of "
+            f"{shape[1]}, wider than one tile. The statistics need the whole row: sum h² over every tile of "
+            "the row first (pass 1, writing h), then normalise every tile with that one rstd (pass 2, "
+            "re-reading h).",
+            seed,
+        )
+    grading.assert_close(
+        y, y_ref, what=f"{where}: y", seed=seed, hint="y = h * rsqrt(mean(h²) + eps) * w, statistics in fp32."
+    )
+
+
+def check_add_rmsnorm(fn) -> Passed:
+    """Exercise 1: ``fn(x, r, w, eps)`` -> ``(y, h)``: ``h = x + r`` and ``y = h * rsqrt(mean(h², -1) +
+    eps) * w`` for ``(rows, N)`` x and r, from one Triton kernel, rows of any width."""
+    name = "add_rmsnorm"
+    if not callable(fn):
+        raise CheckFailed(f"{name}: pass your function, got {type(fn).__name__}.")
+    seed = grading.new_seed()
+    half = runtime.HALF
+    with grading.seeded(seed):
+        _rms_case(fn, name, (37, 129), torch.float32, BIG_EPS, seed)  # where eps sits shows here
+        plan = [(s, d, 1e-6) for d in (torch.float32, half) for s in RMS_NARROW]
+        plan.append((RMS_MANY, torch.float32, 1e-6))
+        for s, d, eps in plan:
+            _rms_case(fn, name, s, d, eps, seed)
+        wide = [(s, d, 1e-5) for d in (torch.float32, half) for s in RMS_WIDE]
+        wide.append((RMS_WIDE[-1], half, 1e-5))  # the same size again, fresh values
+        for s, d, eps in wide:
+            _rms_case(fn, name, s, d, eps, seed, narrow_passed=True)
+    checks = 1 + len(plan) + len(wide)
+    return _passed(
+        f"✓ add_rmsnorm: {checks} checks passed (rows of {', '.join(str(s[1]) for s in RMS_NARROW + RMS_WIDE)} "
+        f"elements × 2 dtypes, {RMS_MANY[0]} rows, eps={BIG_EPS:g} once, one repeated; y and h against float64, "
+        "poisoned outputs, inputs unchanged, 1 launch each)",
+        checks,
+    )
+
+
+# -- exercise 2: the row softmax -----------------------------------------------------------------------------
+SM_SHAPES = ((1, 1), (7, 5), (37, 129), (130, 1000))
+SM_MANY = (1031, 33)
+BIG_LOGITS = 1e4
+
+
+def softmax_inputs(shape, dtype, gen, *, shift=0.0, masked=0.0, fully_masked=False):
+    """Logits ``3 N(0, 1) + shift``; a share ``masked`` of the entries set to -inf (each row keeps one), and
+    with ``fully_masked`` every other row entirely -inf."""
+    rows, n = shape
+    x = torch.randn(shape, generator=gen) * 3 + shift
+    if masked:
+        drop = torch.rand(shape, generator=gen) < masked
+        drop[:, 0] = False
+        x[drop] = float("-inf")
+    if fully_masked:
+        x[::2] = float("-inf")
+    return grading.with_room_after(x.to(device=runtime.DEVICE, dtype=dtype))
+
+
+def _softmax_case(fn, name, shape, dtype, seed, *, shift=0.0, masked=0.0, fully_masked=False):
+    gen = grading.fresh_generator()
+    x = softmax_inputs(shape, dtype, gen, shift=shift, masked=masked, fully_masked=fully_masked)
+    parts = [f"{name}, shape {shape}, {grading.dtype_name(dtype)}"]
+    if shift:
+        parts.append(f"logits near {shift:g}")
+    if masked:
+        parts.append(f"{masked:.0%} of the logits -inf")
+    if fully_masked:
+        parts.append("every other row entirely -inf")
+    where = ", ".join(parts)
+    ref = softmax_reference(x).double().cpu()
+    out, box = _run(fn, (x,), name, where, seed)
+    y = _tensor(out, x, "the result", where, seed)
+    _one_launch(box, where, seed, (x, y), "A row's max, its sum and its outputs come from the same pass.")
+    unwritten = grading.poisoned(y)
+    if unwritten.any():
+        first = int(unwritten.nonzero()[0][0])
+        raise fail(
+            f"{where}: {int(unwritten.sum())} elements were never written, the first in row {first // shape[1]}. "
+            "Check the grid (one program per row) and the store mask.",
+            seed,
+        )
+    got = y.double().cpu()
+    dead = torch.isnan(ref).all(dim=1) if fully_masked else torch.zeros(shape[0], dtype=torch.bool)
+    if dead.any():  # a row with no logit left: NaN (torch) or 0 (attention kernels), either accepted
+        rows = got[dead]
+        if not (torch.isnan(rows).all(dim=1) | (rows == 0).all(dim=1)).all():
+            raise fail(
+                f"{where}: a row whose logits are all -inf has no softmax. Write NaN there (as torch.softmax does: "
+                "-inf - (-inf) is NaN) or 0 (as attention kernels do), the whole row the same.",
+                seed,
+            )
+    live = ~dead
+    g, e = got[live], ref[live]
+    finite = torch.isfinite(e)
+    if (~torch.isfinite(g) & finite).any():
+        tip = (
+            f" The logits are near {shift:g}: exp() of them overflows (fp32's largest is about e^88). Subtract the "
+            "row's maximum before exp(): the softmax does not change, and every exponent is then <= 0."
+            if shift
+            else " Masked lanes and -inf logits must add exp(-inf) = 0 to the sum; look for exp() of a large number "
+            "or -inf - (-inf)."
+        )
+        raise fail(f"{where}: inf or NaN where the softmax is finite.{tip}", seed)
+    if _close(g, e, dtype):
+        return
+    sums = g.sum(dim=1)
+    ratio = torch.where(e > 1e-3, g / e, torch.nan)
+    spread = (torch.nanquantile(ratio, 0.99, dim=1) - torch.nanquantile(ratio, 0.01, dim=1)).nan_to_num(0)
+    atol, rtol = grading.tolerance(dtype)
+    if shape[1] > 1 and (sums < 1 - 10 * rtol).any() and (spread < 10 * rtol).all():
+        raise fail(
+            f"{where}: each row is the right shape but sums to less than 1 (row 0: {sums[0]:.4f}): lanes past the "
+            "row's end count in the sum. Load them as -inf (tl.load(..., mask=mask, other=float('-inf'))): they "
+            "add exp(-inf) = 0.",
+            seed,
+        )
+    grading.assert_close(
+        y.detach().cpu()[live],
+        ref[live].to(dtype),
+        what=where,
+        seed=seed,
+        hint="Mask the loads of the row's tail (other=-inf) and its stores; compute in fp32.",
+    )
+
+
+def check_softmax(fn) -> Passed:
+    """Exercise 2: ``fn(x)`` -> ``softmax(x, dim=-1)`` for a ``(rows, N)`` x, from one Triton kernel."""
+    name = "softmax"
+    if not callable(fn):
+        raise CheckFailed(f"{name}: pass your function, got {type(fn).__name__}.")
+    seed = grading.new_seed()
+    half = runtime.HALF
+    plan = [dict(shape=s, dtype=d) for d in (torch.float32, half) for s in SM_SHAPES]
+    plan.append(dict(shape=SM_MANY, dtype=torch.float32))
+    plan += [dict(shape=(37, 129), dtype=d, shift=BIG_LOGITS) for d in (torch.float32, half)]
+    plan.append(dict(shape=(37, 129), dtype=torch.float32, masked=0.3))
+    plan.append(dict(shape=(8, 100), dtype=half, masked=0.3, fully_masked=True))
+    plan.append(dict(shape=SM_SHAPES[-1], dtype=half))  # the same size again, fresh values
+    with grading.seeded(seed):
+        for case in plan:
+            _softmax_case(fn, name, case.pop("shape"), case.pop("dtype"), seed, **case)
+    return _passed(
+        f"✓ softmax: {len(plan)} checks passed (shapes {', '.join(map(str, SM_SHAPES))} × 2 dtypes, "
+        f"{SM_MANY[0]} rows, logits near {BIG_LOGITS:g}, -inf logits, rows entirely -inf, one repeated; "
+        "poisoned outputs, inputs unchanged, 1 launch each)",
+        len(plan),
+    )
+
+
+# -- exercise 3: the fused kernel's bytes ------------------------------------------------------------------
+#: (rows, N, dtype, block): rows that fit one tile, and rows wider than it
+BYTES_CASES = (
+    (32768, 4096, torch.bfloat16, 32768),
+    (4096, 8192, torch.bfloat16, 4096),
+    (1024, 131072, torch.float32, 16384),
+    (7, 1000, torch.float16, 1024),
+)
+
+
+def fused_bytes_answer(rows: int, n: int, dtype, block: int) -> int:
+    """The fused residual + RMSNorm forward's bytes (the package's ledger): read x, r, w; write h, y; a
+    row wider than ``block`` re-reads h."""
+    return rmsnorm_ledger(rows, n, dtype, block=block).fused_bytes
+
+
+def check_fused_bytes(fn) -> Passed:
+    """Exercise 3: ``fn(rows, n, dtype, block)`` -> the bytes the fused residual + RMSNorm forward moves
+    through HBM (weight in the activations' dtype, read once; rows wider than ``block`` take two passes)."""
+    name = "fused_bytes"
+    if not callable(fn):
+        raise CheckFailed(f"{name}: pass your function, got {type(fn).__name__}.")
+    for rows, n, dtype, block in BYTES_CASES:
+        call = f"{name}({rows}, {n}, {dtype}, block={block})"
+        got = number(call_learner(fn, rows, n, dtype, block, name=name, where=call), call, "bytes")
+        want = fused_bytes_answer(rows, n, dtype, block)
+        if got == want:
+            continue
+        b, rn, wide = dtype_bytes(dtype), rows * n, n > block
+        tips = {
+            (2 * rn + n) * b: "That is read x, write y: with a residual the kernel also reads r and writes h.",
+            (3 * rn + n) * b: "One row tensor short: the kernel reads x and r, writes h and y.",
+            (4 * rn + rows * n) * b + (rn if wide else 0) * b: "The weight is read once (every program reads the "
+            "same N elements, which stay in L2), not once a row.",
+            (4 * rn + n) * b: "The row is wider than the block: pass 1 sums h² and writes h, pass 2 re-reads h "
+            "to write y. One more row tensor.",
+            (6 * rn + n) * b: "Pass 2 re-reads h, one tensor, not x and r: h was written in pass 1.",
+            (4 * rn + n + (rn if wide else 0)): "That counts elements; multiply by the bytes per element.",
+        }
+        tip = tips.get(int(got), "")
+        if not tip and wide is False and got == (5 * rn + n) * b:
+            tip = f"This row ({n}) fits the block ({block}): read once, no second pass."
+        raise CheckFailed(f"{call} = {got:,.0f}, expected {want:,} ({human_bytes(want)}). {tip}".rstrip())
+    return _passed(
+        f"✓ fused_bytes: {len(BYTES_CASES)} shapes agree with the ledger (read x, r, w; write h, y; rows wider "
+        "than the block re-read h)",
+        len(BYTES_CASES),
+    )
