@@ -1,6 +1,6 @@
 """Every place fusionlab reaches into Triton's internals, in one module.
 
-Two patches, both reversible and both tested:
+Three reaches, each reversible and tested:
 
 - :func:`reinterpret_helpers`: when Triton was imported *before* fusionlab and fusionlab then chose
   the interpreter, Triton's own ``@triton.jit`` helpers (``tl.cdiv``, ``tl.sigmoid``, ...) were
@@ -9,6 +9,9 @@ Two patches, both reversible and both tested:
   tensors passed), counting one *logical* launch per call: an ``@triton.autotune`` kernel benchmarks
   its configs by launching the same kernel again from inside its own ``run``, and those nested
   launches are not the learner's.
+- :func:`compile_for`: compile a kernel for a Hopper GPU on a machine without one (also in
+  interpreter mode, by lending the compiler Triton's helpers as compilable functions for the call),
+  so a lesson can count the machine instructions a kernel needs before anything is timed.
 
 Triton is imported inside the functions, not at the top: it is optional (no wheels for macOS or
 Windows), and ``fusionlab.runtime`` must decide the interpreter before Triton is first imported.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -152,3 +156,56 @@ def launch_hook(on_launch: Callable[[Launch], None]):
         _WATCHING[0] -= 1
         for cls, orig in reversed(patched):
             cls.run = orig
+
+
+@contextlib.contextmanager
+def _compilable_helpers():
+    """Triton's own jit helpers (``tl.cdiv``, ``tl.sigmoid``...) as compilable ``JITFunction``s for a
+    ``with`` block. In interpreter mode they are ``InterpretedFunction``s, which the compiler cannot
+    lower; outside it nothing is swapped."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    swapped = []
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("triton.language") or mod is None:
+            continue
+        for attr, val in list(vars(mod).items()):
+            if isinstance(val, InterpretedFunction):
+                swapped.append((mod, attr, val))
+                setattr(mod, attr, JITFunction(val.fn))
+    try:
+        yield
+    finally:
+        for mod, attr, val in swapped:
+            setattr(mod, attr, val)
+
+
+def compile_for(kernel, signature: dict, constexprs: dict, *, num_warps: int, arch: int = 90) -> dict:
+    """Compile ``kernel`` for an NVIDIA GPU of compute capability ``arch`` (90: Hopper) **without one**:
+    Triton's compiler and its bundled ``ptxas`` run on any Linux machine, also in interpreter mode.
+
+    ``signature`` maps each argument name to its Triton type (``"*bf16"``, ``"i32"``, ``"constexpr"``),
+    ``constexprs`` gives the compile-time values. Returns the compiled stages by name (``"ptx"``,
+    ``"cubin"``...) and ``"sass"``, the disassembled machine code (``None`` if Triton's ``cuobjdump``
+    cannot run here).
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    with _compilable_helpers(), warnings.catch_warnings():
+        # Triton 3.9 warns that FP fusion (FMA contraction) will stop being its default in 3.10; the
+        # kernels here are measured with it on, as Triton 3.6 on the GPU machines compiles them
+        warnings.filterwarnings("ignore", message="TRITON_DEFAULT_FP_FUSION")
+        src = ASTSource(fn=JITFunction(_base_fn(kernel)), signature=signature, constexprs=constexprs)
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    asm = dict(compiled.asm)
+    try:
+        from triton.tools.disasm import get_sass
+
+        asm["sass"] = get_sass(asm["cubin"])
+    except Exception:  # no cuobjdump on this machine: the PTX is still there
+        asm["sass"] = None
+    return asm
