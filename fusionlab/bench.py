@@ -14,6 +14,7 @@ import datetime as _dt
 import inspect
 import json
 import math
+import re
 import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -311,6 +312,48 @@ def recorded(path: str | Path | None = None, *, device: str | None = None, suite
             f"no recorded GPU results{where} in {RECORDED_DIR}; run `python -m fusionlab.record` on a GPU"
         )
     return runs[-1]
+
+
+#: the measurement notes kept beside the benchmark scripts (a clone of the repository has them)
+NOTES_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def notes_section(notes: str, heading: str) -> str:
+    """A section of a measurement notes file, ``benchmarks/<notes>.md``, under the heading ``heading``
+    (any level), with a first line that says where it comes from: device, versions and date as the
+    file's own text gives them. For a lesson whose suite is not recorded yet, these hand-run GPU
+    measurements are what a learner without a GPU can read; they stay in that one file."""
+    path = NOTES_DIR / f"{notes}.md"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is not here: the notes ship with a clone of the repository, not with the package"
+        )
+    text = path.read_text()
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if re.match(rf"#+\s+{re.escape(heading)}\s*$", line)]
+    if not starts:
+        have = [line.lstrip("#").strip() for line in lines if line.startswith("#")]
+        raise ValueError(f"no heading {heading!r} in {path.name}; have: {have}")
+    i = starts[0]
+    level = len(lines[i]) - len(lines[i].lstrip("#"))
+    end = next(
+        (
+            j
+            for j in range(i + 1, len(lines))
+            if lines[j].startswith("#") and len(lines[j]) - len(lines[j].lstrip("#")) <= level
+        ),
+        len(lines),
+    )
+    found = [
+        re.search(p, text)
+        for p in (r"NVIDIA [A-Z0-9][\w ]*?(?=\*| \(|,)", r"torch ([\w.+]+)", r"triton ([\d.]+)", r"\d{4}-\d{2}-\d{2}")
+    ]
+    device, torch_v, triton_v, date = (m.group(m.re.groups) if m else "?" for m in found)
+    head = (
+        f"RECORDED by hand on {device}, {date}, torch {torch_v}, triton {triton_v} "
+        f"(benchmarks/{path.name}, '{heading}') — not measured on this machine"
+    )
+    return "\n".join([head, *lines[i + 1 : end]]).strip()
 
 
 def metadata() -> dict:

@@ -146,3 +146,20 @@ def test_the_recorded_regimes_sweep_shows_three_regimes():
     assert abs(reg.ratio(len(reg.bytes) - 1) - 2) < 0.1  # HBM-bound: the ledger's 2x
     small = [reg.ratio(i, per_call=False) for i, b in enumerate(reg.bytes) if b < reg.l2_bytes // 4]
     assert max(small) < 1.9  # under the L2, eager's intermediate never reaches HBM
+
+
+@pytest.mark.parametrize("notes", sorted(p.stem for p in bench.NOTES_DIR.glob("notes_*.md")))
+def test_notes_sections_say_where_they_were_measured(notes):
+    path = bench.NOTES_DIR / f"{notes}.md"
+    heading = next(line.lstrip("#").strip() for line in path.read_text().splitlines() if line.startswith("## "))
+    text = bench.notes_section(notes, heading)
+    first = text.splitlines()[0]
+    assert first.startswith("RECORDED by hand on NVIDIA ") and "?" not in first, first
+    assert "not measured on this machine" in first and f"benchmarks/{notes}.md" in first
+
+
+def test_notes_section_refuses_what_is_not_there():
+    with pytest.raises(ValueError, match="no heading 'Nowhere'.*have:"):
+        bench.notes_section("notes_lesson5", "Nowhere")
+    with pytest.raises(FileNotFoundError, match="notes_none.md"):
+        bench.notes_section("notes_none", "Bars")
