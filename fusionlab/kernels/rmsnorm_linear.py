@@ -22,7 +22,8 @@ rstd in fp32 to the fp32 accumulator. Each path rounds one operand once, so both
 (the error is that of one storage rounding of an operand, ~2^-9 relative for bf16 per element,
 averaging out across the K sum), but they are not bit-identical. The folded product is exact, and the
 fused result then differs from the float64 reference only by fp32 accumulation, when gamma holds
-powers of two (the fold then only shifts exponents) or when the weight is kept in fp32
+powers of two (the fold then only shifts exponents, unless a product falls below the dtype's smallest
+normal number) or when the weight is kept in fp32
 (``tests/test_rmsnorm_linear.py`` checks both).
 """
 

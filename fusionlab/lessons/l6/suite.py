@@ -24,7 +24,9 @@ memory pass that runs after it at the copy bandwidth.
 
 ``torch.compile(mode="max-autotune")`` is left out by default: its compile took 12.5-15 s per shape on
 our H100 (``benchmarks/notes_lesson6.md``), more than the rest of the suite's GPU time. ``cases(...,
-max_autotune=True)`` adds it. About 40 cases; about 3 GB of GPU memory.
+max_autotune=True)`` adds it. 42 cases; about 3 GB of GPU memory. GPU time, estimated (not yet measured
+as a whole): 60-90 s for ``python -m fusionlab.record --suites lesson6`` (three rounds), most of it compiling
+(Inductor twice per shape, the TMA kernel's autotuner for three epilogues).
 """
 
 from __future__ import annotations
