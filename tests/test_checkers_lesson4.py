@@ -329,6 +329,7 @@ def test_fused_bytes_accepts_the_solution():
             "not x and r",
         ),
         (lambda rows, n, d, block: 4 * rows * n + n + (rows * n if n > block else 0), "counts elements"),
+        (lambda rows, n, d, block: solution_fused_bytes(rows, n, d, block) + 4 * rows, "fp32 rstd a row"),
         (lambda rows, n, d, block: "a lot", "expected a finite number"),
     ],
 )

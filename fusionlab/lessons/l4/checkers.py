@@ -363,6 +363,9 @@ def check_fused_bytes(fn) -> Passed:
             (6 * rn + n) * b: "Pass 2 re-reads h, one tensor, not x and r: h was written in pass 1.",
             (4 * rn + n + (rn if wide else 0)): "That counts elements; multiply by the bytes per element.",
         }
+        tips.setdefault(
+            want + rows * 4, "That adds one fp32 rstd a row: at inference nothing needs it, and it is not stored."
+        )
         tip = tips.get(int(got), "")
         if not tip and wide is False and got == (5 * rn + n) * b:
             tip = f"This row ({n}) fits the block ({block}): read once, no second pass."
