@@ -180,7 +180,15 @@ def test_linear_gelu_rejects_an_fp16_accumulator():
 
 
 @pytest.mark.parametrize(
-    "mistake, fragment", [(NO_BIAS, "bias is missing"), (TANH, "tanh"), (NO_EPILOGUE, "epilogue is missing")]
+    "mistake, fragment",
+    [
+        (NO_BIAS, "bias is missing"),
+        # on a GPU the checks run in fp16 and bf16 only, where tanh-GELU is within the dtype's tolerance
+        pytest.param(
+            TANH, "tanh", marks=pytest.mark.skipif(runtime.is_gpu(), reason="fp32 is checked in the interpreter")
+        ),
+        (NO_EPILOGUE, "epilogue is missing"),
+    ],
 )
 def test_linear_gelu_names_a_missing_or_wrong_epilogue(mistake, fragment):
     _rejects(ex.check_linear_gelu, lambda x, w, b: _launch(x, w, b, mistake), fragment)
@@ -370,7 +378,7 @@ def test_rmsnorm_matmul_rejects_torch_doing_the_norm():
         xn = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
         return solution_linear_gelu(xn, w, torch.zeros(w.shape[0], dtype=x.dtype, device=x.device))
 
-    _rejects(ex.check_rmsnorm_matmul, torch_norm)
+    _rejects(ex.check_rmsnorm_matmul, torch_norm, "torch runs")
 
 
 # -- exercise 3: the matmul's ledger --------------------------------------------------------------------
