@@ -391,3 +391,31 @@ def test_naive_peak():
             ex.check_naive_peak_gib(wrong)
     with pytest.raises(CheckFailed, match="finite number"):
         ex.check_naive_peak_gib(None)
+
+
+# -- the suite's readers (no GPU needed) ------------------------------------------------------------------
+def test_suite_bars_and_peaks_read_a_run():
+    from fusionlab.bench import Result
+    from fusionlab.lessons.l7 import suite
+
+    results = []
+    for d in suite.HEAD_DIMS:
+        for n in suite.NS:
+            for causal in (False, True):
+                results += [Result(suite.case_name(d, n, causal, "ours"), 1.0)]
+                results += [Result(suite.case_name(d, n, causal, "flash"), 1.3)]
+                results += [Result(suite.case_name(d, n, causal, "cudnn"), 0.9 if n < 16384 else 0.8)]
+    (flash, met_f, _), (cudnn, met_c, detail) = suite.bars(results)
+    assert "flash" in flash and met_f and "cudnn" in cudnn and not met_c and "8 of 12" in detail
+    results += [
+        Result(suite.peak_name("naive", 1024), 1.0, nbytes=2**30),
+        Result(suite.peak_name("ours", 1024), 1.0, nbytes=2**20),
+        Result(suite.oom_name(65536), 1.0),
+    ]
+    peaks = suite.peaks_from(results)
+    assert [(p.variant, p.n, p.peak_bytes) for p in peaks] == [
+        ("naive", 1024, 2**30),
+        ("ours", 1024, 2**20),
+        ("naive", 65536, None),
+    ]
+    assert max(len(r.name) for r in results) <= 34  # bench.table's name column

@@ -228,6 +228,31 @@ def peaks_from(results) -> list[Peak]:
     return out
 
 
+#: the issue's bars: ours against SDPA's flash backend and its cuDNN backend, TFLOP/s in one run
+BAR_FLASH, BAR_CUDNN = 1.25, 0.85
+
+
+def bars(results) -> list[tuple[str, bool, str]]:
+    """The issue's speed bars for this suite, read off a run: ``(bar, met, detail)``, one per backend over
+    every timed shape (the worst ratio, and where)."""
+    r = {x.name: x for x in results}
+    out = []
+    for impl, need in (("flash", BAR_FLASH), ("cudnn", BAR_CUDNN)):
+        ratios = {}
+        for d in HEAD_DIMS:
+            for n in NS:
+                for causal in (False, True):
+                    ours, base = r.get(case_name(d, n, causal, "ours")), r.get(case_name(d, n, causal, impl))
+                    if ours is not None and base is not None:
+                        ratios[shape_tag(d, n, causal)] = base.ms / ours.ms
+        if ratios:
+            worst = min(ratios, key=ratios.get)
+            met = sum(v >= need for v in ratios.values())
+            detail = f"{met} of {len(ratios)} shapes; worst {ratios[worst]:.2f}x at {worst}"
+            out.append((f"ours >= {need}x SDPA {impl}", met == len(ratios), detail))
+    return out
+
+
 def cases(copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, device="cuda") -> list[Case]:
     """All lesson 7 cases. With the measured ceilings (``fusionlab.bench.ceilings()``) each timing case
     also carries ``predicted_ms``."""
