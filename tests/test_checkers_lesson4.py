@@ -336,3 +336,23 @@ def test_fused_bytes_accepts_the_solution():
 def test_fused_bytes_rejects_wrong_counts(wrong, tip):
     with pytest.raises(CheckFailed, match=tip):
         ex.check_fused_bytes(wrong)
+
+
+# -- the suite's bars, read off a run -------------------------------------------------------------------
+def test_the_bars_read_a_run_and_can_fail():
+    from fusionlab.bench import Result
+    from fusionlab.lessons.l4 import suite
+
+    names = [suite.ln_fwd(s) for s in suite.SCHEDULES]
+    for rows, n in suite.RMS_SHAPES:
+        names += [f(s, rows, n) for f in (suite.rms_fwd, suite.rms_bwd) for s in suite.SCHEDULES]
+    for shape in (suite.SOFTMAX_NARROW, suite.SOFTMAX_WIDE):
+        names += [suite.sm_fwd(s, *shape) for s in suite.SCHEDULES]
+    good = [Result(name, 1.0 if "compiled" in name else 0.9, frac_copy=0.95) for name in names]
+    bars = suite.bars(good)
+    assert len(bars) == 12 and all(met for _, met, _ in bars)
+    slow = [
+        Result(r.name, r.ms * (2 if r.name == suite.sm_fwd("fused", *suite.SOFTMAX_WIDE) else 1), frac_copy=0.95)
+        for r in good
+    ]
+    assert [b for b, met, _ in suite.bars(slow) if not met] == ["softmax wide >= 0.8x the narrow rate per element"]

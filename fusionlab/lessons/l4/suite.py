@@ -16,7 +16,7 @@ re-read term included), so "% of copy" is an effective bandwidth comparable acro
 ``predicted_ms`` (with ``copy_GBps``): the bytes that *its* schedule moves over the measured copy
 bandwidth: eager RMSNorm and its autograd from the unfused ledger, the rest from the fused one
 (``F.layer_norm`` and ``torch.softmax`` are single kernels). Memory: a few GiB; about half a minute of
-GPU time plus the compiles.
+GPU time plus the compiles. :func:`bars` reads the issue's speed bars off a run.
 """
 
 from __future__ import annotations
@@ -280,3 +280,28 @@ def cases(copy_GBps: float | None = None, device="cuda") -> list[Case]:
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
     return [*rms_cases(copy_GBps, device), *ln_cases(copy_GBps, device), *softmax_cases(copy_GBps, device)]
+
+
+def bars(results) -> list[tuple[str, bool, str]]:
+    """The issue's speed bars at this suite's shapes, read off a run (live or recorded): ``(bar, met,
+    detail)``. Shares of copy are by the fused ledger (``Result.frac_copy``); "x compiled" is compiled
+    time over fused time; the wide softmax's rate is its time per element against the narrow one's."""
+    r = {x.name: x for x in results}
+    out = []
+    for rows, n in RMS_SHAPES:
+        for kind, name, floor in (("fwd", rms_fwd, 0.90), ("bwd", rms_bwd, 0.75)):
+            fused, comp = r[name("fused", rows, n)], r[name("compiled", rows, n)]
+            shape = shape_name(rows, n)
+            out.append(
+                (f"rms {kind} {shape} >= {floor:.0%} of copy", fused.frac_copy >= floor, f"{fused.frac_copy:.1%}")
+            )
+            out.append((f"rms {kind} {shape} >= 1.0x compiled", comp.ms >= fused.ms, f"{comp.ms / fused.ms:.3f}x"))
+    ln = r[ln_fwd("fused")]
+    out.append(("ln fwd >= 90% of copy", ln.frac_copy >= 0.90, f"{ln.frac_copy:.1%}"))
+    narrow, comp = r[sm_fwd("fused", *SOFTMAX_NARROW)], r[sm_fwd("compiled", *SOFTMAX_NARROW)]
+    out.append(("softmax narrow >= 90% of copy", narrow.frac_copy >= 0.90, f"{narrow.frac_copy:.1%}"))
+    out.append(("softmax narrow >= 1.0x compiled", comp.ms >= narrow.ms, f"{comp.ms / narrow.ms:.3f}x"))
+    wide = r[sm_fwd("fused", *SOFTMAX_WIDE)]
+    rate = (narrow.ms / (SOFTMAX_NARROW[0] * SOFTMAX_NARROW[1])) / (wide.ms / (SOFTMAX_WIDE[0] * SOFTMAX_WIDE[1]))
+    out.append(("softmax wide >= 0.8x the narrow rate per element", rate >= 0.8, f"{rate:.2f}x"))
+    return out
