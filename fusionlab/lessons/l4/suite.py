@@ -15,8 +15,9 @@
 re-read term included), so "% of copy" is an effective bandwidth comparable across schedules.
 ``predicted_ms`` (with ``copy_GBps``): the bytes that *its* schedule moves over the measured copy
 bandwidth: eager RMSNorm and its autograd from the unfused ledger, the rest from the fused one
-(``F.layer_norm`` and ``torch.softmax`` are single kernels). Memory: a few GiB; about half a minute of
-GPU time plus the compiles. :func:`bars` reads the issue's speed bars off a run.
+(``F.layer_norm`` and ``torch.softmax`` are single kernels). Memory: a few GiB; GPU time about half a
+minute plus the compiles (an estimate from the case count, before its first GPU run). :func:`bars`
+reads the issue's speed bars off a run.
 """
 
 from __future__ import annotations
