@@ -163,3 +163,18 @@ def test_notes_section_refuses_what_is_not_there():
         bench.notes_section("notes_lesson5", "Nowhere")
     with pytest.raises(FileNotFoundError, match="notes_none.md"):
         bench.notes_section("notes_none", "Bars")
+
+
+def test_notes_tables_read_numbers_and_keep_notes():
+    heading = "Linear + bias + GELU (base: cuBLAS matmul alone, `x @ w.T`)"
+    first, second = bench.notes_table("notes_lesson6", heading), bench.notes_table("notes_lesson6", heading, index=1)
+    col = "bf16 8192×4096→16384"
+    # "1.647 (**1.016**)" is 1.647; labels lose their markup
+    assert isinstance(first["cuBLAS matmul alone"][col], float) and 'ours linear(x, w, b, "gelu")' in first
+    assert "torch.compile max-autotune" in second and "torch.compile max-autotune" not in first
+    sweep = bench.notes_table(
+        "notes_lesson6", "Call 1 — config sweep of the Hopper kernel (TMA descriptors, persistent, grouped order)"
+    )
+    assert any(isinstance(v, str) and "compile error" in v for row in sweep.values() for v in row.values())
+    with pytest.raises(ValueError, match="no table 2"):
+        bench.notes_table("notes_lesson6", heading, index=2)
