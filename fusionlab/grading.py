@@ -500,6 +500,23 @@ def number(got, call: str, unit: str = "") -> float:
     return float(got)
 
 
+def memory_answer_tip(got: float, want_gib: float, tensor_gib: float, tips: dict, dtype_bytes: int) -> str:
+    """The hint for a peak-memory answer in GiB that is not ``want_gib``: the tip of ``tips`` (a count
+    of tensors of ``tensor_gib`` each -> what that count misses) that ``got`` matches within 1%, or else
+    the unit slip it matches (GB for GiB, bytes, elements instead of bytes); "" if none."""
+    near = lambda a, b: abs(a - b) <= 0.01 * abs(b)  # noqa: E731
+    for count, text in tips.items():
+        if near(got, count * tensor_gib):
+            return " " + text
+    if near(got, want_gib * 2**30 / 1e9):
+        return " That is in GB (1e9 bytes); the question asks for GiB (2**30 bytes)."
+    if near(got, want_gib * 2**30):
+        return " That is in bytes; divide by 2**30 for GiB."
+    if near(got, want_gib / dtype_bytes):
+        return " That counts elements; multiply by the bytes per element."
+    return ""
+
+
 def compare_ledgers(got, want: Ledger, where: str) -> None:
     """Compare two ledgers trip by trip (unfused, then fused); name the first trip that differs."""
     if not isinstance(got, Ledger):

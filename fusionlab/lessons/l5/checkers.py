@@ -437,16 +437,5 @@ def check_eager_peak_gib(peak_gib) -> Passed:
         6: "Six is the number of (T, V) trips eager makes, not the tensors alive at once.",
         1.5: "Bytes per element: these logits are fp32.",
     }
-    tip = ""
-    for k, text in tips.items():
-        if abs(got - k * logits / GIB) <= 0.01 * k * logits / GIB:
-            tip = " " + text
-            break
-    else:
-        if abs(got - want * GIB / 1e9) <= 0.01 * want * GIB / 1e9:
-            tip = " That is in GB (1e9 bytes); the question asks for GiB (2**30 bytes)."
-        elif abs(got - want * GIB) <= 0.01 * want * GIB:
-            tip = " That is in bytes; divide by 2**30 for GiB."
-        elif abs(got - want / PEAK_DTYPE_BYTES) <= 0.01 * want / PEAK_DTYPE_BYTES:
-            tip = " That counts elements; multiply by the bytes per element."
+    tip = grading.memory_answer_tip(got, want, logits / GIB, tips, PEAK_DTYPE_BYTES)
     raise CheckFailed(f"my_eager_peak_gib = {got:.4g}, expected about {want:.2f} GiB.{tip}")

@@ -483,14 +483,5 @@ def check_naive_peak_gib(peak_gib) -> Passed:
         3: "Three counts S too; the unscaled S is freed as soon as `S * scale` has been computed.",
         4: "Four N x N tensors: that is fp32, but these are fp16 (2 bytes).",
     }
-    tip = ""
-    for k, text in tips.items():
-        if abs(got - k * one) <= 0.01 * k * one:
-            tip = " " + text
-            break
-    else:
-        if abs(got - want * GIB / 1e9) <= 0.01 * want * GIB / 1e9:
-            tip = " That is in GB (1e9 bytes); the question asks for GiB (2**30 bytes)."
-        elif abs(got - want * GIB) <= 0.01 * want * GIB:
-            tip = " That is in bytes; divide by 2**30."
+    tip = grading.memory_answer_tip(got, want, one, tips, PEAK_DTYPE_BYTES)
     raise CheckFailed(f"my_naive_peak_gib = {got:.4g}, expected about {want:.2f} GiB.{tip}")
