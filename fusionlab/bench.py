@@ -473,7 +473,7 @@ def source_label() -> str:
 def ceiling_kwargs(make_cases: Callable, ceil: Ceilings) -> dict:
     """The measured ceilings that ``make_cases`` takes (by parameter name) to fill in predictions."""
     params = inspect.signature(make_cases).parameters
-    have = {"copy_GBps": ceil.copy_GBps, "matmul_TFLOPs": ceil.matmul_TFLOPs}
+    have = {"copy_GBps": ceil.copy_GBps, "matmul_TFLOPs": ceil.matmul_TFLOPs, "vector_TFLOPs": ceil.vector_TFLOPs}
     return {k: v for k, v in have.items() if k in params}
 
 

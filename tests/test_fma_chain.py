@@ -30,3 +30,18 @@ def test_bytes_do_not_grow_with_k_but_flops_do():
 def test_bad_k(k):
     with pytest.raises(KernelInputError, match="multiple of 4"):
         fma_chain(torch.ones(8, device=DEV), k)
+
+
+def test_lesson2_fma_sweep_cases_predict_a_knee(monkeypatch):
+    from fusionlab.lessons.l2 import suite
+
+    monkeypatch.setattr(suite, "FMA_N", {torch.float32: 4099, torch.bfloat16: 4099})
+    copy, vector = 3000.0, 60.0  # GB/s, TFLOP/s: a budget of 60e12 / 2 / (3000e9 / 8) = 80 FMAs per fp32 element
+    cases = suite.fma_cases(copy, vector, device=runtime.DEVICE)
+    assert [c.name for c in cases[:2]] == ["fma fp32 k=4", "fma fp32 k=8"] and len(cases) == 2 * len(suite.FMA_KS)
+    for c in cases[:3]:
+        assert c.fn().shape == (4099,)
+    pred = {c.name: c.predicted_ms for c in cases}
+    assert pred["fma fp32 k=4"] == pred["fma fp32 k=64"] < pred["fma fp32 k=96"]  # memory-bound up to the budget
+    assert pred["fma bf16 k=32"] == pred["fma bf16 k=4"] < pred["fma bf16 k=48"]  # half the bytes: half the budget
+    assert all(c.predicted_ms is None for c in suite.fma_cases(device=runtime.DEVICE))

@@ -1,4 +1,5 @@
-"""Lesson 2 on a GPU: bias + GELU (eager, compiled, the fused Triton kernel) and the k-op chain.
+"""Lesson 2 on a GPU: bias + GELU (eager, compiled, the fused Triton kernel), the k-op chain, and a
+sweep of k fused multiply-adds per element (where arithmetic stops being free).
 
 Every input is 1 GiB, far past any L2. ``nbytes`` is the *minimal* traffic of the op (read x and the
 bias once, write y once: the fused ledger), so "% of copy" reads as effective bandwidth: eager, which
@@ -14,6 +15,7 @@ import torch
 from ...bench import Case, compiled
 from ...kernels.bias_gelu import bias_gelu, bias_gelu_config, bias_gelu_eager, bias_gelu_ledger
 from ...kernels.chain import MAX_K, chain, chain_ledger, chain_reference
+from ...kernels.fma_chain import fma_chain, fma_chain_flops, fma_chain_ledger
 from ...ledger import Ledger
 
 #: 1 GiB of input per dtype: 16384 x 16384 fp32, 32768 x 16384 bf16
@@ -22,6 +24,10 @@ CHAIN_N = 2**28  # 1 GiB of fp32
 APPROXIMATIONS = ("none", "tanh", "erf_fast")
 #: how the case names spell each approximation of the Triton kernel
 APPROX_LABEL = {"none": "erf", "tanh": "tanh", "erf_fast": "erf_fast"}
+#: FMAs per element of the sweep: around the budgets (tens of instructions an element) and past them
+FMA_KS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+#: 1 GiB of input per dtype, as the other cases
+FMA_N = {torch.float32: 2**28, torch.bfloat16: 2**29}
 
 
 def _dname(dtype: torch.dtype) -> str:
@@ -110,13 +116,47 @@ def chain_cases(copy_GBps: float | None = None, n: int = CHAIN_N, device="cuda")
     return out
 
 
-def cases(copy_GBps: float | None = None, device="cuda") -> list[Case]:
-    """All lesson 2 cases. ``copy_GBps``: the measured copy ceiling (``fusionlab.bench.ceilings()``);
-    when given, every case carries ``predicted_ms``."""
+def fma_name(dtype: torch.dtype, k: int) -> str:
+    return f"fma {_dname(dtype)} k={k}"
+
+
+def fma_predict_ms(n: int, k: int, dtype, copy_GBps: float, vector_TFLOPs: float) -> float:
+    """The roofline's time for k FMAs on each of n elements: the bytes at the copy bandwidth or the FMAs
+    at the vector units' rate (one FMA an instruction, 2 FLOPs), whichever is longer."""
+    memory = fma_chain_ledger(n, dtype).predict_ms(copy_GBps, fused=True)
+    return max(memory, fma_chain_flops(n, k) / (vector_TFLOPs * 1e12) * 1e3)
+
+
+def fma_cases(copy_GBps: float | None = None, vector_TFLOPs: float | None = None, device="cuda") -> list[Case]:
+    """k FMAs per element for k in :data:`FMA_KS`, fp32 and bf16, 1 GiB each: one read and one write
+    whatever k is, so the time stays at the copy's until the arithmetic takes longer than the bytes."""
+    out = []
+    for dtype, n in FMA_N.items():
+        x = torch.randn(n, device=device, dtype=dtype)
+        nbytes = fma_chain_ledger(n, dtype).fused_bytes
+        for k in FMA_KS:
+            pred = fma_predict_ms(n, k, dtype, copy_GBps, vector_TFLOPs) if copy_GBps and vector_TFLOPs else None
+            out.append(
+                Case(
+                    fma_name(dtype, k),
+                    lambda x=x, k=k: fma_chain(x, k),
+                    nbytes,
+                    flops=fma_chain_flops(n, k),
+                    group=f"fma {_dname(dtype)}",
+                    predicted_ms=pred,
+                )
+            )
+    return out
+
+
+def cases(copy_GBps: float | None = None, vector_TFLOPs: float | None = None, device="cuda") -> list[Case]:
+    """All lesson 2 cases. ``copy_GBps`` and ``vector_TFLOPs``: the measured ceilings
+    (``fusionlab.bench.ceilings()``); when given, every case carries ``predicted_ms``."""
     out = []
     for dtype in (torch.float32, torch.bfloat16):
         out += bias_gelu_cases(dtype, copy_GBps, device)
     out += chain_cases(copy_GBps, device=device)
+    out += fma_cases(copy_GBps, vector_TFLOPs, device)
     return out
 
 
