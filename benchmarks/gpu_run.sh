@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything a session checks on a lent GPU, in one scripted call (see benchmarks/NOTES.md).
 #   bash benchmarks/gpu_run.sh [tests] [record] [tune] [nbval]     (default: all)
+#   SUITES="lesson4 lesson7" bash benchmarks/gpu_run.sh record      (one file per suite in $OUT)
 # Writes logs and results under $OUT (default ./out). Needs the wheels of ../shared/tools/gpu-wheelhouse.sh
 # in .whl/ for nbval (the GPU machine has torch/triton/pytest but no Jupyter).
 set -uo pipefail
@@ -18,9 +19,13 @@ for s in $stages; do
   echo "=== $s ==="
   case $s in
     tests) timeout 300 python3 -m pytest tests -q -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/pytest.log" ;;
-    record) timeout 400 python3 -m fusionlab.record --suites "${SUITES:-lesson1,lesson2,lesson3}" --out "$OUT/recorded.json" 2>&1 | tee "$OUT/record.log" | tail -60 ;;
+    record) # one process and one file per suite, so a slow or failing suite costs only itself
+            for suite in ${SUITES:-$(python3 -c "from fusionlab.lessons import SUITES; print(' '.join(SUITES))")}; do
+              timeout "${SUITE_TIMEOUT:-200}" python3 -m fusionlab.record --suites "$suite" --out "$OUT/recorded-$suite.json" 2>&1 \
+                | tee -a "$OUT/record.log" | tail -40
+            done ;;
     tune) [ -f benchmarks/tune.py ] && timeout 300 python3 benchmarks/tune.py 2>&1 | tee "$OUT/tune.log" | tail -40 ;;
-    generated) python3 -m fusionlab.inductor_code --save "$OUT/generated" 2>&1 | tail -5 \
+    generated) python3 -m fusionlab.lessons.l3.generated_code --save "$OUT/generated" 2>&1 | tail -5 \
                  && tar -C "$OUT" -czf "$OUT/generated.tgz" generated && rm -rf "$OUT/generated" ;;
     execute) # run every lesson and solution here, as a learner would, and bring the outputs back
              rm -rf /tmp/gpu_nb && mkdir -p /tmp/gpu_nb && cp -r notebooks solutions /tmp/gpu_nb/ \
