@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -590,3 +591,34 @@ def test_the_animation_takes_rereads_and_written_out_schedules():
     anim = TripAnimation(norm)
     anim.frame = anim.n_frames - 1
     assert anim.bytes_moved(fused=True) == norm.fused_bytes and "rstd" in anim.html(fused=True)
+
+
+def same_height(svg: str) -> str:
+    return svg.replace("0 0 460 358", "0 0 460 336").replace('height="358"', 'height="336"')
+
+
+def test_animation_notes_are_drawn_per_frame_and_leave_plain_animations_unchanged():
+    led = cos_cos()
+    plain = TripAnimation(led)
+    lines = [f"state after frame {k} <m>" for k in range(3)]  # shorter than the 5 frames
+    anim = TripAnimation(led, notes=lines)
+    assert plain.note(True) is None and anim.note(True) == lines[0] and anim.note(False) is None
+    for k in range(anim.n_frames):
+        anim.frame = plain.frame = k
+        fused, unfused = anim.html(True), anim.html(False)
+        if k < len(lines):
+            assert f"state after frame {k} &lt;m&gt;" in fused  # escaped
+        assert "state after" not in unfused and 'height="358"' in unfused  # both panels the same height
+        assert 'height="336"' in plain.html(True) and "state after" not in plain.html(True)
+        # everything else in the panel is what the plain animation draws
+        assert same_height(re.sub(r"\n<text [^\n]*state after[^\n]*</text>", "", fused)) == plain.html(True)
+        assert same_height(unfused) == plain.html(False)
+    assert anim.note(True) == ""  # past the end of the list: an empty line
+    assert f"state after frame {len(lines) - 1}" not in anim._repr_mimebundle_()["text/html"]  # the last frame
+    both = TripAnimation(led, notes=["a"] * 5, unfused_notes=["b"] * 5)
+    assert ">b<" in both.html(False) and ">a<" in both.html(True)
+    assert both.static_html().count(">a<") == 1 and both.static_html().count(">b<") == 1
+    with pytest.raises(ValueError, match="more than the 5 frames"):
+        TripAnimation(led, notes=["x"] * 6)
+    with pytest.raises(TypeError, match="one line per frame"):
+        TripAnimation(led, notes="one string")

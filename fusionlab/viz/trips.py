@@ -9,6 +9,7 @@ different chart, a static summary of the bytes, drawn with matplotlib.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import ipywidgets as widgets
@@ -101,6 +102,7 @@ def _timeline(ledger: Ledger, fused: bool) -> _Timeline:
 _W, _H = 460, 336
 _BOX_X, _BOX_W, _BOX_H = 16, 428, 80
 _CHIP_Y, _HBM_Y = 54, 206
+_NOTE_H = 22  # the extra height of a panel whose animation has notes
 
 
 @dataclass(frozen=True)
@@ -258,16 +260,25 @@ def _idle_text(frame: int, last_frame: int) -> str:
     return "done: no more trips"
 
 
-def _panel_svg(ledger: Ledger, tl: _Timeline, fused: bool, frame: int, last_frame: int, scale: int) -> str:
+def _svg_note(note: str) -> list[str]:
+    """The caller's line for this frame (the state a kernel keeps on chip, say), under the counter."""
+    return [f'<text x="{_BOX_X}" y="{_H + 12}" font-size="12" fill="{STAY_COLOR}">{esc(note)}</text>']
+
+
+def _panel_svg(
+    ledger: Ledger, tl: _Timeline, fused: bool, frame: int, last_frame: int, scale: int, note: str | None = None
+) -> str:
+    """One panel; ``note`` (``None``: the animation has no notes) adds a line of text under the counter."""
+    height = _H if note is None else _H + _NOTE_H
     shown = min(frame, len(tl.trips))
     current = tl.trips[shown - 1] if 0 < frame <= len(tl.trips) else None
     title = "fused (one kernel)" if fused else "unfused (one kernel per op)"
     chip = _mark_current(_on_chip(tl, ledger, shown, fused), current)
     stays = any(c.style == "stays" for c in chip)
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_W} {_H}" width="{_W}" height="{_H}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_W} {height}" width="{_W}" height="{height}" '
         f'style="width:100%;height:auto;max-width:{_W}px" font-family="sans-serif">',
-        f'<rect width="{_W}" height="{_H}" fill="white"/>',
+        f'<rect width="{_W}" height="{height}" fill="white"/>',
         f'<text x="{_W / 2}" y="22" font-size="16" font-weight="bold" text-anchor="middle" '
         f'fill="{INK}">{esc(title)}</text>',
         f'<text x="{_W / 2}" y="42" font-size="12" text-anchor="middle" fill="{MUTED}">'
@@ -280,6 +291,7 @@ def _panel_svg(ledger: Ledger, tl: _Timeline, fused: bool, frame: int, last_fram
         *_svg_box(_HBM_Y, "HBM (off-chip DRAM)", "#eef1f6", "#6a7a9a"),
         *_svg_chips(_mark_current(_in_hbm(tl, shown), current), tl.nbytes, _HBM_Y),
         *_svg_counter(sum(t.nbytes for t in tl.trips[:shown]), tl.total, scale),
+        *(_svg_note(note) if note else []),
         "</svg>",
     ]
     return "\n".join(parts)
@@ -372,18 +384,34 @@ class TripAnimation:
     ones: both panels advance together, the fused one runs out of trips early and then shows its total.
     Frames run ``0 .. len(unfused trips)``.
 
+    ``notes`` (fused panel) and ``unfused_notes``: one line of text per frame, drawn under the panel's
+    byte counter — what the ledger's trips cannot show, such as the running statistics a fused kernel
+    keeps on chip. Without them the panels are drawn exactly as before.
+
         >>> anim = TripAnimation(Ledger.chain(["cos", "cos"], 1024))
         >>> anim.frame = anim.n_frames - 1
         >>> anim.bytes_moved(fused=False), anim.bytes_moved(fused=True)
         (16384, 8192)
     """
 
-    def __init__(self, ledger: Ledger, title: str = "", interval_ms: int = 900):
+    def __init__(
+        self,
+        ledger: Ledger,
+        title: str = "",
+        interval_ms: int = 900,
+        *,
+        notes: Sequence[str] | None = None,
+        unfused_notes: Sequence[str] | None = None,
+    ):
         if not ledger.trips(fused=False):
             raise ValueError("the ledger has no trips to animate; add ops with Ledger.op(...) first")
         self.ledger = ledger
         self.title = title
         self._tl = {False: _timeline(ledger, False), True: _timeline(ledger, True)}
+        self._notes = {
+            False: self._check_notes(unfused_notes, "unfused_notes"),
+            True: self._check_notes(notes, "notes"),
+        }
         last = self.n_frames - 1
         self._panels = {f: widgets.HTML(layout=widgets.Layout(flex="1 1 0%", min_width="280px")) for f in (False, True)}
         self.play = widgets.Play(value=0, min=0, max=last, step=1, interval=interval_ms, description="play")
@@ -407,6 +435,27 @@ class TripAnimation:
             ]
         )
         self._render()
+
+    def _check_notes(self, notes: Sequence[str] | None, name: str) -> tuple[str, ...] | None:
+        if notes is None:
+            return None
+        if isinstance(notes, str) or not all(isinstance(n, str) for n in notes):
+            raise TypeError(f"{name} must be a sequence of strings, one line per frame")
+        if len(notes) > self.n_frames:
+            raise ValueError(
+                f"{name} has {len(notes)} lines, more than the {self.n_frames} frames (0..{self.n_frames - 1})"
+            )
+        return tuple(notes)
+
+    def note(self, fused: bool, frame: int | None = None) -> str | None:
+        """The caller's line for a panel at a frame (the current one by default): ``notes[frame]`` for the
+        fused panel, ``unfused_notes[frame]`` for the other; ``""`` past the end of a shorter list, and
+        ``None`` for a panel given no notes."""
+        notes = self._notes[fused]
+        if notes is None:
+            return None
+        frame = self.frame if frame is None else frame
+        return notes[frame] if frame < len(notes) else ""
 
     # -- frames -------------------------------------------------------------------------------------------
     @property
@@ -448,7 +497,9 @@ class TripAnimation:
 
     def _panel(self, fused: bool, frame: int) -> str:
         scale = self._tl[False].total  # one scale for both counter bars: the fused bar is visibly shorter
-        return _panel_svg(self.ledger, self._tl[fused], fused, frame, self.n_frames - 1, scale)
+        has_notes = any(n is not None for n in self._notes.values())  # both panels the same height
+        note = (self.note(fused, frame) or "") if has_notes else None
+        return _panel_svg(self.ledger, self._tl[fused], fused, frame, self.n_frames - 1, scale, note)
 
     def _render(self) -> None:
         for fused, panel in self._panels.items():
