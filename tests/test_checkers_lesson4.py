@@ -173,6 +173,39 @@ def test_add_rmsnorm_accepts_one_tile_a_row_whatever_the_width():
     )
 
 
+@triton.jit
+def _add_rmsnorm_other_order(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps, BLOCK_N: tl.constexpr):
+    # right, in another order: h² summed from the unrounded fp32 sum, y rounded once at the end, and pass 2
+    # re-reading x and r instead of h (more bytes, the same numbers to within one rounding)
+    row = tl.program_id(axis=0).to(tl.int64)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        mask = offs < n_cols
+        x = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(h_ptr + row * n_cols + offs, (x + r).to(h_ptr.dtype.element_ty), mask=mask)
+        acc += (x + r) * (x + r)
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        mask = offs < n_cols
+        x = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * n_cols + offs, ((x + r) * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def test_add_rmsnorm_accepts_another_rounding_order_and_rereading_x_and_r():
+    def fn(x, r, w, eps):
+        h, y = torch.empty_like(x), torch.empty_like(x)
+        block = min(triton.next_power_of_2(x.shape[1]), MAX_BLOCK)
+        _add_rmsnorm_other_order[(x.shape[0],)](x, r, w, h, y, x.shape[1], eps, BLOCK_N=block)
+        return y, h
+
+    assert ex.check_add_rmsnorm(fn).startswith("✓ add_rmsnorm")
+
+
 def test_add_rmsnorm_refuses_the_package_kernel_and_torch():
     with pytest.raises(CheckFailed, match="fusionlab's own kernel"):
         ex.check_add_rmsnorm(lambda x, r, w, eps: rmsnorm(x, w, eps, r))
