@@ -289,15 +289,28 @@ def recorded_files() -> list[Path]:
 
 
 def recorded_runs() -> list[Recorded]:
-    """Every recorded GPU run shipped with the package, oldest first."""
-    runs = [Recorded.from_json(json.loads(p.read_text()), p) for p in recorded_files()]
+    """Every recorded GPU run shipped with the package, oldest first. Files of one device and one day
+    are one run: a session that records its suites one process at a time (``benchmarks/gpu_run.sh``)
+    writes a file per suite, and they are read back together (suites merged; meta and ceilings from
+    the file that holds the most suites, the first of them on a tie)."""
+    groups: dict[tuple[str, str], list[Recorded]] = {}
+    for p in recorded_files():
+        r = Recorded.from_json(json.loads(p.read_text()), p)
+        groups.setdefault((r.meta["device"], r.meta["date"]), []).append(r)
+    runs = []
+    for parts in groups.values():
+        base = max(parts, key=lambda r: len(r.suites))  # max keeps the first of equals
+        suites = {name: res for r in parts for name, res in r.suites.items()}
+        meta = {**base.meta, "time": max(r.meta.get("time", "") for r in parts)}
+        runs.append(Recorded(meta, base.ceilings, suites, base.path))
     return sorted(runs, key=lambda r: (r.meta["date"], r.meta.get("time", "")))
 
 
 def recorded(path: str | Path | None = None, *, device: str | None = None, suite: str | None = None) -> Recorded:
-    """The newest recorded GPU run shipped with the package; ``device`` (e.g. ``"H100"``) picks the
-    newest run on a device whose name contains it, ``suite`` the newest run that holds that suite (a
-    lesson recorded after the others lives in a later file); ``path`` a file."""
+    """The recorded GPU run the CPU view is built on: of the runs that hold the most suites, the newest
+    (a later run of a few suites does not lend its label and ceilings to lessons it does not hold).
+    ``device`` (e.g. ``"H100"``) picks among runs on a device whose name contains it; ``suite``, the
+    newest run that holds that suite; ``path``, one file as it is."""
     if path is not None:
         p = Path(path)
         return Recorded.from_json(json.loads(p.read_text()), p)
@@ -311,6 +324,9 @@ def recorded(path: str | Path | None = None, *, device: str | None = None, suite
         raise FileNotFoundError(
             f"no recorded GPU results{where} in {RECORDED_DIR}; run `python -m fusionlab.record` on a GPU"
         )
+    if suite is None:
+        most = max(len(r.suites) for r in runs)
+        runs = [r for r in runs if len(r.suites) == most]
     return runs[-1]
 
 

@@ -178,3 +178,29 @@ def test_notes_tables_read_numbers_and_keep_notes():
     assert any(isinstance(v, str) and "compile error" in v for row in sweep.values() for v in row.values())
     with pytest.raises(ValueError, match="no table 2"):
         bench.notes_table("notes_lesson6", heading, index=2)
+
+
+def test_a_sessions_per_suite_files_read_as_one_run_and_a_partial_run_lends_no_label(tmp_path, monkeypatch):
+    base = bench.recorded(bench.recorded_files()[0]).to_json()
+
+    def write(name, device, date, time, suites):
+        data = json.loads(json.dumps(base))
+        data["meta"] |= {"device": device, "date": date, "time": time}
+        data["suites"] = {s: base["suites"]["lesson1"] for s in suites}
+        (tmp_path / name).write_text(json.dumps(data))
+
+    write("a.json", "GPU A", "2026-01-01", "01:00Z", ["lesson1", "lesson2", "lesson3"])
+    write("b1.json", "GPU B", "2026-02-01", "01:00Z", ["lesson1", "lesson2"])  # one session, a file a suite...
+    write("b2.json", "GPU B", "2026-02-01", "02:00Z", ["lesson3", "lesson4"])  # ...read back as one run
+    write("c.json", "GPU C", "2026-03-01", "01:00Z", ["lesson5"])  # a later partial run
+    monkeypatch.setattr(bench, "RECORDED_DIR", tmp_path)
+    runs = bench.recorded_runs()
+    assert [(r.meta["device"], sorted(r.suites)) for r in runs] == [
+        ("GPU A", ["lesson1", "lesson2", "lesson3"]),
+        ("GPU B", ["lesson1", "lesson2", "lesson3", "lesson4"]),
+        ("GPU C", ["lesson5"]),
+    ]
+    assert runs[1].meta["time"] == "02:00Z"
+    assert bench.recorded().meta["device"] == "GPU B"  # the most suites, not the newest file
+    assert bench.recorded(suite="lesson5").meta["device"] == "GPU C"
+    assert bench.recorded(suite="lesson1").meta["device"] == "GPU B"
