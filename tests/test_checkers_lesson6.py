@@ -207,7 +207,7 @@ def test_linear_gelu_reports_a_stub():
 
 
 # -- exercise 2: the RMSNorm prologue -------------------------------------------------------------------
-RMS_RIGHT, RMS_FIRST_TILE, RMS_LAST_TILE, RMS_NO_EPS, RMS_PER_TILE = range(5)
+RMS_RIGHT, RMS_FIRST_TILE, RMS_LAST_TILE, RMS_NO_EPS, RMS_PER_TILE, RMS_PADDED_K = range(6)
 
 
 @triton.jit
@@ -256,6 +256,8 @@ def _rmsnorm_matmul_kernel(
             acc += tl.dot(a, b)
     if MISTAKE == 3:
         rstd = 1.0 / tl.sqrt(sum_sq / K)
+    elif MISTAKE == 5:  # the mean over the width the K tiles cover, padding included
+        rstd = 1.0 / tl.sqrt(sum_sq / (tl.cdiv(K, BLOCK_K) * BLOCK_K) + eps)
     else:
         rstd = 1.0 / tl.sqrt(sum_sq / K + eps)
     if MISTAKE != 4:
@@ -363,6 +365,12 @@ def test_rmsnorm_matmul_rejects_rstd_from_one_k_tile(mistake):
 
 def test_rmsnorm_matmul_rejects_each_tile_normalised_by_itself():
     _rejects(ex.check_rmsnorm_matmul, lambda x, w, eps: _launch_rms(x, w, eps, RMS_PER_TILE), "differ beyond")
+
+
+def test_rmsnorm_matmul_rejects_a_mean_over_the_padded_width():
+    _rejects(
+        ex.check_rmsnorm_matmul, lambda x, w, eps: _launch_rms(x, w, eps, RMS_PADDED_K), "the width the K tiles cover"
+    )
 
 
 def test_rmsnorm_matmul_rejects_a_missing_eps():

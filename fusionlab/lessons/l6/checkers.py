@@ -341,6 +341,15 @@ def _rms_alternatives(x, w, eps) -> list[tuple[torch.Tensor, str]]:
                     )
                 )
     rstd = torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
+    sum_sq = xd.pow(2).sum(-1, keepdim=True)
+    for padded in sorted({-(-K // tile) * tile for tile in _TILES} - {K}):
+        out.append(
+            (
+                h * torch.rsqrt(sum_sq / padded + eps),
+                f"your mean divides Σx² by {padded}, the width the K tiles cover, not by K = {K}: the masked "
+                "lanes add nothing to the sum, and they do not count in the mean either.",
+            )
+        )
     out.append((h * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True)), "eps is missing: rsqrt(mean(x²) + eps)."))
     out.append(
         (h / (xd.pow(2).mean(-1, keepdim=True).sqrt() + eps), "eps goes inside the root: rsqrt(mean(x²) + eps).")
