@@ -165,6 +165,14 @@ SHIFT = 40.0
 #: per-row norm-relative tolerance on O; absolute + relative on lse (scores are fp32 from exact products)
 O_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 LSE_ATOL, LSE_RTOL = 2e-4, 2e-5
+#: O's tolerance where every score is near +-SHIFT^2 / sqrt(D) = +-400: an fp32 score that large carries a
+#: rounding of about 1e-4 (a few steps of |s| * 2^-24 in the dot product), which becomes the same relative
+#: error in every exp(s - m); the solutions measured up to 1.2e-4 (60 seeds), above O_TOL's 1e-4
+SHIFT_O_TOL = 1e-3
+
+
+def _o_tol(dtype, shift: float) -> float:
+    return max(O_TOL[dtype], SHIFT_O_TOL) if shift else O_TOL[dtype]
 
 
 def _dtypes():
@@ -343,10 +351,10 @@ def _run_kernel(fn, name, shape, dtype, seed, *, causal, shift=0.0, max_first=Fa
                 "(query tiles x B * H) and the store masks.",
                 seed,
             )
-    err = _row_err(o, ref_o)
+    err, tol = _row_err(o, ref_o), _o_tol(dtype, shift)
     lse_ok = _close_lse(lse, ref_lse)
     finite = torch.isfinite(o.detach().double().cpu()).all() and torch.isfinite(lse.detach().double().cpu()).all()
-    if err.max() <= O_TOL[dtype] and lse_ok.all():
+    if err.max() <= tol and lse_ok.all():
         return None
     if not finite:
         if shift > 0:
@@ -362,7 +370,7 @@ def _run_kernel(fn, name, shape, dtype, seed, *, causal, shift=0.0, max_first=Fa
         else:
             msg = f"{where}: O or lse is inf or NaN where the answer is finite."
         return msg, o, lse, (q, k, v)
-    bad = int((err > O_TOL[dtype]).sum())
+    bad = int((err > tol).sum())
     if bad == 0:
         ln2 = torch.isclose(
             lse.detach().double().cpu().flatten() * math.log(2), ref_lse.double().cpu().flatten(), atol=1e-4, rtol=1e-4
@@ -374,9 +382,9 @@ def _run_kernel(fn, name, shape, dtype, seed, *, causal, shift=0.0, max_first=Fa
             got, want = lse.detach().flatten()[i].item(), ref_lse.flatten()[i].item()
             msg = f"{where}: O is right, lse is off at row {i}: got {got:.6g}, expected {want:.6g} (lse = m + log l)."
         return msg, o, lse, (q, k, v)
-    i = int((err > O_TOL[dtype]).nonzero()[0][0])
+    i = int((err > tol).nonzero()[0][0])
     msg = (
-        f"{where}: {bad} of {err.numel()} rows of O differ from float64 beyond a relative {O_TOL[dtype]:g}; "
+        f"{where}: {bad} of {err.numel()} rows of O differ from float64 beyond a relative {tol:g}; "
         f"the first is row {i % n_q} of head {i // n_q}."
     )
     return msg, o, lse, (q, k, v)
