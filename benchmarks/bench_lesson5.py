@@ -53,18 +53,6 @@ def line(s):
     print(s, flush=True)
 
 
-def peak_extra(fn):
-    """Peak bytes allocated during fn() beyond what was allocated before (its result included)."""
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del out
-    return peak
-
-
 # -- SwiGLU ---------------------------------------------------------------------------------------------
 def sec_swiglu(copy, budget):
     line("SwiGLU (8192 x 14336)            fwd ms  %copy  vs eager  vs compiled | bwd ms  %copy  vs eager  vs compiled")
@@ -166,15 +154,15 @@ def _ce_one(tokens, vocab, copy, budget, compiled_shapes):
         ms["fwd_eager"] = bench.time_ms(lambda: F.cross_entropy(x, t))
     mem = {
         # beyond the logits and the gradient they return (in place: beyond the logits)
-        "fused": peak_extra(_ce_fused(xg, t)) - logits_bytes,
-        "inplace": peak_extra(_ce_fused(xi, t, inplace=True)),
-        "eager": peak_extra(lambda: torch.autograd.grad(F.cross_entropy(xg, t), xg)) - logits_bytes,
+        "fused": bench.peak_bytes(_ce_fused(xg, t)) - logits_bytes,
+        "inplace": bench.peak_bytes(_ce_fused(xi, t, inplace=True)),
+        "eager": bench.peak_bytes(lambda: torch.autograd.grad(F.cross_entropy(xg, t), xg)) - logits_bytes,
     }
     if (tokens, vocab) in compiled_shapes and left(budget) > 120:
         comp = torch.compile(lambda a, b: F.cross_entropy(a, b), dynamic=False)
         torch.autograd.grad(comp(xg, t), xg)
         ms["compiled"] = bench.time_ms(lambda: torch.autograd.grad(comp(xg, t), xg))
-        mem["compiled"] = peak_extra(lambda: torch.autograd.grad(comp(xg, t), xg)) - logits_bytes
+        mem["compiled"] = bench.peak_bytes(lambda: torch.autograd.grad(comp(xg, t), xg)) - logits_bytes
     frac = bench.gbps(two, ms["fused"]) / copy
     frac_in = bench.gbps(two, ms["inplace"]) / copy
     cfg = cross_entropy_config(vocab, torch.bfloat16)
@@ -345,7 +333,7 @@ def sec_lce(copy, budget):
         grads = fn()
         err = [((g.float() - r).norm() / r.norm()).item() for g, r in zip(grads, ref, strict=True)]
         del grads
-        mem = peak_extra(fn)
+        mem = bench.peak_bytes(fn)
         ms = bench.time_ms(fn, warmup_ms=50, rep_ms=300)
         base.setdefault("ms", ms)
         base.setdefault("mem", mem)

@@ -59,6 +59,21 @@ def time_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def peak_bytes(fn: Callable[..., object], *args, **kwargs) -> int:
+    """Peak bytes allocated while ``fn(*args, **kwargs)`` runs, beyond what was allocated before it
+    (``torch.cuda.max_memory_allocated``). The result of ``fn`` counts, since it is alive at the end;
+    call ``fn`` once before to keep compilation out of the number. GPU only."""
+    _require_gpu("peak_bytes")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return peak
+
+
 def _positive_int(v, name: str, minimum: int = 1) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise ValueError(f"{name} must be a whole number >= {minimum}, got {v!r}")

@@ -204,3 +204,9 @@ def test_a_sessions_per_suite_files_read_as_one_run_and_a_partial_run_lends_no_l
     assert bench.recorded().meta["device"] == "GPU B"  # the most suites, not the newest file
     assert bench.recorded(suite="lesson5").meta["device"] == "GPU C"
     assert bench.recorded(suite="lesson1").meta["device"] == "GPU B"
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="on a GPU there is memory to measure")
+def test_peak_memory_is_refused_by_the_mode():
+    with pytest.raises(bench.NotOnGPU, match="peak_bytes"):
+        bench.peak_bytes(lambda: None)

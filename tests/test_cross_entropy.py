@@ -395,7 +395,7 @@ def test_bad_arguments(kw, match):
 @gpu_only
 @pytest.mark.gpu
 def test_peak_memory_on_gpu():
-    from fusionlab.kernels.cross_entropy import cross_entropy_peak_memory
+    from fusionlab.bench import peak_bytes
 
     tokens, vocab = 2048, 32000
     x, t = _inputs(tokens, vocab, torch.bfloat16, ignored=0.1)
@@ -406,9 +406,9 @@ def test_peak_memory_on_gpu():
         return torch.autograd.grad(cross_entropy(xl, t, inplace_grad=inplace), xl)[0]
 
     fused(False)
-    extra = cross_entropy_peak_memory(fused, False) - 2 * logits_bytes  # the clone and the gradient
+    extra = peak_bytes(fused, False) - 2 * logits_bytes  # the clone and the gradient
     assert extra <= 0.1 * logits_bytes, f"extra {extra / logits_bytes:.1%} of the logits"
-    inplace_extra = cross_entropy_peak_memory(fused, True)
+    inplace_extra = peak_bytes(fused, True)
     assert inplace_extra <= 0.1 * logits_bytes, f"in place: {inplace_extra / logits_bytes:.1%} of the logits"
 
 

@@ -145,22 +145,6 @@ def cross_entropy_flops(tokens: int, vocab: int, *, backward: bool = True) -> in
     return (8 if backward else 4) * tokens * vocab
 
 
-def cross_entropy_peak_memory(fn, *args, **kwargs) -> int:
-    """Peak bytes allocated while ``fn(*args, **kwargs)`` runs, beyond what was allocated before it
-    (``torch.cuda.max_memory_allocated``; GPU only). The result of ``fn`` counts, since it is alive at
-    the end; call ``fn`` once before to keep compilation out of the number."""
-    if not runtime.is_gpu():
-        raise RuntimeError("cross_entropy_peak_memory measures CUDA memory; this is interpreter mode.")
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn(*args, **kwargs)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del out
-    return peak
-
-
 # -- configuration ------------------------------------------------------------------------------------------
 #: from a sweep on an H100 (bf16 fwd+bwd, benchmarks/notes_lesson5.md): rows up to 64 Ki elements
 #: run fastest in small programs (8 warps, a head of 8192, the next tile prefetched: several programs
@@ -615,6 +599,5 @@ __all__ = [
     "cross_entropy_eager",
     "cross_entropy_flops",
     "cross_entropy_ledger",
-    "cross_entropy_peak_memory",
     "cross_entropy_reference",
 ]

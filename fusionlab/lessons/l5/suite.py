@@ -31,13 +31,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ...bench import Case, compiled
+from ...bench import Case, compiled, peak_bytes
 from ...kernels.cross_entropy import (
     cross_entropy,
     cross_entropy_eager,
     cross_entropy_flops,
     cross_entropy_ledger,
-    cross_entropy_peak_memory,
 )
 from ...kernels.linear_cross_entropy import (
     linear_cross_entropy,
@@ -254,11 +253,11 @@ def _peaks(tokens, vocabs, device, lce_thunks=None) -> list[tuple[Peak, Callable
     out = []
     for vocab in vocabs:
         for variant, fn in _ce_thunks(tokens, vocab, device).items():
-            out.append((Peak(variant, tokens, vocab, cross_entropy_peak_memory(fn)), fn))
+            out.append((Peak(variant, tokens, vocab, peak_bytes(fn)), fn))
     if lce_thunks is not None:
         t, _, v = LCE_SHAPE
         for variant, fn in zip(LCE_PEAK_VARIANTS, lce_thunks.values(), strict=True):
-            out.append((Peak(variant, t, v, cross_entropy_peak_memory(fn)), fn))
+            out.append((Peak(variant, t, v, peak_bytes(fn)), fn))
     return out
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ...bench import Case
+from ...bench import Case, peak_bytes
 from ...kernels.attention import attention, attention_bytes, attention_eager, attention_flops, attention_ledger
 
 DTYPE = torch.bfloat16
@@ -145,18 +145,6 @@ def timing_cases(copy_GBps=None, matmul_TFLOPs=None, device="cuda", dims=HEAD_DI
     return out
 
 
-def _peak_bytes(fn) -> int:
-    """Peak bytes allocated while ``fn()`` runs beyond what was allocated before (its result included)."""
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del out
-    return peak
-
-
 def _guarded(fn) -> Callable:
     """The naive thunk as timed: an out-of-memory error while timing (the caching allocator fragmented
     by what ran before) empties the cache instead of ending the recording."""
@@ -182,12 +170,12 @@ def _peaks(device="cuda") -> list[tuple[Peak, Callable | None]]:
             naive = functools.partial(attention_eager, q, k, v)
             try:
                 torch.cuda.empty_cache()
-                out.append((Peak("naive", n, _peak_bytes(naive)), _guarded(naive)))
+                out.append((Peak("naive", n, peak_bytes(naive)), _guarded(naive)))
             except torch.cuda.OutOfMemoryError:
                 naive_ok = False
                 torch.cuda.empty_cache()
                 out.append((Peak("naive", n, None), ours))
-        out.append((Peak("ours", n, _peak_bytes(ours)), ours))
+        out.append((Peak("ours", n, peak_bytes(ours)), ours))
         del q, k, v
     return out
 
