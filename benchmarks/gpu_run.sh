@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything a session checks on a lent GPU, in one scripted call (see benchmarks/NOTES.md).
-#   bash benchmarks/gpu_run.sh [tests] [record] [tune] [nbval]     (default: all)
+#   bash benchmarks/gpu_run.sh [generated] [record] [small] [instructions] [tests] [nbval] [execute] [pack]
+#                                                                   (default: all but small and instructions)
 #   SUITES="lesson4 lesson7" bash benchmarks/gpu_run.sh record      (one file per suite in $OUT)
 # Writes logs and results under $OUT (default ./out). Needs the wheels of ../shared/tools/gpu-wheelhouse.sh
 # in .whl/ for nbval (the GPU machine has torch/triton/pytest but no Jupyter).
@@ -21,9 +22,23 @@ for s in $stages; do
     tests) timeout 300 python3 -m pytest tests -q -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/pytest.log" ;;
     record) # one process and one file per suite, so a slow or failing suite costs only itself
             for suite in ${SUITES:-$(python3 -c "from fusionlab.lessons import SUITES; print(' '.join(SUITES))")}; do
+              echo "--- $suite (timeout ${SUITE_TIMEOUT:-200} s), $(date +%T)" | tee -a "$OUT/record.log"
+              SECONDS=0
               timeout "${SUITE_TIMEOUT:-200}" python3 -m fusionlab.record --suites "$suite" --out "$OUT/recorded-$suite.json" 2>&1 \
                 | tee -a "$OUT/record.log" | tail -40
+              echo "--- $suite took $SECONDS s" | tee -a "$OUT/record.log"
             done ;;
+    small) timeout 300 python3 benchmarks/small_tensors.py --out "$OUT/small_tensors.json" 2>&1 | tee "$OUT/small.log" | tail -50 ;;
+    instructions) # lesson 2's counts, compiled for sm_90 by this machine's Triton (compare with the CPU's)
+           python3 -c "
+import torch, triton
+from fusionlab.lessons.l2.instructions import bias_gelu_instructions
+for dt in (torch.float32, torch.bfloat16):
+    for a in ('none', 'tanh', 'erf_fast'):
+        print('triton', triton.__version__, dt, a, bias_gelu_instructions(dt, a))
+" 2>&1 | tee "$OUT/instructions.log" ;;
+    pack) # the device returns at most 8 files: everything in one archive
+          tar -C "$OUT" -czf /tmp/out.tgz . && find "$OUT" -mindepth 1 -delete && mv /tmp/out.tgz "$OUT/out.tgz" ;;
     tune) [ -f benchmarks/tune.py ] && timeout 300 python3 benchmarks/tune.py 2>&1 | tee "$OUT/tune.log" | tail -40 ;;
     generated) python3 -m fusionlab.lessons.l3.generated_code --save "$OUT/generated" 2>&1 | tail -5 \
                  && tar -C "$OUT" -czf "$OUT/generated.tgz" generated && rm -rf "$OUT/generated" ;;
