@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 for s in $stages; do
   echo "=== $s ==="
   case $s in
-    tests) timeout 300 python3 -m pytest tests -q -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/pytest.log" ;;
+    tests) timeout ${TESTS_TIMEOUT:-300} python3 -m pytest ${TESTS:-tests} -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25 ;;
     record) # one process and one file per suite, so a slow or failing suite costs only itself
             for suite in ${SUITES:-$(python3 -c "from fusionlab.lessons import SUITES; print(' '.join(SUITES))")}; do
               echo "--- $suite (timeout ${SUITE_TIMEOUT:-200} s), $(date +%T)" | tee -a "$OUT/record.log"
@@ -47,7 +47,7 @@ for dt in (torch.float32, torch.bfloat16):
                && timeout 560 python3 scripts/run_notebooks.py --keep-env --no-exercises /tmp/gpu_nb/notebooks/*.ipynb \
                     /tmp/gpu_nb/solutions/*.ipynb 2>&1 | grep -v WARNING | tail -12 \
                && tar -C /tmp/gpu_nb -czf "$OUT/gpu_notebooks.tgz" notebooks solutions ;;
-    nbval) timeout 500 python3 -m pytest --nbval notebooks solutions --nbval-current-env \
-             --nbval-sanitize-with nbval_sanitize.cfg -p no:cacheprovider -q 2>&1 | tail -30 | tee "$OUT/nbval.log" ;;
+    nbval) timeout ${NBVAL_TIMEOUT:-540} python3 -m pytest --nbval ${NOTEBOOKS:-notebooks solutions} --nbval-current-env \
+             --nbval-sanitize-with nbval_sanitize.cfg -p no:cacheprovider -q 2>&1 | tee "$OUT/nbval.log" | tail -30 ;;
   esac
 done

@@ -77,11 +77,14 @@ def per_call_us(fn, calls: int = 1000, repeats: int = 5) -> float:
 
 def sweep(log2_sizes=range(10, 29, 2)) -> list[dict]:
     """Time the three cases at 2**k fp32 elements for each k (GPU only)."""
-    compiled = torch.compile(cos_cos_eager, dynamic=False)
     rows = []
     for log2 in log2_sizes:
         n = 2**log2
         x = torch.randn(n, device="cuda")
+        # one compile per size, specialised to it: a single compiled function would pass dynamo's
+        # recompile limit (8 shapes) part-way through the sweep and quietly run the rest eagerly
+        torch._dynamo.reset()
+        compiled = torch.compile(cos_cos_eager, dynamic=False)
         compiled(x)
         fns = {
             "eager": lambda x=x: cos_cos_eager(x),
