@@ -3,6 +3,7 @@
 #   bash benchmarks/gpu_run.sh [generated] [record] [small] [instructions] [tests] [nbval] [execute] [pack]
 #                                                                   (default: all but small and instructions)
 #   SUITES="lesson4 lesson7" bash benchmarks/gpu_run.sh record      (one file per suite in $OUT)
+#   PYTEST_ARGS="-n 8 --dist loadfile" TESTS=... NOTEBOOKS=... (pytest-xdist from .whl, see NOTES.md)
 # Writes logs and results under $OUT (default ./out). Needs the wheels of ../shared/tools/gpu-wheelhouse.sh
 # in .whl/ for nbval (the GPU machine has torch/triton/pytest but no Jupyter).
 set -uo pipefail
@@ -19,7 +20,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 for s in $stages; do
   echo "=== $s ==="
   case $s in
-    tests) timeout ${TESTS_TIMEOUT:-300} python3 -m pytest ${TESTS:-tests} -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25 ;;
+    tests) timeout ${TESTS_TIMEOUT:-300} python3 -m pytest ${TESTS:-tests} ${PYTEST_ARGS:-} -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25 ;;
     record) # one process and one file per suite, so a slow or failing suite costs only itself
             for suite in ${SUITES:-$(python3 -c "from fusionlab.lessons import SUITES; print(' '.join(SUITES))")}; do
               echo "--- $suite (timeout ${SUITE_TIMEOUT:-200} s), $(date +%T)" | tee -a "$OUT/record.log"
@@ -47,7 +48,7 @@ for dt in (torch.float32, torch.bfloat16):
                && timeout 560 python3 scripts/run_notebooks.py --keep-env --no-exercises /tmp/gpu_nb/notebooks/*.ipynb \
                     /tmp/gpu_nb/solutions/*.ipynb 2>&1 | grep -v WARNING | tail -12 \
                && tar -C /tmp/gpu_nb -czf "$OUT/gpu_notebooks.tgz" notebooks solutions ;;
-    nbval) timeout ${NBVAL_TIMEOUT:-540} python3 -m pytest --nbval ${NOTEBOOKS:-notebooks solutions} --nbval-current-env \
+    nbval) timeout ${NBVAL_TIMEOUT:-540} python3 -m pytest --nbval ${NOTEBOOKS:-notebooks solutions} ${PYTEST_ARGS:-} --nbval-current-env \
              --nbval-sanitize-with nbval_sanitize.cfg -p no:cacheprovider -q 2>&1 | tee "$OUT/nbval.log" | tail -30 ;;
   esac
 done

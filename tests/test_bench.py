@@ -4,7 +4,7 @@ import pytest
 
 from fusionlab import bench, runtime
 from fusionlab.bench import Case, Ceilings, Result
-from fusionlab.lessons import suite_module
+from fusionlab.lessons import SUITES, suite_module
 
 pytestmark = pytest.mark.lesson1
 
@@ -51,11 +51,22 @@ def test_recorded_results_carry_device_date_and_versions():
             assert data["meta"].get(key), f"{path.name}: meta.{key} missing"
         assert data["meta"]["capability"] != "cpu", f"{path.name} was not recorded on a GPU"
         rec = bench.Recorded.from_json(data, path)
-        # lessons 1-3 are in every recording; a newer lesson's suite from the recording after it was written
-        assert {"lesson1", "lesson2", "lesson3"} <= set(rec.suites), f"{path.name} lacks a suite"
+        assert rec.suites, f"{path.name} holds no suite"
         assert "RECORDED on" in rec.label() and data["meta"]["date"] in rec.label()
         for suite in rec.suites.values():
             assert all(r.ms > 0 for r in suite)
+
+
+def test_every_device_has_a_complete_recent_recording():
+    """A device's files of one day are one run; lessons 1-3 are in every run, and the newest run of
+    each device holds every suite (a CPU learner sees each lesson on each recorded device)."""
+    runs = bench.recorded_runs()
+    for run in runs:
+        assert {"lesson1", "lesson2", "lesson3"} <= set(run.suites), f"{run.path.name}'s run lacks a suite"
+    newest = {run.meta["device"]: run for run in runs}  # oldest first: the last one wins
+    assert {"H100", "H200"} <= {d.split()[1] for d in newest}
+    for device, run in newest.items():
+        assert set(run.suites) == set(SUITES), f"{device} {run.meta['date']}: {sorted(set(SUITES) - set(run.suites))}"
 
 
 @pytest.mark.skipif(runtime.is_gpu(), reason="on a GPU measure_suite times live")
@@ -136,16 +147,31 @@ def test_the_bars_gate_reads_a_run_and_can_fail():
 
 
 @pytest.mark.skipif(runtime.is_gpu(), reason="on a GPU the sweep is measured live (a minute)")
-def test_the_recorded_regimes_sweep_shows_three_regimes():
+@pytest.mark.parametrize("device", [None, "H100", "H200"])
+def test_the_recorded_regimes_sweep_shows_three_regimes(device):
     from fusionlab.lessons.l1 import regimes
 
-    reg = regimes.measure()
+    reg = regimes.measure(device)
+    assert reg.meta["device"] == (bench.recorded().meta["device"] if device is None else reg.meta["device"])
+    assert device is None or device in reg.meta["device"]
+    # the compiled column is a compiled kernel at every size (not eager after dynamo's recompile limit):
+    # past the L2 it reads x once and writes once, as the fused kernel does
+    sweep = regimes.recorded_sweep(device)["sweep"]
+    assert sweep[-1]["eager do_bench ms"] / sweep[-1]["compiled do_bench ms"] > 1.7
     assert not reg.live and reg.label.startswith("RECORDED on") and reg.bytes == sorted(reg.bytes)
     assert reg.bytes[0] <= 4096 and reg.bytes[-1] >= 2**30
     assert reg.launch_bytes < reg.l2_bytes < reg.bytes[-1]
     assert abs(reg.ratio(len(reg.bytes) - 1) - 2) < 0.1  # HBM-bound: the ledger's 2x
     small = [reg.ratio(i, per_call=False) for i, b in enumerate(reg.bytes) if b < reg.l2_bytes // 4]
     assert max(small) < 1.9  # under the L2, eager's intermediate never reaches HBM
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="on a GPU the sweep is measured live")
+def test_a_regimes_sweep_on_an_unrecorded_device_is_refused_by_name():
+    from fusionlab.lessons.l1 import regimes
+
+    with pytest.raises(FileNotFoundError, match="matching 'T4'.*have"):
+        regimes.measure("T4")
 
 
 @pytest.mark.parametrize("notes", sorted(p.stem for p in bench.NOTES_DIR.glob("notes_*.md")))

@@ -23,8 +23,8 @@ import torch
 from ... import bench, runtime
 from ...kernels.cos import cos_cos, cos_cos_eager
 
-#: the recorded sweep (``benchmarks/small_tensors.py`` on an H100, device and versions inside)
-RECORDED = Path(__file__).parent / "regimes-nvidia-h100-80gb-hbm3-2026-11-22.json"
+#: the recorded sweeps, one per device (``benchmarks/small_tensors.py``; device and versions inside)
+RECORDED_FILES = tuple(sorted(Path(__file__).parent.glob("regimes-*.json")))
 CASES = ("eager", "compiled", "fused")
 
 
@@ -88,7 +88,7 @@ def sweep(log2_sizes=range(10, 29, 2)) -> list[dict]:
         compiled(x)
         fns = {
             "eager": lambda x=x: cos_cos_eager(x),
-            "compiled": lambda x=x: compiled(x),
+            "compiled": lambda x=x, compiled=compiled: compiled(x),
             "fused": lambda x=x: cos_cos(x),
         }
         row = {"n": n, "bytes": 4 * n}
@@ -111,12 +111,27 @@ def _from_rows(rows, l2_bytes, label, live, meta) -> Regimes:
     )
 
 
-def measure() -> Regimes:
-    """The sweep: measured here on a GPU Triton supports, the recorded one elsewhere."""
+def recorded_sweep(device: str | None = None) -> dict:
+    """A recorded sweep: on ``device`` (a part of its name, e.g. ``"H100"``) if given, else on the
+    device of the run the CPU view shows (``bench.recorded()``), so that lesson 1's sweep and its
+    timings come from the same GPU; the newest such file."""
+    runs = [json.loads(p.read_text()) for p in RECORDED_FILES]
+    runs.sort(key=lambda d: (d["meta"]["date"], d["meta"].get("time", "")))
+    want = device if device is not None else bench.recorded().meta["device"]
+    match = [d for d in runs if want.lower() in d["meta"]["device"].lower()]
+    if not match:
+        have = sorted({d["meta"]["device"] for d in runs})
+        raise FileNotFoundError(f"no recorded regimes sweep on a device matching {want!r}; have {have}")
+    return match[-1]
+
+
+def measure(device: str | None = None) -> Regimes:
+    """The sweep: measured here on a GPU Triton supports, a recorded one elsewhere (``device``: see
+    :func:`recorded_sweep`)."""
     if runtime.is_gpu():
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
         return _from_rows(sweep(), l2, bench.source_label(), True, bench.metadata())
-    data = json.loads(RECORDED.read_text())
+    data = recorded_sweep(device)
     m = data["meta"]
     label = (
         f"RECORDED on {m['device']} (sm_{m['capability'].replace('.', '')}), {m['date']}, torch {m['torch']}, "
