@@ -91,7 +91,7 @@ def check_tensor(
         )
     if ndim is not None and x.dim() not in ((ndim,) if isinstance(ndim, int) else tuple(ndim)):
         raise KernelInputError(f"{op}: {name} must have {ndim} dimension(s), got shape {tuple(x.shape)}.")
-    if x.is_neg() or x.is_conj():
+    if x.is_neg() or (x.is_complex() and x.is_conj()):  # only a complex tensor can be conjugated
         raise KernelInputError(
             f"{op}: {name} is a lazily negated (or conjugated) view: its memory holds the values before the "
             f"sign flip, which is what a kernel would read. Pass {name}.resolve_neg() (a real copy)."

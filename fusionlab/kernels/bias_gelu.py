@@ -193,11 +193,12 @@ _launch = Launcher(_bias_gelu_kernel)
 
 @functools.lru_cache(maxsize=4096)
 def _plan(n_rows: int, n_cols: int, dtype: torch.dtype) -> tuple:
-    """(BLOCK_M, BLOCK_N, num_warps, grid, EVEN) for the default tile: derived once per shape."""
+    """(grid, launch keywords) for the default tile: derived once per shape, not on every call."""
     cfg = elementwise_config(n_rows, n_cols, dtype)
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     grid = (triton.cdiv(n_rows, bm) * triton.cdiv(n_cols, bn),)
-    return bm, bn, cfg["num_warps"], grid, n_rows % bm == 0 and n_cols % bn == 0
+    kwargs = {"BLOCK_M": bm, "BLOCK_N": bn, "EVEN": n_rows % bm == 0 and n_cols % bn == 0}
+    return grid, kwargs | launch_kwargs(cfg["num_warps"])
 
 
 def bias_gelu(
@@ -238,20 +239,21 @@ def bias_gelu(
     if numel == 0:
         return y
     n_rows = numel // n_cols
-    key = None
-    if block_m is None and block_n is None and num_warps is None:
-        block_m, block_n, num_warps, grid, even = _plan(n_rows, n_cols, x.dtype)
-        # everything Triton specialises this launch on: the plan follows from the shape and dtype
-        key = (x.shape, x.dtype, approx, x.data_ptr() & 15, bias.data_ptr() & 15, y.data_ptr() & 15)
-    else:
-        cfg = bias_gelu_config(n_rows, n_cols, x.dtype)
-        block_m = check_block(block_m, "block_m", op) if block_m is not None else cfg["BLOCK_M"]
-        block_n = check_block(block_n, "block_n", op) if block_n is not None else cfg["BLOCK_N"]
-        num_warps = check_block(num_warps, "num_warps", op, max_value=32) if num_warps is not None else cfg["num_warps"]
-        check_tile(block_m, block_n, op=op)
-        grid = (triton.cdiv(n_rows, block_m) * triton.cdiv(n_cols, block_n),)
-        even = n_rows % block_m == 0 and n_cols % block_n == 0
     # x and y are contiguous (checked), so a row of the (rows, N) view starts every N elements
+    if block_m is None and block_n is None and num_warps is None:  # the hot path: nothing re-derived
+        grid, kwargs = _plan(n_rows, n_cols, x.dtype)
+        # everything Triton specialises this launch on: the plan follows from the shape and dtype, and
+        # y, fresh from the caching allocator, is always 16-byte aligned
+        key = (x.shape, x.dtype, approx, x.data_ptr() & 15, bias.data_ptr() & 15)
+        _launch(grid, x, bias, y, n_rows, n_cols, n_cols, n_cols, APPROX=approx, key=key, **kwargs)
+        return y
+    cfg = bias_gelu_config(n_rows, n_cols, x.dtype)
+    block_m = check_block(block_m, "block_m", op) if block_m is not None else cfg["BLOCK_M"]
+    block_n = check_block(block_n, "block_n", op) if block_n is not None else cfg["BLOCK_N"]
+    num_warps = check_block(num_warps, "num_warps", op, max_value=32) if num_warps is not None else cfg["num_warps"]
+    check_tile(block_m, block_n, op=op)
+    grid = (triton.cdiv(n_rows, block_m) * triton.cdiv(n_cols, block_n),)
+    even = n_rows % block_m == 0 and n_cols % block_n == 0
     _launch(
         grid,
         x,
@@ -265,7 +267,6 @@ def bias_gelu(
         BLOCK_N=block_n,
         APPROX=approx,
         EVEN=even,
-        key=key,
         **launch_kwargs(num_warps),
     )
     return y
