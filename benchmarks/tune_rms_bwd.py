@@ -1,0 +1,48 @@
+"""Sweep of the RMSNorm backward's launch (programs per SM, warps, row prefetch), GPU only.
+
+    PYTHONPATH=. python3 benchmarks/tune_rms_bwd.py
+
+Each row: the backward alone (gradients of y and h), timed as lesson 4's suite times it (do_bench).
+Run on the H100 2026-11-24 (benchmarks/NOTES.md): where the kernel sets the time (16384 x 8192,
+32768 x 4096) the defaults were within 1% of the best; at 2048-4096 rows the times jumped from config to
+config with no order, because those calls are host-bound (benchmarks/profile_rms_bwd.py shows it).
+"""
+
+import torch
+
+from fusionlab import bench
+from fusionlab.kernels.rmsnorm import rmsnorm, rmsnorm_config, sm_count
+from fusionlab.lessons.l4.suite import DTYPE, EPS, _grad_thunk, _no_donated_buffers, _rand, rms_bwd_ledger
+
+ceil = bench.ceilings()
+sms = sm_count()
+print(bench.source_label(), f"copy {ceil.copy_GBps:.0f} GB/s, {sms} SMs")
+for rows, n in ((4096, 8192), (32768, 4096), (8192, 8192), (2048, 8192), (16384, 8192)):
+    gen = torch.Generator(device="cuda").manual_seed(rows + n)
+    x, r, dy, dh = (_rand((rows, n), gen, "cuda") for _ in range(4))
+    w = (1 + 0.1 * torch.randn(n, generator=gen, device="cuda")).to(DTYPE)
+    nbytes = rms_bwd_ledger(rows, n).fused_bytes
+    default = rmsnorm_config(rows, n, DTYPE, backward=True)
+    print(f"\n{rows} x {n}: default {default}")
+    configs = [None]
+    for warps in (8, 16):
+        for per_sm in (1, 2, 4, 8):
+            for stages in (1, 2):
+                programs = min(rows, sms * per_sm)
+                configs.append({"num_warps": warps, "programs": programs, "row_stages": stages})
+    xg, rg, wg = (t.clone().requires_grad_() for t in (x, r, w))
+    cases = []
+    with _no_donated_buffers():
+        for cfg in configs:
+            y, h = rmsnorm(xg, wg, EPS, rg, bwd_config=cfg)
+            fn = _grad_thunk((y, h), (xg, wg, rg), (dy, dh))
+            try:
+                fn()
+            except Exception as e:  # a config that does not compile (shared memory, registers)
+                print(f"  {cfg}: {type(e).__name__}")
+                continue
+            cases.append(bench.Case(f"{cfg}", fn, nbytes))
+        for res in bench.run(cases, ceil=ceil, rounds=2):
+            print(f"  {res.ms:7.3f} ms {100 * res.frac_copy:5.0f}% of copy  {res.name}")
+    del x, r, dy, dh, xg, rg, wg
+    torch.cuda.empty_cache()
