@@ -80,6 +80,7 @@ from .._exercise import answer_key
 from ..ledger import Ledger
 from ._launch import (
     KernelInputError,
+    cdiv,
     check_block,
     check_tensor,
     dtype_name,
@@ -793,7 +794,7 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
         "TMA_STORE": store is not None,
         **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
     }
-    return _Plan(ints, meta, (triton.cdiv(N_q, bm), H, B), descs, store, config_key)
+    return _Plan(ints, meta, (cdiv(N_q, bm), H, B), descs, store, config_key)
 
 
 def attention_bytes(

@@ -39,6 +39,7 @@ from ..ledger import Ledger
 from ._launch import (
     KernelInputError,
     Launcher,
+    cdiv,
     check_block,
     check_same,
     check_tensor,
@@ -196,7 +197,7 @@ def _plan(n_rows: int, n_cols: int, dtype: torch.dtype) -> tuple:
     """(grid, launch keywords) for the default tile: derived once per shape, not on every call."""
     cfg = elementwise_config(n_rows, n_cols, dtype)
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    grid = (triton.cdiv(n_rows, bm) * triton.cdiv(n_cols, bn),)
+    grid = (cdiv(n_rows, bm) * cdiv(n_cols, bn),)
     kwargs = {"BLOCK_M": bm, "BLOCK_N": bn, "EVEN": n_rows % bm == 0 and n_cols % bn == 0}
     return grid, kwargs | launch_kwargs(cfg["num_warps"])
 
@@ -252,7 +253,7 @@ def bias_gelu(
     block_n = check_block(block_n, "block_n", op) if block_n is not None else cfg["BLOCK_N"]
     num_warps = check_block(num_warps, "num_warps", op, max_value=32) if num_warps is not None else cfg["num_warps"]
     check_tile(block_m, block_n, op=op)
-    grid = (triton.cdiv(n_rows, block_m) * triton.cdiv(n_cols, block_n),)
+    grid = (cdiv(n_rows, block_m) * cdiv(n_cols, block_n),)
     even = n_rows % block_m == 0 and n_cols % block_n == 0
     _launch(
         grid,

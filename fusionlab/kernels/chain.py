@@ -32,7 +32,7 @@ import triton.language as tl
 from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
-from ._launch import KernelInputError, check_block, check_tensor
+from ._launch import KernelInputError, cdiv, check_block, check_tensor
 
 #: the most ops the fused kernel takes (it unrolls the chain at compile time, one variant per k)
 MAX_K = 8
@@ -129,7 +129,7 @@ def chain(x: torch.Tensor, k: int, *, block_size: int | None = None) -> torch.Te
     n = x.numel()
     if n == 0:
         return y
-    grid = (triton.cdiv(n, block),)
+    grid = (cdiv(n, block),)
     kwargs = {"num_warps": 8 if block >= 4096 else 4} if runtime.is_gpu() else {}
     _chain_kernel[grid](x, y, n, K=k, BLOCK_SIZE=block, **kwargs)
     return y

@@ -24,7 +24,7 @@ import triton.language as tl
 from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
-from ._launch import KernelInputError, Launcher, check_tensor, launch_kwargs
+from ._launch import KernelInputError, Launcher, cdiv, check_tensor, launch_kwargs
 
 COS, COS_COS_PRECISE, COS_COS = 0, 1, 2
 
@@ -77,7 +77,7 @@ def _plan(n: int) -> tuple:
     # best of a sweep on an H200 (benchmarks/NOTES.md). The interpreter runs programs one after
     # another, so it gets fewer, larger blocks.
     block = 1024 if runtime.is_gpu() else 4096
-    return (triton.cdiv(n, block),), block
+    return (cdiv(n, block),), block
 
 
 def _launch(x: torch.Tensor, what: int, op: str) -> torch.Tensor:

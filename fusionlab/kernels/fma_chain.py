@@ -23,7 +23,7 @@ import triton.language as tl
 from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
-from ._launch import KernelInputError, Launcher, check_tensor, launch_kwargs
+from ._launch import KernelInputError, Launcher, cdiv, check_tensor, launch_kwargs
 
 #: multiplier and addend: |a| < 1 keeps every chain bounded, so no value overflows whatever k is
 A, B = 0.999, 0.001
@@ -79,7 +79,7 @@ _launch = Launcher(_fma_chain_kernel)
 @functools.lru_cache(maxsize=1024)
 def _plan(n: int) -> tuple:
     block = 1024 if runtime.is_gpu() else 4096
-    return (triton.cdiv(n, block),), block
+    return (cdiv(n, block),), block
 
 
 def fma_chain(x: torch.Tensor, k: int) -> torch.Tensor:

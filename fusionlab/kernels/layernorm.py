@@ -49,7 +49,7 @@ import triton.language as tl
 from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
-from ._launch import KernelInputError, Launcher, check_tensor, element_size, launch_kwargs, next_pow2
+from ._launch import KernelInputError, Launcher, cdiv, check_tensor, element_size, launch_kwargs, next_pow2
 from .rmsnorm import (
     DEFAULT_SMS,
     _row_offsets,
@@ -93,14 +93,14 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
     block_m = max(1, min(t["tile"] // block_n, next_pow2(max(n_rows, 1))))
     if gpu:
         num_warps = max(1, min(32, next_pow2(block_m * block_n // t["per_thread"]) // 32))
-        if triton.cdiv(max(n_rows, 1), block_m) < sms:  # few rows: more loads in flight a row
+        if cdiv(max(n_rows, 1), block_m) < sms:  # few rows: more loads in flight a row
             block_m = 1
             num_warps = max(num_warps, min(32, max(4, block_n // 256)))
     else:
         num_warps = 4
     cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "SINGLE_TILE": single}
     if backward:
-        blocks = triton.cdiv(max(n_rows, 1), block_m)
+        blocks = cdiv(max(n_rows, 1), block_m)
         per_sm = max(1, t["warps_per_sm"] // num_warps) if gpu else 0
         cfg["programs"] = max(1, min(blocks, sms * per_sm if gpu else t["programs"]))
         if gpu and single and block_m * block_n <= t["prefetch_tile"]:
@@ -459,7 +459,7 @@ def _forward(x, weight, bias, eps, layout, cfg, store_stats):
         return y, mean, rstd
     even = cfg["SINGLE_TILE"] and n_cols == cfg["BLOCK_N"] and layout.n_rows % cfg["BLOCK_M"] == 0
     _launch_fwd(
-        (triton.cdiv(layout.n_rows, cfg["BLOCK_M"]),),
+        (cdiv(layout.n_rows, cfg["BLOCK_M"]),),
         x,
         weight,
         bias if bias is not None else weight,
@@ -496,9 +496,9 @@ def _backward(dy, x, layout, weight, mean, rstd, cfg, need_dx, need_dw, need_db)
         cfg = layernorm_config(n_rows, n_cols, x.dtype, backward=True)
     dy, stride_dy = grad_rows(dy.to(x.dtype))
     bm = cfg["BLOCK_M"]
-    programs = max(1, min(cfg["programs"], triton.cdiv(n_rows, bm)))
-    rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), bm) * bm
-    programs = triton.cdiv(n_rows, rows_per_program)
+    programs = max(1, min(cfg["programs"], cdiv(n_rows, bm)))
+    rows_per_program = cdiv(cdiv(n_rows, programs), bm) * bm
+    programs = cdiv(n_rows, rows_per_program)
     part = torch.empty((k, programs, n_cols), dtype=torch.float32, device=x.device) if k else None
     c = torch.empty(2 * n_rows, dtype=torch.float32, device=x.device) if (need_dx and not cfg["SINGLE_TILE"]) else None
     _launch_bwd(

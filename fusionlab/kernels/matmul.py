@@ -53,6 +53,7 @@ from ._launch import (
     INT32_LIMIT,
     KernelInputError,
     Launcher,
+    cdiv,
     check_block,
     check_tensor,
     check_tile,
@@ -567,13 +568,13 @@ def gemm(
         if config is None:
 
             def grid(meta):
-                tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+                tiles = cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])
                 return (min(nsm * meta["PROGRAMS_PER_SM"], tiles),)
 
             _matmul_tma_autotuned[grid](*args, B_KN=b_kn, **flags)
         else:
             pps = cfg.get("PROGRAMS_PER_SM", 1)
-            grid = (min(nsm * pps, triton.cdiv(M, bm) * triton.cdiv(N, bn)),)
+            grid = (min(nsm * pps, cdiv(M, bm) * cdiv(N, bn)),)
             _matmul_tma_kernel[grid](
                 *args,
                 BLOCK_M=bm,
@@ -601,7 +602,7 @@ def gemm(
             f"{op}: a K-step of {bk} times stride {max(a.stride(1), b.stride(0))} passes 2**31 elements; "
             "pass row-major (contiguous) operands."
         )
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    grid = (cdiv(M, bm) * cdiv(N, bn),)
     _launch_plain(
         grid,
         a,

@@ -85,6 +85,7 @@ from ._launch import (
     INT32_LIMIT,
     KernelInputError,
     Launcher,
+    cdiv,
     check_block,
     check_tensor,
     check_tile,
@@ -152,14 +153,14 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
     block_m = max(1, min(t["tile"] // block_n, next_pow2(max(n_rows, 1))))
     if gpu:
         num_warps = max(1, min(32, next_pow2(block_m * block_n // t["per_thread"]) // 32))
-        if triton.cdiv(max(n_rows, 1), block_m) < sms:  # few rows: the GPU idles; more loads in flight a row
+        if cdiv(max(n_rows, 1), block_m) < sms:  # few rows: the GPU idles; more loads in flight a row
             block_m = 1
             num_warps = max(num_warps, min(32, max(4, block_n // 256)))
     else:
         num_warps = 4
     cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "SINGLE_TILE": single}
     if backward:
-        blocks = triton.cdiv(max(n_rows, 1), block_m)
+        blocks = cdiv(max(n_rows, 1), block_m)
         per_sm = max(1, t["warps_per_sm"] // num_warps) if gpu else 0
         cfg["programs"] = max(1, min(blocks, sms * per_sm if gpu else t["programs"]))
         if gpu and single and block_m * block_n <= t["prefetch_tile"]:
@@ -618,7 +619,7 @@ def reduce_config(n_parts: int, n_cols: int, gpu: bool) -> tuple[int, int, int |
     one program a column block of up to 4096, all partial rows at once."""
     if not gpu:
         return next_pow2(n_parts), min(4096, max(16, next_pow2(n_cols))), None
-    bn = max(16, min(256, next_pow2(triton.cdiv(n_cols, REDUCE["reduce_programs"]))))
+    bn = max(16, min(256, next_pow2(cdiv(n_cols, REDUCE["reduce_programs"]))))
     bp = max(1, min(next_pow2(n_parts), REDUCE["reduce_tile"] // bn))
     return bp, bn, REDUCE["num_warps"]
 
@@ -636,7 +637,7 @@ def sum_partials(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if p == 0:
         return out.zero_()
     bp, bn, nw = reduce_config(p, n, runtime.is_gpu())
-    _launch_sum((triton.cdiv(n, bn), k), part, out, p, n, BLOCK_P=bp, BLOCK_N=bn, **launch_kwargs(nw))
+    _launch_sum((cdiv(n, bn), k), part, out, p, n, BLOCK_P=bp, BLOCK_N=bn, **launch_kwargs(nw))
     return out
 
 
@@ -779,7 +780,7 @@ def _forward(x, weight, residual, eps, layouts, cfg, store_rstd):
     lr = layouts[1] if residual is not None else lx
     even = cfg["SINGLE_TILE"] and n_cols == cfg["BLOCK_N"] and lx.n_rows % cfg["BLOCK_M"] == 0
     _launch_fwd(
-        (triton.cdiv(lx.n_rows, cfg["BLOCK_M"]),),
+        (cdiv(lx.n_rows, cfg["BLOCK_M"]),),
         x,
         residual if residual is not None else x,
         weight,
@@ -830,9 +831,9 @@ def _backward(dy, grad_h, h, layout_h, weight, rstd, cfg, need_dx, need_dw):
     else:
         stride_dh = 0
     bm = cfg["BLOCK_M"]
-    programs = max(1, min(cfg["programs"], triton.cdiv(n_rows, bm)))
-    rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), bm) * bm
-    programs = triton.cdiv(n_rows, rows_per_program)
+    programs = max(1, min(cfg["programs"], cdiv(n_rows, bm)))
+    rows_per_program = cdiv(cdiv(n_rows, programs), bm) * bm
+    programs = cdiv(n_rows, rows_per_program)
     part = torch.empty((1, programs, n_cols), dtype=torch.float32, device=h.device) if need_dw else None
     c = torch.empty(n_rows, dtype=torch.float32, device=h.device) if (need_dx and not cfg["SINGLE_TILE"]) else None
     dummy = rstd

@@ -39,7 +39,7 @@ import triton.language as tl
 from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
-from ._launch import KernelInputError, Launcher, check_same, check_tensor, launch_kwargs, next_pow2
+from ._launch import KernelInputError, Launcher, cdiv, check_same, check_tensor, launch_kwargs, next_pow2
 from .linear import _activate, _rows
 from .matmul import _check_activation, _tiles, check_operand, gemm, matmul_config
 
@@ -180,7 +180,7 @@ def _rstd(x2: torch.Tensor, eps: float) -> torch.Tensor:
     if M == 0:
         return rstd
     cfg = _rstd_config(M, K, runtime.is_gpu())
-    grid = (triton.cdiv(M, cfg["BLOCK_M"]),)
+    grid = (cdiv(M, cfg["BLOCK_M"]),)
     _launch_rstd(
         grid,
         x2,

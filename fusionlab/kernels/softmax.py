@@ -58,6 +58,7 @@ from ._launch import (
     INT32_LIMIT,
     MAX_TILE,
     KernelInputError,
+    cdiv,
     check_block,
     check_tensor,
     check_tile,
@@ -435,7 +436,7 @@ def _forward(x: torch.Tensor, layout: _Rows, cfg: dict) -> torch.Tensor:
     if x.numel() == 0:
         return y
     r = layout
-    _softmax_kernel[(triton.cdiv(r.n_rows, cfg["BLOCK_M"]),)](
+    _softmax_kernel[(cdiv(r.n_rows, cfg["BLOCK_M"]),)](
         x,
         y,
         y,
@@ -473,7 +474,7 @@ def _backward(y: torch.Tensor, dy: torch.Tensor, cfg: dict | None = None) -> tor
     r = layout
     if cfg is None:
         cfg = softmax_config(r.n_rows, r.n_cols, y.dtype, backward=True)
-    _softmax_bwd_kernel[(triton.cdiv(r.n_rows, cfg["BLOCK_M"]),)](
+    _softmax_bwd_kernel[(cdiv(r.n_rows, cfg["BLOCK_M"]),)](
         y,
         dy,
         dx,
@@ -576,7 +577,7 @@ def online_softmax_stats(x: torch.Tensor, block: int | None = None) -> SoftmaxSt
     if layout.n_rows == 0 or x.numel() == 0:
         return SoftmaxStats(m.fill_(float("-inf")), l.zero_())
     r = layout
-    _softmax_kernel[(triton.cdiv(r.n_rows, cfg["BLOCK_M"]),)](
+    _softmax_kernel[(cdiv(r.n_rows, cfg["BLOCK_M"]),)](
         x,
         m,
         m,

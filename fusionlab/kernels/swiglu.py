@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..ledger import Ledger
-from ._launch import INT32_LIMIT, KernelInputError, check_same, check_tensor, elementwise_config, launch_kwargs
+from ._launch import INT32_LIMIT, KernelInputError, cdiv, check_same, check_tensor, elementwise_config, launch_kwargs
 
 
 # -- spec, eager, ledger, flops -----------------------------------------------------------------------
@@ -189,7 +189,7 @@ def _needs_int64(n_rows: int, n_cols: int, *views: torch.Tensor) -> bool:
 
 def _launch_grid(n_rows: int, n_cols: int, dtype: torch.dtype):
     cfg = elementwise_config(n_rows, n_cols, dtype)
-    grid = (triton.cdiv(n_rows, cfg["BLOCK_M"]) * triton.cdiv(n_cols, cfg["BLOCK_N"]),)
+    grid = (cdiv(n_rows, cfg["BLOCK_M"]) * cdiv(n_cols, cfg["BLOCK_N"]),)
     even = n_rows % cfg["BLOCK_M"] == 0 and n_cols % cfg["BLOCK_N"] == 0
     return cfg, grid, even
 
