@@ -47,6 +47,7 @@ x, r, dy, dh = (_rand((rows, n), gen, "cuda") for _ in range(4))
 w = (1 + 0.1 * torch.randn(n, generator=gen, device="cuda")).to(DTYPE)
 xg, rg, wg = (t.clone().requires_grad_() for t in (x, r, w))
 y, h = rn.rmsnorm(xg, wg, EPS, rg)
+y1 = rn.rmsnorm(xg, wg, EPS)
 layout = rn.row_layouts(h)[0]
 rstd = torch.rand(rows, device="cuda", dtype=torch.float32)
 cfg = rn.rmsnorm_config(rows, n, DTYPE, backward=True)
@@ -58,6 +59,9 @@ cases = {
     "autograd.grad, fused rmsnorm (the suite's call)": lambda: torch.autograd.grad(
         (y, h), (xg, wg, rg), (dy, dh), retain_graph=True
     ),
+    "autograd.grad, y only (one output)": lambda: torch.autograd.grad(y, (xg, wg, rg), dy, retain_graph=True),
+    "autograd.grad, y and h, into x only": lambda: torch.autograd.grad((y, h), xg, (dy, dh), retain_graph=True),
+    "autograd.grad, no residual": lambda: torch.autograd.grad(y1, (xg, wg), dy, retain_graph=True),
     "_backward called directly": lambda: rn._backward(dy, dh, h.detach(), layout, w, rstd, None, True, True),
     "sum_partials alone": lambda: rn.sum_partials(part, DTYPE),
     "torch.empty of x's shape": lambda: torch.empty_like(x),

@@ -65,15 +65,17 @@ BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 LANDING = "START_HERE.ipynb"
 
 #: the course's lessons as planned: number -> (notebook stem, title); the landing lists those present
-#: and names the others as coming
+#: and names the others as coming. A lesson in two halves numbers its second half "2b".
 PLAN = {
-    1: ("01_the_warehouse", "The warehouse"),
-    2: ("02_count_the_trips", "Count the trips"),
-    3: ("03_what_the_compiler_fuses", "What the compiler fuses"),
-    4: ("04_fused_reductions", "Fused reductions"),
-    5: ("05_gates_and_losses", "Gates and losses"),
-    6: ("06_matmul_epilogue", "The matmul's epilogue"),
-    7: ("07_flash_attention", "FlashAttention"),
+    "1": ("01_the_warehouse", "The warehouse"),
+    "2": ("02_count_the_trips", "Count the trips"),
+    "2b": ("02b_when_arithmetic_stops_being_free", "When arithmetic stops being free"),
+    "3": ("03_what_the_compiler_fuses", "What the compiler fuses"),
+    "4": ("04_fused_reductions", "Fused reductions"),
+    "5": ("05_gates_and_losses", "Gates and losses"),
+    "6": ("06_fused_epilogues", "Fused epilogues and prologues"),
+    "7": ("07_flash_attention", "FlashAttention forward"),
+    "8": ("08_flash_attention_backward", "FlashAttention backward"),
 }
 
 
@@ -204,15 +206,18 @@ def _title(path: Path) -> str:
             continue
         for line in _source(cell).splitlines():
             if line.startswith("# "):
-                return re.sub(r"^Lesson\s+\d+\s*[—–:-]\s*", "", line[2:].strip())
+                return re.sub(r"^Lesson\s+\d+[a-z]?\s*[—–:-]\s*", "", line[2:].strip())
     return path.stem
 
 
-def lessons(root: Path = ROOT) -> list[tuple[int, Path]]:
-    """``(number, path)`` of every lesson notebook present, in order."""
+def lessons(root: Path = ROOT) -> list[tuple[str, Path]]:
+    """``(number, path)`` of every lesson notebook present, in order: ``("2", .../02_count_the_trips.ipynb)``,
+    ``("2b", .../02b_....ipynb)`` for a lesson's second half."""
     found = []
-    for p in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
-        found.append((int(p.name[:2]), p))
+    for p in sorted((root / "notebooks").glob("[0-9][0-9]*_*.ipynb")):
+        m = re.match(r"(\d\d)([a-z]?)_", p.name)
+        if m:
+            found.append((f"{int(m[1])}{m[2]}", p))
     return found
 
 

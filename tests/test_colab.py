@@ -245,17 +245,18 @@ def test_start_here_is_up_to_date():
 
 
 def test_landing_lists_the_lessons_present_and_links_only_files_that_exist(tmp_path):
-    for folder, nums in (("notebooks", (1, 2, 4)), ("solutions", (1, 4)), ("exercises", (1,))):
+    for folder, nums in (("notebooks", ("1", "2", "2b", "4")), ("solutions", ("1", "4")), ("exercises", ("1",))):
         (tmp_path / folder).mkdir()
         for n in nums:
             stem, title = colab.PLAN[n]
             nb = {"cells": [{"cell_type": "markdown", "source": f"# Lesson {n} — {title}\n"}], "nbformat": 4}
             (tmp_path / folder / f"{stem}.ipynb").write_text(json.dumps(nb))
     text = "\n".join(colab.landing_markdown(tmp_path))
-    one, four = (f"{colab.PLAN[n][0]}.ipynb" for n in (1, 4))
+    one, four, half = (f"{colab.PLAN[n][0]}.ipynb" for n in ("1", "4", "2b"))
     assert f"| 1 | [The warehouse](notebooks/{one}) | [exercise](exercises/{one}) | [solution](" in text
     assert f"| 4 | [Fused reductions](notebooks/{four}) | — | [solution](solutions/{four}) |" in text
     assert "| 3 |" not in text
+    assert f"| 2b | [When arithmetic stops being free](notebooks/{half}) | — | — |" in text
     assert "Coming: 3 — What the compiler fuses; 5 — Gates and losses" in text
     for link in __import__("re").findall(r"\]\(((?:notebooks|exercises|solutions)/[^)]+)\)", text):
         assert (tmp_path / link).exists(), link
