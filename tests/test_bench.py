@@ -146,6 +146,31 @@ def test_the_bars_gate_reads_a_run_and_can_fail():
     assert not all(met for _, met, _ in lesson1.bars(slow))
 
 
+@pytest.mark.parametrize("suite", SUITES)
+def test_every_suite_with_bars_reads_its_recording_and_a_worse_run_fails_it(suite):
+    """The bars read the recorded run, and some bar that was met is missed once our kernels are made 3x
+    slower (their rates a third) and our peak memory 3x larger: a gate that cannot fail would pass it."""
+    import dataclasses
+
+    gate = getattr(suite_module(suite), "bars", None)
+    if gate is None:
+        pytest.skip(f"{suite} has no bars")
+    results = bench.recorded(suite=suite).results(suite)
+    good = gate(results)
+    assert good and all(len(b) == 3 and isinstance(b[1], bool) for b in good)
+
+    def worse(r):
+        peak = "peak" in r.name
+        k = 3 if any(w in r.name for w in ("fused", "ours", "triton")) and not peak else 1
+        slower = {f: getattr(r, f) / k for f in ("GBps", "TFLOPs", "frac_copy") if getattr(r, f)}
+        nbytes = r.nbytes * 3 if peak and "eager" not in r.name and "naive" not in r.name else r.nbytes
+        return dataclasses.replace(r, ms=r.ms * k, nbytes=nbytes, **slower)
+
+    bad = gate([worse(r) for r in results])
+    flipped = [name for (name, met, _), (_, met_bad, _) in zip(good, bad, strict=True) if met and not met_bad]
+    assert flipped, f"{suite}: no bar noticed our kernels 3x slower"
+
+
 @pytest.mark.skipif(runtime.is_gpu(), reason="on a GPU the sweep is measured live (a minute)")
 @pytest.mark.parametrize("device", [None, "H100", "H200"])
 def test_the_recorded_regimes_sweep_shows_three_regimes(device):

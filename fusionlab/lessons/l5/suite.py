@@ -305,3 +305,36 @@ def cases(copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, de
         *lce_cases(copy_GBps, matmul_TFLOPs, device, lce),
         *peak_cases(device, lce),
     ]
+
+
+def bars(results) -> list[tuple[str, bool, str]]:
+    """The issue's bars at this suite's shapes, read off a run (live or recorded): ``(bar, met, detail)``.
+    Shares of copy are by the fused ledger (``Result.frac_copy``: cross-entropy's two trips, read the
+    logits and write the gradient); "x compiled" is compiled time over fused time, a 1% difference
+    counted as a tie; peaks are beyond what existed before the call, the returned gradient included."""
+    r = {x.name: x for x in results}
+    out = []
+    fwd, bwd, comp = r["swiglu fwd fused"], r["swiglu bwd fused"], r["swiglu fwd compiled"]
+    out.append(("swiglu fwd >= 90% of copy", fwd.frac_copy >= 0.90, f"{fwd.frac_copy:.1%}"))
+    out.append(("swiglu fwd >= 1.0x compiled (1% tie)", comp.ms >= 0.99 * fwd.ms, f"{comp.ms / fwd.ms:.3f}x"))
+    out.append(("swiglu bwd >= 80% of copy", bwd.frac_copy >= 0.80, f"{bwd.frac_copy:.1%}"))
+    for vocab in CE_VOCABS:
+        fused = r[f"ce {vocab} fused"]
+        out.append((f"ce {vocab} fwd+bwd >= 85% of copy", fused.frac_copy >= 0.85, f"{fused.frac_copy:.1%}"))
+        for other in ("compiled", "eager"):
+            o = r[f"ce {vocab} {other}"]
+            out.append((f"ce {vocab} >= 1.0x {other}", o.ms >= fused.ms, f"{o.ms / fused.ms:.2f}x"))
+    peaks = {(p.variant, p.vocab): p.peak_bytes for p in peaks_from(results)}
+    for vocab in PEAK_VOCABS:
+        if ("fused", vocab) not in peaks:
+            continue
+        logits = PEAK_TOKENS * vocab * DTYPE.itemsize
+        extra = max(peaks[("fused", vocab)] - logits, peaks[("fused in place", vocab)]) / logits
+        out.append((f"ce {vocab} peak beyond the gradient <= 10% of the logits", extra <= 0.10, f"{extra:.1%}"))
+    t, _, v = LCE_SHAPE
+    if ("linear+ce eager", v) in peaks:
+        ratio = peaks[("linear+ce fused", v)] / peaks[("linear+ce eager", v)]
+        out.append(("linear+ce peak <= 1/4 of eager's", ratio <= 0.25, f"{ratio:.2f}x"))
+    e, f = r["linear+ce eager"], r["linear+ce fused"]
+    out.append(("linear+ce time <= 1.3x eager's", f.ms <= 1.3 * e.ms, f"{f.ms / e.ms:.2f}x"))
+    return out
