@@ -17,61 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
 from fusionlab import bench, runtime
-from fusionlab.kernels.bias_gelu import bias_gelu, bias_gelu_eager
-from fusionlab.kernels.cos import cos_cos, cos_cos_eager
 from fusionlab.lessons.l1 import regimes
-from fusionlab.lessons.l1.regimes import per_call_round_robin
-
-SHAPES = ((8, 4096), (128, 11008), (1024, 4096))
-
-
-def graph_us(fn, calls: int = 100) -> float:
-    """GPU time per call: a CUDA graph of ``calls`` calls, replayed (no host work in the loop)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    reps = 20
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        g.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / (reps * calls) * 1e6
 
 
 def small(out: dict) -> None:
-    rows = []
-    for m, n in SHAPES:
-        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-        xc = x.flatten()
-        cases = {
-            "eager gelu(x + b) tanh": lambda: bias_gelu_eager(x, b, "tanh"),
-            "eager gelu(x + b) erf": lambda: bias_gelu_eager(x, b),
-            "fusionlab bias_gelu tanh": lambda: bias_gelu(x, b, "tanh"),
-            "fusionlab bias_gelu erf_fast": lambda: bias_gelu(x, b, "erf_fast"),
-            "fusionlab bias_gelu erf": lambda: bias_gelu(x, b),
-            "eager cos().cos()": lambda: cos_cos_eager(xc),
-            "fusionlab cos_cos": lambda: cos_cos(xc),
-            "copy (clone)": lambda: x.clone(),
-            "torch x + 1 (one launch)": lambda: x + 1,
-        }
-        per_call = per_call_round_robin(cases)
-        for name, fn in cases.items():
-            rows.append({"shape": [m, n], "case": name, "per_call_us": per_call[name], "graph_us": graph_us(fn)})
+    rows = regimes.launch_costs()
     out["small"] = rows
     print(f"{'shape':<14} {'case':<30} {'per call us':>12} {'GPU us':>8} {'vs eager':>9}")
     for r in rows:

@@ -191,6 +191,23 @@ def test_the_recorded_regimes_sweep_shows_three_regimes(device):
     assert max(small) < 1.9  # under the L2, eager's intermediate never reaches HBM
 
 
+@pytest.mark.skipif(runtime.is_gpu(), reason="on a GPU the launch costs are measured live")
+@pytest.mark.parametrize("device", ["H100", "H200"])
+def test_the_recorded_launch_costs_show_the_launch_bound_regime_and_its_cures(device):
+    from fusionlab.lessons.l1 import regimes
+
+    rows, label = regimes.launch_costs_here_or_recorded(device)
+    assert label.startswith("RECORDED on") and device in label
+    cost = {(tuple(r["shape"]), r["case"]): r for r in rows}
+    for shape in regimes.LAUNCH_SHAPES:
+        eager, ours = cost[shape, "eager gelu(x + b) erf"], cost[shape, "fusionlab bias_gelu erf"]
+        assert ours["graph_us"] < eager["graph_us"]  # one kernel's GPU time under eager's two
+        assert ours["per_call_us"] <= 1.1 * eager["per_call_us"]  # the launcher bar, as recorded
+    small = regimes.LAUNCH_SHAPES[0]
+    eager = cost[small, "eager gelu(x + b) tanh"]
+    assert eager["graph_us"] < eager["per_call_us"] / 2  # launch-bound: the host, not the GPU, sets the time
+
+
 @pytest.mark.skipif(runtime.is_gpu(), reason="on a GPU the sweep is measured live")
 def test_a_regimes_sweep_on_an_unrecorded_device_is_refused_by_name():
     from fusionlab.lessons.l1 import regimes

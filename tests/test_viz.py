@@ -622,3 +622,20 @@ def test_animation_notes_are_drawn_per_frame_and_leave_plain_animations_unchange
         TripAnimation(led, notes=["x"] * 6)
     with pytest.raises(TypeError, match="one line per frame"):
         TripAnimation(led, notes="one string")
+
+
+def test_both_trip_panels_draw_the_l2_floor_between_the_chip_and_hbm():
+    import re
+
+    import torch
+
+    from fusionlab.ledger import Ledger
+    from fusionlab.viz.trips import TripAnimation
+
+    bundle = TripAnimation(Ledger.chain(["cos", "cos"], 2**20, torch.float32))._repr_mimebundle_()
+    html = (bundle[0] if isinstance(bundle, tuple) else bundle)["text/html"]
+    assert html.count("L2 cache") == 2
+    for panel in html.split("<svg")[1:]:
+        labels = ("on chip", "L2 cache", "HBM")
+        ys = {label: float(re.search(rf'y="([\d.]+)"[^>]*>{label}', panel)[1]) for label in labels}
+        assert ys["on chip"] < ys["L2 cache"] < ys["HBM"], ys

@@ -205,6 +205,18 @@ def _svg_box(y: float, label: str, fill: str, stroke: str, note: str = "") -> li
     return out
 
 
+def _svg_l2() -> list[str]:
+    """The middle floor: the L2 cache every trip between HBM and the chip passes through. Lesson 1's
+    size sweep shows when it matters (an intermediate that fits stays there, never reaching HBM)."""
+    y = _CHIP_Y + _BOX_H + 3
+    return [
+        f'<rect x="{_BOX_X}" y="{y}" width="{_BOX_W}" height="14" rx="3" fill="#f7f3ea" stroke="#b8a98a" '
+        'stroke-width="1" stroke-dasharray="5 3"/>',
+        f'<text x="{_BOX_X + _BOX_W - 8}" y="{y + 10.5}" font-size="10" text-anchor="end" fill="#7a6a4a">'
+        "L2 cache, tens of MiB: every trip passes it; data that fits can stay</text>",
+    ]
+
+
 def _svg_arrow(trip: Trip | None, idle_text: str) -> list[str]:
     """The current trip as a thick arrow between the boxes, or a grey line of text when there is none."""
     top, bottom = _CHIP_Y + _BOX_H + 4, _HBM_Y - 4
@@ -287,6 +299,7 @@ def _panel_svg(
             _CHIP_Y, "on chip (SRAM + registers)", "#f1f8ee", "#7a9a6a", "dashed: never goes to HBM" if stays else ""
         ),
         *_svg_chips(chip, tl.nbytes, _CHIP_Y),
+        *_svg_l2(),
         *_svg_arrow(current, _idle_text(frame, last_frame)),
         *_svg_box(_HBM_Y, "HBM (off-chip DRAM)", "#eef1f6", "#6a7a9a"),
         *_svg_chips(_mark_current(_in_hbm(tl, shown), current), tl.nbytes, _HBM_Y),

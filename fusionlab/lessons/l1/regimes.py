@@ -8,7 +8,9 @@ kernel, each timed per call back to back (what a loop of calls costs: host and G
 - **L2-resident**: up to the L2's size, eager's intermediate never reaches HBM;
 - **HBM-bound**: past the L2, the ledger's 2× appears.
 
-Live on a GPU (about a minute); elsewhere the recorded sweep shipped beside this module.
+Live on a GPU (about a minute); elsewhere the recorded sweep shipped beside this module. Beside it,
+:func:`launch_costs`: the launch-bound regime up close, at three small bf16 shapes, each call timed
+back to back and as a CUDA graph replay (the cure for launch costs, measured).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ... import bench, runtime
+from ...kernels.bias_gelu import bias_gelu, bias_gelu_eager
 from ...kernels.cos import cos_cos, cos_cos_eager
 
 #: the recorded sweeps, one per device (``benchmarks/small_tensors.py``; device and versions inside)
@@ -86,6 +89,68 @@ def per_call_round_robin(fns: dict, *, calls: int = 1000, rounds: int = 7) -> di
     return best
 
 
+def graph_us(fn, calls: int = 100) -> float:
+    """GPU time per call: a CUDA graph of ``calls`` calls, replayed (no host work in the loop)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    reps = 20
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        g.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / (reps * calls) * 1e6
+
+
+#: the small-tensor shapes (bf16): a decode step's activations, a small batch through an MLP, a prefill chunk
+LAUNCH_SHAPES = ((8, 4096), (128, 11008), (1024, 4096))
+
+
+def launch_costs(shapes=LAUNCH_SHAPES) -> list[dict]:
+    """The launch-bound regime, measured (GPU only): per shape, for eager PyTorch and the package's
+    launchers (bias + GELU, cos·cos) and one-launch torch ops, the time per call back to back
+    (:func:`per_call_round_robin`: host and GPU together) and as a CUDA graph replay (:func:`graph_us`:
+    the GPU alone, no host work per call). Rows: ``{"shape", "case", "per_call_us", "graph_us"}``."""
+    rows = []
+    for m, n in shapes:
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        xc = x.flatten()
+        cases = {
+            "eager gelu(x + b) tanh": lambda x=x, b=b: bias_gelu_eager(x, b, "tanh"),
+            "eager gelu(x + b) erf": lambda x=x, b=b: bias_gelu_eager(x, b),
+            "fusionlab bias_gelu tanh": lambda x=x, b=b: bias_gelu(x, b, "tanh"),
+            "fusionlab bias_gelu erf_fast": lambda x=x, b=b: bias_gelu(x, b, "erf_fast"),
+            "fusionlab bias_gelu erf": lambda x=x, b=b: bias_gelu(x, b),
+            "eager cos().cos()": lambda xc=xc: cos_cos_eager(xc),
+            "fusionlab cos_cos": lambda xc=xc: cos_cos(xc),
+            "copy (clone)": lambda x=x: x.clone(),
+            "torch x + 1 (one launch)": lambda x=x: x + 1,
+        }
+        per_call = per_call_round_robin(cases)
+        for name, fn in cases.items():
+            rows.append({"shape": [m, n], "case": name, "per_call_us": per_call[name], "graph_us": graph_us(fn)})
+    return rows
+
+
+def launch_costs_here_or_recorded(device: str | None = None) -> tuple[list[dict], str]:
+    """``(rows, label)``: :func:`launch_costs` measured here on a GPU Triton supports, else the rows
+    recorded with the sweep of :func:`recorded_sweep` (``device`` as there), labelled."""
+    if runtime.is_gpu():
+        return launch_costs(), bench.source_label()
+    data = recorded_sweep(device)
+    return data["small"], _recorded_label(data["meta"])
+
+
 def sweep(log2_sizes=range(10, 29, 2)) -> list[dict]:
     """Time the three cases at 2**k fp32 elements for each k (GPU only)."""
     rows = []
@@ -144,9 +209,11 @@ def measure(device: str | None = None) -> Regimes:
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
         return _from_rows(sweep(), l2, bench.source_label(), True, bench.metadata())
     data = recorded_sweep(device)
-    m = data["meta"]
-    label = (
+    return _from_rows(data["sweep"], data["L2_bytes"], _recorded_label(data["meta"]), False, data["meta"])
+
+
+def _recorded_label(m: dict) -> str:
+    return (
         f"RECORDED on {m['device']} (sm_{m['capability'].replace('.', '')}), {m['date']}, torch {m['torch']}, "
         f"triton {m['triton']} — not measured on this machine"
     )
-    return _from_rows(data["sweep"], data["L2_bytes"], label, False, m)
