@@ -9,7 +9,7 @@ import triton.language as tl
 
 from fusionlab import runtime
 from fusionlab.instrument import count_instructions
-from fusionlab.lessons.l2.instructions import bias_gelu_instructions
+from fusionlab.lessons.l2.instructions import bias_gelu_instructions, fma_chain_instructions
 
 pytestmark = pytest.mark.lesson2
 
@@ -59,3 +59,17 @@ def test_bad_arguments_are_named(bad):
     kwargs = {"dtype": torch.float32, "approximate": "none"} | bad
     with pytest.raises(ValueError, match="bias_gelu_instructions"):
         bias_gelu_instructions(**kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_sweeps_kernel_costs_k_instructions_plus_what_every_element_costs(dtype):
+    few, many = fma_chain_instructions(dtype, 16), fma_chain_instructions(dtype, 64)
+    assert 47 <= many.per_element - few.per_element <= 49  # 48 more FMAs per element
+    overhead = few.per_element - 16  # the load, its conversion, addresses, the chains' ends, the store
+    assert 5 < overhead < 40, f"{overhead:.1f} instructions per element besides the FMAs"
+
+
+@pytest.mark.parametrize("k", [0, 6, True, 4.0])
+def test_the_sweeps_kernel_refuses_a_k_it_cannot_run(k):
+    with pytest.raises(ValueError, match="k must be a multiple of 4"):
+        fma_chain_instructions(torch.float32, k)

@@ -74,11 +74,13 @@ def _fma_chain_kernel(x_ptr, y_ptr, n_elements, K4: tl.constexpr, BLOCK_SIZE: tl
 
 
 _launch = Launcher(_fma_chain_kernel)
+#: the GPU launch: elements a program and warps (the interpreter takes larger programs, and no warps)
+GPU_BLOCK, NUM_WARPS = 1024, 4
 
 
 @functools.lru_cache(maxsize=1024)
 def _plan(n: int) -> tuple:
-    block = 1024 if runtime.is_gpu() else 4096
+    block = GPU_BLOCK if runtime.is_gpu() else 4096
     return (cdiv(n, block),), block
 
 
@@ -92,5 +94,5 @@ def fma_chain(x: torch.Tensor, k: int) -> torch.Tensor:
     if n == 0:
         return y
     grid, block = _plan(n)
-    _launch(grid, x, y, n, K4=k // 4, BLOCK_SIZE=block, **launch_kwargs(4))
+    _launch(grid, x, y, n, K4=k // 4, BLOCK_SIZE=block, **launch_kwargs(NUM_WARPS))
     return y

@@ -14,6 +14,7 @@ import torch
 from ...instrument import InstructionCount, count_instructions
 from ...kernels._launch import elementwise_config
 from ...kernels.bias_gelu import APPROXIMATIONS, _bias_gelu_kernel
+from ...kernels.fma_chain import GPU_BLOCK, NUM_WARPS, _check_k, _fma_chain_kernel
 
 _TRITON_TYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -38,5 +39,24 @@ def bias_gelu_instructions(dtype: torch.dtype, approximate: str = "none", arch: 
         constexprs,
         elements=cfg["BLOCK_M"] * cfg["BLOCK_N"],
         num_warps=cfg["num_warps"],
+        arch=arch,
+    )
+
+
+def fma_chain_instructions(dtype: torch.dtype, k: int, arch: int = 90) -> InstructionCount:
+    """The k-FMA kernel of the lesson's sweep as it runs on a GPU, compiled for compute capability
+    ``arch``, its instructions counted: k FMAs per element plus what every element costs besides them
+    (the load and its conversion, address arithmetic, the store)."""
+    if dtype not in _TRITON_TYPE:
+        raise ValueError(f"fma_chain_instructions: dtype must be one of {list(_TRITON_TYPE)}, got {dtype}")
+    k = _check_k(k, "fma_chain_instructions")
+    t = _TRITON_TYPE[dtype]
+    signature = {"x_ptr": f"*{t}", "y_ptr": f"*{t}", "n_elements": "i32", "K4": "constexpr", "BLOCK_SIZE": "constexpr"}
+    return count_instructions(
+        _fma_chain_kernel,
+        signature,
+        {"K4": k // 4, "BLOCK_SIZE": GPU_BLOCK},
+        elements=GPU_BLOCK,
+        num_warps=NUM_WARPS,
         arch=arch,
     )
