@@ -417,6 +417,14 @@ def check_function(
     return passed(msg, len(plan)) if not quiet else Passed(msg, len(plan))
 
 
+def refuse_own_kernels(box: Sandbox, where: str, seed: int, advice: str = "Write it yourself.") -> None:
+    """Fail when the answer launched one of the package's own kernels (a ``fusionlab.*`` module's):
+    writing that kernel is the exercise."""
+    own = sorted({la.name for la in box.launches if la.module.startswith("fusionlab.")})
+    if own:
+        raise fail(f"{where}: your answer launches fusionlab's own kernel ({', '.join(own)}). {advice}", seed)
+
+
 def _size_text(size) -> str:
     return f"shape {tuple(size)}" if isinstance(size, (tuple, list)) else f"size {size}"
 
@@ -446,13 +454,7 @@ def _check_once(student, reference, make_inputs, name, size, dtype, launches, al
             "n_cols) for a 2-D tile.",
             seed,
         )
-    own = sorted({la.name for la in box.launches if la.module.startswith("fusionlab.")})
-    if own:
-        raise fail(
-            f"{where}: your answer launches fusionlab's own kernel ({', '.join(own)}). Write the "
-            "kernel yourself: that is the exercise.",
-            seed,
-        )
+    refuse_own_kernels(box, where, seed, "Write the kernel yourself: that is the exercise.")
     if not allow_torch_ops and (box.torch_ops or box.passes):
         ops = ", ".join(sorted(set(box.torch_ops))) or ""
         moves = ", ".join(sorted(set(box.passes))) or ""

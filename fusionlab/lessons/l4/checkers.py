@@ -44,9 +44,7 @@ def _run(fn, args, name, where, seed):
             "store (offs < n_cols): the last block of a row hangs over its end.",
             seed,
         )
-    own = sorted({la.name for la in box.launches if la.module.startswith("fusionlab.")})
-    if own:
-        raise fail(f"{where}: your answer launches fusionlab's own kernel ({', '.join(own)}). Write it yourself.", seed)
+    grading.refuse_own_kernels(box, where, seed)
     if box.torch_ops or box.passes:
         ops = ", ".join(sorted(set(box.torch_ops) | set(box.passes)))
         raise fail(

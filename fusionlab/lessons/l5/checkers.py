@@ -223,9 +223,7 @@ def _ce_case(fn, name, shape, dtype, seed, *, shift=0.0, ignore=False, all_ignor
     if not isinstance(grad, torch.Tensor) or grad.shape != logits.shape or grad.dtype != logits.dtype:
         got = f"{tuple(grad.shape)} {grading.dtype_name(grad.dtype)}" if isinstance(grad, torch.Tensor) else type(grad)
         raise fail(f"{where}: the gradient should be a tensor like the logits ({shape}, {dtype}), got {got}.", seed)
-    own = sorted({la.name for la in box.launches if la.module.startswith("fusionlab.")})
-    if own:
-        raise fail(f"{where}: your answer launches fusionlab's own kernel ({', '.join(own)}). Write it yourself.", seed)
+    grading.refuse_own_kernels(box, where, seed)
     if not torch.equal(grading._bits(logits), before[0]) or not torch.equal(grading._bits(target), before[1]):
         raise fail(f"{where}: your code changed its inputs. Write the gradient into a tensor of its own.", seed)
     past = box.writes_past_the_end()
