@@ -13,7 +13,7 @@ import torch
 
 from fusionlab import bench
 from fusionlab.kernels import rmsnorm as rn
-from fusionlab.lessons.l4.suite import DTYPE, EPS, _rand
+from fusionlab.lessons.l4.suite import DTYPE, EPS, rms_inputs
 
 
 def per_call_ms(fn, calls=300):
@@ -42,9 +42,7 @@ class Nothing(torch.autograd.Function):
 
 print(bench.source_label())
 rows, n = 2048, 8192
-gen = torch.Generator(device="cuda").manual_seed(0)
-x, r, dy, dh = (_rand((rows, n), gen, "cuda") for _ in range(4))
-w = (1 + 0.1 * torch.randn(n, generator=gen, device="cuda")).to(DTYPE)
+x, r, dy, dh, w = rms_inputs(rows, n)
 xg, rg, wg = (t.clone().requires_grad_() for t in (x, r, w))
 y, h = rn.rmsnorm(xg, wg, EPS, rg)
 y1 = rn.rmsnorm(xg, wg, EPS)

@@ -15,14 +15,12 @@ from torch.profiler import ProfilerActivity, profile
 
 from fusionlab import bench
 from fusionlab.kernels.rmsnorm import rmsnorm
-from fusionlab.lessons.l4.suite import DTYPE, EPS, _grad_thunk, _no_donated_buffers, _rand, rms_bwd_ledger
+from fusionlab.lessons.l4.suite import EPS, _grad_thunk, _no_donated_buffers, rms_bwd_ledger, rms_inputs
 
 ceil = bench.ceilings()
 print(bench.source_label(), f"copy {ceil.copy_GBps:.0f} GB/s")
 for rows, n in ((2048, 8192), (4096, 8192), (8192, 8192), (32768, 4096)):
-    gen = torch.Generator(device="cuda").manual_seed(rows + n)
-    x, r, dy, dh = (_rand((rows, n), gen, "cuda") for _ in range(4))
-    w = (1 + 0.1 * torch.randn(n, generator=gen, device="cuda")).to(DTYPE)
+    x, r, dy, dh, w = rms_inputs(rows, n)
     xg, rg, wg = (t.clone().requires_grad_() for t in (x, r, w))
     with _no_donated_buffers():
         y, h = rmsnorm(xg, wg, EPS, rg)

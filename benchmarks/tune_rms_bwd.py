@@ -12,15 +12,13 @@ import torch
 
 from fusionlab import bench
 from fusionlab.kernels.rmsnorm import rmsnorm, rmsnorm_config, sm_count
-from fusionlab.lessons.l4.suite import DTYPE, EPS, _grad_thunk, _no_donated_buffers, _rand, rms_bwd_ledger
+from fusionlab.lessons.l4.suite import DTYPE, EPS, _grad_thunk, _no_donated_buffers, rms_bwd_ledger, rms_inputs
 
 ceil = bench.ceilings()
 sms = sm_count()
 print(bench.source_label(), f"copy {ceil.copy_GBps:.0f} GB/s, {sms} SMs")
 for rows, n in ((4096, 8192), (32768, 4096), (8192, 8192), (2048, 8192), (16384, 8192)):
-    gen = torch.Generator(device="cuda").manual_seed(rows + n)
-    x, r, dy, dh = (_rand((rows, n), gen, "cuda") for _ in range(4))
-    w = (1 + 0.1 * torch.randn(n, generator=gen, device="cuda")).to(DTYPE)
+    x, r, dy, dh, w = rms_inputs(rows, n)
     nbytes = rms_bwd_ledger(rows, n).fused_bytes
     default = rmsnorm_config(rows, n, DTYPE, backward=True)
     print(f"\n{rows} x {n}: default {default}")

@@ -130,13 +130,21 @@ def _rand(shape, gen, device):
 
 
 # -- residual + RMSNorm -------------------------------------------------------------------------------------
+def rms_inputs(rows: int, n: int, device="cuda") -> tuple[torch.Tensor, ...]:
+    """``(x, r, dy, dh, w)`` for residual + RMSNorm at ``rows x n``: activations, residual and the two
+    upstream gradients in bf16, a weight near 1; seeded by the shape, so a script that studies one of the
+    suite's cases (``benchmarks/*rms_bwd*.py``) times the same inputs."""
+    gen = torch.Generator(device=device).manual_seed(rows + n)
+    x, r, dy, dh = (_rand((rows, n), gen, device) for _ in range(4))
+    w = (1 + 0.1 * torch.randn(n, generator=gen, device=device)).to(DTYPE)
+    return x, r, dy, dh, w
+
+
 def rms_cases(copy_GBps: float | None = None, device="cuda") -> list[Case]:
     out = []
     comp_fwd = _compile(rmsnorm_eager)
     for rows, n in RMS_SHAPES:
-        gen = torch.Generator(device=device).manual_seed(rows + n)
-        x, r, dy, dh = (_rand((rows, n), gen, device) for _ in range(4))
-        w = (1 + 0.1 * torch.randn(n, generator=gen, device=device)).to(DTYPE)
+        x, r, dy, dh, w = rms_inputs(rows, n, device)
         fwd, bwd = rms_fwd_ledger(rows, n), rms_bwd_ledger(rows, n)
         group = f"rms fwd {shape_name(rows, n)}"
         flops = rmsnorm_flops(rows, n)
