@@ -91,9 +91,24 @@ def fwd_variants(rows: int, n: int, dtype) -> dict[str, dict]:
             named.append(("t4096/64B", _cfg(rows, n, dtype, 32768, 32768, 4096, 64)))
         if n == 32768:
             named.append(("online16384/L2", _cfg(rows, n, dtype, 16384, 16384, 4096, 32)))
+            named.append(("online8192/L2", _cfg(rows, n, dtype, 8192, 8192, 4096, 32)))
+        if n >= 4096:  # persistent programs, the next row's loads in flight (tl.range num_stages)
+            sms = torch.cuda.get_device_properties(0).multi_processor_count if GPU else 4
+            for tb in (32, 64, 128) if n == 32768 else (32, 64):
+                c = _cfg(rows, n, dtype, 32768, 32768, 4096, tb)
+                named.append((f"t/{tb}B", c))
+                for per_sm in (1, 2, 4):
+                    for stages in (2, 3):
+                        persistent = {**c, "programs": sms * per_sm, "row_stages": stages}
+                        named.append((f"p{per_sm}/s{stages}/{tb}B", persistent))
     else:
         named.append(("no-hints", {**base, **NO_HINTS}))
+        named.append(("online8192/L2", _cfg(rows, n, dtype, 1, 8192, 4096, 32)))
         named.append(("online16384/L2", _cfg(rows, n, dtype, 1, 16384, 4096, 32)))
+        for wb in (8192, 16384, 32768):  # the tile loop's software pipeline: loads this many tiles deep
+            for ns in (2, 4):
+                if wb * ns * torch.empty((), dtype=dtype).element_size() <= 160 * 1024:
+                    named.append((f"online{wb}/L2/s{ns}", {**_cfg(rows, n, dtype, 1, wb, 4096, 32), "num_stages": ns}))
         named.append(("online16384", _cfg(rows, n, dtype, 1, 16384, 4096, 32, hints=False)))
     return _unique(named)
 

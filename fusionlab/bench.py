@@ -16,6 +16,7 @@ import json
 import math
 import re
 import textwrap
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -57,6 +58,37 @@ def time_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 
     from triton.testing import do_bench
 
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def queued_ms(fn: Callable[[], object], *, calls: int = 20, rounds: int = 3) -> float:
+    """GPU time per call of ``fn()`` with the host out of the way, in milliseconds (fastest of
+    ``rounds``): a sleep kernel holds the stream while the host queues ``calls`` calls, which then run
+    back to back between two events. Use it where one call costs the host more than the GPU (an
+    autograd backward at moderate sizes): :func:`time_ms` then times the host. The sleep is twice the
+    host's measured queueing time, so a host slower than that only makes the result larger, never
+    smaller. No L2 flush between the calls: meant for tensors far larger than L2. A CUDA graph would
+    do the same, but a ``torch.autograd.grad`` call does not capture (torch 2.11: "operation would
+    make the legacy stream depend on a capturing blocking stream")."""
+    _require_gpu("queued_ms")
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    host_s = time.perf_counter() - t0  # queueing and running together: an upper bound on queueing
+    clock_hz = 2e9  # _sleep counts cycles; no data-centre GPU clocks faster, so the sleep is at least this long
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda._sleep(int(2 * host_s * clock_hz))
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / calls)
+    return best
 
 
 def peak_bytes(fn: Callable[..., object], *args, **kwargs) -> int:
@@ -184,6 +216,8 @@ class Case:
     flops: float = 0
     group: str = ""
     predicted_ms: float | None = None
+    #: how to time it: :func:`time_ms` (do_bench, L2 flushed) unless named, e.g. :func:`queued_ms`
+    timer: Callable[[Callable[[], object]], float] | None = None
 
 
 @dataclass
@@ -226,7 +260,7 @@ def run(
     for r in range(max(1, rounds)):
         last = r == max(1, rounds) - 1
         for i, case in enumerate(cases):
-            times[i].append(time_ms(case.fn, **timing))
+            times[i].append(case.timer(case.fn) if case.timer is not None else time_ms(case.fn, **timing))
             if last:  # report each case as soon as its final round is in
                 res = Result.of(case, min(times[i]), ceil)
                 res.ms_rounds = times[i] if len(times[i]) > 1 else None

@@ -381,11 +381,37 @@ def test_the_bars_read_a_run_and_can_fail():
         names += [f(s, rows, n) for f in (suite.rms_fwd, suite.rms_bwd) for s in suite.SCHEDULES]
     for shape in (suite.SOFTMAX_NARROW, suite.SOFTMAX_WIDE):
         names += [suite.sm_fwd(s, *shape) for s in suite.SCHEDULES]
-    good = [Result(name, 1.0 if "compiled" in name else 0.9, frac_copy=0.95) for name in names]
+    names += [suite.sweep_name(n) for n in suite.SOFTMAX_SWEEP]
+    two_trips = 2 * suite.SWEEP_ELEMENTS * suite.DTYPE.itemsize  # a sweep row read once, written once
+
+    def res(name, ms=None, frac=0.95, nbytes=None):
+        ms = (1.0 if "compiled" in name else 0.9) if ms is None else ms
+        return Result(name, ms, nbytes=nbytes or (two_trips if "sweep" in name else 1), frac_copy=frac)
+
+    # a run recorded before the backward's queued cases: the call's share is the bar
+    old = [res(name) for name in names]
+    assert len(suite.bars(old)) == 16 and all(met for _, met, _ in suite.bars(old))
+    for rows, n in suite.RMS_SHAPES:
+        names += [suite.rms_bwd(f"{s} {suite.QUEUED}", rows, n) for s in suite.SCHEDULES]
+    good = [res(name) for name in names]
     bars = suite.bars(good)
-    assert len(bars) == 12 and all(met for _, met, _ in bars)
-    slow = [
-        Result(r.name, r.ms * (2 if r.name == suite.sm_fwd("fused", *suite.SOFTMAX_WIDE) else 1), frac_copy=0.95)
-        for r in good
+    assert len(bars) == 18 and all(met for _, met, _ in bars)
+    # the backward's share of copy is the queued one: a host-bound call does not fail it, a slow GPU does
+    rows, n = suite.RMS_SHAPES[1]
+    host_bound = [res(r.name, r.ms, 0.4 if r.name == suite.rms_bwd("fused", rows, n) else 0.95) for r in good]
+    assert all(met for _, met, _ in suite.bars(host_bound))
+    queued = suite.rms_bwd(f"fused {suite.QUEUED}", rows, n)
+    slow_gpu = [res(r.name, r.ms * (3 if r.name == queued else 1), 0.5 if r.name == queued else 0.95) for r in good]
+    shape = suite.shape_name(rows, n)
+    assert [b for b, met, _ in suite.bars(slow_gpu) if not met] == [
+        f"rms bwd {shape} >= 75% of copy (GPU time)",
+        f"rms bwd {shape} >= 1.0x compiled (GPU time)",
     ]
+    # a sweep width below 90% fails; so does one whose ledger counts a re-read it got from L2 (120% of
+    # copy by three trips is 80% by the two every softmax must make)
+    sweep = suite.sweep_name(32768)
+    for frac, nbytes in ((0.85, two_trips), (1.2, 3 * two_trips // 2)):
+        run = [res(r.name, r.ms, frac, nbytes) if r.name == sweep else r for r in good]
+        assert [b for b, met, _ in suite.bars(run) if not met] == ["softmax n=32768 >= 90% of copy (read x + write y)"]
+    slow = [res(r.name, r.ms * (2 if r.name == suite.sm_fwd("fused", *suite.SOFTMAX_WIDE) else 1)) for r in good]
     assert [b for b, met, _ in suite.bars(slow) if not met] == ["softmax wide >= 0.8x the narrow rate per element"]

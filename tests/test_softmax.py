@@ -104,6 +104,27 @@ def test_online_path_matches_float64(shape, block_n):
     assert box.names == [KERNEL]
 
 
+@pytest.mark.parametrize("programs, row_stages", [(1, 1), (3, 2), (7, 2)])
+@pytest.mark.parametrize("shape", [(37, 50), (2, 3, 129), (1, 7)], ids=lambda s: "x".join(map(str, s)))
+def test_persistent_programs_cover_every_row(shape, programs, row_stages, monkeypatch):
+    """The one-tile path launched with fewer programs than row blocks (the GPU tuning's persistent
+    schedule): each program walks blocks pid, pid + P, ...; every row is written, none twice wrong."""
+    from fusionlab.kernels.softmax import _check_input, _forward
+
+    x = _x(shape, seed=2)
+    layout = _check_input(x, -1, "softmax", grad=False)
+    cfg = {**softmax_config(layout.n_rows, layout.n_cols, x.dtype), "programs": programs, "row_stages": row_stages}
+    cfg["BLOCK_M"] = 2  # several blocks even for few rows, and a last block half past the end
+    assert cfg["SINGLE_TILE"]
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))  # poisoned y
+    y = _forward(x, layout, cfg)
+    _expect_close(y, _softmax64(x), 1e-6, 1e-5)
+    # the online path is not persistent: a tuned program count must not cut its rows short
+    online = {**cfg, "BLOCK_N": 16, "SINGLE_TILE": False}
+    _expect_close(_forward(x, layout, online), _softmax64(x), 1e-6, 1e-5)
+
+
 @pytest.mark.parametrize("block_n", [None, 16], ids=["config", "online"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_large_logits_do_not_overflow(dtype, block_n):

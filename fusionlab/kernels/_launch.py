@@ -40,6 +40,22 @@ class KernelInputError(ValueError):
     """A launcher was given a tensor (or argument) its kernel cannot take."""
 
 
+#: SMs assumed for a GPU configuration asked for on a machine without one (an H100 SXM)
+DEFAULT_SMS = 132
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count() -> int:
+    """This GPU's multiprocessor count (:data:`DEFAULT_SMS` without one)."""
+    if runtime.is_gpu():
+        return _sm_count(torch.cuda.current_device())
+    return DEFAULT_SMS
+
+
 def dtype_name(d: torch.dtype) -> str:
     return str(d).replace("torch.", "")
 

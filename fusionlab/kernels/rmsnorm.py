@@ -81,7 +81,8 @@ import triton.language as tl
 from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger, dtype_bytes
-from ._launch import (
+from ._launch import (  # noqa: F401  (DEFAULT_SMS, sm_count: lesson 4 and the benchmarks read them here)
+    DEFAULT_SMS,
     INT32_LIMIT,
     KernelInputError,
     Launcher,
@@ -92,6 +93,7 @@ from ._launch import (
     element_size,
     launch_kwargs,
     next_pow2,
+    sm_count,
 )
 
 OP = "rmsnorm"
@@ -123,20 +125,6 @@ INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "pr
 #: the partial-sum reduction: about ``reduce_programs`` column blocks (enough to spread over the SMs
 #: when N is small), each adding at most ``reduce_tile`` fp32 elements a step
 REDUCE = {"reduce_programs": 256, "reduce_tile": 8192, "num_warps": 4}
-#: SMs assumed for a GPU configuration asked for on a machine without one (an H100 SXM)
-DEFAULT_SMS = 132
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def sm_count() -> int:
-    """This GPU's multiprocessor count (:data:`DEFAULT_SMS` without one)."""
-    if runtime.is_gpu():
-        return _sm_count(torch.cuda.current_device())
-    return DEFAULT_SMS
 
 
 @functools.lru_cache(maxsize=4096)
