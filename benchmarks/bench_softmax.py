@@ -89,6 +89,9 @@ def fwd_variants(rows: int, n: int, dtype) -> dict[str, dict]:
         if n in (1024, 4096):
             named.append(("t4096/16B", _cfg(rows, n, dtype, 32768, 32768, 4096, 16)))
             named.append(("t4096/64B", _cfg(rows, n, dtype, 32768, 32768, 4096, 64)))
+            for tile in (2048, 8192, 16384):  # more (or fewer) rows a program: bytes in flight per SM
+                for tb in (16, 32, 64):
+                    named.append((f"t{tile}/{tb}B", _cfg(rows, n, dtype, 32768, 32768, tile, tb)))
         if n == 32768:
             named.append(("online16384/L2", _cfg(rows, n, dtype, 16384, 16384, 4096, 32)))
             named.append(("online8192/L2", _cfg(rows, n, dtype, 8192, 8192, 4096, 32)))
