@@ -34,7 +34,7 @@ from fusionlab.kernels import rmsnorm as rn
 DT = torch.bfloat16
 EPS = 1e-6
 ROWS = (4096, 32768)
-HIDDEN = (1024, 4096, 5120, 8192, 11008, 16384)
+HIDDEN = (1024, 2048, 4096, 5120, 8192, 11008, 16384)
 T0 = time.time()
 
 
@@ -257,6 +257,11 @@ def _final_shape(rows, n, c_rms, c_ln, copy):
     row["compiled_bwd_ms"] = bench.time_ms(
         lambda: torch.autograd.grad((yc, hc), (xg, wg, rg), (dy, dh), retain_graph=True)
     )
+    # the same two backwards, the GPU's time alone (calls queued ahead of it: bench.queued_ms)
+    row["bwd_gpu_ms"] = bench.queued_ms(lambda: torch.autograd.grad((y, h), (xg, wg, rg), (dy, dh), retain_graph=True))
+    row["compiled_bwd_gpu_ms"] = bench.queued_ms(
+        lambda: torch.autograd.grad((yc, hc), (xg, wg, rg), (dy, dh), retain_graph=True)
+    )
     programs = rn.rmsnorm_config(rows, n, DT, backward=True)["programs"]
     nbb = bwd_bytes(rows, n, programs)
     row.update(fwd_bytes=nb, bwd_bytes=nbb)
@@ -272,6 +277,7 @@ def _final_shape(rows, n, c_rms, c_ln, copy):
     xl, wl, bl = (t.clone().requires_grad_() for t in (x, lw, lb))
     yl = ln.layernorm(xl, wl, bl)
     lrow["bwd_ms"] = bench.time_ms(lambda: torch.autograd.grad(yl, (xl, wl, bl), dy, retain_graph=True))
+    lrow["bwd_gpu_ms"] = bench.queued_ms(lambda: torch.autograd.grad(yl, (xl, wl, bl), dy, retain_graph=True))
     ye = ln.layernorm_eager(xl, wl, bl)
     lrow["eager_bwd_ms"] = bench.time_ms(lambda: torch.autograd.grad(ye, (xl, wl, bl), dy, retain_graph=True))
     lprog = ln.layernorm_config(rows, n, DT, backward=True)["programs"]
@@ -280,9 +286,11 @@ def _final_shape(rows, n, c_rms, c_ln, copy):
         f"{rows:>6}x{n:<6} | {row['fwd_ms']:7.3f} {pct(nb, row['fwd_ms'], copy):5.1f} "
         f"{row['eager_ms'] / row['fwd_ms']:6.2f} {row['compiled_ms'] / row['fwd_ms']:6.3f} "
         f"{pct(nb, row['compiled_ms'], copy):5.1f} | {row['bwd_ms']:7.3f} {pct(nbb, row['bwd_ms'], copy):5.1f} "
-        f"{row['compiled_bwd_ms'] / row['bwd_ms']:6.3f} {pct(nbb, row['compiled_bwd_ms'], copy):5.1f} | "
+        f"{row['compiled_bwd_ms'] / row['bwd_ms']:6.3f} {pct(nbb, row['compiled_bwd_ms'], copy):5.1f} "
+        f"{pct(nbb, row['bwd_gpu_ms'], copy):5.1f} {row['compiled_bwd_gpu_ms'] / row['bwd_gpu_ms']:6.3f} | "
         f"{lrow['fwd_ms']:7.3f} {pct(lnb, lrow['fwd_ms'], copy):5.1f} {lrow['compiled_ms'] / lrow['fwd_ms']:6.3f} "
-        f"{pct(lrow['bwd_bytes'], lrow['bwd_ms'], copy):5.1f} {lrow['eager_bwd_ms'] / lrow['bwd_ms']:6.2f}"
+        f"{pct(lrow['bwd_bytes'], lrow['bwd_ms'], copy):5.1f} {pct(lrow['bwd_bytes'], lrow['bwd_gpu_ms'], copy):5.1f} "
+        f"{lrow['eager_bwd_ms'] / lrow['bwd_ms']:6.2f}"
     )
     return row, lrow, line
 
@@ -311,8 +319,8 @@ def final(args, res, copy):
     c_ln = compiled(ln.layernorm_eager)
     lines.append(
         f"{'shape':>13} | {'fwd ms':>7} {'%copy':>5} {'/eager':>6} {'/comp':>6} {'comp%':>5} | "
-        f"{'bwd ms':>7} {'%copy':>5} {'/comp':>6} {'comp%':>5} | {'LN ms':>7} {'%copy':>5} {'/comp':>6} "
-        f"{'LNb%':>5} {'/eagb':>6}"
+        f"{'bwd ms':>7} {'%copy':>5} {'/comp':>6} {'comp%':>5} {'gpu%':>5} {'/compg':>6} | {'LN ms':>7} {'%copy':>5} "
+        f"{'/comp':>6} {'LNb%':>5} {'LNbg%':>5} {'/eagb':>6}"
     )
     shapes = [(rows, n) for rows in ROWS for n in HIDDEN]
     if args.quick:
