@@ -66,10 +66,22 @@ OP = "layernorm"
 #: GPU tuning, as :data:`fusionlab.kernels.rmsnorm.GPU_TUNING` (benchmarks/notes_norms.md). The
 #: backward's row prefetch is off: at 32768 x 4096 bf16 on an H100 it measured 0.336 ms with it and
 #: 0.321 ms without (LayerNorm's backward loads two row tensors, RMSNorm's three).
+#: ``warps_by_tile``: tiles of these sizes (elements) take this many warps, whatever ``per_thread``
+#: says; ``max_single`` (backward): the widest row in one tile, in elements. Both from 2026-11-24 on an
+#: H100 (benchmarks/tune_layernorm.py): a 16384-element forward tile at 32 warps streamed at 53-74% of
+#: copy (hidden 11008, 16384), at 16 warps 82-100%; the backward of rows wider than 8192 in one tile ran
+#: at 25-33%, on the two-pass path (4096-element tiles, x and dy read twice) 67-79% by its own ledger,
+#: 1.4-1.7x faster.
 GPU_TUNING = {
-    "forward": {"max_single_bytes": 65536, "wide_block": 4096, "tile": 2048, "per_thread": 16},
+    "forward": {
+        "max_single_bytes": 65536,
+        "wide_block": 4096,
+        "tile": 2048,
+        "per_thread": 16,
+        "warps_by_tile": {16384: 16},
+    },
     "backward": {
-        "max_single_bytes": 32768,
+        "max_single": 8192,
         "wide_block": 4096,
         "tile": 2048,
         "per_thread": 16,
@@ -84,7 +96,7 @@ INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "pr
 def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
     if gpu:
         t = GPU_TUNING["backward" if backward else "forward"]
-        max_single = max(16, t["max_single_bytes"] // element_size(dtype))
+        max_single = t.get("max_single") or max(16, t["max_single_bytes"] // element_size(dtype))
     else:
         t = INTERPRETER_TUNING
         max_single = t["max_single"]
@@ -93,6 +105,7 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
     block_m = max(1, min(t["tile"] // block_n, next_pow2(max(n_rows, 1))))
     if gpu:
         num_warps = max(1, min(32, next_pow2(block_m * block_n // t["per_thread"]) // 32))
+        num_warps = t.get("warps_by_tile", {}).get(block_m * block_n, num_warps)
         if cdiv(max(n_rows, 1), block_m) < sms:  # few rows: more loads in flight a row
             block_m = 1
             num_warps = max(num_warps, min(32, max(4, block_n // 256)))
@@ -256,10 +269,8 @@ def _layernorm_kernel(
         mask = mask_m[:, None] & mask_n[None, :]
         if EVEN:
             x = tl.load(x_rows[:, None] + offs_n[None, :]).to(tl.float32)
-            w = tl.load(w_ptr + offs_n).to(tl.float32)
         else:
             x = tl.load(x_rows[:, None] + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         # shifted by the row's first element k: x - k is exact for values near k, so the mean of a row
         # far from 0 (1e4 + randn) keeps its small digits; then the centred variance
         k = tl.load(x_rows, mask=mask_m, other=0.0).to(tl.float32)
@@ -271,6 +282,12 @@ def _layernorm_kernel(
         if not EVEN:
             xc = tl.where(mask, xc, 0.0)  # padding lanes would add mean² each
         rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)
+        # w (and b) loaded only now: a row of 16384 is 16 fp32 registers a thread at 32 warps, and
+        # x, its centred copy and w live at once would not fit beside each other
+        if EVEN:
+            w = tl.load(w_ptr + offs_n).to(tl.float32)
+        else:
+            w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         y = xc * rstd[:, None] * w[None, :]
         if HAS_BIAS:
             if EVEN:
