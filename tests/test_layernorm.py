@@ -324,7 +324,7 @@ def test_flops_and_config():
 
 @gpu_only
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,n", [(32768, 4096), (4096, 16384), (16, 65536)])
+@pytest.mark.parametrize("rows,n", [(32768, 4096), (4096, 16384), (300, 11008), (16, 65536)])
 def test_gpu_large_shapes_bf16(rows, n):
     x = _t((rows, n), torch.bfloat16, seed=80, offset=100)
     w, b = _t(n, torch.bfloat16, seed=81), _t(n, torch.bfloat16, seed=82)

@@ -104,6 +104,18 @@ def test_online_path_matches_float64(shape, block_n):
     assert box.names == [KERNEL]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("n", [1, 1000, 16384, 16385, 20000, 32768, 32769, 262144])
+def test_gpu_config_row_pipeline_fits_shared_memory(n, dtype):
+    """The GPU's persistent schedule stages whole rows in shared memory: it must fit an SM (227 KiB on
+    an H100/H200), or the launch fails with OutOfResources (an fp32 row of 32768 took 384 KiB once)."""
+    cfg = softmax_config(4096, n, dtype, gpu=True)
+    staged = cfg["BLOCK_M"] * cfg["BLOCK_N"] * torch.empty((), dtype=dtype).element_size() * cfg.get("row_stages", 0)
+    assert staged <= 227 * 1024
+    if "programs" in cfg:
+        assert cfg["SINGLE_TILE"] and cfg["row_stages"] > 1
+
+
 @pytest.mark.parametrize("programs, row_stages", [(1, 1), (3, 2), (7, 2)])
 @pytest.mark.parametrize("shape", [(37, 50), (2, 3, 129), (1, 7)], ids=lambda s: "x".join(map(str, s)))
 def test_persistent_programs_cover_every_row(shape, programs, row_stages, monkeypatch):
@@ -521,6 +533,20 @@ def test_gpu_rows_times_width_past_2_31():
     y.backward(y.detach())  # dy = y: dx = y * (y - sum y^2)
     yy = y.detach()[-1].double()
     torch.testing.assert_close(x.grad[-1].double(), yy * (yy - (yy * yy).sum()), atol=1e-4, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("rows, n", [(1000, 16385), (997, 20000), (600, 32768)])
+def test_gpu_persistent_rows_every_row_right(rows, n, dtype):
+    """Rows wider than 16384 in one tile: fewer programs than rows, each walking several (the GPU's
+    persistent schedule, softmax_config's ``programs``); every row checked, the output poisoned first."""
+    assert softmax_config(rows, n, dtype).get("programs", rows) < rows
+    x = _x((rows, n), dtype, seed=23, scale=10.0)
+    y, box = _sandboxed(softmax, x)
+    _expect_close(y, _softmax64(x), *TOLERANCES[dtype])
+    assert box.names == [KERNEL]
 
 
 @pytest.mark.gpu

@@ -95,6 +95,7 @@ GPU_TUNING = {
         "big_row": 16384,
         "per_sm": 2,
         "row_stages": 3,
+        "stage_bytes": 196608,  # shared memory the row pipeline may take (of an SM's 227 KiB)
         "small_rows": (512, 1024),
         "small_tile": 2048,
     },
@@ -168,7 +169,9 @@ def softmax_config(
         # H100's when a CPU asks what the GPU does)
         per_thread = max(1, 2 * t["thread_bytes"] // element_size(dtype))
         cfg["num_warps"] = max(1, min(32, next_pow2(cfg["BLOCK_M"] * cfg["BLOCK_N"] // per_thread) // 32))
-        if cfg["BLOCK_N"] > big:
+        staged = cfg["BLOCK_M"] * cfg["BLOCK_N"] * element_size(dtype) * t["row_stages"]
+        if cfg["BLOCK_N"] > big and staged <= t["stage_bytes"]:  # bf16/fp16; an fp32 row of 32768 would
+            # need 384 KiB of stages (OutOfResources): it keeps one program a row
             sms = sm_count() if runtime.is_gpu() else DEFAULT_SMS
             cfg.update(programs=t["per_sm"] * sms, row_stages=t["row_stages"])
     return cfg
