@@ -4,11 +4,10 @@
 
 For eager, compiled and fused, at lesson 4's backward shapes: capture one ``torch.autograd.grad`` in a
 CUDA graph (variants: the gradients made on the capture stream or not), and, as a second clock, the
-"host ahead" timing (a sleep kernel holds the stream while the host queues 20 calls, which then run
-back to back). Prints each variant's ms or its error. A probe for lesson 4's suite (2026-11-24).
+"host ahead" timing (``fusionlab.bench.queued_ms``: a sleep kernel holds the stream while the host
+queues 20 calls, which then run back to back). Prints each variant's ms or its error. A probe for
+lesson 4's suite (2026-11-24): on torch 2.11 every capture failed, the queued timing worked.
 """
-
-import time
 
 import torch
 
@@ -34,31 +33,10 @@ def capture(forward, inputs, grads, clone_grads: bool, mode: str = "global"):
     return graph.replay
 
 
-def host_ahead_ms(fn, calls: int = 20) -> tuple[float, float]:
-    fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    host = (time.perf_counter() - t) / calls
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(3):
-        torch.cuda._sleep(int(2e9 * host * calls * 2))  # ~2 GHz: twice the host's queueing time
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) / calls)
-    return best, host * 1e3
-
-
 def main():
     import sys
 
-    from fusionlab.bench import time_ms
+    from fusionlab import bench
 
     schedule, variant = sys.argv[1], sys.argv[2]  # a failed capture can spoil the process: one each
     forward = {"eager": rmsnorm_eager, "compiled": torch.compile(rmsnorm_eager, dynamic=False), "fused": rmsnorm}
@@ -70,15 +48,14 @@ def main():
             outs = f(xg, wg, suite.EPS, rg)
             call = suite._grad_thunk(outs, (xg, wg, rg), (dy, dh))
             call()
-            line = f"{rows}x{n} {schedule:<9} call {time_ms(call):.4f} ms | "
+            line = f"{rows}x{n} {schedule:<9} call {bench.time_ms(call):.4f} ms | "
             try:
-                if variant == "host":
-                    ms, host = host_ahead_ms(call)
-                    line += f"host-ahead {ms:.4f} ms (host {host:.4f} ms a call)"
+                if variant == "host":  # what the suite uses: calls queued behind a sleep
+                    line += f"host-ahead {bench.queued_ms(call):.4f} ms"
                 else:
                     mode = "relaxed" if "relaxed" in variant else "global"
                     replay = capture(lambda: f(xg, wg, suite.EPS, rg), (xg, wg, rg), (dy, dh), "clone" in variant, mode)
-                    line += f"{variant} {time_ms(replay):.4f} ms"
+                    line += f"{variant} {bench.time_ms(replay):.4f} ms"
             except Exception as e:  # noqa: BLE001
                 line += f"{variant} failed: {type(e).__name__}: {str(e)[:200]}"
             print(line, flush=True)

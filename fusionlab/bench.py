@@ -60,6 +60,17 @@ def time_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def wall_s(fn: Callable[[], object], calls: int) -> float:
+    """Wall seconds of ``calls`` back-to-back calls of ``fn()``, the GPU queue drained at both ends
+    (host and GPU together: whichever is slower sets it)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def queued_ms(fn: Callable[[], object], *, calls: int = 20, rounds: int = 3) -> float:
     """GPU time per call of ``fn()`` with the host out of the way, in milliseconds (fastest of
     ``rounds``): a sleep kernel holds the stream while the host queues ``calls`` calls, which then run
@@ -71,12 +82,7 @@ def queued_ms(fn: Callable[[], object], *, calls: int = 20, rounds: int = 3) -> 
     make the legacy stream depend on a capturing blocking stream")."""
     _require_gpu("queued_ms")
     fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    host_s = time.perf_counter() - t0  # queueing and running together: an upper bound on queueing
+    host_s = wall_s(fn, calls)  # queueing and running together: an upper bound on queueing
     clock_hz = 2e9  # _sleep counts cycles; no data-centre GPU clocks faster, so the sleep is at least this long
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     best = float("inf")

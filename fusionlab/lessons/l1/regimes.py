@@ -69,12 +69,7 @@ def per_call_us(fn, calls: int = 1000, repeats: int = 5) -> float:
     for _ in range(repeats):
         for _ in range(20):
             fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        best = min(best, bench.wall_s(fn, calls) / calls * 1e6)
     return best
 
 
