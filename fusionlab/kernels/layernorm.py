@@ -49,7 +49,7 @@ import triton.language as tl
 from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
-from ._launch import KernelInputError, Launcher, cdiv, check_tensor, element_size, launch_kwargs, next_pow2
+from ._launch import KernelInputError, Launcher, cdiv, check_tensor, launch_kwargs
 from .rmsnorm import (
     DEFAULT_SMS,
     _row_offsets,
@@ -57,6 +57,7 @@ from .rmsnorm import (
     check_eps,
     check_rows,
     grad_rows,
+    norm_config,
     sm_count,
     sum_partials,
 )
@@ -94,31 +95,8 @@ INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "pr
 
 @functools.lru_cache(maxsize=4096)
 def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
-    if gpu:
-        t = GPU_TUNING["backward" if backward else "forward"]
-        max_single = t.get("max_single") or max(16, t["max_single_bytes"] // element_size(dtype))
-    else:
-        t = INTERPRETER_TUNING
-        max_single = t["max_single"]
-    single = n_cols <= next_pow2(max_single)
-    block_n = max(16, next_pow2(n_cols) if single else min(next_pow2(t["wide_block"]), next_pow2(max_single)))
-    block_m = max(1, min(t["tile"] // block_n, next_pow2(max(n_rows, 1))))
-    if gpu:
-        num_warps = max(1, min(32, next_pow2(block_m * block_n // t["per_thread"]) // 32))
-        num_warps = t.get("warps_by_tile", {}).get(block_m * block_n, num_warps)
-        if cdiv(max(n_rows, 1), block_m) < sms:  # few rows: more loads in flight a row
-            block_m = 1
-            num_warps = max(num_warps, min(32, max(4, block_n // 256)))
-    else:
-        num_warps = 4
-    cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "SINGLE_TILE": single}
-    if backward:
-        blocks = cdiv(max(n_rows, 1), block_m)
-        per_sm = max(1, t["warps_per_sm"] // num_warps) if gpu else 0
-        cfg["programs"] = max(1, min(blocks, sms * per_sm if gpu else t["programs"]))
-        if gpu and single and block_m * block_n <= t["prefetch_tile"]:
-            cfg["row_stages"] = 2  # the next rows' loads in flight while this row computes
-    return cfg
+    t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
+    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms)
 
 
 def layernorm_config(

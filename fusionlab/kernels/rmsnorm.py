@@ -127,13 +127,14 @@ INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "pr
 REDUCE = {"reduce_programs": 256, "reduce_tile": 8192, "num_warps": 4}
 
 
-@functools.lru_cache(maxsize=4096)
-def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
+def norm_config(t: dict, n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
+    """A row normalisation's launch configuration read off its tuning table ``t`` (this module's
+    :data:`GPU_TUNING` or :data:`INTERPRETER_TUNING` entry, or LayerNorm's): the one rule RMSNorm and
+    LayerNorm share. ``max_single`` (elements) or ``max_single_bytes`` bound the one-tile row;
+    ``warps_by_tile`` (optional) overrides the warps of given tile sizes."""
     if gpu:
-        t = GPU_TUNING["backward" if backward else "forward"]
-        max_single = max(16, t["max_single_bytes"] // element_size(dtype))
+        max_single = t.get("max_single") or max(16, t["max_single_bytes"] // element_size(dtype))
     else:
-        t = INTERPRETER_TUNING
         max_single = t["max_single"]
     single = n_cols <= next_pow2(max_single)
     block_n = max(16, next_pow2(n_cols) if single else min(next_pow2(t["wide_block"]), next_pow2(max_single)))
@@ -141,6 +142,7 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
     block_m = max(1, min(t["tile"] // block_n, next_pow2(max(n_rows, 1))))
     if gpu:
         num_warps = max(1, min(32, next_pow2(block_m * block_n // t["per_thread"]) // 32))
+        num_warps = t.get("warps_by_tile", {}).get(block_m * block_n, num_warps)
         if cdiv(max(n_rows, 1), block_m) < sms:  # few rows: the GPU idles; more loads in flight a row
             block_m = 1
             num_warps = max(num_warps, min(32, max(4, block_n // 256)))
@@ -154,6 +156,12 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
         if gpu and single and block_m * block_n <= t["prefetch_tile"]:
             cfg["row_stages"] = 2  # the next rows' loads in flight while this row computes
     return cfg
+
+
+@functools.lru_cache(maxsize=4096)
+def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
+    t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
+    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms)
 
 
 def rmsnorm_config(
