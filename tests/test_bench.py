@@ -15,6 +15,16 @@ def test_interpreter_time_is_never_presented_as_gpu_time():
         bench.time_ms(lambda: None)
     with pytest.raises(bench.NotOnGPU):
         bench.measure_copy_bandwidth()
+    with pytest.raises(bench.NotOnGPU, match="queued_ms"):
+        bench.queued_ms(lambda: None)
+
+
+def test_a_case_can_name_its_clock(monkeypatch):
+    """``Case.timer`` (lesson 4's queued backward) is the clock ``bench.run`` uses for that case; the
+    others keep do_bench's."""
+    monkeypatch.setattr(bench, "time_ms", lambda fn, **kw: 2.0)
+    cases = [bench.Case("default clock", lambda: None), bench.Case("own clock", lambda: None, timer=lambda fn: 0.5)]
+    assert [r.ms for r in bench.run(cases, rounds=2)] == [2.0, 0.5]
 
 
 def test_rates():
