@@ -69,6 +69,7 @@ from ._launch import (
     row_config,
     sm_count,
 )
+from .rmsnorm import _row_offsets
 
 OP = "softmax"
 
@@ -148,8 +149,12 @@ def softmax_config(
     gpu = runtime.is_gpu() if gpu is None else gpu
     t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
     tile, thread_bytes = t["tile"], t["thread_bytes"]
-    if element_size(dtype) == 2 and next_pow2(max(int(n_cols), 1)) in t.get("small_rows", ()):  # measured: bf16
+    width = next_pow2(max(int(n_cols), 1))  # the one tile's width, for rows that fit one
+    big = t.get("big_row")
+    if element_size(dtype) == 2 and width in t.get("small_rows", ()):  # measured: bf16
         tile, thread_bytes = t["small_tile"], 2 * thread_bytes
+    elif big and big <= width <= t["max_single"]:  # a wide row in one tile: 64 bytes a thread, half the warps
+        thread_bytes = 2 * thread_bytes
     cfg = _config(
         int(n_rows),
         int(n_cols),
@@ -162,18 +167,13 @@ def softmax_config(
         t["l2_hints"],
     )
     cfg = dict(cfg)
-    big = t.get("big_row")
-    if big and cfg["SINGLE_TILE"] and cfg["BLOCK_N"] >= big:
-        # a wide row in one tile: half the warps (64 bytes a thread) and, past big_row, persistent
-        # programs whose loop loads the next row while this one reduces (sms from this GPU, or an
-        # H100's when a CPU asks what the GPU does)
-        per_thread = max(1, 2 * t["thread_bytes"] // element_size(dtype))
-        cfg["num_warps"] = max(1, min(32, next_pow2(cfg["BLOCK_M"] * cfg["BLOCK_N"] // per_thread) // 32))
-        staged = cfg["BLOCK_M"] * cfg["BLOCK_N"] * element_size(dtype) * t["row_stages"]
-        if cfg["BLOCK_N"] > big and staged <= t["stage_bytes"]:  # bf16/fp16; an fp32 row of 32768 would
-            # need 384 KiB of stages (OutOfResources): it keeps one program a row
-            sms = sm_count() if runtime.is_gpu() else DEFAULT_SMS
-            cfg.update(programs=t["per_sm"] * sms, row_stages=t["row_stages"])
+    staged = cfg["BLOCK_M"] * cfg["BLOCK_N"] * element_size(dtype) * t.get("row_stages", 0)
+    if big and cfg["SINGLE_TILE"] and cfg["BLOCK_N"] > big and staged <= t["stage_bytes"]:
+        # past big_row: persistent programs whose loop loads the next row while this one reduces (sms
+        # from this GPU, or an H100's when a CPU asks what the GPU does); bf16/fp16 only, since an fp32
+        # row of 32768 would need 384 KiB of stages (OutOfResources) and keeps one program a row
+        sms = sm_count() if runtime.is_gpu() else DEFAULT_SMS
+        cfg.update(programs=t["per_sm"] * sms, row_stages=t["row_stages"])
     return cfg
 
 
@@ -263,10 +263,7 @@ def _store_tile(ptrs, val, row_ok, col_ok, EVEN_M: tl.constexpr, EVEN_N: tl.cons
 def _row_ptrs(base, rows, n_rows, n_inner, stride_b, stride_m, TWO_LEVEL: tl.constexpr):
     # rows past the end re-read the last row instead of masking it: no row of -inf lanes, no NaN
     # computed for nothing, and a load mask only along the columns
-    rows = tl.minimum(rows, n_rows - 1)
-    if TWO_LEVEL:  # leading dims that do not merge into one stride: row = (outer, inner)
-        return base + (rows // n_inner) * stride_b + (rows % n_inner) * stride_m
-    return base + rows * stride_m
+    return base + _row_offsets(tl.minimum(rows, n_rows - 1), n_inner, stride_b, stride_m, TWO_LEVEL)
 
 
 @triton.jit
@@ -373,12 +370,9 @@ def _softmax_bwd_kernel(
     pid = tl.program_id(axis=0)
     rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # (BLOCK_M,)
     row_ok = rows < n_rows
-    rows_ld = tl.minimum(rows, n_rows - 1)
-    y_rows = y_ptr + rows_ld * stride_ym
-    if TWO_LEVEL:  # the incoming gradient may be strided (y and dx are the kernels' own)
-        dy_rows = dy_ptr + (rows_ld // n_inner) * stride_dyb + (rows_ld % n_inner) * stride_dym
-    else:
-        dy_rows = dy_ptr + rows_ld * stride_dym
+    y_rows = y_ptr + tl.minimum(rows, n_rows - 1) * stride_ym
+    # the incoming gradient may be strided (y and dx are the kernels' own)
+    dy_rows = _row_ptrs(dy_ptr, rows, n_rows, n_inner, stride_dyb, stride_dym, TWO_LEVEL)
     dx_rows = dx_ptr + rows * stride_dxm
     offs_n = tl.arange(0, BLOCK_N)
 

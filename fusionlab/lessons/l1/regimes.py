@@ -16,7 +16,6 @@ back to back and as a CUDA graph replay (the cure for launch costs, measured).
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,13 +96,8 @@ def graph_us(fn, calls: int = 100) -> float:
         for _ in range(calls):
             fn()
     g.replay()
-    torch.cuda.synchronize()
     reps = 20
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        g.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / (reps * calls) * 1e6
+    return bench.wall_s(g.replay, reps) / (reps * calls) * 1e6
 
 
 #: the small-tensor shapes (bf16): a decode step's activations, a small batch through an MLP, a prefill chunk
