@@ -283,6 +283,8 @@ def _attention_inner(
     TMA: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
     EVEN_N: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,
+    RESCALE_TAU: tl.constexpr,
 ):
     """Key blocks ``[lo, hi)`` of one Q tile: the online-softmax update, block by block.
 
@@ -291,6 +293,12 @@ def _attention_inner(
     token (``k_row``/``k_col`` unused); TMA path: they are descriptors and the tile starts at row
     ``k_row + start_n``, column ``k_col``. ``EVEN_N``: BLOCK_N divides N_k, so no block hangs past the
     last key and the masked blocks need only the causal mask.
+
+    ``LAZY_RESCALE`` (FA4's conditional rescale): ``m`` may lag the true running max by up to
+    ``RESCALE_TAU`` (base-2 units), so ``p = exp2(s - m) <= 2**RESCALE_TAU``. A block moves the max
+    of only the rows whose block max exceeds ``m`` by more than that, and only when one does does the
+    tile pay for ``acc * alpha`` and ``l * alpha``; ``l`` and ``acc`` always sum against the same
+    (possibly stale) ``m``, so ``acc / l`` and ``m + log2(l)`` are exact whatever ``m`` is.
     """
     offs_n0 = tl.arange(0, BLOCK_N)
     d_mask = offs_d[None, :] < HEAD_DIM  # all true unless the head dim is padded
@@ -316,7 +324,6 @@ def _attention_inner(
             qk = tl.where(keep, qk * qk_scale, float("-inf"))
             # every row sees key 0, so m is finite from the first block on: no -inf - -inf
             m_ij = tl.maximum(m_i, tl.max(qk, 1))
-            qk = qk - m_ij[:, None]
         else:
             # the max of the scaled scores from the unscaled ones (one multiply per row, not per
             # score), then scale and subtract in one FMA per score
@@ -324,11 +331,30 @@ def _attention_inner(
                 m_ij = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
             else:
                 m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        if LAZY_RESCALE:
+            # rows whose max rose by more than TAU (all rows on the first block: m = -inf there, and
+            # -inf + TAU stays -inf); a NaN row compares false and stays NaN through p
+            need = m_ij > m_i + RESCALE_TAU
+            # one decision for the whole program (a cross-warp reduction of BLOCK_M flags): Triton
+            # has no per-warp branch, and the multiply it skips is over the whole tile
+            if tl.max(need.to(tl.int32), 0) > 0:
+                m_ij = tl.where(need, m_ij, m_i)  # the rest keep their stale max: alpha = 1 exactly
+                alpha = tl.math.exp2(m_i - m_ij)  # 0 on the first block (acc and l are 0 there)
+                l_i = l_i * alpha
+                acc = acc * alpha[:, None]
+            else:
+                m_ij = m_i
+        if MASKED:
+            qk = qk - m_ij[:, None]
+        else:
             qk = qk * qk_scale - m_ij[:, None]
         p = tl.math.exp2(qk)  # exp(s - m), base 2 with log2(e) folded into qk_scale
-        alpha = tl.math.exp2(m_i - m_ij)  # rescales what was summed against the old max (0 at first)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        if LAZY_RESCALE:
+            l_i = l_i + tl.sum(p, 1)  # p <= 2**TAU: the sum and the P cast below stay in range
+        else:
+            alpha = tl.math.exp2(m_i - m_ij)  # rescales what was summed against the old max (0 at first)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
         if TMA:
             v = v_src.load([v_row + start_n, v_col])  # (BLOCK_N, BLOCK_D)
             if MASKED and not EVEN_N:  # rows past n_k are the next head's: zero them (0 * inf = NaN)
@@ -384,6 +410,8 @@ def _attention_kernel(
     WARP_SPECIALIZE: tl.constexpr,
     EVEN_N: tl.constexpr,
     TMA_STORE: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,
+    RESCALE_TAU: tl.constexpr,
 ):
     # q: (B, H, N_q, D), k/v: (B, H_kv, N_k, D), o: (B, H, N_q, D), lse: (B, H, N_q) fp32.
     # Each of q, k, v is addressed as rows of a 2-D matrix: head (b, h) starts at row
@@ -432,12 +460,12 @@ def _attention_kernel(
     acc, l_i, m_i = _attention_inner(
         acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
         offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
-        HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N,
+        HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
     )  # fmt: skip
     acc, l_i, m_i = _attention_inner(
         acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
         offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-        HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N,
+        HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
     )  # fmt: skip
 
     # one division per row, at the end; lse back from base-2 units to natural log
@@ -493,6 +521,14 @@ PLAIN_TABLE = {
 #: the interpreter: every program is Python, so few of them; 32 x 16 tiles still give a causal tile
 #: two diagonal blocks, so small tests reach every code path
 INTERPRETER_TILE = (32, 16)
+#: ``LAZY_RESCALE=True``'s threshold (FA4's conditional rescale, base-2 units): the running max of a
+#: row moves only when a block's max passes it by more than this, and the tile rescales ``acc`` and
+#: ``l`` only when some row's does. P is then at most 2**8 = 256 instead of 1: fp16/bf16 round 256 as
+#: finely (relatively) as 1, and it is far from their overflow; l <= 2**8 N_k in fp32. Off by default:
+#: not measured on a GPU yet
+LAZY_TAU = 8.0
+#: fp16's largest finite value is 65504 < 2**16: P <= 2**15 still casts
+MAX_LAZY_TAU = 15.0
 
 
 def _d_class(block_d: int) -> int:
@@ -526,6 +562,7 @@ def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> d
         "num_stages": ns,
         "WARP_SPECIALIZE": ws,
         "TMA_STORE": tma and store,
+        "LAZY_RESCALE": False,
     }
 
 
@@ -533,19 +570,35 @@ def attention_config(
     B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, causal: bool = False, *, tma: bool | None = None
 ) -> dict:
     """The launch configuration the launcher picks: ``{"variant", "BLOCK_M", "BLOCK_N", "BLOCK_D",
-    "num_warps", "num_stages", "WARP_SPECIALIZE", "TMA_STORE"}``.
+    "num_warps", "num_stages", "WARP_SPECIALIZE", "TMA_STORE", "LAZY_RESCALE"}``.
 
     ``BLOCK_D`` is the head dim rounded up to a power of two (at least 16). On a Hopper GPU with
     fp16/bf16 inputs in a descriptor-friendly layout (``tma=None`` assumes one) the TMA path with the
     tile of ``TMA_TABLE``; elsewhere on a GPU the pointer path (``PLAIN_TABLE``); in the interpreter
     32 x 16 tiles. Tiles shrink to short sequences. B and H do not change the tile (the grid grows).
+    ``LAZY_RESCALE`` is off everywhere until a GPU measures it (:data:`LAZY_TAU`).
     """
     if tma is None:
         tma = TensorDescriptor is not None and _hopper() and dtype in (torch.float16, torch.bfloat16) and D % 8 == 0
     return dict(_config(int(N_q), int(N_k), int(D), bool(causal), bool(tma), runtime.is_gpu()))
 
 
-_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "WARP_SPECIALIZE", "TMA_STORE")
+_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "WARP_SPECIALIZE", "TMA_STORE", "LAZY_RESCALE")
+
+
+def _rescale_tau(lazy) -> float:
+    """``LAZY_RESCALE`` as the kernel's threshold: 0.0 off (False), :data:`LAZY_TAU` for True, else
+    the number given (base-2 units, in ``(0, MAX_LAZY_TAU]``)."""
+    if lazy is False:
+        return 0.0
+    if lazy is True:
+        return LAZY_TAU
+    if isinstance(lazy, (int, float)) and 0 < lazy <= MAX_LAZY_TAU:
+        return float(lazy)
+    raise KernelInputError(
+        f"{OP}: LAZY_RESCALE={lazy!r}; pass False, True (threshold {LAZY_TAU}) or a threshold in "
+        f"(0, {MAX_LAZY_TAU}] (base-2 units: P may reach 2**threshold before the fp16 cast)."
+    )
 
 
 def _check_config(config: dict, causal: bool) -> dict:
@@ -559,6 +612,8 @@ def _check_config(config: dict, causal: bool) -> dict:
                 raise KernelInputError(f"{OP}: {name}={config[name]}; tl.dot needs tiles of at least 16.")
     if "num_warps" in config:
         check_block(config["num_warps"], "num_warps", OP, max_value=16)
+    if "LAZY_RESCALE" in config:
+        _rescale_tau(config["LAZY_RESCALE"])
     return dict(config)
 
 
@@ -685,7 +740,8 @@ def attention(
     N_k = 0 gives O = 0 and lse = -inf. No backward yet (lesson 8): inputs that require grad are
     refused. ``variant``: ``"tma"`` or ``"plain"`` forces a load path (None picks: TMA on Hopper where
     the layout allows). ``config``: tile overrides for a sweep (``BLOCK_M``, ``BLOCK_N``, ``num_warps``,
-    ``num_stages``, ``WARP_SPECIALIZE``, ``TMA_STORE``). Trips: :func:`attention_ledger`; FLOPs:
+    ``num_stages``, ``WARP_SPECIALIZE``, ``TMA_STORE``, ``LAZY_RESCALE``: False, True or a threshold, FA4's
+    conditional rescale of the accumulator, the same results to rounding). Trips: :func:`attention_ledger`; FLOPs:
     :func:`attention_flops`; reference: :func:`attention_reference`.
     """
     _check_inputs(q, k, v, causal, scale)
@@ -792,6 +848,8 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
         "WARP_SPECIALIZE": bool(cfg["WARP_SPECIALIZE"]),
         "EVEN_N": N_k % bn == 0,
         "TMA_STORE": store is not None,
+        "LAZY_RESCALE": _rescale_tau(cfg["LAZY_RESCALE"]) > 0,
+        "RESCALE_TAU": _rescale_tau(cfg["LAZY_RESCALE"]),  # 0.0 when off: one compiled kernel, not one per TAU
         **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
     }
     return _Plan(ints, meta, (cdiv(N_q, bm), H, B), descs, store, config_key)

@@ -213,6 +213,7 @@ def _cross_entropy_fwd_kernel(
     SINGLE: tl.constexpr = False,
     KEEP: tl.constexpr = "",
     DROP: tl.constexpr = "",
+    REF: tl.constexpr = 0,
 ):
     # exp(v) is computed as exp2(v log2 e): one multiply and one MUFU ex2. Differences x - max are
     # formed in natural units first: they are exact for logits near the max, also at 1e4 (multiplying
@@ -272,25 +273,43 @@ def _cross_entropy_fwd_kernel(
         if VEC > 1:
             x_f_raw = tl.load(x_row + col_f, mask=mask_f, other=float("-inf"))
             x_f = x_f_raw.to(tl.float32)
-            m = tl.maximum(tl.max(x_h, axis=0), tl.max(x_f, axis=0))
+        if REF == 0:
+            # REF 0: exponentials against the row's running maximum (exact whatever the logits)
+            if VEC > 1:
+                m = tl.maximum(tl.max(x_h, axis=0), tl.max(x_f, axis=0))
+            else:
+                m = tl.max(x_h, axis=0)
+            # a tile of only -inf (masked lanes, or -inf logits) has max -inf: exponentiate against 0
+            # instead, or exp(-inf - -inf) would be NaN
+            ref = tl.where(m == float("-inf"), 0.0, m)
         else:
-            m = tl.max(x_h, axis=0)
-        # a tile of only -inf (masked lanes, or -inf logits) has max -inf: exponentiate against 0
-        # instead, or exp(-inf - -inf) would be NaN
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        d = tl.sum(tl.math.exp2((x_h - m_safe) * _LOG2E), axis=0)
+            # REF 1, 2: exponentials against a *fixed* reference, chosen before the row's maximum is
+            # known: the head's maximum (1) or the target's logit (2: no reduction before the sums
+            # start). Any reference within 60 of the row's maximum gives the same lse = ref + log(d)
+            # (the largest term is e**±60 at most: no overflow in fp32, even summed over 2**31
+            # elements, and terms 1e-12 below the largest one are all fp32 can drop). A row whose
+            # maximum lands further away is summed again against its true maximum (slow, and rare).
+            if REF == 1:
+                if VEC > 1:
+                    m = tl.maximum(tl.max(x_h, axis=0), tl.max(x_f, axis=0))
+                else:
+                    m = tl.max(x_h, axis=0)
+                ref = tl.where(m == float("-inf"), 0.0, m)
+            else:
+                ref = tl.where(tl.abs(x_y) < float("inf"), x_y, 0.0)  # NaN (bad target) or ±inf: 0
+        d = tl.sum(tl.math.exp2((x_h - ref) * _LOG2E), axis=0)
         if SMOOTH:
             s = tl.sum(tl.where(mask_h, x_h, 0.0), axis=0)
         if VEC > 1:
-            d += tl.sum(tl.math.exp2((x_f - m_safe) * _LOG2E), axis=0)
+            d += tl.sum(tl.math.exp2((x_f - ref) * _LOG2E), axis=0)
             if SMOOTH:
                 s += tl.sum(tl.where(mask_f, x_f, 0.0), axis=0)
-        if SINGLE:  # the row fits the head: nothing streamed, nothing to combine
-            big_safe = m_safe
-        else:
-            # The streamed tiles keep a running max and sum *per lane* (no reduction across threads, no
-            # barrier, one exp2 an element): for t = x - m_lane, either x is no larger (add e^t) or it
-            # is the new maximum (rescale the sum by e^-t, add 1). Lanes are combined once, at the end.
+        if REF == 2:  # the head's maximum, needed only to check the reference
+            if VEC > 1:
+                m = tl.maximum(tl.max(x_h, axis=0), tl.max(x_f, axis=0))
+            else:
+                m = tl.max(x_h, axis=0)
+        if not SINGLE:
             m_v = tl.full([BLOCK_N], float("-inf"), tl.float32)
             d_v = tl.zeros([BLOCK_N], tl.float32)
             if SMOOTH:
@@ -306,22 +325,52 @@ def _cross_entropy_fwd_kernel(
                     )
                 else:
                     x = tl.load(x_body + offs, mask=mask, other=float("-inf"), eviction_policy=KEEP).to(tl.float32)
-                t = x - m_v
-                e = tl.where(x == float("-inf"), 0.0, tl.math.exp2(tl.abs(t) * -_LOG2E))  # -inf - -inf: NaN
-                new_max = t > 0
-                d_v = tl.where(new_max, d_v * e + 1.0, d_v + e)
-                m_v = tl.where(new_max, x, m_v)
+                if REF == 0:
+                    # A running max and sum *per lane* (no reduction across threads, no barrier, one
+                    # exp2 an element): for t = x - m_lane, either x is no larger (add e^t) or it is
+                    # the new maximum (rescale the sum by e^-t, add 1). Lanes are combined once, at
+                    # the end.
+                    t = x - m_v
+                    e = tl.where(x == float("-inf"), 0.0, tl.math.exp2(tl.abs(t) * -_LOG2E))  # -inf - -inf: NaN
+                    new_max = t > 0
+                    d_v = tl.where(new_max, d_v * e + 1.0, d_v + e)
+                    m_v = tl.where(new_max, x, m_v)
+                else:  # a fixed reference: a subtract, a multiply, an exp2, an add and a max
+                    d_v += tl.math.exp2((x - ref) * _LOG2E)
+                    m_v = tl.maximum(m_v, x)
                 if SMOOTH:
                     s_v += tl.where(mask, x, 0.0)
             big = tl.maximum(m, tl.max(m_v, axis=0))
-            big_safe = tl.where(big == float("-inf"), 0.0, big)
-            # exp(m - big) is 0 for an all -inf head (m = -inf), never 0 * inf
-            d = d * tl.math.exp2((m - big_safe) * _LOG2E) + tl.sum(
-                d_v * tl.math.exp2((m_v - big_safe) * _LOG2E), axis=0
-            )
+            if REF == 0:
+                big_safe = tl.where(big == float("-inf"), 0.0, big)
+                # exp(m - big) is 0 for an all -inf head (m = -inf), never 0 * inf
+                d = d * tl.math.exp2((m - big_safe) * _LOG2E) + tl.sum(
+                    d_v * tl.math.exp2((m_v - big_safe) * _LOG2E), axis=0
+                )
+                ref = big_safe
+            else:
+                d += tl.sum(d_v, axis=0)
             if SMOOTH:
                 s += tl.sum(s_v, axis=0)
-        lse = big_safe + tl.math.log2(d) * _LN2  # a row of only -inf: d = 0, lse = -inf, loss NaN (as torch)
+        else:
+            big = m
+        if REF != 0:
+            big_safe = tl.where(big == float("-inf"), 0.0, big)
+            if tl.abs(big_safe - ref) > 60.0:
+                # the reference was too far from the maximum: sum again against the maximum (the head
+                # from registers, the rest read once more)
+                d = tl.sum(tl.math.exp2((x_h - big_safe) * _LOG2E), axis=0)
+                if VEC > 1:
+                    d += tl.sum(tl.math.exp2((x_f - big_safe) * _LOG2E), axis=0)
+                if not SINGLE:
+                    d_w = tl.zeros([BLOCK_N], tl.float32)
+                    for i in range(0, n_tail):
+                        offs = HEAD + i * BLOCK_N + tl.arange(0, BLOCK_N)
+                        x = tl.load(x_body + offs, mask=offs < body_len, other=float("-inf")).to(tl.float32)
+                        d_w += tl.math.exp2((x - big_safe) * _LOG2E)
+                    d += tl.sum(d_w, axis=0)
+                ref = big_safe
+        lse = ref + tl.math.log2(d) * _LN2  # a row of only -inf: d = 0, lse = -inf, loss NaN (as torch)
         loss = lse - x_y
         if SMOOTH:
             loss = (1.0 - label_smoothing) * loss + label_smoothing * (lse - s / n_cols)
@@ -330,8 +379,8 @@ def _cross_entropy_fwd_kernel(
         if WRITE_GRAD:
             # -- sweep 2: grad = (softmax - eps/V - (1 - eps) onehot) * scale, scale = 1/n_valid for
             # "mean" (loaded from the device: no host sync), 1 otherwise (the backward multiplies).
-            # softmax * scale = exp(x - big) * scale / d = exp2((x - big) log2 e + log2(scale / d)):
-            # a subtract, an FMA and an exp2 an element.
+            # softmax * scale = exp(x - ref) * scale / d (d = sum of exp(x - ref) over the row)
+            # = exp2((x - ref) log2 e + log2(scale / d)): a subtract, an FMA and an exp2 an element.
             if MEAN:
                 scale = 1.0 / tl.load(n_valid_ptr).to(tl.float32)
             else:
@@ -354,24 +403,24 @@ def _cross_entropy_fwd_kernel(
                         x_next = tl.load(x_body + offs_next, mask=mask_next, other=float("-inf"), eviction_policy=DROP)
                     else:
                         x = tl.load(x_body + offs, mask=mask, other=float("-inf"), eviction_policy=DROP)
-                    grad = tl.math.exp2((x.to(tl.float32) - big_safe) * _LOG2E + log2_c)
+                    grad = tl.math.exp2((x.to(tl.float32) - ref) * _LOG2E + log2_c)
                     if SMOOTH:
                         grad -= c_s
                     tl.store(g_body + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask, eviction_policy=DROP)
             # the head from registers: read once
-            grad = tl.math.exp2((x_h_raw.to(tl.float32) - big_safe) * _LOG2E + log2_c)
+            grad = tl.math.exp2((x_h_raw.to(tl.float32) - ref) * _LOG2E + log2_c)
             if SMOOTH:
                 grad -= c_s
             tl.store(g_body + offs_h, grad.to(grad_ptr.dtype.element_ty), mask=mask_h, eviction_policy=DROP)
             if VEC > 1:
-                grad = tl.math.exp2((x_f_raw.to(tl.float32) - big_safe) * _LOG2E + log2_c)
+                grad = tl.math.exp2((x_f_raw.to(tl.float32) - ref) * _LOG2E + log2_c)
                 if SMOOTH:
                     grad -= c_s
                 tl.store(g_row + col_f, grad.to(grad_ptr.dtype.element_ty), mask=mask_f)
             # the target's element also gets -(1 - eps) * scale: one scalar store, after a barrier so
             # that it lands after the tile store of the same element (by another thread)
             tl.debug_barrier()
-            grad_y = tl.math.exp2((x_y - big_safe) * _LOG2E + log2_c) - c_s - (1.0 - label_smoothing) * scale
+            grad_y = tl.math.exp2((x_y - ref) * _LOG2E + log2_c) - c_s - (1.0 - label_smoothing) * scale
             tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=valid)
 
 
@@ -461,6 +510,7 @@ def _launch_forward(logits, target, grad, loss_rows, n_valid, ignore_index, labe
         SINGLE=n_cols <= cfg["HEAD"],
         KEEP="evict_last" if cfg.get("EVICT") else "",
         DROP="evict_first" if cfg.get("EVICT") else "",
+        REF=cfg.get("REF", 0),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
 
