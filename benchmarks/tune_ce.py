@@ -24,14 +24,23 @@ import fusionlab  # noqa: F401
 from fusionlab import bench
 from fusionlab.kernels.cross_entropy import CrossEntropyFunction, _launch_forward, cross_entropy_config
 
-SHAPES = [(8192, 128256), (8192, 32000), (4096, 50257), (4096, 262144), (4096, 32000)]
-#: (HEAD, BLOCK_N, num_warps, PREFETCH, EVICT); None: the shipped configuration for that vocabulary
+SHAPES = [(8192, 32000), (8192, 128256), (4096, 262144), (4096, 32000), (4096, 50257)]
+#: (HEAD, BLOCK_N, num_warps, PREFETCH, EVICT, extra); None: the shipped configuration for that vocabulary.
+#: extra: LOOP_STAGES (the tail loops pipelined by Triton through shared memory), or ROWS (persistent
+#: programs, ROWS of them, each walking whole rows with ROW_STAGES rows' loads in flight)
+SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 CONFIGS = [
     None,
-    (8192, 4096, 8, True, False),
-    (32768, 8192, 32, False, True),
-    (32768, 8192, 16, False, True),
-    (16384, 4096, 16, True, False),
+    (32768, 8192, 32, False, True, {"LOOP_STAGES": 2}),
+    (32768, 8192, 32, False, True, {"LOOP_STAGES": 3}),
+    (32768, 8192, 32, False, False, {"LOOP_STAGES": 3}),
+    (32768, 4096, 32, False, True, {"LOOP_STAGES": 4}),
+    (8192, 4096, 8, False, False, {"LOOP_STAGES": 3}),
+    (16384, 4096, 16, False, True, {"LOOP_STAGES": 3}),
+    (32768, 0, 16, False, False, {"ROWS": SMS, "ROW_STAGES": 2}),
+    (32768, 0, 16, False, False, {"ROWS": SMS, "ROW_STAGES": 3}),
+    (32768, 0, 32, False, False, {"ROWS": SMS, "ROW_STAGES": 3}),
+    (32768, 0, 8, False, False, {"ROWS": SMS, "ROW_STAGES": 3}),
 ]
 REFS = (0, 2)  # and REF 1 for the shipped configuration
 
@@ -46,8 +55,8 @@ def inputs(tokens, vocab, seed=0):
 def cfg_for(vocab, conf, ref):
     cfg = dict(cross_entropy_config(vocab, torch.bfloat16))
     if conf is not None:
-        head, block_n, warps, prefetch, evict = conf
-        cfg.update(HEAD=head, BLOCK_N=min(block_n, head), num_warps=warps, PREFETCH=prefetch, EVICT=evict)
+        head, block_n, warps, prefetch, evict, extra = conf
+        cfg.update(HEAD=head, BLOCK_N=min(block_n, head), num_warps=warps, PREFETCH=prefetch, EVICT=evict, **extra)
     cfg["REF"] = ref
     return cfg
 
@@ -109,31 +118,44 @@ def main():
         two = 2 * x.numel() * 2
         print(f"--- {tokens} x {vocab}: fwd+bwd (2 trips) | loss only (1 trip), % of copy", flush=True)
         for conf in CONFIGS:
-            if conf is not None and vocab <= 65536 and conf[2] == 32 and conf[0] < vocab:
+            if conf is not None and "ROWS" in conf[5] and conf[0] < vocab:
+                continue  # whole rows only where they fit
+            if conf is not None and "ROWS" not in conf[5] and vocab < 100000 and conf[2] == 32:
                 continue  # the wide-row schedules only where they are meant
-            for ref in REFS + ((1,) if conf is None else ()):
+            refs = (0,) if conf is not None and "ROWS" in conf[5] else REFS + ((1,) if conf is None else ())
+            for ref in refs:
                 if time.time() - t0 > a.budget:
                     print("(budget spent)", flush=True)
                     break
                 cfg = cfg_for(vocab, conf, ref)
-                label = "default" if conf is None else "H{} B{} w{} pf{} ev{}".format(*map(int, conf))
+                label = "default" if conf is None else "H{} B{} w{} pf{} ev{} ".format(*map(int, conf[:5]))
+                label += "" if conf is None else " ".join(f"{k[:4]}{v}" for k, v in conf[5].items())
                 try:
                     el, eg = check(x, t, cfg)
                     ms = bench.time_ms(fwd_bwd(xg, t, cfg))
                     with torch.no_grad():
                         ms1 = bench.time_ms(loss_only(x, t, cfg))
                 except Exception as e:  # registers, shared memory: say so, go on
-                    print(f"  {label:28s} REF{ref}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
+                    print(f"  {label:44s} REF{ref}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
                     continue
                 frac, frac1 = bench.gbps(two, ms) / copy, bench.gbps(two / 2, ms1) / copy
                 ok = "" if (el < 2e-2 and eg < 2e-2) else f"  WRONG loss {el:.1e} grad {eg:.1e}"
                 print(
-                    f"  {label:28s} REF{ref}: {ms:7.3f} ms {frac:6.1%} | {ms1:7.3f} ms {frac1:6.1%}"
+                    f"  {label:44s} REF{ref}: {ms:7.3f} ms {frac:6.1%} | {ms1:7.3f} ms {frac1:6.1%}"
                     f"  err {el:.0e}/{eg:.0e}{ok}",
                     flush=True,
                 )
                 results.append(
-                    dict(tokens=tokens, vocab=vocab, conf=conf, ref=ref, ms=ms, frac=frac, ms_loss=ms1, frac_loss=frac1)
+                    dict(
+                        tokens=tokens,
+                        vocab=vocab,
+                        conf=conf and list(conf),
+                        ref=ref,
+                        ms=ms,
+                        frac=frac,
+                        ms_loss=ms1,
+                        frac_loss=frac1,
+                    )
                 )
         del x, xg
         torch.cuda.empty_cache()

@@ -119,6 +119,125 @@ def test_even_keys_and_descriptor_store(shape, variant):
         assert_attention(o, lse, *attention_reference(q, k, v, causal), 1e-2, 2e-3)
 
 
+# -- FA4's conditional rescale (LAZY_RESCALE) -----------------------------------------------------
+LOG2E = 1.4426950408889634
+LAZY_TILE = {"BLOCK_M": 32, "BLOCK_N": 16}  # fixed, so _lazy_events replays the kernel's blocks
+
+
+def _rising_qkv(B, H, H_kv, N_q, N_k, D, dtype, seed=0):
+    """q, k, v whose scores climb along the keys at a rate set per row (base-2 units per key).
+
+    Key j carries ``j / 8`` along the first dimension and query row i a component that turns it into
+    ``rate_i * j`` (plus unit-variance noise from the other dimensions, ~1.4 in these units). Head 0
+    mixes rows in every Q tile: fast (+1 per key: 16 per key block, past TAU = 8 every block), slow
+    (+0.2), flat and falling (their max never moves after the first block), so a tile rescales while
+    most of its rows keep a stale max. Other heads: slow rows only (+0.15 to +0.3, 2.4 to 4.8 per
+    block), so blocks where every max rose by less than TAU are skipped and the next rescale catches
+    them up."""
+    g = torch.Generator().manual_seed(seed)
+    scale = 1.0 / math.sqrt(D)
+    q = torch.randn(B, H, N_q, D, generator=g)
+    k = torch.randn(B, H_kv, N_k, D, generator=g)
+    v = torch.randn(B, H_kv, N_k, D, generator=g)
+    step = 0.125
+    k[..., 0] = torch.arange(N_k) * step
+    rows = torch.arange(N_q)
+    rates = torch.empty(H, N_q)
+    rates[0] = torch.tensor([1.0, 0.2, 0.0, -0.5])[rows % 4]
+    rates[1:] = 0.15 + 0.15 * ((rows * 7) % 5) / 4
+    q[..., 0] = rates / (step * scale * LOG2E)
+    return q.to(DEV, dtype), k.to(DEV, dtype), v.to(DEV, dtype)
+
+
+def _lazy_events(q, k, causal, tau=8.0, block_m=32, block_n=16):
+    """Replays the kernel's decisions from the float64 scores (base-2 units) of the real rows, to show
+    that the inputs reach every branch: blocks the tiles rescale, blocks skipped although some row's
+    max rose (its stale max is then used), rescales that move only some rows' max, and the most
+    rescales one row went through."""
+    group = q.shape[1] // k.shape[1]
+    s = q.double() @ k.double().repeat_interleave(group, 1).transpose(-2, -1) * (LOG2E / math.sqrt(q.shape[-1]))
+    n_q, n_k = s.shape[-2:]
+    if causal:
+        s = s.masked_fill(~torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).tril(), float("-inf"))
+    ev = {"rescale": 0, "skip_with_rise": 0, "partial": 0, "most_per_row": 0}
+    for m0 in range(0, n_q, block_m):
+        tile = s[..., m0 : m0 + block_m, :]  # (B, H, rows, N_k)
+        hi = min(m0 + block_m, n_k) if causal else n_k
+        m = torch.full(tile.shape[:-1], float("-inf"), dtype=torch.float64, device=s.device)
+        count = torch.zeros_like(m)
+        for start in range(0, hi, block_n):
+            new = torch.maximum(m, tile[..., start : start + block_n].amax(-1))
+            need = new > m + tau
+            for b, h in ((b, h) for b in range(s.shape[0]) for h in range(s.shape[1])):
+                if need[b, h].any():
+                    ev["rescale"] += 1
+                    ev["partial"] += int(not need[b, h].all())
+                elif (new[b, h] > m[b, h]).any():
+                    ev["skip_with_rise"] += 1
+            count += need.double()
+            m = torch.where(need, new, m)
+        ev["most_per_row"] = max(ev["most_per_row"], int(count.max()))
+    return ev
+
+
+# (B, H_q, H_kv, N_q, N_k, D), each with the code path it adds (tiles 32 x 16)
+LAZY_SHAPES = [
+    (1, 2, 1, 70, 100, 32),  # N_q < N_k, neither a block multiple; GQA 2:1; a partial last Q tile
+    (1, 2, 2, 100, 45, 64),  # N_q > N_k: causal rows past N_k see every key, the partial block last
+    (1, 2, 1, 64, 112, 32),  # blocks divide N (EVEN_N): causal masks only the diagonal
+    (2, 3, 3, 37, 37, 80),  # D = 80 padded; B = 2; causal N not a block multiple
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype,tol,lse_tol", DTYPES)
+@pytest.mark.parametrize("shape", LAZY_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_lazy_rescale_with_rising_scores(shape, dtype, tol, lse_tol, causal, variant):
+    # scores that climb along the keys: row maxima pass TAU many times, in some rows of a tile and
+    # not others; a rescale skipped wrongly (acc or l not rescaled, a row's max moved without its
+    # alpha, the stale max not the one p is taken against) is off by 2**(a few to 100) in those rows
+    q, k, v = _rising_qkv(*shape, dtype, seed=sum(shape))
+    ev = _lazy_events(q, k, causal)
+    assert ev["rescale"] > 0 and ev["skip_with_rise"] > 0 and ev["partial"] > 0, ev
+    # some row's max passed TAU again after the first block (3 to 7 times in the longer rows here)
+    assert ev["most_per_row"] >= 2, ev
+    ref_o, ref_lse = attention_reference(q, k, v, causal)
+    # lse reaches ~70 here: fp32 holds it to ~1e-7 of that, so the tolerance is relative past 1
+    lse_tol = lse_tol * max(1.0, ref_lse.abs().max().item())
+    (o, lse), box = _run(q, k, v, causal=causal, variant=variant, config={**LAZY_TILE, "LAZY_RESCALE": True})
+    assert_attention(o, lse, ref_o, ref_lse, tol, lse_tol)
+    assert box.names == ["_attention_kernel"]
+    # the eager rescale on the same inputs: the two agree to rounding
+    o_eager, lse_eager = attention(q, k, v, causal=causal, variant=variant, config=LAZY_TILE)
+    assert rel_err(o, o_eager) < tol and (lse - lse_eager).abs().max().item() < lse_tol
+
+
+@pytest.mark.parametrize("tau", [0.5, 2.0, 15.0])
+def test_lazy_rescale_thresholds(tau):
+    # TAU = 15: P reaches 2**15 before the fp16 cast (fp16 holds 65504); TAU = 0.5: rescales
+    # almost every block. Either way O and lse are the same
+    q, k, v = _rising_qkv(1, 2, 1, 70, 100, 32, torch.float16, seed=3)
+    assert _lazy_events(q, k, False, tau=tau)["rescale"] > 0
+    ref_o, ref_lse = attention_reference(q, k, v, False)
+    for causal in (False, True):
+        ref_o, ref_lse = attention_reference(q, k, v, causal)
+        o, lse = attention(q, k, v, causal=causal, config={**LAZY_TILE, "LAZY_RESCALE": tau})
+        assert_attention(o, lse, ref_o, ref_lse, 1e-2, 2e-3 * max(1.0, ref_lse.abs().max().item()))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype,tol,lse_tol", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_lazy_rescale_on_every_shape(shape, dtype, tol, lse_tol, causal, variant):
+    # random scores: the first block rescales (m = -inf before it) and later ones mostly not; the
+    # shapes of the main test, with the launcher's own tiles, so every mask and padding path runs
+    q, k, v = _qkv(*shape, dtype, seed=14)
+    (o, lse), _ = _run(q, k, v, causal=causal, variant=variant, config={"LAZY_RESCALE": True})
+    assert_attention(o, lse, *attention_reference(q, k, v, causal), tol, lse_tol)
+
+
 def test_lse_is_natural_log_and_o_the_mean():
     # q = 0: every score is 0, so softmax is uniform: lse = ln(N_k) exactly (log2 would give 4.39 for
     # N_k = 21) and O is the mean of V's rows

@@ -214,6 +214,7 @@ def _cross_entropy_fwd_kernel(
     KEEP: tl.constexpr = "",
     DROP: tl.constexpr = "",
     REF: tl.constexpr = 0,
+    LOOP_STAGES: tl.constexpr = 1,
 ):
     # exp(v) is computed as exp2(v log2 e): one multiply and one MUFU ex2. Differences x - max are
     # formed in natural units first: they are exact for logits near the max, also at 1e4 (multiplying
@@ -314,7 +315,9 @@ def _cross_entropy_fwd_kernel(
             d_v = tl.zeros([BLOCK_N], tl.float32)
             if SMOOTH:
                 s_v = tl.zeros([BLOCK_N], tl.float32)
-            for i in range(0, n_tail):
+            # LOOP_STAGES > 1: Triton's pipeliner keeps the next tiles' loads in flight through shared
+            # memory (in place of the PREFETCH registers)
+            for i in tl.range(0, n_tail, num_stages=LOOP_STAGES):
                 offs = HEAD + i * BLOCK_N + tl.arange(0, BLOCK_N)
                 mask = offs < body_len
                 if PREFETCH:
@@ -393,7 +396,7 @@ def _cross_entropy_fwd_kernel(
                     offs = HEAD + (n_tail - 1) * BLOCK_N + tl.arange(0, BLOCK_N)
                     mask_next = (offs >= HEAD) & (offs < body_len)
                     x_next = tl.load(x_body + offs, mask=mask_next, other=float("-inf"), eviction_policy=DROP)
-                for i in range(0, n_tail):
+                for i in tl.range(0, n_tail, num_stages=LOOP_STAGES):
                     offs = HEAD + (n_tail - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N)
                     mask = offs < body_len
                     if PREFETCH:
@@ -422,6 +425,64 @@ def _cross_entropy_fwd_kernel(
             tl.debug_barrier()
             grad_y = tl.math.exp2((x_y - ref) * _LOG2E + log2_c) - c_s - (1.0 - label_smoothing) * scale
             tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def _cross_entropy_rows_kernel(
+    x_ptr,
+    target_ptr,
+    grad_ptr,
+    loss_ptr,
+    n_valid_ptr,
+    n_rows,
+    n_cols,
+    stride_xm,
+    stride_gm,
+    ignore_index,
+    label_smoothing,
+    BLOCK_N: tl.constexpr,
+    WRITE_GRAD: tl.constexpr,
+    MEAN: tl.constexpr,
+    SMOOTH: tl.constexpr,
+    ROW_STAGES: tl.constexpr,
+):
+    # Rows that fit one tile, walked by persistent programs: tl.range pipelines the row loop, so the
+    # next rows' loads are in flight (through shared memory) while this row is reduced and its gradient
+    # written. Each logit is read once and exponentiated once (the exponentials are kept for the
+    # gradient). The target's logit comes from registers, not from a second, dependent load.
+    offs = tl.arange(0, BLOCK_N)
+    mask = offs < n_cols
+    if MEAN:
+        scale = 1.0 / tl.load(n_valid_ptr).to(tl.float32)
+    else:
+        scale = 1.0
+    c_s = label_smoothing / n_cols * scale
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=ROW_STAGES):
+        row64 = tl.zeros([], tl.int64) + row  # row * stride passes 2**31 (and the interpreter's row is an int)
+        x = tl.load(x_ptr + row64 * stride_xm + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        y = tl.load(target_ptr + row64)
+        m = tl.max(x, axis=0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)  # a row of only -inf: no -inf - -inf
+        e = tl.math.exp2((x - m_safe) * _LOG2E)
+        d = tl.sum(e, axis=0)
+        hit = offs == y
+        x_y = tl.sum(tl.where(hit, x, 0.0), axis=0)
+        lse = m_safe + tl.math.log2(d) * _LN2
+        loss = lse - x_y
+        if SMOOTH:
+            s = tl.sum(tl.where(mask, x, 0.0), axis=0)
+            loss = (1.0 - label_smoothing) * loss + label_smoothing * (lse - s / n_cols)
+        ignored = y == ignore_index
+        valid = (y >= 0) & (y < n_cols)  # an out-of-range target: NaN, never a stray read
+        loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
+        tl.store(loss_ptr + row64, loss)
+        if WRITE_GRAD:
+            c = tl.where(valid, scale / d, float("nan"))
+            grad = e * c - tl.where(hit, (1.0 - label_smoothing) * scale, 0.0)
+            if SMOOTH:
+                grad -= c_s
+            grad = tl.where(ignored, 0.0, grad)
+            tl.store(grad_ptr + row64 * stride_gm + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -489,6 +550,27 @@ def _launch_forward(logits, target, grad, loss_rows, n_valid, ignore_index, labe
     if n_rows == 0:
         return
     g = logits if grad is None else grad
+    if cfg.get("ROWS"):
+        programs = min(n_rows, cfg["ROWS"])
+        return _cross_entropy_rows_kernel[(programs,)](
+            logits,
+            target,
+            g,
+            loss_rows,
+            target if n_valid is None else n_valid,
+            n_rows,
+            n_cols,
+            logits.stride(0),
+            g.stride(0),
+            ignore_index,
+            label_smoothing,
+            BLOCK_N=cfg["HEAD"],
+            WRITE_GRAD=grad is not None,
+            MEAN=n_valid is not None,
+            SMOOTH=label_smoothing != 0.0,
+            ROW_STAGES=cfg.get("ROW_STAGES", 1),
+            **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+        )
     return _cross_entropy_fwd_kernel[(n_rows,)](
         logits,
         target,
@@ -511,6 +593,7 @@ def _launch_forward(logits, target, grad, loss_rows, n_valid, ignore_index, labe
         KEEP="evict_last" if cfg.get("EVICT") else "",
         DROP="evict_first" if cfg.get("EVICT") else "",
         REF=cfg.get("REF", 0),
+        LOOP_STAGES=cfg.get("LOOP_STAGES", 1),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
 
