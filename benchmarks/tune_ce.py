@@ -1,13 +1,14 @@
 """Cross-entropy's reference and launch shape, swept on a GPU (benchmarks/notes_lesson5.md, fourth session).
 
     PYTHONPATH=. python3 benchmarks/tune_ce.py --out $OUT [--budget 400]
-    PYTHONPATH=. python3 benchmarks/tune_ce.py --one 8192 128256 REF   (a few calls, for ncu to profile)
+    PYTHONPATH=. python3 benchmarks/tune_ce.py --one 8192 128256 0|1   (a few calls, for ncu to profile)
 
-The question: is the fused fwd+bwd (bf16, out of place: read the logits, write the gradient) held back
-by its arithmetic or by its memory schedule? REF 0 keeps a running max and sum per lane (about ten
-ALU operations an element beside the exp2); REF 1 and 2 sum against a fixed reference (the head's max;
-the target's logit), five operations. If REF 1/2 move the fraction of copy, the arithmetic binds.
-Every configuration is checked against float64 on a slice of rows before it is timed.
+Fused fwd+bwd, bf16, out of place (read the logits, write the gradient), as a fraction of the copy
+bandwidth measured in the same run, beside the loss alone (one read). T0: sums against the head's
+maximum with a running maximum per lane (about ten ALU operations an element beside the exp2); T1
+(REF_TARGET): sums against the target's logit, no maximum (four). LOOP_STAGES: sweep 1's tail loop
+pipelined by Triton through shared memory; PREFETCH2: sweep 2's next tile loaded into registers
+ahead. Every configuration is checked against float64 on a slice of rows before it is timed.
 """
 
 from __future__ import annotations
@@ -26,23 +27,19 @@ from fusionlab.kernels.cross_entropy import CrossEntropyFunction, _launch_forwar
 
 SHAPES = [(8192, 32000), (8192, 128256), (4096, 262144), (4096, 32000), (4096, 50257)]
 #: (HEAD, BLOCK_N, num_warps, PREFETCH, EVICT, extra); None: the shipped configuration for that vocabulary.
-#: extra: LOOP_STAGES (the tail loops pipelined by Triton through shared memory), or ROWS (persistent
-#: programs, ROWS of them, each walking whole rows with ROW_STAGES rows' loads in flight)
-SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+#: extra: the kernel's other options (LOOP_STAGES, PREFETCH2)
 CONFIGS = [
     None,
-    (32768, 8192, 32, False, True, {"LOOP_STAGES": 2}),
     (32768, 8192, 32, False, True, {"LOOP_STAGES": 3}),
-    (32768, 8192, 32, False, False, {"LOOP_STAGES": 3}),
-    (32768, 4096, 32, False, True, {"LOOP_STAGES": 4}),
-    (8192, 4096, 8, False, False, {"LOOP_STAGES": 3}),
-    (16384, 4096, 16, False, True, {"LOOP_STAGES": 3}),
-    (32768, 0, 16, False, False, {"ROWS": SMS, "ROW_STAGES": 2}),
-    (32768, 0, 16, False, False, {"ROWS": SMS, "ROW_STAGES": 3}),
-    (32768, 0, 32, False, False, {"ROWS": SMS, "ROW_STAGES": 3}),
-    (32768, 0, 8, False, False, {"ROWS": SMS, "ROW_STAGES": 3}),
+    (32768, 8192, 32, False, True, {"LOOP_STAGES": 3, "PREFETCH2": True}),
+    (32768, 8192, 32, True, True, {}),
+    (32768, 4096, 32, False, True, {"LOOP_STAGES": 4, "PREFETCH2": True}),
+    (8192, 4096, 8, False, False, {"LOOP_STAGES": 3, "PREFETCH2": True}),
+    (16384, 4096, 8, False, False, {"LOOP_STAGES": 3, "PREFETCH2": True}),
+    (16384, 2048, 8, False, False, {"LOOP_STAGES": 3, "PREFETCH2": True}),
+    (8192, 2048, 4, False, False, {"LOOP_STAGES": 3, "PREFETCH2": True}),
 ]
-REFS = (0, 2)  # and REF 1 for the shipped configuration
+REFS = (False, True)  # REF_TARGET
 
 
 def inputs(tokens, vocab, seed=0):
@@ -57,7 +54,7 @@ def cfg_for(vocab, conf, ref):
     if conf is not None:
         head, block_n, warps, prefetch, evict, extra = conf
         cfg.update(HEAD=head, BLOCK_N=min(block_n, head), num_warps=warps, PREFETCH=prefetch, EVICT=evict, **extra)
-    cfg["REF"] = ref
+    cfg["REF_TARGET"] = ref
     return cfg
 
 
@@ -91,7 +88,7 @@ def check(x, t, cfg):
 def one(tokens, vocab, ref):
     x, t = inputs(tokens, vocab)
     xg = x.clone().requires_grad_()
-    f = fwd_bwd(xg, t, cfg_for(vocab, None, ref))
+    f = fwd_bwd(xg, t, cfg_for(vocab, None, bool(ref)))
     for _ in range(5):
         f()
     torch.cuda.synchronize()
@@ -118,12 +115,9 @@ def main():
         two = 2 * x.numel() * 2
         print(f"--- {tokens} x {vocab}: fwd+bwd (2 trips) | loss only (1 trip), % of copy", flush=True)
         for conf in CONFIGS:
-            if conf is not None and "ROWS" in conf[5] and conf[0] < vocab:
-                continue  # whole rows only where they fit
-            if conf is not None and "ROWS" not in conf[5] and vocab < 100000 and conf[2] == 32:
+            if conf is not None and vocab < 100000 and conf[2] == 32:
                 continue  # the wide-row schedules only where they are meant
-            refs = (0,) if conf is not None and "ROWS" in conf[5] else REFS + ((1,) if conf is None else ())
-            for ref in refs:
+            for ref in REFS:
                 if time.time() - t0 > a.budget:
                     print("(budget spent)", flush=True)
                     break
@@ -136,12 +130,12 @@ def main():
                     with torch.no_grad():
                         ms1 = bench.time_ms(loss_only(x, t, cfg))
                 except Exception as e:  # registers, shared memory: say so, go on
-                    print(f"  {label:44s} REF{ref}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
+                    print(f"  {label:44s} T{int(ref)}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
                     continue
                 frac, frac1 = bench.gbps(two, ms) / copy, bench.gbps(two / 2, ms1) / copy
                 ok = "" if (el < 2e-2 and eg < 2e-2) else f"  WRONG loss {el:.1e} grad {eg:.1e}"
                 print(
-                    f"  {label:44s} REF{ref}: {ms:7.3f} ms {frac:6.1%} | {ms1:7.3f} ms {frac1:6.1%}"
+                    f"  {label:44s} T{int(ref)}: {ms:7.3f} ms {frac:6.1%} | {ms1:7.3f} ms {frac1:6.1%}"
                     f"  err {el:.0e}/{eg:.0e}{ok}",
                     flush=True,
                 )

@@ -203,8 +203,8 @@ def test_lazy_rescale_with_rising_scores(shape, dtype, tol, lse_tol, causal, var
     # some row's max passed TAU again after the first block (3 to 7 times in the longer rows here)
     assert ev["most_per_row"] >= 2, ev
     ref_o, ref_lse = attention_reference(q, k, v, causal)
-    # lse reaches ~70 here: fp32 holds it to ~1e-7 of that, so the tolerance is relative past 1
-    lse_tol = lse_tol * max(1.0, ref_lse.abs().max().item())
+    # lse reaches ~80 here, where one fp32 ulp is 7.6e-6: a few ulps of it on top of the tolerance
+    lse_tol = lse_tol + 2e-7 * ref_lse.abs().max().item()
     (o, lse), box = _run(q, k, v, causal=causal, variant=variant, config={**LAZY_TILE, "LAZY_RESCALE": True})
     assert_attention(o, lse, ref_o, ref_lse, tol, lse_tol)
     assert box.names == ["_attention_kernel"]
@@ -215,15 +215,14 @@ def test_lazy_rescale_with_rising_scores(shape, dtype, tol, lse_tol, causal, var
 
 @pytest.mark.parametrize("tau", [0.5, 2.0, 15.0])
 def test_lazy_rescale_thresholds(tau):
-    # TAU = 15: P reaches 2**15 before the fp16 cast (fp16 holds 65504); TAU = 0.5: rescales
-    # almost every block. Either way O and lse are the same
+    # TAU = 15: P reaches 2**15 before the fp16 cast (fp16 holds 65504); TAU = 0.5: a rescale
+    # at every block here. Either way O and lse are the same
     q, k, v = _rising_qkv(1, 2, 1, 70, 100, 32, torch.float16, seed=3)
     assert _lazy_events(q, k, False, tau=tau)["rescale"] > 0
-    ref_o, ref_lse = attention_reference(q, k, v, False)
     for causal in (False, True):
         ref_o, ref_lse = attention_reference(q, k, v, causal)
         o, lse = attention(q, k, v, causal=causal, config={**LAZY_TILE, "LAZY_RESCALE": tau})
-        assert_attention(o, lse, ref_o, ref_lse, 1e-2, 2e-3 * max(1.0, ref_lse.abs().max().item()))
+        assert_attention(o, lse, ref_o, ref_lse, 1e-2, 2e-3)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -440,6 +439,7 @@ def test_config():
     assert cfg["BLOCK_D"] == 128 and cfg["BLOCK_M"] % cfg["BLOCK_N"] == 0
     tiny = attention_config(1, 1, 5, 3, 32, torch.float16)
     assert tiny["BLOCK_M"] == 16 and tiny["BLOCK_N"] == 16
+    assert cfg["LAZY_RESCALE"] is False  # opt-in until a GPU measures it
 
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -470,6 +470,8 @@ def _bad_inputs():
         ("bad config key", ok, {"config": {"BLOCK_X": 16}}, "config"),
         ("tiny block", ok, {"config": {"BLOCK_N": 8}}, "16"),
         ("causal block ratio", ok, {"causal": True, "config": {"BLOCK_M": 16, "BLOCK_N": 32}}, "multiple"),
+        ("lazy threshold too high", ok, {"config": {"LAZY_RESCALE": 16.0}}, "LAZY_RESCALE"),
+        ("lazy threshold zero", ok, {"config": {"LAZY_RESCALE": 0}}, "LAZY_RESCALE"),
     ]
     if GPU:
         cases.append(("fp32 on GPU", lambda: tuple(t.float() for t in ok()), {}, "float32"))

@@ -343,7 +343,7 @@ def _attention_inner(
                 l_i = l_i * alpha
                 acc = acc * alpha[:, None]
             else:
-                m_ij = m_ij
+                m_ij = m_i
         if MASKED:
             qk = qk - m_ij[:, None]
         else:

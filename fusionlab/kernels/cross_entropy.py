@@ -213,8 +213,10 @@ def _cross_entropy_fwd_kernel(
     SINGLE: tl.constexpr = False,
     KEEP: tl.constexpr = "",
     DROP: tl.constexpr = "",
-    REF: tl.constexpr = 0,
+    REF_TARGET: tl.constexpr = False,
     LOOP_STAGES: tl.constexpr = 1,
+    PREFETCH2: tl.constexpr = False,
+    LOOP2_STAGES: tl.constexpr = 1,
 ):
     # exp(v) is computed as exp2(v log2 e): one multiply and one MUFU ex2. Differences x - max are
     # formed in natural units first: they are exact for logits near the max, also at 1e4 (multiplying
@@ -274,8 +276,17 @@ def _cross_entropy_fwd_kernel(
         if VEC > 1:
             x_f_raw = tl.load(x_row + col_f, mask=mask_f, other=float("-inf"))
             x_f = x_f_raw.to(tl.float32)
-        if REF == 0:
-            # REF 0: exponentials against the row's running maximum (exact whatever the logits)
+        if REF_TARGET:
+            # Exponentials against a *fixed* reference, the target's logit, known before the row is
+            # read: no maximum, no rescaling, no reduction before the sums start (a subtract, a
+            # multiply, an exp2 and an add an element). lse = ref + log(d) whatever the reference, as
+            # long as d stays in fp32's range: d >= 1 (the target's own term), and d <= 1e26 means no
+            # term passed e**60, so nothing overflowed here or will in sweep 2. A row outside that
+            # range (logits 60 above the target's, or a target logit of ±inf) is summed again against
+            # its true maximum below (slow, and rare).
+            ref = tl.where(tl.abs(x_y) < float("inf"), x_y, 0.0)  # NaN (bad target) or ±inf: 0
+        else:
+            # exponentials against the head's maximum, then a running maximum per lane
             if VEC > 1:
                 m = tl.maximum(tl.max(x_h, axis=0), tl.max(x_f, axis=0))
             else:
@@ -283,21 +294,6 @@ def _cross_entropy_fwd_kernel(
             # a tile of only -inf (masked lanes, or -inf logits) has max -inf: exponentiate against 0
             # instead, or exp(-inf - -inf) would be NaN
             ref = tl.where(m == float("-inf"), 0.0, m)
-        else:
-            # REF 1, 2: exponentials against a *fixed* reference, chosen before the row's maximum is
-            # known: the head's maximum (1) or the target's logit (2: no reduction before the sums
-            # start). Any reference within 60 of the row's maximum gives the same lse = ref + log(d)
-            # (the largest term is e**±60 at most: no overflow in fp32, even summed over 2**31
-            # elements, and terms 1e-12 below the largest one are all fp32 can drop). A row whose
-            # maximum lands further away is summed again against its true maximum (slow, and rare).
-            if REF == 1:
-                if VEC > 1:
-                    m = tl.maximum(tl.max(x_h, axis=0), tl.max(x_f, axis=0))
-                else:
-                    m = tl.max(x_h, axis=0)
-                ref = tl.where(m == float("-inf"), 0.0, m)
-            else:
-                ref = tl.where(tl.abs(x_y) < float("inf"), x_y, 0.0)  # NaN (bad target) or ±inf: 0
         d = tl.sum(tl.math.exp2((x_h - ref) * _LOG2E), axis=0)
         if SMOOTH:
             s = tl.sum(tl.where(mask_h, x_h, 0.0), axis=0)
@@ -305,13 +301,9 @@ def _cross_entropy_fwd_kernel(
             d += tl.sum(tl.math.exp2((x_f - ref) * _LOG2E), axis=0)
             if SMOOTH:
                 s += tl.sum(tl.where(mask_f, x_f, 0.0), axis=0)
-        if REF == 2:  # the head's maximum, needed only to check the reference
-            if VEC > 1:
-                m = tl.maximum(tl.max(x_h, axis=0), tl.max(x_f, axis=0))
-            else:
-                m = tl.max(x_h, axis=0)
         if not SINGLE:
-            m_v = tl.full([BLOCK_N], float("-inf"), tl.float32)
+            if not REF_TARGET:
+                m_v = tl.full([BLOCK_N], float("-inf"), tl.float32)
             d_v = tl.zeros([BLOCK_N], tl.float32)
             if SMOOTH:
                 s_v = tl.zeros([BLOCK_N], tl.float32)
@@ -328,7 +320,9 @@ def _cross_entropy_fwd_kernel(
                     )
                 else:
                     x = tl.load(x_body + offs, mask=mask, other=float("-inf"), eviction_policy=KEEP).to(tl.float32)
-                if REF == 0:
+                if REF_TARGET:
+                    d_v += tl.math.exp2((x - ref) * _LOG2E)
+                else:
                     # A running max and sum *per lane* (no reduction across threads, no barrier, one
                     # exp2 an element): for t = x - m_lane, either x is no larger (add e^t) or it is
                     # the new maximum (rescale the sum by e^-t, add 1). Lanes are combined once, at
@@ -338,41 +332,45 @@ def _cross_entropy_fwd_kernel(
                     new_max = t > 0
                     d_v = tl.where(new_max, d_v * e + 1.0, d_v + e)
                     m_v = tl.where(new_max, x, m_v)
-                else:  # a fixed reference: a subtract, a multiply, an exp2, an add and a max
-                    d_v += tl.math.exp2((x - ref) * _LOG2E)
-                    m_v = tl.maximum(m_v, x)
                 if SMOOTH:
                     s_v += tl.where(mask, x, 0.0)
-            big = tl.maximum(m, tl.max(m_v, axis=0))
-            if REF == 0:
+            if REF_TARGET:
+                d += tl.sum(d_v, axis=0)
+            else:
+                big = tl.maximum(m, tl.max(m_v, axis=0))
                 big_safe = tl.where(big == float("-inf"), 0.0, big)
                 # exp(m - big) is 0 for an all -inf head (m = -inf), never 0 * inf
                 d = d * tl.math.exp2((m - big_safe) * _LOG2E) + tl.sum(
                     d_v * tl.math.exp2((m_v - big_safe) * _LOG2E), axis=0
                 )
                 ref = big_safe
-            else:
-                d += tl.sum(d_v, axis=0)
             if SMOOTH:
                 s += tl.sum(s_v, axis=0)
-        else:
-            big = m
-        if REF != 0:
-            big_safe = tl.where(big == float("-inf"), 0.0, big)
-            if tl.abs(big_safe - ref) > 60.0:
-                # the reference was too far from the maximum: sum again against the maximum (the head
-                # from registers, the rest read once more)
-                d = tl.sum(tl.math.exp2((x_h - big_safe) * _LOG2E), axis=0)
+        if REF_TARGET:
+            if not ((d >= 1e-20) & (d <= 1e26)):  # (NaN fails both)
+                # the reference was too far from the row's maximum: find the maximum, sum again
+                # against it (the head from registers, the rest read twice more)
+                big = tl.max(x_h, axis=0)
                 if VEC > 1:
-                    d += tl.sum(tl.math.exp2((x_f - big_safe) * _LOG2E), axis=0)
+                    big = tl.maximum(big, tl.max(x_f, axis=0))
+                if not SINGLE:
+                    m_w = tl.full([BLOCK_N], float("-inf"), tl.float32)
+                    for i in range(0, n_tail):
+                        offs = HEAD + i * BLOCK_N + tl.arange(0, BLOCK_N)
+                        x = tl.load(x_body + offs, mask=offs < body_len, other=float("-inf")).to(tl.float32)
+                        m_w = tl.maximum(m_w, x)
+                    big = tl.maximum(big, tl.max(m_w, axis=0))
+                ref = tl.where(big == float("-inf"), 0.0, big)
+                d = tl.sum(tl.math.exp2((x_h - ref) * _LOG2E), axis=0)
+                if VEC > 1:
+                    d += tl.sum(tl.math.exp2((x_f - ref) * _LOG2E), axis=0)
                 if not SINGLE:
                     d_w = tl.zeros([BLOCK_N], tl.float32)
                     for i in range(0, n_tail):
                         offs = HEAD + i * BLOCK_N + tl.arange(0, BLOCK_N)
                         x = tl.load(x_body + offs, mask=offs < body_len, other=float("-inf")).to(tl.float32)
-                        d_w += tl.math.exp2((x - big_safe) * _LOG2E)
+                        d_w += tl.math.exp2((x - ref) * _LOG2E)
                     d += tl.sum(d_w, axis=0)
-                ref = big_safe
         lse = ref + tl.math.log2(d) * _LN2  # a row of only -inf: d = 0, lse = -inf, loss NaN (as torch)
         loss = lse - x_y
         if SMOOTH:
@@ -392,14 +390,14 @@ def _cross_entropy_fwd_kernel(
             c_s = label_smoothing / n_cols * scale
             if not SINGLE:
                 # the streamed tiles newest first: the last ones read are the likeliest still in L2
-                if PREFETCH:
+                if PREFETCH2:
                     offs = HEAD + (n_tail - 1) * BLOCK_N + tl.arange(0, BLOCK_N)
                     mask_next = (offs >= HEAD) & (offs < body_len)
                     x_next = tl.load(x_body + offs, mask=mask_next, other=float("-inf"), eviction_policy=DROP)
-                for i in tl.range(0, n_tail, num_stages=LOOP_STAGES):
+                for i in tl.range(0, n_tail, num_stages=LOOP2_STAGES):
                     offs = HEAD + (n_tail - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N)
                     mask = offs < body_len
-                    if PREFETCH:
+                    if PREFETCH2:
                         x = x_next
                         offs_next = offs - BLOCK_N
                         mask_next = (offs_next >= HEAD) & (offs_next < body_len)
@@ -425,64 +423,6 @@ def _cross_entropy_fwd_kernel(
             tl.debug_barrier()
             grad_y = tl.math.exp2((x_y - ref) * _LOG2E + log2_c) - c_s - (1.0 - label_smoothing) * scale
             tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=valid)
-
-
-@triton.jit
-def _cross_entropy_rows_kernel(
-    x_ptr,
-    target_ptr,
-    grad_ptr,
-    loss_ptr,
-    n_valid_ptr,
-    n_rows,
-    n_cols,
-    stride_xm,
-    stride_gm,
-    ignore_index,
-    label_smoothing,
-    BLOCK_N: tl.constexpr,
-    WRITE_GRAD: tl.constexpr,
-    MEAN: tl.constexpr,
-    SMOOTH: tl.constexpr,
-    ROW_STAGES: tl.constexpr,
-):
-    # Rows that fit one tile, walked by persistent programs: tl.range pipelines the row loop, so the
-    # next rows' loads are in flight (through shared memory) while this row is reduced and its gradient
-    # written. Each logit is read once and exponentiated once (the exponentials are kept for the
-    # gradient). The target's logit comes from registers, not from a second, dependent load.
-    offs = tl.arange(0, BLOCK_N)
-    mask = offs < n_cols
-    if MEAN:
-        scale = 1.0 / tl.load(n_valid_ptr).to(tl.float32)
-    else:
-        scale = 1.0
-    c_s = label_smoothing / n_cols * scale
-    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=ROW_STAGES):
-        row64 = tl.zeros([], tl.int64) + row  # row * stride passes 2**31 (and the interpreter's row is an int)
-        x = tl.load(x_ptr + row64 * stride_xm + offs, mask=mask, other=float("-inf")).to(tl.float32)
-        y = tl.load(target_ptr + row64)
-        m = tl.max(x, axis=0)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)  # a row of only -inf: no -inf - -inf
-        e = tl.math.exp2((x - m_safe) * _LOG2E)
-        d = tl.sum(e, axis=0)
-        hit = offs == y
-        x_y = tl.sum(tl.where(hit, x, 0.0), axis=0)
-        lse = m_safe + tl.math.log2(d) * _LN2
-        loss = lse - x_y
-        if SMOOTH:
-            s = tl.sum(tl.where(mask, x, 0.0), axis=0)
-            loss = (1.0 - label_smoothing) * loss + label_smoothing * (lse - s / n_cols)
-        ignored = y == ignore_index
-        valid = (y >= 0) & (y < n_cols)  # an out-of-range target: NaN, never a stray read
-        loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
-        tl.store(loss_ptr + row64, loss)
-        if WRITE_GRAD:
-            c = tl.where(valid, scale / d, float("nan"))
-            grad = e * c - tl.where(hit, (1.0 - label_smoothing) * scale, 0.0)
-            if SMOOTH:
-                grad -= c_s
-            grad = tl.where(ignored, 0.0, grad)
-            tl.store(grad_ptr + row64 * stride_gm + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -550,27 +490,6 @@ def _launch_forward(logits, target, grad, loss_rows, n_valid, ignore_index, labe
     if n_rows == 0:
         return
     g = logits if grad is None else grad
-    if cfg.get("ROWS"):
-        programs = min(n_rows, cfg["ROWS"])
-        return _cross_entropy_rows_kernel[(programs,)](
-            logits,
-            target,
-            g,
-            loss_rows,
-            target if n_valid is None else n_valid,
-            n_rows,
-            n_cols,
-            logits.stride(0),
-            g.stride(0),
-            ignore_index,
-            label_smoothing,
-            BLOCK_N=cfg["HEAD"],
-            WRITE_GRAD=grad is not None,
-            MEAN=n_valid is not None,
-            SMOOTH=label_smoothing != 0.0,
-            ROW_STAGES=cfg.get("ROW_STAGES", 1),
-            **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
-        )
     return _cross_entropy_fwd_kernel[(n_rows,)](
         logits,
         target,
@@ -592,8 +511,10 @@ def _launch_forward(logits, target, grad, loss_rows, n_valid, ignore_index, labe
         SINGLE=n_cols <= cfg["HEAD"],
         KEEP="evict_last" if cfg.get("EVICT") else "",
         DROP="evict_first" if cfg.get("EVICT") else "",
-        REF=cfg.get("REF", 0),
+        REF_TARGET=cfg.get("REF_TARGET", False),
         LOOP_STAGES=cfg.get("LOOP_STAGES", 1),
+        PREFETCH2=cfg.get("PREFETCH2", cfg["PREFETCH"]),
+        LOOP2_STAGES=cfg.get("LOOP2_STAGES", 1),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
 
