@@ -155,7 +155,7 @@ def test_streamed_tiles_with_and_without_prefetch(vocab, prefetch):
     x, t = _inputs(11, vocab, torch.float16, seed=13)
     cfg = dict(cross_entropy_config(vocab, torch.float16))
     assert (cfg["VEC"] > 1) == (vocab % 16 != 0)
-    cfg.update(HEAD=64, BLOCK_N=32, num_warps=2, PREFETCH=prefetch, EVICT=prefetch)  # and the L2 hints
+    cfg.update(HEAD=64, BLOCK_N=32, num_warps=2, PREFETCH=prefetch, PREFETCH2=prefetch, EVICT=prefetch)  # + L2 hints
     for reduction, smoothing in [("mean", 0.0), ("none", 0.1)]:
         want_loss, want_grad = _expected(x, t, reduction, label_smoothing=smoothing)
         xl = x.clone().requires_grad_()
@@ -163,6 +163,49 @@ def test_streamed_tiles_with_and_without_prefetch(vocab, prefetch):
         loss.sum().backward()
         _close(loss, want_loss, 2e-2, 1e-2, "loss")
         _close(xl.grad, want_grad, 2e-3, 1e-2, "gradient")
+
+
+def _far_from_target(case, tokens, vocab, dtype):
+    """Rows whose sums against the target's logit leave fp32's safe range, so the kernel must sum again
+    against the true maximum, beside ordinary rows."""
+    x, t = _inputs(tokens, vocab, torch.float32, seed=21, ignored=0.0)
+    rows = torch.arange(tokens, device=x.device)
+    far = rows % 2 == 0  # every other row: the fallback; the rest: the fast path in the same launch
+    if case == "target far below":  # the target 200 below every other logit: d ~ e**200 overflows
+        x[rows[far], t[far]] = x[far].min(dim=1).values - 200.0
+    elif case == "one logit far above, streamed":  # the maximum in sweep 1's streamed tail
+        x[far, vocab - 3] = x[rows[far], t[far]] + 100.0
+    elif case == "one logit far above, head":  # the maximum in the head tile
+        x[far, 1] = x[rows[far], t[far]] + 100.0
+    elif case == "target -inf":  # no reference at all (0 is used): every other logit near -300
+        x[far] = x[far] - 300.0
+        x[rows[far], t[far]] = float("-inf")
+    t[(t == vocab - 3) | (t == 1)] = 0  # the planted logit is never the target itself
+    return x.to(dtype), t
+
+
+@pytest.mark.parametrize("ref_target", [True, False], ids=["target-ref", "running-max"])
+@pytest.mark.parametrize(
+    "case", ["target far below", "one logit far above, streamed", "one logit far above, head", "target -inf"]
+)
+@pytest.mark.parametrize("vocab", [509, 512, 40], ids=["split-row", "aligned-row", "one-tile"])
+def test_rows_far_from_the_reference(vocab, case, ref_target):
+    # The default kernel sums exp(x - x_target) and checks the sum afterwards (e**100 overflows fp32; the
+    # check catches it at e**60); these rows fail that check
+    # and must be summed again against their maximum (REF_TARGET=False: the online max never needs to).
+    dtype = torch.float16 if vocab == 509 else torch.float32
+    x, t = _far_from_target(case, 8, vocab, dtype)
+    cfg = dict(cross_entropy_config(vocab, dtype))
+    cfg.update(HEAD=64, BLOCK_N=32, num_warps=2, REF_TARGET=ref_target)
+    for reduction, smoothing in [("mean", 0.0), ("none", 0.1)]:
+        want_loss, want_grad = _expected(x, t, reduction, label_smoothing=smoothing)
+        xl = x.clone().requires_grad_()
+        loss = CrossEntropyFunction.apply(xl, t, -100, reduction, smoothing, False, cfg)
+        loss.sum().backward()
+        assert not torch.isnan(loss).any() and torch.isfinite(xl.grad).all(), (case, loss)
+        tol = 2e-3 if dtype == torch.float16 else 1e-5
+        _close(loss, want_loss, tol, tol, f"{case}: loss")
+        _close(xl.grad, want_grad, tol, 1e-2 if dtype == torch.float16 else 1e-4, f"{case}: gradient")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])

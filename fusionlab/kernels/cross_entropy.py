@@ -15,21 +15,25 @@ gradient of the logits: three (T, V) tensors besides the logits, and six (T, V) 
 At 8k tokens × 128k vocabulary in bf16 each of them is 2 GiB.
 
 The fused kernel (:func:`_cross_entropy_fwd_kernel`) gives each row one program. It walks the row in
-tiles keeping a running maximum m and a running sum d = Σ exp(x − m) (the online log-sum-exp: when
-a tile raises the maximum, d is rescaled by exp(m_old − m_new)), picks out x_y, and so has the loss
-after one read. The gradient needs the row's final lse, so a second sweep over the row computes
-``exp(x − lse) − (1 − ε)[j = y] − ε/V`` (times the reduction's scale) and writes it — into a gradient
-buffer, or **over the logits** (``inplace_grad=True``). No probability tensor ever exists. The first
-tile of the row (the "head": 8192 elements for rows up to 64 Ki, 64 KiB of row for wider ones) stays
-in registers from the first sweep to the second, so a row that fits in it is read once; a wider
-row's other tiles are read again, newest first, so that the second sweep finds what it read last
-still in L2 (the ledger counts the re-read honestly, as ``rereads``). The streamed tiles keep a
-running max and sum per lane (no reduction across threads in the loop); a row whose start or length
-is not a multiple of 16 bytes (V = 50257) is split at its 16-byte boundaries so its body still moves
-in 16-byte accesses. The backward of the autograd function only multiplies the stored gradient by
-grad_output — and skips rows whose grad_output is exactly 1, the usual case, without a host sync.
+tiles summing d = Σ exp(x − ref), picks out x_y, and so has lse = ref + log d and the loss after one
+read. The reference can be any number near the row's maximum: the lesson's kernel uses the online
+log-sum-exp (a running maximum m, d rescaled by exp(m_old − m_new) when a tile raises it; the
+package's ``REF_TARGET=False`` path, which keeps a running max and sum per lane). The default uses
+the target's logit, known before the row is read: no maximum and no rescaling, four operations an
+element beside the exp2, and a range check on d at the end (a row whose logits sit more than e**60
+above the target's is summed again against its true maximum). The gradient needs the row's final lse,
+so a second sweep over the row computes ``exp(x − lse) − (1 − ε)[j = y] − ε/V`` (times the
+reduction's scale) and writes it — into a gradient buffer, or **over the logits**
+(``inplace_grad=True``). No probability tensor ever exists. The first tile of the row (the "head":
+8192 elements for rows up to 64 Ki, 64 KiB of row for wider ones) stays in registers from the first
+sweep to the second, so a row that fits in it is read once; a wider row's other tiles are read again,
+newest first, so that the second sweep finds what it read last still in L2 (the ledger counts the
+re-read honestly, as ``rereads``). A row whose start or length is not a multiple of 16 bytes
+(V = 50257) is split at its 16-byte boundaries so its body still moves in 16-byte accesses. The
+backward of the autograd function only multiplies the stored gradient by grad_output — and skips
+rows whose grad_output is exactly 1, the usual case, without a host sync.
 
-Numerics: fp32 arithmetic for any storage dtype, max subtraction (logits of 1e4 do not overflow),
+Numerics: fp32 arithmetic for any storage dtype, a reference subtracted (logits of 1e4 do not overflow),
 padded lanes masked to −inf (never counted as probability mass), 64-bit row offsets (T × V past
 2**31 elements is fine), any V ≥ 1 (no block-size limit: the row is tiled). A target outside
 [0, V) that is not ``ignore_index`` gives a NaN loss and a NaN gradient row (never a read out of
@@ -146,23 +150,26 @@ def cross_entropy_flops(tokens: int, vocab: int, *, backward: bool = True) -> in
 
 
 # -- configuration ------------------------------------------------------------------------------------------
-#: from a sweep on an H100 (bf16 fwd+bwd, benchmarks/notes_lesson5.md): rows up to 64 Ki elements
-#: run fastest in small programs (8 warps, a head of 8192, the next tile prefetched: several programs
-#: per SM overlap one's loads with another's arithmetic); wider rows in one 32-warp program per SM
-#: with a 64 KiB head, which keeps fewer rows in flight, and L2 hints (evict-last on the tiles sweep 2
-#: reads again, evict-first on the rest), so that sweep 2 finds its tiles still in L2.
+#: from sweeps on an H100 and an H200 (bf16 fwd+bwd, benchmarks/notes_lesson5.md): rows up to 64 Ki
+#: elements run fastest in small programs (8 warps, a head of 8192, tiles of 4096: several programs per
+#: SM overlap one's loads with another's arithmetic), sweep 1's tail pipelined by Triton three tiles
+#: deep through shared memory and sweep 2's next tile loaded ahead into registers; wider rows in one
+#: 32-warp program per SM with a 64 KiB head, which keeps fewer rows in flight, and L2 hints
+#: (evict-last on the tiles sweep 2 reads again, evict-first on the rest), so that sweep 2 finds its
+#: tiles still in L2. Both sum against the target's logit (REF_TARGET: no running maximum).
 NARROW_MAX = 65536
 
 
 @functools.lru_cache(maxsize=4096)
 def _config(n_cols: int, dtype: torch.dtype, gpu: bool) -> dict:
-    cfg = {"PREFETCH": False, "EVICT": False, "num_stages": None}
+    cfg = {"PREFETCH": False, "PREFETCH2": False, "LOOP_STAGES": 1, "EVICT": False, "REF_TARGET": True}
+    cfg["num_stages"] = None
     if not gpu:  # the interpreter: 4096-element tiles (numpy arrays: memory, not registers, limits)
         head = row_config(n_cols, dtype, gpu=False)["BLOCK_N"]
         return {**cfg, "HEAD": head, "BLOCK_N": min(head, 2048), "num_warps": 4}
     if n_cols <= NARROW_MAX:
         head = row_config(n_cols, dtype, max_block=8192, gpu=True)["BLOCK_N"]
-        return {**cfg, "HEAD": head, "BLOCK_N": min(head, 4096), "num_warps": 8, "PREFETCH": True}
+        return {**cfg, "HEAD": head, "BLOCK_N": min(head, 4096), "num_warps": 8, "LOOP_STAGES": 3, "PREFETCH2": True}
     head = row_config(n_cols, dtype, gpu=True)["BLOCK_N"]  # 64 KiB of row, the largest single tile
     vec = 16 // element_size(dtype)
     # 32 * 32 * vec: one 16-byte access a thread; the L2 hints keep the streamed tiles for sweep 2
@@ -171,10 +178,12 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool) -> dict:
 
 def cross_entropy_config(n_cols: int, dtype: torch.dtype, *, stride: int | None = None) -> dict:
     """The launch configuration for rows of ``n_cols`` logits at row ``stride`` (default ``n_cols``):
-    ``{"HEAD", "BLOCK_N", "num_warps", "VEC", "PREFETCH", "EVICT", "num_stages"}``. HEAD elements of a
-    row stay in registers between the two sweeps; the rest is streamed in BLOCK_N tiles (PREFETCH: the
-    next tile's load is issued before this one is reduced; EVICT: L2 eviction hints, evict-last for
-    tiles read again, evict-first for the rest). VEC > 1 when the row
+    ``{"HEAD", "BLOCK_N", "num_warps", "VEC", "PREFETCH", "PREFETCH2", "LOOP_STAGES", "EVICT",
+    "REF_TARGET", "num_stages"}``. HEAD elements of a row stay in registers between the two sweeps;
+    the rest is streamed in BLOCK_N tiles (PREFETCH, PREFETCH2: sweep 1's, sweep 2's next tile loaded
+    before this one is used; LOOP_STAGES: sweep 1's tiles pipelined that deep by Triton through shared
+    memory; EVICT: L2 eviction hints, evict-last for tiles read again, evict-first for the rest;
+    REF_TARGET: sums against the target's logit instead of a running maximum). VEC > 1 when the row
     length or stride is not a multiple of 16 elements: each row is then split at its 16-byte
     boundaries (see the kernel) so that its body still moves in 16-byte accesses.
     """
