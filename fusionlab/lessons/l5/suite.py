@@ -8,7 +8,10 @@ peak memory of cross-entropy against the vocabulary. All in bf16.
 - Cross-entropy forward + backward at 8192 tokens × 32000 and × 128256: eager ``F.cross_entropy``,
   compiled, fused (gradient in a new buffer), fused in place (over the logits), and the fused loss
   alone (no gradient: one read). ``nbytes``: the fused ledger of a row kept on chip (read the logits
-  once, write the gradient once); eager's prediction is its six (T, V) trips.
+  once, write the gradient once); eager's prediction is its six (T, V) trips. Fused and compiled are
+  timed a second time on the GPU's clock alone (:data:`QUEUED`: calls queued behind a sleep kernel,
+  :func:`fusionlab.bench.queued_ms`): one autograd call costs the host a few hundred microseconds, as
+  much as the kernel at 32000 columns, and the 85% bar is about the kernel.
 - Linear + cross-entropy at 8192 × 4096 → 128256: eager against the chunked kernel. Compute-bound:
   ``flops`` = the three matmuls, ``predicted_ms`` = their FLOPs at the matmul rate plus the loss's trips
   at the copy bandwidth (eager six, fused two).
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ...bench import Case, compiled, peak_bytes
+from ...bench import Case, compiled, peak_bytes, queued_ms
 from ...kernels.cross_entropy import (
     cross_entropy,
     cross_entropy_eager,
@@ -57,6 +60,8 @@ PEAK_VOCABS = (8192, 32000, 65536, 128256, 262144)
 PEAK_VARIANTS = ("eager", "fused", "fused in place")
 PEAK_GROUP = "peak memory"
 LCE_PEAK_VARIANTS = ("linear+ce eager", "linear+ce fused")
+#: cross-entropy's second timing: the GPU's time alone, calls queued behind a sleep (:func:`queued_ms`)
+QUEUED = "queued"
 
 
 def peak_name(variant: str, vocab: int | None = None) -> str:
@@ -209,6 +214,10 @@ def ce_cases(copy_GBps: float | None = None, device="cuda", tokens: int = CE_TOK
         for schedule in ("eager", "compiled", "fused", "fused in place"):
             predicted = _predict(led, copy_GBps, fused=schedule != "eager")
             out.append(Case(f"ce {vocab} {schedule}", thunks[schedule], led.fused_bytes, flops, group, predicted))
+        for schedule in ("compiled", "fused"):  # the same calls, the host queued ahead of the GPU
+            predicted = _predict(led, copy_GBps, fused=True)
+            name, qgroup = f"ce {vocab} {schedule} {QUEUED}", f"{group} {QUEUED}"
+            out.append(Case(name, thunks[schedule], led.fused_bytes, flops, qgroup, predicted, queued_ms))
         fwd_flops = cross_entropy_flops(tokens, vocab, backward=False)
         predicted = _predict(fwd, copy_GBps, fused=True)
         out.append(
@@ -320,7 +329,12 @@ def bars(results) -> list[tuple[str, bool, str]]:
     out.append(("swiglu bwd >= 80% of copy", bwd.frac_copy >= 0.80, f"{bwd.frac_copy:.1%}"))
     for vocab in CE_VOCABS:
         fused = r[f"ce {vocab} fused"]
-        out.append((f"ce {vocab} fwd+bwd >= 85% of copy", fused.frac_copy >= 0.85, f"{fused.frac_copy:.1%}"))
+        gpu = r.get(f"ce {vocab} fused {QUEUED}")
+        if gpu is None:  # a run recorded before the queued cases existed: the call is all there is
+            out.append((f"ce {vocab} fwd+bwd >= 85% of copy", fused.frac_copy >= 0.85, f"{fused.frac_copy:.1%}"))
+        else:  # the bar on the GPU's clock; the call's share, host work included, beside it
+            detail = f"{gpu.frac_copy:.1%} on the GPU clock ({fused.frac_copy:.1%} a call)"
+            out.append((f"ce {vocab} fwd+bwd >= 85% of copy (GPU time)", gpu.frac_copy >= 0.85, detail))
         for other in ("compiled", "eager"):
             o = r[f"ce {vocab} {other}"]
             out.append((f"ce {vocab} >= 1.0x {other}", o.ms >= fused.ms, f"{o.ms / fused.ms:.2f}x"))
