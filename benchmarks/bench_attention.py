@@ -401,7 +401,7 @@ def lazy_table(by: dict) -> list[str]:
             t, tw, cu = best.get((key, nm)), best.get((key, LAZY_TWINS[nm])), best.get((key, "cudnn"))
             cells.append(f" {f(t)} {rt(t, tw)} {rt(t, cu)} ")
         d, causal, dt, n = key
-        out.append(f"{d:>3} {str(causal):>6} {dt:>4} {n:>6} |" + "|".join(cells))
+        out.append((f"{d:>3} {str(causal):>6} {dt:>4} {n:>6} |" + "|".join(cells)).rstrip())
     return out
 
 

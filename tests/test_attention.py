@@ -360,15 +360,18 @@ NUMPY_NAN_WARNINGS = [  # the interpreter's numpy meets the NaN and inf on purpo
 ]
 
 
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
 @pytest.mark.parametrize("variant", VARIANTS)
 @NUMPY_NAN_WARNINGS[0]
 @NUMPY_NAN_WARNINGS[1]
-def test_non_finite_inputs(variant):
+def test_non_finite_inputs(variant, lazy):
+    # lazy: a NaN row's max compares false against the threshold, and must stay NaN, not poison the
+    # tile's other rows through the shared rescale decision
     q, k, v = _qkv(1, 2, 2, 40, 40, 32, torch.float16, seed=9)
     q[0, 0, 3] = float("nan")  # one query row: only that row is NaN
     k[0, 1, 20] = float("nan")  # one key: causal rows < 20 never see it (masked or never loaded)
     for causal in (False, True):
-        o, lse = attention(q, k, v, causal=causal, variant=variant)
+        o, lse = attention(q, k, v, causal=causal, variant=variant, config={"LAZY_RESCALE": lazy})
         ref_o, ref_lse = attention_reference(q, k, v, causal)
         assert torch.equal(torch.isnan(o), torch.isnan(ref_o))
         fin = ~torch.isnan(ref_o)
@@ -376,9 +379,10 @@ def test_non_finite_inputs(variant):
         assert torch.equal(torch.isnan(lse), torch.isnan(ref_lse))
 
 
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
 @pytest.mark.parametrize("variant", VARIANTS)
 @NUMPY_NAN_WARNINGS[1]
-def test_keys_past_the_end_are_masked_and_zeroed(variant):
+def test_keys_past_the_end_are_masked_and_zeroed(variant, lazy):
     # N_k = 20: the last key tile hangs over. On the TMA path it reads the next head's rows; an inf
     # in those K or V rows must not reach this head (masked to -inf; V zeroed, since 0 * inf = NaN)
     base_k = torch.randn(1, 2, 20, 32, device=DEV, dtype=torch.float16)
@@ -387,7 +391,7 @@ def test_keys_past_the_end_are_masked_and_zeroed(variant):
     k, v = base_k.clone(), base_v.clone()
     k[0, 1, :4] = float("inf")
     v[0, 1, :4] = float("inf")
-    o, lse = attention(q, k, v, variant=variant)
+    o, lse = attention(q, k, v, variant=variant, config={"LAZY_RESCALE": lazy})
     ref_o, ref_lse = attention_reference(q[:, :1], base_k[:, :1], base_v[:, :1])
     assert torch.isfinite(o[:, 0]).all() and torch.isfinite(lse[:, 0]).all()
     assert rel_err(o[:, :1], ref_o) < 1e-2

@@ -28,7 +28,10 @@ Numerics: the scores, ``m``, ``l`` and ``acc`` are fp32; ``P`` is cast to the in
 ``P V`` product (the tensor cores take fp16/bf16 operands; P lies in [0, 1], so the rounding is
 relative, ~0.4% in bf16). ``exp`` is ``exp2`` with ``scale * log2(e)`` folded into one multiply-add
 per score; ``m`` is kept in those base-2 units and converted at the end:
-``lse = ln(2) * (m + log2(l))``. Non-finite inputs: a NaN or inf in Q or K gives what the float64
+``lse = ln(2) * (m + log2(l))``. An option, off by default (``config={"LAZY_RESCALE": True}``, FA4's
+conditional rescale), lets ``m`` lag a row's true max by up to ``LAZY_TAU`` and skips the rescale of
+``acc`` and ``l`` on every block where no row's max gets further ahead than that
+(:func:`_attention_inner`). Non-finite inputs: a NaN or inf in Q or K gives what the float64
 reference gives (masked scores become -inf whatever they held); a NaN or inf in V reaches the rows of
 the tiles that load its key (``0 * inf`` is NaN), where the dense reference spreads it to every row.
 
