@@ -26,16 +26,21 @@ from fusionlab import bench
 from fusionlab.kernels.cross_entropy import CrossEntropyFunction, _launch_forward, cross_entropy_config
 
 SHAPES = [(8192, 32000), (8192, 128256), (4096, 262144), (4096, 32000), (4096, 50257), (8192, 151936)]
-#: (HEAD, BLOCK_N, num_warps, PREFETCH, EVICT, extra); None: the shipped configuration for that vocabulary.
-#: extra: the kernel's other options (LOOP_STAGES, PREFETCH2)
+#: (HEAD, BLOCK_N, num_warps, PREFETCH, EVICT, extra, rows): extra: the kernel's other options
+#: (LOOP_STAGES, PREFETCH2, LOOP2_STAGES); rows: "narrow" (V <= 65536) or "wide", where it is tried.
+#: None: the shipped configuration for each vocabulary.
 CONFIGS = [
     None,
-    (32768, 8192, 32, True, True, {}),
-    (32768, 8192, 32, False, True, {"LOOP_STAGES": 3, "PREFETCH2": True}),
-    (8192, 4096, 8, False, False, {"LOOP_STAGES": 3, "PREFETCH2": True}),
-    (16384, 4096, 8, False, False, {"LOOP_STAGES": 3, "PREFETCH2": True}),
-    (16384, 4096, 8, True, False, {}),
-    (8192, 4096, 8, True, False, {"LOOP_STAGES": 2}),
+    (8192, 4096, 8, False, False, {"LOOP_STAGES": 3, "LOOP2_STAGES": 3, "PREFETCH2": False}, "narrow"),
+    (8192, 4096, 8, False, False, {"LOOP_STAGES": 3, "LOOP2_STAGES": 2, "PREFETCH2": False}, "narrow"),
+    (8192, 2048, 8, False, False, {"LOOP_STAGES": 4, "PREFETCH2": True}, "narrow"),
+    (8192, 4096, 8, False, True, {"LOOP_STAGES": 3, "PREFETCH2": True}, "narrow"),
+    (4096, 4096, 4, False, False, {"LOOP_STAGES": 3, "PREFETCH2": True}, "narrow"),
+    (16384, 4096, 16, False, False, {"LOOP_STAGES": 3, "PREFETCH2": True}, "narrow"),
+    (32768, 8192, 32, False, True, {"LOOP2_STAGES": 2}, "wide"),
+    (32768, 16384, 32, False, True, {}, "wide"),
+    (16384, 8192, 16, False, True, {"LOOP_STAGES": 3, "PREFETCH2": True}, "wide"),
+    (32768, 8192, 32, False, True, {"LOOP_STAGES": 2}, "wide"),
 ]
 REFS = (False, True)  # REF_TARGET
 
@@ -50,7 +55,7 @@ def inputs(tokens, vocab, seed=0):
 def cfg_for(vocab, conf, ref):
     cfg = dict(cross_entropy_config(vocab, torch.bfloat16))
     if conf is not None:
-        head, block_n, warps, prefetch, evict, extra = conf
+        head, block_n, warps, prefetch, evict, extra, _ = conf
         cfg.update(HEAD=head, BLOCK_N=min(block_n, head), num_warps=warps, PREFETCH=prefetch, EVICT=evict, **extra)
     cfg["REF_TARGET"] = ref
     return cfg
@@ -116,15 +121,15 @@ def main():
             flush=True,
         )
         for conf in CONFIGS:
-            if conf is not None and vocab < 100000 and conf[2] == 32:
-                continue  # the wide-row schedules only where they are meant
+            if conf is not None and (conf[6] == "wide") != (vocab > 65536):
+                continue  # each schedule only on the rows it is meant for
             for ref in REFS if conf is None else (True,):
                 if time.time() - t0 > a.budget:
                     print("(budget spent)", flush=True)
                     break
                 cfg = cfg_for(vocab, conf, ref)
                 label = "default" if conf is None else "H{} B{} w{} pf{} ev{} ".format(*map(int, conf[:5]))
-                label += "" if conf is None else " ".join(f"{k[:4]}{v}" for k, v in conf[5].items())
+                label += "" if conf is None else " ".join(f"{k[:5]}{v}" for k, v in conf[5].items())
                 try:
                     el, eg = check(x, t, cfg)
                     ms = bench.time_ms(fwd_bwd(xg, t, cfg))
