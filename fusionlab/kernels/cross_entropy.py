@@ -154,9 +154,9 @@ def cross_entropy_flops(tokens: int, vocab: int, *, backward: bool = True) -> in
 #: elements run fastest in small programs (8 warps, a head of 8192, tiles of 4096: several programs per
 #: SM overlap one's loads with another's arithmetic), sweep 1's tail pipelined by Triton three tiles
 #: deep through shared memory and sweep 2's next tile loaded ahead into registers; wider rows in one
-#: 32-warp program per SM with a 64 KiB head, which keeps fewer rows in flight, and L2 hints
+#: 32-warp program per SM with a 64 KiB head, which keeps fewer rows in flight. Both with L2 hints
 #: (evict-last on the tiles sweep 2 reads again, evict-first on the rest), so that sweep 2 finds its
-#: tiles still in L2. Both sum against the target's logit (REF_TARGET: no running maximum).
+#: tiles still in L2, and sums against the target's logit (REF_TARGET: no running maximum).
 NARROW_MAX = 65536
 
 
@@ -169,7 +169,8 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool) -> dict:
         return {**cfg, "HEAD": head, "BLOCK_N": min(head, 2048), "num_warps": 4}
     if n_cols <= NARROW_MAX:
         head = row_config(n_cols, dtype, max_block=8192, gpu=True)["BLOCK_N"]
-        return {**cfg, "HEAD": head, "BLOCK_N": min(head, 4096), "num_warps": 8, "LOOP_STAGES": 3, "PREFETCH2": True}
+        narrow = {"num_warps": 8, "LOOP_STAGES": 3, "PREFETCH2": True, "EVICT": True}
+        return {**cfg, "HEAD": head, "BLOCK_N": min(head, 4096), **narrow}
     head = row_config(n_cols, dtype, gpu=True)["BLOCK_N"]  # 64 KiB of row, the largest single tile
     vec = 16 // element_size(dtype)
     # 32 * 32 * vec: one 16-byte access a thread; the L2 hints keep the streamed tiles for sweep 2
