@@ -76,5 +76,45 @@ def main():
         )
 
 
+def engine():
+    """Where the backward's host time goes: the engine's Python node, and the launch on its thread."""
+    import threading
+
+    from fusionlab.kernels import cross_entropy as ce
+
+    T, V = 64, 32000
+    xg = torch.randn(T, V, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    t = torch.randint(0, V, (T,), device="cuda")
+
+    class Trivial(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.sum()
+
+        @staticmethod
+        def backward(ctx, go):
+            return go.expand(T, V)
+
+    print("backward's host time, us per fwd+bwd call")
+    print(f"  {'trivial Function fwd+bwd':42s} {us(lambda: torch.autograd.grad(Trivial.apply(xg), xg)):8.1f}")
+    real = ce._launch_backward
+    ce._launch_backward = lambda *a: None
+    print(f"  {'fused, backward launch removed':42s} {us(lambda: torch.autograd.grad(cross_entropy(xg, t), xg)):8.1f}")
+    ce._launch_backward = real
+    print(f"  {'fused, as shipped':42s} {us(lambda: torch.autograd.grad(cross_entropy(xg, t), xg)):8.1f}")
+    g, go = torch.empty_like(xg), torch.ones((), device="cuda", dtype=torch.bfloat16)
+    print(f"  {'backward launch, main thread, bf16 go':42s} {us(lambda: _launch_backward(g, t, go, -100)):8.1f}")
+    out = []
+
+    def other():
+        out.append(us(lambda: _launch_backward(g, t, go, -100)))
+
+    th = threading.Thread(target=other)
+    th.start()
+    th.join()
+    print(f"  {'backward launch, another thread':42s} {out[0]:8.1f}", flush=True)
+
+
 if __name__ == "__main__":
+    engine()
     main()
