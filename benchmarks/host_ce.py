@@ -95,7 +95,33 @@ def engine():
         def backward(ctx, go):
             return go.expand(T, V)
 
+    g0, go0 = torch.empty_like(xg), torch.ones((), device="cuda", dtype=torch.bfloat16)
+
+    class TritonBackward(torch.autograd.Function):  # the same node, its backward one Triton launch
+        @staticmethod
+        def forward(ctx, x):
+            return x.sum()
+
+        @staticmethod
+        def backward(ctx, go):
+            _launch_backward(g0, t, go, -100)
+            return g0
+
+    class AtenBackward(torch.autograd.Function):  # the same node, its backward one aten op
+        @staticmethod
+        def forward(ctx, x):
+            return x.sum()
+
+        @staticmethod
+        def backward(ctx, go):
+            go0.mul_(go)
+            return g0
+
     print("backward's host time, us per fwd+bwd call")
+    tri = us(lambda: torch.autograd.grad(TritonBackward.apply(xg), xg))
+    print(f"  {'Function, backward = a Triton launch':42s} {tri:8.1f}")
+    aten = us(lambda: torch.autograd.grad(AtenBackward.apply(xg), xg))
+    print(f"  {'Function, backward = an aten op':42s} {aten:8.1f}")
     print(f"  {'trivial Function fwd+bwd':42s} {us(lambda: torch.autograd.grad(Trivial.apply(xg), xg)):8.1f}")
     real = ce._launch_backward
     ce._launch_backward = lambda *a: None
