@@ -71,6 +71,11 @@ def wall_s(fn: Callable[[], object], calls: int) -> float:
     return time.perf_counter() - t0
 
 
+#: the word a suite adds to a case's name and group when :func:`queued_ms` times it (the GPU's clock
+#: alone), beside the same case timed as a call
+QUEUED = "queued"
+
+
 def queued_ms(fn: Callable[[], object], *, calls: int = 20, rounds: int = 3) -> float:
     """GPU time per call of ``fn()`` with the host out of the way, in milliseconds (fastest of
     ``rounds``): a sleep kernel holds the stream while the host queues ``calls`` calls, which then run

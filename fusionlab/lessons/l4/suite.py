@@ -30,7 +30,7 @@ import contextlib
 
 import torch
 
-from ...bench import Case, queued_ms
+from ...bench import QUEUED, Case, queued_ms
 from ...kernels.layernorm import layernorm, layernorm_eager, layernorm_flops, layernorm_ledger
 from ...kernels.rmsnorm import rmsnorm, rmsnorm_config, rmsnorm_eager, rmsnorm_flops, rmsnorm_ledger
 from ...kernels.softmax import softmax, softmax_config, softmax_eager, softmax_flops, softmax_ledger
@@ -84,8 +84,6 @@ def sweep_name(n: int) -> str:
 
 
 SCHEDULES = ("eager", "compiled", "fused")
-#: the backward's second timing: the GPU's time alone, calls queued behind a sleep (:func:`queued_ms`)
-QUEUED = "queued"
 TWO_PASS = "fused 2-pass"
 
 

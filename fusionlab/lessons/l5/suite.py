@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ...bench import Case, compiled, peak_bytes, queued_ms
+from ...bench import QUEUED, Case, compiled, peak_bytes, queued_ms
 from ...kernels.cross_entropy import (
     cross_entropy,
     cross_entropy_eager,
@@ -60,8 +60,6 @@ PEAK_VOCABS = (8192, 32000, 65536, 128256, 262144)
 PEAK_VARIANTS = ("eager", "fused", "fused in place")
 PEAK_GROUP = "peak memory"
 LCE_PEAK_VARIANTS = ("linear+ce eager", "linear+ce fused")
-#: cross-entropy's second timing: the GPU's time alone, calls queued behind a sleep (:func:`queued_ms`)
-QUEUED = "queued"
 
 
 def peak_name(variant: str, vocab: int | None = None) -> str:
