@@ -85,55 +85,47 @@ def engine():
     T, V = 64, 32000
     xg = torch.randn(T, V, device="cuda", dtype=torch.bfloat16).requires_grad_()
     t = torch.randint(0, V, (T,), device="cuda")
-
-    class Trivial(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.sum()
-
-        @staticmethod
-        def backward(ctx, go):
-            return go.expand(T, V)
-
     g0, go0 = torch.empty_like(xg), torch.ones((), device="cuda", dtype=torch.bfloat16)
 
-    class TritonBackward(torch.autograd.Function):  # the same node, its backward one Triton launch
-        @staticmethod
-        def forward(ctx, x):
-            return x.sum()
+    def node(backward):
+        """An autograd node like cross-entropy's (forward: a sum of the logits) with this backward."""
 
-        @staticmethod
-        def backward(ctx, go):
-            _launch_backward(g0, t, go, -100)
-            return g0
+        class Node(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.sum()
 
-    class AtenBackward(torch.autograd.Function):  # the same node, its backward one aten op
-        @staticmethod
-        def forward(ctx, x):
-            return x.sum()
+            @staticmethod
+            def backward(ctx, go):
+                return backward(go)
 
-        @staticmethod
-        def backward(ctx, go):
-            go0.mul_(go)
-            return g0
+        return lambda: torch.autograd.grad(Node.apply(xg), xg)
+
+    def triton_launch(go):
+        _launch_backward(g0, t, go, -100)
+        return g0
+
+    def aten_op(go):
+        go0.mul_(go)
+        return g0
 
     print("backward's host time, us per fwd+bwd call")
-    tri = us(lambda: torch.autograd.grad(TritonBackward.apply(xg), xg))
-    print(f"  {'Function, backward = a Triton launch':42s} {tri:8.1f}")
-    aten = us(lambda: torch.autograd.grad(AtenBackward.apply(xg), xg))
-    print(f"  {'Function, backward = an aten op':42s} {aten:8.1f}")
-    print(f"  {'trivial Function fwd+bwd':42s} {us(lambda: torch.autograd.grad(Trivial.apply(xg), xg)):8.1f}")
+    for name, backward in [
+        ("Function, backward = a Triton launch", triton_launch),
+        ("Function, backward = an aten op", aten_op),
+        ("trivial Function fwd+bwd", lambda go: go.expand(T, V)),
+    ]:
+        print(f"  {name:42s} {us(node(backward)):8.1f}")
     real = ce._launch_backward
     ce._launch_backward = lambda *a: None
     print(f"  {'fused, backward launch removed':42s} {us(lambda: torch.autograd.grad(cross_entropy(xg, t), xg)):8.1f}")
     ce._launch_backward = real
     print(f"  {'fused, as shipped':42s} {us(lambda: torch.autograd.grad(cross_entropy(xg, t), xg)):8.1f}")
-    g, go = torch.empty_like(xg), torch.ones((), device="cuda", dtype=torch.bfloat16)
-    print(f"  {'backward launch, main thread, bf16 go':42s} {us(lambda: _launch_backward(g, t, go, -100)):8.1f}")
+    print(f"  {'backward launch, main thread, bf16 go':42s} {us(lambda: _launch_backward(g0, t, go0, -100)):8.1f}")
     out = []
 
     def other():
-        out.append(us(lambda: _launch_backward(g, t, go, -100)))
+        out.append(us(lambda: _launch_backward(g0, t, go0, -100)))
 
     th = threading.Thread(target=other)
     th.start()
