@@ -29,7 +29,7 @@ SHAPES = [(8192, 32000), (8192, 128256), (4096, 262144), (4096, 32000), (4096, 5
 #: --quick: the suite's two shapes and the widest
 QUICK = [(8192, 32000), (8192, 128256), (4096, 262144)]
 #: (HEAD, BLOCK_N, num_warps, PREFETCH, EVICT, extra, rows): extra: the kernel's other options
-#: (LOOP_STAGES, PREFETCH2, LOOP2_STAGES); rows: "narrow" (V <= 65536) or "wide", where it is tried.
+#: (LOOP_STAGES, PREFETCH2); rows: "narrow" (V <= 65536) or "wide", where it is tried.
 #: None: the shipped configuration for each vocabulary.
 CONFIGS = [
     None,

@@ -226,7 +226,6 @@ def _cross_entropy_fwd_kernel(
     REF_TARGET: tl.constexpr = False,
     LOOP_STAGES: tl.constexpr = 1,
     PREFETCH2: tl.constexpr = False,
-    LOOP2_STAGES: tl.constexpr = 1,
 ):
     # exp(v) is computed as exp2(v log2 e): one multiply and one MUFU ex2. Differences x - max are
     # formed in natural units first: they are exact for logits near the max, also at 1e4 (multiplying
@@ -404,7 +403,9 @@ def _cross_entropy_fwd_kernel(
                     offs = HEAD + (n_tail - 1) * BLOCK_N + tl.arange(0, BLOCK_N)
                     mask_next = (offs >= HEAD) & (offs < body_len)
                     x_next = tl.load(x_body + offs, mask=mask_next, other=float("-inf"), eviction_policy=DROP)
-                for i in tl.range(0, n_tail, num_stages=LOOP2_STAGES):
+                # not pipelined through shared memory: 2-3 stages measured slower here (the re-read
+                # comes from L2; benchmarks/notes_lesson5.md), PREFETCH2 holds the next tile instead
+                for i in tl.range(0, n_tail, num_stages=1):
                     offs = HEAD + (n_tail - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N)
                     mask = offs < body_len
                     if PREFETCH2:
@@ -524,7 +525,6 @@ def _launch_forward(logits, target, grad, loss_rows, n_valid, ignore_index, labe
         REF_TARGET=cfg.get("REF_TARGET", False),
         LOOP_STAGES=cfg.get("LOOP_STAGES", 1),
         PREFETCH2=cfg.get("PREFETCH2", cfg["PREFETCH"]),
-        LOOP2_STAGES=cfg.get("LOOP2_STAGES", 1),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
 
