@@ -40,6 +40,7 @@ import torch.nn.functional as F
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 NS = (1024, 4096, 16384)
 DS = (64, 128)
+DS_RUN = list(DS)  # --ds narrows the run
 
 
 def _cfg(bm, bn, w, s, ws=False):
@@ -58,6 +59,25 @@ SWEEP = {
 #: what ``attention`` is called with, by name: the default, its variants, and the sweep
 EXTRA = {
     "default": {},
+    # sweep 4 (occupancy): shared memory per program decides how many programs share an SM; at head
+    # dim 128, 64x64 tiles with 3 stages and the O staging buffer need 113 KiB, so one program per SM
+    # (228 KiB), and nothing overlaps its softmax with tensor-core work. These fit two or three.
+    "64x64 w4 s2 +store": {"config": {**_cfg(64, 64, 4, 2), "TMA_STORE": True}},
+    "64x64 w4 s3 -store": {"config": {**_cfg(64, 64, 4, 3), "TMA_STORE": False}},
+    "64x64 w4 s2 -store": {"config": {**_cfg(64, 64, 4, 2), "TMA_STORE": False}},
+    "64x32 w4 s3 +store": {"config": {**_cfg(64, 32, 4, 3), "TMA_STORE": True}},
+    "64x32 w4 s3 -store": {"config": {**_cfg(64, 32, 4, 3), "TMA_STORE": False}},
+    "128x64 w4 s2 -store": {"config": {**_cfg(128, 64, 4, 2), "TMA_STORE": False}},
+    "128x64 w8 s2 +store": {"config": {**_cfg(128, 64, 8, 2), "TMA_STORE": True}},
+    "128x64 w8 s2 -store": {"config": {**_cfg(128, 64, 8, 2), "TMA_STORE": False}},
+    # warp specialisation (a producer warp issues the TMA copies): with 4 warps Triton's pass splits the
+    # 128-row Q tile over two consumer warpgroups and fails on the descriptor's block; with 8 it compiles
+    "128x128 w8 s2 ws": {"config": {**_cfg(128, 128, 8, 2, ws=True), "TMA_STORE": False}},
+    "128x128 w8 s3 ws": {"config": {**_cfg(128, 128, 8, 3, ws=True), "TMA_STORE": False}},
+    "128x64 w8 s2 ws": {"config": {**_cfg(128, 64, 8, 2, ws=True), "TMA_STORE": False}},
+    "128x64 w8 s3 ws": {"config": {**_cfg(128, 64, 8, 3, ws=True), "TMA_STORE": False}},
+    "128x128 w8 s2 ws +store": {"config": {**_cfg(128, 128, 8, 2, ws=True), "TMA_STORE": True}},
+    "128x128 w4 s2 ws": {"config": {**_cfg(128, 128, 4, 2, ws=True), "TMA_STORE": False}},
     "default+store": {"config": {"TMA_STORE": True}},
     "plain": {"variant": "plain"},
     "128x64 w4 s2 +store": {"config": {**_cfg(128, 64, 4, 2), "TMA_STORE": True}},
@@ -91,7 +111,7 @@ def kwargs_of(name: str) -> dict:
 
 
 def shapes():
-    for d in DS:
+    for d in DS_RUN:
         for causal in (False, True):
             for dname in DTYPES:
                 for n in NS:
@@ -238,6 +258,45 @@ def final(run: Run, rounds: int, lazy: bool = False):
                 impl, cfg = (name, None) if name in ("flash", "cudnn") else ("ours", name)
                 run.add(**base, impl=impl, config=cfg, round=rnd, ms=ms, tflops=flops / ms / 1e9)
     run.save()
+
+
+def occupancy(run: Run, names: list[str]):
+    """Each configuration's compiled kernel at N = 4096, bf16: registers, spills, shared memory, and
+    how many programs fit on one SM by each limit (the smallest is what runs)."""
+    from fusionlab.kernels.attention import _attention_kernel, attention
+
+    props = torch.cuda.get_device_properties(0)
+    smem_sm = getattr(props, "shared_memory_per_multiprocessor", 233472)
+    regs_sm = getattr(props, "regs_per_multiprocessor", 65536)
+    for d in DS_RUN:
+        for causal in (False, True):
+            q, k, v = qkv(4096, d, torch.bfloat16)
+            for name in names:
+                try:
+                    _attention_kernel.device_caches.clear() if hasattr(_attention_kernel, "device_caches") else None
+                    attention(q, k, v, causal=causal, **kwargs_of(name))
+                    torch.cuda.synchronize()
+                    kern = _last_compiled(_attention_kernel)
+                    warps = kern.metadata.num_warps
+                    smem = kern.metadata.shared
+                    by_smem = smem_sm // max(smem + 1024, 1)  # 1 KiB reserved per program
+                    by_regs = regs_sm // (kern.n_regs * 32 * warps) if kern.n_regs else None
+                    run.add(kind="occupancy", D=d, causal=causal, config=name, regs=kern.n_regs,
+                            spills=kern.n_spills, smem=smem, warps=warps, by_smem=by_smem, by_regs=by_regs,
+                            programs_per_sm=min(x for x in (by_smem, by_regs, 64 // warps) if x))  # fmt: skip
+                except Exception as e:  # noqa: BLE001
+                    err = f"{type(e).__name__}: {str(e)[:200]}"
+                    run.add(kind="occupancy", D=d, causal=causal, config=name, error=err)
+
+
+def _last_compiled(jit_fn):
+    """The kernel the last launch ran (each configuration compiles once; the caches keep insertion order)."""
+    caches = getattr(jit_fn, "device_caches", None)
+    if caches:
+        for entry in caches.values():
+            kernels = entry[0] if isinstance(entry, tuple) else entry
+            return list(kernels.values())[-1]
+    return list(jit_fn.cache[torch.cuda.current_device()].values())[-1]
 
 
 def ours(run, base, q, k, v, causal, flops, ref, ref_lse, names):
@@ -419,7 +478,11 @@ def main(argv=None):
     p.add_argument("--final", action="store_true", help="the default against the backends, rotated rounds")
     p.add_argument("--lazy", action="store_true", help="also the same tiles with LAZY_RESCALE (FA4's lazy rescale)")
     p.add_argument("--deadline", type=float, default=None)
+    p.add_argument("--ds", default="", help="comma-separated head dims (default: 64,128)")
+    p.add_argument("--occupancy", action="store_true", help="report each compiled kernel's registers and shared memory")
     a = p.parse_args(argv)
+    if a.ds:
+        DS_RUN[:] = [int(x) for x in a.ds.split(",")]
 
     import triton
 
@@ -452,7 +515,7 @@ def main(argv=None):
     t0 = time.time()
     if a.workers:
         # one kernel per (D, causal, dtype, config): its three N go to one worker, which compiles once
-        kernels = [(d, c, dn, nm) for d in DS for c in (False, True) for dn in DTYPES for nm in names]
+        kernels = [(d, c, dn, nm) for d in DS_RUN for c in (False, True) for dn in DTYPES for nm in names]
         if a.final:
             kernels = [kn for kn in kernels if kn[3] in final_names(kn[0], a.lazy)]
         groups = [[(d, c, dn, n, nm) for n in NS] for d, c, dn, nm in kernels]
@@ -470,6 +533,8 @@ def main(argv=None):
         print(open(os.path.join(a.out, "pytest.log")).read()[-3000:], flush=True)
     try:
         ceilings(run)
+        if a.occupancy:
+            occupancy(run, names)
         if a.final:
             final(run, a.rounds, a.lazy)
         else:

@@ -465,11 +465,12 @@ def _attention_kernel(
         offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
         HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
     )  # fmt: skip
-    acc, l_i, m_i = _attention_inner(
-        acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
-        offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-        HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
-    )  # fmt: skip
+    if CAUSAL or not EVEN_N:  # non-causal with BLOCK_N dividing N_k: no masked block, no second loop
+        acc, l_i, m_i = _attention_inner(
+            acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+            offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
+            HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
+        )  # fmt: skip
 
     # one division per row, at the end; lse back from base-2 units to natural log
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
