@@ -59,6 +59,13 @@ SWEEP = {
 #: what ``attention`` is called with, by name: the default, its variants, and the sweep
 EXTRA = {
     "default": {},
+    # sweep 5: every block against block 0's row max (REF_MAX): no running max, no rescale of acc
+    "default+ref": {"config": {"REF_MAX": 1}},
+    "default+store+ref": {"config": {"TMA_STORE": True, "REF_MAX": 1}},
+    "default+ref2": {"config": {"REF_MAX": 2}},
+    "default+store+ref2": {"config": {"TMA_STORE": True, "REF_MAX": 2}},
+    "64x64 w4 s3 +store+ref2": {"config": {**_cfg(64, 64, 4, 3), "TMA_STORE": True, "REF_MAX": 2}},
+    "64x64 w4 s3 +store+ref": {"config": {**_cfg(64, 64, 4, 3), "TMA_STORE": True, "REF_MAX": 1}},
     # sweep 4 (occupancy): shared memory per program decides how many programs share an SM; at head
     # dim 128, 64x64 tiles with 3 stages and the O staging buffer need 113 KiB, so one program per SM
     # (228 KiB), and nothing overlaps its softmax with tensor-core work. These fit two or three.

@@ -237,6 +237,58 @@ def test_lazy_rescale_on_every_shape(shape, dtype, tol, lse_tol, causal, variant
     assert_attention(o, lse, *attention_reference(q, k, v, causal), tol, lse_tol)
 
 
+# -- REF_MAX: every block against block 0's row max, no running max ------------------------------
+#: REF_MAX's two ways to sum P: a tile reduced once (1), a row sum a block (2)
+REF_SUMS = pytest.mark.parametrize("ref", [1, 2], ids=["tile_sum", "row_sum"])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype,tol,lse_tol", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@REF_SUMS
+def test_ref_max_on_every_shape(ref, shape, dtype, tol, lse_tol, causal, variant):
+    # block 0 under the general mask (diagonal, partial, or a whole row of keys), then both loops
+    q, k, v = _qkv(*shape, dtype, seed=15)
+    (o, lse), box = _run(q, k, v, causal=causal, variant=variant, config={"REF_MAX": ref})
+    assert_attention(o, lse, *attention_reference(q, k, v, causal), tol, lse_tol)
+    assert box.names == ["_attention_kernel"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype,tol,lse_tol", DTYPES)
+@pytest.mark.parametrize("shape", LAZY_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@REF_SUMS
+def test_ref_max_with_rising_scores(ref, shape, dtype, tol, lse_tol, causal, variant):
+    # scores that climb to ~80 above block 0's: p = exp(s - m_ref) reaches 2**115. In fp32 that is
+    # still exact (the fixed reference holds); a 16-bit P overflows, and the tile must fall back to
+    # the online loop: a tile that kept its overflowed sums is inf or NaN in those rows
+    q, k, v = _rising_qkv(*shape, dtype, seed=sum(shape))
+    ref_o, ref_lse = attention_reference(q, k, v, causal)
+    lse_tol = lse_tol + 2e-7 * ref_lse.abs().max().item()
+    (o, lse), box = _run(q, k, v, causal=causal, variant=variant, config={**LAZY_TILE, "REF_MAX": ref})
+    assert_attention(o, lse, ref_o, ref_lse, tol, lse_tol)
+    assert box.names == ["_attention_kernel"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@REF_SUMS
+def test_ref_max_falls_back_past_fp32(ref, variant, causal):
+    # one key scores ~226 above the rest: exp(226) is inf even in fp32, so p = inf for the rows that
+    # see it; softmax there is one-hot on that key, O its V row, lse its score
+    D = 32
+    q = torch.ones(1, 2, 50, D, device=DEV, dtype=runtime.HALF)
+    k = (0.1 * torch.randn(1, 2, 50, D, device=DEV)).to(runtime.HALF)
+    k[:, :, 40] = 40.0
+    v = torch.randn(1, 2, 50, D, device=DEV, dtype=runtime.HALF)
+    (o, lse), _ = _run(q, k, v, causal=causal, variant=variant, config={**LAZY_TILE, "REF_MAX": ref})
+    ref_o, ref_lse = attention_reference(q, k, v, causal)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    assert_attention(o, lse, ref_o, ref_lse, 1e-2, 2e-7 * ref_lse.abs().max().item() + 1e-3)
+
+
 def test_lse_is_natural_log_and_o_the_mean():
     # q = 0: every score is 0, so softmax is uniform: lse = ln(N_k) exactly (log2 would give 4.39 for
     # N_k = 21) and O is the mean of V's rows
@@ -360,18 +412,22 @@ NUMPY_NAN_WARNINGS = [  # the interpreter's numpy meets the NaN and inf on purpo
 ]
 
 
-@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+#: the online loop, FA4's conditional rescale, and the fixed reference (its fallback runs on such inputs)
+MODES = {"eager": {}, "lazy": {"LAZY_RESCALE": True}, "ref": {"REF_MAX": 1}, "ref_rows": {"REF_MAX": 2}}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("variant", VARIANTS)
 @NUMPY_NAN_WARNINGS[0]
 @NUMPY_NAN_WARNINGS[1]
-def test_non_finite_inputs(variant, lazy):
+def test_non_finite_inputs(variant, mode):
     # lazy: a NaN row's max compares false against the threshold, and must stay NaN, not poison the
     # tile's other rows through the shared rescale decision
     q, k, v = _qkv(1, 2, 2, 40, 40, 32, torch.float16, seed=9)
     q[0, 0, 3] = float("nan")  # one query row: only that row is NaN
     k[0, 1, 20] = float("nan")  # one key: causal rows < 20 never see it (masked or never loaded)
     for causal in (False, True):
-        o, lse = attention(q, k, v, causal=causal, variant=variant, config={"LAZY_RESCALE": lazy})
+        o, lse = attention(q, k, v, causal=causal, variant=variant, config=MODES[mode])
         ref_o, ref_lse = attention_reference(q, k, v, causal)
         assert torch.equal(torch.isnan(o), torch.isnan(ref_o))
         fin = ~torch.isnan(ref_o)
@@ -379,10 +435,10 @@ def test_non_finite_inputs(variant, lazy):
         assert torch.equal(torch.isnan(lse), torch.isnan(ref_lse))
 
 
-@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("variant", VARIANTS)
 @NUMPY_NAN_WARNINGS[1]
-def test_keys_past_the_end_are_masked_and_zeroed(variant, lazy):
+def test_keys_past_the_end_are_masked_and_zeroed(variant, mode):
     # N_k = 20: the last key tile hangs over. On the TMA path it reads the next head's rows; an inf
     # in those K or V rows must not reach this head (masked to -inf; V zeroed, since 0 * inf = NaN)
     base_k = torch.randn(1, 2, 20, 32, device=DEV, dtype=torch.float16)
@@ -391,7 +447,7 @@ def test_keys_past_the_end_are_masked_and_zeroed(variant, lazy):
     k, v = base_k.clone(), base_v.clone()
     k[0, 1, :4] = float("inf")
     v[0, 1, :4] = float("inf")
-    o, lse = attention(q, k, v, variant=variant, config={"LAZY_RESCALE": lazy})
+    o, lse = attention(q, k, v, variant=variant, config=MODES[mode])
     ref_o, ref_lse = attention_reference(q[:, :1], base_k[:, :1], base_v[:, :1])
     assert torch.isfinite(o[:, 0]).all() and torch.isfinite(lse[:, 0]).all()
     assert rel_err(o[:, :1], ref_o) < 1e-2

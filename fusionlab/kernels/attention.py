@@ -259,6 +259,66 @@ def attention_ledger(
 
 # -- the kernel -----------------------------------------------------------------------------------
 @triton.jit
+def _kv_tile(
+    src, row, col, start_n, offs_n, stride, offs_d, n_k,
+    HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, EVEN_N: tl.constexpr, TMA: tl.constexpr, ZERO_TAIL: tl.constexpr,
+):  # fmt: skip
+    """One (BLOCK_N, BLOCK_D) tile of K or V, keys ``start_n + [0, BLOCK_N)``. ``ZERO_TAIL`` (V): on
+    the TMA path, rows past ``n_k`` belong to the next head; they are zeroed (``0 * inf`` would be
+    NaN). K's rows there need nothing: their scores are masked to -inf whatever they hold."""
+    if TMA:
+        t = src.load([row + start_n, col])
+        if ZERO_TAIL and MASKED and not EVEN_N:
+            t = tl.where(offs_n[:, None] < n_k, t, 0.0)
+    else:
+        ptrs = src + offs_n.to(tl.int64)[:, None] * stride + offs_d[None, :]
+        d_mask = offs_d[None, :] < HEAD_DIM  # all true unless the head dim is padded
+        if MASKED and not EVEN_N:
+            t = tl.load(ptrs, mask=(offs_n[:, None] < n_k) & d_mask, other=0.0)
+        else:
+            t = tl.load(ptrs, mask=d_mask, other=0.0)
+    return t
+
+
+@triton.jit
+def _block_max(
+    qk, m_i, offs_m, offs_n, n_k, qk_scale,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NEG: tl.constexpr, EVEN_N: tl.constexpr,
+):  # fmt: skip
+    """The new running max of a block's raw scores ``qk``. Returns ``(qk, m_ij)``: on masked blocks
+    ``qk`` comes back scaled with the mask applied (-inf), elsewhere untouched (:func:`_block_p`
+    scales it in the same FMA that subtracts the max)."""
+    if MASKED:
+        if CAUSAL:
+            keep = offs_m[:, None] >= offs_n[None, :]  # top-left: query i sees keys j <= i
+            if not EVEN_N:
+                keep = keep & (offs_n[None, :] < n_k)
+        else:
+            keep = offs_n[None, :] < n_k
+        qk = tl.where(keep, qk * qk_scale, float("-inf"))
+        # every row sees key 0, so m is finite from the first block on: no -inf - -inf
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+    else:
+        # the max of the scaled scores from the unscaled ones (one multiply per row, not per
+        # score), then scale and subtract in one FMA per score
+        if SCALE_NEG:
+            m_ij = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    return qk, m_ij
+
+
+@triton.jit
+def _block_p(qk, m_ij, qk_scale, MASKED: tl.constexpr):
+    """``P = exp(s - m)``, base 2 with log2(e) folded into ``qk_scale``."""
+    if MASKED:
+        qk = qk - m_ij[:, None]
+    else:
+        qk = qk * qk_scale - m_ij[:, None]
+    return tl.math.exp2(qk)
+
+
+@triton.jit
 def _attention_inner(
     acc,
     l_i,
@@ -304,36 +364,12 @@ def _attention_inner(
     (possibly stale) ``m``, so ``acc / l`` and ``m + log2(l)`` are exact whatever ``m`` is.
     """
     offs_n0 = tl.arange(0, BLOCK_N)
-    d_mask = offs_d[None, :] < HEAD_DIM  # all true unless the head dim is padded
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
-        if TMA:
-            k = k_src.load([k_row + start_n, k_col])  # (BLOCK_N, BLOCK_D)
-        else:
-            k_ptrs = k_src + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :]
-            if MASKED and not EVEN_N:
-                k = tl.load(k_ptrs, mask=(offs_n[:, None] < n_k) & d_mask, other=0.0)
-            else:
-                k = tl.load(k_ptrs, mask=d_mask, other=0.0)
+        k = _kv_tile(k_src, k_row, k_col, start_n, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, False)
         qk = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) fp32, unscaled
-        if MASKED:
-            if CAUSAL:
-                keep = offs_m[:, None] >= offs_n[None, :]  # top-left: query i sees keys j <= i
-                if not EVEN_N:
-                    keep = keep & (offs_n[None, :] < n_k)
-            else:
-                keep = offs_n[None, :] < n_k
-            qk = tl.where(keep, qk * qk_scale, float("-inf"))
-            # every row sees key 0, so m is finite from the first block on: no -inf - -inf
-            m_ij = tl.maximum(m_i, tl.max(qk, 1))
-        else:
-            # the max of the scaled scores from the unscaled ones (one multiply per row, not per
-            # score), then scale and subtract in one FMA per score
-            if SCALE_NEG:
-                m_ij = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
-            else:
-                m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        qk, m_ij = _block_max(qk, m_i, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
         if LAZY_RESCALE:
             # rows whose max rose by more than TAU (all rows on the first block: m = -inf there, and
             # -inf + TAU stays -inf); a NaN row compares false and stays NaN through p
@@ -347,30 +383,46 @@ def _attention_inner(
                 acc = acc * alpha[:, None]
             else:
                 m_ij = m_i
-        if MASKED:
-            qk = qk - m_ij[:, None]
-        else:
-            qk = qk * qk_scale - m_ij[:, None]
-        p = tl.math.exp2(qk)  # exp(s - m), base 2 with log2(e) folded into qk_scale
+        p = _block_p(qk, m_ij, qk_scale, MASKED)
         if LAZY_RESCALE:
             l_i = l_i + tl.sum(p, 1)  # p <= 2**TAU: the sum and the P cast below stay in range
         else:
             alpha = tl.math.exp2(m_i - m_ij)  # rescales what was summed against the old max (0 at first)
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None]
-        if TMA:
-            v = v_src.load([v_row + start_n, v_col])  # (BLOCK_N, BLOCK_D)
-            if MASKED and not EVEN_N:  # rows past n_k are the next head's: zero them (0 * inf = NaN)
-                v = tl.where(offs_n[:, None] < n_k, v, 0.0)
-        else:
-            v_ptrs = v_src + offs_n.to(tl.int64)[:, None] * stride_vn + offs_d[None, :]
-            if MASKED and not EVEN_N:
-                v = tl.load(v_ptrs, mask=(offs_n[:, None] < n_k) & d_mask, other=0.0)
-            else:
-                v = tl.load(v_ptrs, mask=d_mask, other=0.0)
+        v = _kv_tile(v_src, v_row, v_col, start_n, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, True)
         acc = tl.dot(p.to(v.dtype), v, acc)  # P cast down to the input dtype: the tensor cores' operand
         m_i = m_ij
     return acc, l_i, m_i
+
+
+@triton.jit
+def _attention_inner_ref(
+    acc, l_t, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+    offs_m, offs_d, n_k, qk_scale, m_ref, lo, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, ROW_SUM: tl.constexpr,
+):  # fmt: skip
+    """Key blocks ``[lo, hi)`` against a fixed reference ``m_ref`` (``REF_MAX``): ``p = exp2(s - m_ref)``
+    with no running max, no rescale of ``acc`` and no per-block row sum (``l_t`` adds the P tiles
+    elementwise; the kernel reduces it once). Exact for any finite reference as long as nothing
+    overflows; the kernel checks that at the end and falls back to the online loop if not."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + offs_n0
+        k = _kv_tile(k_src, k_row, k_col, start_n, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, False)
+        qk = tl.dot(q, tl.trans(k))
+        if MASKED:
+            qk, _ = _block_max(qk, m_ref, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
+        p = _block_p(qk, m_ref, qk_scale, MASKED)
+        if ROW_SUM:  # l_t is (BLOCK_M,): one cross-thread sum a block, no tile of partial sums to keep
+            l_t += tl.sum(p, 1)
+        else:
+            l_t += p
+        v = _kv_tile(v_src, v_row, v_col, start_n, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, True)
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, l_t
 
 
 @triton.jit
@@ -415,6 +467,7 @@ def _attention_kernel(
     TMA_STORE: tl.constexpr,
     LAZY_RESCALE: tl.constexpr,
     RESCALE_TAU: tl.constexpr,
+    REF_MAX: tl.constexpr = 0,
 ):
     # q: (B, H, N_q, D), k/v: (B, H_kv, N_k, D), o: (B, H, N_q, D), lse: (B, H, N_q) fp32.
     # Each of q, k, v is addressed as rows of a 2-D matrix: head (b, h) starts at row
@@ -460,17 +513,62 @@ def _attention_kernel(
     else:
         lo_mask = n_full
         hi = n_k
-    acc, l_i, m_i = _attention_inner(
-        acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
-        offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
-        HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
-    )  # fmt: skip
-    if CAUSAL or not EVEN_N:  # non-causal with BLOCK_N dividing N_k: no masked block, no second loop
+    if REF_MAX:
+        # block 0 under the general mask (it may be a diagonal or a partial block): its row max is the
+        # reference for every block; each row sees key 0, so it is finite for finite inputs
+        offs_n = tl.arange(0, BLOCK_N)
+        k = _kv_tile(k_base, k_row, k_col, 0, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, True, False, TMA, False)
+        qk, m_ref = _block_max(
+            tl.dot(q, tl.trans(k)), m_i, offs_m, offs_n, n_k, qk_scale, True, CAUSAL, SCALE_NEG, False
+        )
+        p = _block_p(qk, m_ref, qk_scale, True)
+        v = _kv_tile(v_base, v_row, v_col, 0, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, True, False, TMA, True)
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        l_t = tl.sum(p, 1) if REF_MAX == 2 else p
+        acc, l_t = _attention_inner_ref(
+            acc, l_t, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+            offs_m, offs_d, n_k, qk_scale, m_ref, BLOCK_N, lo_mask,
+            HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2,
+        )  # fmt: skip
+        acc, l_t = _attention_inner_ref(
+            acc, l_t, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+            offs_m, offs_d, n_k, qk_scale, m_ref, tl.maximum(lo_mask, BLOCK_N), hi,
+            HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2,
+        )  # fmt: skip
+        l_i = l_t if REF_MAX == 2 else tl.sum(l_t, 1)
+        # exact unless something overflowed: a later score 2**127 above the reference (p = inf), P past
+        # fp16's 65504, an acc past fp32; or the inputs held inf/NaN. Any such row sends the whole
+        # tile through the online loop below (NaN compares false, so it is caught too)
+        ok = (l_i > 0) & (tl.sum(tl.abs(acc), 1) + l_i < float("inf"))
+        if tl.max(tl.where(ok, 0, 1), 0) > 0:
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+            acc, l_i, m_i = _attention_inner(
+                acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+                offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
+                HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
+            )  # fmt: skip
+            if CAUSAL or not EVEN_N:  # non-causal with BLOCK_N dividing N_k: no masked block, no second loop
+                acc, l_i, m_i = _attention_inner(
+                    acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+                    offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
+                    HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
+                )  # fmt: skip
+        else:
+            m_i = m_ref
+    else:
         acc, l_i, m_i = _attention_inner(
             acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
-            offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-            HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
+            offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
+            HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
         )  # fmt: skip
+        if CAUSAL or not EVEN_N:  # non-causal with BLOCK_N dividing N_k: no masked block, no second loop
+            acc, l_i, m_i = _attention_inner(
+                acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+                offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
+                HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
+            )  # fmt: skip
 
     # one division per row, at the end; lse back from base-2 units to natural log
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
@@ -567,6 +665,7 @@ def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> d
         "WARP_SPECIALIZE": ws,
         "TMA_STORE": tma and store,
         "LAZY_RESCALE": False,
+        "REF_MAX": False,
     }
 
 
@@ -587,7 +686,16 @@ def attention_config(
     return dict(_config(int(N_q), int(N_k), int(D), bool(causal), bool(tma), runtime.is_gpu()))
 
 
-_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "WARP_SPECIALIZE", "TMA_STORE", "LAZY_RESCALE")
+_CONFIG_KEYS = (
+    "BLOCK_M",
+    "BLOCK_N",
+    "num_warps",
+    "num_stages",
+    "WARP_SPECIALIZE",
+    "TMA_STORE",
+    "LAZY_RESCALE",
+    "REF_MAX",
+)
 
 
 def _rescale_tau(lazy) -> float:
@@ -854,6 +962,7 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
         "TMA_STORE": store is not None,
         "LAZY_RESCALE": _rescale_tau(cfg["LAZY_RESCALE"]) > 0,
         "RESCALE_TAU": _rescale_tau(cfg["LAZY_RESCALE"]),  # 0.0 when off: one compiled kernel, not one per TAU
+        "REF_MAX": int(cfg["REF_MAX"]),  # 0 off; 1: P summed as a tile, reduced once; 2: a row sum a block
         **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
     }
     return _Plan(ints, meta, (cdiv(N_q, bm), H, B), descs, store, config_key)
