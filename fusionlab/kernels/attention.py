@@ -853,8 +853,9 @@ def attention(
     refused. ``variant``: ``"tma"`` or ``"plain"`` forces a load path (None picks: TMA on Hopper where
     the layout allows). ``config``: tile overrides for a sweep (``BLOCK_M``, ``BLOCK_N``, ``num_warps``,
     ``num_stages``, ``WARP_SPECIALIZE``, ``TMA_STORE``, ``LAZY_RESCALE``: False, True or a threshold, FA4's
-    conditional rescale of the accumulator, the same results to rounding). Trips: :func:`attention_ledger`; FLOPs:
-    :func:`attention_flops`; reference: :func:`attention_reference`.
+    conditional rescale of the accumulator, the same results to rounding; ``REF_MAX``: 1 or 2, every block
+    against block 0's row max with a fallback to the online loop on overflow, off by default).
+    Trips: :func:`attention_ledger`; FLOPs: :func:`attention_flops`; reference: :func:`attention_reference`.
     """
     _check_inputs(q, k, v, causal, scale)
     if variant not in VARIANTS:
