@@ -33,8 +33,12 @@ def which_gelu(dtype, M=2048, K=1024, N=2048) -> dict:
     x = torch.randn(M, K, device="cuda", generator=g).to(dtype)
     w = (torch.randn(N, K, device="cuda", generator=g) / K**0.5).to(dtype)
     b = torch.randn(N, device="cuda", generator=g).to(dtype)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
-    y = torch._addmm_activation(b, x, w.t(), use_gelu=True).double()
+    try:
+        y = torch._addmm_activation(b, x, w.t(), use_gelu=True).double()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     h = F.linear(x.double(), w.double(), b.double())
     exact, tanh = F.gelu(h), F.gelu(h, approximate="tanh")
     near = (h.abs() > 1.0) & (h.abs() < 3.0)  # where the two formulas differ most

@@ -397,6 +397,30 @@ def _attention_inner(
 
 
 @triton.jit
+def _attention_online(
+    acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+    offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NEG: tl.constexpr,
+    TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EVEN_N: tl.constexpr, LAZY_RESCALE: tl.constexpr,
+    RESCALE_TAU: tl.constexpr,
+):  # fmt: skip
+    """The online softmax over a Q tile's key blocks: ``[0, lo_mask)`` unmasked, then ``[lo_mask, hi)``
+    masked (the diagonal and the partial last block)."""
+    acc, l_i, m_i = _attention_inner(
+        acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+        offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
+        HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
+    )  # fmt: skip
+    if CAUSAL or not EVEN_N:  # non-causal with BLOCK_N dividing N_k: no masked block, no second loop
+        acc, l_i, m_i = _attention_inner(
+            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+            offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
+            HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
+        )  # fmt: skip
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _attention_inner_ref(
     acc, l_t, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
     offs_m, offs_d, n_k, qk_scale, m_ref, lo, hi,
@@ -538,37 +562,25 @@ def _attention_kernel(
         l_i = l_t if REF_MAX == 2 else tl.sum(l_t, 1)
         # exact unless something overflowed: a later score 2**127 above the reference (p = inf), P past
         # fp16's 65504, an acc past fp32; or the inputs held inf/NaN. Any such row sends the whole
-        # tile through the online loop below (NaN compares false, so it is caught too)
+        # tile through the online loop, from the start (NaN compares false, so it is caught too)
         ok = (l_i > 0) & (tl.sum(tl.abs(acc), 1) + l_i < float("inf"))
         if tl.max(tl.where(ok, 0, 1), 0) > 0:
             m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-            acc, l_i, m_i = _attention_inner(
+            acc, l_i, m_i = _attention_online(
                 acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
-                offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
-                HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
+                offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
+                HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
             )  # fmt: skip
-            if CAUSAL or not EVEN_N:  # non-causal with BLOCK_N dividing N_k: no masked block, no second loop
-                acc, l_i, m_i = _attention_inner(
-                    acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
-                    offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-                    HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
-                )  # fmt: skip
         else:
             m_i = m_ref
     else:
-        acc, l_i, m_i = _attention_inner(
+        acc, l_i, m_i = _attention_online(
             acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
-            offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
-            HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
+            offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
+            HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
         )  # fmt: skip
-        if CAUSAL or not EVEN_N:  # non-causal with BLOCK_N dividing N_k: no masked block, no second loop
-            acc, l_i, m_i = _attention_inner(
-                acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
-                offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-                HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
-            )  # fmt: skip
 
     # one division per row, at the end; lse back from base-2 units to natural log
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
