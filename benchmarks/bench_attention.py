@@ -66,6 +66,11 @@ EXTRA = {
     "default+store+ref2": {"config": {"TMA_STORE": True, "REF_MAX": 2}},
     "64x64 w4 s3 +store+ref2": {"config": {**_cfg(64, 64, 4, 3), "TMA_STORE": True, "REF_MAX": 2}},
     "64x64 w4 s3 +store+ref": {"config": {**_cfg(64, 64, 4, 3), "TMA_STORE": True, "REF_MAX": 1}},
+    # sweep 6: block 0 peeled inside the loop (no buffers of its own): at head dim 128 a 64x64 tile with
+    # REF_MAX needs 113 KiB again, two programs per SM; and the larger tiles with less per-score work
+    "128x128 w8 s3 +store+ref": {"config": {**_cfg(128, 128, 8, 3), "TMA_STORE": True, "REF_MAX": 1}},
+    "128x128 w8 s3 +store+ref2": {"config": {**_cfg(128, 128, 8, 3), "TMA_STORE": True, "REF_MAX": 2}},
+    "128x64 w4 s3 +store+ref2": {"config": {**_cfg(128, 64, 4, 3), "TMA_STORE": True, "REF_MAX": 2}},
     # sweep 4 (occupancy): shared memory per program decides how many programs share an SM; at head
     # dim 128, 64x64 tiles with 3 stages and the O staging buffer need 113 KiB, so one program per SM
     # (228 KiB), and nothing overlaps its softmax with tensor-core work. These fit two or three.
@@ -93,7 +98,7 @@ EXTRA = {
     "128x128 w8 s3 +store": {"config": {**_cfg(128, 128, 8, 3), "TMA_STORE": True}},
 }
 #: --final: the package's default against the backends, with alternatives where the sweeps were close
-FINAL_ALTERNATIVES = {64: [], 128: ["128x64 w4 s2 +store", "128x128 w8 s3 +store"]}
+FINAL_ALTERNATIVES = {64: ["64x64 w4 s3 +store+ref"], 128: ["64x64 w4 s3 +store+ref", "128x128 w8 s3 +store+ref2"]}
 #: --lazy: FA4's conditional rescale (threshold LAZY_TAU) on the default's tiles and, in --final, on each
 #: alternative's, each named after its twin without it (LAZY_TWINS, for the table). "default+lazy+store"
 #: is timed only where the default does not already store O through a descriptor (it would be the same

@@ -16,6 +16,9 @@ from fusionlab import runtime
 from fusionlab.grading import Sandbox
 from fusionlab.kernels import KernelInputError
 from fusionlab.kernels.attention import (
+    LONG,
+    TMA_TABLE,
+    _config,
     attention,
     attention_bytes,
     attention_config,
@@ -499,7 +502,21 @@ def test_config():
     assert cfg["BLOCK_D"] == 128 and cfg["BLOCK_M"] % cfg["BLOCK_N"] == 0
     tiny = attention_config(1, 1, 5, 3, 32, torch.float16)
     assert tiny["BLOCK_M"] == 16 and tiny["BLOCK_N"] == 16
-    assert cfg["LAZY_RESCALE"] is False  # opt-in until a GPU measures it
+    assert cfg["LAZY_RESCALE"] is False  # measured slower: opt-in
+    # REF_MAX from the Hopper table on the TMA path; the interpreter and the pointer path run the online loop
+    assert cfg["REF_MAX"] == (TMA_TABLE[(128, True, True)][5] if cfg["variant"] == "tma" else 0)
+
+
+@pytest.mark.parametrize("key", sorted(TMA_TABLE), ids=str)
+def test_config_follows_tables(key):
+    d_class, causal, long = key
+    n = 2 * LONG if long else LONG
+    bm, bn, nw, ns, store, ref = TMA_TABLE[key]
+    cfg = _config(n, n, d_class, causal, True, True)  # what a Hopper GPU picks, checked on any machine
+    assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]) == (bm, bn, nw, ns)
+    assert (cfg["TMA_STORE"], cfg["REF_MAX"]) == (store, ref) and ref in (0, 1, 2)
+    assert _config(n, n, d_class, causal, False, True)["REF_MAX"] == 0  # the pointer path: not measured
+    assert _config(n, n, d_class, causal, False, False)["REF_MAX"] == 0  # the interpreter
 
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -532,6 +549,8 @@ def _bad_inputs():
         ("causal block ratio", ok, {"causal": True, "config": {"BLOCK_M": 16, "BLOCK_N": 32}}, "multiple"),
         ("lazy threshold too high", ok, {"config": {"LAZY_RESCALE": 16.0}}, "LAZY_RESCALE"),
         ("lazy threshold zero", ok, {"config": {"LAZY_RESCALE": 0}}, "LAZY_RESCALE"),
+        ("ref max out of range", ok, {"config": {"REF_MAX": 3}}, "REF_MAX"),
+        ("ref max not a number", ok, {"config": {"REF_MAX": "rows"}}, "REF_MAX"),
     ]
     if GPU:
         cases.append(("fp32 on GPU", lambda: tuple(t.float() for t in ok()), {}, "float32"))

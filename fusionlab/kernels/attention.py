@@ -28,7 +28,16 @@ Numerics: the scores, ``m``, ``l`` and ``acc`` are fp32; ``P`` is cast to the in
 ``P V`` product (the tensor cores take fp16/bf16 operands; P lies in [0, 1], so the rounding is
 relative, ~0.4% in bf16). ``exp`` is ``exp2`` with ``scale * log2(e)`` folded into one multiply-add
 per score; ``m`` is kept in those base-2 units and converted at the end:
-``lse = ln(2) * (m + log2(l))``. An option, off by default (``config={"LAZY_RESCALE": True}``, FA4's
+``lse = ln(2) * (m + log2(l))``.
+
+On Hopper the default drops the running max altogether (``REF_MAX``, lesson 5's cross-entropy trick):
+softmax is exact against *any* reference, so block 0's row max is taken once and every block sums
+``exp(s - m_ref)`` against it, with no per-block max, no ``alpha`` and no rescale of ``acc``
+(:func:`_attention_inner_ref`). A score far above block 0's overflows: fp16's P past 65504 (a score
+16 base-2 units, 11 nats, above block 0's best), fp32's past 2**128. The tile checks at the end
+(``l > 0``, ``sum |acc| + l`` finite, NaN failing both) and reruns from scratch through the online
+loop if any row fails: always correct, twice the work for such a tile. The interpreter and
+pre-Hopper GPUs run the online loop. Another option, off by default (``config={"LAZY_RESCALE": True}``, FA4's
 conditional rescale), lets ``m`` lag a row's true max by up to ``LAZY_TAU`` and skips the rescale of
 ``acc`` and ``l`` on every block where no row's max gets further ahead than that
 (:func:`_attention_inner`). Non-finite inputs: a NaN or inf in Q or K gives what the float64
@@ -422,23 +431,33 @@ def _attention_online(
 
 @triton.jit
 def _attention_inner_ref(
-    acc, l_t, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
-    offs_m, offs_d, n_k, qk_scale, m_ref, lo, hi,
+    acc, l_t, m_ref, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+    offs_m, offs_d, n_k, qk_scale, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, ROW_SUM: tl.constexpr,
 ):  # fmt: skip
-    """Key blocks ``[lo, hi)`` against a fixed reference ``m_ref`` (``REF_MAX``): ``p = exp2(s - m_ref)``
-    with no running max, no rescale of ``acc`` and no per-block row sum (``l_t`` adds the P tiles
-    elementwise; the kernel reduces it once). Exact for any finite reference as long as nothing
-    overflows; the kernel checks that at the end and falls back to the online loop if not."""
+    """Key blocks ``[lo, hi)`` against a fixed reference ``m_ref`` (``REF_MAX``): block 0's row max,
+    taken when the loop that holds block 0 reaches it (``m_ref`` is -inf until then). After that,
+    ``p = exp2(s - m_ref)`` with no running max, no rescale of ``acc`` and no per-block row max;
+    ``l_t`` adds the P tiles elementwise (the kernel reduces it once) or, ``ROW_SUM``, their row sums.
+    Exact for any finite reference as long as nothing overflows; the kernel checks that at the end
+    and falls back to the online loop if not. Block 0 is peeled inside the loop, not before it: tiles
+    loaded outside the loop get shared-memory buffers of their own (32 KiB at head dim 128, enough to
+    drop a 64 x 64 tile from two programs per SM to one)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
         k = _kv_tile(k_src, k_row, k_col, start_n, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, False)
         qk = tl.dot(q, tl.trans(k))
+        # each row sees key 0, so block 0's row max is finite for finite inputs
         if MASKED:
-            qk, _ = _block_max(qk, m_ref, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
+            qk, m_blk = _block_max(qk, m_ref, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
+            if start_n == 0:
+                m_ref = m_blk
+        else:
+            if start_n == 0:
+                _, m_ref = _block_max(qk, m_ref, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
         p = _block_p(qk, m_ref, qk_scale, MASKED)
         if ROW_SUM:  # l_t is (BLOCK_M,): one cross-thread sum a block, no tile of partial sums to keep
             l_t += tl.sum(p, 1)
@@ -446,7 +465,7 @@ def _attention_inner_ref(
             l_t += p
         v = _kv_tile(v_src, v_row, v_col, start_n, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, True)
         acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, l_t
+    return acc, l_t, m_ref
 
 
 @triton.jit
@@ -538,27 +557,21 @@ def _attention_kernel(
         lo_mask = n_full
         hi = n_k
     if REF_MAX:
-        # block 0 under the general mask (it may be a diagonal or a partial block): its row max is the
-        # reference for every block; each row sees key 0, so it is finite for finite inputs
-        offs_n = tl.arange(0, BLOCK_N)
-        k = _kv_tile(k_base, k_row, k_col, 0, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, True, False, TMA, False)
-        qk, m_ref = _block_max(
-            tl.dot(q, tl.trans(k)), m_i, offs_m, offs_n, n_k, qk_scale, True, CAUSAL, SCALE_NEG, False
-        )
-        p = _block_p(qk, m_ref, qk_scale, True)
-        v = _kv_tile(v_base, v_row, v_col, 0, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, True, False, TMA, True)
-        acc = tl.dot(p.to(v.dtype), v, acc)
-        l_t = tl.sum(p, 1) if REF_MAX == 2 else p
-        acc, l_t = _attention_inner_ref(
-            acc, l_t, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
-            offs_m, offs_d, n_k, qk_scale, m_ref, BLOCK_N, lo_mask,
+        if REF_MAX == 2:
+            l_t = tl.zeros([BLOCK_M], dtype=tl.float32)
+        else:
+            l_t = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc, l_t, m_ref = _attention_inner_ref(
+            acc, l_t, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+            offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
             HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2,
         )  # fmt: skip
-        acc, l_t = _attention_inner_ref(
-            acc, l_t, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
-            offs_m, offs_d, n_k, qk_scale, m_ref, tl.maximum(lo_mask, BLOCK_N), hi,
-            HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2,
-        )  # fmt: skip
+        if CAUSAL or not EVEN_N:
+            acc, l_t, m_ref = _attention_inner_ref(
+                acc, l_t, m_ref, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+                offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
+                HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2,
+            )  # fmt: skip
         l_i = l_t if REF_MAX == 2 else tl.sum(l_t, 1)
         # exact unless something overflowed: a later score 2**127 above the reference (p = inf), P past
         # fp16's 65504, an acc past fp32; or the inputs held inf/NaN. Any such row sends the whole
@@ -602,31 +615,36 @@ def _hopper() -> bool:
     return runtime.is_gpu() and torch.cuda.get_device_capability() >= (9, 0)
 
 
-#: the Hopper (TMA) path's tiles, (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA_STORE), by (head-dim
-#: class, causal, long sequence: N_q > LONG): benchmarks/notes_attention.md has the H100 sweeps behind
-#: each row. Short sequences take 64-row tiles: a program streams few key blocks, and more, smaller
+#: the Hopper (TMA) path's tiles, (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA_STORE, REF_MAX), by
+#: (head-dim class, causal, long sequence: N_q > LONG): benchmarks/notes_attention.md has the H100 and
+#: H200 sweeps behind each row. Short sequences take 64-row tiles: a program streams few key blocks, and more, smaller
 #: programs per SM hide each one's prologue (the Q load, the pipeline's fill) and epilogue behind the
 #: others' loops. TMA_STORE: O leaves through a descriptor (one bulk copy per tile, where BLOCK_M
-#: divides N_q), which measured faster at head dim 128 and for long non-causal runs at 64.
+#: divides N_q), which measured faster at head dim 128 and for long non-causal runs at 64. REF_MAX
+#: (sweeps 5 and 6): every block against block 0's row max, no running max and no rescale of the
+#: accumulator; 1 sums P as a tile (short rows), 2 a row sum per block (long rows). +3-25% at head dims
+#: 64 and 128 on an H100, once block 0 was peeled inside the loop (before, its own tiles cost 32 KiB of
+#: shared memory and head dim 128 dropped to one program per SM). Head dim 256: not measured, off.
 #: Warp specialisation (``tl.range(..., warp_specialize=True)``) did not compile for this kernel on
 #: triton 3.6 (Hopper) in any tile tried; the launcher keeps the switch for later versions.
 TMA_TABLE = {
-    (64, False, False): (64, 64, 4, 3, False),
-    (64, False, True): (128, 64, 4, 3, True),
-    (64, True, False): (64, 64, 4, 3, False),
-    (64, True, True): (64, 64, 4, 3, False),
-    (128, False, False): (64, 64, 4, 3, True),
-    (128, False, True): (128, 64, 4, 2, True),
-    (128, True, False): (64, 64, 4, 3, True),
-    (128, True, True): (128, 64, 4, 2, True),
-    (256, False, False): (64, 64, 4, 2, False),
-    (256, False, True): (64, 64, 4, 2, False),
-    (256, True, False): (64, 64, 4, 2, False),
-    (256, True, True): (64, 64, 4, 2, False),
+    (64, False, False): (64, 64, 4, 3, False, 1),
+    (64, False, True): (128, 64, 4, 3, True, 2),
+    (64, True, False): (64, 64, 4, 3, False, 1),
+    (64, True, True): (128, 64, 4, 3, True, 2),
+    (128, False, False): (64, 64, 4, 3, True, 1),
+    (128, False, True): (128, 64, 4, 2, True, 2),
+    (128, True, False): (64, 64, 4, 3, True, 1),
+    (128, True, True): (128, 64, 4, 2, True, 2),
+    (256, False, False): (64, 64, 4, 2, False, 0),
+    (256, False, True): (64, 64, 4, 2, False, 0),
+    (256, True, False): (64, 64, 4, 2, False, 0),
+    (256, True, True): (64, 64, 4, 2, False, 0),
 }
 #: "long" starts past this many queries
 LONG = 2048
-#: the pointer path on a GPU (pre-Hopper, or a layout the descriptors cannot take)
+#: the pointer path on a GPU (pre-Hopper, or a layout the descriptors cannot take); REF_MAX off: not
+#: measured on that path
 PLAIN_TABLE = {
     64: (128, 64, 4, 3),
     128: (128, 64, 8, 3),
@@ -639,7 +657,7 @@ INTERPRETER_TILE = (32, 16)
 #: row moves only when a block's max passes it by more than this, and the tile rescales ``acc`` and
 #: ``l`` only when some row's does. P is then at most 2**8 = 256 instead of 1: fp16/bf16 round 256 as
 #: finely (relatively) as 1, and it is far from their overflow; l <= 2**8 N_k in fp32. Off by default:
-#: not measured on a GPU yet
+#: 0.87-1.04x of the same tiles without it on an H100 (the per-block decision is a cross-warp reduction)
 LAZY_TAU = 8.0
 #: fp16's largest finite value is 65504 < 2**16: P <= 2**15 still casts
 MAX_LAZY_TAU = 15.0
@@ -652,12 +670,12 @@ def _d_class(block_d: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> dict:
     block_d = max(16, next_pow2(d))
-    store = False
+    store, ref = False, 0
     if not gpu:
         bm, bn = INTERPRETER_TILE
         nw, ns, ws = 4, 1, False
     elif tma:
-        bm, bn, nw, ns, store = TMA_TABLE[(_d_class(block_d), causal, n_q > LONG)]
+        bm, bn, nw, ns, store, ref = TMA_TABLE[(_d_class(block_d), causal, n_q > LONG)]
         ws = False
     else:
         bm, bn, nw, ns = PLAIN_TABLE[_d_class(block_d)]
@@ -677,7 +695,7 @@ def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> d
         "WARP_SPECIALIZE": ws,
         "TMA_STORE": tma and store,
         "LAZY_RESCALE": False,
-        "REF_MAX": False,
+        "REF_MAX": ref,
     }
 
 
@@ -685,13 +703,15 @@ def attention_config(
     B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, causal: bool = False, *, tma: bool | None = None
 ) -> dict:
     """The launch configuration the launcher picks: ``{"variant", "BLOCK_M", "BLOCK_N", "BLOCK_D",
-    "num_warps", "num_stages", "WARP_SPECIALIZE", "TMA_STORE", "LAZY_RESCALE"}``.
+    "num_warps", "num_stages", "WARP_SPECIALIZE", "TMA_STORE", "LAZY_RESCALE", "REF_MAX"}``.
 
     ``BLOCK_D`` is the head dim rounded up to a power of two (at least 16). On a Hopper GPU with
     fp16/bf16 inputs in a descriptor-friendly layout (``tma=None`` assumes one) the TMA path with the
     tile of ``TMA_TABLE``; elsewhere on a GPU the pointer path (``PLAIN_TABLE``); in the interpreter
     32 x 16 tiles. Tiles shrink to short sequences. B and H do not change the tile (the grid grows).
-    ``LAZY_RESCALE`` is off everywhere until a GPU measures it (:data:`LAZY_TAU`).
+    ``LAZY_RESCALE`` is off everywhere (it measured 0.87-1.04x of the default, :data:`LAZY_TAU`).
+    ``REF_MAX`` (0, 1 or 2) comes from ``TMA_TABLE`` on the TMA path and is 0 elsewhere: the interpreter
+    runs the online loop the lesson teaches.
     """
     if tma is None:
         tma = TensorDescriptor is not None and _hopper() and dtype in (torch.float16, torch.bfloat16) and D % 8 == 0
@@ -738,6 +758,10 @@ def _check_config(config: dict, causal: bool) -> dict:
         check_block(config["num_warps"], "num_warps", OP, max_value=16)
     if "LAZY_RESCALE" in config:
         _rescale_tau(config["LAZY_RESCALE"])
+    if "REF_MAX" in config and config["REF_MAX"] not in (0, 1, 2):  # False and True count as 0 and 1
+        raise KernelInputError(
+            f"{OP}: REF_MAX={config['REF_MAX']!r}; 0 (the online loop), 1 (P summed as a tile) or 2 (row sums)."
+        )
     return dict(config)
 
 
@@ -865,8 +889,9 @@ def attention(
     refused. ``variant``: ``"tma"`` or ``"plain"`` forces a load path (None picks: TMA on Hopper where
     the layout allows). ``config``: tile overrides for a sweep (``BLOCK_M``, ``BLOCK_N``, ``num_warps``,
     ``num_stages``, ``WARP_SPECIALIZE``, ``TMA_STORE``, ``LAZY_RESCALE``: False, True or a threshold, FA4's
-    conditional rescale of the accumulator, the same results to rounding; ``REF_MAX``: 1 or 2, every block
-    against block 0's row max with a fallback to the online loop on overflow, off by default).
+    conditional rescale of the accumulator, the same results to rounding; ``REF_MAX``: 0, 1 or 2, every
+    block against block 0's row max with a fallback to the online loop on overflow, the Hopper default
+    for head dims up to 128).
     Trips: :func:`attention_ledger`; FLOPs: :func:`attention_flops`; reference: :func:`attention_reference`.
     """
     _check_inputs(q, k, v, causal, scale)
