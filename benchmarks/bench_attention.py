@@ -71,6 +71,15 @@ EXTRA = {
     "128x128 w8 s3 +store+ref": {"config": {**_cfg(128, 128, 8, 3), "TMA_STORE": True, "REF_MAX": 1}},
     "128x128 w8 s3 +store+ref2": {"config": {**_cfg(128, 128, 8, 3), "TMA_STORE": True, "REF_MAX": 2}},
     "128x64 w4 s3 +store+ref2": {"config": {**_cfg(128, 64, 4, 3), "TMA_STORE": True, "REF_MAX": 2}},
+    # sweep 7 (head dim 128, N = 1k, the last shape under the cuDNN bar): with less work per score, do
+    # other tiles win? Wider key blocks, fewer stages, and 8 warps sharing one K/V pipeline
+    "64x128 w4 s3 +store+ref": {"config": {**_cfg(64, 128, 4, 3), "TMA_STORE": True, "REF_MAX": 1}},
+    "64x128 w4 s2 +store+ref2": {"config": {**_cfg(64, 128, 4, 2), "TMA_STORE": True, "REF_MAX": 2}},
+    "64x64 w4 s2 +store+ref": {"config": {**_cfg(64, 64, 4, 2), "TMA_STORE": True, "REF_MAX": 1}},
+    "64x32 w4 s3 +store+ref": {"config": {**_cfg(64, 32, 4, 3), "TMA_STORE": True, "REF_MAX": 1}},
+    "128x64 w8 s2 +store+ref2": {"config": {**_cfg(128, 64, 8, 2), "TMA_STORE": True, "REF_MAX": 2}},
+    "128x64 w8 s3 +store+ref": {"config": {**_cfg(128, 64, 8, 3), "TMA_STORE": True, "REF_MAX": 1}},
+    "128x128 w8 s2 +store+ref2": {"config": {**_cfg(128, 128, 8, 2), "TMA_STORE": True, "REF_MAX": 2}},
     # sweep 4 (occupancy): shared memory per program decides how many programs share an SM; at head
     # dim 128, 64x64 tiles with 3 stages and the O staging buffer need 113 KiB, so one program per SM
     # (228 KiB), and nothing overlaps its softmax with tensor-core work. These fit two or three.
