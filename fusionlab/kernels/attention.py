@@ -622,9 +622,10 @@ def _hopper() -> bool:
 #: others' loops. TMA_STORE: O leaves through a descriptor (one bulk copy per tile, where BLOCK_M
 #: divides N_q), which measured faster at head dim 128 and for long non-causal runs at 64. REF_MAX
 #: (sweeps 5 and 6): every block against block 0's row max, no running max and no rescale of the
-#: accumulator; 1 sums P as a tile (short rows), 2 a row sum per block (long rows). +3-25% at head dims
+#: accumulator; 1 sums P as a tile, 2 a row sum per block (long non-causal rows). +3-25% at head dims
 #: 64 and 128 on an H100, once block 0 was peeled inside the loop (before, its own tiles cost 32 KiB of
-#: shared memory and head dim 128 dropped to one program per SM). Head dim 256: not measured, off.
+#: shared memory and head dim 128 dropped to one program per SM); with it, causal head dim 128 moved to
+#: 64-row tiles (the 128 x 64 tile spills registers there). Head dim 256: not measured, off.
 #: Warp specialisation (``tl.range(..., warp_specialize=True)``) did not compile for this kernel on
 #: triton 3.6 (Hopper) in any tile tried; the launcher keeps the switch for later versions.
 TMA_TABLE = {
@@ -634,8 +635,8 @@ TMA_TABLE = {
     (64, True, True): (128, 64, 4, 3, True, 2),
     (128, False, False): (64, 64, 4, 3, True, 1),
     (128, False, True): (128, 64, 4, 2, True, 2),
-    (128, True, False): (64, 64, 4, 3, True, 1),
-    (128, True, True): (128, 64, 4, 2, True, 2),
+    (128, True, False): (64, 32, 4, 3, True, 1),
+    (128, True, True): (64, 64, 4, 3, True, 1),
     (256, False, False): (64, 64, 4, 2, False, 0),
     (256, False, True): (64, 64, 4, 2, False, 0),
     (256, True, False): (64, 64, 4, 2, False, 0),
