@@ -355,6 +355,9 @@ def test_bars_from_recorded_results_and_bundle():
     assert other._repr_mimebundle_()["text/plain"] == "TimingBars('recorded': 2 bars, ms)"
     assert "eager: 20 us (predicted 10)" in bars.text() and RECORDED in bars.text()
     assert bars.figure().axes[0].get_xlabel() == "time (us)"
+    rates = TimingBars("rates", unit="TFLOP/s", label=RECORDED)
+    rates.add("ours", 500.0)
+    assert rates.figure().axes[0].get_xlabel() == "TFLOP/s"  # a rate is not called a time
     with pytest.raises(ValueError, match="cannot convert"):
         TimingBars("t", unit="min", label="x").add_result(results[0])
 

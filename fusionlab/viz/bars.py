@@ -257,7 +257,9 @@ class TimingBars:
             ax.text(0.02, 0.5, "waiting for the first measurement…", transform=ax.transAxes, va="center", color=MUTED)
         ax.set_yticks([])
         ax.tick_params(axis="x", labelsize=NOTE_SIZE, colors=MUTED, labelcolor=INK)
-        ax.set_xlabel(f"time ({self.unit})", fontsize=LABEL_SIZE, color=INK, labelpad=2)
+        # a time unit reads "time (ms)"; anything else (a rate such as TFLOP/s) is named as it is
+        xlabel = f"time ({self.unit})" if self.unit in _MS_TO else self.unit
+        ax.set_xlabel(xlabel, fontsize=LABEL_SIZE, color=INK, labelpad=2)
         ax.grid(True, axis="x", color=GRID, lw=0.8)
         ax.set_axisbelow(True)
         ax.spines[["top", "right"]].set_visible(False)
