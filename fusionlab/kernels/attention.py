@@ -66,9 +66,10 @@ Two ways to load the tiles, one kernel (``TMA`` constexpr):
   (an inf there would otherwise make ``0 * inf = NaN``), and those query rows are never stored.
   Head dims that are not a power of two are padded to one by the descriptor's zero fill.
 
-Measured (H100, bf16/fp16, 16k x 16 token-heads, ``benchmarks/notes_attention.md``): 1.33-1.56x SDPA's
-flash backend at 23 of 24 shapes; 0.85-0.93x its cuDNN backend at head dim 64 and 0.76-0.86x at 128;
-N = 131072 (16 heads of 128) in 0.51 GiB beyond the inputs, at 525-531 TFLOP/s.
+Measured (H100 and H200, bf16/fp16, 16k x 16 token-heads, ``benchmarks/notes_attention.md``, final run
+of 2026-11-24): 1.40-1.78x SDPA's flash backend at all 24 shapes; against its cuDNN backend 0.93-1.15x
+at head dim 64, 0.87-0.96x causal at 128 and 0.79-0.89x non-causal at 128; N = 131072 (16 heads of
+128) in 0.51 GiB beyond the inputs, at 562-587 TFLOP/s.
 
 Reference: Dao et al., "FlashAttention" (NeurIPS 2022) and "FlashAttention-2" (2023); Milakov &
 Gimelshein, "Online normalizer calculation for softmax" (2018); Triton's tutorial 06 (fused
