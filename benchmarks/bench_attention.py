@@ -71,6 +71,10 @@ EXTRA = {
     "128x128 w8 s3 +store+ref": {"config": {**_cfg(128, 128, 8, 3), "TMA_STORE": True, "REF_MAX": 1}},
     "128x128 w8 s3 +store+ref2": {"config": {**_cfg(128, 128, 8, 3), "TMA_STORE": True, "REF_MAX": 2}},
     "128x64 w4 s3 +store+ref2": {"config": {**_cfg(128, 64, 4, 3), "TMA_STORE": True, "REF_MAX": 2}},
+    # sweep 8: half of P's exponentials on the FMA units (FlashAttention-4's trick, EXP_FMA)
+    "default+fma": {"config": {"EXP_FMA": True}},
+    "64x64 w4 s3 +store+ref+fma": {"config": {**_cfg(64, 64, 4, 3), "TMA_STORE": True, "REF_MAX": 1, "EXP_FMA": 1}},
+    "128x64 w4 s2 +store+ref2+fma": {"config": {**_cfg(128, 64, 4, 2), "TMA_STORE": True, "REF_MAX": 2, "EXP_FMA": 1}},
     # sweep 7 (head dim 128, N = 1k, the last shape under the cuDNN bar): with less work per score, do
     # other tiles win? Wider key blocks, fewer stages, and 8 warps sharing one K/V pipeline
     "64x128 w4 s3 +store+ref": {"config": {**_cfg(64, 128, 4, 3), "TMA_STORE": True, "REF_MAX": 1}},

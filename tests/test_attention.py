@@ -10,6 +10,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from conftest import gpu_only
 
 from fusionlab import runtime
@@ -19,6 +21,7 @@ from fusionlab.kernels.attention import (
     LONG,
     TMA_TABLE,
     _config,
+    _exp2_fma,
     attention,
     attention_bytes,
     attention_config,
@@ -243,6 +246,31 @@ def test_lazy_rescale_on_every_shape(shape, dtype, tol, lse_tol, causal, variant
 # -- REF_MAX: every block against block 0's row max, no running max ------------------------------
 #: REF_MAX's two ways to sum P: a tile reduced once (1), a row sum a block (2)
 REF_SUMS = pytest.mark.parametrize("ref", [1, 2], ids=["tile_sum", "row_sum"])
+#: half of P's exponentials on the FMA units (EXP_FMA), or all on the special-function unit
+EXP_UNITS = pytest.mark.parametrize("exp_fma", [False, True], ids=["sfu", "fma"])
+
+
+@triton.jit
+def _exp2_fma_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, _exp2_fma(tl.load(x_ptr + offs, mask=offs < n)), mask=offs < n)
+
+
+def test_exp2_on_the_fma_units():
+    # the normal range to 2.5e-4 (fp16 rounds P by up to 2.4e-4); below it, 0 for every purpose; past
+    # 2**128.5 non-finite, as exp2 overflows, so REF_MAX's check still sees it; NaN stays NaN
+    x = torch.cat([torch.linspace(-140.0, 140.0, 50001), torch.rand(20000) * 250 - 125])
+    x = torch.cat([x, torch.tensor([float("-inf"), float("inf"), float("nan"), 0.0, -126.0, 127.9, 128.5, 129.0])])
+    x = x.to(DEV)
+    y = torch.empty_like(x)
+    _exp2_fma_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    exact = torch.exp2(x.double())
+    normal = (x >= -125) & (x < 127.9)
+    assert ((y[normal].double() / exact[normal] - 1).abs().max() < 2.5e-4).item()
+    low = x < -125
+    assert ((y[low] >= 0) & (y[low] < 2**-124)).all().item()
+    assert (~torch.isfinite(y[x >= 128.5])).all().item() and torch.isnan(y[x.isnan()]).all().item()
+    assert (y[x == 0] == pytest.approx(1.0, rel=2.5e-4)) and (y[x == float("-inf")] < 2**-124).all().item()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -250,10 +278,14 @@ REF_SUMS = pytest.mark.parametrize("ref", [1, 2], ids=["tile_sum", "row_sum"])
 @pytest.mark.parametrize("dtype,tol,lse_tol", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @REF_SUMS
-def test_ref_max_on_every_shape(ref, shape, dtype, tol, lse_tol, causal, variant):
+@EXP_UNITS
+def test_ref_max_on_every_shape(exp_fma, ref, shape, dtype, tol, lse_tol, causal, variant):
     # block 0 under the general mask (diagonal, partial, or a whole row of keys), then both loops
     q, k, v = _qkv(*shape, dtype, seed=15)
-    (o, lse), box = _run(q, k, v, causal=causal, variant=variant, config={"REF_MAX": ref})
+    cfg = {"REF_MAX": ref, "EXP_FMA": exp_fma}
+    if exp_fma:  # each fp32 P off by up to 2.2e-4: more than fp32's tolerance, far below fp16's
+        tol, lse_tol = max(tol, 1e-4), max(lse_tol, 1e-4)
+    (o, lse), box = _run(q, k, v, causal=causal, variant=variant, config=cfg)
     assert_attention(o, lse, *attention_reference(q, k, v, causal), tol, lse_tol)
     assert box.names == ["_attention_kernel"]
 
@@ -263,14 +295,18 @@ def test_ref_max_on_every_shape(ref, shape, dtype, tol, lse_tol, causal, variant
 @pytest.mark.parametrize("dtype,tol,lse_tol", DTYPES)
 @pytest.mark.parametrize("shape", LAZY_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @REF_SUMS
-def test_ref_max_with_rising_scores(ref, shape, dtype, tol, lse_tol, causal, variant):
+@EXP_UNITS
+def test_ref_max_with_rising_scores(exp_fma, ref, shape, dtype, tol, lse_tol, causal, variant):
     # scores that climb to ~80 above block 0's: p = exp(s - m_ref) reaches 2**115. In fp32 that is
     # still exact (the fixed reference holds); a 16-bit P overflows, and the tile must fall back to
     # the online loop: a tile that kept its overflowed sums is inf or NaN in those rows
     q, k, v = _rising_qkv(*shape, dtype, seed=sum(shape))
     ref_o, ref_lse = attention_reference(q, k, v, causal)
     lse_tol = lse_tol + 2e-7 * ref_lse.abs().max().item()
-    (o, lse), box = _run(q, k, v, causal=causal, variant=variant, config={**LAZY_TILE, "REF_MAX": ref})
+    cfg = {**LAZY_TILE, "REF_MAX": ref, "EXP_FMA": exp_fma}
+    if exp_fma:
+        tol, lse_tol = max(tol, 1e-4), max(lse_tol, 1e-4)
+    (o, lse), box = _run(q, k, v, causal=causal, variant=variant, config=cfg)
     assert_attention(o, lse, ref_o, ref_lse, tol, lse_tol)
     assert box.names == ["_attention_kernel"]
 
@@ -278,7 +314,8 @@ def test_ref_max_with_rising_scores(ref, shape, dtype, tol, lse_tol, causal, var
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @REF_SUMS
-def test_ref_max_falls_back_past_fp32(ref, variant, causal):
+@EXP_UNITS
+def test_ref_max_falls_back_past_fp32(exp_fma, ref, variant, causal):
     # one key scores ~226 above the rest: exp(226) is inf even in fp32, so p = inf for the rows that
     # see it; softmax there is one-hot on that key, O its V row, lse its score
     D = 32
@@ -286,7 +323,8 @@ def test_ref_max_falls_back_past_fp32(ref, variant, causal):
     k = (0.1 * torch.randn(1, 2, 50, D, device=DEV)).to(runtime.HALF)
     k[:, :, 40] = 40.0
     v = torch.randn(1, 2, 50, D, device=DEV, dtype=runtime.HALF)
-    (o, lse), _ = _run(q, k, v, causal=causal, variant=variant, config={**LAZY_TILE, "REF_MAX": ref})
+    cfg = {**LAZY_TILE, "REF_MAX": ref, "EXP_FMA": exp_fma}
+    (o, lse), _ = _run(q, k, v, causal=causal, variant=variant, config=cfg)
     ref_o, ref_lse = attention_reference(q, k, v, causal)
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
     assert_attention(o, lse, ref_o, ref_lse, 1e-2, 2e-7 * ref_lse.abs().max().item() + 1e-3)
@@ -416,7 +454,14 @@ NUMPY_NAN_WARNINGS = [  # the interpreter's numpy meets the NaN and inf on purpo
 
 
 #: the online loop, FA4's conditional rescale, and the fixed reference (its fallback runs on such inputs)
-MODES = {"eager": {}, "lazy": {"LAZY_RESCALE": True}, "ref": {"REF_MAX": 1}, "ref_rows": {"REF_MAX": 2}}
+MODES = {
+    "eager": {},
+    "lazy": {"LAZY_RESCALE": True},
+    "ref": {"REF_MAX": 1},
+    "ref_rows": {"REF_MAX": 2},
+    "fma": {"EXP_FMA": True},
+    "ref_rows_fma": {"REF_MAX": 2, "EXP_FMA": True},
+}
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -551,6 +596,7 @@ def _bad_inputs():
         ("lazy threshold zero", ok, {"config": {"LAZY_RESCALE": 0}}, "LAZY_RESCALE"),
         ("ref max out of range", ok, {"config": {"REF_MAX": 3}}, "REF_MAX"),
         ("ref max not a number", ok, {"config": {"REF_MAX": "rows"}}, "REF_MAX"),
+        ("exp on the FMA units, not a bool", ok, {"config": {"EXP_FMA": "half"}}, "EXP_FMA"),
     ]
     if GPU:
         cases.append(("fp32 on GPU", lambda: tuple(t.float() for t in ok()), {}, "float32"))

@@ -319,12 +319,36 @@ def _block_max(
 
 
 @triton.jit
-def _block_p(qk, m_ij, qk_scale, MASKED: tl.constexpr):
-    """``P = exp(s - m)``, base 2 with log2(e) folded into ``qk_scale``."""
+def _exp2_fma(x):
+    """``2**x`` on the FMA units instead of the special-function unit (FlashAttention-4's trick): round x to
+    an integer j with the 1.5 * 2**23 shifter (two adds), 2**f for f = x - j in [-0.5, 0.5] by a cubic
+    (relative error 2.2e-4, below fp16's rounding of P), then j added to the exponent bits. x is clamped
+    to [-126, 129] first: -inf (a masked score) gives a subnormal ~2**-127 (0 for every purpose here), a
+    score 128.5 or more above the reference gives a non-finite value, as ``exp2`` would, so REF_MAX's
+    overflow check still sees it; NaN stays NaN."""
+    x = tl.clamp(x, -126.0, 129.0, propagate_nan=tl.PropagateNan.ALL)
+    t = x + 12582912.0
+    f = x - (t - 12582912.0)
+    p = ((0.05286743564474655 * f + 0.2421518896953722) * f + 0.6935867468539509) * f + 0.9999627562463347
+    bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _block_p(qk, m_ij, qk_scale, MASKED: tl.constexpr, EXP_FMA: tl.constexpr = False):
+    """``P = exp(s - m)``, base 2 with log2(e) folded into ``qk_scale``. ``EXP_FMA``: the odd columns'
+    exponentials on the FMA units (:func:`_exp2_fma`), the even ones' on the special-function unit,
+    which alone does 16 a clock per SM against 128 FMAs: the two halves run side by side. (A thread
+    holds adjacent column pairs of an MMA result, so the split moves no data between threads.)"""
     if MASKED:
         qk = qk - m_ij[:, None]
     else:
         qk = qk * qk_scale - m_ij[:, None]
+    if EXP_FMA:
+        BM: tl.constexpr = qk.shape[0]
+        BN: tl.constexpr = qk.shape[1]
+        even, odd = tl.split(tl.reshape(qk, (BM, BN // 2, 2)))
+        return tl.reshape(tl.join(tl.math.exp2(even), _exp2_fma(odd)), (BM, BN))
     return tl.math.exp2(qk)
 
 
@@ -358,6 +382,7 @@ def _attention_inner(
     EVEN_N: tl.constexpr,
     LAZY_RESCALE: tl.constexpr,
     RESCALE_TAU: tl.constexpr,
+    EXP_FMA: tl.constexpr = False,
 ):
     """Key blocks ``[lo, hi)`` of one Q tile: the online-softmax update, block by block.
 
@@ -393,7 +418,7 @@ def _attention_inner(
                 acc = acc * alpha[:, None]
             else:
                 m_ij = m_i
-        p = _block_p(qk, m_ij, qk_scale, MASKED)
+        p = _block_p(qk, m_ij, qk_scale, MASKED, EXP_FMA)
         if LAZY_RESCALE:
             l_i = l_i + tl.sum(p, 1)  # p <= 2**TAU: the sum and the P cast below stay in range
         else:
@@ -412,20 +437,21 @@ def _attention_online(
     offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NEG: tl.constexpr,
     TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EVEN_N: tl.constexpr, LAZY_RESCALE: tl.constexpr,
-    RESCALE_TAU: tl.constexpr,
+    RESCALE_TAU: tl.constexpr, EXP_FMA: tl.constexpr = False,
 ):  # fmt: skip
     """The online softmax over a Q tile's key blocks: ``[0, lo_mask)`` unmasked, then ``[lo_mask, hi)``
     masked (the diagonal and the partial last block)."""
     acc, l_i, m_i = _attention_inner(
         acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
         offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
-        HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
+        HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU, EXP_FMA,
     )  # fmt: skip
     if CAUSAL or not EVEN_N:  # non-causal with BLOCK_N dividing N_k: no masked block, no second loop
         acc, l_i, m_i = _attention_inner(
             acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
             offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
             HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
+            EXP_FMA,
         )  # fmt: skip
     return acc, l_i, m_i
 
@@ -436,6 +462,7 @@ def _attention_inner_ref(
     offs_m, offs_d, n_k, qk_scale, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, ROW_SUM: tl.constexpr,
+    EXP_FMA: tl.constexpr = False,
 ):  # fmt: skip
     """Key blocks ``[lo, hi)`` against a fixed reference ``m_ref`` (``REF_MAX``): block 0's row max,
     taken when the loop that holds block 0 reaches it (``m_ref`` is -inf until then). After that,
@@ -459,7 +486,7 @@ def _attention_inner_ref(
         else:
             if start_n == 0:
                 _, m_ref = _block_max(qk, m_ref, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
-        p = _block_p(qk, m_ref, qk_scale, MASKED)
+        p = _block_p(qk, m_ref, qk_scale, MASKED, EXP_FMA)
         if ROW_SUM:  # l_t is (BLOCK_M,): one cross-thread sum a block, no tile of partial sums to keep
             l_t += tl.sum(p, 1)
         else:
@@ -512,6 +539,7 @@ def _attention_kernel(
     LAZY_RESCALE: tl.constexpr,
     RESCALE_TAU: tl.constexpr,
     REF_MAX: tl.constexpr = 0,
+    EXP_FMA: tl.constexpr = False,
 ):
     # q: (B, H, N_q, D), k/v: (B, H_kv, N_k, D), o: (B, H, N_q, D), lse: (B, H, N_q) fp32.
     # Each of q, k, v is addressed as rows of a 2-D matrix: head (b, h) starts at row
@@ -565,13 +593,13 @@ def _attention_kernel(
         acc, l_t, m_ref = _attention_inner_ref(
             acc, l_t, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
             offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
-            HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2,
+            HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2, EXP_FMA,
         )  # fmt: skip
         if CAUSAL or not EVEN_N:
             acc, l_t, m_ref = _attention_inner_ref(
                 acc, l_t, m_ref, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
                 offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-                HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2,
+                HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2, EXP_FMA,
             )  # fmt: skip
         l_i = l_t if REF_MAX == 2 else tl.sum(l_t, 1)
         # exact unless something overflowed: a later score 2**127 above the reference (p = inf), P past
@@ -585,7 +613,7 @@ def _attention_kernel(
             acc, l_i, m_i = _attention_online(
                 acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
                 offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-                HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
+                HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU, EXP_FMA,
             )  # fmt: skip
         else:
             m_i = m_ref
@@ -593,7 +621,7 @@ def _attention_kernel(
         acc, l_i, m_i = _attention_online(
             acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
             offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-            HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
+            HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU, EXP_FMA,
         )  # fmt: skip
 
     # one division per row, at the end; lse back from base-2 units to natural log
@@ -698,6 +726,7 @@ def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> d
         "TMA_STORE": tma and store,
         "LAZY_RESCALE": False,
         "REF_MAX": ref,
+        "EXP_FMA": False,
     }
 
 
@@ -729,6 +758,7 @@ _CONFIG_KEYS = (
     "TMA_STORE",
     "LAZY_RESCALE",
     "REF_MAX",
+    "EXP_FMA",
 )
 
 
@@ -764,6 +794,8 @@ def _check_config(config: dict, causal: bool) -> dict:
         raise KernelInputError(
             f"{OP}: REF_MAX={config['REF_MAX']!r}; 0 (the online loop), 1 (P summed as a tile) or 2 (row sums)."
         )
+    if "EXP_FMA" in config and config["EXP_FMA"] not in (False, True):  # 0 and 1 count as False and True
+        raise KernelInputError(f"{OP}: EXP_FMA={config['EXP_FMA']!r}; pass True or False.")
     return dict(config)
 
 
@@ -1003,6 +1035,7 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
         "LAZY_RESCALE": _rescale_tau(cfg["LAZY_RESCALE"]) > 0,
         "RESCALE_TAU": _rescale_tau(cfg["LAZY_RESCALE"]),  # 0.0 when off: one compiled kernel, not one per TAU
         "REF_MAX": int(cfg["REF_MAX"]),  # 0 off; 1: P summed as a tile, reduced once; 2: a row sum a block
+        "EXP_FMA": bool(cfg["EXP_FMA"]),
         **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
     }
     return _Plan(ints, meta, (cdiv(N_q, bm), H, B), descs, store, config_key)
