@@ -261,7 +261,8 @@ def test_exp2_on_the_fma_units():
     # 2**128.5 non-finite, as exp2 overflows, so REF_MAX's check still sees it; NaN stays NaN
     x = torch.cat([torch.linspace(-140.0, 140.0, 50001), torch.rand(20000) * 250 - 125])
     x = torch.cat([x, torch.tensor([float("-inf"), float("inf"), float("nan"), 0.0, -126.0, 127.9, 128.5, 129.0])])
-    x = x.to(DEV)
+    gpu_nan = torch.tensor([0x7FFFFFFF, -1], dtype=torch.int32).view(torch.float32)  # every mantissa bit set
+    x = torch.cat([x, gpu_nan]).to(DEV)
     y = torch.empty_like(x)
     _exp2_fma_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
     exact = torch.exp2(x.double())

@@ -325,13 +325,15 @@ def _exp2_fma(x):
     (relative error 2.2e-4, below fp16's rounding of P), then j added to the exponent bits. x is clamped
     to [-126, 129] first: -inf (a masked score) gives a subnormal ~2**-127 (0 for every purpose here), a
     score 128.5 or more above the reference gives a non-finite value, as ``exp2`` would, so REF_MAX's
-    overflow check still sees it; NaN stays NaN."""
-    x = tl.clamp(x, -126.0, 129.0, propagate_nan=tl.PropagateNan.ALL)
-    t = x + 12582912.0
-    f = x - (t - 12582912.0)
+    overflow check still sees it; NaN stays NaN. Measured slower than ``exp2`` alone (sweep 8 in
+    benchmarks/notes_attention.md): off by default."""
+    c = tl.clamp(x, -126.0, 129.0)
+    t = c + 12582912.0
+    f = c - (t - 12582912.0)
     p = ((0.05286743564474655 * f + 0.2421518896953722) * f + 0.6935867468539509) * f + 0.9999627562463347
     bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)
-    return bits.to(tl.float32, bitcast=True)
+    # NaN by a select: the bit arithmetic turns a GPU's NaN (all mantissa bits set) into 3.4e38
+    return tl.where(x == x, bits.to(tl.float32, bitcast=True), x)
 
 
 @triton.jit
