@@ -14,6 +14,12 @@ from .runtime import DEVICE, info, pick
 __version__ = "0.2.0"
 
 
+def said(guess, unit: str = "") -> str:
+    """A learner's prediction as text beside the measurement: ``"(not set)"`` while it is still None,
+    so an unanswered question never prints as "None x"."""
+    return "(not set)" if guess is None else f"{guess}{unit}"
+
+
 def __getattr__(name):
     # viz pulls in ipywidgets and matplotlib: loaded on first use, so `python -m fusionlab.record`
     # runs on a bare GPU machine that has neither. (Not a cycle: viz is simply optional.)
@@ -24,4 +30,4 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["DEVICE", "bench", "info", "ledger", "pick", "runtime", "viz"]
+__all__ = ["DEVICE", "bench", "info", "ledger", "pick", "runtime", "said", "viz"]

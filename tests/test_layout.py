@@ -4,6 +4,7 @@ quoted in code and docs exists, lint and format are clean."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
 import subprocess
@@ -162,6 +163,23 @@ def test_notebooks_are_clean():
         [sys.executable, "scripts/clean_notebooks.py", "--check"], cwd=ROOT, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+#: what an unanswered prediction looks like when printed raw ("you predicted Nonex")
+UNSET_GUESS = re.compile(r"\bNone ?(x\b|GiB|kernel)|\b(said|guessed|predicted|prediction:?) None\b")
+
+
+def test_no_stored_output_prints_an_unset_guess():
+    # a prediction left at None goes through fusionlab.said, which prints "(not set)"
+    from fusionlab import said
+
+    assert said(None, "x") == "(not set)" and said(1.5, "x") == "1.5x" and said(3) == "3"
+    for path in sorted([*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("solutions/*.ipynb")]):
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            for out in cell.get("outputs", []):
+                text = "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
+                hit = UNSET_GUESS.search(text)
+                assert hit is None, f"{path.name}, cell {i}: {hit.group(0)!r}: print the guess with fusionlab.said"
 
 
 def test_license_matches_pyproject():
