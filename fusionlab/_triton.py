@@ -20,6 +20,7 @@ Windows), and ``fusionlab.runtime`` must decide the interpreter before Triton is
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -181,6 +182,22 @@ def _compilable_helpers():
             setattr(mod, attr, val)
 
 
+@contextlib.contextmanager
+def quiet_stderr():
+    """Send file descriptor 2 (C++ code's stderr) to /dev/null for the duration; Python's own
+    exceptions are unaffected."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def compile_for(kernel, signature: dict, constexprs: dict, *, num_warps: int, arch: int = 90) -> dict:
     """Compile ``kernel`` for an NVIDIA GPU of compute capability ``arch`` (90: Hopper) **without one**:
     Triton's compiler and its bundled ``ptxas`` run on any Linux machine, also in interpreter mode.
@@ -205,7 +222,8 @@ def compile_for(kernel, signature: dict, constexprs: dict, *, num_warps: int, ar
     try:
         from triton.tools.disasm import get_sass
 
-        asm["sass"] = get_sass(asm["cubin"])
+        with quiet_stderr():  # nvdisasm notes its ELF format on stderr, which a notebook would show
+            asm["sass"] = get_sass(asm["cubin"])
     except Exception:  # no cuobjdump on this machine: the PTX is still there
         asm["sass"] = None
     return asm

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
-import sys
 import textwrap
 import warnings
 from collections.abc import Callable
@@ -32,6 +30,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from ._triton import quiet_stderr
 from .instrument import FREE, PASSES, LaunchCounter
 
 #: aten ops that do not compute: allocations, views, copies and fills
@@ -252,22 +251,6 @@ def launch_lines(code: str) -> list[str]:
     return out
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """Send file descriptor 2 (C++ code's stderr) to /dev/null for the duration; Python's own
-    exceptions are unaffected."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def profiled_kernels(fn: Callable, *inputs, warmup: bool = True) -> list[str]:
     """The kernels one call of ``fn(*inputs)`` launches, as ``torch.profiler`` sees them.
 
@@ -289,7 +272,14 @@ def profiled_kernels(fn: Callable, *inputs, warmup: bool = True) -> list[str]:
         torch.cuda.synchronize()
     # On a CPU, some torch builds have the profiler library log "profiler_start/stop" lines on the
     # process's stderr, which a notebook shows; silence them there (on a GPU, keep its warnings).
-    with contextlib.nullcontext() if cuda else _quiet_stderr(), profile(activities=activities) as prof:
+    with contextlib.ExitStack() as stack:
+        if not cuda:
+            stack.enter_context(quiet_stderr())
+        # torch 2.11 warns on a GPU that a profiler "clears events at the end of each cycle": this one
+        # runs one cycle, so the warning only clutters the notebook
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message=".*Profiler clears events", category=UserWarning)
+        prof = stack.enter_context(profile(activities=activities))
         fn(*inputs)
         if cuda:
             torch.cuda.synchronize()
