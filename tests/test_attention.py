@@ -19,6 +19,7 @@ from fusionlab.grading import Sandbox
 from fusionlab.kernels import KernelInputError
 from fusionlab.kernels.attention import (
     LONG,
+    TMA_MIN_FLOPS,
     TMA_TABLE,
     _config,
     _exp2_fma,
@@ -265,6 +266,7 @@ def test_exp2_on_the_fma_units():
     x = torch.cat([x, gpu_nan]).to(DEV)
     y = torch.empty_like(x)
     _exp2_fma_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    x, y = x.cpu(), y.cpu()
     exact = torch.exp2(x.double())
     normal = (x >= -125) & (x < 127.9)
     assert ((y[normal].double() / exact[normal] - 1).abs().max() < 2.5e-4).item()
@@ -551,6 +553,20 @@ def test_config():
     assert cfg["LAZY_RESCALE"] is False  # measured slower: opt-in
     # REF_MAX from the Hopper table on the TMA path; the interpreter and the pointer path run the online loop
     assert cfg["REF_MAX"] == (TMA_TABLE[(128, True, True)][5] if cfg["variant"] == "tma" else 0)
+
+
+def test_small_calls_take_the_pointer_path_on_hopper(monkeypatch):
+    # the descriptors cost the host ~40 us a call: below TMA_MIN_FLOPS the pointer path is cheaper per call
+    import fusionlab.kernels.attention as A
+
+    monkeypatch.setattr(A, "_hopper", lambda: True)
+    monkeypatch.setattr(A, "TensorDescriptor", object)  # any non-None: "descriptors available"
+    small = dict(B=2, H=16, N_q=1024, N_k=1024, D=128)  # 8.6 GFLOP causal: a kernel shorter than the host work
+    big = dict(B=16, H=16, N_q=1024, N_k=1024, D=64)  # 34 GFLOP causal: lesson 7's smallest timing shape
+    assert attention_flops(**small, causal=True) < TMA_MIN_FLOPS <= attention_flops(**big, causal=True)
+    assert attention_config(**small, causal=True)["variant"] == "plain"
+    assert attention_config(**big, causal=True)["variant"] == "tma"
+    assert attention_config(**small, causal=True, tma=True)["variant"] == "tma"
 
 
 @pytest.mark.parametrize("key", sorted(TMA_TABLE), ids=str)

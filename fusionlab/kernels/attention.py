@@ -675,6 +675,12 @@ TMA_TABLE = {
 }
 #: "long" starts past this many queries
 LONG = 2048
+#: below this many FLOPs a call takes the pointer path even on Hopper. The descriptors cost the host
+#: 30-40 µs a call (three built in Python, then encoded by the driver) on top of 50-90 µs for the rest
+#: of the call, and below ~30 GFLOP the kernel is shorter than that host work, so the call is host-bound
+#: either way: back to back on an H100, 53-93 µs a call on the pointer path against 82-135 µs with
+#: descriptors (``benchmarks/small_attention.py``, two machines). Lesson 7's shapes start at 34 GFLOP
+TMA_MIN_FLOPS = 32e9
 #: the pointer path on a GPU (pre-Hopper, or a layout the descriptors cannot take); REF_MAX off: not
 #: measured on that path
 PLAIN_TABLE = {
@@ -739,15 +745,22 @@ def attention_config(
     "num_warps", "num_stages", "WARP_SPECIALIZE", "TMA_STORE", "LAZY_RESCALE", "REF_MAX"}``.
 
     ``BLOCK_D`` is the head dim rounded up to a power of two (at least 16). On a Hopper GPU with
-    fp16/bf16 inputs in a descriptor-friendly layout (``tma=None`` assumes one) the TMA path with the
-    tile of ``TMA_TABLE``; elsewhere on a GPU the pointer path (``PLAIN_TABLE``); in the interpreter
+    fp16/bf16 inputs in a descriptor-friendly layout (``tma=None`` assumes one) and at least
+    :data:`TMA_MIN_FLOPS` of work, the TMA path with the tile of ``TMA_TABLE``; elsewhere on a GPU the
+    pointer path (``PLAIN_TABLE``); in the interpreter
     32 x 16 tiles. Tiles shrink to short sequences. B and H do not change the tile (the grid grows).
     ``LAZY_RESCALE`` is off everywhere (it measured 0.87-1.04x of the default, :data:`LAZY_TAU`).
     ``REF_MAX`` (0, 1 or 2) comes from ``TMA_TABLE`` on the TMA path and is 0 elsewhere: the interpreter
     runs the online loop the lesson teaches.
     """
     if tma is None:
-        tma = TensorDescriptor is not None and _hopper() and dtype in (torch.float16, torch.bfloat16) and D % 8 == 0
+        tma = (
+            TensorDescriptor is not None
+            and _hopper()
+            and dtype in (torch.float16, torch.bfloat16)
+            and D % 8 == 0
+            and attention_flops(B, H, N_q, N_k, D, causal) >= TMA_MIN_FLOPS
+        )
     return dict(_config(int(N_q), int(N_k), int(D), bool(causal), bool(tma), runtime.is_gpu()))
 
 
@@ -923,7 +936,8 @@ def attention(
     Returns O (B, H_q, N_q, D), contiguous, in q's dtype, and lse (B, H_q, N_q), fp32, natural log.
     N_k = 0 gives O = 0 and lse = -inf. No backward yet (lesson 8): inputs that require grad are
     refused. ``variant``: ``"tma"`` or ``"plain"`` forces a load path (None picks: TMA on Hopper where
-    the layout allows). ``config``: tile overrides for a sweep (``BLOCK_M``, ``BLOCK_N``, ``num_warps``,
+    the layout allows and the call has :data:`TMA_MIN_FLOPS` of work). ``config``:
+    tile overrides for a sweep (``BLOCK_M``, ``BLOCK_N``, ``num_warps``,
     ``num_stages``, ``WARP_SPECIALIZE``, ``TMA_STORE``, ``LAZY_RESCALE``: False, True or a threshold, FA4's
     conditional rescale of the accumulator, the same results to rounding; ``REF_MAX``: 0, 1 or 2, every
     block against block 0's row max with a fallback to the online loop on overflow, the Hopper default
@@ -988,7 +1002,9 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
     gpu = runtime.is_gpu()
     metas = [(q_shape, q_stride), (k_shape, k_stride), (k_shape, v_stride)]
     layouts = [_row_layout(shape, stride) for shape, stride in metas]
-    tma = variant == "tma" or (variant in (None, "auto") and gpu and _hopper())
+    tma = variant == "tma" or (
+        variant in (None, "auto") and gpu and _hopper() and attention_flops(B, H, N_q, N_k, D, causal) >= TMA_MIN_FLOPS
+    )
     if variant == "tma" and gpu and not _hopper():
         raise KernelInputError(
             f"{OP}: variant='tma' needs a Hopper GPU (compute capability 9.0+); use variant='plain'."
