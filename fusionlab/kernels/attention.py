@@ -681,6 +681,14 @@ LONG = 2048
 #: either way: back to back on an H100, 53-93 µs a call on the pointer path against 82-135 µs with
 #: descriptors (``benchmarks/small_attention.py``, two machines). Lesson 7's shapes start at 34 GFLOP
 TMA_MIN_FLOPS = 32e9
+
+
+def _tma_by_default(B: int, H: int, N_q: int, N_k: int, D: int, causal: bool) -> bool:
+    """Whether a call takes the descriptors when no variant is asked for: on a Hopper GPU, with at
+    least :data:`TMA_MIN_FLOPS` of work (the layout and the dtype are the caller's to check)."""
+    return _hopper() and attention_flops(B, H, N_q, N_k, D, causal) >= TMA_MIN_FLOPS
+
+
 #: the pointer path on a GPU (pre-Hopper, or a layout the descriptors cannot take); REF_MAX off: not
 #: measured on that path
 PLAIN_TABLE = {
@@ -756,10 +764,9 @@ def attention_config(
     if tma is None:
         tma = (
             TensorDescriptor is not None
-            and _hopper()
             and dtype in (torch.float16, torch.bfloat16)
             and D % 8 == 0
-            and attention_flops(B, H, N_q, N_k, D, causal) >= TMA_MIN_FLOPS
+            and _tma_by_default(B, H, N_q, N_k, D, causal)
         )
     return dict(_config(int(N_q), int(N_k), int(D), bool(causal), bool(tma), runtime.is_gpu()))
 
@@ -1002,9 +1009,7 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
     gpu = runtime.is_gpu()
     metas = [(q_shape, q_stride), (k_shape, k_stride), (k_shape, v_stride)]
     layouts = [_row_layout(shape, stride) for shape, stride in metas]
-    tma = variant == "tma" or (
-        variant in (None, "auto") and gpu and _hopper() and attention_flops(B, H, N_q, N_k, D, causal) >= TMA_MIN_FLOPS
-    )
+    tma = variant == "tma" or (variant in (None, "auto") and _tma_by_default(B, H, N_q, N_k, D, causal))
     if variant == "tma" and gpu and not _hopper():
         raise KernelInputError(
             f"{OP}: variant='tma' needs a Hopper GPU (compute capability 9.0+); use variant='plain'."
