@@ -33,7 +33,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),
 ]
 
-KERNEL, BWD_KERNEL = "_softmax_kernel", "_softmax_bwd_kernel"
+KERNEL, BWD_KERNEL, SPLIT_KERNEL = "_softmax_kernel", "_softmax_bwd_kernel", "_softmax_split_kernel"
 #: the widest row held in one tile in this mode: wider rows take the online path
 MAX_SINGLE = (GPU_TUNING["forward"] if runtime.is_gpu() else INTERPRETER_TUNING)["max_single"]
 
@@ -84,8 +84,18 @@ def test_forward_matches_float64_in_one_launch(shape, dtype, atol, rtol):
     y, box = _sandboxed(softmax, x)
     assert y.dtype == dtype and y.is_contiguous()
     _expect_close(y, _softmax64(x), atol, rtol)
-    assert box.names == [KERNEL] and box.torch_ops == [] and box.passes == []
+    _expect_one_launch(box, x)
     assert torch.equal(x, x_before), "the input was modified"
+
+
+def _expect_one_launch(box, x):
+    """One kernel and no torch pass over the data. The split schedule (GPU, wide rows) also zeroes its
+    tickets and counts, rows + 1 int32: a memset of a few bytes a row, not a pass over x or y."""
+    rows = x.numel() // max(1, x.shape[-1]) if x.dim() else 1
+    if softmax_config(rows, x.shape[-1] if x.dim() else 1, x.dtype).get("SPLIT"):
+        assert box.names == [SPLIT_KERNEL] and box.torch_ops == [] and box.passes == ["zeros"]
+    else:
+        assert box.names == [KERNEL] and box.torch_ops == [] and box.passes == []
 
 
 @pytest.mark.parametrize(
@@ -455,7 +465,8 @@ def test_configs_are_legal(rows, n, backward, gpu):
 
 
 def test_gpu_online_path_keeps_the_row_in_l2_for_its_second_pass():
-    for backward, n in [(False, 65536), (True, 32768)]:
+    # (forward rows of 65536 to 64 split parts are split across programs; wider ones are online)
+    for backward, n in [(False, 2**20), (True, 32768)]:
         cfg = softmax_config(1024, n, torch.bfloat16, backward=backward, gpu=True)
         assert not cfg["SINGLE_TILE"] and (cfg["EVICT_1"], cfg["EVICT_2"]) == ("evict_last", "evict_first")
     assert "EVICT_1" not in softmax_config(1024, 4096, torch.bfloat16, gpu=True)  # read once: no hint
@@ -480,6 +491,47 @@ def test_gpu_holds_rows_up_to_32k_in_one_tile():
     for dtype in (torch.float32, torch.bfloat16):
         assert softmax_config(4096, 32768, dtype, gpu=True)["SINGLE_TILE"]
         assert not softmax_config(4096, 65536, dtype, gpu=True)["SINGLE_TILE"]
+
+
+def test_gpu_splits_wide_rows_across_programs():
+    t = GPU_TUNING["forward"]
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        chunk = t["split_bytes"] // torch.empty((), dtype=dtype).element_size()
+        for n in (32769, 65536, 100_003, chunk * t["max_split"]):
+            cfg = softmax_config(4096, n, dtype, gpu=True)
+            assert cfg["SPLIT"] == -(-n // chunk) and cfg["BLOCK_N"] == chunk and cfg["BLOCK_M"] == 1
+            assert (
+                cfg["SPLIT"] <= t["max_split"] and cfg["num_warps"] == t["split_bytes"] // t["split_thread_bytes"] // 32
+            )
+            # the row is on chip, across its programs: the ledger has no re-read
+            assert softmax_ledger(4096, n, dtype, block=n).fused_bytes == 2 * 4096 * n * dtype.itemsize
+        wider = chunk * t["max_split"] + 1  # more parts than the limit: the online path
+        assert "SPLIT" not in softmax_config(4096, wider, dtype, gpu=True)
+        assert "SPLIT" not in softmax_config(4096, 32768, dtype, gpu=True)  # one tile
+        assert "SPLIT" not in softmax_config(4096, 65536, dtype, gpu=True, backward=True)  # forward only
+        assert "SPLIT" not in softmax_config(4096, 65536, dtype, gpu=False)  # the interpreter would wait for ever
+
+
+def test_split_false_is_the_online_path_with_its_tuning():
+    split = softmax_config(8, 65536, torch.bfloat16, gpu=True)
+    online = softmax_config(8, 65536, torch.bfloat16, gpu=True, split=False)
+    assert split["SPLIT"] and "SPLIT" not in online and online["EVICT_1"] == "evict_last"
+    assert online["BLOCK_N"] == GPU_TUNING["forward"]["wide_block"]
+
+
+def test_a_tile_asked_for_is_never_split(monkeypatch):
+    # what softmax() launches with block_n given: one program a row, whatever the mode's tuning
+    from fusionlab.kernels import softmax as sm
+
+    seen = []
+    monkeypatch.setattr(sm, "_forward", lambda x, layout, cfg: seen.append(cfg) or torch.empty_like(x))
+    monkeypatch.setattr(sm.runtime, "is_gpu", lambda: True)
+    x = _x((2, 65536))
+    sm.softmax(x)
+    sm.softmax(x, block_n=4096)
+    sm.softmax(x, split=False)
+    assert seen[0].get("SPLIT") and "SPLIT" not in seen[1] and seen[1]["BLOCK_N"] == 4096
+    assert "SPLIT" not in seen[2] and not seen[2]["SINGLE_TILE"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -512,9 +564,10 @@ def test_unmasked_paths_only_when_tiles_divide(shape, even):
 
 
 def test_ledger_default_block_is_what_the_launcher_does():
-    for n in (100, MAX_SINGLE, MAX_SINGLE + 1):
-        single = softmax_config(8, n, torch.float32)["SINGLE_TILE"]
-        assert softmax_ledger(8, n, torch.float32).fused_bytes == (2 if single else 3) * 8 * n * 4
+    for n in (100, MAX_SINGLE, MAX_SINGLE + 1, 2**20):
+        cfg = softmax_config(8, n, torch.float32)
+        once = cfg["SINGLE_TILE"] or cfg.get("SPLIT")
+        assert softmax_ledger(8, n, torch.float32).fused_bytes == (2 if once else 3) * 8 * n * 4
 
 
 # -- GPU only: sizes the interpreter cannot take ------------------------------------------------------
@@ -556,3 +609,55 @@ def test_gpu_persistent_rows_every_row_right(rows, n, dtype):
 def test_gpu_wide_rows(n, dtype):
     x = _x((5, n), dtype, seed=22, scale=10.0)
     _expect_close(softmax(x), _softmax64(x), *TOLERANCES[dtype])
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize(
+    "rows, n",
+    [
+        (1, 32769),  # one row, its last part one element wide
+        (3, 65536),  # parts that divide the row: the unmasked loads
+        (1000, 40000),  # many programs, far more than the GPU holds at once
+        (7, 100_003),
+        (2, 524288),  # bf16: 64 parts, the limit; fp32: past it, the online path
+    ],
+)
+def test_gpu_split_rows_every_part_right(rows, n, dtype):
+    """Rows split across programs that swap their statistics: every element checked against float64,
+    the output poisoned first, the input unchanged, one kernel; parts of only -inf, a row of only -inf
+    (NaN, as torch), a logit of 1e4 in one part and -1e4 in another."""
+    x = _x((rows, n), dtype, seed=31, scale=10.0)
+    x[0, : n // 2] = float("-inf")  # whole parts of -inf, the max in a later part
+    x[-1, n // 3] = 1e4
+    x[-1, -1] = -1e4
+    if rows > 2:
+        x[1] = float("-inf")
+    before = x.clone()
+    y, box = _sandboxed(softmax, x)
+    _expect_close(y, _softmax64(x), *TOLERANCES[dtype])
+    _expect_one_launch(box, x)
+    assert torch.equal(x, before), "the input was modified"
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_gpu_split_rows_strided_and_two_level():
+    base = _x((4, 3, 70_000), torch.bfloat16, seed=32)
+    for x in (base[:, 1], base.transpose(0, 1), base[::2]):  # one stride, two levels, a step over rows
+        assert softmax_config(x.numel() // x.shape[-1], x.shape[-1], x.dtype).get("SPLIT")
+        _expect_close(softmax(x), _softmax64(x), *TOLERANCES[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_gpu_split_rows_times_width_past_2_31():
+    rows, n = 16385, 131072  # 2**31 + 131072 elements, 16 parts a row
+    x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+    assert softmax_config(rows, n, x.dtype)["SPLIT"] == 16
+    y = softmax(x)
+    for r in (0, rows // 2, rows - 1):
+        torch.testing.assert_close(
+            y[r].double(), _softmax64(x[r]), atol=TOLERANCES[torch.bfloat16][0], rtol=TOLERANCES[torch.bfloat16][1]
+        )

@@ -22,6 +22,13 @@ k-x rule of element-wise chains no longer applies. Two schedules:
   recurrence, run over blocks of keys, is the heart of FlashAttention (lesson 7):
   :func:`online_softmax_stats` exposes its ``(m, l)`` and :func:`online_softmax_reference_blocks`
   runs it in float64 torch, block by block.
+- **split rows** (``SPLIT``, GPU forward, rows wider than one tile): the row's ``BLOCK_N``-element
+  parts go to ``SPLIT`` programs, each holding its part in registers. Each finds its part's max and
+  sum, publishes them to a small buffer, waits for the row's other parts (an atomic count), merges
+  the statistics as the online softmax does and writes its part of y. Trips: read x, write y; the
+  price is the wait. On an H200 this beat the online path by 10-17 points of copy bandwidth
+  (``benchmarks/notes_softmax.md``). The interpreter runs programs one at a time, so there the wide
+  rows take the online path.
 
 Backward (one kernel, from the saved y): ``dx = y * (dy - sum_j(dy * y))``. Trips: read y, dy; write
 dx (rows wider than its one-tile limit: y and dy are read twice, the second time with L2 hints).
@@ -86,6 +93,10 @@ OP = "softmax"
 #: to 92%; on an H100 both were within 2% of the plain schedule (notes_softmax.md, 2026-11-24).
 #: ``small_rows``: 16-bit rows of these tile widths take ``small_tile`` elements a program, 64 bytes a
 #: thread (2 warps): on an H200 1024-wide rows went from 85% to 97% of copy, on an H100 98% either way.
+#: ``split``: rows wider than ``max_single`` are split across programs, ``split_bytes`` of row each
+#: (``split_thread_bytes`` a thread), which swap their (max, sum) and write their part: read once, not
+#: twice (up to ``max_split`` programs a row; wider rows take the online path). On an H200 a 65536-wide
+#: bf16 row went from 70% to 81% of copy by two trips, 262144 from 59% to 76% (notes_softmax.md).
 GPU_TUNING = {
     "forward": {
         "max_single": 32768,
@@ -99,6 +110,10 @@ GPU_TUNING = {
         "stage_bytes": 196608,  # shared memory the row pipeline may take (of an SM's 227 KiB)
         "small_rows": (512, 1024),
         "small_tile": 2048,
+        "split": True,
+        "split_bytes": 16384,
+        "split_thread_bytes": 128,
+        "max_split": 64,
     },
     "backward": {"max_single": 16384, "wide_block": 32768, "tile": 4096, "thread_bytes": 32, "l2_hints": True},
 }
@@ -136,15 +151,23 @@ def _config(
 
 
 def softmax_config(
-    n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu: bool | None = None
+    n_rows: int,
+    n_cols: int,
+    dtype: torch.dtype,
+    *,
+    backward: bool = False,
+    gpu: bool | None = None,
+    split: bool = True,
 ) -> dict:
     """The launch configuration: ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}`` (and, for the
     online path on a GPU, the eviction hints ``EVICT_1``/``EVICT_2`` of its two passes).
 
     ``SINGLE_TILE``: the row fits one ``BLOCK_N`` tile and is read once; otherwise the online path
-    walks it in ``BLOCK_N`` tiles and reads it twice. ``BLOCK_M`` rows share a program when rows are
-    narrow. ``gpu``: the GPU's configuration (default: this mode's), so a lesson on a CPU can ask
-    what the GPU kernel does. Tuned on an H100 (``benchmarks/notes_softmax.md``).
+    walks it in ``BLOCK_N`` tiles and reads it twice, or (``SPLIT``, GPU forward) ``SPLIT`` programs
+    hold ``BLOCK_N`` elements of the row each and swap their statistics: read once. ``BLOCK_M`` rows
+    share a program when rows are narrow. ``gpu``: the GPU's configuration (default: this mode's), so
+    a lesson on a CPU can ask what the GPU kernel does. ``split=False``: never ``SPLIT`` (wide rows
+    take the online path). Tuned on an H100 (``benchmarks/notes_softmax.md``).
     """
     gpu = runtime.is_gpu() if gpu is None else gpu
     t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
@@ -174,6 +197,12 @@ def softmax_config(
         # row of 32768 would need 384 KiB of stages (OutOfResources) and keeps one program a row
         sms = sm_count() if runtime.is_gpu() else DEFAULT_SMS
         cfg.update(programs=t["per_sm"] * sms, row_stages=t["row_stages"])
+    if split and t.get("split") and not cfg["SINGLE_TILE"]:
+        chunk = t["split_bytes"] // element_size(dtype)
+        parts = cdiv(int(n_cols), chunk)
+        if parts <= t["max_split"] and int(n_rows) * parts < INT32_LIMIT:
+            warps = max(1, min(32, t["split_bytes"] // t["split_thread_bytes"] // 32))
+            cfg = {"BLOCK_M": 1, "BLOCK_N": chunk, "num_warps": warps, "SINGLE_TILE": False, "SPLIT": parts}
     return cfg
 
 
@@ -208,7 +237,8 @@ def softmax_ledger(rows: int, n: int, dtype, block: int | None = None, *, backwa
     """
     rows, n = int(rows), int(n)
     if block is None:
-        wide = not softmax_config(rows, n, dtype, backward=backward)["SINGLE_TILE"]
+        cfg = softmax_config(rows, n, dtype, backward=backward)
+        wide = not (cfg["SINGLE_TILE"] or cfg.get("SPLIT"))
     else:
         wide = n > int(block)
     mn = rows * n
@@ -343,6 +373,71 @@ def _softmax_kernel(
         if WRITE_STATS:
             tl.store(m_ptr + rows, m, mask=row_ok)
             tl.store(l_ptr + rows, l, mask=row_ok)
+
+
+@triton.jit
+def _softmax_split_kernel(
+    x_ptr,
+    y_ptr,
+    sync_ptr,
+    part_ptr,
+    n_cols,
+    n_inner,
+    stride_xb,
+    stride_xm,
+    stride_ym,
+    SPLIT: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TWO_LEVEL: tl.constexpr,
+    EVEN_N: tl.constexpr = False,
+):
+    # A row too wide for one program's registers, held by SPLIT programs instead: each loads its
+    # BLOCK_N elements once, finds their max m and sum d of exp(x - m), publishes (m, d), waits for
+    # the row's other parts, combines them (the online softmax's merge) and writes its part of y from
+    # registers. Trips: read x, write y — no re-read. GPU only: the interpreter runs programs one at a
+    # time, so the first would wait for ever.
+    #
+    # Why the wait cannot hang: a program takes its (row, part) from an atomic ticket (sync_ptr[0],
+    # zeroed by the launcher), not from its program id. A program holding ticket t is running, and it
+    # waits only for tickets of its own row, which are taken by programs already running or by the
+    # next ones to start. The GPU holds far more than SPLIT (at most 64) of these programs at once,
+    # so those start, whatever order the hardware starts programs in.
+    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+    row = (ticket // SPLIT).to(tl.int64)
+    part = ticket % SPLIT
+    offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = offs < n_cols
+    x_row = x_ptr + _row_offsets(row, n_inner, stride_xb, stride_xm, TWO_LEVEL)
+    if EVEN_N:
+        x = tl.load(x_row + offs).to(tl.float32)
+    else:
+        x = tl.load(x_row + offs, mask=col_ok, other=float("-inf")).to(tl.float32)
+    m = tl.max(x, axis=0)
+    ref = tl.where(m == float("-inf"), 0.0, m)  # a part of only -inf: d = 0, not exp(-inf - -inf)
+    e = tl.exp(x - ref)
+    # publish (m, d): the stores, then a barrier (every thread's store is done), then the count with
+    # release semantics; the last of the row's parts to count sees SPLIT at once, the others wait
+    parts = part_ptr + row * (2 * SPLIT)
+    tl.store(parts + part, m)
+    tl.store(parts + SPLIT + part, tl.sum(e, axis=0))
+    tl.debug_barrier()
+    count = sync_ptr + 1 + row
+    arrived = tl.atomic_add(count, 1, sem="acq_rel") + 1
+    while arrived < SPLIT:
+        arrived = tl.atomic_add(count, 0, sem="acquire")  # a read with acquire semantics
+    p = tl.arange(0, SPLIT_P2)
+    m_all = tl.load(parts + p, mask=p < SPLIT, other=float("-inf"), volatile=True)
+    d_all = tl.load(parts + SPLIT + p, mask=p < SPLIT, other=0.0, volatile=True)
+    big = tl.max(m_all, axis=0)
+    big = tl.where(big == float("-inf"), 0.0, big)
+    l = tl.sum(d_all * tl.exp(m_all - big), axis=0)  # an all -inf row: l = 0, y = 0 * (1 / 0): NaN, as torch
+    y = e * (tl.exp(ref - big) / l)
+    y_ptrs = y_ptr + row * stride_ym + offs
+    if EVEN_N:
+        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty))
+    else:
+        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=col_ok)
 
 
 @triton.jit
@@ -481,6 +576,8 @@ def _forward(x: torch.Tensor, layout: _Rows, cfg: dict) -> torch.Tensor:
     if x.numel() == 0:
         return y
     r = layout
+    if cfg.get("SPLIT"):
+        return _forward_split(x, y, r, cfg)
     blocks = cdiv(r.n_rows, cfg["BLOCK_M"])
     # persistent programs walk the one-tile path's rows; the online path takes one program a block
     programs = min(blocks, cfg.get("programs") or blocks) if cfg["SINGLE_TILE"] else blocks
@@ -506,6 +603,30 @@ def _forward(x: torch.Tensor, layout: _Rows, cfg: dict) -> torch.Tensor:
         ROW_STAGES=cfg.get("row_stages", 1),
         **_launch_flags(r, cfg),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+    )
+    return y
+
+
+def _forward_split(x: torch.Tensor, y: torch.Tensor, r: _Rows, cfg: dict) -> torch.Tensor:
+    parts = cfg["SPLIT"]
+    sync = torch.zeros(r.n_rows + 1, dtype=torch.int32, device=x.device)  # the ticket, then a count a row
+    stats = torch.empty(r.n_rows * 2 * parts, dtype=torch.float32, device=x.device)  # (m, d) of every part
+    _softmax_split_kernel[(r.n_rows * parts,)](
+        x,
+        y,
+        sync,
+        stats,
+        r.n_cols,
+        r.n_inner,
+        r.stride_b,
+        r.stride_m,
+        r.n_cols,
+        SPLIT=parts,
+        SPLIT_P2=next_pow2(parts),
+        BLOCK_N=cfg["BLOCK_N"],
+        TWO_LEVEL=r.two_level,
+        EVEN_N=r.n_cols % cfg["BLOCK_N"] == 0,
+        **launch_kwargs(cfg["num_warps"]),
     )
     return y
 
@@ -569,6 +690,7 @@ def softmax(
     block_m: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
+    split: bool = True,
 ) -> torch.Tensor:
     """``softmax(x)`` over the last dimension, fused: one kernel, forward and backward.
 
@@ -576,12 +698,15 @@ def softmax(
     ``x``: any shape ``(..., N)``, fp32/fp16/bf16 (fp32/fp16 in the interpreter), last dimension of
     stride 1, leading dimensions possibly strided. ``dim`` must name the last dimension.
     Trips: rows of up to ``BLOCK_N`` (:func:`softmax_config`): read x, write y; wider rows (online
-    softmax): read x twice, write y. Backward: read y, dy; write dx (wide rows: y, dy twice).
+    softmax): read x twice, write y — on a GPU, rows of up to 64 parts are split across programs
+    instead (``SPLIT``), read once. Backward: read y, dy; write dx (wide rows: y, dy twice).
     ``block_m``, ``block_n``, ``num_warps``: override the tile (powers of two); a ``block_n`` below
-    the row width forces the online path. Returns a new contiguous tensor of x's shape.
+    the row width forces the online path, and so does ``split=False`` with the online path's own
+    tuning. Returns a new contiguous tensor of x's shape.
     """
     layout = _check_input(x, dim, OP, grad=True)
-    cfg = softmax_config(layout.n_rows, layout.n_cols, x.dtype)
+    # a tile asked for is one program a row: start from the schedule that is not split
+    cfg = softmax_config(layout.n_rows, layout.n_cols, x.dtype, split=split and block_n is None)
     if block_m is not None or block_n is not None or num_warps is not None:
         cfg = _block_override(cfg, block_m, block_n, num_warps, layout.n_cols, OP)
     if x.requires_grad and torch.is_grad_enabled():
@@ -593,7 +718,10 @@ def softmax(
 def _stats_config(n_rows: int, n_cols: int, dtype: torch.dtype, block: int | None, gpu: bool) -> dict:
     t = GPU_TUNING["forward"] if gpu else INTERPRETER_TUNING
     if block is None:  # the forward kernel's tile: the whole row if it fits, else the online tile
-        return softmax_config(n_rows, n_cols, dtype)
+        cfg = softmax_config(n_rows, n_cols, dtype)
+        if not cfg.get("SPLIT"):
+            return cfg
+        block = t["wide_block"]  # the split schedule keeps no (m, l) a row: the online tile does
     block_m = max(1, min(t["tile"] // block, next_pow2(max(n_rows, 1))))
     per_thread = max(1, t["thread_bytes"] // element_size(dtype))
     num_warps = max(1, min(32, next_pow2(block_m * block // per_thread) // 32)) if gpu else 4

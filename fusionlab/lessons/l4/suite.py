@@ -100,8 +100,10 @@ def rms_bwd_ledger(rows: int, n: int) -> Ledger:
 
 
 def sm_ledger(rows: int, n: int) -> Ledger:
-    """The softmax forward's ledger with the GPU kernel's tile: wide rows get the re-read term."""
-    return softmax_ledger(rows, n, DTYPE, block=softmax_config(rows, n, DTYPE, gpu=True)["BLOCK_N"])
+    """The softmax forward's ledger with the GPU kernel's schedule: rows on the online path get the
+    re-read term; rows in one tile, or split across programs (``SPLIT``), are read once."""
+    cfg = softmax_config(rows, n, DTYPE, gpu=True)
+    return softmax_ledger(rows, n, DTYPE, block=n if cfg.get("SPLIT") else cfg["BLOCK_N"])
 
 
 def _predict(led: Ledger, copy_GBps: float | None, fused: bool) -> float | None:

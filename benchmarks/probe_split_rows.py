@@ -1,0 +1,352 @@
+"""Probe: a row split across programs that swap their (max, sum) through global memory.
+
+    PYTHONPATH=. python3 benchmarks/probe_split_rows.py [--out $OUT] [--quick]
+
+The question (benchmarks/NOTES.md, seventh session): softmax rows wider than one tile are read twice
+(the online path), and cross-entropy rows wider than the head are read twice (sweep 2's re-read from
+L2); on an H200 both stop near 75-88% of copy. If a row's S chunks are each held in registers by
+their own program, and the S programs exchange their partial (max, sum) through a small buffer,
+every row is read once and written once. The cost: the programs of a row wait for each other.
+
+Safety of the wait: a program takes its row from an atomic ticket, not from its program id, so a
+program waits only on tickets taken after its own by programs that are already running or will
+start when a slot frees: S <= the programs resident on the GPU is enough (no assumption about the
+order the hardware starts programs in). GPU only: the interpreter runs programs one at a time.
+
+Also: the package's softmax at 4096 x 32768 against 4224 rows (16 full waves of 2 programs a SM on
+132 SMs) and 16384 rows, to see how much of the 32768-wide miss is the last wave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+import fusionlab  # noqa: F401
+from fusionlab import bench
+from fusionlab.kernels.cross_entropy import _launch_forward, cross_entropy_config
+from fusionlab.kernels.softmax import softmax
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _take_ticket(sync_ptr, S: tl.constexpr, TICKET: tl.constexpr):
+    if TICKET:
+        t = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+    else:  # the program id: safe only if the hardware starts programs in order (probe only)
+        t = tl.program_id(0)
+    return (t // S).to(tl.int64), t % S
+
+
+@triton.jit
+def _exchange(sync_ptr, part_ptr, row, s, m, d, S: tl.constexpr, SP: tl.constexpr):
+    """Publish this chunk's (m, d), wait for the row's S chunks, return the row's (M, D): D = sum of
+    exp(x - M), M the row max (0 where the row is all -inf, so D = 0 there)."""
+    pb = part_ptr + row * (2 * S)
+    tl.store(pb + s, m)
+    tl.store(pb + S + s, d)
+    tl.debug_barrier()
+    cnt = tl.atomic_add(sync_ptr + 1 + row, 1, sem="acq_rel") + 1
+    while cnt < S:
+        cnt = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
+    po = tl.arange(0, SP)
+    pm = po < S
+    m_all = tl.load(pb + po, mask=pm, other=float("-inf"), volatile=True)
+    d_all = tl.load(pb + S + po, mask=pm, other=0.0, volatile=True)
+    big = tl.max(m_all, axis=0)
+    big = tl.where(big == float("-inf"), 0.0, big)
+    return big, tl.sum(d_all * tl.math.exp2((m_all - big) * LOG2E), axis=0)
+
+
+@triton.jit
+def _softmax_split_kernel(
+    x_ptr,
+    y_ptr,
+    sync_ptr,
+    part_ptr,
+    n_cols,
+    stride,
+    S: tl.constexpr,
+    SP: tl.constexpr,
+    CHUNK: tl.constexpr,
+    TICKET: tl.constexpr,
+    RECOMPUTE: tl.constexpr,
+):
+    row, s = _take_ticket(sync_ptr, S, TICKET)
+    offs = s * CHUNK + tl.arange(0, CHUNK)
+    mask = offs < n_cols
+    x_raw = tl.load(x_ptr + row * stride + offs, mask=mask, other=float("-inf"))
+    x = x_raw.to(tl.float32)
+    m = tl.max(x, axis=0)
+    ref = tl.where(m == float("-inf"), 0.0, m)
+    e = tl.math.exp2((x - ref) * LOG2E)
+    big, d = _exchange(sync_ptr, part_ptr, row, s, m, tl.sum(e, axis=0), S, SP)
+    # an all -inf row: big 0, d 0: 0 / 0 = NaN, as torch
+    if RECOMPUTE:  # x kept in its storage dtype across the wait: fewer registers, a second exp2
+        y = tl.math.exp2((x_raw.to(tl.float32) - big) * LOG2E) / d
+    else:
+        y = e * (tl.math.exp2((ref - big) * LOG2E) / d)
+    tl.store(y_ptr + row * stride + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _ce_split_kernel(
+    x_ptr,
+    t_ptr,
+    g_ptr,
+    loss_ptr,
+    n_valid_ptr,
+    sync_ptr,
+    part_ptr,
+    n_cols,
+    stride,
+    ignore_index,
+    S: tl.constexpr,
+    SP: tl.constexpr,
+    CHUNK: tl.constexpr,
+    MEAN: tl.constexpr,
+    TICKET: tl.constexpr,
+):
+    row, s = _take_ticket(sync_ptr, S, TICKET)
+    y = tl.load(t_ptr + row)
+    offs = s * CHUNK + tl.arange(0, CHUNK)
+    mask = offs < n_cols
+    xb = x_ptr + row * stride
+    gb = g_ptr + row * stride
+    if y == ignore_index:
+        tl.store(gb + offs, tl.zeros([CHUNK], g_ptr.dtype.element_ty), mask=mask)
+        if s == 0:
+            tl.store(loss_ptr + row, 0.0)
+    else:
+        x = tl.load(xb + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        m = tl.max(x, axis=0)
+        ref = tl.where(m == float("-inf"), 0.0, m)
+        e = tl.math.exp2((x - ref) * LOG2E)
+        big, d = _exchange(sync_ptr, part_ptr, row, s, m, tl.sum(e, axis=0), S, SP)
+        lse = big + tl.math.log2(d) * LN2
+        valid = (y >= 0) & (y < n_cols)
+        x_y = tl.load(xb + y, mask=valid, other=float("nan")).to(tl.float32)
+        if s == 0:
+            tl.store(loss_ptr + row, lse - x_y)
+        if MEAN:
+            scale = 1.0 / tl.load(n_valid_ptr).to(tl.float32)
+        else:
+            scale = 1.0
+        c = tl.where(valid, tl.math.exp2((ref - lse) * LOG2E) * scale, float("nan"))
+        tl.store(gb + offs, (e * c).to(g_ptr.dtype.element_ty), mask=mask)
+        tl.debug_barrier()
+        own = valid & (y >= s * CHUNK) & (y < s * CHUNK + CHUNK)
+        g_y = tl.math.exp2((x_y - lse) * LOG2E) * scale - scale
+        tl.store(gb + y, g_y.to(g_ptr.dtype.element_ty), mask=own)
+
+
+def warps_for(chunk, thread_bytes, elt=2):
+    return max(1, min(32, chunk * elt // thread_bytes // 32))
+
+
+def softmax_split(x, chunk, warps, ticket=True, recompute=False):
+    rows, n = x.shape
+    S = triton.cdiv(n, chunk)
+    y = torch.empty_like(x)
+    sync = torch.zeros(rows + 1, dtype=torch.int32, device=x.device)
+    part = torch.empty(rows * 2 * S, dtype=torch.float32, device=x.device)
+    _softmax_split_kernel[(rows * S,)](
+        x,
+        y,
+        sync,
+        part,
+        n,
+        x.stride(0),
+        S=S,
+        SP=triton.next_power_of_2(S),
+        CHUNK=chunk,
+        TICKET=ticket,
+        RECOMPUTE=recompute,
+        num_warps=warps,
+    )
+    return y
+
+
+def ce_split(x, t, grad, loss_rows, n_valid, chunk, warps, ignore_index=-100, ticket=True):
+    rows, n = x.shape
+    S = triton.cdiv(n, chunk)
+    sync = torch.zeros(rows + 1, dtype=torch.int32, device=x.device)
+    part = torch.empty(rows * 2 * S, dtype=torch.float32, device=x.device)
+    _ce_split_kernel[(rows * S,)](
+        x,
+        t,
+        grad,
+        loss_rows,
+        n_valid,
+        sync,
+        part,
+        n,
+        x.stride(0),
+        ignore_index,
+        S=S,
+        SP=triton.next_power_of_2(S),
+        CHUNK=chunk,
+        MEAN=True,
+        TICKET=ticket,
+        num_warps=warps,
+    )
+
+
+def check_softmax(chunk, warps):
+    errs = []
+    for rows, n in ((3, 1), (5, 4097), (7, 65537), (2, 131072), (300, 40000)):
+        x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16) * 8 + 1000
+        x[0, : n // 2] = float("-inf")
+        if rows > 2:
+            x[1] = float("-inf")
+        y = softmax_split(x, chunk, warps).double()
+        r = torch.softmax(x.double(), -1)
+        ok = torch.isnan(y) == torch.isnan(r)
+        err = (y - r).nan_to_num().abs().max().item()
+        errs.append(err if bool(ok.all()) else float("inf"))
+    return max(errs)
+
+
+def check_ce(chunk, warps):
+    errs = []
+    for rows, n in ((5, 3), (33, 50000), (64, 128256), (17, 262144)):
+        x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16) * 4
+        x[1, n // 2] = 1e4  # a logit far above the rest
+        t = torch.randint(0, n, (rows,), device="cuda")
+        t[::3] = -100
+        g = torch.empty_like(x)
+        lr = torch.empty(rows, device="cuda")
+        nv = (t != -100).sum()
+        ce_split(x, t, g, lr, nv, chunk, warps)
+        xr = x.double().requires_grad_()
+        ref = torch.nn.functional.cross_entropy(xr, t, reduction="none")
+        (gr,) = torch.autograd.grad(ref.sum() / nv, xr)
+        el = (lr.double() - ref.detach()).abs().max().item()
+        eg = ((g.double() - gr).norm() / gr.norm()).item()
+        errs.append(max(el, eg))
+    return max(errs)
+
+
+def compare(copy, out):
+    """The package as shipped: softmax's split schedule against its online path (split=False), 256 MiB
+    a width, and the narrow rows' rate (4096 wide, one tile) the wide-row bar is read against."""
+    rows_out = []
+    for dtype in (torch.bfloat16, torch.float32):
+        elt = torch.empty((), dtype=dtype).element_size()
+        for n in (4096, 65536, 131072, 262144, 524288):
+            rows = 2**28 // (n * elt)
+            x = torch.randn(rows, n, device="cuda", dtype=dtype)
+            nb = 2 * x.numel() * elt
+            for label, fn in (("default", lambda: softmax(x)), ("online", lambda: softmax(x, split=False))):
+                if n == 4096 and label == "online":
+                    continue
+                ms = min(bench.time_ms(fn) for _ in range(2))
+                frac = nb / (ms * 1e-3) / 1e9 / copy
+                rows_out.append({"dtype": str(dtype), "n": n, "schedule": label, "ms": ms, "frac_2trips": frac})
+                print(
+                    f"  softmax {str(dtype):15s} {rows:>6} x {n:<7} {label:8s} {ms:8.4f} ms  {frac:6.1%} (2 trips)",
+                    flush=True,
+                )
+            x = None
+    with open(os.path.join(out, "softmax_split_vs_online.json"), "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": rows_out}, f, indent=1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compare", action="store_true", help="the package's split against its online path only")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/probe_split"))
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    copy = bench.measure_copy_bandwidth()
+    print(
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+        f"copy {copy:.0f} GB/s, {torch.cuda.get_device_properties(0).multi_processor_count} SMs",
+        flush=True,
+    )
+    if a.compare:
+        compare(copy, a.out)
+        return
+    res = {"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": []}
+
+    def rec(kind, shape, label, ms, nbytes, extra=""):
+        frac = nbytes / (ms * 1e-3) / 1e9 / copy
+        res["rows"].append({"kind": kind, "shape": shape, "label": label, "ms": ms, "frac": frac})
+        print(f"  {kind:8s} {str(shape):16s} {label:34s} {ms:8.4f} ms  {frac:6.1%} {extra}", flush=True)
+
+    # -- correctness first (a hang here would show before any timing)
+    for chunk, tb in ((8192, 32), (16384, 32), (16384, 64), (32768, 64)):
+        w = warps_for(chunk, tb)
+        print(
+            f"check chunk {chunk} w{w}: softmax max err {check_softmax(chunk, w):.2e}, "
+            f"ce max err {check_ce(chunk, w):.2e}",
+            flush=True,
+        )
+
+    # -- softmax: the package against split chunks, 256 MiB bf16
+    variants = [(c, w) for c, ws in ((4096, (2, 4)), (8192, (4, 8)), (16384, (8, 16))) for w in ws]
+    widths = (32768, 65536) if a.quick else (32768, 65536, 262144)
+    for n in widths:
+        rows = 2**27 // n
+        x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+        nb = 2 * x.numel() * 2
+        rec("softmax", (rows, n), "package", bench.time_ms(lambda: softmax(x)), nb)
+        for chunk, w in variants:
+            for ticket in (True, False):
+                for recompute in (False, True):
+                    label = f"split {chunk} w{w} t{int(ticket)} r{int(recompute)}"
+                    try:
+                        f = lambda: softmax_split(x, chunk, w, ticket, recompute)  # noqa: E731
+                        rec("softmax", (rows, n), label, bench.time_ms(f), nb)
+                    except Exception as e:
+                        print(f"  failed {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
+        x = None  # free before the next shape
+    # the last wave: 4096 rows of 32768 on 2 x 132 programs is 15.5 rows a program
+    for rows in (4096, 4224, 16384):
+        x = torch.randn(rows, 32768, device="cuda", dtype=torch.bfloat16)
+        rec("wave", (rows, 32768), "package", bench.time_ms(lambda: softmax(x)), 2 * x.numel() * 2)
+        x = None  # free before the next shape
+
+    # -- cross-entropy fwd+bwd kernels (GPU-bound sizes), out of place
+    shapes = ((8192, 32000), (8192, 128256)) if a.quick else ((8192, 32000), (8192, 128256), (4096, 262144))
+    for rows, n in shapes:
+        x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16) * 2
+        t = torch.randint(0, n, (rows,), device="cuda")
+        g = torch.empty_like(x)
+        lr = torch.empty(rows, device="cuda")
+        nv = (t != -100).sum()
+        nb = 2 * x.numel() * 2
+        cfg = cross_entropy_config(n, x.dtype, stride=x.stride(0))
+        rec(
+            "ce",
+            (rows, n),
+            "package kernel",
+            bench.time_ms(lambda: _launch_forward(x, t, g, lr, nv, -100, 0.0, cfg)),
+            nb,
+        )
+        for chunk, w in variants:
+            for ticket in (True, False):
+                label = f"split {chunk} w{w} t{int(ticket)}"
+                try:
+                    f = lambda: ce_split(x, t, g, lr, nv, chunk, w, ticket=ticket)  # noqa: E731
+                    rec("ce", (rows, n), label, bench.time_ms(f), nb)
+                except Exception as e:
+                    print(f"  failed {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
+        x = g = None  # free before the next shape
+    with open(os.path.join(a.out, "probe_split_rows.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    main()
+    print(f"took {time.time() - t0:.0f} s")
