@@ -11,9 +11,10 @@
   :func:`fusionlab.bench.queued_ms`). Below about 8192 x 8192 one autograd call costs the host more
   than its kernels cost the GPU (``benchmarks/notes_rms_backward.md``), so the two differ.
 - LayerNorm forward at :data:`LN_SHAPE`: ``F.layer_norm`` (itself one kernel), compiled, fused.
-- Softmax forward at a narrow width (one tile) and a wide one (the online path, read twice): eager
-  ``torch.softmax``, compiled, fused; and the fused kernel over :data:`SOFTMAX_SWEEP` widths at a fixed
-  256 MiB, where the cliff of the one-tile limit shows.
+- Softmax forward at a narrow width (one tile) and a wide one (split across programs on a GPU, read
+  once): eager ``torch.softmax``, compiled, fused, and the fused kernel forced onto one program a row
+  (:data:`ONLINE`: the online path, read twice); and the fused kernel over :data:`SOFTMAX_SWEEP`
+  widths at a fixed 256 MiB, both schedules past the one-tile limit, where its cliff shows.
 
 ``nbytes`` of every case is its op's **fused ledger** (what the fused kernel must move at that shape,
 re-read term included), so "% of copy" is an effective bandwidth comparable across schedules.
@@ -45,7 +46,7 @@ TWO_PASS_BLOCK = 4096
 #: few rows of a wide hidden size: one program a row leaves most SMs idle
 FEW_ROWS = (64, 16384)
 LN_SHAPE = (32768, 4096)
-#: softmax: a row that fits one tile, and one that takes the online path (GPU tile limit 32768)
+#: softmax: a row that fits one tile, and one that does not (GPU tile limit 32768): split, or online
 SOFTMAX_NARROW = (32768, 4096)
 SOFTMAX_WIDE = (2048, 65536)
 #: the row-width sweep: 256 MiB of bf16 at every width
@@ -79,12 +80,19 @@ def sm_fwd(schedule: str, rows: int, n: int) -> str:
     return f"softmax {schedule} {shape_name(rows, n)}"
 
 
-def sweep_name(n: int) -> str:
-    return f"softmax sweep n={n}"
+def sweep_name(n: int, online: bool = False) -> str:
+    return f"softmax sweep {'online ' if online else ''}n={n}"
+
+
+def split_on_gpu(rows: int, n: int) -> bool:
+    """Whether the GPU kernel splits these rows across programs (else one program a row)."""
+    return bool(softmax_config(rows, n, DTYPE, gpu=True).get("SPLIT"))
 
 
 SCHEDULES = ("eager", "compiled", "fused")
 TWO_PASS = "fused 2-pass"
+#: the softmax forced onto one program a row (the online path) where the GPU would split the row
+ONLINE = "fused online"
 
 
 # -- ledgers (also what a CPU notebook uses to predict the GPU's bytes) ------------------------------------
@@ -99,10 +107,11 @@ def rms_bwd_ledger(rows: int, n: int) -> Ledger:
     return rmsnorm_ledger(rows, n, DTYPE, backward=True, grad_h=True, programs=programs)
 
 
-def sm_ledger(rows: int, n: int) -> Ledger:
+def sm_ledger(rows: int, n: int, split: bool = True) -> Ledger:
     """The softmax forward's ledger with the GPU kernel's schedule: rows on the online path get the
-    re-read term; rows in one tile, or split across programs (``SPLIT``), are read once."""
-    cfg = softmax_config(rows, n, DTYPE, gpu=True)
+    re-read term; rows in one tile, or split across programs (``SPLIT``), are read once.
+    ``split=False``: one program a row (the online path past one tile), as the lesson first counts it."""
+    cfg = softmax_config(rows, n, DTYPE, gpu=True, split=split)
     return softmax_ledger(rows, n, DTYPE, block=n if cfg.get("SPLIT") else cfg["BLOCK_N"])
 
 
@@ -270,22 +279,30 @@ def softmax_cases(copy_GBps: float | None = None, device="cuda") -> list[Case]:
         out += [
             Case(sm_fwd(s, rows, n), _no_grad(fn), led.fused_bytes, flops, group, predicted) for s, fn in thunks.items()
         ]
+        if split_on_gpu(rows, n):  # the same rows, one program a row: read twice
+            online = sm_ledger(rows, n, split=False)
+            fn = _no_grad(lambda x=x: softmax(x, split=False))
+            fn()
+            out.append(
+                Case(sm_fwd(ONLINE, rows, n), fn, online.fused_bytes, flops, group, _predict(online, copy_GBps, True))
+            )
     for n in SOFTMAX_SWEEP:
         rows = sweep_rows(n)
         x = _rand((rows, n), gen, device) * 3
-        led = sm_ledger(rows, n)
-        fn = _no_grad(lambda x=x: softmax(x))
-        fn()
-        out.append(
-            Case(
-                sweep_name(n),
-                fn,
-                led.fused_bytes,
-                softmax_flops(rows, n),
-                "softmax sweep",
-                _predict(led, copy_GBps, True),
+        for online in (False, True) if split_on_gpu(rows, n) else (False,):
+            led = sm_ledger(rows, n, split=not online)
+            fn = _no_grad(lambda x=x, online=online: softmax(x, split=not online))
+            fn()
+            out.append(
+                Case(
+                    sweep_name(n, online),
+                    fn,
+                    led.fused_bytes,
+                    softmax_flops(rows, n),
+                    "softmax sweep",
+                    _predict(led, copy_GBps, True),
+                )
             )
-        )
     return out
 
 
