@@ -26,7 +26,7 @@ k-x rule of element-wise chains no longer applies. Two schedules:
   parts go to ``SPLIT`` programs, each holding its part in registers. Each finds its part's max and
   sum, publishes them to a small buffer, waits for the row's other parts (an atomic count), merges
   the statistics as the online softmax does and writes its part of y. Trips: read x, write y; the
-  price is the wait. On an H200 this beat the online path by 10-17 points of copy bandwidth
+  price is the wait. On an H200 this beat the online path by 8-18 points of copy bandwidth
   (``benchmarks/notes_softmax.md``). The interpreter runs programs one at a time, so there the wide
   rows take the online path.
 
@@ -96,7 +96,8 @@ OP = "softmax"
 #: ``split``: rows wider than ``max_single`` are split across programs, ``split_bytes`` of row each
 #: (``split_thread_bytes`` a thread), which swap their (max, sum) and write their part: read once, not
 #: twice (up to ``max_split`` programs a row; wider rows take the online path). On an H200 a 65536-wide
-#: bf16 row went from 70% to 81% of copy by two trips, 262144 from 59% to 76% (notes_softmax.md).
+#: bf16 row went from 70% to 79% of copy by two trips, 262144 from 59% to 77%; on an H100 a tie at 65536,
+#: 67% to 89% at 262144 (notes_softmax.md).
 GPU_TUNING = {
     "forward": {
         "max_single": 32768,
