@@ -260,8 +260,40 @@ def compare(copy, out):
         json.dump({"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": rows_out}, f, indent=1)
 
 
+def compare_ce(copy, out):
+    """The package's cross-entropy fwd+bwd (bf16, out of place) with its split rows against its
+    head-and-tail kernel (``head_n`` given: the split is off), on the GPU clock (queued) and as a call."""
+    from fusionlab.kernels.cross_entropy import cross_entropy
+
+    rows_out = []
+    for tokens, vocab in ((8192, 128256), (8192, 151936), (4096, 256000), (4096, 262144)):
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(tokens, vocab, device="cuda", dtype=torch.bfloat16, generator=g) * 2
+        t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
+        xg = x.requires_grad_()
+        head = cross_entropy_config(vocab, x.dtype)["HEAD"]
+        nb = 2 * x.numel() * 2
+        for label, kw in (("default", {}), ("head-and-tail", {"head_n": head})):
+
+            def fn(kw=kw):
+                return torch.autograd.grad(cross_entropy(xg, t, **kw), xg)
+
+            ms = bench.time_ms(fn)
+            msq = bench.queued_ms(fn)
+            rows_out.append({"tokens": tokens, "vocab": vocab, "schedule": label, "call_ms": ms, "gpu_ms": msq})
+            print(
+                f"  ce {tokens:>5} x {vocab:<7} {label:14s} call {ms:7.3f} ms {nb / ms / 1e6 / copy:6.1%}  "
+                f"GPU clock {msq:7.3f} ms {nb / msq / 1e6 / copy:6.1%}",
+                flush=True,
+            )
+        x = xg = None
+    with open(os.path.join(out, "ce_split_vs_head.json"), "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": rows_out}, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--ce", action="store_true", help="the package's cross-entropy split against its head-and-tail")
     ap.add_argument("--compare", action="store_true", help="the package's split against its online path only")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/probe_split"))
     ap.add_argument("--quick", action="store_true")
@@ -273,8 +305,11 @@ def main():
         f"copy {copy:.0f} GB/s, {torch.cuda.get_device_properties(0).multi_processor_count} SMs",
         flush=True,
     )
-    if a.compare:
-        compare(copy, a.out)
+    if a.compare or a.ce:
+        if a.compare:
+            compare(copy, a.out)
+        if a.ce:
+            compare_ce(copy, a.out)
         return
     res = {"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": []}
 

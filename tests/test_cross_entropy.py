@@ -11,6 +11,8 @@ from fusionlab import runtime
 from fusionlab.grading import Sandbox
 from fusionlab.kernels import KernelInputError
 from fusionlab.kernels.cross_entropy import (
+    MAX_SPLIT,
+    SPLIT_MIN,
     CrossEntropyFunction,
     cross_entropy,
     cross_entropy_config,
@@ -384,7 +386,7 @@ def test_ledger_six_passes_against_two():
     )
 
 
-@pytest.mark.parametrize("vocab", [2, 3, 1000, 32000, 50257, 128256, 151936, 262144])
+@pytest.mark.parametrize("vocab", [2, 3, 1000, 32000, 50257, 128256, 151936, 200000, 262144])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("gpu", [True, False])
 def test_config_is_legal(vocab, dtype, gpu, monkeypatch):
@@ -395,6 +397,15 @@ def test_config_is_legal(vocab, dtype, gpu, monkeypatch):
     assert cfg["BLOCK_N"] <= cfg["HEAD"] <= 2**20 and cfg["num_warps"] <= 32
     assert cfg["HEAD"] * torch.empty((), dtype=dtype).element_size() <= 65536  # 64 KiB of row on chip
     assert (cfg["VEC"] > 1) == (vocab % 16 != 0)
+    # split rows: a GPU, a row past SPLIT_MIN in at most MAX_SPLIT parts, 16-byte aligned
+    split = gpu and vocab >= SPLIT_MIN and vocab % 16 == 0
+    assert bool(cfg.get("SPLIT")) == split, cfg
+    if split:
+        assert cfg["SPLIT"] * cfg["SPLIT_BLOCK"] >= vocab > (cfg["SPLIT"] - 1) * cfg["SPLIT_BLOCK"]
+        assert (
+            cfg["SPLIT"] <= MAX_SPLIT
+            and cross_entropy_ledger(64, vocab, dtype).fused_bytes == 64 * (2 * vocab * dtype.itemsize + 8) + 4
+        )  # read once, write once (and the targets, one loss): no re-read
 
 
 # -- bad input: a clear error before the launch ------------------------------------------------------------
@@ -475,3 +486,56 @@ def test_past_2_31_logits_on_gpu():
     _close(loss[rows], want_loss, 2e-2, 2e-2, "loss")
     _close(x.grad[rows], want_grad, 1e-2, 2e-2, "gradient")
     assert torch.isfinite(loss).all()
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize(
+    "dtype,atol,rtol",
+    [pytest.param(torch.float32, 2e-5, 2e-5, id="fp32"), pytest.param(torch.bfloat16, 1e-2, 2e-2, id="bf16")],
+)
+@pytest.mark.parametrize("vocab", [200000, 262144])
+def test_gpu_split_rows_match_float64(vocab, dtype, atol, rtol, reduction, smoothing, inplace):
+    """Rows past SPLIT_MIN, split across programs (25 parts, the last one partial; 32 parts): loss and
+    gradient against float64 with 30% ignored rows, label smoothing, a part of only -inf and a logit of
+    1e4; one kernel; the gradient over the logits when asked."""
+    assert cross_entropy_config(vocab, dtype).get("SPLIT")
+    x, t = _inputs(33, vocab, dtype, seed=41)
+    x[1, : vocab // 2] = float("-inf")  # whole parts of -inf
+    x[2, vocab // 3] = 1e4  # one part far above the rest
+    t[1], t[2] = vocab - 1, 5
+    w = torch.randn(33, device=x.device) if reduction == "none" else None
+    want_loss, want_grad = _expected(x, t, reduction, w, label_smoothing=smoothing)
+    xg = x.detach().clone().requires_grad_()
+    with Sandbox() as counter:
+        loss = cross_entropy(xg, t, reduction=reduction, label_smoothing=smoothing, inplace_grad=inplace)
+    (loss * (torch.ones_like(loss) if w is None else w.to(loss.dtype))).sum().backward()
+    assert counter.names == ["_cross_entropy_split_kernel"]
+    assert set(counter.passes) <= {"zeros", "_to_copy"}, "no (T, V) copies (the tickets' memset only)"
+    _close(loss.detach(), want_loss, atol * 10, rtol, "loss")
+    _close(xg.grad, want_grad, atol, rtol, "gradient")
+    if inplace:
+        assert xg.grad.data_ptr() == xg.data_ptr()
+    assert (xg.grad[t == -100] == 0).all()
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_gpu_split_rows_past_2_31_logits():
+    tokens, vocab = 8200, 262144  # 2.15e9 logits, 32 parts a row: the last rows start past 2**31
+    assert tokens * vocab > 2**31 and cross_entropy_config(vocab, torch.bfloat16)["SPLIT"] == 32
+    g = torch.Generator(device="cuda").manual_seed(13)
+    x = torch.randn(tokens, vocab, device="cuda", dtype=torch.bfloat16, generator=g)
+    t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
+    t[::7] = -100
+    rows = torch.tensor([0, 1, tokens // 2, tokens - 2, tokens - 1], device="cuda")
+    sample = x[rows].clone()
+    x.requires_grad_()
+    loss = cross_entropy(x, t, reduction="none", inplace_grad=True)
+    (loss * 2.0).sum().backward()
+    want_loss, want_grad = _expected(sample, t[rows], "none", torch.full((len(rows),), 2.0, device="cuda"))
+    _close(loss[rows], want_loss, 2e-2, 2e-2, "loss")
+    _close(x.grad[rows], want_grad, 1e-2, 2e-2, "gradient")

@@ -28,7 +28,9 @@ reduction's scale) and writes it — into a gradient buffer, or **over the logit
 8192 elements for rows up to 64 Ki, 64 KiB of row for wider ones) stays in registers from the first
 sweep to the second, so a row that fits in it is read once; a wider row's other tiles are read again,
 newest first, so that the second sweep finds what it read last still in L2 (the ledger counts the
-re-read honestly, as ``rereads``). A row whose start or length is not a multiple of 16 bytes
+re-read honestly, as ``rereads``); on a GPU, aligned rows wider than 196608 are instead split across
+programs that swap their statistics (lesson 4's split softmax), read once. A row whose start or
+length is not a multiple of 16 bytes
 (V = 50257) is split at its 16-byte boundaries so its body still moves in 16-byte accesses. The
 backward of the autograd function only multiplies the stored gradient by grad_output — and skips
 rows whose grad_output is exactly 1, the usual case, without a host sync.
@@ -54,7 +56,17 @@ import triton.language as tl
 
 from .. import runtime
 from ..ledger import Ledger
-from ._launch import KernelInputError, check_block, check_tensor, element_size, launch_kwargs, row_config
+from ._launch import (
+    KernelInputError,
+    cdiv,
+    check_block,
+    check_tensor,
+    element_size,
+    launch_kwargs,
+    next_pow2,
+    row_config,
+)
+from .softmax import _split_merge, _split_ticket, _split_wait
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -118,7 +130,8 @@ def cross_entropy_ledger(
     reread = 0
     if backward:
         if head is None:
-            head = cross_entropy_config(vocab, _dtype_of(dtype))["HEAD"]
+            cfg = cross_entropy_config(vocab, _dtype_of(dtype))
+            head = vocab if cfg.get("SPLIT") else cfg["HEAD"]  # split rows are read once
         reread = tokens * max(0, vocab - head)
     sizes = {"target": 8, "loss": 4, "smooth": 4}
     led = Ledger(dtype_bytes=dtype, outputs=outputs, rereads={"logits": reread}, sizes=sizes)
@@ -158,6 +171,14 @@ def cross_entropy_flops(tokens: int, vocab: int, *, backward: bool = True) -> in
 #: (evict-last on the tiles sweep 2 reads again, evict-first on the rest), so that sweep 2 finds its
 #: tiles still in L2, and sums against the target's logit (REF_TARGET: no running maximum).
 NARROW_MAX = 65536
+#: wider rows (with autograd, 16-byte aligned) are split across programs, 16 KiB of row each (4 warps),
+#: which swap their statistics and write their part of the gradient: each row read once. fwd+bwd bf16,
+#: share of copy: H100 4096 x 262144 72% -> 87%, 4096 x 256000 72% -> 86%, but 8192 x 151936 85% -> 83%
+#: and 128256 a tie; H200 (probe) 4096 x 262144 63% -> 76%, 128256 a tie (benchmarks/NOTES.md, seventh
+#: session). So the split starts past 192 Ki columns, where sweep 2's re-read no longer fits L2.
+SPLIT_MIN = 196609
+SPLIT_BYTES = 16384
+MAX_SPLIT = 64
 
 
 @functools.lru_cache(maxsize=4096)
@@ -174,7 +195,11 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool) -> dict:
     head = row_config(n_cols, dtype, gpu=True)["BLOCK_N"]  # 64 KiB of row, the largest single tile
     vec = 16 // element_size(dtype)
     # 32 * 32 * vec: one 16-byte access a thread; the L2 hints keep the streamed tiles for sweep 2
-    return {**cfg, "HEAD": head, "BLOCK_N": 32 * 32 * vec, "num_warps": 32, "EVICT": True}
+    cfg = {**cfg, "HEAD": head, "BLOCK_N": 32 * 32 * vec, "num_warps": 32, "EVICT": True}
+    part = SPLIT_BYTES // element_size(dtype)
+    if n_cols >= SPLIT_MIN and cdiv(n_cols, part) <= MAX_SPLIT:
+        cfg.update(SPLIT=cdiv(n_cols, part), SPLIT_BLOCK=part, SPLIT_WARPS=4)
+    return cfg
 
 
 def cross_entropy_config(n_cols: int, dtype: torch.dtype, *, stride: int | None = None) -> dict:
@@ -186,13 +211,19 @@ def cross_entropy_config(n_cols: int, dtype: torch.dtype, *, stride: int | None 
     memory; EVICT: L2 eviction hints, evict-last for tiles read again, evict-first for the rest;
     REF_TARGET: sums against the target's logit instead of a running maximum). VEC > 1 when the row
     length or stride is not a multiple of 16 elements: each row is then split at its 16-byte
-    boundaries (see the kernel) so that its body still moves in 16-byte accesses.
+    boundaries (see the kernel) so that its body still moves in 16-byte accesses. On a GPU, aligned
+    rows from ``SPLIT_MIN`` columns also get ``SPLIT`` (parts of ``SPLIT_BLOCK`` columns, ``SPLIT_WARPS``
+    warps each): with autograd, the loss and gradient then come from the split kernel, one program a
+    part, each row read once.
     """
     stride = n_cols if stride is None else stride
     vec = 16 // element_size(dtype)
     split = (stride % 16 != 0 or n_cols % 16 != 0) and vec > 1
     cfg = dict(_config(int(n_cols), dtype, runtime.is_gpu()))
     cfg["VEC"] = vec if split else 1
+    if split:  # the split kernel has no 16-byte row splitting: unaligned rows keep the head-and-tail kernel
+        for k in ("SPLIT", "SPLIT_BLOCK", "SPLIT_WARPS"):
+            cfg.pop(k, None)
     return cfg
 
 
@@ -437,6 +468,82 @@ def _cross_entropy_fwd_kernel(
 
 
 @triton.jit
+def _cross_entropy_split_kernel(
+    x_ptr,
+    target_ptr,
+    grad_ptr,
+    loss_ptr,
+    n_valid_ptr,
+    sync_ptr,
+    part_ptr,
+    n_cols,
+    stride_xm,
+    stride_gm,
+    ignore_index,
+    label_smoothing,
+    SPLIT: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MEAN: tl.constexpr,
+    SMOOTH: tl.constexpr,
+):
+    # The loss and gradient of a row held by SPLIT programs, BLOCK_N logits each in registers (the
+    # softmax's split schedule, _softmax_split_kernel, which says why the wait cannot hang): each part
+    # publishes its max, its sum of exp(x - max) and (label smoothing) its sum of x, waits for the row's
+    # other parts, merges them into the row's lse and writes its part of the gradient. One read, one
+    # write, no re-read. GPU only.
+    row, part = _split_ticket(sync_ptr, SPLIT)
+    y = tl.load(target_ptr + row)
+    offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs < n_cols
+    x_row = x_ptr + row * stride_xm
+    g_row = grad_ptr + row * stride_gm
+    if y == ignore_index:  # the whole row agrees (one target): no exchange, zero loss and gradient
+        tl.store(g_row + offs, tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty), mask=mask)
+        if part == 0:
+            tl.store(loss_ptr + row, 0.0)
+    else:
+        valid = (y >= 0) & (y < n_cols)  # an out-of-range target: NaN, never a stray read
+        # x_y before the exchange: with the gradient in place, the row is overwritten once all parts
+        # have published, and not before
+        x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
+        x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        m = tl.max(x, axis=0)
+        ref = tl.where(m == float("-inf"), 0.0, m)
+        e = tl.math.exp2((x - ref) * _LOG2E)
+        parts = part_ptr + row * (3 * SPLIT)
+        tl.store(parts + part, m)
+        tl.store(parts + SPLIT + part, tl.sum(e, axis=0))
+        if SMOOTH:
+            tl.store(parts + 2 * SPLIT + part, tl.sum(tl.where(mask, x, 0.0), axis=0))
+        _split_wait(sync_ptr, row, SPLIT)
+        big, d = _split_merge(parts, SPLIT, SPLIT_P2)
+        lse = big + tl.math.log2(d) * _LN2  # a row of only -inf: d = 0, lse = -inf, loss NaN (as torch)
+        loss = lse - x_y
+        if MEAN:
+            scale = 1.0 / tl.load(n_valid_ptr).to(tl.float32)
+        else:
+            scale = 1.0
+        c_s = label_smoothing / n_cols * scale
+        if SMOOTH:
+            p = tl.arange(0, SPLIT_P2)
+            s = tl.sum(tl.load(parts + 2 * SPLIT + p, mask=p < SPLIT, other=0.0, volatile=True), axis=0)
+            loss = (1.0 - label_smoothing) * loss + label_smoothing * (lse - s / n_cols)
+        if part == 0:
+            tl.store(loss_ptr + row, loss)
+        # grad = (softmax - eps/V - (1 - eps) onehot) * scale, softmax = e * exp(ref - lse)
+        grad = e * tl.where(valid, tl.math.exp2((ref - lse) * _LOG2E) * scale, float("nan"))
+        if SMOOTH:
+            grad -= c_s
+        tl.store(g_row + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+        # the target's element, by the part that holds it, after a barrier (its tile store came first)
+        tl.debug_barrier()
+        own = valid & (y >= part * BLOCK_N) & (y < part * BLOCK_N + BLOCK_N)
+        grad_y = tl.math.exp2((x_y - lse) * _LOG2E) * scale - c_s - (1.0 - label_smoothing) * scale
+        tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=own)
+
+
+@triton.jit
 def _cross_entropy_bwd_kernel(
     grad_ptr,
     target_ptr,
@@ -500,6 +607,8 @@ def _launch_forward(logits, target, grad, loss_rows, n_valid, ignore_index, labe
     n_rows, n_cols = logits.shape
     if n_rows == 0:
         return
+    if grad is not None and cfg.get("SPLIT"):
+        return _launch_split(logits, target, grad, loss_rows, n_valid, ignore_index, label_smoothing, cfg)
     g = logits if grad is None else grad
     return _cross_entropy_fwd_kernel[(n_rows,)](
         logits,
@@ -526,6 +635,33 @@ def _launch_forward(logits, target, grad, loss_rows, n_valid, ignore_index, labe
         LOOP_STAGES=cfg.get("LOOP_STAGES", 1),
         PREFETCH2=cfg.get("PREFETCH2", cfg["PREFETCH"]),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+    )
+
+
+def _launch_split(logits, target, grad, loss_rows, n_valid, ignore_index, label_smoothing, cfg):
+    n_rows, n_cols = logits.shape
+    parts = cfg["SPLIT"]
+    sync = torch.zeros(n_rows + 1, dtype=torch.int32, device=logits.device)  # the ticket, then a count a row
+    stats = torch.empty(n_rows * 3 * parts, dtype=torch.float32, device=logits.device)
+    _cross_entropy_split_kernel[(n_rows * parts,)](
+        logits,
+        target,
+        grad,
+        loss_rows,
+        target if n_valid is None else n_valid,
+        sync,
+        stats,
+        n_cols,
+        logits.stride(0),
+        grad.stride(0),
+        ignore_index,
+        label_smoothing,
+        SPLIT=parts,
+        SPLIT_P2=next_pow2(parts),
+        BLOCK_N=cfg["SPLIT_BLOCK"],
+        MEAN=n_valid is not None,
+        SMOOTH=label_smoothing != 0.0,
+        **launch_kwargs(cfg["SPLIT_WARPS"]),
     )
 
 
@@ -638,7 +774,7 @@ def cross_entropy(
     need_grad = torch.is_grad_enabled() and logits.requires_grad
     cfg = cross_entropy_config(n_cols, logits.dtype, stride=logits.stride(0))
     if head_n is not None or block_n is not None or num_warps is not None:
-        cfg = dict(cfg)
+        cfg = {k: v for k, v in cfg.items() if not k.startswith("SPLIT")}  # a tuning run: the head-and-tail kernel
         if head_n is not None:
             cfg["HEAD"] = check_block(head_n, "head_n", op)
         if block_n is not None:

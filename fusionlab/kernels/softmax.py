@@ -377,6 +377,38 @@ def _softmax_kernel(
 
 
 @triton.jit
+def _split_ticket(sync_ptr, SPLIT: tl.constexpr):
+    """(row, part) of a program of a split row, from the atomic ticket at ``sync_ptr[0]`` (see
+    :func:`_softmax_split_kernel` for why not the program id)."""
+    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+    return (ticket // SPLIT).to(tl.int64), ticket % SPLIT
+
+
+@triton.jit
+def _split_wait(sync_ptr, row, SPLIT: tl.constexpr):
+    """Count this part of ``row`` as published (its stores done: a barrier first, then the count with
+    release semantics) and wait until all SPLIT parts are; then their stores are visible (acquire)."""
+    tl.debug_barrier()
+    count = sync_ptr + 1 + row
+    arrived = tl.atomic_add(count, 1, sem="acq_rel") + 1
+    while arrived < SPLIT:
+        arrived = tl.atomic_add(count, 0, sem="acquire")  # a read with acquire semantics
+
+
+@triton.jit
+def _split_merge(parts, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr):
+    """The row's (max, sum of exp(x - max)) from its parts' pairs at ``parts[:SPLIT]`` (maxima) and
+    ``parts[SPLIT:2 SPLIT]`` (sums), merged as the online softmax merges tiles. The max is 0 for a row
+    of only -inf (its sum is then 0)."""
+    p = tl.arange(0, SPLIT_P2)
+    m_all = tl.load(parts + p, mask=p < SPLIT, other=float("-inf"), volatile=True)
+    d_all = tl.load(parts + SPLIT + p, mask=p < SPLIT, other=0.0, volatile=True)
+    big = tl.max(m_all, axis=0)
+    big = tl.where(big == float("-inf"), 0.0, big)
+    return big, tl.sum(d_all * tl.exp(m_all - big), axis=0)
+
+
+@triton.jit
 def _softmax_split_kernel(
     x_ptr,
     y_ptr,
@@ -404,9 +436,7 @@ def _softmax_split_kernel(
     # waits only for tickets of its own row, which are taken by programs already running or by the
     # next ones to start. The GPU holds far more than SPLIT (at most 64) of these programs at once,
     # so those start, whatever order the hardware starts programs in.
-    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
-    row = (ticket // SPLIT).to(tl.int64)
-    part = ticket % SPLIT
+    row, part = _split_ticket(sync_ptr, SPLIT)
     offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs < n_cols
     x_row = x_ptr + _row_offsets(row, n_inner, stride_xb, stride_xm, TWO_LEVEL)
@@ -422,17 +452,8 @@ def _softmax_split_kernel(
     parts = part_ptr + row * (2 * SPLIT)
     tl.store(parts + part, m)
     tl.store(parts + SPLIT + part, tl.sum(e, axis=0))
-    tl.debug_barrier()
-    count = sync_ptr + 1 + row
-    arrived = tl.atomic_add(count, 1, sem="acq_rel") + 1
-    while arrived < SPLIT:
-        arrived = tl.atomic_add(count, 0, sem="acquire")  # a read with acquire semantics
-    p = tl.arange(0, SPLIT_P2)
-    m_all = tl.load(parts + p, mask=p < SPLIT, other=float("-inf"), volatile=True)
-    d_all = tl.load(parts + SPLIT + p, mask=p < SPLIT, other=0.0, volatile=True)
-    big = tl.max(m_all, axis=0)
-    big = tl.where(big == float("-inf"), 0.0, big)
-    l = tl.sum(d_all * tl.exp(m_all - big), axis=0)  # an all -inf row: l = 0, y = 0 * (1 / 0): NaN, as torch
+    _split_wait(sync_ptr, row, SPLIT)
+    big, l = _split_merge(parts, SPLIT, SPLIT_P2)  # an all -inf row: l = 0, y = 0 * (1 / 0): NaN, as torch
     y = e * (tl.exp(ref - big) / l)
     y_ptrs = y_ptr + row * stride_ym + offs
     if EVEN_N:
