@@ -13,6 +13,12 @@ program waits only on tickets taken after its own by programs that are already r
 start when a slot frees: S <= the programs resident on the GPU is enough (no assumption about the
 order the hardware starts programs in). GPU only: the interpreter runs programs one at a time.
 
+The probe's softmax kernel keeps two variants the package does not ship: the program id in place of
+the ticket (TICKET=False) and x kept in its storage dtype with the exp computed twice (RECOMPUTE). Its
+cross-entropy sweep runs the package's split kernel (the first runs, in NOTES.md, used a probe kernel
+with the ticket variant, since merged into the package). The exchange is the package's
+(``_split_ticket``, ``_split_wait``, ``_split_merge`` in ``fusionlab/kernels/softmax.py``).
+
 Also: the package's softmax at 4096 x 32768 against 4224 rows (16 full waves of 2 programs a SM on
 132 SMs) and 16384 rows, to see how much of the 32768-wide miss is the last wave.
 """
@@ -30,40 +36,20 @@ import triton.language as tl
 
 import fusionlab  # noqa: F401
 from fusionlab import bench
-from fusionlab.kernels.cross_entropy import _launch_forward, cross_entropy_config
-from fusionlab.kernels.softmax import softmax
+from fusionlab.kernels.cross_entropy import _launch_forward, _launch_split, cross_entropy_config
+from fusionlab.kernels.softmax import _split_merge, _split_ticket, _split_wait, softmax
 
 LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
 def _take_ticket(sync_ptr, S: tl.constexpr, TICKET: tl.constexpr):
     if TICKET:
-        t = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+        row, part = _split_ticket(sync_ptr, S)
     else:  # the program id: safe only if the hardware starts programs in order (probe only)
         t = tl.program_id(0)
-    return (t // S).to(tl.int64), t % S
-
-
-@triton.jit
-def _exchange(sync_ptr, part_ptr, row, s, m, d, S: tl.constexpr, SP: tl.constexpr):
-    """Publish this chunk's (m, d), wait for the row's S chunks, return the row's (M, D): D = sum of
-    exp(x - M), M the row max (0 where the row is all -inf, so D = 0 there)."""
-    pb = part_ptr + row * (2 * S)
-    tl.store(pb + s, m)
-    tl.store(pb + S + s, d)
-    tl.debug_barrier()
-    cnt = tl.atomic_add(sync_ptr + 1 + row, 1, sem="acq_rel") + 1
-    while cnt < S:
-        cnt = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
-    po = tl.arange(0, SP)
-    pm = po < S
-    m_all = tl.load(pb + po, mask=pm, other=float("-inf"), volatile=True)
-    d_all = tl.load(pb + S + po, mask=pm, other=0.0, volatile=True)
-    big = tl.max(m_all, axis=0)
-    big = tl.where(big == float("-inf"), 0.0, big)
-    return big, tl.sum(d_all * tl.math.exp2((m_all - big) * LOG2E), axis=0)
+        row, part = (t // S).to(tl.int64), t % S
+    return row, part
 
 
 @triton.jit
@@ -88,64 +74,17 @@ def _softmax_split_kernel(
     m = tl.max(x, axis=0)
     ref = tl.where(m == float("-inf"), 0.0, m)
     e = tl.math.exp2((x - ref) * LOG2E)
-    big, d = _exchange(sync_ptr, part_ptr, row, s, m, tl.sum(e, axis=0), S, SP)
+    parts = part_ptr + row * (2 * S)  # publish (m, d), wait for the row, merge: the package's helpers
+    tl.store(parts + s, m)
+    tl.store(parts + S + s, tl.sum(e, axis=0))
+    _split_wait(sync_ptr, row, S)
+    big, d = _split_merge(parts, S, SP)
     # an all -inf row: big 0, d 0: 0 / 0 = NaN, as torch
     if RECOMPUTE:  # x kept in its storage dtype across the wait: fewer registers, a second exp2
         y = tl.math.exp2((x_raw.to(tl.float32) - big) * LOG2E) / d
     else:
         y = e * (tl.math.exp2((ref - big) * LOG2E) / d)
     tl.store(y_ptr + row * stride + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _ce_split_kernel(
-    x_ptr,
-    t_ptr,
-    g_ptr,
-    loss_ptr,
-    n_valid_ptr,
-    sync_ptr,
-    part_ptr,
-    n_cols,
-    stride,
-    ignore_index,
-    S: tl.constexpr,
-    SP: tl.constexpr,
-    CHUNK: tl.constexpr,
-    MEAN: tl.constexpr,
-    TICKET: tl.constexpr,
-):
-    row, s = _take_ticket(sync_ptr, S, TICKET)
-    y = tl.load(t_ptr + row)
-    offs = s * CHUNK + tl.arange(0, CHUNK)
-    mask = offs < n_cols
-    xb = x_ptr + row * stride
-    gb = g_ptr + row * stride
-    if y == ignore_index:
-        tl.store(gb + offs, tl.zeros([CHUNK], g_ptr.dtype.element_ty), mask=mask)
-        if s == 0:
-            tl.store(loss_ptr + row, 0.0)
-    else:
-        x = tl.load(xb + offs, mask=mask, other=float("-inf")).to(tl.float32)
-        m = tl.max(x, axis=0)
-        ref = tl.where(m == float("-inf"), 0.0, m)
-        e = tl.math.exp2((x - ref) * LOG2E)
-        big, d = _exchange(sync_ptr, part_ptr, row, s, m, tl.sum(e, axis=0), S, SP)
-        lse = big + tl.math.log2(d) * LN2
-        valid = (y >= 0) & (y < n_cols)
-        x_y = tl.load(xb + y, mask=valid, other=float("nan")).to(tl.float32)
-        if s == 0:
-            tl.store(loss_ptr + row, lse - x_y)
-        if MEAN:
-            scale = 1.0 / tl.load(n_valid_ptr).to(tl.float32)
-        else:
-            scale = 1.0
-        c = tl.where(valid, tl.math.exp2((ref - lse) * LOG2E) * scale, float("nan"))
-        tl.store(gb + offs, (e * c).to(g_ptr.dtype.element_ty), mask=mask)
-        tl.debug_barrier()
-        own = valid & (y >= s * CHUNK) & (y < s * CHUNK + CHUNK)
-        g_y = tl.math.exp2((x_y - lse) * LOG2E) * scale - scale
-        tl.store(gb + y, g_y.to(g_ptr.dtype.element_ty), mask=own)
 
 
 def warps_for(chunk, thread_bytes, elt=2):
@@ -175,29 +114,10 @@ def softmax_split(x, chunk, warps, ticket=True, recompute=False):
     return y
 
 
-def ce_split(x, t, grad, loss_rows, n_valid, chunk, warps, ignore_index=-100, ticket=True):
-    rows, n = x.shape
-    S = triton.cdiv(n, chunk)
-    sync = torch.zeros(rows + 1, dtype=torch.int32, device=x.device)
-    part = torch.empty(rows * 2 * S, dtype=torch.float32, device=x.device)
-    _ce_split_kernel[(rows * S,)](
-        x,
-        t,
-        grad,
-        loss_rows,
-        n_valid,
-        sync,
-        part,
-        n,
-        x.stride(0),
-        ignore_index,
-        S=S,
-        SP=triton.next_power_of_2(S),
-        CHUNK=chunk,
-        MEAN=True,
-        TICKET=ticket,
-        num_warps=warps,
-    )
+def ce_split(x, t, grad, loss_rows, n_valid, chunk, warps, ignore_index=-100):
+    """The package's split cross-entropy kernel with parts of ``chunk`` columns and ``warps`` warps."""
+    cfg = {"SPLIT": triton.cdiv(x.shape[1], chunk), "SPLIT_BLOCK": chunk, "SPLIT_WARPS": warps}
+    _launch_split(x, t, grad, loss_rows, n_valid, ignore_index, 0.0, cfg)
 
 
 def check_softmax(chunk, warps):
@@ -369,13 +289,12 @@ def main():
             nb,
         )
         for chunk, w in variants:
-            for ticket in (True, False):
-                label = f"split {chunk} w{w} t{int(ticket)}"
-                try:
-                    f = lambda: ce_split(x, t, g, lr, nv, chunk, w, ticket=ticket)  # noqa: E731
-                    rec("ce", (rows, n), label, bench.time_ms(f), nb)
-                except Exception as e:
-                    print(f"  failed {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
+            label = f"split {chunk} w{w}"
+            try:
+                f = lambda: ce_split(x, t, g, lr, nv, chunk, w)  # noqa: E731
+                rec("ce", (rows, n), label, bench.time_ms(f), nb)
+            except Exception as e:
+                print(f"  failed {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
         x = g = None  # free before the next shape
     with open(os.path.join(a.out, "probe_split_rows.json"), "w") as f:
         json.dump(res, f, indent=1)

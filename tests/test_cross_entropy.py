@@ -472,20 +472,29 @@ def test_past_2_31_logits_on_gpu():
     # 16400 x 131072 bf16 = 2.15e9 elements (4.3 GB): the last rows start past 2**31
     tokens, vocab = 16400, 131072
     assert tokens * vocab > 2**31
-    g = torch.Generator(device="cuda").manual_seed(12)
+    loss = _past_2_31(
+        tokens, vocab, seed=12, ignore_every=5, rows=[0, 1, tokens // 2, tokens - 3, tokens - 2, tokens - 1]
+    )
+    assert torch.isfinite(loss).all()
+
+
+def _past_2_31(tokens, vocab, *, seed, ignore_every, rows):
+    """bf16 logits of tokens x vocab (past 2**31 elements), every ``ignore_every``-th row ignored; the
+    loss ("none", weighted by 2) and the gradient in place, checked against float64 on ``rows``,
+    including the last ones, whose offsets pass 2**31. Returns the loss."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(tokens, vocab, device="cuda", dtype=torch.bfloat16, generator=g)
     t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
-    t[::5] = -100
-    rows = torch.tensor([0, 1, tokens // 2, tokens - 3, tokens - 2, tokens - 1], device="cuda")
+    t[::ignore_every] = -100
+    rows = torch.tensor(rows, device="cuda")
     sample = x[rows].clone()
     x.requires_grad_()
     loss = cross_entropy(x, t, reduction="none", inplace_grad=True)
     (loss * 2.0).sum().backward()
-    # float64 on the sampled rows, including the last ones, whose offsets pass 2**31
     want_loss, want_grad = _expected(sample, t[rows], "none", torch.full((len(rows),), 2.0, device="cuda"))
     _close(loss[rows], want_loss, 2e-2, 2e-2, "loss")
     _close(x.grad[rows], want_grad, 1e-2, 2e-2, "gradient")
-    assert torch.isfinite(loss).all()
+    return loss
 
 
 @gpu_only
@@ -527,15 +536,4 @@ def test_gpu_split_rows_match_float64(vocab, dtype, atol, rtol, reduction, smoot
 def test_gpu_split_rows_past_2_31_logits():
     tokens, vocab = 8200, 262144  # 2.15e9 logits, 32 parts a row: the last rows start past 2**31
     assert tokens * vocab > 2**31 and cross_entropy_config(vocab, torch.bfloat16)["SPLIT"] == 32
-    g = torch.Generator(device="cuda").manual_seed(13)
-    x = torch.randn(tokens, vocab, device="cuda", dtype=torch.bfloat16, generator=g)
-    t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
-    t[::7] = -100
-    rows = torch.tensor([0, 1, tokens // 2, tokens - 2, tokens - 1], device="cuda")
-    sample = x[rows].clone()
-    x.requires_grad_()
-    loss = cross_entropy(x, t, reduction="none", inplace_grad=True)
-    (loss * 2.0).sum().backward()
-    want_loss, want_grad = _expected(sample, t[rows], "none", torch.full((len(rows),), 2.0, device="cuda"))
-    _close(loss[rows], want_loss, 2e-2, 2e-2, "loss")
-    _close(x.grad[rows], want_grad, 1e-2, 2e-2, "gradient")
+    _past_2_31(tokens, vocab, seed=13, ignore_every=7, rows=[0, 1, tokens // 2, tokens - 2, tokens - 1])
