@@ -251,7 +251,7 @@ def sec_tune(copy, budget):
                 if vocab == 128256:
                     with torch.no_grad():
                         loss_rows = torch.empty(tokens, device="cuda")
-                        k = _launch_forward(xi.detach(), t, xi.detach(), loss_rows, None, -100, 0.0, cfg)
+                        k = _launch_forward(xi.detach(), t, xi.detach(), loss_rows, None, -100, 0.0, cfg, mean=False)
                     regs = f"{getattr(k, 'n_regs', '?')}/{getattr(k, 'n_spills', '?')}"
             except Exception as e:  # a config that does not compile (registers): say so, go on
                 ms, frac = float("nan"), float("nan")

@@ -19,7 +19,8 @@ from fusionlab.kernels.cross_entropy import (
     CrossEntropyFunction,
     _launch_backward,
     _launch_forward,
-    _reduce,
+    _loss,
+    _prologue,
     cross_entropy,
     cross_entropy_config,
 )
@@ -40,7 +41,7 @@ def main():
     cfg = cross_entropy_config(V, x.dtype)
     rows = torch.empty(T, device="cuda")
     g = torch.empty_like(x)
-    nv = (t != -100).sum()
+    sync = _prologue(t, -100, count=True)
     go = torch.ones((), device="cuda")
     parts = {
         "fused fwd+bwd call (autograd.grad)": lambda: torch.autograd.grad(cross_entropy(xg, t), xg),
@@ -49,10 +50,11 @@ def main():
         "CrossEntropyFunction.apply (no checks)": lambda: CrossEntropyFunction.apply(
             xg, t, -100, "mean", 0.0, False, cfg
         ),
-        "_launch_forward (the Triton launch)": lambda: _launch_forward(x, t, g, rows, nv, -100, 0.0, cfg),
+        "_loss (prologue, kernel, allocations)": lambda: _loss(x, t, g, -100, "mean", 0.0, cfg),
+        "_launch_forward (the Triton launch)": lambda: _launch_forward(x, t, g, rows, sync, -100, 0.0, cfg, mean=True),
+        "_prologue (count, zero: one launch)": lambda: _prologue(t, -100, count=True),
         "_launch_backward": lambda: _launch_backward(g, t, go, -100),
-        "n_valid: (t != -100).sum()": lambda: (t != -100).sum(),
-        "_reduce (sum, divide, cast)": lambda: _reduce(rows, nv, "mean", x.dtype),
+        "torch's n_valid, (t != -100).sum(), for comparison": lambda: (t != -100).sum(),
         "cross_entropy_config": lambda: cross_entropy_config(V, x.dtype, stride=V),
         "torch.empty_strided like x": lambda: torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cuda"),
         "eager F.cross_entropy fwd+bwd": lambda: torch.autograd.grad(F.cross_entropy(xg, t), xg),

@@ -36,7 +36,7 @@ import triton.language as tl
 
 import fusionlab  # noqa: F401
 from fusionlab import bench
-from fusionlab.kernels.cross_entropy import _launch_forward, _launch_split, cross_entropy_config
+from fusionlab.kernels.cross_entropy import _launch_forward, _launch_split, _prologue, cross_entropy_config
 from fusionlab.kernels.softmax import _split_merge, _split_ticket, _split_wait, softmax
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -114,10 +114,18 @@ def softmax_split(x, chunk, warps, ticket=True, recompute=False):
     return y
 
 
-def ce_split(x, t, grad, loss_rows, n_valid, chunk, warps, ignore_index=-100):
-    """The package's split cross-entropy kernel with parts of ``chunk`` columns and ``warps`` warps."""
+def ce_split(x, t, grad, loss_rows, chunk, warps, ignore_index=-100):
+    """The package's split cross-entropy kernel ("mean") with parts of ``chunk`` columns and ``warps``
+    warps, after its prologue (the count and the zeroed tickets)."""
     cfg = {"SPLIT": triton.cdiv(x.shape[1], chunk), "SPLIT_BLOCK": chunk, "SPLIT_WARPS": warps}
-    _launch_split(x, t, grad, loss_rows, n_valid, ignore_index, 0.0, cfg)
+    sync = _prologue(t, ignore_index, count=True, n_rows_split=x.shape[0])
+    _launch_split(x, t, grad, loss_rows, sync, ignore_index, 0.0, cfg, True, None)
+
+
+def ce_package(x, t, grad, loss_rows, cfg, ignore_index=-100):
+    """The package's kernel for this configuration ("mean", per-row losses), after its prologue."""
+    sync = _prologue(t, ignore_index, count=True, n_rows_split=x.shape[0] if cfg.get("SPLIT") else None)
+    _launch_forward(x, t, grad, loss_rows, sync, ignore_index, 0.0, cfg, mean=True)
 
 
 def check_softmax(chunk, warps):
@@ -145,7 +153,7 @@ def check_ce(chunk, warps):
         g = torch.empty_like(x)
         lr = torch.empty(rows, device="cuda")
         nv = (t != -100).sum()
-        ce_split(x, t, g, lr, nv, chunk, warps)
+        ce_split(x, t, g, lr, chunk, warps)
         xr = x.double().requires_grad_()
         ref = torch.nn.functional.cross_entropy(xr, t, reduction="none")
         (gr,) = torch.autograd.grad(ref.sum() / nv, xr)
@@ -278,20 +286,19 @@ def main():
         t = torch.randint(0, n, (rows,), device="cuda")
         g = torch.empty_like(x)
         lr = torch.empty(rows, device="cuda")
-        nv = (t != -100).sum()
         nb = 2 * x.numel() * 2
         cfg = cross_entropy_config(n, x.dtype, stride=x.stride(0))
         rec(
             "ce",
             (rows, n),
             "package kernel",
-            bench.time_ms(lambda: _launch_forward(x, t, g, lr, nv, -100, 0.0, cfg)),
+            bench.time_ms(lambda: ce_package(x, t, g, lr, cfg)),
             nb,
         )
         for chunk, w in variants:
             label = f"split {chunk} w{w}"
             try:
-                f = lambda: ce_split(x, t, g, lr, nv, chunk, w)  # noqa: E731
+                f = lambda: ce_split(x, t, g, lr, chunk, w)  # noqa: E731
                 rec("ce", (rows, n), label, bench.time_ms(f), nb)
             except Exception as e:
                 print(f"  failed {label}: {type(e).__name__} {str(e)[:120]}", flush=True)

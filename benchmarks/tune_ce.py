@@ -68,7 +68,7 @@ def loss_only(x, t, cfg):
     rows = torch.empty(x.shape[0], device="cuda")
 
     def run():
-        _launch_forward(x, t, None, rows, None, -100, 0.0, cfg)
+        _launch_forward(x, t, None, rows, None, -100, 0.0, cfg, mean=False)
 
     return run
 

@@ -29,7 +29,7 @@ import torch
 
 from .. import runtime
 from ._launch import KernelInputError, check_tensor, element_size
-from .cross_entropy import _check_args, _launch_backward, _launch_forward, _reduce, cross_entropy_config
+from .cross_entropy import _check_args, _launch_backward, _launch_forward, _prologue, _reduce, cross_entropy_config
 
 
 def linear_cross_entropy_reference(
@@ -121,11 +121,18 @@ def _forward_chunks(
     n_rows = h.shape[0]
     vocab = weight.shape[0]
     loss_rows = torch.empty(n_rows, dtype=torch.float32, device=h.device)
-    n_valid = (target != ignore_index).sum() if reduction == "mean" else None
+    mean = reduction == "mean"
     want_grad = grad_h is not None or grad_w is not None
     cfg = cross_entropy_config(vocab, h.dtype)  # the chunk buffer is contiguous: stride V
+    # sync[0]: the mean's denominator, over the whole batch; split rows need their counts zeroed for
+    # every chunk, so they get a fresh buffer (one more small launch) a chunk
+    split = want_grad and bool(cfg.get("SPLIT"))
+    sync = _prologue(target, ignore_index, count=True) if mean else None
+    chunk_sync = sync
     buf = torch.empty((min(chunk, n_rows), vocab), dtype=h.dtype, device=h.device)
     for start, end in _chunks(n_rows, chunk):
+        if split:
+            chunk_sync = _prologue(target, ignore_index, count=mean, n_rows_split=end - start)
         h_c = h[start:end]
         logits = buf[: end - start]
         torch.mm(h_c, weight.T, out=logits)  # (c, V)
@@ -135,10 +142,11 @@ def _forward_chunks(
             target[start:end],
             logits if want_grad else None,
             loss_rows[start:end],
-            n_valid,
+            chunk_sync,
             ignore_index,
             label_smoothing,
             cfg,
+            mean=mean,
         )
         if not want_grad:
             continue
@@ -148,7 +156,7 @@ def _forward_chunks(
             torch.mm(logits, weight, out=grad_h[start:end])  # (c, D)
         if grad_w is not None:
             _addmm_(grad_w, logits.T, h_c)  # (V, D) += (V, c) @ (c, D)
-    return loss_rows, n_valid
+    return loss_rows, None if sync is None else sync[0]
 
 
 def _scale_(t: torch.Tensor, grad_output: torch.Tensor, target_dummy: torch.Tensor) -> None:
