@@ -119,7 +119,7 @@ def ce_split(x, t, grad, loss_rows, chunk, warps, ignore_index=-100):
     warps, after its prologue (the count and the zeroed tickets)."""
     cfg = {"SPLIT": triton.cdiv(x.shape[1], chunk), "SPLIT_BLOCK": chunk, "SPLIT_WARPS": warps}
     sync = _prologue(t, ignore_index, count=True, n_rows_split=x.shape[0])
-    _launch_split(x, t, grad, loss_rows, sync, ignore_index, 0.0, cfg, True, None)
+    _launch_split(x, t, grad, loss_rows, sync, ignore_index, 0.0, cfg, True)
 
 
 def ce_package(x, t, grad, loss_rows, cfg, ignore_index=-100):

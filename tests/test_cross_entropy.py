@@ -30,13 +30,15 @@ pytestmark = [
 
 FWD = "_cross_entropy_fwd_kernel"
 BWD = "_cross_entropy_bwd_kernel"
-PRO = "_cross_entropy_prologue_kernel"  # the mean's count and the kernel's zeroed counters
+PRO = "_cross_entropy_prologue_kernel"  # the mean's count (and the split's zeroed tickets)
+FIN = "_cross_entropy_finish_kernel"  # the rows' losses summed (and divided, and cast)
 
 
 def _launches(reduction, kernel=FWD):
-    """What a forward launches: "none" one kernel; "mean" and "sum" the prologue first (the kernel's
-    last program then reduces the rows: no torch op)."""
-    return [kernel] if reduction == "none" else [PRO, kernel]
+    """What a forward launches, and no torch op: the prologue for "mean" (its count) and for split rows
+    (their tickets start from zero), the loss kernel, and the finish kernel for "mean" and "sum"."""
+    split = kernel != FWD
+    return [PRO] * (reduction == "mean" or split) + [kernel] + [FIN] * (reduction != "none")
 
 
 DTYPES = [
@@ -245,10 +247,10 @@ def test_all_rows_ignored(reduction):
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_reduction_in_the_kernel_many_rows(reduction):
-    """The loss's reduction runs in the kernel's last program, after the prologue's count: rows past one
-    block of the count (16384 targets) and of the sum (4096 losses) on a GPU, bitwise the same in
-    every call (a fixed order, whichever program finishes last), against float64. The interpreter runs
-    one program at a time (3 ms each): 300 rows there."""
+    """The count and the loss's reduction run in one-program kernels: rows past one block of the count
+    (16384 targets) and of the sum (4096 losses) on a GPU, bitwise the same in every call (a fixed
+    order, no atomics), against float64. The interpreter runs one program at a time (3 ms each): 300
+    rows there."""
     rows = 65537 if runtime.is_gpu() else 300
     x, t = _inputs(rows, 40, torch.float32, seed=12)
     want_loss, want_grad = _expected(x, t, reduction)

@@ -36,10 +36,9 @@ backward of the autograd function only multiplies the stored gradient by grad_ou
 rows whose grad_output is exactly 1, the usual case, without a host sync.
 
 Around the kernel, nothing runs in torch: a one-program prologue counts the rows not ignored (the
-mean's denominator, needed before any gradient is written) and zeroes a counter; each program of the
-kernel then counts its row as done, and the last one sums the rows' losses in a fixed order (the same
-result whichever program finishes last) and divides. Before, torch's compare, sum, sum, divide and
-cast were five more kernels and five more host calls around every call.
+mean's denominator, needed before any gradient is written), and a one-program finish kernel sums the
+rows' losses in a fixed order, divides and casts. Before, torch's compare, sum, sum, divide and cast
+were five kernels and five host calls around every call.
 
 Numerics: fp32 arithmetic for any storage dtype, a reference subtracted (logits of 1e4 do not overflow),
 padded lanes masked to −inf (never counted as probability mass), 64-bit row offsets (T × V past
@@ -128,8 +127,8 @@ def cross_entropy_ledger(
     launcher's configuration for this vocabulary; nothing when the row fits). ``backward=False``: the
     forward alone (eager: log_softmax + nll_loss; fused: one read, no gradient). Targets are counted as
     int64 and losses as fp32 (``Ledger.sizes``); the fused kernel writes one fp32 loss per row, which
-    its last program sums (T × 4 bytes, not in the ledger), after a prologue that reads the targets
-    once more to count the rows not ignored (T × 8 bytes, not in the ledger either).
+    a one-program kernel then sums (T × 4 bytes, not in the ledger), after a prologue that reads the
+    targets once more to count the rows not ignored (T × 8 bytes, not in the ledger either).
     """
     n = tokens * vocab
     out_loss = tokens if reduction == "none" else 1
@@ -238,16 +237,16 @@ def cross_entropy_config(n_cols: int, dtype: torch.dtype, *, stride: int | None 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _LN2 = tl.constexpr(0.6931471805599453)
 # The loss kernels share a small int32 buffer, ``sync``: [0] the rows not ignored (the mean's
-# denominator, counted by the prologue), [1] how many rows have stored their loss, [2:] the split
-# kernel's ticket and per-row counts. The prologue writes all of it, so nothing else clears it.
+# denominator, counted by the prologue), [1:] the split kernel's ticket and per-row counts. The
+# prologue writes all of it, so nothing else clears it.
 _COUNT_BLOCK = tl.constexpr(16384)
 
 
 @triton.jit
 def _cross_entropy_prologue_kernel(target_ptr, sync_ptr, n_rows, n_sync, ignore_index, COUNT: tl.constexpr):
     # One program: sync[0] = rows whose target is not ignore_index (COUNT: "mean"), sync[1:] = 0. It
-    # replaces torch's compare, sum and zeros: one launch, and 16 Ki targets a step (16-byte loads, 16
-    # of them in flight a thread) so that 16k tokens take one step.
+    # replaces torch's compare and sum (and the split's zeros): one launch, and 16 Ki targets a step
+    # (16-byte loads, 16 of them in flight a thread) so that 16k tokens take one step.
     if COUNT:
         acc = tl.zeros([_COUNT_BLOCK], tl.int32)
         for start in range(0, n_rows, _COUNT_BLOCK):
@@ -261,24 +260,20 @@ def _cross_entropy_prologue_kernel(target_ptr, sync_ptr, n_rows, n_sync, ignore_
 
 
 @triton.jit
-def _reduce_last(loss_ptr, out_ptr, sync_ptr, n_rows, MEAN: tl.constexpr):
-    """Count this program's row as stored (a barrier: its loss store is done; then the count, with
-    release semantics) and, in the program that counts last, sum the n_rows fp32 losses into
-    ``out_ptr[0]`` (divided by sync[0] for MEAN: all rows ignored gives 0 / 0 = NaN, as torch). The
-    sum runs in a fixed order whichever program is last, so the loss is deterministic, unlike an
-    atomic add of every row's loss."""
-    tl.debug_barrier()
-    done = tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel")
-    if done == n_rows - 1:
-        acc = tl.zeros([4096], tl.float32)
-        for start in range(0, n_rows, 4096):
-            offs = start + tl.arange(0, 4096)
-            # volatile: other programs wrote these, never this SM's L1
-            acc += tl.load(loss_ptr + offs, mask=offs < n_rows, other=0.0, volatile=True)
-        total = tl.sum(acc, axis=0)
-        if MEAN:
-            total = total / tl.load(sync_ptr).to(tl.float32)
-        tl.store(out_ptr, total.to(out_ptr.dtype.element_ty))
+def _cross_entropy_finish_kernel(loss_ptr, out_ptr, sync_ptr, n_rows, MEAN: tl.constexpr):
+    # One program: out[0] = the rows' fp32 losses summed (divided by sync[0] for MEAN: all rows
+    # ignored gives 0 / 0 = NaN, as torch) and cast to the logits' dtype; replaces torch's sum, divide
+    # and cast. A kernel of its own, not the loss kernel's last program: that needs each program to
+    # count its row with release semantics, which waits until the program's stores are visible, and
+    # cost 2-16% on an H100 (benchmarks/notes_lesson5.md, eighth session).
+    acc = tl.zeros([4096], tl.float32)
+    for start in range(0, n_rows, 4096):
+        offs = start + tl.arange(0, 4096)
+        acc += tl.load(loss_ptr + offs, mask=offs < n_rows, other=0.0)
+    total = tl.sum(acc, axis=0)
+    if MEAN:
+        total = total / tl.load(sync_ptr).to(tl.float32)
+    tl.store(out_ptr, total.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -287,9 +282,7 @@ def _cross_entropy_fwd_kernel(
     target_ptr,
     grad_ptr,
     loss_ptr,
-    out_ptr,
     sync_ptr,
-    n_rows,
     n_cols,
     stride_xm,
     stride_gm,
@@ -308,7 +301,6 @@ def _cross_entropy_fwd_kernel(
     REF_TARGET: tl.constexpr = False,
     LOOP_STAGES: tl.constexpr = 1,
     PREFETCH2: tl.constexpr = False,
-    REDUCE: tl.constexpr = False,
 ):
     # exp(v) is computed as exp2(v log2 e): one multiply and one MUFU ex2. Differences x - max are
     # formed in natural units first: they are exact for logits near the max, also at 1e4 (multiplying
@@ -341,6 +333,7 @@ def _cross_entropy_fwd_kernel(
 
     if y == ignore_index:
         # zero loss, zero gradient (and the mean's denominator never counted this row)
+        tl.store(loss_ptr + row, 0.0)
         if WRITE_GRAD:
             zero = tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty)
             for start in range(0, body_len, BLOCK_N):
@@ -348,7 +341,6 @@ def _cross_entropy_fwd_kernel(
                 tl.store(g_body + offs, zero, mask=offs < body_len)
             if VEC > 1:
                 tl.store(g_row + col_f, tl.zeros([2 * VEC], dtype=grad_ptr.dtype.element_ty), mask=mask_f)
-        tl.store(loss_ptr + row, 0.0)
     else:
         valid = (y >= 0) & (y < n_cols)  # an out-of-range target: NaN, never a stray read
         x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
@@ -517,8 +509,6 @@ def _cross_entropy_fwd_kernel(
             tl.debug_barrier()
             grad_y = tl.math.exp2((x_y - ref) * _LOG2E + log2_c) - c_s - (1.0 - label_smoothing) * scale
             tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=valid)
-    if REDUCE:
-        _reduce_last(loss_ptr, out_ptr, sync_ptr, n_rows, MEAN)
 
 
 @triton.jit
@@ -527,10 +517,8 @@ def _cross_entropy_split_kernel(
     target_ptr,
     grad_ptr,
     loss_ptr,
-    out_ptr,
     sync_ptr,
     part_ptr,
-    n_rows,
     n_cols,
     stride_xm,
     stride_gm,
@@ -541,14 +529,13 @@ def _cross_entropy_split_kernel(
     BLOCK_N: tl.constexpr,
     MEAN: tl.constexpr,
     SMOOTH: tl.constexpr,
-    REDUCE: tl.constexpr = False,
 ):
     # The loss and gradient of a row held by SPLIT programs, BLOCK_N logits each in registers (the
     # softmax's split schedule, _softmax_split_kernel, which says why the wait cannot hang): each part
     # publishes its max, its sum of exp(x - max) and (label smoothing) its sum of x, waits for the row's
     # other parts, merges them into the row's lse and writes its part of the gradient. One read, one
     # write, no re-read. GPU only.
-    row, part = _split_ticket(sync_ptr + 2, SPLIT)  # (sync: see _COUNT_BLOCK)
+    row, part = _split_ticket(sync_ptr + 1, SPLIT)  # (sync: see _COUNT_BLOCK)
     y = tl.load(target_ptr + row)
     offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = offs < n_cols
@@ -572,7 +559,7 @@ def _cross_entropy_split_kernel(
         tl.store(parts + SPLIT + part, tl.sum(e, axis=0))
         if SMOOTH:
             tl.store(parts + 2 * SPLIT + part, tl.sum(tl.where(mask, x, 0.0), axis=0))
-        _split_wait(sync_ptr + 2, row, SPLIT)
+        _split_wait(sync_ptr + 1, row, SPLIT)
         big, d = _split_merge(parts, SPLIT, SPLIT_P2)
         lse = big + tl.math.log2(d) * _LN2  # a row of only -inf: d = 0, lse = -inf, loss NaN (as torch)
         loss = lse - x_y
@@ -597,9 +584,6 @@ def _cross_entropy_split_kernel(
         own = valid & (y >= part * BLOCK_N) & (y < part * BLOCK_N + BLOCK_N)
         grad_y = tl.math.exp2((x_y - lse) * _LOG2E) * scale - c_s - (1.0 - label_smoothing) * scale
         tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=own)
-    if REDUCE:
-        if part == 0:  # the part that stored the row's loss counts it
-            _reduce_last(loss_ptr, out_ptr, sync_ptr, n_rows, MEAN)
 
 
 @triton.jit
@@ -662,8 +646,8 @@ def _check_inputs(logits, target, op, *, logits_name="logits"):
 
 def _prologue(target, ignore_index, *, count, n_rows_split=None):
     """The ``sync`` buffer (see ``_COUNT_BLOCK``), written by one launch: the count of rows not ignored
-    when ``count`` ("mean"), zeros after it; ``n_rows_split``: room for the split kernel's counts."""
-    n_sync = 2 if n_rows_split is None else 3 + n_rows_split
+    when ``count`` ("mean"); ``n_rows_split``: zeroed room for the split kernel's ticket and counts."""
+    n_sync = 1 if n_rows_split is None else 2 + n_rows_split
     sync = torch.empty(n_sync, dtype=torch.int32, device=target.device)
     _cross_entropy_prologue_kernel[(1,)](
         target, sync, target.shape[0], n_sync, ignore_index, COUNT=count, **launch_kwargs(16)
@@ -671,25 +655,22 @@ def _prologue(target, ignore_index, *, count, n_rows_split=None):
     return sync
 
 
-def _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, *, mean, out=None):
-    """One program per row (or per part of a split row). ``grad``: the gradient's destination (None:
-    forward only; ``logits`` itself: in place). ``sync``: from :func:`_prologue` (its count when
-    ``mean``; room for the split when ``cfg`` splits). ``out``: a 0-d tensor to receive the rows' loss
-    summed (divided by the count when ``mean``) by the kernel's last program; None: ``loss_rows`` only."""
+def _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, *, mean):
+    """One program per row (or per part of a split row) writes each row's loss to ``loss_rows`` (in
+    its dtype). ``grad``: the gradient's destination (None: forward only; ``logits`` itself: in
+    place). ``sync``: from :func:`_prologue` (its count read when ``mean``; split rows need its room)."""
     n_rows, n_cols = logits.shape
     if n_rows == 0:
         return
     if grad is not None and cfg.get("SPLIT"):
-        return _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean, out)
+        return _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean)
     g = logits if grad is None else grad
     return _cross_entropy_fwd_kernel[(n_rows,)](
         logits,
         target,
         g,
         loss_rows,
-        loss_rows if out is None else out,
         target if sync is None else sync,
-        n_rows,
         n_cols,
         logits.stride(0),
         g.stride(0),
@@ -708,12 +689,11 @@ def _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_s
         REF_TARGET=cfg.get("REF_TARGET", False),
         LOOP_STAGES=cfg.get("LOOP_STAGES", 1),
         PREFETCH2=cfg.get("PREFETCH2", cfg["PREFETCH"]),
-        REDUCE=out is not None,
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
 
 
-def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean, out):
+def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean):
     n_rows, n_cols = logits.shape
     parts = cfg["SPLIT"]
     stats = torch.empty(n_rows * 3 * parts, dtype=torch.float32, device=logits.device)
@@ -722,10 +702,8 @@ def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smo
         target,
         grad,
         loss_rows,
-        loss_rows if out is None else out,
         sync,
         stats,
-        n_rows,
         n_cols,
         logits.stride(0),
         grad.stride(0),
@@ -736,30 +714,36 @@ def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smo
         BLOCK_N=cfg["SPLIT_BLOCK"],
         MEAN=mean,
         SMOOTH=label_smoothing != 0.0,
-        REDUCE=out is not None,
         **launch_kwargs(cfg["SPLIT_WARPS"]),
     )
 
 
 def _loss(logits, target, grad, ignore_index, reduction, label_smoothing, cfg):
     """The loss as ``F.cross_entropy`` returns it (and, when ``grad`` is given, the gradient written
-    there): the prologue (when needed) and one kernel, whose last program reduces the rows' losses.
-    "none" writes each row's loss in the logits' dtype directly, with no prologue."""
+    there), with no torch op: the prologue when needed (the mean's count; the split's zeros), the loss
+    kernel, and for "mean" and "sum" the one-program finish kernel. "none" writes each row's loss in
+    the logits' dtype directly."""
     n_rows = logits.shape[0]
     dev = logits.device
+    if n_rows == 0:  # nothing to launch; torch: the mean of no rows is NaN, the sum 0
+        if reduction == "none":
+            return torch.empty(0, dtype=logits.dtype, device=dev)
+        return torch.full((), float("nan") if reduction == "mean" else 0.0, dtype=logits.dtype, device=dev)
     split = grad is not None and bool(cfg.get("SPLIT"))
+    mean = reduction == "mean"
+    sync = (
+        _prologue(target, ignore_index, count=mean, n_rows_split=n_rows if split else None) if mean or split else None
+    )
     if reduction == "none":
         out = torch.empty(n_rows, dtype=logits.dtype, device=dev)
-        sync = _prologue(target, ignore_index, count=False, n_rows_split=n_rows) if split and n_rows else None
         _launch_forward(logits, target, grad, out, sync, ignore_index, label_smoothing, cfg, mean=False)
         return out
-    if n_rows == 0:  # torch: the mean of nothing is NaN, the sum 0
-        return torch.full((), float("nan") if reduction == "mean" else 0.0, dtype=logits.dtype, device=dev)
     out = torch.empty((), dtype=logits.dtype, device=dev)
     loss_rows = torch.empty(n_rows, dtype=torch.float32, device=dev)
-    mean = reduction == "mean"
-    sync = _prologue(target, ignore_index, count=mean, n_rows_split=n_rows if split else None)
-    _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean=mean, out=out)
+    _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean=mean)
+    _cross_entropy_finish_kernel[(1,)](
+        loss_rows, out, target if sync is None else sync, n_rows, MEAN=mean, **launch_kwargs(8)
+    )
     return out
 
 

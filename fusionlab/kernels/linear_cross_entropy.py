@@ -124,8 +124,8 @@ def _forward_chunks(
     mean = reduction == "mean"
     want_grad = grad_h is not None or grad_w is not None
     cfg = cross_entropy_config(vocab, h.dtype)  # the chunk buffer is contiguous: stride V
-    # sync[0]: the mean's denominator, over the whole batch; split rows need their counts zeroed for
-    # every chunk, so they get a fresh buffer (one more small launch) a chunk
+    # sync[0]: the mean's denominator, over the whole batch; split rows need their ticket and counts
+    # zeroed for every chunk, so they get a fresh buffer (one more small launch) a chunk
     split = want_grad and bool(cfg.get("SPLIT"))
     sync = _prologue(target, ignore_index, count=True) if mean else None
     chunk_sync = sync
