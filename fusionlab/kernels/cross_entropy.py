@@ -25,8 +25,9 @@ above the target's is summed again against its true maximum). The gradient needs
 so a second sweep over the row computes ``exp(x − lse) − (1 − ε)[j = y] − ε/V`` (times the
 reduction's scale) and writes it — into a gradient buffer, or **over the logits**
 (``inplace_grad=True``). No probability tensor ever exists. The first tile of the row (the "head":
-8192 elements for rows up to 64 Ki, 64 KiB of row for wider ones) stays in registers from the first
-sweep to the second, so a row that fits in it is read once; a wider row's other tiles are read again,
+8192 elements for rows up to 32 Ki, the whole row for 16-bit rows up to 64 Ki, 64 KiB of row for
+wider ones) stays in registers from the first sweep to the second, so a row that fits in it is read
+once; a wider row's other tiles are read again,
 newest first, so that the second sweep finds what it read last still in L2 (the ledger counts the
 re-read honestly, as ``rereads``); on a GPU, aligned rows wider than 196608 are instead split across
 programs that swap their statistics (lesson 4's split softmax), read once. A row whose start or
@@ -169,14 +170,22 @@ def cross_entropy_flops(tokens: int, vocab: int, *, backward: bool = True) -> in
 
 
 # -- configuration ------------------------------------------------------------------------------------------
-#: from sweeps on an H100 and an H200 (bf16 fwd+bwd, benchmarks/notes_lesson5.md): rows up to 64 Ki
-#: elements run fastest in small programs (8 warps, a head of 8192, tiles of 4096: several programs per
-#: SM overlap one's loads with another's arithmetic), sweep 1's tail pipelined by Triton three tiles
-#: deep through shared memory and sweep 2's next tile loaded ahead into registers; wider rows in one
-#: 32-warp program per SM with a 64 KiB head, which keeps fewer rows in flight. Both with L2 hints
+#: from sweeps on an H100 and an H200 (bf16 fwd+bwd, benchmarks/notes_lesson5.md): rows up to 32 Ki
+#: elements (and 32-bit rows up to 64 Ki) run fastest in small programs (8 warps, a head of 8192,
+#: tiles of 4096: several programs per SM overlap one's loads with another's arithmetic), sweep 1's
+#: tail pipelined by Triton three tiles deep through shared memory and sweep 2's next tile loaded
+#: ahead into registers; wider rows in one 32-warp program per SM with a 64 KiB head, which keeps
+#: fewer rows in flight. Both with L2 hints
 #: (evict-last on the tiles sweep 2 reads again, evict-first on the rest), so that sweep 2 finds its
 #: tiles still in L2, and sums against the target's logit (REF_TARGET: no running maximum).
 NARROW_MAX = 65536
+#: 16-bit rows from here to NARROW_MAX are held whole in one tile of 65536 (32 warps, 128 KiB), the
+#: head loaded before the branch on the target (``EARLY_HEAD``: its latency overlaps the target's
+#: load). fwd+bwd bf16, 8192 tokens, share of copy on the GPU clock, against the head of 8192:
+#: H100 50257 78.7% -> 87.2%, 65536 80.2% -> 92.4%; H200 72.3% -> 74.7%, 75.5% -> 83.7%. At 32000 a
+#: tile of 32768 lost (H100 90.8% -> 89.9%, H200 81.9% -> 70.7%; benchmarks/notes_lesson5.md, eighth
+#: session). An ignored row then reads its logits for nothing (eager reads them too).
+ONE_TILE_MIN = 32769
 #: wider rows (with autograd, 16-byte aligned) are split across programs, 16 KiB of row each (4 warps),
 #: which swap their statistics and write their part of the gradient: each row read once. fwd+bwd bf16,
 #: share of copy: H100 4096 x 262144 72% -> 87%, 4096 x 256000 72% -> 86%, but 8192 x 151936 85% -> 83%
@@ -194,6 +203,9 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool) -> dict:
     if not gpu:  # the interpreter: 4096-element tiles (numpy arrays: memory, not registers, limits)
         head = row_config(n_cols, dtype, gpu=False)["BLOCK_N"]
         return {**cfg, "HEAD": head, "BLOCK_N": min(head, 2048), "num_warps": 4}
+    if element_size(dtype) == 2 and ONE_TILE_MIN <= n_cols <= NARROW_MAX:
+        # the whole row in registers (up to 128 KiB), loaded before the branch on the target
+        return {**cfg, "HEAD": NARROW_MAX, "BLOCK_N": 4096, "num_warps": 32, "EVICT": True, "EARLY_HEAD": True}
     if n_cols <= NARROW_MAX:
         head = row_config(n_cols, dtype, max_block=8192, gpu=True)["BLOCK_N"]
         narrow = {"num_warps": 8, "LOOP_STAGES": 3, "PREFETCH2": True, "EVICT": True}
@@ -215,7 +227,8 @@ def cross_entropy_config(n_cols: int, dtype: torch.dtype, *, stride: int | None 
     the rest is streamed in BLOCK_N tiles (PREFETCH, PREFETCH2: sweep 1's, sweep 2's next tile loaded
     before this one is used; LOOP_STAGES: sweep 1's tiles pipelined that deep by Triton through shared
     memory; EVICT: L2 eviction hints, evict-last for tiles read again, evict-first for the rest;
-    REF_TARGET: sums against the target's logit instead of a running maximum). VEC > 1 when the row
+    REF_TARGET: sums against the target's logit instead of a running maximum; EARLY_HEAD, where set:
+    the head loaded before the branch on the target). VEC > 1 when the row
     length or stride is not a multiple of 16 elements: each row is then split at its 16-byte
     boundaries (see the kernel) so that its body still moves in 16-byte accesses. On a GPU, aligned
     rows from ``SPLIT_MIN`` columns also get ``SPLIT`` (parts of ``SPLIT_BLOCK`` columns, ``SPLIT_WARPS``
@@ -301,6 +314,7 @@ def _cross_entropy_fwd_kernel(
     REF_TARGET: tl.constexpr = False,
     LOOP_STAGES: tl.constexpr = 1,
     PREFETCH2: tl.constexpr = False,
+    EARLY_HEAD: tl.constexpr = False,
 ):
     # exp(v) is computed as exp2(v log2 e): one multiply and one MUFU ex2. Differences x - max are
     # formed in natural units first: they are exact for logits near the max, also at 1e4 (multiplying
@@ -331,6 +345,12 @@ def _cross_entropy_fwd_kernel(
         x_body = x_row
         g_body = g_row
 
+    offs_h = tl.arange(0, HEAD)
+    mask_h = offs_h < body_len
+    if EARLY_HEAD:
+        # the head's load before the branch on the target: its latency overlaps the target's load
+        # instead of following it (an ignored row then reads its head for nothing)
+        x_h_early = tl.load(x_body + offs_h, mask=mask_h, other=float("-inf"), eviction_policy=DROP)
     if y == ignore_index:
         # zero loss, zero gradient (and the mean's denominator never counted this row)
         tl.store(loss_ptr + row, 0.0)
@@ -346,11 +366,12 @@ def _cross_entropy_fwd_kernel(
         x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
 
         # -- sweep 1: the log-sum-exp. The head tile stays in registers (storage dtype) for sweep 2.
-        offs_h = tl.arange(0, HEAD)
-        mask_h = offs_h < body_len
         # (the head is never read again: DROP may mark it evict-first in L2; streamed tiles are read
         # again in sweep 2: KEEP may mark them evict-last)
-        x_h_raw = tl.load(x_body + offs_h, mask=mask_h, other=float("-inf"), eviction_policy=DROP)
+        if EARLY_HEAD:
+            x_h_raw = x_h_early
+        else:
+            x_h_raw = tl.load(x_body + offs_h, mask=mask_h, other=float("-inf"), eviction_policy=DROP)
         n_tail = tl.maximum(tl.cdiv(body_len - HEAD, BLOCK_N), 0)
         if PREFETCH:  # the first streamed tile's load before the head's reduction: two tiles in flight
             if not SINGLE:
@@ -689,6 +710,7 @@ def _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_s
         REF_TARGET=cfg.get("REF_TARGET", False),
         LOOP_STAGES=cfg.get("LOOP_STAGES", 1),
         PREFETCH2=cfg.get("PREFETCH2", cfg["PREFETCH"]),
+        EARLY_HEAD=cfg.get("EARLY_HEAD", False),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
 
