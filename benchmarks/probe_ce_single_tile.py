@@ -1,7 +1,7 @@
 """Probe: cross-entropy rows held whole in registers, and the head loaded before the target is known
 (benchmarks/notes_lesson5.md, eighth session).
 
-    PYTHONPATH=. python3 benchmarks/probe_ce_single_tile.py
+    PYTHONPATH=. python3 benchmarks/probe_ce_single_tile.py [--narrow]
 
 The shipped configuration for rows up to 64 Ki keeps a head of 8192 logits in registers (8 warps) and
 streams the rest twice (sweep 2 re-reads it from L2). The softmax's one-tile kernel, with the same
@@ -14,6 +14,8 @@ whole row in one tile (``HEAD`` >= V) at 32 warps, each with and without ``EARLY
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -37,11 +39,25 @@ def configs(vocab):
     return out
 
 
+def narrow_configs(vocab):
+    """``--narrow``: smaller programs for rows up to 32 Ki (more of them to an SM), with and without
+    the early head: (HEAD, BLOCK_N, num_warps)."""
+    base = cross_entropy_config(vocab, torch.bfloat16)
+    out = {"shipped": base}
+    for head, block, warps in ((8192, 4096, 4), (4096, 4096, 4), (8192, 2048, 4), (4096, 2048, 4), (8192, 8192, 8)):
+        for early in (False, True):
+            label = f"head {head} tile {block} w{warps}" + (", early" if early else "")
+            out[label] = {**base, "HEAD": head, "BLOCK_N": block, "num_warps": warps, "EARLY_HEAD": early}
+    return out
+
+
 def main():
+    narrow = "--narrow" in sys.argv
+    shapes = ((8192, 32000), (4096, 32000)) if narrow else SHAPES
     copy = bench.measure_copy_bandwidth()
     dev = torch.cuda.get_device_name()
     print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s", flush=True)
-    for tokens, vocab in SHAPES:
+    for tokens, vocab in shapes:
         g = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(tokens, vocab, device="cuda", dtype=torch.bfloat16, generator=g) * 2
         t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
@@ -51,7 +67,7 @@ def main():
         ts[::5] = -100
         xs = x[:64].double().requires_grad_()
         (want_g,) = torch.autograd.grad(F.cross_entropy(xs, ts), xs)
-        for label, cfg in configs(vocab).items():
+        for label, cfg in (narrow_configs if narrow else configs)(vocab).items():
             try:
                 xc = x[:64].clone().requires_grad_()
                 (got_g,) = torch.autograd.grad(CrossEntropyFunction.apply(xc, ts, -100, "mean", 0.0, False, cfg), xc)
