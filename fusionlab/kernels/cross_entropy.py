@@ -278,7 +278,7 @@ def _cross_entropy_finish_kernel(loss_ptr, out_ptr, sync_ptr, n_rows, MEAN: tl.c
     # ignored gives 0 / 0 = NaN, as torch) and cast to the logits' dtype; replaces torch's sum, divide
     # and cast. A kernel of its own, not the loss kernel's last program: that needs each program to
     # count its row with release semantics, which waits until the program's stores are visible, and
-    # cost 2-16% on an H100 (benchmarks/notes_lesson5.md, eighth session).
+    # cost 1-17% on an H100 (benchmarks/notes_lesson5.md, eighth session).
     acc = tl.zeros([4096], tl.float32)
     for start in range(0, n_rows, 4096):
         offs = start + tl.arange(0, 4096)
