@@ -53,7 +53,7 @@ def _take_ticket(sync_ptr, S: tl.constexpr, TICKET: tl.constexpr):
 
 
 @triton.jit
-def _softmax_split_kernel(
+def _probe_softmax_split_kernel(
     x_ptr,
     y_ptr,
     sync_ptr,
@@ -97,7 +97,7 @@ def softmax_split(x, chunk, warps, ticket=True, recompute=False):
     y = torch.empty_like(x)
     sync = torch.zeros(rows + 1, dtype=torch.int32, device=x.device)
     part = torch.empty(rows * 2 * S, dtype=torch.float32, device=x.device)
-    _softmax_split_kernel[(rows * S,)](
+    _probe_softmax_split_kernel[(rows * S,)](
         x,
         y,
         sync,

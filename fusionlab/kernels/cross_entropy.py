@@ -743,30 +743,22 @@ def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smo
 def _loss(logits, target, grad, ignore_index, reduction, label_smoothing, cfg):
     """The loss as ``F.cross_entropy`` returns it (and, when ``grad`` is given, the gradient written
     there), with no torch op: the prologue when needed (the mean's count; the split's zeros), the loss
-    kernel, and for "mean" and "sum" the one-program finish kernel. "none" writes each row's loss in
-    the logits' dtype directly."""
+    kernel, and :func:`_reduce`. "none" writes each row's loss in the logits' dtype directly."""
     n_rows = logits.shape[0]
-    dev = logits.device
-    if n_rows == 0:  # nothing to launch; torch: the mean of no rows is NaN, the sum 0
-        if reduction == "none":
-            return torch.empty(0, dtype=logits.dtype, device=dev)
-        return torch.full((), float("nan") if reduction == "mean" else 0.0, dtype=logits.dtype, device=dev)
+    if n_rows == 0:
+        return _reduce(logits.new_empty(0, dtype=torch.float32), None, reduction, logits.dtype)
     split = grad is not None and bool(cfg.get("SPLIT"))
     mean = reduction == "mean"
     sync = (
         _prologue(target, ignore_index, count=mean, n_rows_split=n_rows if split else None) if mean or split else None
     )
     if reduction == "none":
-        out = torch.empty(n_rows, dtype=logits.dtype, device=dev)
+        out = torch.empty(n_rows, dtype=logits.dtype, device=logits.device)
         _launch_forward(logits, target, grad, out, sync, ignore_index, label_smoothing, cfg, mean=False)
         return out
-    out = torch.empty((), dtype=logits.dtype, device=dev)
-    loss_rows = torch.empty(n_rows, dtype=torch.float32, device=dev)
+    loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
     _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean=mean)
-    _cross_entropy_finish_kernel[(1,)](
-        loss_rows, out, target if sync is None else sync, n_rows, MEAN=mean, **launch_kwargs(8)
-    )
-    return out
+    return _reduce(loss_rows, sync, reduction, logits.dtype)
 
 
 def _launch_backward(grad, target, grad_output, ignore_index):
@@ -788,13 +780,24 @@ def _launch_backward(grad, target, grad_output, ignore_index):
     )
 
 
-def _reduce(loss_rows, n_valid, reduction, dtype):
+def _reduce(loss_rows, sync, reduction, dtype):
+    """The rows' fp32 losses as ``reduction`` returns them, in ``dtype``: "none" cast; "mean" and
+    "sum" by the one-program finish kernel ("mean" divides by the prologue's count, ``sync[0]``). No
+    rows: what torch returns (the mean of nothing is NaN, the sum 0), with nothing launched."""
     if reduction == "none":
         return loss_rows.to(dtype)
-    total = loss_rows.sum()
-    if reduction == "mean":
-        total = total / n_valid  # all rows ignored: 0 / 0 = NaN, as torch
-    return total.to(dtype)
+    if loss_rows.numel() == 0:
+        return torch.full((), float("nan") if reduction == "mean" else 0.0, dtype=dtype, device=loss_rows.device)
+    out = torch.empty((), dtype=dtype, device=loss_rows.device)
+    _cross_entropy_finish_kernel[(1,)](
+        loss_rows,
+        out,
+        loss_rows if sync is None else sync,
+        loss_rows.shape[0],
+        MEAN=reduction == "mean",
+        **launch_kwargs(8),
+    )
+    return out
 
 
 def _increment_version(t: torch.Tensor) -> None:

@@ -117,7 +117,8 @@ def _forward_chunks(
     h, weight, target, ignore_index, reduction, label_smoothing, chunk, *, grad_out, grad_h, grad_w, row_scale=None
 ):
     """The chunk loop. Writes per-row losses (fp32); when ``grad_h`` / ``grad_w`` are given, the
-    gradients too (scaled for "mean" by the batch's count, and by ``row_scale`` per row if given)."""
+    gradients too (scaled for "mean" by the batch's count, and by ``row_scale`` per row if given).
+    Returns the losses and the prologue's ``sync`` (its count, for "mean"; else None)."""
     n_rows = h.shape[0]
     vocab = weight.shape[0]
     loss_rows = torch.empty(n_rows, dtype=torch.float32, device=h.device)
@@ -156,7 +157,7 @@ def _forward_chunks(
             torch.mm(logits, weight, out=grad_h[start:end])  # (c, D)
         if grad_w is not None:
             _addmm_(grad_w, logits.T, h_c)  # (V, D) += (V, c) @ (c, D)
-    return loss_rows, None if sync is None else sync[0]
+    return loss_rows, sync
 
 
 def _scale_(t: torch.Tensor, grad_output: torch.Tensor, target_dummy: torch.Tensor) -> None:
@@ -191,7 +192,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             return loss_rows.to(h.dtype)
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=accum_dtype, device=weight.device) if need_w else None
-        loss_rows, n_valid = _forward_chunks(
+        loss_rows, sync = _forward_chunks(
             h,
             weight,
             target,
@@ -206,7 +207,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         if grad_w is not None and grad_w.dtype != weight.dtype:
             grad_w = grad_w.to(weight.dtype)
         ctx.save_for_backward(grad_h, grad_w)
-        return _reduce(loss_rows, n_valid, reduction, h.dtype)
+        return _reduce(loss_rows, sync, reduction, h.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -306,10 +307,10 @@ def linear_cross_entropy(
         return LinearCrossEntropyFunction.apply(
             h, weight, target, ignore_index, reduction, label_smoothing, chunk, accum_dtype
         )
-    loss_rows, n_valid = _forward_chunks(
+    loss_rows, sync = _forward_chunks(
         h, weight, target, ignore_index, reduction, label_smoothing, chunk, grad_out=None, grad_h=None, grad_w=None
     )
-    return _reduce(loss_rows, n_valid, reduction, h.dtype)
+    return _reduce(loss_rows, sync, reduction, h.dtype)
 
 
 __all__ = [
