@@ -11,6 +11,7 @@ from fusionlab import runtime
 from fusionlab.grading import Sandbox
 from fusionlab.kernels import KernelInputError
 from fusionlab.kernels.cross_entropy import (
+    FORWARD_TILE,
     MAX_SPLIT,
     ONE_TILE_MIN,
     SPLIT_MIN,
@@ -362,6 +363,30 @@ def test_forward_only_reads_once_and_leaves_logits():
     _close(loss, _expected(x, t, "mean", label_smoothing=0.2)[0], 1e-5, 1e-5, "loss")
 
 
+@gpu_only
+@pytest.mark.parametrize(
+    "dtype,atol,rtol",
+    [pytest.param(torch.bfloat16, 1e-2, 2e-2, id="bf16"), pytest.param(torch.float32, 1e-4, 1e-5, id="fp32")],
+)
+@pytest.mark.parametrize("vocab", [4097, 32000, 50257, 128256, 262144])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_gpu_forward_only_matches_float64(vocab, dtype, atol, rtol, reduction):
+    """The loss alone walks rows past FORWARD_TILE in small pipelined tiles (its own configuration):
+    one column past a tile (4097), unaligned (50257), the split's widths (no split without a gradient),
+    30% ignored rows, smoothing, the target in the first and last column, a strided view."""
+    big, t = _inputs(23, vocab + 8, dtype, seed=47)
+    x = big[:, 3 : 3 + vocab]  # rows that start off a 16-byte boundary
+    t[1], t[2] = 0, vocab - 1
+    t[t >= vocab] = vocab - 2
+    before = x.clone()
+    want_loss, _ = _expected(x, t, reduction, label_smoothing=0.1)
+    with torch.no_grad(), Sandbox() as counter:
+        loss = cross_entropy(x, t, reduction=reduction, label_smoothing=0.1)
+    assert counter.names == _launches(reduction) and counter.torch_ops == []
+    _close(loss, want_loss, atol * 10, rtol, "loss")
+    assert torch.equal(x, before)
+
+
 def test_strided_rows_odd_stride():
     # rows of a wider buffer, row stride 1003 (not a multiple of 16): the unaligned-window path
     big, t = _inputs(7, 1003, torch.float32, seed=11)
@@ -464,6 +489,13 @@ def test_config_is_legal(vocab, dtype, gpu, monkeypatch):
             cfg["SPLIT"] <= MAX_SPLIT
             and cross_entropy_ledger(64, vocab, dtype).fused_bytes == 64 * (2 * vocab * dtype.itemsize + 8) + 4
         )  # read once, write once (and the targets, one loss): no re-read
+    # the loss alone: small pipelined tiles past FORWARD_TILE on a GPU, never split, legal on every path
+    fwd = cross_entropy_config(vocab, dtype, grad=False)
+    assert not fwd.get("SPLIT") and fwd["BLOCK_N"] <= fwd["HEAD"] and fwd["VEC"] == cfg["VEC"]
+    if gpu and vocab > FORWARD_TILE:
+        assert (fwd["HEAD"], fwd["BLOCK_N"], fwd["num_warps"]) == (FORWARD_TILE, FORWARD_TILE, 8)
+    else:
+        assert fwd == {k: v for k, v in cfg.items() if not k.startswith("SPLIT")}
 
 
 # -- bad input: a clear error before the launch ------------------------------------------------------------

@@ -194,15 +194,24 @@ ONE_TILE_MIN = 32769
 SPLIT_MIN = 196609
 SPLIT_BYTES = 16384
 MAX_SPLIT = 64
+#: the loss alone (no gradient: evaluation) keeps nothing for a second sweep, so it needs neither a large
+#: head nor the L2 hints: rows wider than this walk tiles of this many elements, 8 warps, Triton's
+#: pipeliner keeping three tiles in flight. bf16, share of copy by one read, GPU clock, against the
+#: fused kernel's configuration: H200 8192 x 32000 84.7% -> 92.5%, 50257 68% -> 93%, 128256 75% ->
+#: 103.5%, 4096 x 262144 80% -> 103% (a read alone runs above copy's rate; benchmarks/notes_lesson5.md,
+#: ninth session, probe_ce_forward.py).
+FORWARD_TILE = 4096
 
 
 @functools.lru_cache(maxsize=4096)
-def _config(n_cols: int, dtype: torch.dtype, gpu: bool) -> dict:
+def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True) -> dict:
     cfg = {"PREFETCH": False, "PREFETCH2": False, "LOOP_STAGES": 1, "EVICT": False, "REF_TARGET": True}
     cfg["num_stages"] = None
     if not gpu:  # the interpreter: 4096-element tiles (numpy arrays: memory, not registers, limits)
         head = row_config(n_cols, dtype, gpu=False)["BLOCK_N"]
         return {**cfg, "HEAD": head, "BLOCK_N": min(head, 2048), "num_warps": 4}
+    if not grad and n_cols > FORWARD_TILE:
+        return {**cfg, "HEAD": FORWARD_TILE, "BLOCK_N": FORWARD_TILE, "num_warps": 8, "LOOP_STAGES": 4}
     if element_size(dtype) == 2 and ONE_TILE_MIN <= n_cols <= NARROW_MAX:
         # the whole row in registers (up to 128 KiB), loaded before the branch on the target
         return {**cfg, "HEAD": NARROW_MAX, "BLOCK_N": 4096, "num_warps": 32, "EVICT": True, "EARLY_HEAD": True}
@@ -220,7 +229,7 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool) -> dict:
     return cfg
 
 
-def cross_entropy_config(n_cols: int, dtype: torch.dtype, *, stride: int | None = None) -> dict:
+def cross_entropy_config(n_cols: int, dtype: torch.dtype, *, stride: int | None = None, grad: bool = True) -> dict:
     """The launch configuration for rows of ``n_cols`` logits at row ``stride`` (default ``n_cols``):
     ``{"HEAD", "BLOCK_N", "num_warps", "VEC", "PREFETCH", "PREFETCH2", "LOOP_STAGES", "EVICT",
     "REF_TARGET", "num_stages"}``. HEAD elements of a row stay in registers between the two sweeps;
@@ -233,12 +242,13 @@ def cross_entropy_config(n_cols: int, dtype: torch.dtype, *, stride: int | None 
     boundaries (see the kernel) so that its body still moves in 16-byte accesses. On a GPU, aligned
     rows from ``SPLIT_MIN`` columns also get ``SPLIT`` (parts of ``SPLIT_BLOCK`` columns, ``SPLIT_WARPS``
     warps each): with autograd, the loss and gradient then come from the split kernel, one program a
-    part, each row read once.
+    part, each row read once. ``grad=False``: the configuration of the loss alone (no gradient), which
+    walks rows wider than ``FORWARD_TILE`` in small pipelined tiles.
     """
     stride = n_cols if stride is None else stride
     vec = 16 // element_size(dtype)
     split = (stride % 16 != 0 or n_cols % 16 != 0) and vec > 1
-    cfg = dict(_config(int(n_cols), dtype, runtime.is_gpu()))
+    cfg = dict(_config(int(n_cols), dtype, runtime.is_gpu(), bool(grad)))
     cfg["VEC"] = vec if split else 1
     if split:  # the split kernel has no 16-byte row splitting: unaligned rows keep the head-and-tail kernel
         for k in ("SPLIT", "SPLIT_BLOCK", "SPLIT_WARPS"):
@@ -878,7 +888,7 @@ def cross_entropy(
     _check_inputs(logits, target, op)
     n_cols = logits.shape[1]
     need_grad = torch.is_grad_enabled() and logits.requires_grad
-    cfg = cross_entropy_config(n_cols, logits.dtype, stride=logits.stride(0))
+    cfg = cross_entropy_config(n_cols, logits.dtype, stride=logits.stride(0), grad=need_grad)
     if head_n is not None or block_n is not None or num_warps is not None:
         cfg = {k: v for k, v in cfg.items() if not k.startswith("SPLIT")}  # a tuning run: the head-and-tail kernel
         if head_n is not None:

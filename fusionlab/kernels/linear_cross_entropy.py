@@ -124,7 +124,7 @@ def _forward_chunks(
     loss_rows = torch.empty(n_rows, dtype=torch.float32, device=h.device)
     mean = reduction == "mean"
     want_grad = grad_h is not None or grad_w is not None
-    cfg = cross_entropy_config(vocab, h.dtype)  # the chunk buffer is contiguous: stride V
+    cfg = cross_entropy_config(vocab, h.dtype, grad=want_grad)  # the chunk buffer is contiguous: stride V
     # sync[0]: the mean's denominator, over the whole batch; split rows need their ticket and counts
     # zeroed for every chunk, so they get a fresh buffer (one more small launch) a chunk
     split = want_grad and bool(cfg.get("SPLIT"))
