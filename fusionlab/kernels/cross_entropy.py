@@ -29,8 +29,8 @@ reduction's scale) and writes it — into a gradient buffer, or **over the logit
 wider ones) stays in registers from the first sweep to the second, so a row that fits in it is read
 once; a wider row's other tiles are read again,
 newest first, so that the second sweep finds what it read last still in L2 (the ledger counts the
-re-read honestly, as ``rereads``); on a GPU, aligned rows wider than 196608 are instead split across
-programs that swap their statistics (lesson 4's split softmax), read once. A row whose start or
+re-read honestly, as ``rereads``); on a GPU, with a gradient, aligned rows wider than 65536 are
+instead split across programs that swap their statistics (lesson 4's split softmax), read once. A row whose start or
 length is not a multiple of 16 bytes
 (V = 50257) is split at its 16-byte boundaries so its body still moves in 16-byte accesses. The
 backward of the autograd function only multiplies the stored gradient by grad_output — and skips
@@ -116,6 +116,7 @@ def cross_entropy_ledger(
     reduction: str = "mean",
     backward: bool = True,
     head: int | None = None,
+    gpu: bool | None = None,
 ) -> Ledger:
     """Trips of cross-entropy on (tokens, vocab) logits, forward + backward, as eager runs it and fused.
 
@@ -125,11 +126,12 @@ def cross_entropy_ledger(
     smoothing adds ``sum`` over lsm and, backward, the ``add`` of its broadcast gradient. Fused: read
     the logits (and the int64 targets), write the gradient (and the loss); ``rereads`` holds the second
     sweep's re-read of the part of each row beyond the ``head`` elements kept on chip (default: the
-    launcher's configuration for this vocabulary; nothing when the row fits). ``backward=False``: the
-    forward alone (eager: log_softmax + nll_loss; fused: one read, no gradient). Targets are counted as
-    int64 and losses as fp32 (``Ledger.sizes``); the fused kernel writes one fp32 loss per row, which
-    a one-program kernel then sums (T × 4 bytes, not in the ledger), after a prologue that reads the
-    targets once more to count the rows not ignored (T × 8 bytes, not in the ledger either).
+    launcher's configuration for this vocabulary, the GPU's when ``gpu``, else this mode's; nothing
+    when the row fits or is split). ``backward=False``: the forward alone (eager: log_softmax +
+    nll_loss; fused: one read, no gradient). Targets are counted as int64 and losses as fp32
+    (``Ledger.sizes``); the fused kernel writes one fp32 loss per row, which a one-program kernel then
+    sums (T × 4 bytes, not in the ledger), after a prologue that reads the targets once more to count
+    the rows not ignored (T × 8 bytes, not in the ledger either).
     """
     n = tokens * vocab
     out_loss = tokens if reduction == "none" else 1
@@ -137,7 +139,7 @@ def cross_entropy_ledger(
     reread = 0
     if backward:
         if head is None:
-            cfg = cross_entropy_config(vocab, _dtype_of(dtype))
+            cfg = cross_entropy_config(vocab, _dtype_of(dtype), gpu=gpu)
             head = vocab if cfg.get("SPLIT") else cfg["HEAD"]  # split rows are read once
         reread = tokens * max(0, vocab - head)
     sizes = {"target": 8, "loss": 4, "smooth": 4}
@@ -186,13 +188,15 @@ NARROW_MAX = 65536
 #: tile of 32768 lost (H100 90.8% -> 89.9%, H200 81.9% -> 70.7%; benchmarks/notes_lesson5.md, eighth
 #: session). An ignored row then reads its logits for nothing (eager reads them too).
 ONE_TILE_MIN = 32769
-#: wider rows (with autograd, 16-byte aligned) are split across programs, 16 KiB of row each (4 warps),
-#: which swap their statistics and write their part of the gradient: each row read once. fwd+bwd bf16,
-#: share of copy: H100 4096 x 262144 72% -> 87%, 4096 x 256000 72% -> 86%, but 8192 x 151936 85% -> 83%
-#: and 128256 a tie; H200 (probe) 4096 x 262144 63% -> 76%, 128256 a tie (benchmarks/NOTES.md, seventh
-#: session). So the split starts past 192 Ki columns, where sweep 2's re-read no longer fits L2.
-SPLIT_MIN = 196609
-SPLIT_BYTES = 16384
+#: wider rows (with autograd, 16-byte aligned) are split across programs, 32 KiB of row each (4 warps),
+#: which swap their statistics and write their part of the gradient: each row read once. Each part's
+#: load is issued before its target's (SPLIT_EARLY: the two latencies overlap). fwd+bwd bf16, GPU
+#: clock, share of copy, against the head-and-tail kernel (and the first split, 16 KiB parts from 192 Ki
+#: columns): H100 8192 x 128256 87.4% -> 92.3%, 151936 85.2% -> 89.5%, 4096 x 262144 (87.4%) -> 93.4%;
+#: H200 74.7% -> 79.2%, 72.9% -> 74.6%, (74.8%) -> 79.3%. At 65536 the one tile stays ahead (H100 92.1%
+#: against 91.0%; benchmarks/notes_lesson5.md, ninth session, probe_ce_split_tune.py).
+SPLIT_MIN = NARROW_MAX + 1
+SPLIT_BYTES = 32768
 MAX_SPLIT = 64
 #: the loss alone (no gradient: evaluation) keeps nothing for a second sweep, so it needs neither a large
 #: head nor the L2 hints: rows wider than this walk tiles of this many elements, 8 warps, Triton's
@@ -225,11 +229,13 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True) -> di
     cfg = {**cfg, "HEAD": head, "BLOCK_N": 32 * 32 * vec, "num_warps": 32, "EVICT": True}
     part = SPLIT_BYTES // element_size(dtype)
     if n_cols >= SPLIT_MIN and cdiv(n_cols, part) <= MAX_SPLIT:
-        cfg.update(SPLIT=cdiv(n_cols, part), SPLIT_BLOCK=part, SPLIT_WARPS=4)
+        cfg.update(SPLIT=cdiv(n_cols, part), SPLIT_BLOCK=part, SPLIT_WARPS=4, SPLIT_EARLY=True)
     return cfg
 
 
-def cross_entropy_config(n_cols: int, dtype: torch.dtype, *, stride: int | None = None, grad: bool = True) -> dict:
+def cross_entropy_config(
+    n_cols: int, dtype: torch.dtype, *, stride: int | None = None, grad: bool = True, gpu: bool | None = None
+) -> dict:
     """The launch configuration for rows of ``n_cols`` logits at row ``stride`` (default ``n_cols``):
     ``{"HEAD", "BLOCK_N", "num_warps", "VEC", "PREFETCH", "PREFETCH2", "LOOP_STAGES", "EVICT",
     "REF_TARGET", "num_stages"}``. HEAD elements of a row stay in registers between the two sweeps;
@@ -241,14 +247,17 @@ def cross_entropy_config(n_cols: int, dtype: torch.dtype, *, stride: int | None 
     length or stride is not a multiple of 16 elements: each row is then split at its 16-byte
     boundaries (see the kernel) so that its body still moves in 16-byte accesses. On a GPU, aligned
     rows from ``SPLIT_MIN`` columns also get ``SPLIT`` (parts of ``SPLIT_BLOCK`` columns, ``SPLIT_WARPS``
-    warps each): with autograd, the loss and gradient then come from the split kernel, one program a
-    part, each row read once. ``grad=False``: the configuration of the loss alone (no gradient), which
-    walks rows wider than ``FORWARD_TILE`` in small pipelined tiles.
+    warps each, ``SPLIT_EARLY``: the part loaded before the target): with autograd, the loss and
+    gradient then come from the split kernel, one program a part, each row read once. ``grad=False``:
+    the configuration of the loss alone (no gradient), which walks rows wider than ``FORWARD_TILE`` in
+    small pipelined tiles. ``gpu``: the GPU's configuration (default: this mode's), so that a lesson on
+    a CPU can ask what the GPU kernel does.
     """
     stride = n_cols if stride is None else stride
     vec = 16 // element_size(dtype)
     split = (stride % 16 != 0 or n_cols % 16 != 0) and vec > 1
-    cfg = dict(_config(int(n_cols), dtype, runtime.is_gpu(), bool(grad)))
+    gpu = runtime.is_gpu() if gpu is None else gpu
+    cfg = dict(_config(int(n_cols), dtype, bool(gpu), bool(grad)))
     cfg["VEC"] = vec if split else 1
     if split:  # the split kernel has no 16-byte row splitting: unaligned rows keep the head-and-tail kernel
         for k in ("SPLIT", "SPLIT_BLOCK", "SPLIT_WARPS"):
@@ -560,6 +569,7 @@ def _cross_entropy_split_kernel(
     BLOCK_N: tl.constexpr,
     MEAN: tl.constexpr,
     SMOOTH: tl.constexpr,
+    EARLY: tl.constexpr = False,
 ):
     # The loss and gradient of a row held by SPLIT programs, BLOCK_N logits each in registers (the
     # softmax's split schedule, _softmax_split_kernel, which says why the wait cannot hang): each part
@@ -567,11 +577,13 @@ def _cross_entropy_split_kernel(
     # other parts, merges them into the row's lse and writes its part of the gradient. One read, one
     # write, no re-read. GPU only.
     row, part = _split_ticket(sync_ptr + 1, SPLIT)  # (sync: see _COUNT_BLOCK)
-    y = tl.load(target_ptr + row)
     offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = offs < n_cols
     x_row = x_ptr + row * stride_xm
     g_row = grad_ptr + row * stride_gm
+    if EARLY:  # the part's load before the target's: the two latencies overlap (an ignored row reads it too)
+        x_early = tl.load(x_row + offs, mask=mask, other=float("-inf"))
+    y = tl.load(target_ptr + row)
     if y == ignore_index:  # the whole row agrees (one target): no exchange, zero loss and gradient
         tl.store(g_row + offs, tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty), mask=mask)
         if part == 0:
@@ -581,7 +593,10 @@ def _cross_entropy_split_kernel(
         # x_y before the exchange: with the gradient in place, the row is overwritten once all parts
         # have published, and not before
         x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
-        x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        if EARLY:
+            x = x_early.to(tl.float32)
+        else:
+            x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
         m = tl.max(x, axis=0)
         ref = tl.where(m == float("-inf"), 0.0, m)
         e = tl.math.exp2((x - ref) * _LOG2E)
@@ -746,6 +761,7 @@ def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smo
         BLOCK_N=cfg["SPLIT_BLOCK"],
         MEAN=mean,
         SMOOTH=label_smoothing != 0.0,
+        EARLY=cfg.get("SPLIT_EARLY", False),
         **launch_kwargs(cfg["SPLIT_WARPS"]),
     )
 
