@@ -512,6 +512,51 @@ def test_gpu_splits_wide_rows_across_programs():
         assert "SPLIT" not in softmax_config(4096, 65536, dtype, gpu=False)  # the interpreter would wait for ever
 
 
+def test_gpu_padded_rows_are_split_where_parts_fit_better():
+    # a persistent one-tile row pads to 32768: rows that parts of 4096 or 8192 fill much better go split
+    for n, part in ((16385, 4096), (20000, 4096), (24576, 8192)):
+        cfg = softmax_config(4096, n, torch.bfloat16, gpu=True)
+        assert (cfg.get("SPLIT"), cfg["BLOCK_N"]) == (-(-n // part), part), (n, cfg)
+    for n in (28000, 32000, 32768):  # the tile nearly full: one program a row, persistent
+        assert softmax_config(4096, n, torch.bfloat16, gpu=True).get("programs")
+    for n in (20000, 24576):
+        assert "SPLIT" not in softmax_config(4096, n, torch.float32, gpu=True)  # fp32: not persistent, not measured
+        assert "SPLIT" not in softmax_config(4096, n, torch.bfloat16, gpu=True, split=False)
+        assert "SPLIT" not in softmax_config(4096, n, torch.bfloat16, gpu=True, backward=True)
+
+
+def test_sixteen_byte_unit():
+    from fusionlab.kernels.softmax import _unit
+
+    assert _unit(torch.bfloat16, 17000, 17000) == 8 and _unit(torch.float32, 1000, 1000, 0) == 4
+    assert _unit(torch.float16, 1000, 1008) == 8  # a stride of 16 with a row of 8: still 8
+    assert _unit(torch.bfloat16, 4096, 4096) == 1  # Triton already knows multiples of 16
+    assert _unit(torch.bfloat16, 17001, 17001) == 1 and _unit(torch.bfloat16, 1000, 1004) == 1  # not 16-byte rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "two-level"])
+def test_sixteen_byte_rows_forward_and_backward(layout, dtype):
+    """Rows of 1000 elements (a multiple of 8 and 4, not 16): the launchers pass lengths and strides
+    divided by the 16-byte unit and the kernels multiply them back; right against float64 both ways."""
+    from fusionlab.kernels.softmax import _rows, _unit
+
+    base = _x((6, 4, 1008), dtype, seed=51)
+    x = {"contiguous": base[..., :1000].contiguous(), "strided": base[:, 1, :1000], "two-level": base[:, :3, :1000]}[
+        layout
+    ]
+    r = _rows(x)
+    assert _unit(dtype, r.n_cols, r.stride_b, r.stride_m) > 1
+    xg = x.detach().clone().requires_grad_()
+    y = softmax(xg)
+    _expect_close(y, _softmax64(x), *TOLERANCES[dtype])
+    dy = _x(x.shape, dtype, seed=52)
+    y.backward(dy)
+    xd = x.detach().double().requires_grad_()
+    torch.softmax(xd, -1).backward(dy.double())
+    _expect_close(xg.grad, xd.grad, *TOLERANCES[dtype])
+
+
 def test_split_false_is_the_online_path_with_its_tuning():
     split = softmax_config(8, 65536, torch.bfloat16, gpu=True)
     online = softmax_config(8, 65536, torch.bfloat16, gpu=True, split=False)
@@ -591,7 +636,7 @@ def test_gpu_rows_times_width_past_2_31():
 @pytest.mark.gpu
 @gpu_only
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("rows, n", [(1000, 16385), (997, 20000), (600, 32768)])
+@pytest.mark.parametrize("rows, n", [(1000, 28000), (997, 30001), (600, 32768)])
 def test_gpu_persistent_rows_every_row_right(rows, n, dtype):
     """Rows wider than 16384 in one tile: fewer programs than rows, each walking several (the GPU's
     persistent schedule, softmax_config's ``programs``); every row checked, the output poisoned first."""
@@ -618,6 +663,9 @@ def test_gpu_wide_rows(n, dtype):
     "rows, n",
     [
         (1, 32769),  # one row, its last part one element wide
+        (1000, 16385),  # a row that would pad its one tile to 32768: five parts of 4096, the last of one
+        (997, 20000),  # the same, 16-byte rows that are not a multiple of 16 elements (UNIT)
+        (300, 24576),  # three parts of 8192
         (3, 65536),  # parts that divide the row: the unmasked loads
         (1000, 40000),  # many programs, far more than the GPU holds at once
         (7, 100_003),

@@ -198,13 +198,36 @@ def softmax_config(
         # row of 32768 would need 384 KiB of stages (OutOfResources) and keeps one program a row
         sms = sm_count() if runtime.is_gpu() else DEFAULT_SMS
         cfg.update(programs=t["per_sm"] * sms, row_stages=t["row_stages"])
-    if split and t.get("split") and not cfg["SINGLE_TILE"]:
+        if split and t.get("split"):
+            cfg = _padded_row_split(int(n_cols), dtype, t, cfg)
+    if split and t.get("split") and not cfg["SINGLE_TILE"] and not cfg.get("SPLIT"):
         chunk = t["split_bytes"] // element_size(dtype)
         parts = cdiv(int(n_cols), chunk)
         if parts <= t["max_split"] and int(n_rows) * parts < INT32_LIMIT:
             warps = max(1, min(32, t["split_bytes"] // t["split_thread_bytes"] // 32))
             cfg = {"BLOCK_M": 1, "BLOCK_N": chunk, "num_warps": warps, "SINGLE_TILE": False, "SPLIT": parts}
     return cfg
+
+
+#: a persistent one-tile row pads its tile to the next power of two, and its time follows the tile, not
+#: the row: 16-bit rows of 20000 and 24576 ran at 60% and 70% of copy on an H200 where 32768 ran at
+#: 88%. Split into parts of split_bytes or half that, they ran at 78% and 83% (probe_softmax_rounds.py,
+#: notes_softmax.md ninth session). The split takes a row whose parts fill their tiles by at least
+#: this much more than the one tile does (a rule from those widths, not a sweep of every width).
+SPLIT_FILL_GAIN = 0.15
+
+
+def _padded_row_split(n_cols: int, dtype: torch.dtype, t: dict, cfg: dict) -> dict:
+    """``cfg`` (a persistent one-tile row), or the split schedule when its parts pad much less."""
+
+    def fill(tile: int) -> float:
+        return n_cols / (cdiv(n_cols, tile) * tile)
+
+    big = t["split_bytes"] // element_size(dtype)
+    part = max((big, big // 2), key=fill)  # the larger part on a tie
+    if fill(part) - fill(cfg["BLOCK_N"]) < SPLIT_FILL_GAIN or cdiv(n_cols, part) > t["max_split"]:
+        return cfg
+    return {"BLOCK_M": 1, "BLOCK_N": part, "num_warps": 4, "SINGLE_TILE": False, "SPLIT": cdiv(n_cols, part)}
 
 
 # -- the reference, the baseline, the ledger ---------------------------------------------------------
@@ -320,9 +343,15 @@ def _softmax_kernel(
     EVICT_1: tl.constexpr = "",
     EVICT_2: tl.constexpr = "",
     ROW_STAGES: tl.constexpr = 1,
+    UNIT: tl.constexpr = 1,
 ):
     # one program per BLOCK_M rows (or, persistent, per BLOCK_M rows at a time: see the one-tile path);
     # row numbers fit int32 (the launcher checks), rows * stride may not: int64 offsets
+    if UNIT > 1:  # lengths and strides came divided by UNIT (see _unit): 16-byte rows, known as such
+        n_cols = n_cols * UNIT
+        stride_xb = stride_xb * UNIT
+        stride_xm = stride_xm * UNIT
+        stride_ym = stride_ym * UNIT
     pid = tl.program_id(axis=0)
     offs_n = tl.arange(0, BLOCK_N)
     if SINGLE_TILE:  # the row is on chip: one read, one write
@@ -424,6 +453,7 @@ def _softmax_split_kernel(
     BLOCK_N: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
     EVEN_N: tl.constexpr = False,
+    UNIT: tl.constexpr = 1,
 ):
     # A row too wide for one program's registers, held by SPLIT programs instead: each loads its
     # BLOCK_N elements once, finds their max m and sum d of exp(x - m), publishes (m, d), waits for
@@ -436,6 +466,11 @@ def _softmax_split_kernel(
     # waits only for tickets of its own row, which are taken by programs already running or by the
     # next ones to start. The GPU holds far more than SPLIT (at most 64) of these programs at once,
     # so those start, whatever order the hardware starts programs in.
+    if UNIT > 1:  # as in _softmax_kernel
+        n_cols = n_cols * UNIT
+        stride_xb = stride_xb * UNIT
+        stride_xm = stride_xm * UNIT
+        stride_ym = stride_ym * UNIT
     row, part = _split_ticket(sync_ptr, SPLIT)
     offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs < n_cols
@@ -482,8 +517,15 @@ def _softmax_bwd_kernel(
     EVEN_N: tl.constexpr = False,
     EVICT_1: tl.constexpr = "",
     EVICT_2: tl.constexpr = "",
+    UNIT: tl.constexpr = 1,
 ):
     # dx = y * (dy - sum(dy * y)): a row's dot product first, then one element-wise pass
+    if UNIT > 1:  # as in _softmax_kernel
+        n_cols = n_cols * UNIT
+        stride_ym = stride_ym * UNIT
+        stride_dyb = stride_dyb * UNIT
+        stride_dym = stride_dym * UNIT
+        stride_dxm = stride_dxm * UNIT
     pid = tl.program_id(axis=0)
     rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # (BLOCK_M,)
     row_ok = rows < n_rows
@@ -586,6 +628,19 @@ def _block_override(cfg: dict, block_m, block_n, num_warps, n_cols: int, op: str
     return cfg
 
 
+def _unit(dtype: torch.dtype, *values: int) -> int:
+    """The 16-byte unit in elements (8 in 16 bits, 4 in fp32) when every length and stride in
+    ``values`` is a multiple of it, but not all of 16 elements, else 1. Triton tells its compiler which
+    integer arguments are multiples of 16, not of 8: rows of, say, 17000 bf16 start on 16-byte
+    boundaries, but the compiler cannot know it and moves them 2 bytes at a time. The launchers pass
+    such values divided by the unit, and the kernels multiply them back (``UNIT``): a product by a
+    constant the compiler can see through."""
+    vec = 16 // element_size(dtype)
+    if vec == 1 or any(v % vec for v in values) or all(v % 16 == 0 for v in values):
+        return 1
+    return vec
+
+
 def _launch_flags(r: _Rows, cfg: dict) -> dict:
     """Constexprs that follow from the shape: the unmasked paths when the tiles divide the tensor."""
     if cfg.get("masked"):  # a tuning run measuring what the masks cost
@@ -603,17 +658,18 @@ def _forward(x: torch.Tensor, layout: _Rows, cfg: dict) -> torch.Tensor:
     blocks = cdiv(r.n_rows, cfg["BLOCK_M"])
     # persistent programs walk the one-tile path's rows; the online path takes one program a block
     programs = min(blocks, cfg.get("programs") or blocks) if cfg["SINGLE_TILE"] else blocks
+    u = _unit(x.dtype, r.n_cols, r.stride_b, r.stride_m)
     _softmax_kernel[(programs,)](
         x,
         y,
         y,
         y,  # m_ptr, l_ptr: unused when WRITE_STATS is off
         r.n_rows,
-        r.n_cols,
+        r.n_cols // u,
         r.n_inner,
-        r.stride_b,
-        r.stride_m,
-        r.n_cols,
+        r.stride_b // u,
+        r.stride_m // u,
+        r.n_cols // u,
         BLOCK_M=cfg["BLOCK_M"],
         BLOCK_N=cfg["BLOCK_N"],
         SINGLE_TILE=cfg["SINGLE_TILE"],
@@ -623,6 +679,7 @@ def _forward(x: torch.Tensor, layout: _Rows, cfg: dict) -> torch.Tensor:
         EVICT_1=cfg.get("EVICT_1", ""),
         EVICT_2=cfg.get("EVICT_2", ""),
         ROW_STAGES=cfg.get("row_stages", 1),
+        UNIT=u,
         **_launch_flags(r, cfg),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
@@ -633,21 +690,23 @@ def _forward_split(x: torch.Tensor, y: torch.Tensor, r: _Rows, cfg: dict) -> tor
     parts = cfg["SPLIT"]
     sync = torch.zeros(r.n_rows + 1, dtype=torch.int32, device=x.device)  # the ticket, then a count a row
     stats = torch.empty(r.n_rows * 2 * parts, dtype=torch.float32, device=x.device)  # (m, d) of every part
+    u = _unit(x.dtype, r.n_cols, r.stride_b, r.stride_m)
     _softmax_split_kernel[(r.n_rows * parts,)](
         x,
         y,
         sync,
         stats,
-        r.n_cols,
+        r.n_cols // u,
         r.n_inner,
-        r.stride_b,
-        r.stride_m,
-        r.n_cols,
+        r.stride_b // u,
+        r.stride_m // u,
+        r.n_cols // u,
         SPLIT=parts,
         SPLIT_P2=next_pow2(parts),
         BLOCK_N=cfg["BLOCK_N"],
         TWO_LEVEL=r.two_level,
         EVEN_N=r.n_cols % cfg["BLOCK_N"] == 0,
+        UNIT=u,
         **launch_kwargs(cfg["num_warps"]),
     )
     return y
@@ -666,23 +725,25 @@ def _backward(y: torch.Tensor, dy: torch.Tensor, cfg: dict | None = None) -> tor
     r = layout
     if cfg is None:
         cfg = softmax_config(r.n_rows, r.n_cols, y.dtype, backward=True)
+    u = _unit(y.dtype, r.n_cols, r.stride_b, r.stride_m)
     _softmax_bwd_kernel[(cdiv(r.n_rows, cfg["BLOCK_M"]),)](
         y,
         dy,
         dx,
         r.n_rows,
-        r.n_cols,
+        r.n_cols // u,
         r.n_inner,
-        r.n_cols,
-        r.stride_b,
-        r.stride_m,
-        r.n_cols,
+        r.n_cols // u,
+        r.stride_b // u,
+        r.stride_m // u,
+        r.n_cols // u,
         BLOCK_M=cfg["BLOCK_M"],
         BLOCK_N=cfg["BLOCK_N"],
         SINGLE_TILE=cfg["SINGLE_TILE"],
         TWO_LEVEL=r.two_level,
         EVICT_1=cfg.get("EVICT_1", ""),
         EVICT_2=cfg.get("EVICT_2", ""),
+        UNIT=u,
         **_launch_flags(r, cfg),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )

@@ -1,0 +1,53 @@
+"""Probe: the softmax forward at awkward row widths (benchmarks/notes_softmax.md, ninth session).
+
+    PYTHONPATH=. python3 benchmarks/probe_softmax_widths.py
+
+Lesson 4's sweep times powers of two. Rows of other widths pad their tile to the next power of two,
+and widths that are not a multiple of 16 elements are not known to start on 16-byte boundaries. Here:
+128 MiB of bf16 at each width, the package's forward against torch.softmax, share of copy by two
+trips on the GPU clock; each checked against float64 first.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+import fusionlab  # noqa: F401
+from fusionlab import bench
+from fusionlab.kernels import softmax as S
+
+WIDTHS = (1000, 3000, 4097, 5000, 10000, 12288, 16385, 17000, 20000, 24576, 32000, 32768, 50257, 65537, 100000, 128256)
+
+
+def main():
+    copy = bench.measure_copy_bandwidth()
+    dev = torch.cuda.get_device_name()
+    print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s", flush=True)
+    for n in WIDTHS:
+        rows = 2**26 // n
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16, generator=g) * 3
+        want = torch.softmax(x[-16:].double(), dim=-1)
+        err = (S.softmax(x)[-16:].double() - want).abs().max().item()
+        cfg = S.softmax_config(rows, n, x.dtype)
+        how = (
+            "split"
+            if cfg.get("SPLIT")
+            else "persistent"
+            if cfg.get("programs")
+            else ("one tile" if cfg["SINGLE_TILE"] else "online")
+        )
+        nb = 2 * x.numel() * 2
+        ours = bench.queued_ms(lambda: S.softmax(x))
+        theirs = bench.queued_ms(lambda: torch.softmax(x, dim=-1))
+        print(
+            f"  {rows:>6} x {n:<6} {how:10s} BLOCK_N {cfg['BLOCK_N']:>5} w{cfg['num_warps']:<2} "
+            f"ours {ours:7.4f} ms {nb / ours / 1e6 / copy:6.1%}  torch {nb / theirs / 1e6 / copy:6.1%}  err {err:.0e}",
+            flush=True,
+        )
+        x = None
+
+
+if __name__ == "__main__":
+    main()
