@@ -668,7 +668,8 @@ def test_gpu_wide_rows(n, dtype):
         (300, 24576),  # three parts of 8192
         (3, 65536),  # parts that divide the row: the unmasked loads
         (1000, 40000),  # many programs, far more than the GPU holds at once
-        (7, 100_003),
+        (7, 100_003),  # odd: rows off 16-byte boundaries, a 16-byte body and fragments at both ends
+        (64, 50257),  # GPT-2's vocabulary
         (2, 524288),  # bf16: 64 parts, the limit; fp32: past it, the online path
     ],
 )
@@ -691,9 +692,11 @@ def test_gpu_split_rows_every_part_right(rows, n, dtype):
 
 @pytest.mark.gpu
 @gpu_only
-def test_gpu_split_rows_strided_and_two_level():
-    base = _x((4, 3, 70_000), torch.bfloat16, seed=32)
-    for x in (base[:, 1], base.transpose(0, 1), base[::2]):  # one stride, two levels, a step over rows
+@pytest.mark.parametrize("width", [70_000, 70_001], ids=["aligned", "odd"])
+def test_gpu_split_rows_strided_and_two_level(width):
+    # an odd width: contiguous rows take the fragments path (16-byte body), these strided ones do not
+    base = _x((4, 3, width), torch.bfloat16, seed=32)
+    for x in (base[:, 1], base.transpose(0, 1), base[::2], base[1:3].reshape(-1, width)[1:]):
         assert softmax_config(x.numel() // x.shape[-1], x.shape[-1], x.dtype).get("SPLIT")
         _expect_close(softmax(x), _softmax64(x), *TOLERANCES[torch.bfloat16])
 

@@ -454,6 +454,7 @@ def _softmax_split_kernel(
     TWO_LEVEL: tl.constexpr,
     EVEN_N: tl.constexpr = False,
     UNIT: tl.constexpr = 1,
+    VEC: tl.constexpr = 1,
 ):
     # A row too wide for one program's registers, held by SPLIT programs instead: each loads its
     # BLOCK_N elements once, finds their max m and sum d of exp(x - m), publishes (m, d), waits for
@@ -473,24 +474,54 @@ def _softmax_split_kernel(
         stride_ym = stride_ym * UNIT
     row, part = _split_ticket(sync_ptr, SPLIT)
     offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = offs < n_cols
-    x_row = x_ptr + _row_offsets(row, n_inner, stride_xb, stride_xm, TWO_LEVEL)
+    start = _row_offsets(row, n_inner, stride_xb, stride_xm, TWO_LEVEL)
+    if VEC > 1:
+        # Rows that do not start on 16-byte boundaries (an odd width, contiguous: x and y rows start
+        # at the same offsets; the launcher sees to it): the parts cover a body from the row's first
+        # boundary, a multiple of VEC long, so that every access is 16 bytes; the fewer than VEC
+        # elements before it and after it go to part 0, in one tile of 2 VEC lanes (cross-entropy's
+        # kernel does the same).
+        lo = tl.minimum(((VEC - start % VEC) % VEC).to(tl.int32), n_cols)
+        body_len = ((n_cols - lo) // VEC) * VEC
+        start_body = tl.multiple_of(start + lo, VEC)
+        lane = tl.arange(0, 2 * VEC)
+        hi = lane >= VEC
+        col_f = tl.where(hi, lo + body_len + lane - VEC, lane)
+        mask_f = tl.where(hi, col_f < n_cols, lane < lo) & (part == 0)
+        x_f = tl.load(x_ptr + start + col_f, mask=mask_f, other=float("-inf")).to(tl.float32)
+    else:
+        body_len = n_cols
+        start_body = start
+    col_ok = offs < body_len
+    x_row = x_ptr + start_body
     if EVEN_N:
         x = tl.load(x_row + offs).to(tl.float32)
     else:
         x = tl.load(x_row + offs, mask=col_ok, other=float("-inf")).to(tl.float32)
     m = tl.max(x, axis=0)
+    if VEC > 1:
+        m = tl.maximum(m, tl.max(x_f, axis=0))
     ref = tl.where(m == float("-inf"), 0.0, m)  # a part of only -inf: d = 0, not exp(-inf - -inf)
     e = tl.exp(x - ref)
+    d = tl.sum(e, axis=0)
+    if VEC > 1:
+        e_f = tl.exp(x_f - ref)
+        d += tl.sum(e_f, axis=0)
     # publish (m, d): the stores, then a barrier (every thread's store is done), then the count with
     # release semantics; the last of the row's parts to count sees SPLIT at once, the others wait
     parts = part_ptr + row * (2 * SPLIT)
     tl.store(parts + part, m)
-    tl.store(parts + SPLIT + part, tl.sum(e, axis=0))
+    tl.store(parts + SPLIT + part, d)
     _split_wait(sync_ptr, row, SPLIT)
     big, l = _split_merge(parts, SPLIT, SPLIT_P2)  # an all -inf row: l = 0, y = 0 * (1 / 0): NaN, as torch
-    y = e * (tl.exp(ref - big) / l)
-    y_ptrs = y_ptr + row * stride_ym + offs
+    scale = tl.exp(ref - big) / l
+    y = e * scale
+    if VEC > 1:
+        y_row = y_ptr + row * stride_ym  # the same offsets as x's rows (contiguous)
+        tl.store(y_row + col_f, (e_f * scale).to(y_ptr.dtype.element_ty), mask=mask_f)
+        y_ptrs = y_ptr + tl.multiple_of(row * stride_ym + lo, VEC) + offs
+    else:
+        y_ptrs = y_ptr + row * stride_ym + offs
     if EVEN_N:
         tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty))
     else:
@@ -691,6 +722,10 @@ def _forward_split(x: torch.Tensor, y: torch.Tensor, r: _Rows, cfg: dict) -> tor
     sync = torch.zeros(r.n_rows + 1, dtype=torch.int32, device=x.device)  # the ticket, then a count a row
     stats = torch.empty(r.n_rows * 2 * parts, dtype=torch.float32, device=x.device)  # (m, d) of every part
     u = _unit(x.dtype, r.n_cols, r.stride_b, r.stride_m)
+    # rows off 16-byte boundaries: the fragments path, when x is contiguous (y's rows then start at the
+    # same offsets) and starts on a boundary itself
+    vec = 16 // x.element_size()
+    frag = vec > 1 and r.n_cols % vec != 0 and x.is_contiguous() and x.data_ptr() % 16 == 0
     _softmax_split_kernel[(r.n_rows * parts,)](
         x,
         y,
@@ -705,8 +740,9 @@ def _forward_split(x: torch.Tensor, y: torch.Tensor, r: _Rows, cfg: dict) -> tor
         SPLIT_P2=next_pow2(parts),
         BLOCK_N=cfg["BLOCK_N"],
         TWO_LEVEL=r.two_level,
-        EVEN_N=r.n_cols % cfg["BLOCK_N"] == 0,
+        EVEN_N=r.n_cols % cfg["BLOCK_N"] == 0 and not frag,
         UNIT=u,
+        VEC=vec if frag else 1,
         **launch_kwargs(cfg["num_warps"]),
     )
     return y
