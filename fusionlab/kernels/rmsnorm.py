@@ -108,6 +108,10 @@ OP = "rmsnorm"
 #: elements a row block, the backward's row loop is software-pipelined (``tl.range(num_stages=2)``:
 #: the next rows' dy, h, grad_h are loaded while this row computes; on an H100 that took 32768 x 4096
 #: from 81% to 95% of copy). A 16384-element tile would need ~192 KiB of shared memory for it.
+#: ``row_stages``: three (two row blocks in flight, within ``stage_bytes`` of shared memory) where two
+#: were: GPU clock, bf16, H200 32768 x 5120 66% -> 93% of copy, 4096 x 5120 58% -> 78%, 32768 x 8192
+#: 84% -> 97%; H100 81% -> 98%, 65% -> 77%, 96% -> 99%; the rest within a point or better
+#: (benchmarks/tune_rms_bwd.py --stages, notes_norms.md ninth session).
 GPU_TUNING = {
     "forward": {"max_single_bytes": 65536, "wide_block": 4096, "tile": 2048, "per_thread": 16},
     "backward": {
@@ -117,6 +121,8 @@ GPU_TUNING = {
         "per_thread": 16,
         "warps_per_sm": 16,
         "prefetch_tile": 8192,
+        "row_stages": 3,
+        "stage_bytes": 131072,
     },
 }
 #: the interpreter: every program costs milliseconds of Python, so tiles are large (64 Ki elements)
@@ -154,7 +160,13 @@ def norm_config(t: dict, n_rows: int, n_cols: int, dtype: torch.dtype, backward:
         per_sm = max(1, t["warps_per_sm"] // num_warps) if gpu else 0
         cfg["programs"] = max(1, min(blocks, sms * per_sm if gpu else t["programs"]))
         if gpu and single and block_m * block_n <= t["prefetch_tile"]:
-            cfg["row_stages"] = 2  # the next rows' loads in flight while this row computes
+            # the next rows' loads in flight while this row computes: row_stages - 1 row blocks of dy,
+            # h and grad_h in shared memory, as deep as stage_bytes allows (fp32 rows of 8192: 2)
+            stages = t.get("row_stages", 2)
+            staged = block_m * block_n * element_size(dtype) * 3
+            while stages > 2 and staged * (stages - 1) > t.get("stage_bytes", 0):
+                stages -= 1
+            cfg["row_stages"] = stages
     return cfg
 
 
