@@ -468,6 +468,20 @@ def test_configs_are_legal(rows, n, backward, gpu):
         assert 1 <= cfg["programs"] <= math.ceil(rows / cfg["BLOCK_M"])
 
 
+def test_gpu_backward_row_stages_fit_shared_memory():
+    # three row stages (two row blocks of dy, h, grad_h in flight) where they fit stage_bytes; fp32 rows
+    # of 8192 keep two; tiles past prefetch_tile, none
+    t = GPU_TUNING["backward"]
+    cases = [(5120, torch.bfloat16, 3), (8192, torch.bfloat16, 3), (8192, torch.float32, 2)]
+    cases += [(4096, torch.float32, 3), (1024, torch.float16, 3), (11008, torch.bfloat16, None)]
+    for n, dtype, want in cases:
+        cfg = rmsnorm_config(32768, n, dtype, backward=True, gpu=True)
+        assert cfg.get("row_stages") == want, (n, dtype, cfg)
+        if want == 3:
+            staged = cfg["BLOCK_M"] * cfg["BLOCK_N"] * dtype.itemsize * 3 * (want - 1)
+            assert staged <= t["stage_bytes"]
+
+
 def test_gpu_tile_limits():
     t = GPU_TUNING["forward"]["max_single_bytes"]
     for dtype, size in ((torch.bfloat16, 2), (torch.float32, 4)):
