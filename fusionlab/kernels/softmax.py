@@ -22,13 +22,20 @@ k-x rule of element-wise chains no longer applies. Two schedules:
   recurrence, run over blocks of keys, is the heart of FlashAttention (lesson 7):
   :func:`online_softmax_stats` exposes its ``(m, l)`` and :func:`online_softmax_reference_blocks`
   runs it in float64 torch, block by block.
-- **split rows** (``SPLIT``, GPU forward, rows wider than one tile): the row's ``BLOCK_N``-element
+- **split rows** (``SPLIT``, GPU forward, rows wider than one tile, or 16-bit rows of 16385-24576
+  that would pad their one tile to 32768): the row's ``BLOCK_N``-element
   parts go to ``SPLIT`` programs, each holding its part in registers. Each finds its part's max and
   sum, publishes them to a small buffer, waits for the row's other parts (an atomic count), merges
   the statistics as the online softmax does and writes its part of y. Trips: read x, write y; the
   price is the wait. On an H200 this beat the online path by 8-18 points of copy bandwidth
   (``benchmarks/notes_softmax.md``). The interpreter runs programs one at a time, so there the wide
-  rows take the online path.
+  rows take the online path. Contiguous rows that start off 16-byte boundaries (odd widths) split at
+  the row's first boundary: the parts read a 16-byte body, part 0 the few elements at either end.
+
+Rows of a multiple of 16 bytes but not of 16 elements (17000 in bf16, 1000 in fp32) are passed to the
+kernels with lengths and strides divided by the 16-byte unit (``UNIT``), which the kernels multiply
+back: Triton tells its compiler only about multiples of 16, and without this the rows move 2 bytes at a
+time.
 
 Backward (one kernel, from the saved y): ``dx = y * (dy - sum_j(dy * y))``. Trips: read y, dy; write
 dx (rows wider than its one-tile limit: y and dy are read twice, the second time with L2 hints).
