@@ -1,0 +1,89 @@
+"""Probe: how much of a small cross-entropy call's host time is the package's own Python
+(benchmarks/notes_lesson5.md, ninth session). CPU only: the Triton kernels are replaced by no-ops, so
+what is timed is the wrapper (checks, configuration, allocations), the autograd Function and the
+backward's bookkeeping, beside a trivial autograd.Function on the same tensors.
+
+    .venv/bin/python benchmarks/host_ce_python.py
+"""
+
+import cProfile
+import pstats
+import time
+
+import torch
+
+import fusionlab  # noqa: F401
+from fusionlab.kernels import cross_entropy as C
+
+
+class Nop:
+    """Stands in for a Triton kernel: ``kernel[grid](...)`` does nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *a, **k: None
+
+
+for name in (
+    "_cross_entropy_fwd_kernel",
+    "_cross_entropy_prologue_kernel",
+    "_cross_entropy_finish_kernel",
+    "_cross_entropy_bwd_kernel",
+    "_cross_entropy_split_kernel",
+):
+    setattr(C, name, Nop())
+x = torch.randn(64, 32000).requires_grad_()
+t = torch.randint(0, 32000, (64,))
+
+
+def call():
+    loss = C.cross_entropy(x, t)
+    loss.backward()
+
+
+for _ in range(200):
+    call()
+n = 2000
+t0 = time.perf_counter()
+for _ in range(n):
+    call()
+print(f"wrapper + autograd, no kernels: {(time.perf_counter() - t0) / n * 1e6:.1f} us a fwd+bwd call")
+
+
+def eager():
+    torch.nn.functional.cross_entropy(x, t).backward()
+
+
+for _ in range(200):
+    eager()
+t0 = time.perf_counter()
+for _ in range(n):
+    eager()
+print(f"eager on this CPU (with its compute): {(time.perf_counter() - t0) / n * 1e6:.1f} us")
+
+
+class F(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a):
+        return a.sum()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.expand(64, 32000)
+
+
+def triv():
+    F.apply(x).backward()
+
+
+for _ in range(200):
+    triv()
+t0 = time.perf_counter()
+for _ in range(n):
+    triv()
+print(f"a trivial autograd.Function: {(time.perf_counter() - t0) / n * 1e6:.1f} us")
+pr = cProfile.Profile()
+pr.enable()
+for _ in range(500):
+    call()
+pr.disable()
+pstats.Stats(pr).sort_stats("cumulative").print_stats(18)
