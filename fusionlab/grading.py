@@ -202,6 +202,16 @@ def poisoned(t: torch.Tensor) -> torch.Tensor:
     return (t.detach().cpu() == -12345).flatten()
 
 
+def first_unwritten(unwritten: torch.Tensor, cols: int) -> tuple[int, str]:
+    """The row of the first element :func:`poisoned` found (``unwritten``, flat, rows of ``cols``), and a
+    tip when that row's start was written and its end was not: a block that does not cover the row."""
+    first = int(unwritten.nonzero()[0][0])
+    row, col = divmod(first, cols)
+    if col > 0 and not unwritten[row * cols : first].any():
+        return row, f" Columns 0-{col - 1} of it were written, {col} on were not: a row's block must cover all {cols}."
+    return row, ""
+
+
 _ALLOC_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 
 

@@ -275,9 +275,12 @@ def solution_softmax(x):
 
 @triton.jit
 def _wrong_softmax_kernel(x_ptr, y_ptr, n_cols, stride_xm, stride_ym, BLOCK_N: tl.constexpr, MISTAKE: tl.constexpr):
-    # MISTAKE: 1 no max subtraction, 2 tail loaded as 0, 3 no masks at all
+    # MISTAKE: 1 no max subtraction, 2 tail loaded as 0, 3 no masks at all, 4 a block of 1024 hard-coded
     row = tl.program_id(axis=0).to(tl.int64)
-    offs = tl.arange(0, BLOCK_N)
+    if MISTAKE == 4:
+        offs = tl.arange(0, 1024)
+    else:
+        offs = tl.arange(0, BLOCK_N)
     mask = offs < n_cols
     if MISTAKE == 2:
         x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
@@ -298,7 +301,7 @@ def _wrong_softmax_kernel(x_ptr, y_ptr, n_cols, stride_xm, stride_ym, BLOCK_N: t
 
 def test_softmax_accepts_the_solution(capsys):
     msg = ex.check_softmax(solution_softmax)
-    assert msg.startswith("✓ softmax: 14 checks passed")
+    assert msg.startswith("✓ softmax: 16 checks passed")
     assert capsys.readouterr().out.count("✓ softmax") == 1
 
 
@@ -331,6 +334,12 @@ def test_softmax_rejects_an_unmasked_tail():
         ex.check_softmax(lambda x: _launch_softmax(_wrong_softmax_kernel, x, MISTAKE=2))
     with pytest.raises(CheckFailed, match="past the end|differ"):
         ex.check_softmax(lambda x: _launch_softmax(_wrong_softmax_kernel, x, MISTAKE=3))
+
+
+def test_softmax_rejects_a_block_hard_coded_in_the_kernel():
+    # right for rows up to 1024 wide: the checker's row of 3001 says where the block stopped
+    with pytest.raises(CheckFailed, match=r"\(5, 3001\).*Columns 0-1023 of it were written.*cover all 3001"):
+        ex.check_softmax(lambda x: _launch_softmax(_wrong_softmax_kernel, x, MISTAKE=4))
 
 
 def test_softmax_rejects_torch_and_the_package_kernel():

@@ -239,9 +239,13 @@ def _ce_ignore_kernel(
     DENOM_ALL: tl.constexpr = False,
     NO_MAX: tl.constexpr = False,
     NO_MEAN: tl.constexpr = False,
+    FIXED_BLOCK: tl.constexpr = False,
 ):
     row = tl.program_id(axis=0)
-    offs = tl.arange(0, BLOCK_V)
+    if FIXED_BLOCK:  # a block hard-coded in the kernel: right for rows up to 1024, wrong past them
+        offs = tl.arange(0, 1024)
+    else:
+        offs = tl.arange(0, BLOCK_V)
     mask = offs < n_cols
     x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=float("-inf")).to(tl.float32)
     y = tl.load(target_ptr + row)
@@ -305,15 +309,15 @@ def solution_cross_entropy_smoothing(logits, target, ignore_index, label_smoothi
 
 
 def test_cross_entropy_accepts_the_solution(capsys):
-    assert ex.check_cross_entropy(solution_cross_entropy).startswith("✓ cross_entropy: 12 checks passed")
+    assert ex.check_cross_entropy(solution_cross_entropy).startswith("✓ cross_entropy: 14 checks passed")
     assert capsys.readouterr().out.count("✓ cross_entropy") == 1
 
 
 def test_cross_entropy_ignore_accepts_the_solutions():
     msg = ex.check_cross_entropy_ignore(solution_cross_entropy_ignore)
-    assert msg.startswith("✓ cross_entropy_ignore: 14 checks passed") and "add a label_smoothing" in msg
+    assert msg.startswith("✓ cross_entropy_ignore: 16 checks passed") and "add a label_smoothing" in msg
     msg = ex.check_cross_entropy_ignore(solution_cross_entropy_smoothing)
-    assert msg.startswith("✓ cross_entropy_ignore: 16 checks passed") and "label_smoothing=0.1" in msg
+    assert msg.startswith("✓ cross_entropy_ignore: 18 checks passed") and "label_smoothing=0.1" in msg
 
 
 def test_cross_entropy_rejects_a_gradient_without_the_mean():
@@ -321,6 +325,13 @@ def test_cross_entropy_rejects_a_gradient_without_the_mean():
         ex.check_cross_entropy(lambda x, t: _ce_ignore(x, t, -100, NO_MEAN=True))
     with pytest.raises(CheckFailed, match=r"gradient is \d+ times too large"):
         ex.check_cross_entropy_ignore(lambda x, t, ii: _ce_ignore(x, t, ii, NO_MEAN=True))
+
+
+def test_cross_entropy_rejects_a_block_hard_coded_in_the_kernel():
+    with pytest.raises(CheckFailed, match=r"\(5, 3001\).*Columns 0-1023 of it were written.*cover all 3001"):
+        ex.check_cross_entropy(lambda x, t: _ce_ignore(x, t, -100, FIXED_BLOCK=True))
+    with pytest.raises(CheckFailed, match=r"\(5, 3001\)"):
+        ex.check_cross_entropy_ignore(lambda x, t, ii: _ce_ignore(x, t, ii, FIXED_BLOCK=True))
 
 
 def test_cross_entropy_rejects_no_max_subtraction():

@@ -212,7 +212,8 @@ def check_add_rmsnorm(fn) -> Passed:
 
 
 # -- exercise 2: the row softmax -----------------------------------------------------------------------------
-SM_SHAPES = ((1, 1), (7, 5), (37, 129), (130, 1000))
+#: (5, 3001): wider than any fixed block a kernel might hard-code below 4096 (a row is one block here)
+SM_SHAPES = ((1, 1), (7, 5), (37, 129), (5, 3001), (130, 1000))
 SM_MANY = (1031, 33)
 BIG_LOGITS = 1e4
 
@@ -248,9 +249,9 @@ def _softmax_case(fn, name, shape, dtype, seed, *, shift=0.0, masked=0.0, fully_
     _one_launch(box, where, seed, (x, y), "A row's max, its sum and its outputs come from the same pass.")
     unwritten = grading.poisoned(y)
     if unwritten.any():
-        first = int(unwritten.nonzero()[0][0])
+        row, tip = grading.first_unwritten(unwritten, shape[1])
         raise fail(
-            f"{where}: {int(unwritten.sum())} elements were never written, the first in row {first // shape[1]}. "
+            f"{where}: {int(unwritten.sum())} elements were never written, the first in row {row}.{tip} "
             "Check the grid (one program per row) and the store mask.",
             seed,
         )

@@ -119,7 +119,8 @@ def check_swiglu(swiglu_fn) -> Passed:
 # -- exercise 2: cross-entropy, loss and gradient in one pass ----------------------------------------------
 #: (rows, vocabulary): a handful, odd sizes, one class; each row is one program. (1, 1) is not first: the
 #: checks that count tensors the size of the logits need logits larger than a row of losses.
-CE_SHAPES = ((7, 5), (37, 129), (1, 1), (130, 1000))
+#: (5, 3001): wider than any fixed block a kernel might hard-code below 4096 (a row is one block here)
+CE_SHAPES = ((7, 5), (37, 129), (1, 1), (5, 3001), (130, 1000))
 #: many programs (one per row)
 CE_MANY = (300, 77)
 #: logits this large overflow exp() in fp32 (e^88 is its largest) unless the row max is subtracted
@@ -262,8 +263,9 @@ def _ce_case(fn, name, shape, dtype, seed, *, shift=0.0, ignore=False, all_ignor
         raise fail(f"{where}: the kernel itself must read the logits and write the gradient you return.", seed)
     unwritten = grading.poisoned(grad)
     if unwritten.any():
-        row = int(unwritten.nonzero()[0][0]) // cols
-        tip = " That row is ignored: its gradient is zero, and zero must be written." if target[row] == ii else ""
+        row, tip = grading.first_unwritten(unwritten, cols)
+        if target[row] == ii:
+            tip = " That row is ignored: its gradient is zero, and zero must be written."
         raise fail(
             f"{where}: {int(unwritten.sum())} gradient elements were never written, the first in row {row}.{tip} "
             "Check the grid (one program per row) and the store mask.",
