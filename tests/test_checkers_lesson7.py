@@ -267,6 +267,40 @@ def _divide_per_block_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, n_q, n_k, scal
     tl.store(lse_ptr + bh * n_q + offs_m, m_i + tl.log(l_i), mask=row_mask)
 
 
+@triton.jit
+def _one_block_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, n_q, n_k, scale,
+                      stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_om,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):  # fmt: skip
+    """Every key in one block of 256, a plain softmax: right for rows of up to 256 keys, no online loop."""
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d[None, :] < HEAD_DIM
+    q = tl.load(q_ptr + bh * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=(offs_m[:, None] < n_q) & d_mask, other=0.0)  # fmt: skip
+    offs_n = tl.arange(0, 256)
+    kv_mask = (offs_n[:, None] < n_k) & d_mask
+    k = tl.load(k_ptr + bh * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_ptr + bh * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+    keep = offs_n[None, :] < n_k
+    if CAUSAL:
+        keep = keep & (offs_m[:, None] >= offs_n[None, :])
+    s = tl.where(keep, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+    m = tl.max(s, 1)
+    p = tl.exp(s - m[:, None])
+    l = tl.sum(p, 1)  # noqa: E741
+    o = tl.dot(p.to(v.dtype), v) / l[:, None]
+    row_mask = offs_m < n_q
+    tl.store(o_ptr + bh * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+             o.to(o_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask)  # fmt: skip
+    tl.store(lse_ptr + bh * n_q + offs_m, m + tl.log(l), mask=row_mask)
+
+
+def one_block(causal=False):
+    return lambda q, k, v: _launch(_one_block_kernel, q, k, v, causal)
+
+
 def divide_per_block(q, k, v):
     return _launch(_divide_per_block_kernel, q, k, v, False)
 
@@ -328,8 +362,8 @@ def eager_torch(q, k, v):
 
 # -- the tests ------------------------------------------------------------------------------------------
 def test_flash_accepts_the_solutions(capsys):
-    assert ex.check_flash_forward(solution_flash).startswith("✓ flash_forward: 16 checks passed")
-    assert ex.check_flash_forward_causal(solution_flash_causal).startswith("✓ flash_forward_causal: 16 checks")
+    assert ex.check_flash_forward(solution_flash).startswith("✓ flash_forward: 17 checks passed")
+    assert ex.check_flash_forward_causal(solution_flash_causal).startswith("✓ flash_forward_causal: 17 checks")
     assert capsys.readouterr().out.count("✓") == 2
 
 
@@ -342,6 +376,7 @@ def test_flash_accepts_the_solutions(capsys):
         (buggy(NO_MAX), "subtract the running max"),
         (buggy(BASE2), "base 2"),
         (divide_per_block, "divides inside its key loop"),
+        (one_block(), "right on rows of up to 129 keys and is wrong on 4099.*one block of a fixed size"),
         (materialises_scores, "allocates a tensor of"),
         (eager_torch, "computes or copies with torch"),
         (lambda q, k, v: attention(q, k, v), "own kernel"),
@@ -355,6 +390,7 @@ def test_flash_accepts_the_solutions(capsys):
         "no-max",
         "base2",
         "divide",
+        "one-block",
         "scores",
         "torch",
         "package",
@@ -388,6 +424,11 @@ def test_scores_near_400_in_fp32_accept_a_right_kernel_and_still_diagnose_m_zero
         assert ex.check_flash_forward_causal(solution_flash_causal).startswith("✓")
     with replay(14522503761271), pytest.raises(CheckFailed, match="m must start at -inf"):
         ex.check_flash_forward_causal(buggy(M_ZERO, causal=True))
+
+
+def test_flash_causal_rejects_one_block_of_keys():
+    with pytest.raises(CheckFailed, match="right on rows of up to 100 keys and is wrong on 600"):
+        ex.check_flash_forward_causal(one_block(causal=True))
 
 
 def test_flash_causal_rejects_a_full_kernel():

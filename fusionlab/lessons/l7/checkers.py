@@ -159,6 +159,9 @@ SHAPES = ((1, 1, 1, 1, 16), (1, 2, 17, 17, 16), (2, 1, 40, 70, 32), (1, 1, 70, 4
 CAUSAL_SHAPES = ((1, 1, 1, 1, 16), (1, 2, 17, 17, 16), (1, 1, 64, 64, 16), (2, 1, 100, 100, 32), (1, 1, 40, 70, 16))
 #: many programs at any tile (128 query rows: 5 tiles x 6 heads; 32 in the interpreter: 17 x 6)
 MANY = (2, 3, 520, 24, 16)
+#: more keys than any block a kernel might hard-code (all keys in one tile, no online softmax, is right
+#: for the short rows above): 4099 keys for 40 queries; causal, 600 x 600 (rows of up to 600 keys)
+LONG, LONG_CAUSAL = (1, 1, 40, 4099, 16), (1, 1, 600, 600, 16)
 #: shifted scores: q and k carry +-SHIFT in their first coordinate, so every score is near +-SHIFT^2 * scale
 SHIFT_SHAPE = (1, 2, 37, 45, 16)
 SHIFT = 40.0
@@ -425,6 +428,7 @@ def _check_kernel(fn, name: str, causal: bool) -> int:
     plan.append(dict(shape=MANY, dtype=dtypes[0]))
     plan += [dict(shape=SHIFT_SHAPE, dtype=d, shift=sh) for d in dtypes for sh in (SHIFT, -SHIFT)]
     plan.append(dict(shape=shapes[-1], dtype=dtypes[-1]))  # the same shape again, fresh values
+    plan.append(dict(shape=LONG_CAUSAL if causal else LONG, dtype=dtypes[0]))  # last: the cases above keep their seeds
     with grading.seeded(seed):
         for i, case in enumerate(plan):
             res = _run_kernel(fn, name, case["shape"], case["dtype"], seed, causal=causal,
@@ -432,6 +436,14 @@ def _check_kernel(fn, name: str, causal: bool) -> int:
             if res is not None:
                 if case.get("shift"):
                     raise fail(res[0], seed)
+                if case["shape"] in (LONG, LONG_CAUSAL):  # every shorter row was right
+                    n_k = case["shape"][3]
+                    raise fail(
+                        f"{res[0]}\n  Your kernel was right on rows of up to {max(sh[3] for sh in shapes)} keys and is "
+                        f"wrong on {n_k}: does it walk every key, block after block (the loop over start_n), "
+                        "rather than one block of a fixed size?",
+                        seed,
+                    )
                 _diagnose(fn, name, case["dtype"], seed, causal, res[0])
     return len(plan)
 
@@ -443,7 +455,8 @@ def check_flash_forward(flash_fn) -> Passed:
     n = _check_kernel(flash_fn, "flash_forward", causal=False)
     return _passed(
         f"✓ flash_forward: {n} checks passed ({len(SHAPES)} shapes × 2 dtypes: N from 1 to 129, N_q != N_k both ways, "
-        f"D = 24; {MANY[0] * MANY[1]} heads of {MANY[2]} queries; scores near ±{SHIFT**2 / 4:g}; one repeated. O and "
+        f"D = 24; {MANY[0] * MANY[1]} heads of {MANY[2]} queries; {LONG[3]} keys; scores near ±{SHIFT**2 / 4:g}; "
+        "one repeated. O and "
         "lse against float64, 1 launch, nothing allocated the size of the scores, one division after the key loop)"
     )
 
@@ -454,7 +467,8 @@ def check_flash_forward_causal(flash_fn) -> Passed:
     n = _check_kernel(flash_fn, "flash_forward_causal", causal=True)
     return _passed(
         f"✓ flash_forward_causal: {n} checks passed ({len(CAUSAL_SHAPES)} shapes × 2 dtypes: N from 1 to 100, "
-        f"N_q < N_k; {MANY[0] * MANY[1]} heads of {MANY[2]} queries; scores near ±{SHIFT**2 / 4:g}; one repeated. "
+        f"N_q < N_k; {MANY[0] * MANY[1]} heads of {MANY[2]} queries; N = {LONG_CAUSAL[2]}; scores near "
+        f"±{SHIFT**2 / 4:g}; one repeated. "
         "Top-left mask j <= i, O and lse against float64, 1 launch, nothing allocated the size of the scores)"
     )
 
