@@ -36,7 +36,7 @@ pytestmark = [
 BLOCK_M, BLOCK_N, BLOCK_K = runtime.pick(gpu=(64, 64, 32), interpreter=(32, 32, 32))
 
 # mistake codes of the exercise-1 kernel
-RIGHT, BIAS_ROWS, NO_K_MASK, NO_MN_MASK, FP16_ACC, NO_BIAS, TANH, NO_EPILOGUE = range(8)
+RIGHT, BIAS_ROWS, NO_K_MASK, NO_MN_MASK, FP16_ACC, NO_BIAS, TANH, NO_EPILOGUE, ONE_K_TILE = range(9)
 
 
 # -- exercise 1: the solution and its mistakes ----------------------------------------------------------
@@ -66,7 +66,14 @@ def _linear_gelu_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float16)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    if MISTAKE == 8:  # every K in one tile of 512, no loop: right while K <= 512
+        kk = tl.arange(0, 512)
+        mask_a = (offs_m[:, None] < M) & (kk[None, :] < K)
+        mask_b = (offs_n[None, :] < N) & (kk[:, None] < K)
+        a = tl.load(x_ptr + offs_m[:, None] * stride_xm + kk[None, :], mask=mask_a, other=0.0)
+        b = tl.load(w_ptr + offs_n[None, :] * stride_wn + kk[:, None], mask=mask_b, other=0.0)
+        acc += tl.dot(a, b)
+    for k0 in range(0, K if MISTAKE != 8 else 0, BLOCK_K):
         kk = k0 + offs_k
         mask_a = (offs_m[:, None] < M) & (kk[None, :] < K)
         mask_b = (offs_n[None, :] < N) & (kk[:, None] < K)
@@ -169,6 +176,11 @@ def test_linear_gelu_rejects_the_bias_along_the_wrong_axis():
 def test_linear_gelu_rejects_an_unmasked_k_edge():
     msg = _rejects(ex.check_linear_gelu, lambda x, w, b: _launch(x, w, b, NO_K_MASK), "(64, 100, 64)")
     assert "last K step" in msg
+
+
+def test_linear_gelu_rejects_one_k_tile_for_every_k():
+    # right for every K up to 512: the checker's K of 1100 is not
+    _rejects(ex.check_linear_gelu, lambda x, w, b: _launch(x, w, b, ONE_K_TILE), "(5, 1100, 9)")
 
 
 def test_linear_gelu_rejects_unmasked_edge_tiles_of_m_and_n():

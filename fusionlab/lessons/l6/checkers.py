@@ -40,8 +40,8 @@ _MATMUL_OPS = {"mm", "matmul", "addmm", "bmm", "linear", "_addmm_activation", "a
 
 # -- exercise 1: the tiled matmul with a fused bias + GELU epilogue ---------------------------------------
 #: (M, K, N): one element (a GEMV of one row), everything ragged, K spanning several tiles with M < N,
-#: N narrower than any tile
-LINEAR_SHAPES = ((1, 1, 1), (65, 129, 127), (37, 300, 129), (130, 64, 7))
+#: K of 1100 (past any single K tile a kernel might hard-code), N narrower than any tile
+LINEAR_SHAPES = ((1, 1, 1), (65, 129, 127), (37, 300, 129), (5, 1100, 9), (130, 64, 7))
 #: many programs at any tile the exercise would use (64 x 64 tiles: 25, 32 x 32: 90)
 LINEAR_MANY = (300, 70, 260)
 #: probes run first, each with its own message: every dimension a multiple of any block up to 64 (128
@@ -274,9 +274,9 @@ def linear_reference_gelu(x, w, b):
 
 
 # -- exercise 2: the RMSNorm prologue as a row scale ---------------------------------------------------
-#: (M, K, N): K = 300 (and 257) spans several tiles of any BLOCK_K <= 64; N < K, so that an (M, K)
+#: (M, K, N): K = 300 (and 257, 1100) spans several tiles of any BLOCK_K <= 64; N < K, so that an (M, K)
 #: tensor is larger than the output
-RMS_SHAPES = ((1, 300, 7), (37, 300, 129), (65, 257, 127), (130, 300, 64))
+RMS_SHAPES = ((1, 300, 7), (37, 300, 129), (65, 257, 127), (5, 1100, 9), (130, 300, 64))
 RMS_MANY = (257, 300, 190)
 RMS_EPS = 1e-5
 #: the tile widths whose "rstd from one tile" the checker recognises
