@@ -110,6 +110,23 @@ def _wrong_rms_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps, BLOCK_N: t
         tl.store(y_ptr + row * n_cols + offs, (n * w).to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _one_tile_rms_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps, BLOCK_N: tl.constexpr):
+    # the whole row in one tile of 16384 hard-coded, no loop: right for rows up to 16384 elements
+    row = tl.program_id(axis=0).to(tl.int64)
+    offs = tl.arange(0, 16384)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+    h = (x + r).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + row * n_cols + offs, h, mask=mask)
+    hf = h.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    n = (hf * rstd).to(y_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(y_ptr + row * n_cols + offs, (n * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
 def _wrong_rms(mistake):
     def fn(x, r, w, eps):
         n_rows, n_cols = x.shape
@@ -162,7 +179,7 @@ def add_then_rmsnorm(x, r, w, eps):
 
 def test_add_rmsnorm_accepts_the_solution(capsys):
     msg = ex.check_add_rmsnorm(solution_add_rmsnorm)
-    assert msg.startswith("✓ add_rmsnorm: 15 checks passed")
+    assert msg.startswith("✓ add_rmsnorm: 17 checks passed")
     assert capsys.readouterr().out.count("✓ add_rmsnorm") == 1
 
 
@@ -233,6 +250,11 @@ def test_add_rmsnorm_rejects_eps_outside_the_square_root():
 def test_add_rmsnorm_rejects_statistics_of_one_tile():
     with pytest.raises(CheckFailed, match=r"shape \(3, 4097\).*wider than one tile. The statistics need the whole row"):
         ex.check_add_rmsnorm(_wrong_rms(5))
+
+
+def test_add_rmsnorm_rejects_one_hard_coded_tile():
+    with pytest.raises(CheckFailed, match=r"\(2, 40009\).*Columns 0-16383 of it were written, 16384 on were not"):
+        ex.check_add_rmsnorm(lambda x, r, w, eps: _launch_rms(_one_tile_rms_kernel, x, r, w, eps))
 
 
 def test_add_rmsnorm_rejects_two_kernels():

@@ -86,8 +86,9 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype) -> bool:
 # -- exercise 1: residual + RMSNorm, one kernel ---------------------------------------------------------
 #: (rows, N) that fit one tile of any kernel a learner writes (one element, odd widths) ...
 RMS_NARROW = ((1, 1), (7, 5), (37, 129), (130, 1000))
-#: ... and rows wider than the tile of the lesson's kernel (BLOCK_N of at most 1024 or 4096)
-RMS_WIDE = ((3, 4097), (2, 12_345))
+#: ... and rows wider than the tile of the lesson's kernel (BLOCK_N of at most 1024 or 4096), the last
+#: wider than any one tile a kernel might hard-code instead of walking the row (a GPU's is 32768 at most)
+RMS_WIDE = ((3, 4097), (2, 12_345), (2, 40_009))
 #: many programs at one row each
 RMS_MANY = (1031, 64)
 #: an eps large enough beside a mean square near 1 that where it sits shows
@@ -156,10 +157,10 @@ def _rms_case(fn, name, shape, dtype, eps, seed, *, narrow_passed: bool = False)
         )
     for what, unwritten in (("h", unwritten_h), ("y", unwritten_y)):
         if unwritten.any():
-            first = int(unwritten.nonzero()[0][0])
+            row, tip = grading.first_unwritten(unwritten, shape[1])
             raise fail(
-                f"{where}: {int(unwritten.sum())} elements of {what} were never written, the first in row "
-                f"{first // shape[1]}. Check the grid (one program per row) and that every tile of a row is stored.",
+                f"{where}: {int(unwritten.sum())} elements of {what} were never written, the first in row {row}.{tip} "
+                "Check the grid (one program per row) and that every tile of a row is stored.",
                 seed,
             )
     if not _close(h, h_ref, dtype):
