@@ -71,10 +71,12 @@ def solution_add_rmsnorm(x, r, w, eps):
 # -- exercise 1: wrong answers ------------------------------------------------------------------------------
 @triton.jit
 def _wrong_rms_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps, BLOCK_N: tl.constexpr, MISTAKE: tl.constexpr):
-    # MISTAKE: 1 normalises x, 2 never stores h, 3 eps on the rms, 4 eps on rsqrt, 5 stats of one tile
+    # MISTAKE: 1 normalises x, 2 never stores h, 3 eps on the rms, 4 eps on rsqrt, 5 stats of one tile,
+    # 6 one tile hard-coded (launched with a tile of 16384 and no loop: right for rows up to 16384)
     row = tl.program_id(axis=0).to(tl.int64)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, n_cols, BLOCK_N):
+    end = n_cols if MISTAKE != 6 else 1
+    for start in range(0, end, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         mask = offs < n_cols
         x = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)
@@ -96,7 +98,7 @@ def _wrong_rms_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps, BLOCK_N: t
         rstd = 1.0 / tl.sqrt(ms) + eps
     else:
         rstd = 1.0 / tl.sqrt(ms + eps)
-    for start in range(0, n_cols, BLOCK_N):
+    for start in range(0, end, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         mask = offs < n_cols
         if MISTAKE == 1 or MISTAKE == 2:
@@ -110,28 +112,11 @@ def _wrong_rms_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps, BLOCK_N: t
         tl.store(y_ptr + row * n_cols + offs, (n * w).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _one_tile_rms_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps, BLOCK_N: tl.constexpr):
-    # the whole row in one tile of 16384 hard-coded, no loop: right for rows up to 16384 elements
-    row = tl.program_id(axis=0).to(tl.int64)
-    offs = tl.arange(0, 16384)
-    mask = offs < n_cols
-    x = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)
-    r = tl.load(r_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)
-    h = (x + r).to(h_ptr.dtype.element_ty)
-    tl.store(h_ptr + row * n_cols + offs, h, mask=mask)
-    hf = h.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / n_cols + eps)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    n = (hf * rstd).to(y_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(y_ptr + row * n_cols + offs, (n * w).to(y_ptr.dtype.element_ty), mask=mask)
-
-
 def _wrong_rms(mistake):
     def fn(x, r, w, eps):
         n_rows, n_cols = x.shape
         h, y = torch.empty_like(x), torch.empty_like(x)
-        block = min(triton.next_power_of_2(n_cols), MAX_BLOCK)
+        block = 16384 if mistake == 6 else min(triton.next_power_of_2(n_cols), MAX_BLOCK)
         _wrong_rms_kernel[(n_rows,)](x, r, w, h, y, n_cols, eps, BLOCK_N=block, MISTAKE=mistake)
         return y, h
 
@@ -254,7 +239,7 @@ def test_add_rmsnorm_rejects_statistics_of_one_tile():
 
 def test_add_rmsnorm_rejects_one_hard_coded_tile():
     with pytest.raises(CheckFailed, match=r"\(2, 40009\).*Columns 0-16383 of it were written, 16384 on were not"):
-        ex.check_add_rmsnorm(lambda x, r, w, eps: _launch_rms(_one_tile_rms_kernel, x, r, w, eps))
+        ex.check_add_rmsnorm(_wrong_rms(6))
 
 
 def test_add_rmsnorm_rejects_two_kernels():

@@ -66,14 +66,8 @@ def _linear_gelu_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float16)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if MISTAKE == 8:  # every K in one tile of 512, no loop: right while K <= 512
-        kk = tl.arange(0, 512)
-        mask_a = (offs_m[:, None] < M) & (kk[None, :] < K)
-        mask_b = (offs_n[None, :] < N) & (kk[:, None] < K)
-        a = tl.load(x_ptr + offs_m[:, None] * stride_xm + kk[None, :], mask=mask_a, other=0.0)
-        b = tl.load(w_ptr + offs_n[None, :] * stride_wn + kk[:, None], mask=mask_b, other=0.0)
-        acc += tl.dot(a, b)
-    for k0 in range(0, K if MISTAKE != 8 else 0, BLOCK_K):
+    # ONE_K_TILE: launched with BLOCK_K = 512, one trip round the loop: right while K <= 512
+    for k0 in range(0, K if MISTAKE != 8 else 1, BLOCK_K):
         kk = k0 + offs_k
         mask_a = (offs_m[:, None] < M) & (kk[None, :] < K)
         mask_b = (offs_n[None, :] < N) & (kk[:, None] < K)
@@ -112,8 +106,9 @@ def _launch(x, w, b, mistake=RIGHT):
     N = w.shape[0]
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))
+    block_k = 512 if mistake == ONE_K_TILE else BLOCK_K
     _linear_gelu_kernel[grid](
-        x, w, b, y, M, N, K, x.stride(0), w.stride(0), y.stride(0), BLOCK_M, BLOCK_N, BLOCK_K, MISTAKE=mistake
+        x, w, b, y, M, N, K, x.stride(0), w.stride(0), y.stride(0), BLOCK_M, BLOCK_N, block_k, MISTAKE=mistake
     )
     return y
 

@@ -140,7 +140,7 @@ def _flash_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, n_q, n_k, scale,
     tl.store(lse_ptr + bh * n_q + offs_m, m_i + tl.log(l_i), mask=row_mask)
 
 
-def _launch(kernel, q, k, v, causal, **extra):
+def _launch(kernel, q, k, v, causal, block_n=BLOCK_N, **extra):
     B, H, n_q, d = q.shape
     n_k = k.shape[2]
     o = torch.empty_like(q)
@@ -148,7 +148,7 @@ def _launch(kernel, q, k, v, causal, **extra):
     grid = (triton.cdiv(n_q, BLOCK_M), B * H)
     kernel[grid](q, k, v, o, lse, n_q, n_k, 1 / math.sqrt(d),
                  q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2), o.stride(1), o.stride(2),
-                 HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                 HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=BLOCK_M, BLOCK_N=block_n,
                  CAUSAL=causal, **extra)  # fmt: skip
     return o, lse
 
@@ -162,7 +162,9 @@ def solution_flash_causal(q, k, v):
 
 
 # -- wrong answers: one kernel, a constexpr picks the mistake ---------------------------------------------
-NO_RESCALE, L_NOT_ACC, M_ZERO, STRICT, LATE, NO_MAX, BASE2 = range(1, 8)
+NO_RESCALE, L_NOT_ACC, M_ZERO, STRICT, LATE, NO_MAX, BASE2, ONE_BLOCK = range(1, 9)
+#: ONE_BLOCK: every key in one block of this many, no loop (right while N_k fits it)
+ONE_BLOCK_N = 256
 
 
 @triton.jit
@@ -185,6 +187,8 @@ def _buggy_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, n_q, n_k, scale,
     hi = n_k
     if CAUSAL:
         hi = tl.minimum(n_k, (pid_m + 2) * BLOCK_M)
+    if BUG == 8:  # ONE_BLOCK: launched with BLOCK_N = ONE_BLOCK_N, one trip round the loop
+        hi = 1
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n[:, None] < n_k) & d_mask
@@ -230,7 +234,8 @@ def _buggy_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, n_q, n_k, scale,
 
 
 def buggy(bug, causal=False):
-    return lambda q, k, v: _launch(_buggy_kernel, q, k, v, causal, BUG=bug)
+    block_n = ONE_BLOCK_N if bug == ONE_BLOCK else BLOCK_N
+    return lambda q, k, v: _launch(_buggy_kernel, q, k, v, causal, block_n=block_n, BUG=bug)
 
 
 @triton.jit
@@ -265,40 +270,6 @@ def _divide_per_block_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, n_q, n_k, scal
     tl.store(o_ptr + bh * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
              acc.to(o_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask)  # fmt: skip
     tl.store(lse_ptr + bh * n_q + offs_m, m_i + tl.log(l_i), mask=row_mask)
-
-
-@triton.jit
-def _one_block_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, n_q, n_k, scale,
-                      stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_om,
-                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):  # fmt: skip
-    """Every key in one block of 256, a plain softmax: right for rows of up to 256 keys, no online loop."""
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d[None, :] < HEAD_DIM
-    q = tl.load(q_ptr + bh * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=(offs_m[:, None] < n_q) & d_mask, other=0.0)  # fmt: skip
-    offs_n = tl.arange(0, 256)
-    kv_mask = (offs_n[:, None] < n_k) & d_mask
-    k = tl.load(k_ptr + bh * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_ptr + bh * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-    keep = offs_n[None, :] < n_k
-    if CAUSAL:
-        keep = keep & (offs_m[:, None] >= offs_n[None, :])
-    s = tl.where(keep, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
-    m = tl.max(s, 1)
-    p = tl.exp(s - m[:, None])
-    l = tl.sum(p, 1)  # noqa: E741
-    o = tl.dot(p.to(v.dtype), v) / l[:, None]
-    row_mask = offs_m < n_q
-    tl.store(o_ptr + bh * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-             o.to(o_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask)  # fmt: skip
-    tl.store(lse_ptr + bh * n_q + offs_m, m + tl.log(l), mask=row_mask)
-
-
-def one_block(causal=False):
-    return lambda q, k, v: _launch(_one_block_kernel, q, k, v, causal)
 
 
 def divide_per_block(q, k, v):
@@ -376,7 +347,7 @@ def test_flash_accepts_the_solutions(capsys):
         (buggy(NO_MAX), "subtract the running max"),
         (buggy(BASE2), "base 2"),
         (divide_per_block, "divides inside its key loop"),
-        (one_block(), "right on rows of up to 129 keys and is wrong on 4099.*one block of a fixed size"),
+        (buggy(ONE_BLOCK), "right on rows of up to 129 keys and is wrong on 4099.*one block of a fixed size"),
         (materialises_scores, "allocates a tensor of"),
         (eager_torch, "computes or copies with torch"),
         (lambda q, k, v: attention(q, k, v), "own kernel"),
@@ -428,7 +399,7 @@ def test_scores_near_400_in_fp32_accept_a_right_kernel_and_still_diagnose_m_zero
 
 def test_flash_causal_rejects_one_block_of_keys():
     with pytest.raises(CheckFailed, match="right on rows of up to 100 keys and is wrong on 600"):
-        ex.check_flash_forward_causal(one_block(causal=True))
+        ex.check_flash_forward_causal(buggy(ONE_BLOCK, causal=True))
 
 
 def test_flash_causal_rejects_a_full_kernel():

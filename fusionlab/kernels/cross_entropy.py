@@ -27,11 +27,10 @@ reduction's scale) and writes it — into a gradient buffer, or **over the logit
 (``inplace_grad=True``). No probability tensor ever exists. The first tile of the row (the "head":
 8192 elements for rows up to 32 Ki, the whole row for 16-bit rows up to 64 Ki, 64 KiB of row for
 wider ones) stays in registers from the first sweep to the second, so a row that fits in it is read
-once; a wider row's other tiles are read again,
-newest first, so that the second sweep finds what it read last still in L2 (the ledger counts the
-re-read honestly, as ``rereads``); on a GPU, with a gradient, aligned rows wider than 65536 are
-instead split across programs that swap their statistics (lesson 4's split softmax), read once. A row whose start or
-length is not a multiple of 16 bytes
+once; a wider row's other tiles are read again, newest first, so that the second sweep finds what it
+read last still in L2 (the ledger counts the re-read honestly, as ``rereads``); on a GPU, with a
+gradient, aligned rows wider than 65536 are instead split across programs that swap their statistics
+(lesson 4's split softmax), read once. A row whose start or length is not a multiple of 16 bytes
 (V = 50257) is split at its 16-byte boundaries so its body still moves in 16-byte accesses. The
 backward of the autograd function only multiplies the stored gradient by grad_output — and skips
 rows whose grad_output is exactly 1, the usual case, without a host sync.

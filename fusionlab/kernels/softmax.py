@@ -679,6 +679,13 @@ def _unit(dtype: torch.dtype, *values: int) -> int:
     return vec
 
 
+def _in_units(dtype: torch.dtype, r: _Rows) -> tuple[int, int, int, int]:
+    """``(UNIT, n_cols, stride_b, stride_m)`` for a launch: the row's length and strides divided by
+    :func:`_unit`'s unit, which the kernel multiplies back."""
+    u = _unit(dtype, r.n_cols, r.stride_b, r.stride_m)
+    return u, r.n_cols // u, r.stride_b // u, r.stride_m // u
+
+
 def _launch_flags(r: _Rows, cfg: dict) -> dict:
     """Constexprs that follow from the shape: the unmasked paths when the tiles divide the tensor."""
     if cfg.get("masked"):  # a tuning run measuring what the masks cost
@@ -696,18 +703,18 @@ def _forward(x: torch.Tensor, layout: _Rows, cfg: dict) -> torch.Tensor:
     blocks = cdiv(r.n_rows, cfg["BLOCK_M"])
     # persistent programs walk the one-tile path's rows; the online path takes one program a block
     programs = min(blocks, cfg.get("programs") or blocks) if cfg["SINGLE_TILE"] else blocks
-    u = _unit(x.dtype, r.n_cols, r.stride_b, r.stride_m)
+    u, n_cols, stride_b, stride_m = _in_units(x.dtype, r)
     _softmax_kernel[(programs,)](
         x,
         y,
         y,
         y,  # m_ptr, l_ptr: unused when WRITE_STATS is off
         r.n_rows,
-        r.n_cols // u,
+        n_cols,
         r.n_inner,
-        r.stride_b // u,
-        r.stride_m // u,
-        r.n_cols // u,
+        stride_b,
+        stride_m,
+        n_cols,
         BLOCK_M=cfg["BLOCK_M"],
         BLOCK_N=cfg["BLOCK_N"],
         SINGLE_TILE=cfg["SINGLE_TILE"],
@@ -728,7 +735,7 @@ def _forward_split(x: torch.Tensor, y: torch.Tensor, r: _Rows, cfg: dict) -> tor
     parts = cfg["SPLIT"]
     sync = torch.zeros(r.n_rows + 1, dtype=torch.int32, device=x.device)  # the ticket, then a count a row
     stats = torch.empty(r.n_rows * 2 * parts, dtype=torch.float32, device=x.device)  # (m, d) of every part
-    u = _unit(x.dtype, r.n_cols, r.stride_b, r.stride_m)
+    u, n_cols, stride_b, stride_m = _in_units(x.dtype, r)
     # rows off 16-byte boundaries: the fragments path, when x is contiguous (y's rows then start at the
     # same offsets) and starts on a boundary itself
     vec = 16 // x.element_size()
@@ -738,11 +745,11 @@ def _forward_split(x: torch.Tensor, y: torch.Tensor, r: _Rows, cfg: dict) -> tor
         y,
         sync,
         stats,
-        r.n_cols // u,
+        n_cols,
         r.n_inner,
-        r.stride_b // u,
-        r.stride_m // u,
-        r.n_cols // u,
+        stride_b,
+        stride_m,
+        n_cols,
         SPLIT=parts,
         SPLIT_P2=next_pow2(parts),
         BLOCK_N=cfg["BLOCK_N"],
@@ -768,18 +775,18 @@ def _backward(y: torch.Tensor, dy: torch.Tensor, cfg: dict | None = None) -> tor
     r = layout
     if cfg is None:
         cfg = softmax_config(r.n_rows, r.n_cols, y.dtype, backward=True)
-    u = _unit(y.dtype, r.n_cols, r.stride_b, r.stride_m)
+    u, n_cols, stride_b, stride_m = _in_units(y.dtype, r)
     _softmax_bwd_kernel[(cdiv(r.n_rows, cfg["BLOCK_M"]),)](
         y,
         dy,
         dx,
         r.n_rows,
-        r.n_cols // u,
+        n_cols,
         r.n_inner,
-        r.n_cols // u,
-        r.stride_b // u,
-        r.stride_m // u,
-        r.n_cols // u,
+        n_cols,
+        stride_b,
+        stride_m,
+        n_cols,
         BLOCK_M=cfg["BLOCK_M"],
         BLOCK_N=cfg["BLOCK_N"],
         SINGLE_TILE=cfg["SINGLE_TILE"],
