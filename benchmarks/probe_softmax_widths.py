@@ -17,7 +17,8 @@ import fusionlab  # noqa: F401
 from fusionlab import bench
 from fusionlab.kernels import softmax as S
 
-WIDTHS = (1000, 3000, 4097, 5000, 10000, 12288, 16385, 17000, 20000, 24576, 32000, 32768, 50257, 65537, 100000, 128256)
+WIDTHS = (1000, 1001, 3000, 4097, 5000, 5001, 8191, 10000, 12288, 12289, 16385, 17000, 20000, 24576, 32000, 32767)
+WIDTHS += (32768, 50257, 65537, 100000, 128256)
 
 
 def main():
@@ -41,9 +42,17 @@ def main():
         nb = 2 * x.numel() * 2
         ours = bench.queued_ms(lambda: S.softmax(x))
         theirs = bench.queued_ms(lambda: torch.softmax(x, dim=-1))
+        other = ""
+        if cfg.get("VEC"):  # odd rows: the schedule without fragments (as for strided rows), beside
+            plain = S.softmax_config(rows, n, x.dtype, packed=False)
+            layout = S._rows(x)
+            ms = bench.queued_ms(lambda: S._forward(x, layout, plain))
+            other = f"  no fragments (BLOCK_N {plain['BLOCK_N']}) {nb / ms / 1e6 / copy:6.1%}"
         print(
             f"  {rows:>6} x {n:<6} {how:10s} BLOCK_N {cfg['BLOCK_N']:>5} w{cfg['num_warps']:<2} "
-            f"ours {ours:7.4f} ms {nb / ours / 1e6 / copy:6.1%}  torch {nb / theirs / 1e6 / copy:6.1%}  err {err:.0e}",
+            f"VEC {cfg.get('VEC', 1)} "
+            f"ours {ours:7.4f} ms {nb / ours / 1e6 / copy:6.1%}  torch {nb / theirs / 1e6 / copy:6.1%}  err {err:.0e}"
+            + other,
             flush=True,
         )
         x = None

@@ -458,9 +458,11 @@ def test_configs_are_legal(rows, n, backward, gpu):
     assert cfg["BLOCK_M"] * cfg["BLOCK_N"] <= 2**20 and cfg["num_warps"] <= 32
     assert cfg["BLOCK_M"] <= max(1, 2 * rows)
     tuning = (GPU_TUNING["backward" if backward else "forward"]) if gpu else INTERPRETER_TUNING
-    assert cfg["SINGLE_TILE"] == (n <= tuning["max_single"])
+    vec = cfg.get("VEC", 1)  # packed rows off 16-byte boundaries: a body of n - n % VEC, and fragments
+    assert vec == 1 or (cfg["SINGLE_TILE"] and n % vec and not backward)
+    assert cfg["SINGLE_TILE"] == (n - n % vec <= tuning["max_single"])
     if cfg["SINGLE_TILE"]:
-        assert n <= cfg["BLOCK_N"]  # the whole row in one tile
+        assert n - n % vec <= cfg["BLOCK_N"]  # the whole row (its body) in one tile
     # (the online path may also use one tile: the backward's second pass then re-reads it from L2)
 
 
@@ -497,8 +499,9 @@ def test_gpu_splits_wide_rows_across_programs():
     t = GPU_TUNING["forward"]
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         chunk = t["split_bytes"] // torch.empty((), dtype=dtype).element_size()
+        # 32769, packed, is a 32768-element body and its fragments in one tile (below); strided, it splits
         for n in (32769, 65536, 100_003, chunk * t["max_split"]):
-            cfg = softmax_config(4096, n, dtype, gpu=True)
+            cfg = softmax_config(4096, n, dtype, gpu=True, packed=n != 32769)
             assert cfg["SPLIT"] == -(-n // chunk) and cfg["BLOCK_N"] == chunk and cfg["BLOCK_M"] == 1
             assert (
                 cfg["SPLIT"] <= t["max_split"] and cfg["num_warps"] == t["split_bytes"] // t["split_thread_bytes"] // 32
@@ -508,13 +511,14 @@ def test_gpu_splits_wide_rows_across_programs():
         wider = chunk * t["max_split"] + 1  # more parts than the limit: the online path
         assert "SPLIT" not in softmax_config(4096, wider, dtype, gpu=True)
         assert "SPLIT" not in softmax_config(4096, 32768, dtype, gpu=True)  # one tile
+        assert softmax_config(4096, 32769, dtype, gpu=True)["SINGLE_TILE"]  # a body of 32768, fragments
         assert "SPLIT" not in softmax_config(4096, 65536, dtype, gpu=True, backward=True)  # forward only
         assert "SPLIT" not in softmax_config(4096, 65536, dtype, gpu=False)  # the interpreter would wait for ever
 
 
 def test_gpu_padded_rows_are_split_where_parts_fit_better():
     # a persistent one-tile row pads to 32768: rows that parts of 4096 or 8192 fill much better go split
-    for n, part in ((16385, 4096), (20000, 4096), (24576, 8192)):
+    for n, part in ((16392, 4096), (20000, 4096), (24576, 8192)):
         cfg = softmax_config(4096, n, torch.bfloat16, gpu=True)
         assert (cfg.get("SPLIT"), cfg["BLOCK_N"]) == (-(-n // part), part), (n, cfg)
     for n in (28000, 32000, 32768):  # the tile nearly full: one program a row, persistent
@@ -555,6 +559,45 @@ def test_sixteen_byte_rows_forward_and_backward(layout, dtype):
     xd = x.detach().double().requires_grad_()
     torch.softmax(xd, -1).backward(dy.double())
     _expect_close(xg.grad, xd.grad, *TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("rows, n", [(1, 65), (37, 129), (300, 1001), (5, 4097), (3, 4099)])
+def test_odd_rows_read_through_fragments(rows, n, dtype, atol, rtol):
+    """Packed rows whose width is not a multiple of 16 bytes: a 16-byte body and two fragments a row
+    (VEC), the tile the body's. Every element against float64, the output poisoned first, one kernel,
+    the input unchanged; the row maximum and -inf in the fragments, a row of only -inf (NaN, as
+    torch), 1e4 beside -1e4."""
+    assert softmax_config(rows, n, dtype).get("VEC") == 16 // dtype.itemsize
+    x = _x((rows, n), dtype, seed=61, scale=5.0)
+    x[0, 0] = 1e4  # the maximum in row 0's first element: a fragment or the body, by the row's offset
+    x[-1, -1] = 1e4  # and in the last row's last element
+    x[-1, 0] = -1e4
+    if rows > 2:
+        x[1] = float("-inf")
+        x[2, :3] = float("-inf")
+    before = x.clone()
+    y, box = _sandboxed(softmax, x)
+    _expect_close(y, _softmax64(x), atol, rtol)
+    _expect_one_launch(box, x)
+    assert torch.equal(x, before), "the input was modified"
+
+
+def test_fragments_only_where_rows_are_packed_and_forward():
+    gpu_cfg = softmax_config(4096, 4097, torch.bfloat16, gpu=True)
+    assert gpu_cfg["VEC"] == 8 and gpu_cfg["BLOCK_N"] == 4096 and gpu_cfg["SINGLE_TILE"]  # the body's tile
+    assert "VEC" not in softmax_config(4096, 4097, torch.bfloat16, gpu=True, packed=False)
+    assert softmax_config(4096, 4097, torch.bfloat16, gpu=True, packed=False)["BLOCK_N"] == 8192
+    assert "VEC" not in softmax_config(4096, 4097, torch.bfloat16, gpu=True, backward=True)
+    assert "VEC" not in softmax_config(4096, 4096, torch.bfloat16, gpu=True)  # 16-byte rows already
+    assert "VEC" not in softmax_config(4096, 63, torch.float32, gpu=True)  # under FRAGMENT_MIN
+    assert softmax_config(64, 32767, torch.bfloat16, gpu=True)["VEC"] == 8  # persistent and fragments
+    assert "VEC" not in softmax_config(64, 50257, torch.bfloat16, gpu=True)  # split: its own fragments
+    # the same values off a 16-byte boundary or strided: no fragments, the same answer
+    x = _x((6, 1001), torch.float32, seed=62)
+    for y in (torch.cat([x.new_zeros(1), x.flatten()])[1:].view(6, 1001), _x((6, 1002), seed=62)[:, :1001]):
+        y.copy_(x)
+        _expect_close(softmax(y), _softmax64(x), *TOLERANCES[torch.float32])
 
 
 def test_split_false_is_the_online_path_with_its_tuning():
@@ -663,7 +706,7 @@ def test_gpu_wide_rows(n, dtype):
     "rows, n",
     [
         (1, 32769),  # one row, its last part one element wide
-        (1000, 16385),  # a row that would pad its one tile to 32768: five parts of 4096, the last of one
+        (1000, 16392),  # a row that would pad its one tile to 32768: five parts of 4096, the last of 8
         (997, 20000),  # the same, 16-byte rows that are not a multiple of 16 elements (UNIT)
         (300, 24576),  # three parts of 8192
         (3, 65536),  # parts that divide the row: the unmasked loads
@@ -699,6 +742,21 @@ def test_gpu_split_rows_strided_and_two_level(width):
     for x in (base[:, 1], base.transpose(0, 1), base[::2], base[1:3].reshape(-1, width)[1:]):
         assert softmax_config(x.numel() // x.shape[-1], x.shape[-1], x.dtype).get("SPLIT")
         _expect_close(softmax(x), _softmax64(x), *TOLERANCES[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("rows, n", [(300, 16385), (997, 32767), (524289, 4097)], ids=["16385", "persistent", "2**31"])
+def test_gpu_fragment_rows(rows, n):
+    """Odd packed rows on the GPU: one tile of the body (16384 for 16385), persistent programs with
+    fragments (32767), and rows x width past 2**31 (row starts in int64); rows checked against float64."""
+    x = _x((rows, n), torch.bfloat16, seed=63, scale=10.0) if rows < 10**5 else None
+    if x is None:
+        x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+    assert softmax_config(rows, n, x.dtype)["VEC"] == 8
+    y = softmax(x)
+    for r in sorted({0, 1, rows // 2, rows - 2, rows - 1}):
+        _expect_close(y[r], _softmax64(x[r]), *TOLERANCES[torch.bfloat16])
 
 
 @pytest.mark.gpu

@@ -166,6 +166,7 @@ def softmax_config(
     backward: bool = False,
     gpu: bool | None = None,
     split: bool = True,
+    packed: bool = True,
 ) -> dict:
     """The launch configuration: ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}`` (and, for the
     online path on a GPU, the eviction hints ``EVICT_1``/``EVICT_2`` of its two passes).
@@ -175,12 +176,20 @@ def softmax_config(
     hold ``BLOCK_N`` elements of the row each and swap their statistics: read once. ``BLOCK_M`` rows
     share a program when rows are narrow. ``gpu``: the GPU's configuration (default: this mode's), so
     a lesson on a CPU can ask what the GPU kernel does. ``split=False``: never ``SPLIT`` (wide rows
-    take the online path). Tuned on an H100 (``benchmarks/notes_softmax.md``).
+    take the online path). ``packed``: x's rows lie end to end from a 16-byte boundary (a contiguous
+    tensor, as a fresh one is); then a forward row whose width is not a multiple of 16 bytes is read
+    as a 16-byte body and two fragments (``VEC``, see :data:`FRAGMENT_MIN`), and its tile is the body's.
+    Tuned on an H100 (``benchmarks/notes_softmax.md``).
     """
     gpu = runtime.is_gpu() if gpu is None else gpu
     t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
     tile, thread_bytes = t["tile"], t["thread_bytes"]
-    width = next_pow2(max(int(n_cols), 1))  # the one tile's width, for rows that fit one
+    vec = 16 // element_size(dtype)
+    fragments = bool(packed and not backward and vec > 1 and n_cols % vec and FRAGMENT_MIN <= n_cols)
+    n_tile = n_cols - n_cols % vec if fragments else n_cols  # the one tile holds the body, if any
+    fragments = fragments and n_tile <= t["max_single"]
+    n_tile = n_tile if fragments else n_cols
+    width = next_pow2(max(int(n_tile), 1))  # the one tile's width, for rows that fit one
     big = t.get("big_row")
     if element_size(dtype) == 2 and width in t.get("small_rows", ()):  # measured: bf16
         tile, thread_bytes = t["small_tile"], 2 * thread_bytes
@@ -188,7 +197,7 @@ def softmax_config(
         thread_bytes = 2 * thread_bytes
     cfg = _config(
         int(n_rows),
-        int(n_cols),
+        int(n_tile),
         t["max_single"],
         t["wide_block"],
         tile,
@@ -206,14 +215,23 @@ def softmax_config(
         sms = sm_count() if runtime.is_gpu() else DEFAULT_SMS
         cfg.update(programs=t["per_sm"] * sms, row_stages=t["row_stages"])
         if split and t.get("split"):
-            cfg = _padded_row_split(int(n_cols), dtype, t, cfg)
+            cfg = _padded_row_split(int(n_cols), int(n_tile), dtype, t, cfg)
     if split and t.get("split") and not cfg["SINGLE_TILE"] and not cfg.get("SPLIT"):
         chunk = t["split_bytes"] // element_size(dtype)
         parts = cdiv(int(n_cols), chunk)
         if parts <= t["max_split"] and int(n_rows) * parts < INT32_LIMIT:
             warps = max(1, min(32, t["split_bytes"] // t["split_thread_bytes"] // 32))
             cfg = {"BLOCK_M": 1, "BLOCK_N": chunk, "num_warps": warps, "SINGLE_TILE": False, "SPLIT": parts}
+    if fragments and cfg["SINGLE_TILE"]:
+        cfg["VEC"] = vec
     return cfg
+
+
+#: Rows of at least this many elements whose width is not a multiple of 16 bytes (4097 bf16, 1001 fp32)
+#: take the one-tile path's fragments (``VEC``) when packed: without them most rows start off a 16-byte
+#: boundary and every access is one element, and the tile pads to the next power of two of the width
+#: (4097 -> 8192) where the body needs only its own (4096).
+FRAGMENT_MIN = 64
 
 
 #: a persistent one-tile row pads its tile to the next power of two, and its time follows the tile, not
@@ -224,15 +242,16 @@ def softmax_config(
 SPLIT_FILL_GAIN = 0.15
 
 
-def _padded_row_split(n_cols: int, dtype: torch.dtype, t: dict, cfg: dict) -> dict:
-    """``cfg`` (a persistent one-tile row), or the split schedule when its parts pad much less."""
+def _padded_row_split(n_cols: int, n_tile: int, dtype: torch.dtype, t: dict, cfg: dict) -> dict:
+    """``cfg`` (a persistent one-tile row holding ``n_tile`` of its ``n_cols``: fragments hold the
+    rest), or the split schedule when its parts pad much less."""
 
     def fill(tile: int) -> float:
         return n_cols / (cdiv(n_cols, tile) * tile)
 
     big = t["split_bytes"] // element_size(dtype)
     part = max((big, big // 2), key=fill)  # the larger part on a tie
-    if fill(part) - fill(cfg["BLOCK_N"]) < SPLIT_FILL_GAIN or cdiv(n_cols, part) > t["max_split"]:
+    if fill(part) - n_tile / cfg["BLOCK_N"] < SPLIT_FILL_GAIN or cdiv(n_cols, part) > t["max_split"]:
         return cfg
     return {"BLOCK_M": 1, "BLOCK_N": part, "num_warps": 4, "SINGLE_TILE": False, "SPLIT": cdiv(n_cols, part)}
 
@@ -328,6 +347,31 @@ def _row_ptrs(base, rows, n_rows, n_inner, stride_b, stride_m, TWO_LEVEL: tl.con
 
 
 @triton.jit
+def _fragment_tiles(x_ptr, y_ptr, rows, n_rows, n_cols, offs_n, VEC: tl.constexpr, EVICT: tl.constexpr):
+    """Rows packed end to end (x and y contiguous, from 16-byte boundaries: the launcher checks) whose
+    width is not a multiple of VEC elements, so most rows start off a 16-byte boundary and Triton would
+    move them 2 bytes at a time. Each row is read as a body from its first boundary, a multiple of VEC
+    long (16-byte accesses), and two fragments of fewer than VEC elements before and after it, in one
+    (BLOCK_M, 2 VEC) tile. Returns the body and fragments (fp32, -inf where masked), y's pointers to
+    both, and their masks. The body is at most n_cols - n_cols % VEC long, so a row of 4097 fits a
+    4096-element tile."""
+    start = tl.minimum(rows, n_rows - 1) * n_cols  # rows past the end re-read the last, as _row_ptrs
+    lo = tl.minimum((VEC - start % VEC) % VEC, n_cols)  # elements before the row's first boundary
+    body_len = (n_cols - lo) // VEC * VEC
+    body = tl.multiple_of(start + lo, VEC)
+    lane = tl.arange(0, 2 * VEC)[None, :]
+    hi = lane >= VEC
+    col_f = tl.where(hi, (lo + body_len)[:, None] + lane - VEC, lane)
+    f_ok = tl.where(hi, col_f < n_cols, lane < lo[:, None])
+    body_ok = offs_n[None, :] < body_len[:, None]
+    x = tl.load(x_ptr + body[:, None] + offs_n[None, :], mask=body_ok, other=float("-inf"), eviction_policy=EVICT)
+    x_f = tl.load(x_ptr + start[:, None] + col_f, mask=f_ok, other=float("-inf"))
+    y_body = y_ptr + body[:, None] + offs_n[None, :]
+    y_f = y_ptr + start[:, None] + col_f
+    return x.to(tl.float32), x_f.to(tl.float32), y_body, y_f, body_ok, f_ok
+
+
+@triton.jit
 def _softmax_kernel(
     x_ptr,
     y_ptr,
@@ -351,6 +395,7 @@ def _softmax_kernel(
     EVICT_2: tl.constexpr = "",
     ROW_STAGES: tl.constexpr = 1,
     UNIT: tl.constexpr = 1,
+    VEC: tl.constexpr = 1,
 ):
     # one program per BLOCK_M rows (or, persistent, per BLOCK_M rows at a time: see the one-tile path);
     # row numbers fit int32 (the launcher checks), rows * stride may not: int64 offsets
@@ -370,16 +415,33 @@ def _softmax_kernel(
         for blk in tl.range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0), num_stages=ROW_STAGES):
             rows = (blk * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # (BLOCK_M,)
             row_ok = rows < n_rows
-            x_rows = _row_ptrs(x_ptr, rows, n_rows, n_inner, stride_xb, stride_xm, TWO_LEVEL)
-            x = _load_tile(x_rows[:, None] + offs_n[None, :], col_ok, float("-inf"), EVEN_N, EVICT_1)
+            if VEC > 1:  # rows off 16-byte boundaries: a body of 16-byte accesses and two fragments
+                x, x_f, y_body, y_f, body_ok, f_ok = _fragment_tiles(
+                    x_ptr, y_ptr, rows, n_rows, n_cols, offs_n, VEC, EVICT_1
+                )
+            else:
+                x_rows = _row_ptrs(x_ptr, rows, n_rows, n_inner, stride_xb, stride_xm, TWO_LEVEL)
+                x = _load_tile(x_rows[:, None] + offs_n[None, :], col_ok, float("-inf"), EVEN_N, EVICT_1)
             m = tl.max(x, axis=1)
+            if VEC > 1:
+                m = tl.maximum(m, tl.max(x_f, axis=1))
             e = tl.exp(x - m[:, None])  # masked lanes: exp(-inf) = 0; an all -inf row: NaN, as torch
             l = tl.sum(e, axis=1)
+            if VEC > 1:
+                e_f = tl.exp(x_f - m[:, None])
+                l += tl.sum(e_f, axis=1)
             if WRITE_Y:
                 # one reciprocal a row, then a multiply per element (a division per element costs
                 # several instructions; the product is within an ulp of it)
-                y = e * (1.0 / l)[:, None]
-                _store_tile(y_ptr + rows[:, None] * stride_ym + offs_n[None, :], y, row_ok, col_ok, EVEN_M, EVEN_N)
+                inv_l = (1.0 / l)[:, None]
+                y = e * inv_l
+                if VEC > 1:
+                    out_ty = y_ptr.dtype.element_ty
+                    tl.store(y_body, y.to(out_ty), mask=row_ok[:, None] & body_ok)
+                    tl.store(y_f, (e_f * inv_l).to(out_ty), mask=row_ok[:, None] & f_ok)
+                else:
+                    y_ptrs = y_ptr + rows[:, None] * stride_ym + offs_n[None, :]
+                    _store_tile(y_ptrs, y, row_ok, col_ok, EVEN_M, EVEN_N)
             if WRITE_STATS:
                 tl.store(m_ptr + rows, m, mask=row_ok)
                 tl.store(l_ptr + rows, l, mask=row_ok)
@@ -703,6 +765,9 @@ def _forward(x: torch.Tensor, layout: _Rows, cfg: dict) -> torch.Tensor:
     blocks = cdiv(r.n_rows, cfg["BLOCK_M"])
     # persistent programs walk the one-tile path's rows; the online path takes one program a block
     programs = min(blocks, cfg.get("programs") or blocks) if cfg["SINGLE_TILE"] else blocks
+    vec = cfg.get("VEC", 1) if cfg["SINGLE_TILE"] else 1
+    if vec > 1 and not _packed(x):
+        raise RuntimeError(f"{OP}: a fragments configuration (VEC) for rows that are not packed: {cfg}")
     u, n_cols, stride_b, stride_m = _in_units(x.dtype, r)
     _softmax_kernel[(programs,)](
         x,
@@ -725,10 +790,16 @@ def _forward(x: torch.Tensor, layout: _Rows, cfg: dict) -> torch.Tensor:
         EVICT_2=cfg.get("EVICT_2", ""),
         ROW_STAGES=cfg.get("row_stages", 1),
         UNIT=u,
+        VEC=vec,
         **_launch_flags(r, cfg),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
     return y
+
+
+def _packed(x: torch.Tensor) -> bool:
+    """x's rows lie end to end from a 16-byte boundary (and so will a fresh y's): the fragments path."""
+    return x.is_contiguous() and x.data_ptr() % 16 == 0
 
 
 def _forward_split(x: torch.Tensor, y: torch.Tensor, r: _Rows, cfg: dict) -> torch.Tensor:
@@ -739,7 +810,7 @@ def _forward_split(x: torch.Tensor, y: torch.Tensor, r: _Rows, cfg: dict) -> tor
     # rows off 16-byte boundaries: the fragments path, when x is contiguous (y's rows then start at the
     # same offsets) and starts on a boundary itself
     vec = 16 // x.element_size()
-    frag = vec > 1 and r.n_cols % vec != 0 and x.is_contiguous() and x.data_ptr() % 16 == 0
+    frag = vec > 1 and r.n_cols % vec != 0 and _packed(x)
     _softmax_split_kernel[(r.n_rows * parts,)](
         x,
         y,
@@ -839,7 +910,8 @@ def softmax(
     """
     layout = _check_input(x, dim, OP, grad=True)
     # a tile asked for is one program a row: start from the schedule that is not split
-    cfg = softmax_config(layout.n_rows, layout.n_cols, x.dtype, split=split and block_n is None)
+    split = split and block_n is None
+    cfg = softmax_config(layout.n_rows, layout.n_cols, x.dtype, split=split, packed=_packed(x))
     if block_m is not None or block_n is not None or num_warps is not None:
         cfg = _block_override(cfg, block_m, block_n, num_warps, layout.n_cols, OP)
     if x.requires_grad and torch.is_grad_enabled():
@@ -851,7 +923,7 @@ def softmax(
 def _stats_config(n_rows: int, n_cols: int, dtype: torch.dtype, block: int | None, gpu: bool) -> dict:
     t = GPU_TUNING["forward"] if gpu else INTERPRETER_TUNING
     if block is None:  # the forward kernel's tile: the whole row if it fits, else the online tile
-        cfg = softmax_config(n_rows, n_cols, dtype)
+        cfg = softmax_config(n_rows, n_cols, dtype, packed=False)  # the stats' launch has no fragments
         if not cfg.get("SPLIT"):
             return cfg
         block = t["wide_block"]  # the split schedule keeps no (m, l) a row: the online tile does
