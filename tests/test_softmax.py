@@ -499,9 +499,8 @@ def test_gpu_splits_wide_rows_across_programs():
     t = GPU_TUNING["forward"]
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         chunk = t["split_bytes"] // torch.empty((), dtype=dtype).element_size()
-        # 32769, packed, is a 32768-element body and its fragments in one tile (below); strided, it splits
         for n in (32769, 65536, 100_003, chunk * t["max_split"]):
-            cfg = softmax_config(4096, n, dtype, gpu=True, packed=n != 32769)
+            cfg = softmax_config(4096, n, dtype, gpu=True)
             assert cfg["SPLIT"] == -(-n // chunk) and cfg["BLOCK_N"] == chunk and cfg["BLOCK_M"] == 1
             assert (
                 cfg["SPLIT"] <= t["max_split"] and cfg["num_warps"] == t["split_bytes"] // t["split_thread_bytes"] // 32
@@ -511,7 +510,6 @@ def test_gpu_splits_wide_rows_across_programs():
         wider = chunk * t["max_split"] + 1  # more parts than the limit: the online path
         assert "SPLIT" not in softmax_config(4096, wider, dtype, gpu=True)
         assert "SPLIT" not in softmax_config(4096, 32768, dtype, gpu=True)  # one tile
-        assert softmax_config(4096, 32769, dtype, gpu=True)["SINGLE_TILE"]  # a body of 32768, fragments
         assert "SPLIT" not in softmax_config(4096, 65536, dtype, gpu=True, backward=True)  # forward only
         assert "SPLIT" not in softmax_config(4096, 65536, dtype, gpu=False)  # the interpreter would wait for ever
 
@@ -562,7 +560,7 @@ def test_sixteen_byte_rows_forward_and_backward(layout, dtype):
 
 
 @pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
-@pytest.mark.parametrize("rows, n", [(1, 65), (37, 129), (300, 1001), (5, 4097), (3, 4099)])
+@pytest.mark.parametrize("rows, n", [(1, 2049), (37, 2051), (5, 4097), (3, 4099)])
 def test_odd_rows_read_through_fragments(rows, n, dtype, atol, rtol):
     """Packed rows whose width is not a multiple of 16 bytes: a 16-byte body and two fragments a row
     (VEC), the tile the body's. Every element against float64, the output poisoned first, one kernel,
@@ -590,12 +588,14 @@ def test_fragments_only_where_rows_are_packed_and_forward():
     assert softmax_config(4096, 4097, torch.bfloat16, gpu=True, packed=False)["BLOCK_N"] == 8192
     assert "VEC" not in softmax_config(4096, 4097, torch.bfloat16, gpu=True, backward=True)
     assert "VEC" not in softmax_config(4096, 4096, torch.bfloat16, gpu=True)  # 16-byte rows already
-    assert "VEC" not in softmax_config(4096, 63, torch.float32, gpu=True)  # under FRAGMENT_MIN
-    assert softmax_config(64, 32767, torch.bfloat16, gpu=True)["VEC"] == 8  # persistent and fragments
+    assert "VEC" not in softmax_config(4096, 1025, torch.float32, gpu=True)  # under FRAGMENT_MIN
+    for n in (5001, 8191, 12289):  # the body's tile is the row's: the plain path was faster
+        assert "VEC" not in softmax_config(4096, n, torch.bfloat16, gpu=True)
+    assert "VEC" not in softmax_config(64, 16385, torch.bfloat16, gpu=True)  # split, faster from 16384
     assert "VEC" not in softmax_config(64, 50257, torch.bfloat16, gpu=True)  # split: its own fragments
     # the same values off a 16-byte boundary or strided: no fragments, the same answer
-    x = _x((6, 1001), torch.float32, seed=62)
-    for y in (torch.cat([x.new_zeros(1), x.flatten()])[1:].view(6, 1001), _x((6, 1002), seed=62)[:, :1001]):
+    x = _x((6, 2049), torch.float32, seed=62)
+    for y in (torch.cat([x.new_zeros(1), x.flatten()])[1:].view(6, 2049), _x((6, 2050), seed=62)[:, :2049]):
         y.copy_(x)
         _expect_close(softmax(y), _softmax64(x), *TOLERANCES[torch.float32])
 
@@ -746,10 +746,10 @@ def test_gpu_split_rows_strided_and_two_level(width):
 
 @pytest.mark.gpu
 @gpu_only
-@pytest.mark.parametrize("rows, n", [(300, 16385), (997, 32767), (524289, 4097)], ids=["16385", "persistent", "2**31"])
+@pytest.mark.parametrize("rows, n", [(300, 8193), (997, 2055), (524289, 4097)], ids=["8193", "2055", "2**31"])
 def test_gpu_fragment_rows(rows, n):
-    """Odd packed rows on the GPU: one tile of the body (16384 for 16385), persistent programs with
-    fragments (32767), and rows x width past 2**31 (row starts in int64); rows checked against float64."""
+    """Odd packed rows on the GPU: one tile of the body (8192 for 8193, 2048 for 2055: the fragment
+    after the body 7 wide), and rows x width past 2**31 (row starts in int64); rows against float64."""
     x = _x((rows, n), torch.bfloat16, seed=63, scale=10.0) if rows < 10**5 else None
     if x is None:
         x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)

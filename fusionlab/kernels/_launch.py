@@ -172,8 +172,9 @@ def check_tile(*blocks: int, op: str) -> None:
         )
 
 
-def launch_kwargs(num_warps: int | None = None, num_stages: int | None = None) -> dict:
-    """``num_warps``/``num_stages`` for a GPU launch; the interpreter takes neither."""
+def launch_kwargs(num_warps: int | None = None, num_stages: int | None = None, maxnreg: int | None = None) -> dict:
+    """``num_warps``/``num_stages`` (and ``maxnreg``, a cap on registers a thread) for a GPU launch;
+    the interpreter takes none of them."""
     if not runtime.is_gpu():
         return {}
     out = {}
@@ -181,6 +182,8 @@ def launch_kwargs(num_warps: int | None = None, num_stages: int | None = None) -
         out["num_warps"] = num_warps
     if num_stages is not None:
         out["num_stages"] = num_stages
+    if maxnreg is not None:
+        out["maxnreg"] = maxnreg
     return out
 
 

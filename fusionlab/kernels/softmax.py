@@ -178,16 +178,17 @@ def softmax_config(
     a lesson on a CPU can ask what the GPU kernel does. ``split=False``: never ``SPLIT`` (wide rows
     take the online path). ``packed``: x's rows lie end to end from a 16-byte boundary (a contiguous
     tensor, as a fresh one is); then a forward row whose width is not a multiple of 16 bytes is read
-    as a 16-byte body and two fragments (``VEC``, see :data:`FRAGMENT_MIN`), and its tile is the body's.
+    as a 16-byte body and two fragments (``VEC``) where that halves its tile (:data:`FRAGMENT_MIN`).
     Tuned on an H100 (``benchmarks/notes_softmax.md``).
     """
     gpu = runtime.is_gpu() if gpu is None else gpu
     t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
     tile, thread_bytes = t["tile"], t["thread_bytes"]
     vec = 16 // element_size(dtype)
+    n_tile = n_cols - n_cols % vec  # with fragments, the one tile holds the body
     fragments = bool(packed and not backward and vec > 1 and n_cols % vec and FRAGMENT_MIN <= n_cols)
-    n_tile = n_cols - n_cols % vec if fragments else n_cols  # the one tile holds the body, if any
-    fragments = fragments and n_tile <= t["max_single"]
+    widest = t["big_row"] // 2 if t.get("big_row") else t["max_single"]  # wider: the split reads faster
+    fragments = fragments and next_pow2(n_tile) < next_pow2(n_cols) and next_pow2(n_tile) <= widest
     n_tile = n_tile if fragments else n_cols
     width = next_pow2(max(int(n_tile), 1))  # the one tile's width, for rows that fit one
     big = t.get("big_row")
@@ -215,7 +216,7 @@ def softmax_config(
         sms = sm_count() if runtime.is_gpu() else DEFAULT_SMS
         cfg.update(programs=t["per_sm"] * sms, row_stages=t["row_stages"])
         if split and t.get("split"):
-            cfg = _padded_row_split(int(n_cols), int(n_tile), dtype, t, cfg)
+            cfg = _padded_row_split(int(n_cols), dtype, t, cfg)
     if split and t.get("split") and not cfg["SINGLE_TILE"] and not cfg.get("SPLIT"):
         chunk = t["split_bytes"] // element_size(dtype)
         parts = cdiv(int(n_cols), chunk)
@@ -227,11 +228,15 @@ def softmax_config(
     return cfg
 
 
-#: Rows of at least this many elements whose width is not a multiple of 16 bytes (4097 bf16, 1001 fp32)
-#: take the one-tile path's fragments (``VEC``) when packed: without them most rows start off a 16-byte
-#: boundary and every access is one element, and the tile pads to the next power of two of the width
-#: (4097 -> 8192) where the body needs only its own (4096).
-FRAGMENT_MIN = 64
+#: Packed rows whose width is not a multiple of 16 bytes and just past a power of two (2049-2055,
+#: 4097-4103, 8193-8199 in bf16, from this width up) take the one-tile path's fragments (``VEC``): the
+#: tile is the body's, half the one the whole row would pad to, and the body moves 16 bytes at a time.
+#: On an H100 (probe_softmax_fragments.py, notes_softmax.md tenth session) 4097 went from 49% to 70-80%
+#: of copy, 2049 from 57% to 62%, 8193 from 39% to 46%. Where the body's tile is the row's own (1001,
+#: 5001, 8191, 12289) the fragments were slower than 2-byte accesses (86% against 92% at 1001, 46%
+#: against 79% at 8191: 56-86 registers a thread against 40-63, and more stalls), so those keep the
+#: plain path; so do rows from 16384, which the split schedule reads faster (16385: 77% against 65%).
+FRAGMENT_MIN = 2049
 
 
 #: a persistent one-tile row pads its tile to the next power of two, and its time follows the tile, not
@@ -242,16 +247,15 @@ FRAGMENT_MIN = 64
 SPLIT_FILL_GAIN = 0.15
 
 
-def _padded_row_split(n_cols: int, n_tile: int, dtype: torch.dtype, t: dict, cfg: dict) -> dict:
-    """``cfg`` (a persistent one-tile row holding ``n_tile`` of its ``n_cols``: fragments hold the
-    rest), or the split schedule when its parts pad much less."""
+def _padded_row_split(n_cols: int, dtype: torch.dtype, t: dict, cfg: dict) -> dict:
+    """``cfg`` (a persistent one-tile row), or the split schedule when its parts pad much less."""
 
     def fill(tile: int) -> float:
         return n_cols / (cdiv(n_cols, tile) * tile)
 
     big = t["split_bytes"] // element_size(dtype)
     part = max((big, big // 2), key=fill)  # the larger part on a tie
-    if fill(part) - n_tile / cfg["BLOCK_N"] < SPLIT_FILL_GAIN or cdiv(n_cols, part) > t["max_split"]:
+    if fill(part) - fill(cfg["BLOCK_N"]) < SPLIT_FILL_GAIN or cdiv(n_cols, part) > t["max_split"]:
         return cfg
     return {"BLOCK_M": 1, "BLOCK_N": part, "num_warps": 4, "SINGLE_TILE": False, "SPLIT": cdiv(n_cols, part)}
 
@@ -347,28 +351,21 @@ def _row_ptrs(base, rows, n_rows, n_inner, stride_b, stride_m, TWO_LEVEL: tl.con
 
 
 @triton.jit
-def _fragment_tiles(x_ptr, y_ptr, rows, n_rows, n_cols, offs_n, VEC: tl.constexpr, EVICT: tl.constexpr):
+def _fragments(rows, n_rows, n_cols, VEC: tl.constexpr):
     """Rows packed end to end (x and y contiguous, from 16-byte boundaries: the launcher checks) whose
     width is not a multiple of VEC elements, so most rows start off a 16-byte boundary and Triton would
     move them 2 bytes at a time. Each row is read as a body from its first boundary, a multiple of VEC
     long (16-byte accesses), and two fragments of fewer than VEC elements before and after it, in one
-    (BLOCK_M, 2 VEC) tile. Returns the body and fragments (fp32, -inf where masked), y's pointers to
-    both, and their masks. The body is at most n_cols - n_cols % VEC long, so a row of 4097 fits a
-    4096-element tile."""
+    (BLOCK_M, 2 VEC) tile. Returns the rows' starts, their bodies' starts (multiples of VEC) and
+    lengths, and the fragments' columns and mask. The body is at most n_cols - n_cols % VEC long, so a
+    row of 4097 fits a 4096-element tile."""
     start = tl.minimum(rows, n_rows - 1) * n_cols  # rows past the end re-read the last, as _row_ptrs
-    lo = tl.minimum((VEC - start % VEC) % VEC, n_cols)  # elements before the row's first boundary
+    lo = tl.minimum((VEC - start % VEC) % VEC, n_cols)  # elements before the first boundary
     body_len = (n_cols - lo) // VEC * VEC
-    body = tl.multiple_of(start + lo, VEC)
     lane = tl.arange(0, 2 * VEC)[None, :]
-    hi = lane >= VEC
-    col_f = tl.where(hi, (lo + body_len)[:, None] + lane - VEC, lane)
-    f_ok = tl.where(hi, col_f < n_cols, lane < lo[:, None])
-    body_ok = offs_n[None, :] < body_len[:, None]
-    x = tl.load(x_ptr + body[:, None] + offs_n[None, :], mask=body_ok, other=float("-inf"), eviction_policy=EVICT)
-    x_f = tl.load(x_ptr + start[:, None] + col_f, mask=f_ok, other=float("-inf"))
-    y_body = y_ptr + body[:, None] + offs_n[None, :]
-    y_f = y_ptr + start[:, None] + col_f
-    return x.to(tl.float32), x_f.to(tl.float32), y_body, y_f, body_ok, f_ok
+    col_f = tl.where(lane >= VEC, (lo + body_len)[:, None] + lane - VEC, lane)
+    f_ok = tl.where(lane >= VEC, col_f < n_cols, lane < lo[:, None])
+    return start, tl.multiple_of(start + lo, VEC), body_len, col_f, f_ok
 
 
 @triton.jit
@@ -416,9 +413,11 @@ def _softmax_kernel(
             rows = (blk * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # (BLOCK_M,)
             row_ok = rows < n_rows
             if VEC > 1:  # rows off 16-byte boundaries: a body of 16-byte accesses and two fragments
-                x, x_f, y_body, y_f, body_ok, f_ok = _fragment_tiles(
-                    x_ptr, y_ptr, rows, n_rows, n_cols, offs_n, VEC, EVICT_1
-                )
+                start, body, body_len, col_f, f_ok = _fragments(rows, n_rows, n_cols, VEC)
+                x_body = (x_ptr + body)[:, None] + offs_n[None, :]
+                body_ok = offs_n[None, :] < body_len[:, None]
+                x = tl.load(x_body, mask=body_ok, other=float("-inf"), eviction_policy=EVICT_1).to(tl.float32)
+                x_f = tl.load((x_ptr + start)[:, None] + col_f, mask=f_ok, other=float("-inf")).to(tl.float32)
             else:
                 x_rows = _row_ptrs(x_ptr, rows, n_rows, n_inner, stride_xb, stride_xm, TWO_LEVEL)
                 x = _load_tile(x_rows[:, None] + offs_n[None, :], col_ok, float("-inf"), EVEN_N, EVICT_1)
@@ -435,10 +434,11 @@ def _softmax_kernel(
                 # several instructions; the product is within an ulp of it)
                 inv_l = (1.0 / l)[:, None]
                 y = e * inv_l
-                if VEC > 1:
+                if VEC > 1:  # y's rows start where x's do
                     out_ty = y_ptr.dtype.element_ty
-                    tl.store(y_body, y.to(out_ty), mask=row_ok[:, None] & body_ok)
-                    tl.store(y_f, (e_f * inv_l).to(out_ty), mask=row_ok[:, None] & f_ok)
+                    body_ok = row_ok[:, None] & (offs_n[None, :] < body_len[:, None])
+                    tl.store((y_ptr + body)[:, None] + offs_n[None, :], y.to(out_ty), mask=body_ok)
+                    tl.store((y_ptr + start)[:, None] + col_f, (e_f * inv_l).to(out_ty), mask=row_ok[:, None] & f_ok)
                 else:
                     y_ptrs = y_ptr + rows[:, None] * stride_ym + offs_n[None, :]
                     _store_tile(y_ptrs, y, row_ok, col_ok, EVEN_M, EVEN_N)
@@ -792,7 +792,7 @@ def _forward(x: torch.Tensor, layout: _Rows, cfg: dict) -> torch.Tensor:
         UNIT=u,
         VEC=vec,
         **_launch_flags(r, cfg),
-        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages"), cfg.get("maxnreg")),
     )
     return y
 
