@@ -1,6 +1,9 @@
 """Sweep of the RMSNorm backward's launch (programs per SM, warps, row prefetch), GPU only.
 
-    PYTHONPATH=. python3 benchmarks/tune_rms_bwd.py [--odd]
+    PYTHONPATH=. python3 benchmarks/tune_rms_bwd.py [--odd | --stages | --wide]
+
+``--wide``: rows of 11008 and 16384 (a 16384-element tile, 32 warps): a row stage (its dy, h and
+grad_h, 96 KiB of shared memory), two programs an SM.
 
 ``--odd``: hidden sizes that are not powers of two (5120, 11008: the issue's bar shapes the one-tile
 row pads to 8192 and 16384), with more programs an SM, fewer warps, deeper prefetch; timed on the GPU
@@ -23,7 +26,8 @@ from fusionlab.lessons.l4.suite import DTYPE, EPS, _grad_thunk, _no_donated_buff
 ceil = bench.ceilings()
 sms = sm_count()
 print(bench.source_label(), f"copy {ceil.copy_GBps:.0f} GB/s, {sms} SMs")
-ODD = "--odd" in sys.argv or "--stages" in sys.argv
+WIDE = "--wide" in sys.argv  # one-tile rows of 16384 (11008 pads to it): a row stage with 32 warps
+ODD = "--odd" in sys.argv or "--stages" in sys.argv or WIDE
 STAGES = "--stages" in sys.argv  # the default against three row stages, at odd and power-of-two widths
 SHAPES = (
     ((4096, 5120), (32768, 5120), (4096, 11008), (32768, 11008))
@@ -32,6 +36,8 @@ SHAPES = (
 )
 if STAGES:
     SHAPES = ((4096, 5120), (32768, 5120), (32768, 1024), (32768, 2048), (32768, 4096), (4096, 8192), (32768, 8192))
+if WIDE:
+    SHAPES = ((4096, 11008), (32768, 11008), (4096, 16384), (32768, 16384))
 for rows, n in SHAPES:
     x, r, dy, dh, w = rms_inputs(rows, n)
     nbytes = rms_bwd_ledger(rows, n).fused_bytes
@@ -41,7 +47,10 @@ for rows, n in SHAPES:
     if STAGES:
         configs.append({"row_stages": 3})
         configs.append({"row_stages": 4})
-    for warps in () if STAGES else (4, 8, 16) if ODD else (8, 16):
+    if WIDE:  # (the --odd sweep stopped at 16 warps; the default here is 32 with no row stage)
+        configs += [{"row_stages": 2}, {"row_stages": 2, "programs": min(rows, 2 * sms)}]
+        configs += [{"num_warps": 16, "row_stages": 2}, {"programs": min(rows, 2 * sms)}]
+    for warps in () if STAGES or WIDE else (4, 8, 16) if ODD else (8, 16):
         for per_sm in (1, 2, 4) if ODD else (1, 2, 4, 8):
             for stages in (1, 2, 3) if ODD else (1, 2):
                 programs = min(rows, sms * per_sm)
