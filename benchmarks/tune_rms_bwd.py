@@ -2,8 +2,9 @@
 
     PYTHONPATH=. python3 benchmarks/tune_rms_bwd.py [--odd | --stages | --wide]
 
-``--wide``: rows of 11008 and 16384 (a 16384-element tile, 32 warps): a row stage (its dy, h and
-grad_h, 96 KiB of shared memory), two programs an SM.
+``--wide``: rows of 11008 and 16384 (a 16384-element tile, 32 warps; 11008 as a head of 8192 and a
+tail of 4096): one 16384 tile for 11008 too, a row stage (its dy, h and grad_h in shared memory),
+two programs an SM.
 
 ``--odd``: hidden sizes that are not powers of two (5120, 11008: the issue's bar shapes the one-tile
 row pads to 8192 and 16384), with more programs an SM, fewer warps, deeper prefetch; timed on the GPU
@@ -48,6 +49,7 @@ for rows, n in SHAPES:
         configs.append({"row_stages": 3})
         configs.append({"row_stages": 4})
     if WIDE:  # (the --odd sweep stopped at 16 warps; the default here is 32 with no row stage)
+        configs += [{"BLOCK_N": 16384}]  # one tile, no head and tail (the ninth session's default)
         configs += [{"row_stages": 2}, {"row_stages": 2, "programs": min(rows, 2 * sms)}]
         configs += [{"num_warps": 16, "row_stages": 2}, {"programs": min(rows, 2 * sms)}]
     for warps in () if STAGES or WIDE else (4, 8, 16) if ODD else (8, 16):

@@ -190,6 +190,8 @@ BWD_SHAPES = [
     (1, 3),  # width 3
     (37, 129),  # ragged; several programs, several rows each
     (3, 4097),  # two-pass backward in the interpreter
+    (1, 2500),  # the interpreter's head of 2048 and tail of 512 (a GPU's 11008: 8192 and 4096)
+    (3, 11008),  # a head and a tail on a GPU, two-pass in the interpreter
     (2, 128256),  # two-pass in every mode: phase 1 row terms, phase 2 tiles outside
     (513, 40),  # more rows than programs: each program walks a block of rows into one dw partial
     (2, 3, 100),
@@ -457,13 +459,17 @@ def test_flops():
 
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
 @pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "interpreter"])
-@pytest.mark.parametrize("rows,n", [(1, 1), (3, 3), (4096, 1024), (32768, 4096), (8, 16384), (4, 128256), (65537, 3)])
+@pytest.mark.parametrize(
+    "rows,n",
+    [(1, 1), (3, 3), (4096, 1024), (32768, 4096), (8, 16384), (4, 128256), (65537, 3), (4096, 11008), (1, 2500)],
+)
 def test_configs_are_legal(rows, n, backward, gpu):
     cfg = rmsnorm_config(rows, n, torch.float16, backward=backward, gpu=gpu)
-    for key in ("BLOCK_M", "BLOCK_N", "num_warps"):
+    for key in ("BLOCK_M", "BLOCK_N", "num_warps") + (("TAIL_N",) if "TAIL_N" in cfg else ()):
         assert cfg[key] >= 1 and cfg[key] & (cfg[key] - 1) == 0, key
     assert cfg["BLOCK_M"] * cfg["BLOCK_N"] <= 2**20 and cfg["num_warps"] <= 32
-    assert cfg["SINGLE_TILE"] == (n <= cfg["BLOCK_N"])
+    assert cfg["SINGLE_TILE"] == (n <= cfg["BLOCK_N"] + cfg.get("TAIL_N", 0))
+    assert "TAIL_N" not in cfg or (backward and cfg["BLOCK_M"] == 1 and cfg["BLOCK_N"] < n)
     if backward:
         assert 1 <= cfg["programs"] <= math.ceil(rows / cfg["BLOCK_M"])
 
@@ -480,6 +486,25 @@ def test_gpu_backward_row_stages_fit_shared_memory():
         if want == 3:
             staged = cfg["BLOCK_M"] * cfg["BLOCK_N"] * dtype.itemsize * 3 * (want - 1)
             assert staged <= t["stage_bytes"]
+
+
+def test_backward_head_and_tail():
+    # a one-tile backward row that fits three quarters of its tile: a head of half and a tail of a quarter
+    cfg = rmsnorm_config(32768, 11008, torch.bfloat16, backward=True, gpu=True)
+    assert (cfg["BLOCK_N"], cfg["TAIL_N"], cfg["SINGLE_TILE"]) == (8192, 4096, True)
+    for n in (12289, 16384, 8192, 5120):  # past three quarters, or a tile with row stages: one tile
+        assert "TAIL_N" not in rmsnorm_config(32768, n, torch.bfloat16, backward=True, gpu=True), n
+    assert "TAIL_N" not in rmsnorm_config(32768, 11008, torch.bfloat16, gpu=True)  # the forward: one tile
+    # a tile asked for replaces both; the head's width with the tail's is still one tile
+    x, w = _t((1, 2500), seed=90).requires_grad_(), _t(2500, seed=91).requires_grad_()
+    assert rmsnorm_config(1, 2500, torch.float32, backward=True).get("TAIL_N") == 512 or runtime.is_gpu()
+    for bwd in (None, {"BLOCK_N": 4096}, {"programs": 1}):
+        x.grad = w.grad = None
+        dy = _t((1, 2500), seed=92)
+        rmsnorm(x, w, EPS, bwd_config=bwd).backward(dy)
+        dx64, dw64, _ = _autograd64(x, w, None, dy, None)
+        _grad_close(x.grad, dx64, 2e-5, "dx")
+        _grad_close(w.grad, dw64, 2e-5, "dw")
 
 
 def test_gpu_tile_limits():

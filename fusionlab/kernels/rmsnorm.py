@@ -112,6 +112,9 @@ OP = "rmsnorm"
 #: were: GPU clock, bf16, H200 32768 x 5120 66% -> 93% of copy, 4096 x 5120 58% -> 78%, 32768 x 8192
 #: 84% -> 97%; H100 81% -> 98%, 65% -> 77%, 96% -> 99%; the rest within a point or better
 #: (benchmarks/tune_rms_bwd.py --stages, notes_norms.md ninth session).
+#: ``tail_from``: a one-tile backward row wider than this tile that fits three quarters of its tile
+#: (8193-12288: 11008) is held as a head of half the tile and a tail of a quarter (12288 lanes in
+#: place of 16384), with the same warps.
 GPU_TUNING = {
     "forward": {"max_single_bytes": 65536, "wide_block": 4096, "tile": 2048, "per_thread": 16},
     "backward": {
@@ -123,11 +126,12 @@ GPU_TUNING = {
         "prefetch_tile": 8192,
         "row_stages": 3,
         "stage_bytes": 131072,
+        "tail_from": 8192,
     },
 }
 #: the interpreter: every program costs milliseconds of Python, so tiles are large (64 Ki elements)
 #: and few backward programs; rows past 4096 elements take the two-pass path.
-INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "programs": 4}
+INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "programs": 4, "tail_from": 2048}
 #: the partial-sum reduction: about ``reduce_programs`` column blocks (enough to spread over the SMs
 #: when N is small), each adding at most ``reduce_tile`` fp32 elements a step
 REDUCE = {"reduce_programs": 256, "reduce_tile": 8192, "num_warps": 4}
@@ -173,7 +177,13 @@ def norm_config(t: dict, n_rows: int, n_cols: int, dtype: torch.dtype, backward:
 @functools.lru_cache(maxsize=4096)
 def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
     t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
-    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms)
+    cfg = norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms)
+    tail = t.get("tail_from")
+    if backward and tail and cfg["SINGLE_TILE"] and cfg["BLOCK_M"] == 1 and tail < cfg["BLOCK_N"]:
+        head = cfg["BLOCK_N"] // 2
+        if n_cols - head <= head // 2:  # the row fits a head and a tail of half the head
+            cfg.update(BLOCK_N=head, TAIL_N=max(16, next_pow2(n_cols - head)))
+    return cfg
 
 
 def rmsnorm_config(
@@ -485,6 +495,25 @@ def _rmsnorm_kernel(
 
 
 @triton.jit
+def _bwd_tile(dy_ptr, h_rows, rows, offs, mask_m, mask_n, stride_dym):
+    """One tile of the backward's rows: dy and h, in fp32 (0 where masked)."""
+    mask = mask_m[:, None] & mask_n[None, :]
+    dy = tl.load(dy_ptr + rows[:, None] * stride_dym + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    hf = tl.load(h_rows[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    return dy, hf
+
+
+@triton.jit
+def _bwd_store_dx(dx_ptr, dh_ptr, rows, offs, mask_m, mask_n, g, hf, rstd, c, n_cols, stride_dhm, HAS_DH: tl.constexpr):
+    """dx = g rstd - h c (+ grad_h) on one tile of the rows, g = dy w, c = rstd³ mean(g h)."""
+    mask = mask_m[:, None] & mask_n[None, :]
+    dh = g * rstd[:, None] - hf * c[:, None]
+    if HAS_DH:  # the caller used h too: its gradient joins the one through y
+        dh += tl.load(dh_ptr + rows[:, None] * stride_dhm + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(dx_ptr + rows[:, None] * n_cols + offs[None, :], dh.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _rmsnorm_bwd_kernel(
     dy_ptr,
     h_ptr,
@@ -510,6 +539,7 @@ def _rmsnorm_bwd_kernel(
     COMPUTE_DX: tl.constexpr,
     COMPUTE_DW: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    TAIL_N: tl.constexpr = 0,
 ):
     # Program pid walks rows [row_start, row_end) in steps of BLOCK_M and writes one (N,) fp32 row of
     # dw partial sums: dw_partial[pid] = sum over its rows of dy * round(h * rstd).
@@ -519,33 +549,46 @@ def _rmsnorm_bwd_kernel(
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
     offs_n = tl.arange(0, BLOCK_N)
     if SINGLE_TILE:
+        # the row on chip: one BLOCK_N tile, or (TAIL_N > 0) a BLOCK_N head and a TAIL_N tail, so a
+        # row of 11008 takes 12288 lanes, not 16384 (rmsnorm_config's "tail")
         mask_n = offs_n < n_cols
         w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if TAIL_N > 0:
+            offs_t = BLOCK_N + tl.arange(0, TAIL_N)
+            mask_t = offs_t < n_cols
+            w_t = tl.load(w_ptr + offs_t, mask=mask_t, other=0.0).to(tl.float32)
+            acc_t = tl.zeros([BLOCK_M, TAIL_N], dtype=tl.float32)
         # NUM_STAGES > 1: Triton prefetches the next rows' loads while this row computes
         for m0 in tl.range(row_start, row_end, BLOCK_M, num_stages=NUM_STAGES):
             offs_m = m0 + tl.arange(0, BLOCK_M)
             mask_m = offs_m < row_end
             rows = offs_m.to(tl.int64)
-            mask = mask_m[:, None] & mask_n[None, :]
-            dy = tl.load(dy_ptr + rows[:, None] * stride_dym + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
             h_rows = h_ptr + _row_offsets(rows, n_inner, stride_hb, stride_hm, TWO_LEVEL)
-            hf = tl.load(h_rows[:, None] + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy, hf = _bwd_tile(dy_ptr, h_rows, rows, offs_n, mask_m, mask_n, stride_dym)
+            if TAIL_N > 0:
+                dy_t, hf_t = _bwd_tile(dy_ptr, h_rows, rows, offs_t, mask_m, mask_t, stride_dym)
             rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
             if COMPUTE_DX:
                 g = dy * w[None, :]
-                c = tl.sum(g * hf, axis=1) * (rstd * rstd * rstd) / n_cols
-                dh = g * rstd[:, None] - hf * c[:, None]
-                if HAS_DH:  # the caller used h too: its gradient joins the one through y
-                    dh += tl.load(dh_ptr + rows[:, None] * stride_dhm + offs_n[None, :], mask=mask, other=0.0).to(
-                        tl.float32
+                gh = tl.sum(g * hf, axis=1)
+                if TAIL_N > 0:
+                    g_t = dy_t * w_t[None, :]
+                    gh += tl.sum(g_t * hf_t, axis=1)
+                c = gh * (rstd * rstd * rstd) / n_cols
+                _bwd_store_dx(dx_ptr, dh_ptr, rows, offs_n, mask_m, mask_n, g, hf, rstd, c, n_cols, stride_dhm, HAS_DH)
+                if TAIL_N > 0:
+                    _bwd_store_dx(
+                        dx_ptr, dh_ptr, rows, offs_t, mask_m, mask_t, g_t, hf_t, rstd, c, n_cols, stride_dhm, HAS_DH
                     )
-                tl.store(dx_ptr + rows[:, None] * n_cols + offs_n[None, :], dh.to(dx_ptr.dtype.element_ty), mask=mask)
             if COMPUTE_DW:  # y = round(n) * w: dw sees the rounded normalised row, as autograd does
-                nrm = (hf * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
-                acc += dy * nrm
+                acc += dy * (hf * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
+                if TAIL_N > 0:
+                    acc_t += dy_t * (hf_t * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
         if COMPUTE_DW:
             tl.store(dwp_ptr + pid.to(tl.int64) * n_cols + offs_n, tl.sum(acc, axis=0), mask=mask_n)
+            if TAIL_N > 0:
+                tl.store(dwp_ptr + pid.to(tl.int64) * n_cols + offs_t, tl.sum(acc_t, axis=0), mask=mask_t)
     else:
         if COMPUTE_DX:  # phase 1: each row's c = rstd³ mean(g h), one fp32 a row
             for m0 in range(row_start, row_end, BLOCK_M):
@@ -740,7 +783,9 @@ def apply_overrides(cfg: dict, override: dict | None, n_cols: int, op: str) -> d
                 f"{op}: unknown configuration key {key!r}; use BLOCK_M, BLOCK_N, num_warps, programs, "
                 "num_stages, row_stages."
             )
-    cfg["SINGLE_TILE"] = n_cols <= cfg["BLOCK_N"]
+    if "BLOCK_N" in override:
+        cfg.pop("TAIL_N", None)  # a tile asked for is the whole tile
+    cfg["SINGLE_TILE"] = n_cols <= cfg["BLOCK_N"] + cfg.get("TAIL_N", 0)
     if "row_stages" not in override and cfg["BLOCK_M"] * cfg["BLOCK_N"] > GPU_TUNING["backward"]["prefetch_tile"]:
         cfg.pop("row_stages", None)  # a larger tile than the default's: no prefetch unless asked
     check_tile(cfg["BLOCK_M"], cfg["BLOCK_N"], op=op)
@@ -871,6 +916,7 @@ def _backward(dy, grad_h, h, layout_h, weight, rstd, cfg, need_dx, need_dw):
         COMPUTE_DX=need_dx,
         COMPUTE_DW=need_dw,
         NUM_STAGES=cfg.get("row_stages", 1) if runtime.is_gpu() else 1,
+        TAIL_N=cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
     dw = sum_partials(part, weight.dtype)[0] if need_dw else None
