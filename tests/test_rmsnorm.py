@@ -476,10 +476,11 @@ def test_configs_are_legal(rows, n, backward, gpu):
 
 def test_gpu_backward_row_stages_fit_shared_memory():
     # three row stages (two row blocks of dy, h, grad_h in flight) where they fit stage_bytes; fp32 rows
-    # of 8192 keep two; tiles past prefetch_tile, none
+    # of 8192 keep two; tiles past prefetch_tile, none, but for a head and a tail
     t = GPU_TUNING["backward"]
     cases = [(5120, torch.bfloat16, 3), (8192, torch.bfloat16, 3), (8192, torch.float32, 2)]
-    cases += [(4096, torch.float32, 3), (1024, torch.float16, 3), (11008, torch.bfloat16, None)]
+    cases += [(4096, torch.float32, 3), (1024, torch.float16, 3), (16384, torch.bfloat16, None)]
+    cases += [(11008, torch.bfloat16, 2)]  # a head and a tail: one row in flight (tail_stages)
     for n, dtype, want in cases:
         cfg = rmsnorm_config(32768, n, dtype, backward=True, gpu=True)
         assert cfg.get("row_stages") == want, (n, dtype, cfg)
@@ -492,6 +493,9 @@ def test_backward_head_and_tail():
     # a one-tile backward row that fits three quarters of its tile: a head of half and a tail of a quarter
     cfg = rmsnorm_config(32768, 11008, torch.bfloat16, backward=True, gpu=True)
     assert (cfg["BLOCK_N"], cfg["TAIL_N"], cfg["SINGLE_TILE"]) == (8192, 4096, True)
+    t = GPU_TUNING["backward"]
+    assert cfg["num_warps"] == t["tail_warps"] and cfg["row_stages"] == t["tail_stages"]
+    assert (8192 + 4096) * 2 * 3 * (cfg["row_stages"] - 1) <= t["stage_bytes"]  # the stage fits
     for n in (12289, 16384, 8192, 5120):  # past three quarters, or a tile with row stages: one tile
         assert "TAIL_N" not in rmsnorm_config(32768, n, torch.bfloat16, backward=True, gpu=True), n
     assert "TAIL_N" not in rmsnorm_config(32768, 11008, torch.bfloat16, gpu=True)  # the forward: one tile

@@ -114,7 +114,9 @@ OP = "rmsnorm"
 #: (benchmarks/tune_rms_bwd.py --stages, notes_norms.md ninth session).
 #: ``tail_from``: a one-tile backward row wider than this tile that fits three quarters of its tile
 #: (8193-12288: 11008) is held as a head of half the tile and a tail of a quarter (12288 lanes in
-#: place of 16384), with the same warps.
+#: place of 16384), ``tail_warps`` warps, ``tail_stages`` row stages where they fit ``stage_bytes``
+#: (16-bit rows). H100, GPU clock, 32768 x 11008: one 16384 tile 77.2% of copy, head and tail 85.6%,
+#: with 16 warps and a row stage 91.5% (4096 x 11008: 71.6%, 79.0%, 84.5%; tune_rms_bwd.py --wide).
 GPU_TUNING = {
     "forward": {"max_single_bytes": 65536, "wide_block": 4096, "tile": 2048, "per_thread": 16},
     "backward": {
@@ -127,6 +129,8 @@ GPU_TUNING = {
         "row_stages": 3,
         "stage_bytes": 131072,
         "tail_from": 8192,
+        "tail_warps": 16,
+        "tail_stages": 2,
     },
 }
 #: the interpreter: every program costs milliseconds of Python, so tiles are large (64 Ki elements)
@@ -183,6 +187,11 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
         head = cfg["BLOCK_N"] // 2
         if n_cols - head <= head // 2:  # the row fits a head and a tail of half the head
             cfg.update(BLOCK_N=head, TAIL_N=max(16, next_pow2(n_cols - head)))
+            if gpu:  # half the warps, and the next row in flight where its stage fits stage_bytes
+                cfg["num_warps"] = t["tail_warps"]
+                staged = (head + cfg["TAIL_N"]) * element_size(dtype) * 3 * (t["tail_stages"] - 1)
+                if staged <= t["stage_bytes"]:
+                    cfg["row_stages"] = t["tail_stages"]
     return cfg
 
 
