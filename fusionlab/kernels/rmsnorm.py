@@ -118,7 +118,7 @@ OP = "rmsnorm"
 #: (16-bit rows). H100, GPU clock, 32768 x 11008: one 16384 tile 77.2% of copy, head and tail 85.6%,
 #: with 16 warps and a row stage 91.5% (4096 x 11008: 71.6%, 79.0%, 84.5%; tune_rms_bwd.py --wide).
 GPU_TUNING = {
-    "forward": {"max_single_bytes": 65536, "wide_block": 4096, "tile": 2048, "per_thread": 16},
+    "forward": {"max_single_bytes": 65536, "wide_block": 4096, "tile": 2048, "per_thread": 16, "tail_from": 8192},
     "backward": {
         "max_single_bytes": 32768,
         "wide_block": 4096,
@@ -183,12 +183,13 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
     t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
     cfg = norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms)
     tail = t.get("tail_from")
-    if backward and tail and cfg["SINGLE_TILE"] and cfg["BLOCK_M"] == 1 and tail < cfg["BLOCK_N"]:
+    if tail and cfg["SINGLE_TILE"] and cfg["BLOCK_M"] == 1 and tail < cfg["BLOCK_N"]:
         head = cfg["BLOCK_N"] // 2
         if n_cols - head <= head // 2:  # the row fits a head and a tail of half the head
             cfg.update(BLOCK_N=head, TAIL_N=max(16, next_pow2(n_cols - head)))
-            if gpu:  # half the warps, and the next row in flight where its stage fits stage_bytes
+            if gpu and t.get("tail_warps"):
                 cfg["num_warps"] = t["tail_warps"]
+            if gpu and backward:  # the next row in flight where its stage fits stage_bytes
                 staged = (head + cfg["TAIL_N"]) * element_size(dtype) * 3 * (t["tail_stages"] - 1)
                 if staged <= t["stage_bytes"]:
                     cfg["row_stages"] = t["tail_stages"]
@@ -405,6 +406,50 @@ def _row_offsets(rows, n_inner, stride_b, stride_m, TWO_LEVEL: tl.constexpr):
 
 
 @triton.jit
+def _fwd_tile_h(x_rows, r_rows, h_rows, offs, mask_m, n_cols, EVEN: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """One tile of the forward's rows: h = x + r (rounded to h's dtype, stored), returned in fp32 with
+    its rows' sums of squares. EVEN: the tile covers the row and the row blocks divide the rows."""
+    ptrs = offs[None, :]
+    mask = mask_m[:, None] & (offs < n_cols)[None, :]
+    if EVEN:  # no masks
+        x = tl.load(x_rows[:, None] + ptrs)
+    else:
+        x = tl.load(x_rows[:, None] + ptrs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        if EVEN:
+            r = tl.load(r_rows[:, None] + ptrs)
+        else:
+            r = tl.load(r_rows[:, None] + ptrs, mask=mask, other=0.0)
+        # h rounded to the storage dtype: it is stored, and the statistics are those of what is stored
+        h = (x.to(tl.float32) + r.to(tl.float32)).to(h_rows.dtype.element_ty)
+        if EVEN:
+            tl.store(h_rows[:, None] + ptrs, h)
+        else:
+            tl.store(h_rows[:, None] + ptrs, h, mask=mask)
+    else:
+        h = x
+    hf = h.to(tl.float32)
+    return hf, tl.sum(hf * hf, axis=1)
+
+
+@triton.jit
+def _fwd_tile_y(y_rows, w_ptr, offs, mask_m, n_cols, hf, rstd, EVEN: tl.constexpr):
+    """y = round(h rstd) w on one tile of the rows (Llama's cast order: normalise in fp32, round to the
+    activations' dtype, then multiply by w)."""
+    mask_n = offs < n_cols
+    if EVEN:
+        w = tl.load(w_ptr + offs).to(tl.float32)
+    else:
+        w = tl.load(w_ptr + offs, mask=mask_n, other=0.0).to(tl.float32)
+    nrm = (hf * rstd[:, None]).to(y_rows.dtype.element_ty).to(tl.float32)
+    y = (nrm * w[None, :]).to(y_rows.dtype.element_ty)
+    if EVEN:
+        tl.store(y_rows[:, None] + offs[None, :], y)
+    else:
+        tl.store(y_rows[:, None] + offs[None, :], y, mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
 def _rmsnorm_kernel(
     x_ptr,
     r_ptr,
@@ -427,6 +472,7 @@ def _rmsnorm_kernel(
     TWO_LEVEL: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     STORE_RSTD: tl.constexpr,
+    TAIL_N: tl.constexpr = 0,
 ):
     # One program per BLOCK_M rows. h and y are contiguous (rows, N); x and r are read through strides.
     pid = tl.program_id(axis=0)
@@ -439,35 +485,16 @@ def _rmsnorm_kernel(
     y_rows = y_ptr + rows * n_cols
     offs_n = tl.arange(0, BLOCK_N)
     if SINGLE_TILE:  # the whole row in registers: one read of each element
-        mask = mask_m[:, None] & (offs_n < n_cols)[None, :]
-        if EVEN:  # BLOCK_N == N and the row blocks divide the rows: no masks
-            x = tl.load(x_rows[:, None] + offs_n[None, :])
-            w = tl.load(w_ptr + offs_n).to(tl.float32)
-        else:
-            x = tl.load(x_rows[:, None] + offs_n[None, :], mask=mask, other=0.0)
-            w = tl.load(w_ptr + offs_n, mask=offs_n < n_cols, other=0.0).to(tl.float32)
-        if HAS_RESIDUAL:
-            if EVEN:
-                r = tl.load(r_rows[:, None] + offs_n[None, :])
-            else:
-                r = tl.load(r_rows[:, None] + offs_n[None, :], mask=mask, other=0.0)
-            # h rounded to the storage dtype: it is stored, and the statistics are those of what is stored
-            h = (x.to(tl.float32) + r.to(tl.float32)).to(h_ptr.dtype.element_ty)
-            if EVEN:
-                tl.store(h_rows[:, None] + offs_n[None, :], h)
-            else:
-                tl.store(h_rows[:, None] + offs_n[None, :], h, mask=mask)
-        else:
-            h = x
-        hf = h.to(tl.float32)
-        rstd = tl.math.rsqrt(tl.sum(hf * hf, axis=1) / n_cols + eps)  # (BLOCK_M,) fp32; eps inside the root
-        # Llama's cast order: normalise in fp32, round to the activations' dtype, then multiply by w
-        nrm = (hf * rstd[:, None]).to(y_ptr.dtype.element_ty).to(tl.float32)
-        y = (nrm * w[None, :]).to(y_ptr.dtype.element_ty)
-        if EVEN:
-            tl.store(y_rows[:, None] + offs_n[None, :], y)
-        else:
-            tl.store(y_rows[:, None] + offs_n[None, :], y, mask=mask)
+        # one BLOCK_N tile, or (TAIL_N > 0) a BLOCK_N head and a TAIL_N tail: 11008 in 12288 lanes
+        hf, sq = _fwd_tile_h(x_rows, r_rows, h_rows, offs_n, mask_m, n_cols, EVEN, HAS_RESIDUAL)
+        if TAIL_N > 0:
+            offs_t = BLOCK_N + tl.arange(0, TAIL_N)
+            hf_t, sq_t = _fwd_tile_h(x_rows, r_rows, h_rows, offs_t, mask_m, n_cols, False, HAS_RESIDUAL)
+            sq += sq_t
+        rstd = tl.math.rsqrt(sq / n_cols + eps)  # (BLOCK_M,) fp32; eps inside the root
+        _fwd_tile_y(y_rows, w_ptr, offs_n, mask_m, n_cols, hf, rstd, EVEN)
+        if TAIL_N > 0:
+            _fwd_tile_y(y_rows, w_ptr, offs_t, mask_m, n_cols, hf_t, rstd, False)
     else:  # a row wider than one tile: pass 1 writes h and sums h², pass 2 re-reads h and writes y
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK_N):
@@ -864,6 +891,7 @@ def _forward(x, weight, residual, eps, layouts, cfg, store_rstd):
         TWO_LEVEL=lx.two_level,
         HAS_RESIDUAL=residual is not None,
         STORE_RSTD=store_rstd,
+        TAIL_N=cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
     return y, h, rstd
