@@ -43,6 +43,8 @@ SHAPES = [
     (3, 4097),  # one past 4096: the two-pass path in the interpreter, one tile on a GPU
     (2, 128256),  # a vocabulary-sized row: the two-pass path in every mode, 32+ tiles a row
     (2, 3, 100),  # leading dims are rows
+    (1, 2500),  # a head of 2048 and a tail of 512 in the interpreter (a GPU's 11008: 8192 and 4096)
+    (3, 11008),  # a head and a tail on a GPU (few rows: one a program), two-pass in the interpreter
 ]
 
 
@@ -469,7 +471,7 @@ def test_configs_are_legal(rows, n, backward, gpu):
         assert cfg[key] >= 1 and cfg[key] & (cfg[key] - 1) == 0, key
     assert cfg["BLOCK_M"] * cfg["BLOCK_N"] <= 2**20 and cfg["num_warps"] <= 32
     assert cfg["SINGLE_TILE"] == (n <= cfg["BLOCK_N"] + cfg.get("TAIL_N", 0))
-    assert "TAIL_N" not in cfg or (backward and cfg["BLOCK_M"] == 1 and cfg["BLOCK_N"] < n)
+    assert "TAIL_N" not in cfg or (cfg["BLOCK_M"] == 1 and cfg["BLOCK_N"] < n)
     if backward:
         assert 1 <= cfg["programs"] <= math.ceil(rows / cfg["BLOCK_M"])
 
@@ -489,8 +491,8 @@ def test_gpu_backward_row_stages_fit_shared_memory():
             assert staged <= t["stage_bytes"]
 
 
-def test_backward_head_and_tail():
-    # a one-tile backward row that fits three quarters of its tile: a head of half and a tail of a quarter
+def test_head_and_tail():
+    # a one-tile row that fits three quarters of its tile: a head of half and a tail of a quarter
     cfg = rmsnorm_config(32768, 11008, torch.bfloat16, backward=True, gpu=True)
     assert (cfg["BLOCK_N"], cfg["TAIL_N"], cfg["SINGLE_TILE"]) == (8192, 4096, True)
     t = GPU_TUNING["backward"]
@@ -498,14 +500,17 @@ def test_backward_head_and_tail():
     assert (8192 + 4096) * 2 * 3 * (cfg["row_stages"] - 1) <= t["stage_bytes"]  # the stage fits
     for n in (12289, 16384, 8192, 5120):  # past three quarters, or a tile with row stages: one tile
         assert "TAIL_N" not in rmsnorm_config(32768, n, torch.bfloat16, backward=True, gpu=True), n
-    assert "TAIL_N" not in rmsnorm_config(32768, 11008, torch.bfloat16, gpu=True)  # the forward: one tile
+    fwd = rmsnorm_config(32768, 11008, torch.bfloat16, gpu=True)  # the forward too
+    assert (fwd["BLOCK_N"], fwd["TAIL_N"], fwd["SINGLE_TILE"]) == (8192, 4096, True)
     # a tile asked for replaces both; the head's width with the tail's is still one tile
     x, w = _t((1, 2500), seed=90).requires_grad_(), _t(2500, seed=91).requires_grad_()
     assert rmsnorm_config(1, 2500, torch.float32, backward=True).get("TAIL_N") == 512 or runtime.is_gpu()
     for bwd in (None, {"BLOCK_N": 4096}, {"programs": 1}):
         x.grad = w.grad = None
         dy = _t((1, 2500), seed=92)
-        rmsnorm(x, w, EPS, bwd_config=bwd).backward(dy)
+        y = rmsnorm(x, w, EPS, bwd_config=bwd, fwd_config=bwd and {"BLOCK_N": 4096})
+        _expect_close(y, rmsnorm_reference(x, w, EPS), *TOLERANCES[torch.float32])
+        y.backward(dy)
         dx64, dw64, _ = _autograd64(x, w, None, dy, None)
         _grad_close(x.grad, dx64, 2e-5, "dx")
         _grad_close(w.grad, dw64, 2e-5, "dw")
