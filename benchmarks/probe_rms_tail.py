@@ -30,7 +30,7 @@ def main():
         y_ref = rmsnorm(x, w, EPS, r, fwd_config={"BLOCK_N": next_pow2(n)})[0]
         comp = torch.compile(rmsnorm_eager, dynamic=False)
         variants = {"default": None, "one tile": {"BLOCK_N": next_pow2(n)}}
-        for warps in (8, 16, 32):
+        for warps in (4, 8, 16, 32):
             if warps != default["num_warps"]:
                 variants[f"{warps} warps"] = {"num_warps": warps}
         with torch.no_grad():

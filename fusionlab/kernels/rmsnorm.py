@@ -112,13 +112,24 @@ OP = "rmsnorm"
 #: were: GPU clock, bf16, H200 32768 x 5120 66% -> 93% of copy, 4096 x 5120 58% -> 78%, 32768 x 8192
 #: 84% -> 97%; H100 81% -> 98%, 65% -> 77%, 96% -> 99%; the rest within a point or better
 #: (benchmarks/tune_rms_bwd.py --stages, notes_norms.md ninth session).
-#: ``tail_from``: a one-tile backward row wider than this tile that fits three quarters of its tile
-#: (8193-12288: 11008) is held as a head of half the tile and a tail of a quarter (12288 lanes in
-#: place of 16384), ``tail_warps`` warps, ``tail_stages`` row stages where they fit ``stage_bytes``
-#: (16-bit rows). H100, GPU clock, 32768 x 11008: one 16384 tile 77.2% of copy, head and tail 85.6%,
-#: with 16 warps and a row stage 91.5% (4096 x 11008: 71.6%, 79.0%, 84.5%; tune_rms_bwd.py --wide).
+#: ``tail_from``: a one-tile row wider than this tile (up to a tile of ``tail_max``) that fits three
+#: quarters of its tile (8193-12288: 11008) is held as a head of half the tile and a tail of a quarter
+#: (12288 lanes in place of 16384), ``tail_warps`` warps; the backward with ``tail_stages`` row stages
+#: where they fit ``stage_bytes`` (16-bit rows). GPU clock, bf16 (tune_rms_bwd.py --wide,
+#: probe_rms_tail.py; notes_norms.md tenth session): backward 32768 x 11008, one 16384 tile against
+#: head and tail: H100 77.2% -> 91.5% of copy, H200 66.7% -> 81.3%; forward, H200 92.0% -> 98.1%
+#: (compiled 95.8%). A forward row of 20000 (a tile of 32768) ran at 99% in one tile and 80-90% as a
+#: head and a tail: hence ``tail_max``.
 GPU_TUNING = {
-    "forward": {"max_single_bytes": 65536, "wide_block": 4096, "tile": 2048, "per_thread": 16, "tail_from": 8192},
+    "forward": {
+        "max_single_bytes": 65536,
+        "wide_block": 4096,
+        "tile": 2048,
+        "per_thread": 16,
+        "tail_from": 8192,
+        "tail_max": 16384,
+        "tail_warps": 8,
+    },
     "backward": {
         "max_single_bytes": 32768,
         "wide_block": 4096,
@@ -183,7 +194,7 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
     t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
     cfg = norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms)
     tail = t.get("tail_from")
-    if tail and cfg["SINGLE_TILE"] and cfg["BLOCK_M"] == 1 and tail < cfg["BLOCK_N"]:
+    if tail and cfg["SINGLE_TILE"] and cfg["BLOCK_M"] == 1 and tail < cfg["BLOCK_N"] <= t.get("tail_max", 2**20):
         head = cfg["BLOCK_N"] // 2
         if n_cols - head <= head // 2:  # the row fits a head and a tail of half the head
             cfg.update(BLOCK_N=head, TAIL_N=max(16, next_pow2(n_cols - head)))
