@@ -17,7 +17,8 @@ import fusionlab  # noqa: F401
 from fusionlab import bench
 from fusionlab.kernels import softmax as S
 
-WIDTHS = (1000, 1001, 3000, 4097, 5000, 5001, 8191, 10000, 12288, 12289, 16385, 17000, 20000, 24576, 32000, 32767)
+WIDTHS = (1000, 1001, 3000, 4097, 5000, 5001, 6144, 8191, 10000, 11008, 12288, 12289, 16385, 17000, 20000, 24576)
+WIDTHS += (32000, 32767)
 WIDTHS += (32768, 50257, 65537, 100000, 128256)
 
 
@@ -48,9 +49,17 @@ def main():
             layout = S._rows(x)
             ms = bench.queued_ms(lambda: S._forward(x, layout, plain))
             other = f"  no fragments (BLOCK_N {plain['BLOCK_N']}) {nb / ms / 1e6 / copy:6.1%}"
+        elif cfg.get("TAIL_N"):  # a head and a tail: beside the one padded tile, and half the warps
+            layout = S._rows(x)
+            for name, alt in (
+                ("one tile", {**cfg, "BLOCK_N": 2 * cfg["BLOCK_N"], "TAIL_N": 0}),
+                ("half the warps", {**cfg, "num_warps": max(1, cfg["num_warps"] // 2)}),
+            ):
+                ms = bench.queued_ms(lambda alt=alt: S._forward(x, layout, alt))
+                other += f"  {name} {nb / ms / 1e6 / copy:6.1%}"
         print(
             f"  {rows:>6} x {n:<6} {how:10s} BLOCK_N {cfg['BLOCK_N']:>5} w{cfg['num_warps']:<2} "
-            f"VEC {cfg.get('VEC', 1)} "
+            f"VEC {cfg.get('VEC', 1)} TAIL {cfg.get('TAIL_N', 0)} "
             f"ours {ours:7.4f} ms {nb / ours / 1e6 / copy:6.1%}  torch {nb / theirs / 1e6 / copy:6.1%}  err {err:.0e}"
             + other,
             flush=True,

@@ -581,11 +581,52 @@ def test_odd_rows_read_through_fragments(rows, n, dtype, atol, rtol):
     assert torch.equal(x, before), "the input was modified"
 
 
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("rows, n", [(1, 2500), (37, 3000), (5, 2064)])
+def test_head_and_tail_rows(rows, n, layout, dtype, atol, rtol):
+    """Rows that fit three quarters of their one tile: a head of half the tile and a tail (TAIL_N).
+    Every element against float64, poisoned output, one kernel, the input unchanged; the maximum in
+    the tail, -inf rows and a tail of only -inf."""
+    base = _x((rows, n + 40), dtype, seed=64, scale=5.0)
+    x = base[:, :n] if layout == "strided" else base[:, :n].contiguous()
+    cfg = softmax_config(rows, n, dtype, packed=x.is_contiguous())
+    assert cfg["SINGLE_TILE"] and cfg["TAIL_N"] and cfg["BLOCK_N"] < n <= cfg["BLOCK_N"] + cfg["TAIL_N"]
+    x[0, -1] = 1e4  # row 0's maximum in its tail
+    if rows > 2:
+        x[1] = float("-inf")
+        x[2, cfg["BLOCK_N"] :] = float("-inf")  # a tail of only -inf
+    before = x.clone()
+    y, box = _sandboxed(softmax, x)
+    _expect_close(y, _softmax64(x), atol, rtol)
+    _expect_one_launch(box, x)
+    assert torch.equal(x, before), "the input was modified"
+
+
+def test_head_and_tail_config():
+    for n, head, tail in ((3000, 2048, 1024), (5000, 4096, 1024), (10000, 8192, 2048), (12288, 8192, 4096)):
+        cfg = softmax_config(4096, n, torch.bfloat16, gpu=True)
+        assert (cfg["BLOCK_N"], cfg.get("TAIL_N"), cfg["SINGLE_TILE"]) == (head, tail, True), (n, cfg)
+    for n in (12289, 16384, 4096, 2048, 20000):  # past three quarters, a full tile, or a persistent/split row
+        assert "TAIL_N" not in softmax_config(4096, n, torch.bfloat16, gpu=True), n
+    assert "TAIL_N" not in softmax_config(4096, 10000, torch.bfloat16, gpu=True, backward=True)
+    # the ledger counts one read for a head and a tail (the lesson's suite passes the whole row)
+    assert sm_ledger_reads(10000) == 1
+
+
+def sm_ledger_reads(n: int) -> int:
+    from fusionlab.lessons.l4.suite import sm_ledger
+
+    led = sm_ledger(4096, n)
+    return round(led.fused_bytes / (4096 * n * 2)) - 1  # reads of x, less y's write
+
+
 def test_fragments_only_where_rows_are_packed_and_forward():
     gpu_cfg = softmax_config(4096, 4097, torch.bfloat16, gpu=True)
     assert gpu_cfg["VEC"] == 8 and gpu_cfg["BLOCK_N"] == 4096 and gpu_cfg["SINGLE_TILE"]  # the body's tile
     assert "VEC" not in softmax_config(4096, 4097, torch.bfloat16, gpu=True, packed=False)
-    assert softmax_config(4096, 4097, torch.bfloat16, gpu=True, packed=False)["BLOCK_N"] == 8192
+    unpacked = softmax_config(4096, 4097, torch.bfloat16, gpu=True, packed=False)  # a head and a tail
+    assert (unpacked["BLOCK_N"], unpacked.get("TAIL_N")) == (4096, 16)
     assert "VEC" not in softmax_config(4096, 4097, torch.bfloat16, gpu=True, backward=True)
     assert "VEC" not in softmax_config(4096, 4096, torch.bfloat16, gpu=True)  # 16-byte rows already
     assert "VEC" not in softmax_config(4096, 1025, torch.float32, gpu=True)  # under FRAGMENT_MIN
@@ -757,6 +798,19 @@ def test_gpu_fragment_rows(rows, n):
     y = softmax(x)
     for r in sorted({0, 1, rows // 2, rows - 2, rows - 1}):
         _expect_close(y[r], _softmax64(x[r]), *TOLERANCES[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("rows, n", [(300, 10000), (997, 5000), (64, 12288), (5, 11008)])
+def test_gpu_head_and_tail_rows(rows, n):
+    x = _x((rows, n), torch.bfloat16, seed=65, scale=10.0)
+    x[0, -1] = 1e4
+    x[1, 8192 if n > 8192 else 4096 :] = float("-inf")
+    assert softmax_config(rows, n, x.dtype).get("TAIL_N")
+    y, box = _sandboxed(softmax, x)
+    _expect_close(y, _softmax64(x), *TOLERANCES[torch.bfloat16])
+    assert box.names == [KERNEL]
 
 
 @pytest.mark.gpu

@@ -122,12 +122,20 @@ GPU_TUNING = {
         "split_bytes": 16384,
         "split_thread_bytes": 128,
         "max_split": 64,
+        "tail_from": 2048,
     },
     "backward": {"max_single": 16384, "wide_block": 32768, "tile": 4096, "thread_bytes": 32, "l2_hints": True},
 }
 #: the interpreter: each program costs milliseconds of Python, so tiles are large (64 Ki elements),
 #: and rows past 4096 elements take the online path (a tile is a numpy array there, not registers)
-INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "thread_bytes": 64, "l2_hints": False}
+INTERPRETER_TUNING = {
+    "max_single": 4096,
+    "wide_block": 4096,
+    "tile": 65536,
+    "thread_bytes": 64,
+    "l2_hints": False,
+    "tail_from": 2048,
+}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -225,6 +233,13 @@ def softmax_config(
             cfg = {"BLOCK_M": 1, "BLOCK_N": chunk, "num_warps": warps, "SINGLE_TILE": False, "SPLIT": parts}
     if fragments and cfg["SINGLE_TILE"]:
         cfg["VEC"] = vec
+    tail = t.get("tail_from")
+    if tail and cfg["SINGLE_TILE"] and not fragments and not cfg.get("programs") and tail < cfg["BLOCK_N"]:
+        head = cfg["BLOCK_N"] // 2
+        if int(n_cols) - head <= head // 2:  # the row fits a head and a tail of half the head
+            cfg.update(BLOCK_N=head, TAIL_N=max(16, next_pow2(int(n_cols) - head)))
+            if t.get("tail_warps_div"):
+                cfg["num_warps"] = max(1, cfg["num_warps"] // t["tail_warps_div"])
     return cfg
 
 
@@ -393,6 +408,7 @@ def _softmax_kernel(
     ROW_STAGES: tl.constexpr = 1,
     UNIT: tl.constexpr = 1,
     VEC: tl.constexpr = 1,
+    TAIL_N: tl.constexpr = 0,
 ):
     # one program per BLOCK_M rows (or, persistent, per BLOCK_M rows at a time: see the one-tile path);
     # row numbers fit int32 (the launcher checks), rows * stride may not: int64 offsets
@@ -409,6 +425,9 @@ def _softmax_kernel(
         # few per SM and, with ROW_STAGES > 1, tl.range pipelines the loop, so the next block's loads
         # are in flight (through shared memory) while this block reduces and writes
         col_ok = offs_n < n_cols
+        if TAIL_N > 0:  # the row's columns past the head (softmax_config's "tail")
+            offs_t = BLOCK_N + tl.arange(0, TAIL_N)
+            tail_ok = offs_t < n_cols
         for blk in tl.range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0), num_stages=ROW_STAGES):
             rows = (blk * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # (BLOCK_M,)
             row_ok = rows < n_rows
@@ -418,17 +437,26 @@ def _softmax_kernel(
                 body_ok = offs_n[None, :] < body_len[:, None]
                 x = tl.load(x_body, mask=body_ok, other=float("-inf"), eviction_policy=EVICT_1).to(tl.float32)
                 x_f = tl.load((x_ptr + start)[:, None] + col_f, mask=f_ok, other=float("-inf")).to(tl.float32)
+            elif TAIL_N > 0:  # a head of BLOCK_N (inside every row: no column mask) and a tail
+                x_rows = _row_ptrs(x_ptr, rows, n_rows, n_inner, stride_xb, stride_xm, TWO_LEVEL)
+                x = _load_tile(x_rows[:, None] + offs_n[None, :], col_ok, float("-inf"), True, EVICT_1)
+                x_t = _load_tile(x_rows[:, None] + offs_t[None, :], tail_ok, float("-inf"), False, EVICT_1)
             else:
                 x_rows = _row_ptrs(x_ptr, rows, n_rows, n_inner, stride_xb, stride_xm, TWO_LEVEL)
                 x = _load_tile(x_rows[:, None] + offs_n[None, :], col_ok, float("-inf"), EVEN_N, EVICT_1)
             m = tl.max(x, axis=1)
             if VEC > 1:
                 m = tl.maximum(m, tl.max(x_f, axis=1))
+            if TAIL_N > 0:
+                m = tl.maximum(m, tl.max(x_t, axis=1))
             e = tl.exp(x - m[:, None])  # masked lanes: exp(-inf) = 0; an all -inf row: NaN, as torch
             l = tl.sum(e, axis=1)
             if VEC > 1:
                 e_f = tl.exp(x_f - m[:, None])
                 l += tl.sum(e_f, axis=1)
+            if TAIL_N > 0:
+                e_t = tl.exp(x_t - m[:, None])
+                l += tl.sum(e_t, axis=1)
             if WRITE_Y:
                 # one reciprocal a row, then a multiply per element (a division per element costs
                 # several instructions; the product is within an ulp of it)
@@ -439,6 +467,10 @@ def _softmax_kernel(
                     body_ok = row_ok[:, None] & (offs_n[None, :] < body_len[:, None])
                     tl.store((y_ptr + body)[:, None] + offs_n[None, :], y.to(out_ty), mask=body_ok)
                     tl.store((y_ptr + start)[:, None] + col_f, (e_f * inv_l).to(out_ty), mask=row_ok[:, None] & f_ok)
+                elif TAIL_N > 0:
+                    y_rows = y_ptr + rows[:, None] * stride_ym
+                    _store_tile(y_rows + offs_n[None, :], y, row_ok, col_ok, EVEN_M, True)
+                    _store_tile(y_rows + offs_t[None, :], e_t * inv_l, row_ok, tail_ok, EVEN_M, False)
                 else:
                     y_ptrs = y_ptr + rows[:, None] * stride_ym + offs_n[None, :]
                     _store_tile(y_ptrs, y, row_ok, col_ok, EVEN_M, EVEN_N)
@@ -791,6 +823,7 @@ def _forward(x: torch.Tensor, layout: _Rows, cfg: dict) -> torch.Tensor:
         ROW_STAGES=cfg.get("row_stages", 1),
         UNIT=u,
         VEC=vec,
+        TAIL_N=cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
         **_launch_flags(r, cfg),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages"), cfg.get("maxnreg")),
     )

@@ -109,10 +109,12 @@ def rms_bwd_ledger(rows: int, n: int) -> Ledger:
 
 def sm_ledger(rows: int, n: int, split: bool = True) -> Ledger:
     """The softmax forward's ledger with the GPU kernel's schedule: rows on the online path get the
-    re-read term; rows in one tile, or split across programs (``SPLIT``), are read once.
-    ``split=False``: one program a row (the online path past one tile), as the lesson first counts it."""
+    re-read term; rows in one tile (a head and a tail too), or split across programs (``SPLIT``), are
+    read once. ``split=False``: one program a row (the online path past one tile), as the lesson first
+    counts it."""
     cfg = softmax_config(rows, n, DTYPE, gpu=True, split=split)
-    return softmax_ledger(rows, n, DTYPE, block=n if cfg.get("SPLIT") else cfg["BLOCK_N"])
+    once = cfg.get("SPLIT") or (cfg["SINGLE_TILE"] and cfg.get("TAIL_N"))
+    return softmax_ledger(rows, n, DTYPE, block=n if once else cfg["BLOCK_N"])
 
 
 def _predict(led: Ledger, copy_GBps: float | None, fused: bool) -> float | None:
