@@ -17,8 +17,8 @@ import fusionlab  # noqa: F401
 from fusionlab import bench
 from fusionlab.kernels import softmax as S
 
-WIDTHS = (1000, 1001, 3000, 4097, 5000, 5001, 6144, 8191, 10000, 11008, 12288, 12289, 16385, 17000, 20000, 24576)
-WIDTHS += (32000, 32767)
+WIDTHS = (1000, 1001, 2049, 3000, 4097, 5000, 5001, 6144, 8191, 8193, 10000, 11008, 12288, 12289, 16385, 17000)
+WIDTHS += (20000, 24576, 32000, 32767)
 WIDTHS += (32768, 50257, 65537, 100000, 128256)
 
 
@@ -53,7 +53,7 @@ def main():
             layout = S._rows(x)
             for name, alt in (
                 ("one tile", {**cfg, "BLOCK_N": 2 * cfg["BLOCK_N"], "TAIL_N": 0}),
-                ("half the warps", {**cfg, "num_warps": max(1, cfg["num_warps"] // 2)}),
+                ("twice the warps", {**cfg, "num_warps": min(32, cfg["num_warps"] * 2)}),
             ):
                 ms = bench.queued_ms(lambda alt=alt: S._forward(x, layout, alt))
                 other += f"  {name} {nb / ms / 1e6 / copy:6.1%}"

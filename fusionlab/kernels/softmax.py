@@ -123,6 +123,7 @@ GPU_TUNING = {
         "split_thread_bytes": 128,
         "max_split": 64,
         "tail_from": 2048,
+        "tail_warps_div": 2,
     },
     "backward": {"max_single": 16384, "wide_block": 32768, "tile": 4096, "thread_bytes": 32, "l2_hints": True},
 }
