@@ -28,7 +28,7 @@ def _x(n):
 
 
 def _run(x, packed, warps=1, maxnreg=None):
-    cfg = S.softmax_config(x.shape[0], x.shape[1], x.dtype, packed=packed)
+    cfg = S.softmax_config(x.shape[0], x.shape[1], x.dtype, packed=packed, fragments=packed)
     cfg = {**cfg, "num_warps": min(32, cfg["num_warps"] * warps), "maxnreg": maxnreg}
     return lambda: S._forward(x, S._rows(x), cfg), cfg
 

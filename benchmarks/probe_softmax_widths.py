@@ -44,15 +44,15 @@ def main():
         ours = bench.queued_ms(lambda: S.softmax(x))
         theirs = bench.queued_ms(lambda: torch.softmax(x, dim=-1))
         other = ""
-        if cfg.get("VEC"):  # odd rows: the schedule without fragments (as for strided rows), beside
-            plain = S.softmax_config(rows, n, x.dtype, packed=False)
+        frag = S.softmax_config(rows, n, x.dtype, fragments=True)
+        if frag.get("VEC"):  # odd rows: the opt-in fragments beside the default
             layout = S._rows(x)
-            ms = bench.queued_ms(lambda: S._forward(x, layout, plain))
-            other = f"  no fragments (BLOCK_N {plain['BLOCK_N']}) {nb / ms / 1e6 / copy:6.1%}"
-        elif cfg.get("TAIL_N"):  # a head and a tail: beside the one padded tile, and half the warps
+            ms = bench.queued_ms(lambda: S._forward(x, layout, frag))
+            other = f"  fragments (BLOCK_N {frag['BLOCK_N']}) {nb / ms / 1e6 / copy:6.1%}"
+        if cfg.get("TAIL_N"):  # a head and a tail: beside the one padded tile (its warps), twice the warps
             layout = S._rows(x)
             for name, alt in (
-                ("one tile", {**cfg, "BLOCK_N": 2 * cfg["BLOCK_N"], "TAIL_N": 0}),
+                ("one tile", {**cfg, "BLOCK_N": 2 * cfg["BLOCK_N"], "TAIL_N": 0, "num_warps": 2 * cfg["num_warps"]}),
                 ("twice the warps", {**cfg, "num_warps": min(32, cfg["num_warps"] * 2)}),
             ):
                 ms = bench.queued_ms(lambda alt=alt: S._forward(x, layout, alt))

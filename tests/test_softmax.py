@@ -3,6 +3,7 @@ online two-pass), backward against torch autograd, strided rows read in place, c
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -566,7 +567,10 @@ def test_odd_rows_read_through_fragments(rows, n, dtype, atol, rtol):
     (VEC), the tile the body's. Every element against float64, the output poisoned first, one kernel,
     the input unchanged; the row maximum and -inf in the fragments, a row of only -inf (NaN, as
     torch), 1e4 beside -1e4."""
-    assert softmax_config(rows, n, dtype).get("VEC") == 16 // dtype.itemsize
+    from fusionlab.kernels.softmax import _forward, _rows
+
+    cfg = softmax_config(rows, n, dtype, fragments=True)  # opt-in: the default is a head and a tail
+    assert cfg.get("VEC") == 16 // dtype.itemsize
     x = _x((rows, n), dtype, seed=61, scale=5.0)
     x[0, 0] = 1e4  # the maximum in row 0's first element: a fragment or the body, by the row's offset
     x[-1, -1] = 1e4  # and in the last row's last element
@@ -575,9 +579,9 @@ def test_odd_rows_read_through_fragments(rows, n, dtype, atol, rtol):
         x[1] = float("-inf")
         x[2, :3] = float("-inf")
     before = x.clone()
-    y, box = _sandboxed(softmax, x)
+    y, box = _sandboxed(_forward, x, _rows(x), cfg)
     _expect_close(y, _softmax64(x), atol, rtol)
-    _expect_one_launch(box, x)
+    assert box.names == [KERNEL] and box.passes == []
     assert torch.equal(x, before), "the input was modified"
 
 
@@ -621,19 +625,20 @@ def sm_ledger_reads(n: int) -> int:
     return round(led.fused_bytes / (4096 * n * 2)) - 1  # reads of x, less y's write
 
 
-def test_fragments_only_where_rows_are_packed_and_forward():
-    gpu_cfg = softmax_config(4096, 4097, torch.bfloat16, gpu=True)
+def test_fragments_only_where_asked_rows_are_packed_and_forward():
+    frag = functools.partial(softmax_config, gpu=True, fragments=True)
+    gpu_cfg = frag(4096, 4097, torch.bfloat16)
     assert gpu_cfg["VEC"] == 8 and gpu_cfg["BLOCK_N"] == 4096 and gpu_cfg["SINGLE_TILE"]  # the body's tile
-    assert "VEC" not in softmax_config(4096, 4097, torch.bfloat16, gpu=True, packed=False)
-    unpacked = softmax_config(4096, 4097, torch.bfloat16, gpu=True, packed=False)  # a head and a tail
-    assert (unpacked["BLOCK_N"], unpacked.get("TAIL_N")) == (4096, 16)
-    assert "VEC" not in softmax_config(4096, 4097, torch.bfloat16, gpu=True, backward=True)
-    assert "VEC" not in softmax_config(4096, 4096, torch.bfloat16, gpu=True)  # 16-byte rows already
-    assert "VEC" not in softmax_config(4096, 1025, torch.float32, gpu=True)  # under FRAGMENT_MIN
+    default = softmax_config(4096, 4097, torch.bfloat16, gpu=True)  # a head and a tail, no fragments
+    assert "VEC" not in default and (default["BLOCK_N"], default.get("TAIL_N")) == (4096, 16)
+    assert "VEC" not in frag(4096, 4097, torch.bfloat16, packed=False)
+    assert "VEC" not in frag(4096, 4097, torch.bfloat16, backward=True)
+    assert "VEC" not in frag(4096, 4096, torch.bfloat16)  # 16-byte rows already
+    assert "VEC" not in frag(4096, 1025, torch.float32)  # under FRAGMENT_MIN
     for n in (5001, 8191, 12289):  # the body's tile is the row's: the plain path was faster
-        assert "VEC" not in softmax_config(4096, n, torch.bfloat16, gpu=True)
-    assert "VEC" not in softmax_config(64, 16385, torch.bfloat16, gpu=True)  # split, faster from 16384
-    assert "VEC" not in softmax_config(64, 50257, torch.bfloat16, gpu=True)  # split: its own fragments
+        assert "VEC" not in frag(4096, n, torch.bfloat16)
+    assert "VEC" not in frag(64, 16385, torch.bfloat16)  # split, faster from 16384
+    assert "VEC" not in frag(64, 50257, torch.bfloat16)  # split: its own fragments
     # the same values off a 16-byte boundary or strided: no fragments, the same answer
     x = _x((6, 2049), torch.float32, seed=62)
     for y in (torch.cat([x.new_zeros(1), x.flatten()])[1:].view(6, 2049), _x((6, 2050), seed=62)[:, :2049]):
@@ -789,13 +794,17 @@ def test_gpu_split_rows_strided_and_two_level(width):
 @gpu_only
 @pytest.mark.parametrize("rows, n", [(300, 8193), (997, 2055), (524289, 4097)], ids=["8193", "2055", "2**31"])
 def test_gpu_fragment_rows(rows, n):
-    """Odd packed rows on the GPU: one tile of the body (8192 for 8193, 2048 for 2055: the fragment
-    after the body 7 wide), and rows x width past 2**31 (row starts in int64); rows against float64."""
+    """Odd packed rows on the GPU through the opt-in fragments: one tile of the body (8192 for 8193,
+    2048 for 2055: the fragment after the body 7 wide), and rows x width past 2**31 (row starts in
+    int64); rows against float64."""
+    from fusionlab.kernels.softmax import _forward, _rows
+
     x = _x((rows, n), torch.bfloat16, seed=63, scale=10.0) if rows < 10**5 else None
     if x is None:
         x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
-    assert softmax_config(rows, n, x.dtype)["VEC"] == 8
-    y = softmax(x)
+    cfg = softmax_config(rows, n, x.dtype, fragments=True)
+    assert cfg["VEC"] == 8
+    y = _forward(x, _rows(x), cfg)
     for r in sorted({0, 1, rows // 2, rows - 2, rows - 1}):
         _expect_close(y[r], _softmax64(x[r]), *TOLERANCES[torch.bfloat16])
 

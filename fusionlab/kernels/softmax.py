@@ -105,6 +105,10 @@ OP = "softmax"
 #: twice (up to ``max_split`` programs a row; wider rows take the online path). On an H200 a 65536-wide
 #: bf16 row went from 70% to 79% of copy by two trips, 262144 from 59% to 77%; on an H100 a tie at 65536,
 #: 67% to 89% at 262144 (notes_softmax.md).
+#: ``tail_from``: a one-tile row wider than this tile (not persistent) that fits three quarters of its
+#: tile is held as a head of half the tile and a tail (10000: 8192 + 2048 lanes in place of 16384),
+#: with ``1 / tail_warps_div`` of the warps. H200, bf16, share of copy: 3000 87% -> 95%, 6144 82% ->
+#: 95%, 10000 69% -> 94%, 12288 77% -> 93%, 4097 36% -> 80% (notes_softmax.md tenth session).
 GPU_TUNING = {
     "forward": {
         "max_single": 32768,
@@ -176,18 +180,21 @@ def softmax_config(
     gpu: bool | None = None,
     split: bool = True,
     packed: bool = True,
+    fragments: bool = False,
 ) -> dict:
     """The launch configuration: ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}`` (and, for the
-    online path on a GPU, the eviction hints ``EVICT_1``/``EVICT_2`` of its two passes).
+    online path on a GPU, the eviction hints ``EVICT_1``/``EVICT_2`` of its two passes; for a row that
+    fits three quarters of its one tile, ``TAIL_N``: a head of half the tile and a tail).
 
     ``SINGLE_TILE``: the row fits one ``BLOCK_N`` tile and is read once; otherwise the online path
     walks it in ``BLOCK_N`` tiles and reads it twice, or (``SPLIT``, GPU forward) ``SPLIT`` programs
     hold ``BLOCK_N`` elements of the row each and swap their statistics: read once. ``BLOCK_M`` rows
     share a program when rows are narrow. ``gpu``: the GPU's configuration (default: this mode's), so
     a lesson on a CPU can ask what the GPU kernel does. ``split=False``: never ``SPLIT`` (wide rows
-    take the online path). ``packed``: x's rows lie end to end from a 16-byte boundary (a contiguous
-    tensor, as a fresh one is); then a forward row whose width is not a multiple of 16 bytes is read
-    as a 16-byte body and two fragments (``VEC``) where that halves its tile (:data:`FRAGMENT_MIN`).
+    take the online path). ``fragments`` (opt-in) with ``packed`` (x's rows lie end to end from a
+    16-byte boundary, as a fresh tensor's do): a forward row whose width is not a multiple of 16 bytes
+    is read as a 16-byte body and two fragments (``VEC``) where that halves its tile
+    (:data:`FRAGMENT_MIN`). By default such a row takes a head and a tail (``TAIL_N``) instead.
     Tuned on an H100 (``benchmarks/notes_softmax.md``).
     """
     gpu = runtime.is_gpu() if gpu is None else gpu
@@ -195,7 +202,7 @@ def softmax_config(
     tile, thread_bytes = t["tile"], t["thread_bytes"]
     vec = 16 // element_size(dtype)
     n_tile = n_cols - n_cols % vec  # with fragments, the one tile holds the body
-    fragments = bool(packed and not backward and vec > 1 and n_cols % vec and FRAGMENT_MIN <= n_cols)
+    fragments = bool(fragments and packed and not backward and vec > 1 and n_cols % vec and FRAGMENT_MIN <= n_cols)
     widest = t["big_row"] // 2 if t.get("big_row") else t["max_single"]  # wider: the split reads faster
     fragments = fragments and next_pow2(n_tile) < next_pow2(n_cols) and next_pow2(n_tile) <= widest
     n_tile = n_tile if fragments else n_cols
@@ -244,14 +251,13 @@ def softmax_config(
     return cfg
 
 
-#: Packed rows whose width is not a multiple of 16 bytes and just past a power of two (2049-2055,
-#: 4097-4103, 8193-8199 in bf16, from this width up) take the one-tile path's fragments (``VEC``): the
-#: tile is the body's, half the one the whole row would pad to, and the body moves 16 bytes at a time.
-#: On an H100 (probe_softmax_fragments.py, notes_softmax.md tenth session) 4097 went from 49% to 70-80%
-#: of copy, 2049 from 57% to 62%, 8193 from 39% to 46%. Where the body's tile is the row's own (1001,
-#: 5001, 8191, 12289) the fragments were slower than 2-byte accesses (86% against 92% at 1001, 46%
-#: against 79% at 8191: 56-86 registers a thread against 40-63, and more stalls), so those keep the
-#: plain path; so do rows from 16384, which the split schedule reads faster (16385: 77% against 65%).
+#: Opt-in (``softmax_config(..., fragments=True)``): packed rows whose width is not a multiple of 16
+#: bytes and just past a power of two (2049-2055, 4097-4103, 8193-8199 in bf16, from this width up) read
+#: as a 16-byte body and two fragments (``VEC``), the tile the body's. On an H100 4097 went from 49% of
+#: copy (one tile of 8192) to 70-80%; where the body's tile is the row's own (1001, 5001, 8191) the
+#: fragments lost to 2-byte accesses (ncu: 86 registers a thread against 63). Not the default: on an
+#: H200 a head and a tail (``TAIL_N``, 2-byte accesses) read 2049, 4097 and 8193 at 82%, 80% and 78%
+#: against the fragments' 45%, 53% and 34% (probe_softmax_widths.py, notes_softmax.md tenth session).
 FRAGMENT_MIN = 2049
 
 
