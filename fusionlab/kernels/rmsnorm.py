@@ -15,7 +15,9 @@ seen, and every output element needs it. A row of up to ``BLOCK_N`` elements (:f
 64 KiB of row on a GPU) is held in registers: one read per element. A wider row is walked twice in
 ``BLOCK_N`` tiles: pass 1 computes and writes h and sums h², pass 2 re-reads h (not x and r: h is
 one tensor, x and r two) and writes y — the ledger's re-read term (``block=`` in the ledger). Pass 2
-walks the tiles backwards, so the tiles written last (the likeliest still in L2) are read first.
+walks the tiles backwards, so the tiles written last (the likeliest still in L2) are read first. A row
+that fits three quarters of a 16384-element tile (11008) is held as a head of 8192 and a tail of 4096
+(``TAIL_N``, forward and backward): fewer lanes, registers and warps than the padded tile.
 
 **Numerics and cast order** (Hugging Face's LlamaRMSNorm, which we follow): ``h`` is rounded to the
 input dtype (it is stored, and eager adds in that dtype); statistics are fp32 from the rounded h

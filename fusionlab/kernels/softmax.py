@@ -32,6 +32,12 @@ k-x rule of element-wise chains no longer applies. Two schedules:
   rows take the online path. Contiguous rows that start off 16-byte boundaries (odd widths) split at
   the row's first boundary: the parts read a 16-byte body, part 0 the few elements at either end.
 
+A one-tile row that fits three quarters of its power-of-two tile (10000 in 16384, 4097 in 8192) is held
+as a head of half the tile and a tail (``TAIL_N``: 8192 + 2048, 4096 + 16), with half the warps: on
+an H200 10000-wide rows went from 69% of copy to 94%. Packed rows off 16-byte boundaries can instead be
+read as a 16-byte body and two fragments (``VEC``, opt-in: slower than the head and tail where
+measured; ``benchmarks/notes_softmax.md``, tenth session).
+
 Rows of a multiple of 16 bytes but not of 16 elements (17000 in bf16, 1000 in fp32) are passed to the
 kernels with lengths and strides divided by the 16-byte unit (``UNIT``), which the kernels multiply
 back: Triton tells its compiler only about multiples of 16, and without this the rows move 2 bytes at a
