@@ -639,6 +639,12 @@ def test_fragments_only_where_asked_rows_are_packed_and_forward():
         assert "VEC" not in frag(4096, n, torch.bfloat16)
     assert "VEC" not in frag(64, 16385, torch.bfloat16)  # split, faster from 16384
     assert "VEC" not in frag(64, 50257, torch.bfloat16)  # split: its own fragments
+    # a fragments configuration given rows that are not packed is refused, not read wrongly
+    from fusionlab.kernels.softmax import _forward, _rows
+
+    x = _x((6, 2050), torch.float16, seed=62)[:, :2049]
+    with pytest.raises(RuntimeError, match="not packed"):
+        _forward(x, _rows(x), softmax_config(6, 2049, torch.float16, fragments=True))
     # the same values off a 16-byte boundary or strided: no fragments, the same answer
     x = _x((6, 2049), torch.float32, seed=62)
     for y in (torch.cat([x.new_zeros(1), x.flatten()])[1:].view(6, 2049), _x((6, 2050), seed=62)[:, :2049]):
