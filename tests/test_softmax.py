@@ -246,6 +246,8 @@ BWD_SHAPES = [
     (2, 3, 100),
     (64, 256),  # unmasked
     (2, 8192),  # online and unmasked in the interpreter
+    (5, 2500),  # a forward head and tail in the interpreter, one backward tile (it holds no tail)
+    (3, 10000),  # the same on a GPU
 ]
 
 
@@ -613,7 +615,9 @@ def test_head_and_tail_config():
         assert (cfg["BLOCK_N"], cfg.get("TAIL_N"), cfg["SINGLE_TILE"]) == (head, tail, True), (n, cfg)
     for n in (12289, 16384, 4096, 2048, 20000):  # past three quarters, a full tile, or a persistent/split row
         assert "TAIL_N" not in softmax_config(4096, n, torch.bfloat16, gpu=True), n
-    assert "TAIL_N" not in softmax_config(4096, 10000, torch.bfloat16, gpu=True, backward=True)
+    for gpu in (True, False):  # the backward kernel holds one tile: never a head and a tail
+        for n in (2500, 10000):
+            assert "TAIL_N" not in softmax_config(4, n, torch.float32, gpu=gpu, backward=True)
     # the ledger counts one read for a head and a tail (the lesson's suite passes the whole row)
     assert sm_ledger_reads(10000) == 1
 

@@ -247,7 +247,7 @@ def softmax_config(
             cfg = {"BLOCK_M": 1, "BLOCK_N": chunk, "num_warps": warps, "SINGLE_TILE": False, "SPLIT": parts}
     if fragments and cfg["SINGLE_TILE"]:
         cfg["VEC"] = vec
-    tail = t.get("tail_from")
+    tail = t.get("tail_from") if not backward else None  # the backward kernel holds one tile
     if tail and cfg["SINGLE_TILE"] and not fragments and not cfg.get("programs") and tail < cfg["BLOCK_N"]:
         head = cfg["BLOCK_N"] // 2
         if int(n_cols) - head <= head // 2:  # the row fits a head and a tail of half the head
