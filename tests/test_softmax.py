@@ -609,6 +609,16 @@ def test_head_and_tail_rows(rows, n, layout, dtype, atol, rtol):
     assert torch.equal(x, before), "the input was modified"
 
 
+@pytest.mark.parametrize("block_n", [4096, 2048, 1024], ids=["one-tile", "head-wide", "online"])
+def test_a_tile_asked_for_replaces_the_head_and_tail(block_n):
+    # rows of 2500 take a head of 2048 and a tail by default; block_n asked for is the whole tile
+    x = _x((3, 2500), seed=66)
+    assert softmax_config(3, 2500, x.dtype).get("TAIL_N")
+    y, box = _sandboxed(softmax, x, block_n=block_n)
+    _expect_close(y, _softmax64(x), *TOLERANCES[torch.float32])
+    assert box.names == [KERNEL]
+
+
 def test_head_and_tail_config():
     for n, head, tail in ((3000, 2048, 1024), (5000, 4096, 1024), (10000, 8192, 2048), (12288, 8192, 4096)):
         cfg = softmax_config(4096, n, torch.bfloat16, gpu=True)

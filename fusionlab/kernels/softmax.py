@@ -762,9 +762,11 @@ def _check_input(x, dim, op: str, *, grad: bool) -> _Rows:
 
 def _block_override(cfg: dict, block_m, block_n, num_warps, n_cols: int, op: str) -> dict:
     cfg = dict(cfg)
-    if block_n is not None:
+    if block_n is not None:  # a tile asked for is the whole tile: no head and tail, no fragments
         cfg["BLOCK_N"] = check_block(block_n, "block_n", op)
         cfg["SINGLE_TILE"] = n_cols <= cfg["BLOCK_N"]
+        cfg.pop("TAIL_N", None)
+        cfg.pop("VEC", None)
     if block_m is not None:
         cfg["BLOCK_M"] = check_block(block_m, "block_m", op)
     if num_warps is not None:
