@@ -211,6 +211,16 @@ def elementwise_config(n_rows: int, n_cols: int, dtype: torch.dtype, gpu: bool |
 
 
 @functools.lru_cache(maxsize=4096)
+def head_and_tail(n_cols: int, block_n: int) -> tuple[int, int] | None:
+    """``(head, tail)`` for a one-tile row that fits three quarters of its power-of-two tile
+    ``block_n``: a head of half the tile and a tail of the smallest power of two (at least 16) that
+    covers the rest, so 11008 takes 8192 + 4096 lanes, not 16384. None for a row that does not fit."""
+    head = block_n // 2
+    if n_cols - head > head // 2:
+        return None
+    return head, max(16, next_pow2(n_cols - head))
+
+
 def row_config(n_cols: int, dtype: torch.dtype, *, max_block: int | None = None, gpu: bool | None = None) -> dict:
     """A launch configuration for a row-wise reduction (norms, softmax, cross-entropy).
 

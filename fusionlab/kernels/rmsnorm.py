@@ -93,6 +93,7 @@ from ._launch import (  # noqa: F401  (DEFAULT_SMS, sm_count: lesson 4 and the b
     check_tensor,
     check_tile,
     element_size,
+    head_and_tail,
     launch_kwargs,
     next_pow2,
     sm_count,
@@ -197,13 +198,13 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
     cfg = norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms)
     tail = t.get("tail_from")
     if tail and cfg["SINGLE_TILE"] and cfg["BLOCK_M"] == 1 and tail < cfg["BLOCK_N"] <= t.get("tail_max", 2**20):
-        head = cfg["BLOCK_N"] // 2
-        if n_cols - head <= head // 2:  # the row fits a head and a tail of half the head
-            cfg.update(BLOCK_N=head, TAIL_N=max(16, next_pow2(n_cols - head)))
+        split_tile = head_and_tail(n_cols, cfg["BLOCK_N"])
+        if split_tile:
+            cfg.update(BLOCK_N=split_tile[0], TAIL_N=split_tile[1])
             if gpu and t.get("tail_warps"):
                 cfg["num_warps"] = t["tail_warps"]
             if gpu and backward:  # the next row in flight where its stage fits stage_bytes
-                staged = (head + cfg["TAIL_N"]) * element_size(dtype) * 3 * (t["tail_stages"] - 1)
+                staged = sum(split_tile) * element_size(dtype) * 3 * (t["tail_stages"] - 1)
                 if staged <= t["stage_bytes"]:
                     cfg["row_stages"] = t["tail_stages"]
     return cfg

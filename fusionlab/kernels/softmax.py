@@ -84,6 +84,7 @@ from ._launch import (
     check_tensor,
     check_tile,
     element_size,
+    head_and_tail,
     launch_kwargs,
     next_pow2,
     row_config,
@@ -249,9 +250,9 @@ def softmax_config(
         cfg["VEC"] = vec
     tail = t.get("tail_from") if not backward else None  # the backward kernel holds one tile
     if tail and cfg["SINGLE_TILE"] and not fragments and not cfg.get("programs") and tail < cfg["BLOCK_N"]:
-        head = cfg["BLOCK_N"] // 2
-        if int(n_cols) - head <= head // 2:  # the row fits a head and a tail of half the head
-            cfg.update(BLOCK_N=head, TAIL_N=max(16, next_pow2(int(n_cols) - head)))
+        split_tile = head_and_tail(int(n_cols), cfg["BLOCK_N"])
+        if split_tile:
+            cfg.update(BLOCK_N=split_tile[0], TAIL_N=split_tile[1])
             if t.get("tail_warps_div"):
                 cfg["num_warps"] = max(1, cfg["num_warps"] // t["tail_warps_div"])
     return cfg
