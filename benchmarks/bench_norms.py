@@ -12,7 +12,8 @@ and h), LayerNorm forward and backward, and few rows of 16k. Percentages are of 
 measured in the same run (``fusionlab.bench.measure_copy_bandwidth``: 1 GiB fp32, read + write) by
 the op's *fused* ledger (:func:`rmsnorm_ledger`, :func:`layernorm_ledger`): the bytes the fused
 kernel must move, so a compiled or eager time is converted with the same byte count. Timings:
-``fusionlab.bench.time_ms`` (do_bench median, L2 flushed). Results go to ``DIR/norms_<mode>.json``;
+``fusionlab.bench.time_ms`` (do_bench median, L2 flushed); the ``gpu%`` and ``/compg`` columns (and
+``LNg%``, ``LNbg%``) time the GPU alone (``fusionlab.bench.queued_ms``), for calls the host bounds. Results go to ``DIR/norms_<mode>.json``;
 a compact table is printed last. ``--budget-s``: stop starting new shapes after this many seconds.
 """
 
@@ -247,6 +248,9 @@ def _final_shape(rows, n, c_rms, c_ln, copy):
         y_ours, _ = rn.rmsnorm(x, w, EPS, r)
         y_c, _ = c_rms(x, w, EPS, r)
         row["max_diff_vs_compiled"] = (y_ours.float() - y_c.float()).abs().max().item()
+        # the GPU's time alone: at 4096 rows a call can be the host's (notes_norms.md, tenth session)
+        row["fwd_gpu_ms"] = bench.queued_ms(lambda: rn.rmsnorm(x, w, EPS, r))
+        row["compiled_gpu_ms"] = bench.queued_ms(lambda: c_rms(x, w, EPS, r))
     # backward: autograd for both, gradients for y and h
     dy, dh = rand((rows, n), seed=4), rand((rows, n), seed=5)
     xg, rg, wg = (t.clone().requires_grad_() for t in (x, r, w))
@@ -274,6 +278,8 @@ def _final_shape(rows, n, c_rms, c_ln, copy):
         lrow["eager_ms"] = bench.time_ms(lambda: ln.layernorm_eager(x, lw, lb))
         c_ln(x, lw, lb)
         lrow["compiled_ms"] = bench.time_ms(lambda: c_ln(x, lw, lb))
+        lrow["fwd_gpu_ms"] = bench.queued_ms(lambda: ln.layernorm(x, lw, lb))
+        lrow["compiled_gpu_ms"] = bench.queued_ms(lambda: c_ln(x, lw, lb))
     xl, wl, bl = (t.clone().requires_grad_() for t in (x, lw, lb))
     yl = ln.layernorm(xl, wl, bl)
     lrow["bwd_ms"] = bench.time_ms(lambda: torch.autograd.grad(yl, (xl, wl, bl), dy, retain_graph=True))
@@ -285,10 +291,13 @@ def _final_shape(rows, n, c_rms, c_ln, copy):
     line = (
         f"{rows:>6}x{n:<6} | {row['fwd_ms']:7.3f} {pct(nb, row['fwd_ms'], copy):5.1f} "
         f"{row['eager_ms'] / row['fwd_ms']:6.2f} {row['compiled_ms'] / row['fwd_ms']:6.3f} "
-        f"{pct(nb, row['compiled_ms'], copy):5.1f} | {row['bwd_ms']:7.3f} {pct(nbb, row['bwd_ms'], copy):5.1f} "
+        f"{pct(nb, row['compiled_ms'], copy):5.1f} {pct(nb, row['fwd_gpu_ms'], copy):5.1f} "
+        f"{row['compiled_gpu_ms'] / row['fwd_gpu_ms']:6.3f} | "
+        f"{row['bwd_ms']:7.3f} {pct(nbb, row['bwd_ms'], copy):5.1f} "
         f"{row['compiled_bwd_ms'] / row['bwd_ms']:6.3f} {pct(nbb, row['compiled_bwd_ms'], copy):5.1f} "
         f"{pct(nbb, row['bwd_gpu_ms'], copy):5.1f} {row['compiled_bwd_gpu_ms'] / row['bwd_gpu_ms']:6.3f} | "
         f"{lrow['fwd_ms']:7.3f} {pct(lnb, lrow['fwd_ms'], copy):5.1f} {lrow['compiled_ms'] / lrow['fwd_ms']:6.3f} "
+        f"{pct(lnb, lrow['fwd_gpu_ms'], copy):5.1f} {lrow['compiled_gpu_ms'] / lrow['fwd_gpu_ms']:6.3f} "
         f"{pct(lrow['bwd_bytes'], lrow['bwd_ms'], copy):5.1f} {pct(lrow['bwd_bytes'], lrow['bwd_gpu_ms'], copy):5.1f} "
         f"{lrow['eager_bwd_ms'] / lrow['bwd_ms']:6.2f}"
     )
@@ -318,9 +327,10 @@ def final(args, res, copy):
     c_rms = compiled(rn.rmsnorm_eager)
     c_ln = compiled(ln.layernorm_eager)
     lines.append(
-        f"{'shape':>13} | {'fwd ms':>7} {'%copy':>5} {'/eager':>6} {'/comp':>6} {'comp%':>5} | "
+        f"{'shape':>13} | {'fwd ms':>7} {'%copy':>5} {'/eager':>6} {'/comp':>6} {'comp%':>5} "
+        f"{'gpu%':>5} {'/compg':>6} | "
         f"{'bwd ms':>7} {'%copy':>5} {'/comp':>6} {'comp%':>5} {'gpu%':>5} {'/compg':>6} | {'LN ms':>7} {'%copy':>5} "
-        f"{'/comp':>6} {'LNb%':>5} {'LNbg%':>5} {'/eagb':>6}"
+        f"{'/comp':>6} {'LNg%':>5} {'/compg':>6} {'LNb%':>5} {'LNbg%':>5} {'/eagb':>6}"
     )
     shapes = [(rows, n) for rows in ROWS for n in HIDDEN]
     if args.quick:

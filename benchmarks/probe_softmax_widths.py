@@ -1,6 +1,6 @@
 """Probe: the softmax forward at awkward row widths (benchmarks/notes_softmax.md, ninth session).
 
-    PYTHONPATH=. python3 benchmarks/probe_softmax_widths.py
+    PYTHONPATH=. python3 benchmarks/probe_softmax_widths.py [5000,5120 ...: these widths only]
 
 Lesson 4's sweep times powers of two. Rows of other widths pad their tile to the next power of two,
 and widths that are not a multiple of 16 elements are not known to start on 16-byte boundaries. Here:
@@ -9,6 +9,8 @@ trips on the GPU clock; each checked against float64 first.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import triton
@@ -26,7 +28,8 @@ def main():
     copy = bench.measure_copy_bandwidth()
     dev = torch.cuda.get_device_name()
     print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s", flush=True)
-    for n in WIDTHS:
+    widths = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else WIDTHS
+    for n in widths:
         rows = 2**26 // n
         g = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16, generator=g) * 3

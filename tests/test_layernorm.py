@@ -39,6 +39,9 @@ SHAPES = [
     (3, 4097),  # the two-pass path in the interpreter, one tile on a GPU
     (2, 128256),  # two-pass in every mode
     (2, 3, 100),  # leading dims are rows
+    (1, 2500),  # a head of 2048 and a tail of 512 in the interpreter
+    (19, 3000),  # the same over blocks of 16 rows, the last block 3 rows
+    (5, 5120),  # a head of 4096 and a tail of 1024 on a GPU, two-pass in the interpreter
 ]
 
 
@@ -109,6 +112,8 @@ def test_two_pass_path_matches_float64(shape, block_n, block_m):
         ((4, 3000), 16),  # 188 tiles merged
         ((4, 3000), 256),
         ((2, 128256), None),  # two-pass in every mode
+        ((19, 3000), None),  # a head and a tail in the interpreter (a GPU's one tile)
+        ((3, 11008), None),  # a head and a tail on a GPU (two-pass in the interpreter)
     ],
 )
 def test_large_mean_offset_in_fp32(shape, block_n):
@@ -165,6 +170,7 @@ BWD_SHAPES = [
     (2, 128256),  # two-pass in every mode
     (513, 40),  # more rows than programs
     (2, 3, 100),
+    (19, 3000),  # the forward's head and tail; the backward's one tile
 ]
 BWD_DTYPES = [pytest.param(torch.float32, 2e-5, id="fp32"), pytest.param(torch.float16, 4e-3, id="fp16")]
 if torch.bfloat16 in runtime.DTYPES:
@@ -315,11 +321,23 @@ def test_ledger():
 def test_flops_and_config():
     assert layernorm_flops(10, 100) == 8000 and layernorm_flops(10, 100, backward=True) == 12000
     for gpu in (True, False):
-        for rows, n in ((1, 1), (4096, 5120), (2, 128256)):
+        for rows, n in ((1, 1), (4096, 5120), (2, 128256), (32768, 11008), (19, 3000), (7, 12289)):
             for backward in (False, True):
                 cfg = layernorm_config(rows, n, torch.float16, backward=backward, gpu=gpu)
-                assert cfg["SINGLE_TILE"] == (n <= cfg["BLOCK_N"])
+                assert cfg["SINGLE_TILE"] == (n <= cfg["BLOCK_N"] + cfg.get("TAIL_N", 0))
                 assert cfg["BLOCK_M"] * cfg["BLOCK_N"] <= 2**20
+                if "TAIL_N" in cfg:  # a head of half the padded tile, a tail covering the rest
+                    assert not backward and cfg["BLOCK_N"] < n <= cfg["BLOCK_N"] + cfg["TAIL_N"]
+                    assert cfg["TAIL_N"] <= cfg["BLOCK_N"] // 2
+    # the forward's rows that fit three quarters of their tile take a head and a tail; the backward never
+    assert layernorm_config(19, 3000, torch.float32).get("TAIL_N") == 1024 or runtime.is_gpu()
+    fwd = layernorm_config(32768, 5120, torch.bfloat16, gpu=True)
+    assert (fwd["BLOCK_N"], fwd["TAIL_N"]) == (4096, 1024)
+    assert "TAIL_N" not in layernorm_config(19, 3000, torch.float32, backward=True, gpu=False)
+    # a tile asked for replaces the head and the tail
+    x, w = _t((3, 2500), seed=95), _t(2500, seed=96)
+    y = layernorm(x, w, None, EPS, fwd_config={"BLOCK_N": 4096})
+    _expect_close(y, layernorm_reference(x, w, None, EPS), 1e-5, 1e-5)
 
 
 @gpu_only

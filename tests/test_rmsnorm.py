@@ -45,6 +45,7 @@ SHAPES = [
     (2, 3, 100),  # leading dims are rows
     (1, 2500),  # a head of 2048 and a tail of 512 in the interpreter (a GPU's 11008: 8192 and 4096)
     (3, 11008),  # a head and a tail on a GPU (few rows: one a program), two-pass in the interpreter
+    (19, 3000),  # the interpreter's head and tail over blocks of 16 rows, the last block 3 rows
 ]
 
 
@@ -194,6 +195,7 @@ BWD_SHAPES = [
     (3, 4097),  # two-pass backward in the interpreter
     (1, 2500),  # the interpreter's head of 2048 and tail of 512 (a GPU's 11008: 8192 and 4096)
     (3, 11008),  # a head and a tail on a GPU, two-pass in the interpreter
+    (19, 3000),  # the interpreter's head and tail over blocks of rows
     (2, 128256),  # two-pass in every mode: phase 1 row terms, phase 2 tiles outside
     (513, 40),  # more rows than programs: each program walks a block of rows into one dw partial
     (2, 3, 100),
@@ -463,7 +465,8 @@ def test_flops():
 @pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "interpreter"])
 @pytest.mark.parametrize(
     "rows,n",
-    [(1, 1), (3, 3), (4096, 1024), (32768, 4096), (8, 16384), (4, 128256), (65537, 3), (4096, 11008), (1, 2500)],
+    [(1, 1), (3, 3), (4096, 1024), (32768, 4096), (8, 16384), (4, 128256), (65537, 3), (4096, 11008), (1, 2500)]
+    + [(19, 3000), (32768, 5120)],
 )
 def test_configs_are_legal(rows, n, backward, gpu):
     cfg = rmsnorm_config(rows, n, torch.float16, backward=backward, gpu=gpu)
@@ -471,7 +474,7 @@ def test_configs_are_legal(rows, n, backward, gpu):
         assert cfg[key] >= 1 and cfg[key] & (cfg[key] - 1) == 0, key
     assert cfg["BLOCK_M"] * cfg["BLOCK_N"] <= 2**20 and cfg["num_warps"] <= 32
     assert cfg["SINGLE_TILE"] == (n <= cfg["BLOCK_N"] + cfg.get("TAIL_N", 0))
-    assert "TAIL_N" not in cfg or (cfg["BLOCK_M"] == 1 and cfg["BLOCK_N"] < n)
+    assert "TAIL_N" not in cfg or (cfg["BLOCK_N"] < n and (cfg["BLOCK_M"] == 1 or not gpu))
     if backward:
         assert 1 <= cfg["programs"] <= math.ceil(rows / cfg["BLOCK_M"])
 

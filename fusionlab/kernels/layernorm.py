@@ -80,6 +80,9 @@ GPU_TUNING = {
         "tile": 2048,
         "per_thread": 16,
         "warps_by_tile": {16384: 16},
+        "tail_from": 4096,
+        "tail_max": 16384,
+        "tail_warps": 8,
     },
     "backward": {
         "max_single": 8192,
@@ -90,13 +93,14 @@ GPU_TUNING = {
         "prefetch_tile": 0,
     },
 }
-INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "programs": 4}
+INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "programs": 4, "tail_from": 2048}
 
 
 @functools.lru_cache(maxsize=4096)
 def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
     t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
-    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms)
+    # heads and tails in the forward only: the backward's kernel holds one tile
+    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms, tail=not backward)
 
 
 def layernorm_config(
@@ -213,6 +217,47 @@ def layernorm_flops(rows: int, n: int, *, backward: bool = False) -> int:
 
 # -- kernels --------------------------------------------------------------------------------------------
 @triton.jit
+def _ln_tile_shifted(x_rows, offs, mask_m, n_cols, k, EVEN: tl.constexpr):
+    """One tile of the forward's rows, in fp32, less the rows' first elements k (0 where masked).
+    EVEN: the tile covers the row and the row blocks divide the rows."""
+    if EVEN:
+        return tl.load(x_rows[:, None] + offs[None, :]).to(tl.float32) - k[:, None]
+    mask = mask_m[:, None] & (offs < n_cols)[None, :]
+    x = tl.load(x_rows[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    return tl.where(mask, x - k[:, None], 0.0)
+
+
+@triton.jit
+def _ln_tile_centred(xs, d, offs, mask_m, n_cols, EVEN: tl.constexpr):
+    """The shifted tile less the rows' shifted means d; padding lanes stay 0 (each would add d²)."""
+    xc = xs - d[:, None]
+    if EVEN:
+        return xc
+    return tl.where(mask_m[:, None] & (offs < n_cols)[None, :], xc, 0.0)
+
+
+@triton.jit
+def _ln_tile_y(y_rows, w_ptr, b_ptr, offs, mask_m, n_cols, xc, rstd, EVEN: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """y = xc rstd w (+ b) on one tile of the rows. w and b are loaded only now: a row of 16384 is 16
+    fp32 registers a thread at 32 warps, and x, its centred copy and w live at once would not fit."""
+    mask_n = offs < n_cols
+    if EVEN:
+        w = tl.load(w_ptr + offs).to(tl.float32)
+    else:
+        w = tl.load(w_ptr + offs, mask=mask_n, other=0.0).to(tl.float32)
+    y = xc * rstd[:, None] * w[None, :]
+    if HAS_BIAS:
+        if EVEN:
+            y += tl.load(b_ptr + offs).to(tl.float32)[None, :]
+        else:
+            y += tl.load(b_ptr + offs, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    if EVEN:
+        tl.store(y_rows[:, None] + offs[None, :], y.to(y_rows.dtype.element_ty))
+    else:
+        tl.store(y_rows[:, None] + offs[None, :], y.to(y_rows.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
 def _layernorm_kernel(
     x_ptr,
     w_ptr,
@@ -233,6 +278,7 @@ def _layernorm_kernel(
     TWO_LEVEL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     STORE_STATS: tl.constexpr,
+    TAIL_N: tl.constexpr = 0,
 ):
     # One program per BLOCK_M rows; y is contiguous (rows, N), x is read through its strides.
     pid = tl.program_id(axis=0)
@@ -243,39 +289,26 @@ def _layernorm_kernel(
     y_rows = y_ptr + rows * n_cols
     offs_n = tl.arange(0, BLOCK_N)
     if SINGLE_TILE:  # the row in registers: centre it first, then the variance (two passes, no re-read)
-        mask_n = offs_n < n_cols
-        mask = mask_m[:, None] & mask_n[None, :]
-        if EVEN:
-            x = tl.load(x_rows[:, None] + offs_n[None, :]).to(tl.float32)
-        else:
-            x = tl.load(x_rows[:, None] + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        # one BLOCK_N tile, or (TAIL_N > 0) a BLOCK_N head and a TAIL_N tail: 5120 in 4096 + 1024 lanes
         # shifted by the row's first element k: x - k is exact for values near k, so the mean of a row
         # far from 0 (1e4 + randn) keeps its small digits; then the centred variance
         k = tl.load(x_rows, mask=mask_m, other=0.0).to(tl.float32)
-        xs = x - k[:, None]
-        if not EVEN:
-            xs = tl.where(mask, xs, 0.0)
-        d = tl.sum(xs, axis=1) / n_cols
-        xc = xs - d[:, None]
-        if not EVEN:
-            xc = tl.where(mask, xc, 0.0)  # padding lanes would add mean² each
-        rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)
-        # w (and b) loaded only now: a row of 16384 is 16 fp32 registers a thread at 32 warps, and
-        # x, its centred copy and w live at once would not fit beside each other
-        if EVEN:
-            w = tl.load(w_ptr + offs_n).to(tl.float32)
-        else:
-            w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        y = xc * rstd[:, None] * w[None, :]
-        if HAS_BIAS:
-            if EVEN:
-                y += tl.load(b_ptr + offs_n).to(tl.float32)[None, :]
-            else:
-                y += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        if EVEN:
-            tl.store(y_rows[:, None] + offs_n[None, :], y.to(y_ptr.dtype.element_ty))
-        else:
-            tl.store(y_rows[:, None] + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        xs = _ln_tile_shifted(x_rows, offs_n, mask_m, n_cols, k, EVEN)
+        s = tl.sum(xs, axis=1)
+        if TAIL_N > 0:
+            offs_t = BLOCK_N + tl.arange(0, TAIL_N)
+            xs_t = _ln_tile_shifted(x_rows, offs_t, mask_m, n_cols, k, False)
+            s += tl.sum(xs_t, axis=1)
+        d = s / n_cols
+        xc = _ln_tile_centred(xs, d, offs_n, mask_m, n_cols, EVEN)
+        m2 = tl.sum(xc * xc, axis=1)
+        if TAIL_N > 0:
+            xc_t = _ln_tile_centred(xs_t, d, offs_t, mask_m, n_cols, False)
+            m2 += tl.sum(xc_t * xc_t, axis=1)
+        rstd = tl.math.rsqrt(m2 / n_cols + eps)
+        _ln_tile_y(y_rows, w_ptr, b_ptr, offs_n, mask_m, n_cols, xc, rstd, EVEN, HAS_BIAS)
+        if TAIL_N > 0:
+            _ln_tile_y(y_rows, w_ptr, b_ptr, offs_t, mask_m, n_cols, xc_t, rstd, False, HAS_BIAS)
     else:
         # pass 1: shifted by the row's first element k (as above); each tile centred on its own mean,
         # tiles merged by Chan et al.'s formula
@@ -474,6 +507,7 @@ def _forward(x, weight, bias, eps, layout, cfg, store_stats):
         TWO_LEVEL=layout.two_level,
         HAS_BIAS=bias is not None,
         STORE_STATS=store_stats,
+        TAIL_N=cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
     return y, mean, rstd
