@@ -13,8 +13,9 @@ measured in the same run (``fusionlab.bench.measure_copy_bandwidth``: 1 GiB fp32
 the op's *fused* ledger (:func:`rmsnorm_ledger`, :func:`layernorm_ledger`): the bytes the fused
 kernel must move, so a compiled or eager time is converted with the same byte count. Timings:
 ``fusionlab.bench.time_ms`` (do_bench median, L2 flushed); the ``gpu%`` and ``/compg`` columns (and
-``LNg%``, ``LNbg%``) time the GPU alone (``fusionlab.bench.queued_ms``), for calls the host bounds. Results go to ``DIR/norms_<mode>.json``;
-a compact table is printed last. ``--budget-s``: stop starting new shapes after this many seconds.
+``LNg%``, ``LNbg%``) time the GPU alone (``fusionlab.bench.queued_ms``), for calls the host bounds.
+Results go to ``DIR/norms_<mode>.json``; a compact table is printed last. ``--budget-s``: stop
+starting new shapes after this many seconds.
 """
 
 from __future__ import annotations
