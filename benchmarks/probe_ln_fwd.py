@@ -6,7 +6,8 @@ RMSNorm's forward streams 5120-wide rows at 98-99% of copy in one 8192-element t
 same tile and warps, at 67% (H200) to 86% (H100) (notes_norms.md, tenth session). LayerNorm reduces a
 row twice (its mean, then the centred squares), so a padded tile costs it two block-wide reductions.
 Here, bf16, GPU clock (``bench.queued_ms``), share of copy by LayerNorm's fused ledger: the package's
-default, one padded tile at several warps, a head and a tail (``TAIL_N``) at several warps,
+default, one padded tile and a head and a tail (``TAIL_N``), each at several warps and with the
+statistics centred (s0) or summed in one pass (s1: two sums side by side, s2: one reduction of pairs),
 ``torch.compile`` of the eager function and RMSNorm's forward (no residual, same bytes less the bias)
 as the one-reduction yardstick, all in one run; each variant checked against the default's output.
 """
@@ -26,24 +27,28 @@ EPS = 1e-5
 DT = torch.bfloat16
 
 
-def with_tail(enabled: bool):
-    """LayerNorm's forward tuning with or without heads and tails (the config cache cleared)."""
+def tuned(tail: bool, one_pass: int):
+    """LayerNorm's forward tuning with or without heads and tails, with statistics summed in one pass
+    (1: two reductions side by side, 2: one reduction of pairs) or centred (0); config cache cleared."""
     t = ln.GPU_TUNING["forward"]
-    if enabled:
+    t.pop("tail_from", None)
+    if tail:
         t.update(tail_from=2048, tail_max=16384)
-    else:
-        t.pop("tail_from", None)
+    t["one_pass"] = one_pass
     ln._config.cache_clear()
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--widths", default="3072,5120,6144,11008,12288,8192,16384,1024,2048,4096")
-    ap.add_argument("--rows", default="4096,32768")
+    ap.add_argument("--widths", default="5120,11008,3072,6144,12288,8192,16384,1024,2048,4096")
+    ap.add_argument("--rows", default="32768,4096")
     args = ap.parse_args()
     ceil = bench.ceilings()
     print(bench.source_label(), f"copy {ceil.copy_GBps:.0f} GB/s", flush=True)
     shipped = dict(ln.GPU_TUNING["forward"])
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = 256  # one compile a shape; past 8, dynamo would run eager
     comp = torch.compile(ln.layernorm_eager, dynamic=False)
     for rows in (int(r) for r in args.rows.split(",")):
         for n in (int(v) for v in args.widths.split(",")):
@@ -65,26 +70,26 @@ def main():
                         err = (y.float() - ref.float()).abs().max().item()
                     ms = bench.queued_ms(fn)
                 tail = f"  max |y - default| {err:.3g}" if ref is not None else ""
-                print(f"  {name:22s} {ms:7.4f} ms {nbytes / ms / 1e6 / ceil.copy_GBps:6.1%}{tail}", flush=True)
+                print(f"  {name:26s} {ms:7.4f} ms {nbytes / ms / 1e6 / ceil.copy_GBps:6.1%}{tail}", flush=True)
 
             with torch.no_grad():
                 y_ref = ln.layernorm(x, w, b, EPS)
             report("default", lambda: ln.layernorm(x, w, b, EPS))
             tile = rn.next_pow2(n)
-            one_tile = n <= 16384
-            if one_tile:
-                with_tail(False)
-                for warps in (4, 8, 16, 32):
-                    cfg = {"BLOCK_N": tile, "num_warps": warps}
-                    name = f"one tile {tile}, {warps} w"
-                    report(name, lambda cfg=cfg: ln.layernorm(x, w, b, EPS, fwd_config=cfg), y_ref)
-                if head_and_tail(n, tile):
-                    with_tail(True)
-                    for warps in (4, 8, 16):
-                        cfg = {"num_warps": warps}
-                        c = ln.layernorm_config(rows, n, DT)
-                        name = f"head {c['BLOCK_N']}+{c.get('TAIL_N')}, {warps} w"
+            if n <= 16384:
+                for one_pass in (0, 1, 2):
+                    tuned(False, one_pass)
+                    for warps in (4, 8, 16) if one_pass == 0 else (4, 8):
+                        cfg = {"BLOCK_N": tile, "num_warps": warps}
+                        name = f"tile {tile} s{one_pass} {warps}w"
                         report(name, lambda cfg=cfg: ln.layernorm(x, w, b, EPS, fwd_config=cfg), y_ref)
+                    if head_and_tail(n, tile):
+                        tuned(True, one_pass)
+                        c = ln.layernorm_config(rows, n, DT)
+                        for warps in (4, 8):
+                            cfg = {"num_warps": warps}
+                            name = f"{c['BLOCK_N']}+{c.get('TAIL_N')} s{one_pass} {warps}w"
+                            report(name, lambda cfg=cfg: ln.layernorm(x, w, b, EPS, fwd_config=cfg), y_ref)
             with torch.no_grad():
                 comp(x, w, b)
             report("compiled", lambda: comp(x, w, b), y_ref)

@@ -130,6 +130,19 @@ def test_large_mean_offset_in_fp32(shape, block_n):
     assert (naive - expected).abs().max() > 1.0, "the naive formula should fail here: the test has teeth"
 
 
+@pytest.mark.parametrize("shape", [(6, 37), (19, 3000), (2, 4096), (3, 11008)], ids=lambda s: "x".join(map(str, s)))
+def test_first_element_far_from_the_mean(shape):
+    # the one-tile rows sum x - x0 and (x - x0)² in one pass; that variance loses digits when x0 lies
+    # far from the row's mean, and those rows are summed again, centred. Here x0 is 30 to 1000
+    # standard deviations out, on a row far from 0, beside rows where it is not
+    x = _t(shape, seed=13, offset=1e4)
+    x[0::2, 0] += torch.linspace(30, 1000, x[0::2].shape[0], device=x.device)
+    w, b = _t(shape[-1], seed=14), _t(shape[-1], seed=15)
+    # atol 3e-5: the mean of x - x0 itself keeps fewer digits when x0 is ~700 deviations out (1.2e-5
+    # at 19 x 3000, the same with the two passes); without the second sum the error is 1e-4 to 3e-3
+    _expect_close(layernorm(x, w, b, EPS), layernorm_reference(x, w, b, EPS), 3e-5, 1e-5)
+
+
 def test_large_mean_offset_in_fp16():
     x = _t((9, 200), torch.float16, seed=10, scale=30, offset=3e4)  # values ~3e4: fp16 steps of 16-32
     w, b = _t(200, torch.float16, seed=11), _t(200, torch.float16, seed=12)
