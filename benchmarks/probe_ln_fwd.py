@@ -6,8 +6,7 @@ RMSNorm's forward streams 5120-wide rows at 98-99% of copy in one 8192-element t
 same tile and warps, at 67% (H200) to 86% (H100) (notes_norms.md, tenth session). LayerNorm reduces a
 row twice (its mean, then the centred squares), so a padded tile costs it two block-wide reductions.
 Here, bf16, GPU clock (``bench.queued_ms``), share of copy by LayerNorm's fused ledger: the package's
-default, one padded tile and a head and a tail (``TAIL_N``), each at several warps and with the
-statistics centred (s0) or summed in one pass (s1: two sums side by side, s2: one reduction of pairs),
+default, one padded tile and a head and a tail (``TAIL_N``), each at several warps,
 ``torch.compile`` of the eager function and RMSNorm's forward (no residual, same bytes less the bias)
 as the one-reduction yardstick, all in one run; each variant checked against the default's output.
 """
@@ -27,14 +26,12 @@ EPS = 1e-5
 DT = torch.bfloat16
 
 
-def tuned(tail: bool, one_pass: int):
-    """LayerNorm's forward tuning with or without heads and tails, with statistics summed in one pass
-    (1: two reductions side by side, 2: one reduction of pairs) or centred (0); config cache cleared."""
+def with_tail(tail: bool):
+    """LayerNorm's forward tuning with or without heads and tails (the config cache cleared)."""
     t = ln.GPU_TUNING["forward"]
     t.pop("tail_from", None)
     if tail:
         t.update(tail_from=2048, tail_max=16384)
-    t["one_pass"] = one_pass
     ln._config.cache_clear()
 
 
@@ -77,19 +74,18 @@ def main():
             report("default", lambda: ln.layernorm(x, w, b, EPS))
             tile = rn.next_pow2(n)
             if n <= 16384:
-                for one_pass in (0, 1, 2):
-                    tuned(False, one_pass)
-                    for warps in (4, 8, 16) if one_pass == 0 else (4, 8):
-                        cfg = {"BLOCK_N": tile, "num_warps": warps}
-                        name = f"tile {tile} s{one_pass} {warps}w"
+                with_tail(False)
+                for warps in (4, 8, 16):
+                    cfg = {"BLOCK_N": tile, "num_warps": warps}
+                    name = f"tile {tile} {warps}w"
+                    report(name, lambda cfg=cfg: ln.layernorm(x, w, b, EPS, fwd_config=cfg), y_ref)
+                if head_and_tail(n, tile):
+                    with_tail(True)
+                    c = ln.layernorm_config(rows, n, DT)
+                    for warps in (4, 8, 16):
+                        cfg = {"num_warps": warps}
+                        name = f"{c['BLOCK_N']}+{c.get('TAIL_N')} {warps}w"
                         report(name, lambda cfg=cfg: ln.layernorm(x, w, b, EPS, fwd_config=cfg), y_ref)
-                    if head_and_tail(n, tile):
-                        tuned(True, one_pass)
-                        c = ln.layernorm_config(rows, n, DT)
-                        for warps in (4, 8):
-                            cfg = {"num_warps": warps}
-                            name = f"{c['BLOCK_N']}+{c.get('TAIL_N')} s{one_pass} {warps}w"
-                            report(name, lambda cfg=cfg: ln.layernorm(x, w, b, EPS, fwd_config=cfg), y_ref)
             with torch.no_grad():
                 comp(x, w, b)
             report("compiled", lambda: comp(x, w, b), y_ref)

@@ -13,6 +13,7 @@ from conftest import DTYPES, gpu_only
 from fusionlab import runtime
 from fusionlab.grading import TOLERANCES, Sandbox, poisoned
 from fusionlab.kernels import KernelInputError
+from fusionlab.kernels._launch import tail_warps
 from fusionlab.kernels.layernorm import (
     layernorm,
     layernorm_config,
@@ -345,7 +346,10 @@ def test_flops_and_config():
     # the forward's rows that fit three quarters of their tile take a head and a tail; the backward never
     assert layernorm_config(19, 3000, torch.float32).get("TAIL_N") == 1024 or runtime.is_gpu()
     fwd = layernorm_config(32768, 5120, torch.bfloat16, gpu=True)
-    assert (fwd["BLOCK_N"], fwd["TAIL_N"]) == (4096, 1024)
+    # 4 warps: each thread then loads 16 bytes of the 1024-element tail at once (tail_warps)
+    assert (fwd["BLOCK_N"], fwd["TAIL_N"], fwd["num_warps"]) == (4096, 1024, 4)
+    assert tail_warps(8, 4096, 1024, torch.float32) == 8 and tail_warps(8, 4096, 16, torch.bfloat16) == 8
+    assert tail_warps(8, 8192, 1024, torch.bfloat16) == 8 and tail_warps(8, 2048, 512, torch.bfloat16) == 2
     assert "TAIL_N" not in layernorm_config(19, 3000, torch.float32, backward=True, gpu=False)
     # a tile asked for replaces the head and the tail
     x, w = _t((3, 2500), seed=95), _t(2500, seed=96)

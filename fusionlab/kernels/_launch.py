@@ -221,6 +221,17 @@ def head_and_tail(n_cols: int, block_n: int) -> tuple[int, int] | None:
     return head, max(16, next_pow2(n_cols - head))
 
 
+def tail_warps(num_warps: int, head: int, tail: int, dtype: torch.dtype) -> int:
+    """The warps of a head and a tail: no more than give each thread 16 bytes of the tail (one vector
+    load); with more, the tail's loads split into 8- or 4-byte pieces. LayerNorm's forward, bf16,
+    32768 x 5120 (a head of 4096 and a tail of 1024) on an H200: 62% of copy at 8 warps, 96% at 4
+    (benchmarks/notes_norms.md, eleventh session). A tail under a quarter of the head (4097: 4096 + 16,
+    9000: 8192 + 1024) is too short to set the warps: fewer would crowd the head's registers."""
+    if tail * 4 < head:
+        return num_warps
+    return max(1, min(num_warps, tail * element_size(dtype) // (16 * 32)))
+
+
 def row_config(n_cols: int, dtype: torch.dtype, *, max_block: int | None = None, gpu: bool | None = None) -> dict:
     """A launch configuration for a row-wise reduction (norms, softmax, cross-entropy).
 

@@ -79,8 +79,8 @@ GPU_TUNING = {
         "wide_block": 4096,
         "tile": 2048,
         "per_thread": 16,
-        "warps_by_tile": {16384: 16},
-        "tail_from": 4096,
+        "warps_by_tile": {8192: 8, 16384: 16},
+        "tail_from": 2048,
         "tail_max": 16384,
         "tail_warps": 8,
     },
@@ -99,7 +99,6 @@ INTERPRETER_TUNING = {
     "tile": 65536,
     "programs": 4,
     "tail_from": 2048,
-    "one_pass": 1,
 }
 
 
@@ -107,10 +106,7 @@ INTERPRETER_TUNING = {
 def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
     t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
     # heads and tails in the forward only: the backward's kernel holds one tile
-    cfg = norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms, tail=not backward)
-    if not backward and cfg["SINGLE_TILE"] and t.get("one_pass"):
-        cfg["ONE_PASS"] = t["one_pass"]
-    return cfg
+    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms, tail=not backward)
 
 
 def layernorm_config(
@@ -247,24 +243,6 @@ def _ln_tile_centred(xs, d, offs, mask_m, n_cols, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _sum_pair(a, b, c, d):
-    return a + c, b + d
-
-
-@triton.jit
-def _ln_sums(xs, HOW: tl.constexpr):
-    """The rows' sums of xs and xs²: two reductions (HOW 1) or one reduction of pairs (HOW 2: one
-    exchange between warps; the interpreter runs a reduction of pairs element by element in Python,
-    ~450x slower than two sums)."""
-    if HOW == 2:
-        s, q = tl.reduce((xs, xs * xs), 1, _sum_pair)
-    else:
-        s = tl.sum(xs, axis=1)
-        q = tl.sum(xs * xs, axis=1)
-    return s, q
-
-
-@triton.jit
 def _ln_centred_m2(xs, xs_t, d, offs_n, offs_t, mask_m, n_cols, EVEN: tl.constexpr, TAIL_N: tl.constexpr):
     """The rows' sums of centred squares, sum (xs - d)², over the head (and the tail)."""
     xc = _ln_tile_centred(xs, d, offs_n, mask_m, n_cols, EVEN)
@@ -318,8 +296,6 @@ def _layernorm_kernel(
     HAS_BIAS: tl.constexpr,
     STORE_STATS: tl.constexpr,
     TAIL_N: tl.constexpr = 0,
-    ONE_PASS: tl.constexpr = 0,
-    CANCEL: tl.constexpr = 8.0,
 ):
     # One program per BLOCK_M rows; y is contiguous (rows, N), x is read through its strides.
     pid = tl.program_id(axis=0)
@@ -335,31 +311,19 @@ def _layernorm_kernel(
         # far from 0 (1e4 + randn) keeps its small digits; then the centred variance
         k = tl.load(x_rows, mask=mask_m, other=0.0).to(tl.float32)
         xs = _ln_tile_shifted(x_rows, offs_n, mask_m, n_cols, k, EVEN)
+        s = tl.sum(xs, axis=1)
         if TAIL_N > 0:
             offs_t = BLOCK_N + tl.arange(0, TAIL_N)
             xs_t = _ln_tile_shifted(x_rows, offs_t, mask_m, n_cols, k, False)
-        else:  # (unused: a stand-in, so both branches name the same values)
+            s += tl.sum(xs_t, axis=1)
+        else:  # (unused: a stand-in, so the call below names the same values either way)
             offs_t = offs_n
             xs_t = xs
-        if ONE_PASS > 0:
-            # sum(xs) and sum(xs²) side by side, not one after the other; the variance sum(xs²) - n d²
-            # is exact enough while n d² stays within CANCEL times the centred sum m2, i.e. while x0
-            # lies within ~sqrt(CANCEL) standard deviations of the row's mean
-            s, q = _ln_sums(xs, ONE_PASS)
-            if TAIL_N > 0:
-                s_t, q_t = _ln_sums(xs_t, ONE_PASS)
-                s += s_t
-                q += q_t
-            d = s / n_cols
-            m2 = tl.maximum(q - s * d, 0.0)
-            if tl.max((s * d > CANCEL * m2).to(tl.int32), axis=0) > 0:  # rare: centre, sum again
-                m2 = _ln_centred_m2(xs, xs_t, d, offs_n, offs_t, mask_m, n_cols, EVEN, TAIL_N)
-        else:
-            s = tl.sum(xs, axis=1)
-            if TAIL_N > 0:
-                s += tl.sum(xs_t, axis=1)
-            d = s / n_cols
-            m2 = _ln_centred_m2(xs, xs_t, d, offs_n, offs_t, mask_m, n_cols, EVEN, TAIL_N)
+        d = s / n_cols
+        # (tried: both sums, of x - x0 and its square, in one pass, rows whose x0 lies far from their
+        # mean summed again centred: 62-68% of copy where these two passes take 94-98%, H200 32768 x
+        # 5120-12288 bf16, benchmarks/notes_norms.md eleventh session)
+        m2 = _ln_centred_m2(xs, xs_t, d, offs_n, offs_t, mask_m, n_cols, EVEN, TAIL_N)
         rstd = tl.math.rsqrt(m2 / n_cols + eps)
         # (padding lanes of xs - d are never stored)
         _ln_tile_y(y_rows, w_ptr, b_ptr, offs_n, mask_m, n_cols, xs - d[:, None], rstd, EVEN, HAS_BIAS)
@@ -564,7 +528,6 @@ def _forward(x, weight, bias, eps, layout, cfg, store_stats):
         HAS_BIAS=bias is not None,
         STORE_STATS=store_stats,
         TAIL_N=cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
-        ONE_PASS=cfg.get("ONE_PASS", 0),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
     return y, mean, rstd

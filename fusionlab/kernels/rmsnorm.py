@@ -97,6 +97,7 @@ from ._launch import (  # noqa: F401  (DEFAULT_SMS, sm_count: lesson 4 and the b
     launch_kwargs,
     next_pow2,
     sm_count,
+    tail_warps,
 )
 
 OP = "rmsnorm"
@@ -200,8 +201,9 @@ def norm_config(
         split_tile = head_and_tail(n_cols, block_n)
         if split_tile:
             cfg.update(BLOCK_N=split_tile[0], TAIL_N=split_tile[1])
-            if gpu and t.get("tail_warps"):
-                cfg["num_warps"] = t["tail_warps"]
+            if gpu:
+                warps = t.get("tail_warps", cfg["num_warps"])
+                cfg["num_warps"] = tail_warps(warps, *split_tile, dtype)
             if gpu and backward:  # the next row in flight where its stage fits stage_bytes
                 staged = sum(split_tile) * element_size(dtype) * 3 * (t["tail_stages"] - 1)
                 if staged <= t["stage_bytes"]:

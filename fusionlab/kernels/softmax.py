@@ -89,6 +89,7 @@ from ._launch import (
     next_pow2,
     row_config,
     sm_count,
+    tail_warps,
 )
 from .rmsnorm import _row_offsets
 
@@ -254,7 +255,8 @@ def softmax_config(
         if split_tile:
             cfg.update(BLOCK_N=split_tile[0], TAIL_N=split_tile[1])
             if t.get("tail_warps_div"):
-                cfg["num_warps"] = max(1, cfg["num_warps"] // t["tail_warps_div"])
+                warps = max(1, cfg["num_warps"] // t["tail_warps_div"])
+                cfg["num_warps"] = tail_warps(warps, *split_tile, dtype)
     return cfg
 
 
