@@ -310,15 +310,19 @@ def _layernorm_kernel(
         # shifted by the row's first element k: x - k is exact for values near k, so the mean of a row
         # far from 0 (1e4 + randn) keeps its small digits; then the centred variance
         k = tl.load(x_rows, mask=mask_m, other=0.0).to(tl.float32)
+        # both loads issued before the first reduction: a load written after one waits for its barrier,
+        # so the tail's trip to memory would follow the head's (H200, 32768 x 11008 bf16: 75% of copy
+        # that way, 94% this way; benchmarks/notes_norms.md, eleventh session)
         xs = _ln_tile_shifted(x_rows, offs_n, mask_m, n_cols, k, EVEN)
-        s = tl.sum(xs, axis=1)
         if TAIL_N > 0:
             offs_t = BLOCK_N + tl.arange(0, TAIL_N)
             xs_t = _ln_tile_shifted(x_rows, offs_t, mask_m, n_cols, k, False)
-            s += tl.sum(xs_t, axis=1)
         else:  # (unused: a stand-in, so the call below names the same values either way)
             offs_t = offs_n
             xs_t = xs
+        s = tl.sum(xs, axis=1)
+        if TAIL_N > 0:
+            s += tl.sum(xs_t, axis=1)
         d = s / n_cols
         # (tried: both sums, of x - x0 and its square, in one pass, rows whose x0 lies far from their
         # mean summed again centred: 62-68% of copy where these two passes take 94-98%, H200 32768 x

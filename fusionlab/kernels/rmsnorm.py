@@ -428,8 +428,8 @@ def _row_offsets(rows, n_inner, stride_b, stride_m, TWO_LEVEL: tl.constexpr):
 
 @triton.jit
 def _fwd_tile_h(x_rows, r_rows, h_rows, offs, mask_m, n_cols, EVEN: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """One tile of the forward's rows: h = x + r (rounded to h's dtype, stored), returned in fp32 with
-    its rows' sums of squares. EVEN: the tile covers the row and the row blocks divide the rows."""
+    """One tile of the forward's rows: h = x + r (rounded to h's dtype, stored), returned in fp32.
+    EVEN: the tile covers the row and the row blocks divide the rows."""
     ptrs = offs[None, :]
     mask = mask_m[:, None] & (offs < n_cols)[None, :]
     if EVEN:  # no masks
@@ -449,8 +449,7 @@ def _fwd_tile_h(x_rows, r_rows, h_rows, offs, mask_m, n_cols, EVEN: tl.constexpr
             tl.store(h_rows[:, None] + ptrs, h, mask=mask)
     else:
         h = x
-    hf = h.to(tl.float32)
-    return hf, tl.sum(hf * hf, axis=1)
+    return h.to(tl.float32)
 
 
 @triton.jit
@@ -507,11 +506,15 @@ def _rmsnorm_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     if SINGLE_TILE:  # the whole row in registers: one read of each element
         # one BLOCK_N tile, or (TAIL_N > 0) a BLOCK_N head and a TAIL_N tail: 11008 in 12288 lanes
-        hf, sq = _fwd_tile_h(x_rows, r_rows, h_rows, offs_n, mask_m, n_cols, EVEN, HAS_RESIDUAL)
+        # both loads issued before the first reduction: a load written after one waits for it (its
+        # barrier), so the tail's trip to memory would follow the head's instead of overlapping it
+        hf = _fwd_tile_h(x_rows, r_rows, h_rows, offs_n, mask_m, n_cols, EVEN, HAS_RESIDUAL)
         if TAIL_N > 0:
             offs_t = BLOCK_N + tl.arange(0, TAIL_N)
-            hf_t, sq_t = _fwd_tile_h(x_rows, r_rows, h_rows, offs_t, mask_m, n_cols, False, HAS_RESIDUAL)
-            sq += sq_t
+            hf_t = _fwd_tile_h(x_rows, r_rows, h_rows, offs_t, mask_m, n_cols, False, HAS_RESIDUAL)
+        sq = tl.sum(hf * hf, axis=1)
+        if TAIL_N > 0:
+            sq += tl.sum(hf_t * hf_t, axis=1)
         rstd = tl.math.rsqrt(sq / n_cols + eps)  # (BLOCK_M,) fp32; eps inside the root
         _fwd_tile_y(y_rows, w_ptr, offs_n, mask_m, n_cols, hf, rstd, EVEN)
         if TAIL_N > 0:
