@@ -184,7 +184,8 @@ BWD_SHAPES = [
     (2, 128256),  # two-pass in every mode
     (513, 40),  # more rows than programs
     (2, 3, 100),
-    (19, 3000),  # the forward's head and tail; the backward's one tile
+    (19, 3000),  # a head and a tail in the interpreter (blocks of 16 rows), one tile on a GPU
+    (7, 5120),  # a head and a tail on a GPU, two-pass in the interpreter
 ]
 BWD_DTYPES = [pytest.param(torch.float32, 2e-5, id="fp32"), pytest.param(torch.float16, 4e-3, id="fp16")]
 if torch.bfloat16 in runtime.DTYPES:
@@ -341,7 +342,7 @@ def test_flops_and_config():
                 assert cfg["SINGLE_TILE"] == (n <= cfg["BLOCK_N"] + cfg.get("TAIL_N", 0))
                 assert cfg["BLOCK_M"] * cfg["BLOCK_N"] <= 2**20
                 if "TAIL_N" in cfg:  # a head of half the padded tile, a tail covering the rest
-                    assert not backward and cfg["BLOCK_N"] < n <= cfg["BLOCK_N"] + cfg["TAIL_N"]
+                    assert cfg["BLOCK_N"] < n <= cfg["BLOCK_N"] + cfg["TAIL_N"]
                     assert cfg["TAIL_N"] <= cfg["BLOCK_N"] // 2
     # the forward's rows that fit three quarters of their tile take a head and a tail; the backward never
     assert layernorm_config(19, 3000, torch.float32).get("TAIL_N") == 1024 or runtime.is_gpu()
@@ -350,7 +351,8 @@ def test_flops_and_config():
     assert (fwd["BLOCK_N"], fwd["TAIL_N"], fwd["num_warps"]) == (4096, 1024, 4)
     assert tail_warps(8, 4096, 1024, torch.float32) == 8 and tail_warps(8, 4096, 16, torch.bfloat16) == 8
     assert tail_warps(8, 8192, 1024, torch.bfloat16) == 8 and tail_warps(8, 2048, 512, torch.bfloat16) == 2
-    assert "TAIL_N" not in layernorm_config(19, 3000, torch.float32, backward=True, gpu=False)
+    assert layernorm_config(19, 3000, torch.float32, backward=True, gpu=False).get("TAIL_N") == 1024
+    assert "TAIL_N" not in layernorm_config(32768, 11008, torch.bfloat16, backward=True, gpu=True)  # two-pass
     # a tile asked for replaces the head and the tail
     x, w = _t((3, 2500), seed=95), _t(2500, seed=96)
     y = layernorm(x, w, None, EPS, fwd_config={"BLOCK_N": 4096})

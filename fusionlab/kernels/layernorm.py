@@ -91,6 +91,8 @@ GPU_TUNING = {
         "per_thread": 16,
         "warps_per_sm": 16,
         "prefetch_tile": 0,
+        "tail_from": 2048,
+        "tail_max": 8192,
     },
 }
 INTERPRETER_TUNING = {
@@ -105,8 +107,7 @@ INTERPRETER_TUNING = {
 @functools.lru_cache(maxsize=4096)
 def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
     t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
-    # heads and tails in the forward only: the backward's kernel holds one tile
-    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms, tail=not backward)
+    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms, tail=True)
 
 
 def layernorm_config(
@@ -371,6 +372,24 @@ def _layernorm_kernel(
 
 
 @triton.jit
+def _ln_bwd_tile(dy_ptr, x_rows, rows, offs, mask_m, mask_n, k, d, rstd, stride_dym):
+    """One tile of the backward's rows: dy and xhat = ((x - k) - d) rstd in fp32 (0 where masked)."""
+    mask = mask_m[:, None] & mask_n[None, :]
+    dy = tl.load(dy_ptr + rows[:, None] * stride_dym + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_rows[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    xhat = tl.where(mask, ((x - k[:, None]) - d[:, None]) * rstd[:, None], 0.0)
+    return dy, xhat
+
+
+@triton.jit
+def _ln_bwd_store_dx(dx_ptr, rows, offs, mask_m, mask_n, g, xhat, c1, c2, rstd, n_cols):
+    """dx = rstd (g - xhat mean(g xhat) - mean(g)) on one tile of the rows (dx contiguous)."""
+    dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+    mask = mask_m[:, None] & mask_n[None, :]
+    tl.store(dx_ptr + rows[:, None] * n_cols + offs[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _layernorm_bwd_kernel(
     dy_ptr,
     x_ptr,
@@ -397,6 +416,7 @@ def _layernorm_bwd_kernel(
     COMPUTE_DB: tl.constexpr,
     DB_SLOT: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    TAIL_N: tl.constexpr = 0,
 ):
     # Program pid walks rows [row_start, row_end); partial sums go to part[slot, pid, :] (slot 0: dw,
     # slot DB_SLOT: db), fp32, summed later by _sum_partials_kernel.
@@ -407,36 +427,59 @@ def _layernorm_bwd_kernel(
     dw_row = part_ptr + pid.to(tl.int64) * n_cols
     db_row = part_ptr + (DB_SLOT * n_programs + pid).to(tl.int64) * n_cols
     if SINGLE_TILE:
+        # the row on chip: one BLOCK_N tile, or (TAIL_N > 0) a BLOCK_N head and a TAIL_N tail, so a row
+        # of 5120 takes 4096 + 1024 lanes, not 8192 (layernorm_config's "tail")
         mask_n = offs_n < n_cols
         w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         acc_w = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if TAIL_N > 0:
+            offs_t = BLOCK_N + tl.arange(0, TAIL_N)
+            mask_t = offs_t < n_cols
+            w_t = tl.load(w_ptr + offs_t, mask=mask_t, other=0.0).to(tl.float32)
+            acc_w_t = tl.zeros([BLOCK_M, TAIL_N], dtype=tl.float32)
+            acc_b_t = tl.zeros([BLOCK_M, TAIL_N], dtype=tl.float32)
         for m0 in tl.range(row_start, row_end, BLOCK_M, num_stages=NUM_STAGES):  # >1: prefetch next rows
             offs_m = m0 + tl.arange(0, BLOCK_M)
             mask_m = offs_m < row_end
             rows = offs_m.to(tl.int64)
-            mask = mask_m[:, None] & mask_n[None, :]
             x_rows = x_ptr + _row_offsets(rows, n_inner, stride_xb, stride_xm, TWO_LEVEL)
-            dy = tl.load(dy_ptr + rows[:, None] * stride_dym + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
-            x = tl.load(x_rows[:, None] + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
             k = tl.load(x_rows, mask=mask_m, other=0.0).to(tl.float32)  # the shift (same cache line)
             d = tl.load(dmean_ptr + offs_m, mask=mask_m, other=0.0)  # mean - k
             rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
-            xhat = tl.where(mask, ((x - k[:, None]) - d[:, None]) * rstd[:, None], 0.0)
+            # every load of the row before the first reduction (a load after one waits for it)
+            dy, xhat = _ln_bwd_tile(dy_ptr, x_rows, rows, offs_n, mask_m, mask_n, k, d, rstd, stride_dym)
+            if TAIL_N > 0:
+                dy_t, xhat_t = _ln_bwd_tile(dy_ptr, x_rows, rows, offs_t, mask_m, mask_t, k, d, rstd, stride_dym)
             if COMPUTE_DX:
                 g = dy * w[None, :]
-                c1 = tl.sum(g * xhat, axis=1) / n_cols
-                c2 = tl.sum(g, axis=1) / n_cols
-                dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
-                tl.store(dx_ptr + rows[:, None] * n_cols + offs_n[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+                c1 = tl.sum(g * xhat, axis=1)
+                c2 = tl.sum(g, axis=1)
+                if TAIL_N > 0:
+                    g_t = dy_t * w_t[None, :]
+                    c1 += tl.sum(g_t * xhat_t, axis=1)
+                    c2 += tl.sum(g_t, axis=1)
+                c1 = c1 / n_cols
+                c2 = c2 / n_cols
+                _ln_bwd_store_dx(dx_ptr, rows, offs_n, mask_m, mask_n, g, xhat, c1, c2, rstd, n_cols)
+                if TAIL_N > 0:
+                    _ln_bwd_store_dx(dx_ptr, rows, offs_t, mask_m, mask_t, g_t, xhat_t, c1, c2, rstd, n_cols)
             if COMPUTE_DW:
                 acc_w += dy * xhat
+                if TAIL_N > 0:
+                    acc_w_t += dy_t * xhat_t
             if COMPUTE_DB:
                 acc_b += dy
+                if TAIL_N > 0:
+                    acc_b_t += dy_t
         if COMPUTE_DW:
             tl.store(dw_row + offs_n, tl.sum(acc_w, axis=0), mask=mask_n)
+            if TAIL_N > 0:
+                tl.store(dw_row + offs_t, tl.sum(acc_w_t, axis=0), mask=mask_t)
         if COMPUTE_DB:
             tl.store(db_row + offs_n, tl.sum(acc_b, axis=0), mask=mask_n)
+            if TAIL_N > 0:
+                tl.store(db_row + offs_t, tl.sum(acc_b_t, axis=0), mask=mask_t)
     else:
         if COMPUTE_DX:  # phase 1: each row's mean(g xhat) and mean(g), two fp32 a row
             for m0 in range(row_start, row_end, BLOCK_M):
@@ -581,6 +624,7 @@ def _backward(dy, x, layout, weight, mean, rstd, cfg, need_dx, need_dw, need_db)
         COMPUTE_DB=need_db,
         DB_SLOT=1 if need_dw else 0,
         NUM_STAGES=cfg.get("row_stages", 1) if runtime.is_gpu() else 1,
+        TAIL_N=cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
     dw = db = None

@@ -204,7 +204,7 @@ def norm_config(
             if gpu:
                 warps = t.get("tail_warps", cfg["num_warps"])
                 cfg["num_warps"] = tail_warps(warps, *split_tile, dtype)
-            if gpu and backward:  # the next row in flight where its stage fits stage_bytes
+            if gpu and backward and t.get("tail_stages"):  # the next row in flight where its stage fits
                 staged = sum(split_tile) * element_size(dtype) * 3 * (t["tail_stages"] - 1)
                 if staged <= t["stage_bytes"]:
                     cfg["row_stages"] = t["tail_stages"]
