@@ -19,7 +19,7 @@ from fusionlab.kernels.rmsnorm import next_pow2, sm_count
 from fusionlab.lessons.l4.suite import _no_donated_buffers
 
 DT = torch.bfloat16
-SHAPES = ((32768, 5120), (32768, 3072), (32768, 6144), (4096, 5120), (32768, 8192))
+SHAPES = ((32768, 5120), (32768, 3072), (32768, 6144), (4096, 5120), (32768, 8192), (32768, 4096), (32768, 2048))
 
 
 def main():
@@ -37,14 +37,18 @@ def main():
         nbytes = ln.layernorm_ledger(rows, n, DT, backward=True, programs=programs).fused_bytes
         print(f"\n{rows} x {n}: default {default}", flush=True)
         variants = [("default", None)]
-        if "TAIL_N" in default:
-            for warps in (4, 8, 16):
-                for per_sm in (1, 2, 4):
-                    variants.append((f"head+tail {warps}w {per_sm}/SM", {"num_warps": warps, "programs": per_sm * sms}))
-        for warps in (8, 16):
-            for per_sm in (1, 2):
-                cfg = {"BLOCK_N": next_pow2(n), "num_warps": warps, "programs": per_sm * sms}
-                variants.append((f"one tile {warps}w {per_sm}/SM", cfg))
+        tile = next_pow2(n)
+        # (the first run's sweep, H200: 4 warps and 2 programs an SM best for a head and a tail, 16 warps
+        # and 1 an SM or 8 and 2 for the one tile; notes_norms.md, eleventh session)
+        grid = [(4, 2), (8, 2)] if "TAIL_N" in default else []
+        for warps, per_sm in grid:
+            for stages in (1, 2, 3):
+                cfg = {"num_warps": warps, "programs": per_sm * sms, "row_stages": stages}
+                variants.append((f"head+tail {warps}w {per_sm}/SM rs{stages}", cfg))
+        for warps, per_sm in ((16, 1), (8, 2), (4, 4)):
+            for stages in (1, 2, 3):
+                cfg = {"BLOCK_N": tile, "num_warps": warps, "programs": per_sm * sms, "row_stages": stages}
+                variants.append((f"one tile {warps}w {per_sm}/SM rs{stages}", cfg))
         with _no_donated_buffers():
             ref = None
             for name, cfg in variants:
@@ -56,16 +60,16 @@ def main():
                 try:
                     dx = fn()[0]
                 except Exception as e:  # registers or shared memory
-                    print(f"  {name:24s} {type(e).__name__}: {str(e)[:100]}", flush=True)
+                    print(f"  {name:30s} {type(e).__name__}: {str(e)[:100]}", flush=True)
                     continue
                 ref = dx if ref is None else ref
                 err = (dx.float() - ref.float()).abs().max().item()
                 q = bench.queued_ms(fn)
                 share = nbytes / q / 1e6 / ceil.copy_GBps
-                print(f"  {name:24s} {q:7.4f} ms {share:6.1%}  max |dx - default| {err:.3g}", flush=True)
+                print(f"  {name:30s} {q:7.4f} ms {share:6.1%}  max |dx - default| {err:.3g}", flush=True)
             ye = ln.layernorm_eager(x, w, b)
             q = bench.queued_ms(lambda: torch.autograd.grad(ye, (x, w, b), dy, retain_graph=True))
-            print(f"  {'eager':24s} {q:7.4f} ms {nbytes / q / 1e6 / ceil.copy_GBps:6.1%}", flush=True)
+            print(f"  {'eager':30s} {q:7.4f} ms {nbytes / q / 1e6 / ceil.copy_GBps:6.1%}", flush=True)
         x = w = b = dy = y = ye = None
         torch.cuda.empty_cache()
 
