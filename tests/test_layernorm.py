@@ -15,6 +15,7 @@ from fusionlab.grading import TOLERANCES, Sandbox, poisoned
 from fusionlab.kernels import KernelInputError
 from fusionlab.kernels._launch import tail_warps
 from fusionlab.kernels.layernorm import (
+    GPU_TUNING,
     layernorm,
     layernorm_config,
     layernorm_eager,
@@ -22,6 +23,7 @@ from fusionlab.kernels.layernorm import (
     layernorm_ledger,
     layernorm_reference,
 )
+from fusionlab.kernels.rmsnorm import DEFAULT_SMS, sm_count
 
 pytestmark = [
     pytest.mark.lesson4,
@@ -353,6 +355,11 @@ def test_flops_and_config():
     assert tail_warps(8, 8192, 1024, torch.bfloat16) == 8 and tail_warps(8, 2048, 512, torch.bfloat16) == 2
     assert layernorm_config(19, 3000, torch.float32, backward=True, gpu=False).get("TAIL_N") == 1024
     assert "TAIL_N" not in layernorm_config(32768, 11008, torch.bfloat16, backward=True, gpu=True)  # two-pass
+    bwd = layernorm_config(32768, 5120, torch.bfloat16, backward=True, gpu=True)
+    t = GPU_TUNING["backward"]
+    assert (bwd["BLOCK_N"], bwd["TAIL_N"], bwd["num_warps"]) == (4096, 1024, t["tail_warps"])
+    sms = sm_count() if runtime.is_gpu() else DEFAULT_SMS
+    assert bwd["row_stages"] == t["tail_stages"] and bwd["programs"] == t["tail_per_sm"] * sms
     # a tile asked for replaces the head and the tail
     x, w = _t((3, 2500), seed=95), _t(2500, seed=96)
     y = layernorm(x, w, None, EPS, fwd_config={"BLOCK_N": 4096})

@@ -72,7 +72,10 @@ OP = "layernorm"
 #: H100 (benchmarks/tune_layernorm.py): a 16384-element forward tile at 32 warps streamed at 53-74% of
 #: copy (hidden 11008, 16384), at 16 warps 82-100%; the backward of rows wider than 8192 in one tile ran
 #: at 25-33%, on the two-pass path (4096-element tiles, x and dy read twice) 67-79% by its own ledger,
-#: 1.4-1.7x faster.
+#: 1.4-1.7x faster. ``tail_*`` (backward): rows of 4097-6144 as a head of 4096 and a tail, 4 warps, 2
+#: programs an SM, the next row one stage ahead (H200, bf16, GPU clock: 32768 x 5120 55% -> 73% of copy,
+#: 4096 x 5120 49% -> 61%, 6144 a tie at 62-63%; 3072 stays one tile, 65% against the head and tail's 62%;
+#: benchmarks/probe_ln_bwd.py, notes_norms.md eleventh session).
 GPU_TUNING = {
     "forward": {
         "max_single_bytes": 65536,
@@ -91,8 +94,12 @@ GPU_TUNING = {
         "per_thread": 16,
         "warps_per_sm": 16,
         "prefetch_tile": 0,
-        "tail_from": 2048,
+        "tail_from": 4096,
         "tail_max": 8192,
+        "tail_warps": 4,
+        "tail_per_sm": 2,
+        "tail_stages": 2,
+        "stage_bytes": 65536,
     },
 }
 INTERPRETER_TUNING = {

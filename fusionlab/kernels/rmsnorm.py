@@ -164,7 +164,7 @@ def norm_config(
     LayerNorm share. ``max_single`` (elements) or ``max_single_bytes`` bound the one-tile row;
     ``warps_by_tile`` (optional) overrides the warps of given tile sizes. ``tail``: the kernel holds a
     one-tile row as a head and a tail (``TAIL_N``), which ``t``'s ``tail_from`` (and ``tail_max``,
-    ``tail_warps``, ``tail_stages``) then asks for."""
+    ``tail_warps``, ``tail_stages``, ``tail_per_sm``: the backward's programs an SM) then asks for."""
     if gpu:
         max_single = t.get("max_single") or max(16, t["max_single_bytes"] // element_size(dtype))
     else:
@@ -204,6 +204,8 @@ def norm_config(
             if gpu:
                 warps = t.get("tail_warps", cfg["num_warps"])
                 cfg["num_warps"] = tail_warps(warps, *split_tile, dtype)
+            if gpu and backward and t.get("tail_per_sm"):
+                cfg["programs"] = max(1, min(cdiv(max(n_rows, 1), block_m), sms * t["tail_per_sm"]))
             if gpu and backward and t.get("tail_stages"):  # the next row in flight where its stage fits
                 staged = sum(split_tile) * element_size(dtype) * 3 * (t["tail_stages"] - 1)
                 if staged <= t["stage_bytes"]:
