@@ -251,17 +251,6 @@ def _ln_tile_centred(xs, d, offs, mask_m, n_cols, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _ln_centred_m2(xs, xs_t, d, offs_n, offs_t, mask_m, n_cols, EVEN: tl.constexpr, TAIL_N: tl.constexpr):
-    """The rows' sums of centred squares, sum (xs - d)², over the head (and the tail)."""
-    xc = _ln_tile_centred(xs, d, offs_n, mask_m, n_cols, EVEN)
-    m2 = tl.sum(xc * xc, axis=1)
-    if TAIL_N > 0:
-        xc_t = _ln_tile_centred(xs_t, d, offs_t, mask_m, n_cols, False)
-        m2 += tl.sum(xc_t * xc_t, axis=1)
-    return m2
-
-
-@triton.jit
 def _ln_tile_y(y_rows, w_ptr, b_ptr, offs, mask_m, n_cols, xc, rstd, EVEN: tl.constexpr, HAS_BIAS: tl.constexpr):
     """y = xc rstd w (+ b) on one tile of the rows. w and b are loaded only now: a row of 16384 is 16
     fp32 registers a thread at 32 warps, and x, its centred copy and w live at once would not fit."""
@@ -325,17 +314,18 @@ def _layernorm_kernel(
         if TAIL_N > 0:
             offs_t = BLOCK_N + tl.arange(0, TAIL_N)
             xs_t = _ln_tile_shifted(x_rows, offs_t, mask_m, n_cols, k, False)
-        else:  # (unused: a stand-in, so the call below names the same values either way)
-            offs_t = offs_n
-            xs_t = xs
         s = tl.sum(xs, axis=1)
         if TAIL_N > 0:
             s += tl.sum(xs_t, axis=1)
         d = s / n_cols
         # (tried: both sums, of x - x0 and its square, in one pass, rows whose x0 lies far from their
-        # mean summed again centred: 62-68% of copy where these two passes take 94-98%, H200 32768 x
-        # 5120-12288 bf16, benchmarks/notes_norms.md eleventh session)
-        m2 = _ln_centred_m2(xs, xs_t, d, offs_n, offs_t, mask_m, n_cols, EVEN, TAIL_N)
+        # mean summed again centred: behind these two passes at every padded width, 5120 74% of copy
+        # against 96%, H200 32768 rows bf16; benchmarks/notes_norms.md eleventh session)
+        xc = _ln_tile_centred(xs, d, offs_n, mask_m, n_cols, EVEN)
+        m2 = tl.sum(xc * xc, axis=1)
+        if TAIL_N > 0:
+            xc_t = _ln_tile_centred(xs_t, d, offs_t, mask_m, n_cols, False)
+            m2 += tl.sum(xc_t * xc_t, axis=1)
         rstd = tl.math.rsqrt(m2 / n_cols + eps)
         # (padding lanes of xs - d are never stored)
         _ln_tile_y(y_rows, w_ptr, b_ptr, offs_n, mask_m, n_cols, xs - d[:, None], rstd, EVEN, HAS_BIAS)

@@ -205,8 +205,10 @@ def norm_config(
                 warps = t.get("tail_warps", cfg["num_warps"])
                 cfg["num_warps"] = tail_warps(warps, *split_tile, dtype)
             if gpu and backward and t.get("tail_per_sm"):
-                cfg["programs"] = max(1, min(cdiv(max(n_rows, 1), block_m), sms * t["tail_per_sm"]))
+                cfg["programs"] = max(1, min(blocks, sms * t["tail_per_sm"]))
             if gpu and backward and t.get("tail_stages"):  # the next row in flight where its stage fits
+                # (three row tensors, as above: RMSNorm's dy, h and grad_h; LayerNorm's two, dy and x,
+                # counted as three, an upper bound)
                 staged = sum(split_tile) * element_size(dtype) * 3 * (t["tail_stages"] - 1)
                 if staged <= t["stage_bytes"]:
                     cfg["row_stages"] = t["tail_stages"]
