@@ -70,6 +70,7 @@ from ._launch import (
     launch_kwargs,
     next_pow2,
     row_config,
+    sm_count,
 )
 from .softmax import _split_merge, _split_ticket, _split_wait
 
@@ -139,7 +140,7 @@ def cross_entropy_ledger(
     if backward:
         if head is None:
             cfg = cross_entropy_config(vocab, _dtype_of(dtype), gpu=gpu)
-            head = vocab if cfg.get("SPLIT") else cfg["HEAD"]  # split rows are read once
+            head = vocab if cfg.get("SPLIT") or cfg.get("ROWS") else cfg["HEAD"]  # split and whole rows: read once
         reread = tokens * max(0, vocab - head)
     sizes = {"target": 8, "loss": 4, "smooth": 4}
     led = Ledger(dtype_bytes=dtype, outputs=outputs, rereads={"logits": reread}, sizes=sizes)
@@ -197,6 +198,21 @@ ONE_TILE_MIN = 32769
 SPLIT_MIN = NARROW_MAX + 1
 SPLIT_BYTES = 32768
 MAX_SPLIT = 64
+#: 16-bit aligned rows from ROWS_MIN to ROWS_TILE logits, with a gradient, are walked by persistent
+#: programs (``ROWS_PER_SM`` a SM, ``ROWS_WARPS`` warps), the next rows' loads ``ROWS_STAGES`` deep in
+#: flight through shared memory (lesson 4's softmax schedule): each row read once from HBM. Their
+#: loop holds no scalar load or store (each one measured cost 10-20 points there): the targets' logits
+#: are gathered and the rows' log-sum-exps kept in vectors, and a second small kernel
+#: (:func:`_cross_entropy_rows_fixup_kernel`) writes the losses, the target's gradient element and
+#: the rows of ignored targets. fwd+bwd bf16 "mean", GPU clock, share of copy, against the head of 8192:
+#: H200 8192 x 32000 84.0% -> see notes (benchmarks/notes_lesson5.md, twelfth session).
+ROWS_MIN = 24577
+ROWS_TILE = 32768
+ROWS_WARPS = 32
+ROWS_STAGES = 3
+ROWS_PER_SM = 1
+#: a persistent program keeps at most this many rows' statistics in registers; more rows, more programs
+ROWS_CAP = 256
 #: the loss alone (no gradient: evaluation) keeps nothing for a second sweep, so it needs neither a large
 #: head nor the L2 hints: rows wider than this walk tiles of this many elements, 8 warps, Triton's
 #: pipeliner keeping three tiles in flight. bf16, share of copy by one read, GPU clock, against the
@@ -215,6 +231,11 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True) -> di
         return {**cfg, "HEAD": head, "BLOCK_N": min(head, 2048), "num_warps": 4}
     if not grad and n_cols > FORWARD_TILE:
         return {**cfg, "HEAD": FORWARD_TILE, "BLOCK_N": FORWARD_TILE, "num_warps": 8, "LOOP_STAGES": 4}
+    if grad and element_size(dtype) == 2 and ROWS_MIN <= n_cols <= ROWS_TILE:
+        head = row_config(n_cols, dtype, max_block=8192, gpu=True)["BLOCK_N"]  # unaligned rows' fallback
+        narrow = {"num_warps": 8, "LOOP_STAGES": 3, "PREFETCH2": True, "EVICT": True}
+        rows = {"ROWS": ROWS_TILE, "ROWS_WARPS": ROWS_WARPS, "ROWS_STAGES": ROWS_STAGES, "ROWS_PER_SM": ROWS_PER_SM}
+        return {**cfg, "HEAD": head, "BLOCK_N": min(head, 4096), **narrow, **rows}
     if element_size(dtype) == 2 and ONE_TILE_MIN <= n_cols <= NARROW_MAX:
         # the whole row in registers (up to 128 KiB), loaded before the branch on the target
         return {**cfg, "HEAD": NARROW_MAX, "BLOCK_N": 4096, "num_warps": 32, "EVICT": True, "EARLY_HEAD": True}
@@ -258,8 +279,17 @@ def cross_entropy_config(
     gpu = runtime.is_gpu() if gpu is None else gpu
     cfg = dict(_config(int(n_cols), dtype, bool(gpu), bool(grad)))
     cfg["VEC"] = vec if split else 1
-    if split:  # the split kernel has no 16-byte row splitting: unaligned rows keep the head-and-tail kernel
-        for k in ("SPLIT", "SPLIT_BLOCK", "SPLIT_WARPS"):
+    if split:  # the split and rows kernels have no 16-byte row splitting: unaligned rows keep the head and tail
+        for k in (
+            "SPLIT",
+            "SPLIT_BLOCK",
+            "SPLIT_WARPS",
+            "SPLIT_EARLY",
+            "ROWS",
+            "ROWS_WARPS",
+            "ROWS_STAGES",
+            "ROWS_PER_SM",
+        ):
             cfg.pop(k, None)
     return cfg
 
@@ -632,6 +662,130 @@ def _cross_entropy_split_kernel(
 
 
 @triton.jit
+def _cross_entropy_rows_kernel(
+    x_ptr,
+    target_ptr,
+    grad_ptr,
+    stats_ptr,
+    sync_ptr,
+    n_rows,
+    n_cols,
+    stride_xm,
+    stride_gm,
+    label_smoothing,
+    BLOCK_N: tl.constexpr,
+    MAX_ROWS: tl.constexpr,
+    STAGES: tl.constexpr,
+    MEAN: tl.constexpr,
+    SMOOTH: tl.constexpr,
+    EVEN: tl.constexpr,
+):
+    # Persistent: program pid walks rows pid, pid + P, ... (P programs, at most MAX_ROWS rows each), the
+    # next rows' loads pipelined through shared memory while this one reduces and writes. Each row is
+    # held whole (BLOCK_N >= n_cols) and read once. It writes softmax(x) * scale (- eps / V * scale) for
+    # every column of every row; the fix-up kernel then corrects the target's element and overwrites
+    # the rows of ignored (0) or out-of-range (NaN) targets. No scalar load or store in the loop: the
+    # row's statistics go into vectors (a select a row), stored after it. stats: [lse | x_y | sum x].
+    pid = tl.program_id(axis=0)
+    step = tl.num_programs(axis=0)
+    idx = tl.arange(0, MAX_ROWS)
+    mine = pid + step * idx.to(tl.int64)
+    mine_ok = mine < n_rows
+    # the targets' logits, gathered before any gradient is written (the gradient may overwrite them)
+    ys = tl.load(target_ptr + mine, mask=mine_ok, other=-1)
+    ys_ok = mine_ok & (ys >= 0) & (ys < n_cols)
+    x_ys = tl.load(x_ptr + mine * stride_xm + ys, mask=ys_ok, other=0.0).to(tl.float32)
+    tl.store(stats_ptr + n_rows + mine, x_ys, mask=mine_ok)
+    if MEAN:
+        scale = 1.0 / tl.load(sync_ptr).to(tl.float32)
+    else:
+        scale = 1.0
+    c_s = label_smoothing / n_cols * scale
+    offs = tl.arange(0, BLOCK_N)
+    col_ok = offs < n_cols
+    lses = tl.zeros([MAX_ROWS], tl.float32)
+    sums = tl.zeros([MAX_ROWS], tl.float32)
+    for row in tl.range(pid, n_rows, step, num_stages=STAGES):
+        r = tl.full([], 0, tl.int64) + row  # int64: row * stride passes 2**31 (row.to fails in the interpreter)
+        if EVEN:
+            x = tl.load(x_ptr + r * stride_xm + offs).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + r * stride_xm + offs, mask=col_ok, other=float("-inf")).to(tl.float32)
+        # against the row's maximum (the target's logit is not at hand here): a row of only -inf has
+        # d = 0 and lse = -inf, so its loss is NaN, as torch's
+        m = tl.max(x, axis=0)
+        ref = tl.where(m == float("-inf"), 0.0, m)
+        e = tl.math.exp2((x - ref) * _LOG2E)
+        d = tl.sum(e, axis=0)
+        here = idx == (row - pid) // step
+        lses = tl.where(here, ref + tl.math.log2(d) * _LN2, lses)
+        grad = e * (scale / d)
+        if SMOOTH:
+            sums = tl.where(here, tl.sum(tl.where(col_ok, x, 0.0), axis=0), sums)
+            grad -= c_s
+        if EVEN:
+            tl.store(grad_ptr + r * stride_gm + offs, grad.to(grad_ptr.dtype.element_ty))
+        else:
+            tl.store(grad_ptr + r * stride_gm + offs, grad.to(grad_ptr.dtype.element_ty), mask=col_ok)
+    tl.store(stats_ptr + mine, lses, mask=mine_ok)
+    if SMOOTH:
+        tl.store(stats_ptr + 2 * n_rows + mine, sums, mask=mine_ok)
+
+
+@triton.jit
+def _cross_entropy_rows_fixup_kernel(
+    grad_ptr,
+    target_ptr,
+    loss_ptr,
+    stats_ptr,
+    sync_ptr,
+    n_rows,
+    n_cols,
+    stride_gm,
+    ignore_index,
+    label_smoothing,
+    BLOCK_N: tl.constexpr,
+    MEAN: tl.constexpr,
+    SMOOTH: tl.constexpr,
+):
+    # After _cross_entropy_rows_kernel, one program a row: the row's loss, and its gradient made right
+    # where the rows kernel could not know the target: the target's element gets -(1 - eps) * scale
+    # more, an ignored row is zeroed (zero loss, zero gradient), an out-of-range target's row is NaN.
+    row = tl.program_id(axis=0).to(tl.int64)
+    y = tl.load(target_ptr + row)
+    g_row = grad_ptr + row * stride_gm
+    if y == ignore_index:
+        tl.store(loss_ptr + row, 0.0)
+        zero = tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty)
+        for start in range(0, n_cols, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            tl.store(g_row + offs, zero, mask=offs < n_cols)
+    else:
+        valid = (y >= 0) & (y < n_cols)
+        lse = tl.load(stats_ptr + row)
+        x_y = tl.where(valid, tl.load(stats_ptr + n_rows + row), float("nan"))
+        loss = lse - x_y
+        if MEAN:
+            scale = 1.0 / tl.load(sync_ptr).to(tl.float32)
+        else:
+            scale = 1.0
+        if SMOOTH:
+            loss = (1.0 - label_smoothing) * loss + label_smoothing * (
+                lse - tl.load(stats_ptr + 2 * n_rows + row) / n_cols
+            )
+        tl.store(loss_ptr + row, loss)
+        if valid:
+            grad_y = tl.math.exp2((x_y - lse) * _LOG2E) * scale - label_smoothing / n_cols * scale
+            grad_y -= (1.0 - label_smoothing) * scale
+            tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty))
+        else:
+            bad = tl.full([BLOCK_N], float("nan"), tl.float32).to(grad_ptr.dtype.element_ty)
+            for start in range(0, n_cols, BLOCK_N):
+                offs = start + tl.arange(0, BLOCK_N)
+                tl.store(g_row + offs, bad, mask=offs < n_cols)
+
+
+@triton.jit
 def _cross_entropy_bwd_kernel(
     grad_ptr,
     target_ptr,
@@ -709,6 +863,8 @@ def _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_s
         return
     if grad is not None and cfg.get("SPLIT"):
         return _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean)
+    if grad is not None and cfg.get("ROWS"):
+        return _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean)
     g = logits if grad is None else grad
     return _cross_entropy_fwd_kernel[(n_rows,)](
         logits,
@@ -762,6 +918,53 @@ def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smo
         SMOOTH=label_smoothing != 0.0,
         EARLY=cfg.get("SPLIT_EARLY", False),
         **launch_kwargs(cfg["SPLIT_WARPS"]),
+    )
+
+
+def _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean):
+    """The persistent rows kernel, then the fix-up (see ``ROWS_MIN``); their statistics, 3 floats a
+    row, pass through a small buffer."""
+    n_rows, n_cols = logits.shape
+    tile = cfg["ROWS"]
+    if n_cols > tile:
+        raise KernelInputError(f"cross_entropy: rows of {n_cols} logits do not fit the rows kernel's tile of {tile}.")
+    programs = min(n_rows, max(cfg["ROWS_PER_SM"] * sm_count(), cdiv(n_rows, ROWS_CAP)))
+    smooth = label_smoothing != 0.0
+    stats = torch.empty((3 if smooth else 2) * n_rows, dtype=torch.float32, device=logits.device)
+    _cross_entropy_rows_kernel[(programs,)](
+        logits,
+        target,
+        grad,
+        stats,
+        target if sync is None else sync,
+        n_rows,
+        n_cols,
+        logits.stride(0),
+        grad.stride(0),
+        label_smoothing,
+        BLOCK_N=tile,
+        MAX_ROWS=next_pow2(cdiv(n_rows, programs)),
+        STAGES=cfg["ROWS_STAGES"],
+        MEAN=mean,
+        SMOOTH=smooth,
+        EVEN=n_cols == tile,
+        **launch_kwargs(cfg["ROWS_WARPS"]),
+    )
+    _cross_entropy_rows_fixup_kernel[(n_rows,)](
+        grad,
+        target,
+        loss_rows,
+        stats,
+        target if sync is None else sync,
+        n_rows,
+        n_cols,
+        grad.stride(0),
+        ignore_index,
+        label_smoothing,
+        BLOCK_N=4096,
+        MEAN=mean,
+        SMOOTH=smooth,
+        **launch_kwargs(4),
     )
 
 
@@ -905,7 +1108,8 @@ def cross_entropy(
     need_grad = torch.is_grad_enabled() and logits.requires_grad
     cfg = cross_entropy_config(n_cols, logits.dtype, stride=logits.stride(0), grad=need_grad)
     if head_n is not None or block_n is not None or num_warps is not None:
-        cfg = {k: v for k, v in cfg.items() if not k.startswith("SPLIT")}  # a tuning run: the head-and-tail kernel
+        # a tuning run: the head-and-tail kernel
+        cfg = {k: v for k, v in cfg.items() if not k.startswith(("SPLIT", "ROWS"))}
         if head_n is not None:
             cfg["HEAD"] = check_block(head_n, "head_n", op)
         if block_n is not None:
