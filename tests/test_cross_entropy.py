@@ -46,9 +46,9 @@ FIX = "_cross_entropy_rows_fixup_kernel"
 def _launches(reduction, kernel=FWD):
     """What a forward launches, and no torch op: the prologue for "mean" (its count) and for split rows
     (their tickets start from zero), the loss kernel (the rows kernel and its fix-up), and the finish
-    kernel for "mean" and "sum"."""
-    kernels = [ROWS, FIX] if kernel == ROWS else [kernel]
-    return [PRO] * (reduction == "mean" or kernel == SPLIT) + kernels + [FIN] * (reduction != "none")
+    kernel for "mean" and "sum". The rows schedule always counts (the count picks its kernels)."""
+    kernels = [ROWS, FWD, FIX] if kernel == ROWS else [kernel]  # the count lets the first and last or the middle run
+    return [PRO] * (reduction == "mean" or kernel != FWD) + kernels + [FIN] * (reduction != "none")
 
 
 DTYPES = [
@@ -650,12 +650,14 @@ def _rows_config(vocab, dtype, tile):
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
-def test_rows_kernel_matches_float64(reduction, smoothing, inplace):
-    """The persistent rows kernel and its fix-up, forced: 300 rows (more than one per program), a
-    padded tile (1000 of 1024 columns), 30% ignored rows (zeroed by the fix-up), an out-of-range target
-    (a NaN row), a row of only -inf but its target (loss 0), a logit of 1e4, targets at the row's ends."""
+@pytest.mark.parametrize("ignored", [0.02, 0.3], ids=["rows-kernel", "head-kernel"])
+def test_rows_kernel_matches_float64(reduction, smoothing, inplace, ignored):
+    """The rows schedule, forced: 300 rows (more than one per program), a padded tile (1000 of 1024
+    columns), an out-of-range target (a NaN row), a row of only -inf but its target (loss 0), a logit of
+    1e4, targets at the row's ends. 2% of rows ignored: the persistent kernel and its fix-up run (which
+    zeroes them); 30%: the head-and-tail kernel launched beside them runs instead."""
     rows, vocab = 300, 1000
-    x, t = _inputs(rows, vocab, torch.float32, seed=51)
+    x, t = _inputs(rows, vocab, torch.float32, seed=51, ignored=ignored)
     t[1], t[2], t[3] = 0, vocab - 1, vocab + 5
     x[4] = float("-inf")
     x[4, 7], t[4] = 2.0, 7
