@@ -1,7 +1,15 @@
 """Probe: cross-entropy rows of up to 32 Ki logits walked by persistent programs, the softmax's schedule
 (benchmarks/notes_lesson5.md, twelfth session).
 
-    PYTHONPATH=. python3 benchmarks/probe_ce_persistent.py [--quick]
+    PYTHONPATH=. python3 benchmarks/probe_ce_persistent.py
+
+The configurations in ``configs`` are the last round's; ``PARTS`` bisects what cross-entropy adds to
+the softmax's loop (see the kernel). Outcome (notes_lesson5.md, twelfth session): any per-row load of
+the target in the pipelined loop, scalar or one-element tensor, cost 10-25 points (Triton's pipeliner
+then no longer overlaps the rows); with the targets gathered before the loop and the statistics kept
+in vectors (PARTS=6, a fix-up kernel after) the loop ran at 90% of copy on the H200, but a package
+version built on it (the fix-up, and the head-and-tail kernel launched beside it for batches with
+ignored rows) gained only 1.7 points there and lost 4-9 points on the H100: not shipped.
 
 Lesson 4's softmax reaches 87-88% of copy on an H200 at 4096 x 32768 (91% at 16384 rows) with a few
 programs a SM that each walk rows pid, pid + P, ..., the next rows' loads pipelined through shared
@@ -239,34 +247,5 @@ def main():
         x = grad = None
 
 
-def compare():
-    """``--compare``: the package's default (the rows kernel where it applies) against the head-and-tail
-    kernel (the configuration without its ROWS keys), fwd+bwd "mean" through autograd, GPU clock."""
-    copy = bench.measure_copy_bandwidth()
-    dev = torch.cuda.get_device_name()
-    print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s", flush=True)
-    shapes = ((8192, 32000), (4096, 32000), (16384, 32000), (8192, 32768), (8192, 24592), (8192, 28672))
-    for (tokens, vocab), ignored in [(sh, 0.0) for sh in shapes] + [((8192, 32000), 0.3)]:
-        g = torch.Generator(device="cuda").manual_seed(0)
-        x = torch.randn(tokens, vocab, device="cuda", dtype=torch.bfloat16, generator=g) * 2
-        t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
-        t[torch.rand(tokens, device="cuda", generator=g) < ignored] = -100
-        xg = x.requires_grad_()
-        nb = 2 * x.numel() * 2
-        rows = ce.cross_entropy_config(vocab, torch.bfloat16)
-        head = {k: v for k, v in rows.items() if not k.startswith("ROWS")}
-        out = []
-        for label, cfg in (("default", rows), ("head and tail", head)):
-
-            def fn(cfg=cfg):
-                return torch.autograd.grad(ce.CrossEntropyFunction.apply(xg, t, -100, "mean", 0.0, False, cfg), xg)
-
-            msq = bench.queued_ms(fn)
-            out.append(f"{label} {msq:.4f} ms {nb / msq / 1e6 / copy:.1%}")
-        kind = "rows" if rows.get("ROWS") else "head"
-        print(f"  {tokens:>5} x {vocab:<6} ignored {ignored:.0%} ({kind}): " + ", ".join(out), flush=True)
-        x = xg = None
-
-
 if __name__ == "__main__":
-    compare() if "--compare" in sys.argv else main()
+    main()

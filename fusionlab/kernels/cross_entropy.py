@@ -70,7 +70,6 @@ from ._launch import (
     launch_kwargs,
     next_pow2,
     row_config,
-    sm_count,
 )
 from .softmax import _split_merge, _split_ticket, _split_wait
 
@@ -140,7 +139,7 @@ def cross_entropy_ledger(
     if backward:
         if head is None:
             cfg = cross_entropy_config(vocab, _dtype_of(dtype), gpu=gpu)
-            head = vocab if cfg.get("SPLIT") or cfg.get("ROWS") else cfg["HEAD"]  # split and whole rows: read once
+            head = vocab if cfg.get("SPLIT") else cfg["HEAD"]  # split rows are read once
         reread = tokens * max(0, vocab - head)
     sizes = {"target": 8, "loss": 4, "smooth": 4}
     led = Ledger(dtype_bytes=dtype, outputs=outputs, rereads={"logits": reread}, sizes=sizes)
@@ -198,26 +197,6 @@ ONE_TILE_MIN = 32769
 SPLIT_MIN = NARROW_MAX + 1
 SPLIT_BYTES = 32768
 MAX_SPLIT = 64
-#: 16-bit aligned rows from ROWS_MIN to ROWS_TILE logits, with a gradient, are walked by persistent
-#: programs (``ROWS_PER_SM`` a SM, ``ROWS_WARPS`` warps), the next rows' loads ``ROWS_STAGES`` deep in
-#: flight through shared memory (lesson 4's softmax schedule): each row read once from HBM. Their
-#: loop holds no scalar load or store (each one measured cost 10-20 points there): the targets' logits
-#: are gathered and the rows' log-sum-exps kept in vectors, and a second small kernel
-#: (:func:`_cross_entropy_rows_fixup_kernel`) writes the losses, the target's gradient element and
-#: the rows of ignored targets. fwd+bwd bf16 "mean", GPU clock, share of copy, against the head of 8192:
-#: H200 8192 x 32000 84.0% -> see notes (benchmarks/notes_lesson5.md, twelfth session).
-ROWS_MIN = 24577
-ROWS_TILE = 32768
-ROWS_WARPS = 32
-ROWS_STAGES = 3
-ROWS_PER_SM = 1
-#: a persistent program keeps at most this many rows' statistics in registers; more rows, more programs
-ROWS_CAP = 256
-#: the rows kernel reads and writes every row, an ignored one too (and the fix-up writes it again); the
-#: head-and-tail kernel reads nothing of an ignored row. Both are launched, and the prologue's count
-#: picks one on the device (no host sync): the rows kernel when at most one row in ROWS_IGNORED is
-#: ignored. H200, 8192 x 32000 with 30% ignored: rows kernel 0.321-0.329 ms, head and tail 0.261 ms.
-ROWS_IGNORED = tl.constexpr(32)
 #: the loss alone (no gradient: evaluation) keeps nothing for a second sweep, so it needs neither a large
 #: head nor the L2 hints: rows wider than this walk tiles of this many elements, 8 warps, Triton's
 #: pipeliner keeping three tiles in flight. bf16, share of copy by one read, GPU clock, against the
@@ -236,11 +215,6 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True) -> di
         return {**cfg, "HEAD": head, "BLOCK_N": min(head, 2048), "num_warps": 4}
     if not grad and n_cols > FORWARD_TILE:
         return {**cfg, "HEAD": FORWARD_TILE, "BLOCK_N": FORWARD_TILE, "num_warps": 8, "LOOP_STAGES": 4}
-    if grad and element_size(dtype) == 2 and ROWS_MIN <= n_cols <= ROWS_TILE:
-        head = row_config(n_cols, dtype, max_block=8192, gpu=True)["BLOCK_N"]  # unaligned rows' fallback
-        narrow = {"num_warps": 8, "LOOP_STAGES": 3, "PREFETCH2": True, "EVICT": True}
-        rows = {"ROWS": ROWS_TILE, "ROWS_WARPS": ROWS_WARPS, "ROWS_STAGES": ROWS_STAGES, "ROWS_PER_SM": ROWS_PER_SM}
-        return {**cfg, "HEAD": head, "BLOCK_N": min(head, 4096), **narrow, **rows}
     if element_size(dtype) == 2 and ONE_TILE_MIN <= n_cols <= NARROW_MAX:
         # the whole row in registers (up to 128 KiB), loaded before the branch on the target
         return {**cfg, "HEAD": NARROW_MAX, "BLOCK_N": 4096, "num_warps": 32, "EVICT": True, "EARLY_HEAD": True}
@@ -284,17 +258,8 @@ def cross_entropy_config(
     gpu = runtime.is_gpu() if gpu is None else gpu
     cfg = dict(_config(int(n_cols), dtype, bool(gpu), bool(grad)))
     cfg["VEC"] = vec if split else 1
-    if split:  # the split and rows kernels have no 16-byte row splitting: unaligned rows keep the head and tail
-        for k in (
-            "SPLIT",
-            "SPLIT_BLOCK",
-            "SPLIT_WARPS",
-            "SPLIT_EARLY",
-            "ROWS",
-            "ROWS_WARPS",
-            "ROWS_STAGES",
-            "ROWS_PER_SM",
-        ):
+    if split:  # the split kernel has no 16-byte row splitting: unaligned rows keep the head-and-tail kernel
+        for k in ("SPLIT", "SPLIT_BLOCK", "SPLIT_WARPS"):
             cfg.pop(k, None)
     return cfg
 
@@ -368,232 +333,221 @@ def _cross_entropy_fwd_kernel(
     LOOP_STAGES: tl.constexpr = 1,
     PREFETCH2: tl.constexpr = False,
     EARLY_HEAD: tl.constexpr = False,
-    GUARD: tl.constexpr = False,
 ):
     # exp(v) is computed as exp2(v log2 e): one multiply and one MUFU ex2. Differences x - max are
     # formed in natural units first: they are exact for logits near the max, also at 1e4 (multiplying
     # by log2 e first would round each logit, an error of 1e-3 at that size).
-    # GUARD: launched beside the rows kernel (ROWS_MIN), this kernel runs only when the prologue counted
-    # more than one row in ROWS_IGNORED ignored (the rows kernel reads and writes every row; this one
-    # reads none of an ignored row), and otherwise leaves at once
-    if GUARD:
-        run = not _rows_path(sync_ptr, tl.num_programs(axis=0))
+    row = tl.program_id(axis=0).to(tl.int64)  # row * stride passes 2**31 past 16384 x 131072
+    y = tl.load(target_ptr + row)
+    x_row = x_ptr + row * stride_xm
+    g_row = grad_ptr + row * stride_gm
+    if VEC > 1:
+        # A row whose start or length is not a multiple of 16 bytes: masks at its ends would stop the
+        # compiler from using 16-byte accesses for the whole row. Split it: `lo` elements up to the first
+        # 16-byte boundary, a body of a multiple of VEC elements (16-byte aligned, its mask constant
+        # over each VEC group), and fewer than VEC elements after it. The two fragments share one
+        # tiny tile of 2 VEC lanes. The gradient has the logits' row stride (the launcher sees to it).
+        x_start = row * stride_xm
+        lo = ((VEC - x_start % VEC) % VEC).to(tl.int32)
+        lo = tl.minimum(lo, n_cols)
+        body_len = tl.multiple_of(((n_cols - lo) // VEC) * VEC, VEC)
+        x_body = x_ptr + tl.multiple_of(x_start + lo, VEC)
+        g_body = grad_ptr + tl.multiple_of(row * stride_gm + lo, VEC)
+        lane = tl.arange(0, 2 * VEC)
+        hi = lane >= VEC
+        col_f = tl.where(hi, lo + body_len + lane - VEC, lane)
+        mask_f = tl.where(hi, col_f < n_cols, lane < lo)
     else:
-        run = tl.program_id(axis=0) >= 0
-    if run:
-        row = tl.program_id(axis=0).to(tl.int64)  # row * stride passes 2**31 past 16384 x 131072
-        y = tl.load(target_ptr + row)
-        x_row = x_ptr + row * stride_xm
-        g_row = grad_ptr + row * stride_gm
-        if VEC > 1:
-            # A row whose start or length is not a multiple of 16 bytes: masks at its ends would stop the
-            # compiler from using 16-byte accesses for the whole row. Split it: `lo` elements up to the first
-            # 16-byte boundary, a body of a multiple of VEC elements (16-byte aligned, its mask constant
-            # over each VEC group), and fewer than VEC elements after it. The two fragments share one
-            # tiny tile of 2 VEC lanes. The gradient has the logits' row stride (the launcher sees to it).
-            x_start = row * stride_xm
-            lo = ((VEC - x_start % VEC) % VEC).to(tl.int32)
-            lo = tl.minimum(lo, n_cols)
-            body_len = tl.multiple_of(((n_cols - lo) // VEC) * VEC, VEC)
-            x_body = x_ptr + tl.multiple_of(x_start + lo, VEC)
-            g_body = grad_ptr + tl.multiple_of(row * stride_gm + lo, VEC)
-            lane = tl.arange(0, 2 * VEC)
-            hi = lane >= VEC
-            col_f = tl.where(hi, lo + body_len + lane - VEC, lane)
-            mask_f = tl.where(hi, col_f < n_cols, lane < lo)
-        else:
-            lo = 0
-            body_len = n_cols
-            x_body = x_row
-            g_body = g_row
+        lo = 0
+        body_len = n_cols
+        x_body = x_row
+        g_body = g_row
 
-        offs_h = tl.arange(0, HEAD)
-        mask_h = offs_h < body_len
+    offs_h = tl.arange(0, HEAD)
+    mask_h = offs_h < body_len
+    if EARLY_HEAD:
+        # the head's load before the branch on the target: its latency overlaps the target's load
+        # instead of following it (an ignored row then reads its head for nothing)
+        x_h_early = tl.load(x_body + offs_h, mask=mask_h, other=float("-inf"), eviction_policy=DROP)
+    if y == ignore_index:
+        # zero loss, zero gradient (and the mean's denominator never counted this row)
+        tl.store(loss_ptr + row, 0.0)
+        if WRITE_GRAD:
+            zero = tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty)
+            for start in range(0, body_len, BLOCK_N):
+                offs = start + tl.arange(0, BLOCK_N)
+                tl.store(g_body + offs, zero, mask=offs < body_len)
+            if VEC > 1:
+                tl.store(g_row + col_f, tl.zeros([2 * VEC], dtype=grad_ptr.dtype.element_ty), mask=mask_f)
+    else:
+        valid = (y >= 0) & (y < n_cols)  # an out-of-range target: NaN, never a stray read
+        x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
+
+        # -- sweep 1: the log-sum-exp. The head tile stays in registers (storage dtype) for sweep 2.
+        # (the head is never read again: DROP may mark it evict-first in L2; streamed tiles are read
+        # again in sweep 2: KEEP may mark them evict-last)
         if EARLY_HEAD:
-            # the head's load before the branch on the target: its latency overlaps the target's load
-            # instead of following it (an ignored row then reads its head for nothing)
-            x_h_early = tl.load(x_body + offs_h, mask=mask_h, other=float("-inf"), eviction_policy=DROP)
-        if y == ignore_index:
-            # zero loss, zero gradient (and the mean's denominator never counted this row)
-            tl.store(loss_ptr + row, 0.0)
-            if WRITE_GRAD:
-                zero = tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty)
-                for start in range(0, body_len, BLOCK_N):
-                    offs = start + tl.arange(0, BLOCK_N)
-                    tl.store(g_body + offs, zero, mask=offs < body_len)
-                if VEC > 1:
-                    tl.store(g_row + col_f, tl.zeros([2 * VEC], dtype=grad_ptr.dtype.element_ty), mask=mask_f)
+            x_h_raw = x_h_early
         else:
-            valid = (y >= 0) & (y < n_cols)  # an out-of-range target: NaN, never a stray read
-            x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
-
-            # -- sweep 1: the log-sum-exp. The head tile stays in registers (storage dtype) for sweep 2.
-            # (the head is never read again: DROP may mark it evict-first in L2; streamed tiles are read
-            # again in sweep 2: KEEP may mark them evict-last)
-            if EARLY_HEAD:
-                x_h_raw = x_h_early
-            else:
-                x_h_raw = tl.load(x_body + offs_h, mask=mask_h, other=float("-inf"), eviction_policy=DROP)
-            n_tail = tl.maximum(tl.cdiv(body_len - HEAD, BLOCK_N), 0)
-            if PREFETCH:  # the first streamed tile's load before the head's reduction: two tiles in flight
-                if not SINGLE:
-                    offs = HEAD + tl.arange(0, BLOCK_N)
-                    x_next = tl.load(x_body + offs, mask=offs < body_len, other=float("-inf"), eviction_policy=KEEP)
-            x_h = x_h_raw.to(tl.float32)
-            if VEC > 1:
-                x_f_raw = tl.load(x_row + col_f, mask=mask_f, other=float("-inf"))
-                x_f = x_f_raw.to(tl.float32)
-            if REF_TARGET:
-                # Exponentials against a *fixed* reference, the target's logit, known before the row is
-                # read: no maximum, no rescaling, no reduction before the sums start (a subtract, a
-                # multiply, an exp2 and an add an element). lse = ref + log(d) whatever the reference, as
-                # long as d stays in fp32's range: d >= 1 (the target's own term), and d <= 1e26 means no
-                # term passed e**60, so nothing overflowed here or will in sweep 2. A row outside that
-                # range (logits 60 above the target's, or a target logit of ±inf) is summed again against
-                # its true maximum below (slow, and rare).
-                ref = tl.where(tl.abs(x_y) < float("inf"), x_y, 0.0)  # NaN (bad target) or ±inf: 0
-            else:
-                # exponentials against the head's maximum, then a running maximum per lane
-                if VEC > 1:
-                    m = tl.maximum(tl.max(x_h, axis=0), tl.max(x_f, axis=0))
-                else:
-                    m = tl.max(x_h, axis=0)
-                # a tile of only -inf (masked lanes, or -inf logits) has max -inf: exponentiate against 0
-                # instead, or exp(-inf - -inf) would be NaN
-                ref = tl.where(m == float("-inf"), 0.0, m)
-            d = tl.sum(tl.math.exp2((x_h - ref) * _LOG2E), axis=0)
-            if SMOOTH:
-                s = tl.sum(tl.where(mask_h, x_h, 0.0), axis=0)
-            if VEC > 1:
-                d += tl.sum(tl.math.exp2((x_f - ref) * _LOG2E), axis=0)
-                if SMOOTH:
-                    s += tl.sum(tl.where(mask_f, x_f, 0.0), axis=0)
+            x_h_raw = tl.load(x_body + offs_h, mask=mask_h, other=float("-inf"), eviction_policy=DROP)
+        n_tail = tl.maximum(tl.cdiv(body_len - HEAD, BLOCK_N), 0)
+        if PREFETCH:  # the first streamed tile's load before the head's reduction: two tiles in flight
             if not SINGLE:
-                if not REF_TARGET:
-                    m_v = tl.full([BLOCK_N], float("-inf"), tl.float32)
-                d_v = tl.zeros([BLOCK_N], tl.float32)
-                if SMOOTH:
-                    s_v = tl.zeros([BLOCK_N], tl.float32)
-                # LOOP_STAGES > 1: Triton's pipeliner keeps the next tiles' loads in flight through shared
-                # memory (in place of the PREFETCH registers)
-                for i in tl.range(0, n_tail, num_stages=LOOP_STAGES):
-                    offs = HEAD + i * BLOCK_N + tl.arange(0, BLOCK_N)
-                    mask = offs < body_len
-                    if PREFETCH:
-                        x = x_next.to(tl.float32)
-                        offs_next = offs + BLOCK_N
-                        x_next = tl.load(
-                            x_body + offs_next, mask=offs_next < body_len, other=float("-inf"), eviction_policy=KEEP
-                        )
-                    else:
-                        x = tl.load(x_body + offs, mask=mask, other=float("-inf"), eviction_policy=KEEP).to(tl.float32)
-                    if REF_TARGET:
-                        d_v += tl.math.exp2((x - ref) * _LOG2E)
-                    else:
-                        # A running max and sum *per lane* (no reduction across threads, no barrier, one
-                        # exp2 an element): for t = x - m_lane, either x is no larger (add e^t) or it is
-                        # the new maximum (rescale the sum by e^-t, add 1). Lanes are combined once, at
-                        # the end.
-                        t = x - m_v
-                        e = tl.where(x == float("-inf"), 0.0, tl.math.exp2(tl.abs(t) * -_LOG2E))  # -inf - -inf: NaN
-                        new_max = t > 0
-                        d_v = tl.where(new_max, d_v * e + 1.0, d_v + e)
-                        m_v = tl.where(new_max, x, m_v)
-                    if SMOOTH:
-                        s_v += tl.where(mask, x, 0.0)
-                if REF_TARGET:
-                    d += tl.sum(d_v, axis=0)
-                else:
-                    big = tl.maximum(m, tl.max(m_v, axis=0))
-                    big_safe = tl.where(big == float("-inf"), 0.0, big)
-                    # exp(m - big) is 0 for an all -inf head (m = -inf), never 0 * inf
-                    d = d * tl.math.exp2((m - big_safe) * _LOG2E) + tl.sum(
-                        d_v * tl.math.exp2((m_v - big_safe) * _LOG2E), axis=0
-                    )
-                    ref = big_safe
-                if SMOOTH:
-                    s += tl.sum(s_v, axis=0)
-            if REF_TARGET:
-                if not ((d >= 1e-20) & (d <= 1e26)):  # (NaN fails both)
-                    # the reference was too far from the row's maximum: find the maximum, sum again
-                    # against it (the head from registers, the rest read twice more)
-                    big = tl.max(x_h, axis=0)
-                    if VEC > 1:
-                        big = tl.maximum(big, tl.max(x_f, axis=0))
-                    if not SINGLE:
-                        m_w = tl.full([BLOCK_N], float("-inf"), tl.float32)
-                        for i in range(0, n_tail):
-                            offs = HEAD + i * BLOCK_N + tl.arange(0, BLOCK_N)
-                            x = tl.load(x_body + offs, mask=offs < body_len, other=float("-inf")).to(tl.float32)
-                            m_w = tl.maximum(m_w, x)
-                        big = tl.maximum(big, tl.max(m_w, axis=0))
-                    ref = tl.where(big == float("-inf"), 0.0, big)
-                    d = tl.sum(tl.math.exp2((x_h - ref) * _LOG2E), axis=0)
-                    if VEC > 1:
-                        d += tl.sum(tl.math.exp2((x_f - ref) * _LOG2E), axis=0)
-                    if not SINGLE:
-                        d_w = tl.zeros([BLOCK_N], tl.float32)
-                        for i in range(0, n_tail):
-                            offs = HEAD + i * BLOCK_N + tl.arange(0, BLOCK_N)
-                            x = tl.load(x_body + offs, mask=offs < body_len, other=float("-inf")).to(tl.float32)
-                            d_w += tl.math.exp2((x - ref) * _LOG2E)
-                        d += tl.sum(d_w, axis=0)
-            lse = ref + tl.math.log2(d) * _LN2  # a row of only -inf: d = 0, lse = -inf, loss NaN (as torch)
-            loss = lse - x_y
+                offs = HEAD + tl.arange(0, BLOCK_N)
+                x_next = tl.load(x_body + offs, mask=offs < body_len, other=float("-inf"), eviction_policy=KEEP)
+        x_h = x_h_raw.to(tl.float32)
+        if VEC > 1:
+            x_f_raw = tl.load(x_row + col_f, mask=mask_f, other=float("-inf"))
+            x_f = x_f_raw.to(tl.float32)
+        if REF_TARGET:
+            # Exponentials against a *fixed* reference, the target's logit, known before the row is
+            # read: no maximum, no rescaling, no reduction before the sums start (a subtract, a
+            # multiply, an exp2 and an add an element). lse = ref + log(d) whatever the reference, as
+            # long as d stays in fp32's range: d >= 1 (the target's own term), and d <= 1e26 means no
+            # term passed e**60, so nothing overflowed here or will in sweep 2. A row outside that
+            # range (logits 60 above the target's, or a target logit of ±inf) is summed again against
+            # its true maximum below (slow, and rare).
+            ref = tl.where(tl.abs(x_y) < float("inf"), x_y, 0.0)  # NaN (bad target) or ±inf: 0
+        else:
+            # exponentials against the head's maximum, then a running maximum per lane
+            if VEC > 1:
+                m = tl.maximum(tl.max(x_h, axis=0), tl.max(x_f, axis=0))
+            else:
+                m = tl.max(x_h, axis=0)
+            # a tile of only -inf (masked lanes, or -inf logits) has max -inf: exponentiate against 0
+            # instead, or exp(-inf - -inf) would be NaN
+            ref = tl.where(m == float("-inf"), 0.0, m)
+        d = tl.sum(tl.math.exp2((x_h - ref) * _LOG2E), axis=0)
+        if SMOOTH:
+            s = tl.sum(tl.where(mask_h, x_h, 0.0), axis=0)
+        if VEC > 1:
+            d += tl.sum(tl.math.exp2((x_f - ref) * _LOG2E), axis=0)
             if SMOOTH:
-                loss = (1.0 - label_smoothing) * loss + label_smoothing * (lse - s / n_cols)
-            tl.store(loss_ptr + row, loss)
-
-            if WRITE_GRAD:
-                # -- sweep 2: grad = (softmax - eps/V - (1 - eps) onehot) * scale, scale = 1/n_valid for
-                # "mean" (loaded from the device: no host sync), 1 otherwise (the backward multiplies).
-                # softmax * scale = exp(x - ref) * scale / d (d = sum of exp(x - ref) over the row)
-                # = exp2((x - ref) log2 e + log2(scale / d)): a subtract, an FMA and an exp2 an element.
-                if MEAN:
-                    scale = 1.0 / tl.load(sync_ptr).to(tl.float32)
+                s += tl.sum(tl.where(mask_f, x_f, 0.0), axis=0)
+        if not SINGLE:
+            if not REF_TARGET:
+                m_v = tl.full([BLOCK_N], float("-inf"), tl.float32)
+            d_v = tl.zeros([BLOCK_N], tl.float32)
+            if SMOOTH:
+                s_v = tl.zeros([BLOCK_N], tl.float32)
+            # LOOP_STAGES > 1: Triton's pipeliner keeps the next tiles' loads in flight through shared
+            # memory (in place of the PREFETCH registers)
+            for i in tl.range(0, n_tail, num_stages=LOOP_STAGES):
+                offs = HEAD + i * BLOCK_N + tl.arange(0, BLOCK_N)
+                mask = offs < body_len
+                if PREFETCH:
+                    x = x_next.to(tl.float32)
+                    offs_next = offs + BLOCK_N
+                    x_next = tl.load(
+                        x_body + offs_next, mask=offs_next < body_len, other=float("-inf"), eviction_policy=KEEP
+                    )
                 else:
-                    scale = 1.0
-                log2_c = tl.where(valid, tl.math.log2(scale / d), float("nan"))
-                c_s = label_smoothing / n_cols * scale
-                if not SINGLE:
-                    # the streamed tiles newest first: the last ones read are the likeliest still in L2
-                    if PREFETCH2:
-                        offs = HEAD + (n_tail - 1) * BLOCK_N + tl.arange(0, BLOCK_N)
-                        mask_next = (offs >= HEAD) & (offs < body_len)
-                        x_next = tl.load(x_body + offs, mask=mask_next, other=float("-inf"), eviction_policy=DROP)
-                    # not pipelined through shared memory: 2-3 stages measured slower here (the re-read
-                    # comes from L2; benchmarks/notes_lesson5.md), PREFETCH2 holds the next tile instead
-                    for i in tl.range(0, n_tail, num_stages=1):
-                        offs = HEAD + (n_tail - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N)
-                        mask = offs < body_len
-                        if PREFETCH2:
-                            x = x_next
-                            offs_next = offs - BLOCK_N
-                            mask_next = (offs_next >= HEAD) & (offs_next < body_len)
-                            x_next = tl.load(
-                                x_body + offs_next, mask=mask_next, other=float("-inf"), eviction_policy=DROP
-                            )
-                        else:
-                            x = tl.load(x_body + offs, mask=mask, other=float("-inf"), eviction_policy=DROP)
-                        grad = tl.math.exp2((x.to(tl.float32) - ref) * _LOG2E + log2_c)
-                        if SMOOTH:
-                            grad -= c_s
-                        tl.store(g_body + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask, eviction_policy=DROP)
-                # the head from registers: read once
-                grad = tl.math.exp2((x_h_raw.to(tl.float32) - ref) * _LOG2E + log2_c)
+                    x = tl.load(x_body + offs, mask=mask, other=float("-inf"), eviction_policy=KEEP).to(tl.float32)
+                if REF_TARGET:
+                    d_v += tl.math.exp2((x - ref) * _LOG2E)
+                else:
+                    # A running max and sum *per lane* (no reduction across threads, no barrier, one
+                    # exp2 an element): for t = x - m_lane, either x is no larger (add e^t) or it is
+                    # the new maximum (rescale the sum by e^-t, add 1). Lanes are combined once, at
+                    # the end.
+                    t = x - m_v
+                    e = tl.where(x == float("-inf"), 0.0, tl.math.exp2(tl.abs(t) * -_LOG2E))  # -inf - -inf: NaN
+                    new_max = t > 0
+                    d_v = tl.where(new_max, d_v * e + 1.0, d_v + e)
+                    m_v = tl.where(new_max, x, m_v)
                 if SMOOTH:
-                    grad -= c_s
-                tl.store(g_body + offs_h, grad.to(grad_ptr.dtype.element_ty), mask=mask_h, eviction_policy=DROP)
+                    s_v += tl.where(mask, x, 0.0)
+            if REF_TARGET:
+                d += tl.sum(d_v, axis=0)
+            else:
+                big = tl.maximum(m, tl.max(m_v, axis=0))
+                big_safe = tl.where(big == float("-inf"), 0.0, big)
+                # exp(m - big) is 0 for an all -inf head (m = -inf), never 0 * inf
+                d = d * tl.math.exp2((m - big_safe) * _LOG2E) + tl.sum(
+                    d_v * tl.math.exp2((m_v - big_safe) * _LOG2E), axis=0
+                )
+                ref = big_safe
+            if SMOOTH:
+                s += tl.sum(s_v, axis=0)
+        if REF_TARGET:
+            if not ((d >= 1e-20) & (d <= 1e26)):  # (NaN fails both)
+                # the reference was too far from the row's maximum: find the maximum, sum again
+                # against it (the head from registers, the rest read twice more)
+                big = tl.max(x_h, axis=0)
                 if VEC > 1:
-                    grad = tl.math.exp2((x_f_raw.to(tl.float32) - ref) * _LOG2E + log2_c)
+                    big = tl.maximum(big, tl.max(x_f, axis=0))
+                if not SINGLE:
+                    m_w = tl.full([BLOCK_N], float("-inf"), tl.float32)
+                    for i in range(0, n_tail):
+                        offs = HEAD + i * BLOCK_N + tl.arange(0, BLOCK_N)
+                        x = tl.load(x_body + offs, mask=offs < body_len, other=float("-inf")).to(tl.float32)
+                        m_w = tl.maximum(m_w, x)
+                    big = tl.maximum(big, tl.max(m_w, axis=0))
+                ref = tl.where(big == float("-inf"), 0.0, big)
+                d = tl.sum(tl.math.exp2((x_h - ref) * _LOG2E), axis=0)
+                if VEC > 1:
+                    d += tl.sum(tl.math.exp2((x_f - ref) * _LOG2E), axis=0)
+                if not SINGLE:
+                    d_w = tl.zeros([BLOCK_N], tl.float32)
+                    for i in range(0, n_tail):
+                        offs = HEAD + i * BLOCK_N + tl.arange(0, BLOCK_N)
+                        x = tl.load(x_body + offs, mask=offs < body_len, other=float("-inf")).to(tl.float32)
+                        d_w += tl.math.exp2((x - ref) * _LOG2E)
+                    d += tl.sum(d_w, axis=0)
+        lse = ref + tl.math.log2(d) * _LN2  # a row of only -inf: d = 0, lse = -inf, loss NaN (as torch)
+        loss = lse - x_y
+        if SMOOTH:
+            loss = (1.0 - label_smoothing) * loss + label_smoothing * (lse - s / n_cols)
+        tl.store(loss_ptr + row, loss)
+
+        if WRITE_GRAD:
+            # -- sweep 2: grad = (softmax - eps/V - (1 - eps) onehot) * scale, scale = 1/n_valid for
+            # "mean" (loaded from the device: no host sync), 1 otherwise (the backward multiplies).
+            # softmax * scale = exp(x - ref) * scale / d (d = sum of exp(x - ref) over the row)
+            # = exp2((x - ref) log2 e + log2(scale / d)): a subtract, an FMA and an exp2 an element.
+            if MEAN:
+                scale = 1.0 / tl.load(sync_ptr).to(tl.float32)
+            else:
+                scale = 1.0
+            log2_c = tl.where(valid, tl.math.log2(scale / d), float("nan"))
+            c_s = label_smoothing / n_cols * scale
+            if not SINGLE:
+                # the streamed tiles newest first: the last ones read are the likeliest still in L2
+                if PREFETCH2:
+                    offs = HEAD + (n_tail - 1) * BLOCK_N + tl.arange(0, BLOCK_N)
+                    mask_next = (offs >= HEAD) & (offs < body_len)
+                    x_next = tl.load(x_body + offs, mask=mask_next, other=float("-inf"), eviction_policy=DROP)
+                # not pipelined through shared memory: 2-3 stages measured slower here (the re-read
+                # comes from L2; benchmarks/notes_lesson5.md), PREFETCH2 holds the next tile instead
+                for i in tl.range(0, n_tail, num_stages=1):
+                    offs = HEAD + (n_tail - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N)
+                    mask = offs < body_len
+                    if PREFETCH2:
+                        x = x_next
+                        offs_next = offs - BLOCK_N
+                        mask_next = (offs_next >= HEAD) & (offs_next < body_len)
+                        x_next = tl.load(x_body + offs_next, mask=mask_next, other=float("-inf"), eviction_policy=DROP)
+                    else:
+                        x = tl.load(x_body + offs, mask=mask, other=float("-inf"), eviction_policy=DROP)
+                    grad = tl.math.exp2((x.to(tl.float32) - ref) * _LOG2E + log2_c)
                     if SMOOTH:
                         grad -= c_s
-                    tl.store(g_row + col_f, grad.to(grad_ptr.dtype.element_ty), mask=mask_f)
-                # the target's element also gets -(1 - eps) * scale: one scalar store, after a barrier so
-                # that it lands after the tile store of the same element (by another thread)
-                tl.debug_barrier()
-                grad_y = tl.math.exp2((x_y - ref) * _LOG2E + log2_c) - c_s - (1.0 - label_smoothing) * scale
-                tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=valid)
+                    tl.store(g_body + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask, eviction_policy=DROP)
+            # the head from registers: read once
+            grad = tl.math.exp2((x_h_raw.to(tl.float32) - ref) * _LOG2E + log2_c)
+            if SMOOTH:
+                grad -= c_s
+            tl.store(g_body + offs_h, grad.to(grad_ptr.dtype.element_ty), mask=mask_h, eviction_policy=DROP)
+            if VEC > 1:
+                grad = tl.math.exp2((x_f_raw.to(tl.float32) - ref) * _LOG2E + log2_c)
+                if SMOOTH:
+                    grad -= c_s
+                tl.store(g_row + col_f, grad.to(grad_ptr.dtype.element_ty), mask=mask_f)
+            # the target's element also gets -(1 - eps) * scale: one scalar store, after a barrier so
+            # that it lands after the tile store of the same element (by another thread)
+            tl.debug_barrier()
+            grad_y = tl.math.exp2((x_y - ref) * _LOG2E + log2_c) - c_s - (1.0 - label_smoothing) * scale
+            tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=valid)
 
 
 @triton.jit
@@ -678,180 +632,6 @@ def _cross_entropy_split_kernel(
 
 
 @triton.jit
-def _rows_path(sync_ptr, n_rows):
-    # the rows kernel's schedule runs when at most one row in ROWS_IGNORED is ignored (sync[0]: the rows
-    # not ignored, from the prologue); otherwise the head-and-tail kernel, launched beside it, does
-    count = tl.load(sync_ptr).to(tl.int64)
-    return count * ROWS_IGNORED >= (count * 0 + n_rows) * (ROWS_IGNORED - 1)
-
-
-@triton.jit
-def _cross_entropy_rows_kernel(
-    x_ptr,
-    target_ptr,
-    grad_ptr,
-    stats_ptr,
-    sync_ptr,
-    n_rows,
-    n_cols,
-    stride_xm,
-    stride_gm,
-    label_smoothing,
-    BLOCK_N: tl.constexpr,
-    MAX_ROWS: tl.constexpr,
-    STAGES: tl.constexpr,
-    MEAN: tl.constexpr,
-    SMOOTH: tl.constexpr,
-    EVEN: tl.constexpr,
-):
-    # Persistent: program pid walks rows pid, pid + P, ... (P programs, at most MAX_ROWS rows each), the
-    # next rows' loads pipelined through shared memory while this one reduces and writes. Each row is
-    # held whole (BLOCK_N >= n_cols) and read once. It writes softmax(x) * scale (- eps / V * scale) for
-    # every column of every row; the fix-up kernel then corrects the target's element and overwrites
-    # the rows of ignored (0) or out-of-range (NaN) targets. No scalar load or store in the loop: the
-    # row's statistics go into vectors (a select a row), stored after it. stats: [lse | x_y | sum x].
-    if _rows_path(sync_ptr, n_rows):
-        _cross_entropy_rows(
-            x_ptr,
-            target_ptr,
-            grad_ptr,
-            stats_ptr,
-            sync_ptr,
-            n_rows,
-            n_cols,
-            stride_xm,
-            stride_gm,
-            label_smoothing,
-            BLOCK_N,
-            MAX_ROWS,
-            STAGES,
-            MEAN,
-            SMOOTH,
-            EVEN,
-        )
-
-
-@triton.jit
-def _cross_entropy_rows(
-    x_ptr,
-    target_ptr,
-    grad_ptr,
-    stats_ptr,
-    sync_ptr,
-    n_rows,
-    n_cols,
-    stride_xm,
-    stride_gm,
-    label_smoothing,
-    BLOCK_N: tl.constexpr,
-    MAX_ROWS: tl.constexpr,
-    STAGES: tl.constexpr,
-    MEAN: tl.constexpr,
-    SMOOTH: tl.constexpr,
-    EVEN: tl.constexpr,
-):
-    pid = tl.program_id(axis=0)
-    step = tl.num_programs(axis=0)
-    idx = tl.arange(0, MAX_ROWS)
-    mine = pid + step * idx.to(tl.int64)
-    mine_ok = mine < n_rows
-    # the targets' logits, gathered before any gradient is written (the gradient may overwrite them)
-    ys = tl.load(target_ptr + mine, mask=mine_ok, other=-1)
-    ys_ok = mine_ok & (ys >= 0) & (ys < n_cols)
-    x_ys = tl.load(x_ptr + mine * stride_xm + ys, mask=ys_ok, other=0.0).to(tl.float32)
-    tl.store(stats_ptr + n_rows + mine, x_ys, mask=mine_ok)
-    if MEAN:
-        scale = 1.0 / tl.load(sync_ptr).to(tl.float32)
-    else:
-        scale = 1.0
-    c_s = label_smoothing / n_cols * scale
-    offs = tl.arange(0, BLOCK_N)
-    col_ok = offs < n_cols
-    lses = tl.zeros([MAX_ROWS], tl.float32)
-    sums = tl.zeros([MAX_ROWS], tl.float32)
-    for row in tl.range(pid, n_rows, step, num_stages=STAGES):
-        r = tl.full([], 0, tl.int64) + row  # int64: row * stride passes 2**31 (row.to fails in the interpreter)
-        if EVEN:
-            x = tl.load(x_ptr + r * stride_xm + offs).to(tl.float32)
-        else:
-            x = tl.load(x_ptr + r * stride_xm + offs, mask=col_ok, other=float("-inf")).to(tl.float32)
-        # against the row's maximum (the target's logit is not at hand here): a row of only -inf has
-        # d = 0 and lse = -inf, so its loss is NaN, as torch's
-        m = tl.max(x, axis=0)
-        ref = tl.where(m == float("-inf"), 0.0, m)
-        e = tl.math.exp2((x - ref) * _LOG2E)
-        d = tl.sum(e, axis=0)
-        here = idx == (row - pid) // step
-        lses = tl.where(here, ref + tl.math.log2(d) * _LN2, lses)
-        grad = e * (scale / d)
-        if SMOOTH:
-            sums = tl.where(here, tl.sum(tl.where(col_ok, x, 0.0), axis=0), sums)
-            grad -= c_s
-        if EVEN:
-            tl.store(grad_ptr + r * stride_gm + offs, grad.to(grad_ptr.dtype.element_ty))
-        else:
-            tl.store(grad_ptr + r * stride_gm + offs, grad.to(grad_ptr.dtype.element_ty), mask=col_ok)
-    tl.store(stats_ptr + mine, lses, mask=mine_ok)
-    if SMOOTH:
-        tl.store(stats_ptr + 2 * n_rows + mine, sums, mask=mine_ok)
-
-
-@triton.jit
-def _cross_entropy_rows_fixup_kernel(
-    grad_ptr,
-    target_ptr,
-    loss_ptr,
-    stats_ptr,
-    sync_ptr,
-    n_rows,
-    n_cols,
-    stride_gm,
-    ignore_index,
-    label_smoothing,
-    BLOCK_N: tl.constexpr,
-    MEAN: tl.constexpr,
-    SMOOTH: tl.constexpr,
-):
-    # After _cross_entropy_rows_kernel, one program a row: the row's loss, and its gradient made right
-    # where the rows kernel could not know the target: the target's element gets -(1 - eps) * scale
-    # more, an ignored row is zeroed (zero loss, zero gradient), an out-of-range target's row is NaN.
-    row = tl.program_id(axis=0).to(tl.int64)
-    y = tl.load(target_ptr + row)
-    g_row = grad_ptr + row * stride_gm
-    if not _rows_path(sync_ptr, n_rows):
-        pass  # the head-and-tail kernel (GUARD) wrote these rows
-    elif y == ignore_index:
-        tl.store(loss_ptr + row, 0.0)
-        zero = tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty)
-        for start in range(0, n_cols, BLOCK_N):
-            offs = start + tl.arange(0, BLOCK_N)
-            tl.store(g_row + offs, zero, mask=offs < n_cols)
-    else:
-        valid = (y >= 0) & (y < n_cols)
-        lse = tl.load(stats_ptr + row)
-        x_y = tl.where(valid, tl.load(stats_ptr + n_rows + row), float("nan"))
-        loss = lse - x_y
-        if MEAN:
-            scale = 1.0 / tl.load(sync_ptr).to(tl.float32)
-        else:
-            scale = 1.0
-        if SMOOTH:
-            loss = (1.0 - label_smoothing) * loss + label_smoothing * (
-                lse - tl.load(stats_ptr + 2 * n_rows + row) / n_cols
-            )
-        tl.store(loss_ptr + row, loss)
-        if valid:
-            grad_y = tl.math.exp2((x_y - lse) * _LOG2E) * scale - label_smoothing / n_cols * scale
-            grad_y -= (1.0 - label_smoothing) * scale
-            tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty))
-        else:
-            bad = tl.full([BLOCK_N], float("nan"), tl.float32).to(grad_ptr.dtype.element_ty)
-            for start in range(0, n_cols, BLOCK_N):
-                offs = start + tl.arange(0, BLOCK_N)
-                tl.store(g_row + offs, bad, mask=offs < n_cols)
-
-
-@triton.jit
 def _cross_entropy_bwd_kernel(
     grad_ptr,
     target_ptr,
@@ -929,16 +709,6 @@ def _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_s
         return
     if grad is not None and cfg.get("SPLIT"):
         return _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean)
-    if grad is not None and cfg.get("ROWS"):
-        if sync is None:  # "sum", "none": the count still picks the schedule
-            sync = _prologue(target, ignore_index, count=True)
-        return _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean)
-    return _launch_head(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean=mean)
-
-
-def _launch_head(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, *, mean, guard=False):
-    """The head-and-tail kernel, one program a row (``guard``: beside the rows kernel, see ``ROWS_IGNORED``)."""
-    n_rows, n_cols = logits.shape
     g = logits if grad is None else grad
     return _cross_entropy_fwd_kernel[(n_rows,)](
         logits,
@@ -965,7 +735,6 @@ def _launch_head(logits, target, grad, loss_rows, sync, ignore_index, label_smoo
         LOOP_STAGES=cfg.get("LOOP_STAGES", 1),
         PREFETCH2=cfg.get("PREFETCH2", cfg["PREFETCH"]),
         EARLY_HEAD=cfg.get("EARLY_HEAD", False),
-        GUARD=guard,
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
 
@@ -993,55 +762,6 @@ def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smo
         SMOOTH=label_smoothing != 0.0,
         EARLY=cfg.get("SPLIT_EARLY", False),
         **launch_kwargs(cfg["SPLIT_WARPS"]),
-    )
-
-
-def _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean):
-    """The persistent rows kernel, the head-and-tail kernel and the fix-up, of which the prologue's count
-    (``sync``) lets either the first and the last or the middle one run (see ``ROWS_IGNORED``); the
-    rows' statistics, 2-3 floats a row, pass through a small buffer."""
-    n_rows, n_cols = logits.shape
-    tile = cfg["ROWS"]
-    if n_cols > tile:
-        raise KernelInputError(f"cross_entropy: rows of {n_cols} logits do not fit the rows kernel's tile of {tile}.")
-    programs = min(n_rows, max(cfg["ROWS_PER_SM"] * sm_count(), cdiv(n_rows, ROWS_CAP)))
-    smooth = label_smoothing != 0.0
-    stats = torch.empty((3 if smooth else 2) * n_rows, dtype=torch.float32, device=logits.device)
-    _cross_entropy_rows_kernel[(programs,)](
-        logits,
-        target,
-        grad,
-        stats,
-        sync,
-        n_rows,
-        n_cols,
-        logits.stride(0),
-        grad.stride(0),
-        label_smoothing,
-        BLOCK_N=tile,
-        MAX_ROWS=next_pow2(cdiv(n_rows, programs)),
-        STAGES=cfg["ROWS_STAGES"],
-        MEAN=mean,
-        SMOOTH=smooth,
-        EVEN=n_cols == tile,
-        **launch_kwargs(cfg["ROWS_WARPS"]),
-    )
-    _launch_head(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean=mean, guard=True)
-    _cross_entropy_rows_fixup_kernel[(n_rows,)](
-        grad,
-        target,
-        loss_rows,
-        stats,
-        sync,
-        n_rows,
-        n_cols,
-        grad.stride(0),
-        ignore_index,
-        label_smoothing,
-        BLOCK_N=4096,
-        MEAN=mean,
-        SMOOTH=smooth,
-        **launch_kwargs(4),
     )
 
 
@@ -1185,8 +905,7 @@ def cross_entropy(
     need_grad = torch.is_grad_enabled() and logits.requires_grad
     cfg = cross_entropy_config(n_cols, logits.dtype, stride=logits.stride(0), grad=need_grad)
     if head_n is not None or block_n is not None or num_warps is not None:
-        # a tuning run: the head-and-tail kernel
-        cfg = {k: v for k, v in cfg.items() if not k.startswith(("SPLIT", "ROWS"))}
+        cfg = {k: v for k, v in cfg.items() if not k.startswith("SPLIT")}  # a tuning run: the head-and-tail kernel
         if head_n is not None:
             cfg["HEAD"] = check_block(head_n, "head_n", op)
         if block_n is not None:
