@@ -114,7 +114,7 @@ INTERPRETER_TUNING = {
 @functools.lru_cache(maxsize=4096)
 def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
     t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
-    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms, tail=True)
+    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms)
 
 
 def layernorm_config(

@@ -156,15 +156,13 @@ INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "pr
 REDUCE = {"reduce_programs": 256, "reduce_tile": 8192, "num_warps": 4}
 
 
-def norm_config(
-    t: dict, n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int, *, tail: bool
-) -> dict:
+def norm_config(t: dict, n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
     """A row normalisation's launch configuration read off its tuning table ``t`` (this module's
     :data:`GPU_TUNING` or :data:`INTERPRETER_TUNING` entry, or LayerNorm's): the one rule RMSNorm and
     LayerNorm share. ``max_single`` (elements) or ``max_single_bytes`` bound the one-tile row;
-    ``warps_by_tile`` (optional) overrides the warps of given tile sizes. ``tail``: the kernel holds a
-    one-tile row as a head and a tail (``TAIL_N``), which ``t``'s ``tail_from`` (and ``tail_max``,
-    ``tail_warps``, ``tail_stages``, ``tail_per_sm``: the backward's programs an SM) then asks for."""
+    ``warps_by_tile`` (optional) overrides the warps of given tile sizes. ``tail_from`` (optional, with
+    ``tail_max``, ``tail_warps``, ``tail_stages``, ``tail_per_sm``: the backward's programs an SM) asks
+    for a one-tile row held as a head and a tail (``TAIL_N``)."""
     if gpu:
         max_single = t.get("max_single") or max(16, t["max_single_bytes"] // element_size(dtype))
     else:
@@ -194,7 +192,7 @@ def norm_config(
             while stages > 2 and staged * (stages - 1) > t.get("stage_bytes", 0):
                 stages -= 1
             cfg["row_stages"] = stages
-    tail_from = t.get("tail_from") if tail else None
+    tail_from = t.get("tail_from")
     # (the interpreter's blocks of rows take tails too: the kernels are written for any BLOCK_M, and
     # the CPU tests then check them so; on a GPU a tail was only ever measured against one-row blocks)
     if tail_from and single and (block_m == 1 or not gpu) and tail_from < block_n <= t.get("tail_max", 2**20):
@@ -218,7 +216,7 @@ def norm_config(
 @functools.lru_cache(maxsize=4096)
 def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
     t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
-    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms, tail=True)
+    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms)
 
 
 def rmsnorm_config(
