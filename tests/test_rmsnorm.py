@@ -13,9 +13,12 @@ from conftest import DTYPES, gpu_only
 from fusionlab import runtime
 from fusionlab.grading import TOLERANCES, Sandbox, poisoned
 from fusionlab.kernels import KernelInputError
+from fusionlab.kernels.layernorm import layernorm_config
 from fusionlab.kernels.rmsnorm import (
     GPU_TUNING,
     INTERPRETER_TUNING,
+    apply_overrides,
+    next_pow2,
     rmsnorm,
     rmsnorm_config,
     rmsnorm_eager,
@@ -196,6 +199,8 @@ BWD_SHAPES = [
     (1, 2500),  # the interpreter's head of 2048 and tail of 512 (a GPU's 11008: 8192 and 4096)
     (3, 11008),  # a head and a tail on a GPU, two-pass in the interpreter
     (19, 3000),  # the interpreter's head and tail over blocks of rows
+    (5, 3500),  # the interpreter's two halves read twice (a GPU's 12289-16384), the second half ragged
+    (17, 4096),  # halves read twice over blocks of 16 rows, the last block 1 row
     (2, 128256),  # two-pass in every mode: phase 1 row terms, phase 2 tiles outside
     (513, 40),  # more rows than programs: each program walks a block of rows into one dw partial
     (2, 3, 100),
@@ -484,8 +489,9 @@ def test_gpu_backward_row_stages_fit_shared_memory():
     # of 8192 keep two; tiles past prefetch_tile, none, but for a head and a tail
     t = GPU_TUNING["backward"]
     cases = [(5120, torch.bfloat16, 3), (8192, torch.bfloat16, 3), (8192, torch.float32, 2)]
-    cases += [(4096, torch.float32, 3), (1024, torch.float16, 3), (16384, torch.bfloat16, None)]
+    cases += [(4096, torch.float32, 3), (1024, torch.float16, 3), (8192, torch.float32, 2)]
     cases += [(11008, torch.bfloat16, 2)]  # a head and a tail: one row in flight (tail_stages)
+    cases += [(16384, torch.bfloat16, 2), (12289, torch.float16, 2)]  # halves read twice (reread_stages)
     for n, dtype, want in cases:
         cfg = rmsnorm_config(32768, n, dtype, backward=True, gpu=True)
         assert cfg.get("row_stages") == want, (n, dtype, cfg)
@@ -501,8 +507,10 @@ def test_head_and_tail():
     t = GPU_TUNING["backward"]
     assert cfg["num_warps"] == t["tail_warps"] and cfg["row_stages"] == t["tail_stages"]
     assert (8192 + 4096) * 2 * 3 * (cfg["row_stages"] - 1) <= t["stage_bytes"]  # the stage fits
-    for n in (12289, 16384, 8192, 5120):  # past three quarters, or a tile with row stages: one tile
+    for n in (8192, 5120):  # a tile with row stages: one tile
         assert "TAIL_N" not in rmsnorm_config(32768, n, torch.bfloat16, backward=True, gpu=True), n
+    for n in (12289, 16384):  # past three quarters of 16384: the forward keeps its one tile
+        assert "TAIL_N" not in rmsnorm_config(32768, n, torch.bfloat16, gpu=True), n
     fwd = rmsnorm_config(32768, 11008, torch.bfloat16, gpu=True)  # the forward too
     assert (fwd["BLOCK_N"], fwd["TAIL_N"], fwd["SINGLE_TILE"]) == (8192, 4096, True)
     # a tile asked for replaces both; the head's width with the tail's is still one tile
@@ -519,6 +527,49 @@ def test_head_and_tail():
         _grad_close(w.grad, dw64, 2e-5, "dw")
 
 
+def test_backward_reads_wide_rows_twice():
+    # a backward row past three quarters of the reread tile: two halves, each loaded twice (REREAD);
+    # the forward, LayerNorm and narrower rows never
+    for gpu, rows, tile in ((True, 32768, 16384), (False, 19, 4096)):
+        for n in (tile * 3 // 4 + 1, tile - 1000, tile):
+            cfg = rmsnorm_config(rows, n, torch.bfloat16, backward=True, gpu=gpu)
+            half = tile // 2
+            assert (cfg["BLOCK_N"], cfg["TAIL_N"], cfg.get("REREAD")) == (half, next_pow2(n - half), True), cfg
+            assert cfg["SINGLE_TILE"] and cfg["BLOCK_N"] + cfg["TAIL_N"] >= n
+            assert "REREAD" not in rmsnorm_config(rows, n, torch.bfloat16, gpu=gpu)
+            assert "REREAD" not in layernorm_config(rows, n, torch.bfloat16, backward=True, gpu=gpu)
+        for n in (tile * 3 // 4, tile // 2, tile + 1):  # a head and a tail, a smaller tile, two passes
+            assert "REREAD" not in rmsnorm_config(rows, n, torch.bfloat16, backward=True, gpu=gpu), n
+    big = GPU_TUNING["backward"]
+    assert rmsnorm_config(64, 16384, torch.bfloat16, backward=True, gpu=True)["num_warps"] == big["reread_warps"]
+    # a tile asked for replaces the halves
+    cfg = apply_overrides(
+        rmsnorm_config(32768, 16384, torch.bfloat16, backward=True, gpu=True), {"BLOCK_N": 16384}, 16384, "rmsnorm"
+    )
+    assert "REREAD" not in cfg and "TAIL_N" not in cfg and cfg["SINGLE_TILE"]
+
+
+@pytest.mark.parametrize("which", ["x", "w", "r", "all"])
+def test_reread_rows_compute_only_what_is_needed(which):
+    # the halves read twice with dx alone, dw alone, or both (the mode's own reread width: a GPU's are
+    # 16-bit rows)
+    gpu = runtime.is_gpu()
+    shape, dtype, tol = ((21, 14336), torch.float16, 4e-3) if gpu else ((21, 3500), torch.float32, 2e-5)
+    x = _t(shape, dtype, seed=143).requires_grad_(which in ("x", "all"))
+    r = _t(shape, dtype, seed=144).requires_grad_(which in ("r", "all"))
+    w = _t(shape[-1], seed=145).requires_grad_(which in ("w", "all"))
+    dy, dh = _t(shape, dtype, seed=146), _t(shape, dtype, seed=147)
+    assert rmsnorm_config(*shape, dtype, backward=True).get("REREAD")
+    y, h = rmsnorm(x, w, EPS, r)
+    torch.autograd.backward([y, h], [dy, dh])
+    dx64, dw64, dr64 = _autograd64(x, w, r, dy, dh)
+    for name, t, want in (("x", x, dx64), ("w", w, dw64), ("r", r, dr64)):
+        if which in (name, "all"):
+            _grad_close(t.grad, want, tol, name)
+        else:
+            assert t.grad is None
+
+
 def test_gpu_tile_limits():
     t = GPU_TUNING["forward"]["max_single_bytes"]
     for dtype, size in ((torch.bfloat16, 2), (torch.float32, 4)):
@@ -531,7 +582,7 @@ def test_gpu_tile_limits():
 # -- the GPU: large shapes, bf16, int64 offsets ----------------------------------------------------------
 @gpu_only
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,n", [(32768, 4096), (4096, 11008), (4096, 16384), (64, 65536)])
+@pytest.mark.parametrize("rows,n", [(32768, 4096), (4096, 11008), (4096, 16384), (1000, 12289), (64, 65536)])
 def test_gpu_large_shapes_bf16(rows, n):
     x, r = _t((rows, n), torch.bfloat16, seed=80), _t((rows, n), torch.bfloat16, seed=81)
     w = _t(n, torch.float32, seed=82)

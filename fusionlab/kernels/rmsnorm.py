@@ -124,6 +124,11 @@ OP = "rmsnorm"
 #: head and tail: H100 77.2% -> 91.5% of copy, H200 66.7% -> 81.3%; forward, H200 92.0% -> 98.1%
 #: (compiled 95.8%). A forward row of 20000 (a tile of 32768) ran at 99% in one tile and 80-90% as a
 #: head and a tail: hence ``tail_max``.
+#: ``reread_tile``: a backward row of 12289-16384 (16-bit) filled the 16384 tile's registers (32 warps,
+#: 64 a thread: no row stage without spilling); walked as two halves of 8192, each loaded twice (the
+#: second time from L2), 16 warps and a row stage: GPU clock, bf16, H200 32768 x 16384 73.3% -> 86.6% of
+#: copy, 4096 x 16384 67.9% -> 81.5% (benchmarks/probe_rms_bwd_reread.py, notes_norms.md thirteenth
+#: session). At 11008 (a head and a tail already) it lost: 81.3% -> 73-75%.
 GPU_TUNING = {
     "forward": {
         "max_single_bytes": 65536,
@@ -146,11 +151,21 @@ GPU_TUNING = {
         "tail_from": 8192,
         "tail_warps": 16,
         "tail_stages": 2,
+        "reread_tile": 16384,
+        "reread_warps": 16,
+        "reread_stages": 2,
     },
 }
 #: the interpreter: every program costs milliseconds of Python, so tiles are large (64 Ki elements)
 #: and few backward programs; rows past 4096 elements take the two-pass path.
-INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 4096, "tile": 65536, "programs": 4, "tail_from": 2048}
+INTERPRETER_TUNING = {
+    "max_single": 4096,
+    "wide_block": 4096,
+    "tile": 65536,
+    "programs": 4,
+    "tail_from": 2048,
+    "reread_tile": 4096,
+}
 #: the partial-sum reduction: about ``reduce_programs`` column blocks (enough to spread over the SMs
 #: when N is small), each adding at most ``reduce_tile`` fp32 elements a step
 REDUCE = {"reduce_programs": 256, "reduce_tile": 8192, "num_warps": 4}
@@ -162,7 +177,9 @@ def norm_config(t: dict, n_rows: int, n_cols: int, dtype: torch.dtype, backward:
     LayerNorm share. ``max_single`` (elements) or ``max_single_bytes`` bound the one-tile row;
     ``warps_by_tile`` (optional) overrides the warps of given tile sizes. ``tail_from`` (optional, with
     ``tail_max``, ``tail_warps``, ``tail_stages``, ``tail_per_sm``: the backward's programs an SM) asks
-    for a one-tile row held as a head and a tail (``TAIL_N``)."""
+    for a one-tile row held as a head and a tail (``TAIL_N``); ``reread_tile`` (optional, backward,
+    with ``reread_warps`` and ``reread_stages``) for a row of that tile past three quarters of it held
+    as two halves, each read twice (``REREAD``)."""
     if gpu:
         max_single = t.get("max_single") or max(16, t["max_single_bytes"] // element_size(dtype))
     else:
@@ -210,6 +227,13 @@ def norm_config(t: dict, n_rows: int, n_cols: int, dtype: torch.dtype, backward:
                 staged = sum(split_tile) * element_size(dtype) * 3 * (t["tail_stages"] - 1)
                 if staged <= t["stage_bytes"]:
                     cfg["row_stages"] = t["tail_stages"]
+        elif backward and block_n == t.get("reread_tile"):
+            # a backward row that fills more than three quarters of its tile, walked as two halves read
+            # twice (the kernel's REREAD): the first read sums g h, the second (from L2) writes dx
+            half = block_n // 2
+            cfg.update(BLOCK_N=half, TAIL_N=max(16, next_pow2(n_cols - half)), REREAD=True)
+            if gpu:
+                cfg.update(num_warps=t["reread_warps"], row_stages=t["reread_stages"])
     return cfg
 
 
@@ -557,12 +581,13 @@ def _rmsnorm_kernel(
 
 
 @triton.jit
-def _bwd_tile(dy_ptr, h_rows, rows, offs, mask_m, mask_n, stride_dym):
-    """One tile of the backward's rows: dy and h, in fp32 (0 where masked)."""
+def _bwd_tile(dy_ptr, h_rows, rows, offs, mask_m, mask_n, stride_dym, CACHE: tl.constexpr):
+    """One tile of the backward's rows: dy and h, in fp32 (0 where masked). ``CACHE=".cg"``: a second
+    read of the same bytes, from L2 (and never merged with the first read by the compiler)."""
     mask = mask_m[:, None] & mask_n[None, :]
-    dy = tl.load(dy_ptr + rows[:, None] * stride_dym + offs[None, :], mask=mask, other=0.0).to(tl.float32)
-    hf = tl.load(h_rows[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
-    return dy, hf
+    dy = tl.load(dy_ptr + rows[:, None] * stride_dym + offs[None, :], mask=mask, other=0.0, cache_modifier=CACHE)
+    hf = tl.load(h_rows[:, None] + offs[None, :], mask=mask, other=0.0, cache_modifier=CACHE)
+    return dy.to(tl.float32), hf.to(tl.float32)
 
 
 @triton.jit
@@ -602,6 +627,7 @@ def _rmsnorm_bwd_kernel(
     COMPUTE_DW: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     TAIL_N: tl.constexpr = 0,
+    REREAD: tl.constexpr = False,
 ):
     # Program pid walks rows [row_start, row_end) in steps of BLOCK_M and writes one (N,) fp32 row of
     # dw partial sums: dw_partial[pid] = sum over its rows of dy * round(h * rstd).
@@ -627,26 +653,37 @@ def _rmsnorm_bwd_kernel(
             mask_m = offs_m < row_end
             rows = offs_m.to(tl.int64)
             h_rows = h_ptr + _row_offsets(rows, n_inner, stride_hb, stride_hm, TWO_LEVEL)
-            dy, hf = _bwd_tile(dy_ptr, h_rows, rows, offs_n, mask_m, mask_n, stride_dym)
+            dy, hf = _bwd_tile(dy_ptr, h_rows, rows, offs_n, mask_m, mask_n, stride_dym, "")
             if TAIL_N > 0:
-                dy_t, hf_t = _bwd_tile(dy_ptr, h_rows, rows, offs_t, mask_m, mask_t, stride_dym)
+                dy_t, hf_t = _bwd_tile(dy_ptr, h_rows, rows, offs_t, mask_m, mask_t, stride_dym, "")
             rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
+            c = rstd  # (only read when COMPUTE_DX sets it)
             if COMPUTE_DX:
-                g = dy * w[None, :]
-                gh = tl.sum(g * hf, axis=1)
+                gh = tl.sum(dy * w[None, :] * hf, axis=1)
                 if TAIL_N > 0:
-                    g_t = dy_t * w_t[None, :]
-                    gh += tl.sum(g_t * hf_t, axis=1)
+                    gh += tl.sum(dy_t * w_t[None, :] * hf_t, axis=1)
                 c = gh * (rstd * rstd * rstd) / n_cols
-                _bwd_store_dx(dx_ptr, dh_ptr, rows, offs_n, mask_m, mask_n, g, hf, rstd, c, n_cols, stride_dhm, HAS_DH)
-                if TAIL_N > 0:
+            # dx and the dw partials, the tail first. REREAD: each part's dy and h are loaded again (just
+            # read, the L2 holds them), so the compiler keeps one part live, not the whole row: a row of
+            # 16384 then leaves registers for the dw sums and the next row in flight
+            # (rmsnorm_config's "reread")
+            if TAIL_N > 0:
+                if REREAD:
+                    dy_t, hf_t = _bwd_tile(dy_ptr, h_rows, rows, offs_t, mask_m, mask_t, stride_dym, ".cg")
+                if COMPUTE_DX:
+                    g_t = dy_t * w_t[None, :]
                     _bwd_store_dx(
                         dx_ptr, dh_ptr, rows, offs_t, mask_m, mask_t, g_t, hf_t, rstd, c, n_cols, stride_dhm, HAS_DH
                     )
-            if COMPUTE_DW:  # y = round(n) * w: dw sees the rounded normalised row, as autograd does
-                acc += dy * (hf * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
-                if TAIL_N > 0:
+                if COMPUTE_DW:  # y = round(n) * w: dw sees the rounded normalised row, as autograd does
                     acc_t += dy_t * (hf_t * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
+            if REREAD:
+                dy, hf = _bwd_tile(dy_ptr, h_rows, rows, offs_n, mask_m, mask_n, stride_dym, ".cg")
+            if COMPUTE_DX:
+                g = dy * w[None, :]
+                _bwd_store_dx(dx_ptr, dh_ptr, rows, offs_n, mask_m, mask_n, g, hf, rstd, c, n_cols, stride_dhm, HAS_DH)
+            if COMPUTE_DW:
+                acc += dy * (hf * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
         if COMPUTE_DW:
             tl.store(dwp_ptr + pid.to(tl.int64) * n_cols + offs_n, tl.sum(acc, axis=0), mask=mask_n)
             if TAIL_N > 0:
@@ -847,6 +884,7 @@ def apply_overrides(cfg: dict, override: dict | None, n_cols: int, op: str) -> d
             )
     if "BLOCK_N" in override:
         cfg.pop("TAIL_N", None)  # a tile asked for is the whole tile
+        cfg.pop("REREAD", None)
     cfg["SINGLE_TILE"] = n_cols <= cfg["BLOCK_N"] + cfg.get("TAIL_N", 0)
     if "row_stages" not in override and cfg["BLOCK_M"] * cfg["BLOCK_N"] > GPU_TUNING["backward"]["prefetch_tile"]:
         cfg.pop("row_stages", None)  # a larger tile than the default's: no prefetch unless asked
@@ -980,6 +1018,7 @@ def _backward(dy, grad_h, h, layout_h, weight, rstd, cfg, need_dx, need_dw):
         COMPUTE_DW=need_dw,
         NUM_STAGES=cfg.get("row_stages", 1) if runtime.is_gpu() else 1,
         TAIL_N=cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
+        REREAD=bool(cfg.get("REREAD")) and cfg["SINGLE_TILE"],
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
     dw = sum_partials(part, weight.dtype)[0] if need_dw else None
