@@ -1,6 +1,6 @@
 """Probe: RMSNorm's backward at hidden 11008-16384 with the row read twice, the second time from L2.
 
-    PYTHONPATH=. python3 benchmarks/probe_rms_bwd_reread.py [--quick]
+    PYTHONPATH=. python3 benchmarks/probe_rms_bwd_reread.py [--quick | --tail-stages]
 
 Why: the one 16384-element tile holds dy, h, grad_h and w of a row in registers (32 warps, one program
 an SM, 64 registers a thread at most) and cannot keep the next row in flight; held as two halves it did
@@ -165,5 +165,37 @@ def main():
         torch.cuda.empty_cache()
 
 
+def tail_stages():
+    """``--tail-stages``: the package's head and tail at 9216-12288 (8192 + a tail, no reread) with a third row
+    stage (past ``stage_bytes``, within the SM's shared memory), warps and programs an SM."""
+    ceil = bench.ceilings()
+    sms = rn.sm_count()
+    print(bench.source_label(), f"copy {ceil.copy_GBps:.0f} GB/s", flush=True)
+    for rows, n in ((32768, 11008), (4096, 11008), (32768, 9216), (32768, 12288), (4096, 12288)):
+        x, r, dy, dh, w = rms_inputs(rows, n)
+        nbytes = rms_bwd_ledger(rows, n).fused_bytes
+        y, h, rstd = rn._forward(x, w, r, EPS, rn.row_layouts(x, r), rn.rmsnorm_config(rows, n, DTYPE), store_rstd=True)
+        layout = rn.row_layouts(h)[0]
+        base = rn.rmsnorm_config(rows, n, DTYPE, backward=True)
+        ref = rn._backward(dy, dh, h, layout, w, rstd, None, True, True)
+        print(f"\n{rows} x {n}: package {base}", flush=True)
+        for warps, stages, per_sm in ((16, 2, 1), (8, 2, 1), (8, 3, 1), (8, 4, 1), (4, 3, 1), (4, 3, 2), (16, 3, 1)):
+            cfg = dict(base, num_warps=warps, row_stages=stages, programs=sms * per_sm)
+            name = f"{warps}w rs{stages} {per_sm}/SM"
+            try:
+                got = rn._backward(dy, dh, h, layout, w, rstd, cfg, True, True)
+                torch.cuda.synchronize()
+                ddx = (got[0].float() - ref[0].float()).abs().max().item()
+                q = bench.queued_ms(lambda cfg=cfg: rn._backward(dy, dh, h, layout, w, rstd, cfg, True, True))
+            except Exception as e:  # shared memory or registers
+                print(f"  {name:16s} {type(e).__name__}: {str(e)[:100]}", flush=True)
+                continue
+            print(
+                f"  {name:16s} {q:7.4f} ms {nbytes / q / 1e6 / ceil.copy_GBps:6.1%}  dx diff {ddx:.3g}",
+                flush=True,
+            )
+        torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
-    main()
+    tail_stages() if "--tail-stages" in sys.argv else main()

@@ -490,7 +490,7 @@ def test_gpu_backward_row_stages_fit_shared_memory():
     t = GPU_TUNING["backward"]
     cases = [(5120, torch.bfloat16, 3), (8192, torch.bfloat16, 3), (8192, torch.float32, 2)]
     cases += [(4096, torch.float32, 3), (1024, torch.float16, 3), (8192, torch.float32, 2)]
-    cases += [(11008, torch.bfloat16, 2)]  # a head and a tail: one row in flight (tail_stages)
+    cases += [(11008, torch.bfloat16, 3)]  # a head and a tail: two rows in flight (tail_stages)
     cases += [(16384, torch.bfloat16, 2), (12289, torch.float16, 2)]  # halves read twice (reread_stages)
     for n, dtype, want in cases:
         cfg = rmsnorm_config(32768, n, dtype, backward=True, gpu=True)

@@ -124,6 +124,10 @@ OP = "rmsnorm"
 #: head and tail: H100 77.2% -> 91.5% of copy, H200 66.7% -> 81.3%; forward, H200 92.0% -> 98.1%
 #: (compiled 95.8%). A forward row of 20000 (a tile of 32768) ran at 99% in one tile and 80-90% as a
 #: head and a tail: hence ``tail_max``.
+#: Thirteenth session (probe_rms_bwd_reread.py --tail-stages, GPU clock, bf16): the backward's head and
+#: tail with 8 warps and three row stages (147 KiB of shared memory staged: ``stage_bytes`` 160 KiB,
+#: which moves no other tile) where it had 16 warps and two: H200 32768 x 11008 82.0% -> 91.4%,
+#: 4096 x 11008 74.6% -> 83.8%, 32768 x 9216 81.0% -> 96.7%, 32768 x 12288 83.8% -> 95.4%.
 #: ``reread_tile``: a backward row of 12289-16384 (16-bit) filled the 16384 tile's registers (32 warps,
 #: 64 a thread: no row stage without spilling); walked as two halves of 8192, each loaded twice (the
 #: second time from L2), 16 warps and a row stage: GPU clock, bf16, H200 32768 x 16384 73.3% -> 86.6% of
@@ -147,10 +151,10 @@ GPU_TUNING = {
         "warps_per_sm": 16,
         "prefetch_tile": 8192,
         "row_stages": 3,
-        "stage_bytes": 131072,
+        "stage_bytes": 163840,
         "tail_from": 8192,
-        "tail_warps": 16,
-        "tail_stages": 2,
+        "tail_warps": 8,
+        "tail_stages": 3,
         "reread_tile": 16384,
         "reread_warps": 16,
         "reread_stages": 2,
