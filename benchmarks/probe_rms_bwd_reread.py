@@ -124,6 +124,15 @@ def reread_backward(dy, dh, h, w, rstd, *, warps, stages, per_sm, hint, head=819
     return dx, rn.sum_partials(part, w.dtype)[0]
 
 
+def backward_case(rows, n):
+    """The suite's inputs at ``rows x n``, the forward run, and the package's gradients (dx, dw)."""
+    x, r, dy, dh, w = rms_inputs(rows, n)
+    _, h, rstd = rn._forward(x, w, r, EPS, rn.row_layouts(x, r), rn.rmsnorm_config(rows, n, DTYPE), store_rstd=True)
+    layout = rn.row_layouts(h)[0]
+    ref = rn._backward(dy, dh, h, layout, w, rstd, None, True, True)
+    return dy, dh, h, layout, w, rstd, rms_bwd_ledger(rows, n).fused_bytes, ref
+
+
 def main():
     quick = "--quick" in sys.argv
     ceil = bench.ceilings()
@@ -137,12 +146,8 @@ def main():
                     continue
                 variants.append((warps, stages, per_sm, hint))
     for rows, n in shapes:
-        x, r, dy, dh, w = rms_inputs(rows, n)
-        nbytes = rms_bwd_ledger(rows, n).fused_bytes
-        y, h, rstd = rn._forward(x, w, r, EPS, rn.row_layouts(x, r), rn.rmsnorm_config(rows, n, DTYPE), store_rstd=True)
-        layout = rn.row_layouts(h)[0]
+        dy, dh, h, layout, w, rstd, nbytes, ref = backward_case(rows, n)
         cfg = rn.rmsnorm_config(rows, n, DTYPE, backward=True)
-        ref = rn._backward(dy, dh, h, layout, w, rstd, None, True, True)
         q = bench.queued_ms(lambda: rn._backward(dy, dh, h, layout, w, rstd, None, True, True))
         print(f"\n{rows} x {n}: package {cfg}: {q:.4f} ms {nbytes / q / 1e6 / ceil.copy_GBps:6.1%}", flush=True)
         for warps, stages, per_sm, hint in variants:
@@ -172,12 +177,8 @@ def tail_stages():
     sms = rn.sm_count()
     print(bench.source_label(), f"copy {ceil.copy_GBps:.0f} GB/s", flush=True)
     for rows, n in ((32768, 11008), (4096, 11008), (32768, 9216), (32768, 12288), (4096, 12288)):
-        x, r, dy, dh, w = rms_inputs(rows, n)
-        nbytes = rms_bwd_ledger(rows, n).fused_bytes
-        y, h, rstd = rn._forward(x, w, r, EPS, rn.row_layouts(x, r), rn.rmsnorm_config(rows, n, DTYPE), store_rstd=True)
-        layout = rn.row_layouts(h)[0]
+        dy, dh, h, layout, w, rstd, nbytes, ref = backward_case(rows, n)
         base = rn.rmsnorm_config(rows, n, DTYPE, backward=True)
-        ref = rn._backward(dy, dh, h, layout, w, rstd, None, True, True)
         print(f"\n{rows} x {n}: package {base}", flush=True)
         for warps, stages, per_sm in ((16, 2, 1), (8, 2, 1), (8, 3, 1), (8, 4, 1), (4, 3, 1), (4, 3, 2), (16, 3, 1)):
             cfg = dict(base, num_warps=warps, row_stages=stages, programs=sms * per_sm)

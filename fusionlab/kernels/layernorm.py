@@ -61,6 +61,7 @@ from .rmsnorm import (
     sm_count,
     sum_partials,
 )
+from .rmsnorm import INTERPRETER_TUNING as RMS_INTERPRETER_TUNING
 
 OP = "layernorm"
 
@@ -102,13 +103,8 @@ GPU_TUNING = {
         "stage_bytes": 65536,
     },
 }
-INTERPRETER_TUNING = {
-    "max_single": 4096,
-    "wide_block": 4096,
-    "tile": 65536,
-    "programs": 4,
-    "tail_from": 2048,
-}
+#: the interpreter's tiles are RMSNorm's (its backward has no halves read twice: no ``reread_tile``)
+INTERPRETER_TUNING = {k: v for k, v in RMS_INTERPRETER_TUNING.items() if not k.startswith("reread")}
 
 
 @functools.lru_cache(maxsize=4096)
