@@ -45,7 +45,10 @@ than ``buffer.sum(0)``: the same order on every device and mode, one fewer torch
 reduction is part of the op the lesson shows.) Rows wider than the backward tile run two phases in
 the same kernel: phase 1 computes each row's ``rstd³ mean(g h)`` (one read of dy, h), phase 2 walks
 the tiles with the rows inside, so the dw partial of one tile stays in registers across rows (a
-second read of dy and h — the backward's re-read term).
+second read of dy and h — the backward's re-read term). A backward row of 12289-16384 16-bit elements
+fits its tile but not its tile's registers with the next row in flight: it is walked as two halves,
+each loaded twice (``REREAD``: the second load comes from L2, just read, so HBM still sees one read
+and the ledger has no re-read term), so only one half is live at a time.
 
 **Layout**: x and r of any shape ``(..., N)`` whose last dimension has stride 1; their leading
 dimensions may be strided as long as they merge into at most two (size, stride) levels (a slice of a
