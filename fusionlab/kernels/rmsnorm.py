@@ -664,7 +664,6 @@ def _rmsnorm_bwd_kernel(
             if TAIL_N > 0:
                 dy_t, hf_t = _bwd_tile(dy_ptr, h_rows, rows, offs_t, mask_m, mask_t, stride_dym, "")
             rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
-            c = rstd  # (only read when COMPUTE_DX sets it)
             if COMPUTE_DX:
                 gh = tl.sum(dy * w[None, :] * hf, axis=1)
                 if TAIL_N > 0:
