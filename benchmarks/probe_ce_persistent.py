@@ -85,11 +85,31 @@ def _ce_rows_kernel(
         ys_ok = (ys >= 0) & (ys < n_cols)
         xys = tl.load(x_ptr + my_rows * stride_xm + ys, mask=ys_ok, other=float("nan")).to(tl.float32)
         losses = tl.zeros([MAX_ROWS], tl.float32)
-    if Y_AHEAD:  # the next row's target loaded a row ahead, in a register
+    if PARTS >= 9:
+        # the targets and their logits gathered before the loop, for the losses after it; in the loop
+        # a row's target is a one-element tensor broadcast against the tile (no reduction, no scalar)
+        ys = tl.load(t_ptr + my_rows, mask=my_rows < n_rows, other=ignore_index)
+        ys_ok = (ys >= 0) & (ys < n_cols)
+        xys = tl.load(x_ptr + my_rows * stride_xm + ys, mask=ys_ok, other=float("nan")).to(tl.float32)
+        one = tl.arange(0, 1)
+    if PARTS == 12:
+        y_first = tl.load(t_ptr + pid + one)
+    if Y_AHEAD and PARTS >= 9:
+        y_next = tl.load(t_ptr + pid + one, mask=pid + one < n_rows, other=ignore_index)
+    elif Y_AHEAD:  # the next row's target loaded a row ahead, in a register
         y_next = tl.load(t_ptr + pid, mask=pid < n_rows, other=ignore_index)
     for row in tl.range(pid, n_rows, step, num_stages=STAGES):
         r = tl.full([], 0, tl.int64) + row  # int64 offsets (row.to fails in the interpreter)
-        if PARTS == 4:
+        if PARTS >= 13:  # the row's target picked out of the gathered vector by a reduction
+            y = tl.sum(tl.where(idx == (row - pid) // step, ys.to(tl.int32), 0), axis=0)
+        elif PARTS == 12:  # a diagnostic: the first row's target, loaded before the loop, for every row
+            y = y_first
+        elif PARTS >= 9 and Y_AHEAD:
+            y = y_next
+            y_next = tl.load(t_ptr + r + step + one, mask=row + step + one < n_rows, other=ignore_index)
+        elif PARTS >= 9:
+            y = tl.load(t_ptr + r + one)
+        elif PARTS == 4:
             i = (row - pid) // step
             y = tl.sum(tl.where(idx == i, ys, 0), axis=0)
         elif PARTS == 7:  # the target as a one-element tensor load, not a scalar load
@@ -106,7 +126,14 @@ def _ce_rows_kernel(
             y = tl.load(t_ptr + r)
         valid = (y >= 0) & (y < n_cols)
         keep = y != ignore_index
-        if PARTS >= 7:  # an ignored row is not read
+        if PARTS == 10 or PARTS == 13:  # an ignored row is not read (the mask follows the target)
+            x = tl.load(x_ptr + r * stride_xm + offs, mask=tl.where(keep, col_ok, False), other=float("-inf"))
+            x = x.to(tl.float32)
+        elif PARTS >= 9 and EVEN:
+            x = tl.load(x_ptr + r * stride_xm + offs).to(tl.float32)
+        elif PARTS >= 9:
+            x = tl.load(x_ptr + r * stride_xm + offs, mask=col_ok, other=float("-inf")).to(tl.float32)
+        elif PARTS >= 7:  # an ignored row is not read
             x = tl.load(x_ptr + r * stride_xm + offs, mask=col_ok & keep, other=float("-inf")).to(tl.float32)
         elif EVEN:
             x = tl.load(x_ptr + r * stride_xm + offs).to(tl.float32)
@@ -114,7 +141,7 @@ def _ce_rows_kernel(
             x = tl.load(x_ptr + r * stride_xm + offs, mask=col_ok, other=float("-inf")).to(tl.float32)
         if PARTS == 4:
             x_y = tl.sum(tl.where(idx == i, xys, 0.0), axis=0)
-        elif PARTS < 3:
+        elif PARTS < 3 or PARTS >= 9:
             x_y = 0.0
         elif XY_REG:  # picked out of the row in registers: a reduction, no dependent load
             x_y = tl.where(valid, tl.sum(tl.where(offs == y, x, 0.0), axis=0), float("nan"))
@@ -136,7 +163,13 @@ def _ce_rows_kernel(
             losses = tl.where(idx == i, tl.where(keep, lse - x_y, 0.0), losses)
         elif PARTS >= 2:
             tl.store(loss_ptr + r, tl.where(keep, lse - x_y, 0.0))
-        if PARTS >= 7:
+        if PARTS >= 9:  # y, keep, valid: one-element tensors broadcast against the tile
+            c = tl.where(keep, tl.where(valid, scale / d, float("nan")), 0.0)
+            hot = tl.where(keep, scale, 0.0)
+            # compared in int32: an int64 compare widens the column index of every lane (two more
+            # registers an element, hoisted out of the loop: the loop ran at 59% of copy, not 90%)
+            grad = e * c - tl.where(offs == y.to(tl.int32), hot, 0.0)  # an ignored row: e * 0 - 0
+        elif PARTS >= 7:
             grad = e * tl.where(keep, scale / d, 0.0) - tl.where(offs == y, scale, 0.0)
         elif PARTS == 0 or PARTS >= 5:
             grad = e * (scale / d)
@@ -150,7 +183,10 @@ def _ce_rows_kernel(
             tl.store(g_ptr + r * stride_gm + offs, grad.to(g_ptr.dtype.element_ty), mask=col_ok)
     if PARTS == 4:
         tl.store(loss_ptr + my_rows, losses, mask=my_rows < n_rows)
-    if PARTS >= 6:
+    if PARTS >= 9:
+        losses = tl.where(ys != ignore_index, lses - xys, 0.0)
+        tl.store(loss_ptr + my_rows, losses, mask=my_rows < n_rows)
+    elif PARTS >= 6:
         tl.store(loss_ptr + my_rows, lses, mask=my_rows < n_rows)
 
 
@@ -160,7 +196,7 @@ def persistent_loss(x, t, grad, cfg):
     loss_rows = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     block = triton.next_power_of_2(n_cols)
     programs = n_rows if cfg["per_sm"] == 0 else min(n_rows, cfg["per_sm"] * sm_count())
-    _ce_rows_kernel[(programs,)](
+    cfg["compiled"] = _ce_rows_kernel[(programs,)](
         x,
         t,
         grad,
@@ -174,7 +210,7 @@ def persistent_loss(x, t, grad, cfg):
         BLOCK_N=block,
         STAGES=cfg["stages"],
         REF_TARGET=cfg["ref_target"],
-        EVEN=block == n_cols,
+        EVEN=block == n_cols and not cfg.get("masked"),
         XY_REG=cfg.get("xy_reg", False),
         Y_AHEAD=cfg.get("y_ahead", False),
         PARTS=cfg.get("parts", 3),
@@ -188,22 +224,69 @@ def configs(quick):
     """(per_sm, stages, warps, reference, x_y from registers, target a row ahead); per_sm 0: one
     program a row. The first run (H200) put 3 stages, 16 warps, the target's reference first (77%)."""
     out = {}
-    for per_sm, stages, warps, ref, parts in (
-        (1, 3, 32, False, 6),
-        (1, 3, 32, False, 7),
-        (1, 3, 32, False, 8),
-        (1, 3, 16, False, 7),
-        (1, 3, 16, False, 8),
+    for per_sm, stages, warps, ref, parts, ahead in (
+        (1, 3, 32, False, 6, False),
+        (1, 3, 32, False, 9, False),
+        (1, 3, 16, False, 9, False),
+        (1, 3, 32, False, 10, False),
+        (1, 3, 16, False, 10, False),
+        (1, 4, 32, False, 10, False),
+        (1, 3, 32, False, 13, False),
+        (1, 3, 16, False, 13, False),
+        (1, 3, 32, False, 14, False),
+        (1, 3, 16, False, 14, False),
     ):
         label = f"persistent {per_sm}/SM" if per_sm else "a row each"
-        label += f" s{stages} w{warps} ref={'y' if ref else 'max'} parts={parts}"
-        out[label] = dict(per_sm=per_sm, stages=stages, warps=warps, ref_target=ref, parts=parts)
+        label += f" s{stages} w{warps} parts={parts}" + (" ahead" if ahead else "")
+        out[label] = dict(per_sm=per_sm, stages=stages, warps=warps, ref_target=ref, parts=parts, y_ahead=ahead)
     return out
 
 
+def ir_counts():
+    """``--ir``: which loads Triton's pipeliner turned into asynchronous copies, for PARTS 0, 6, 9 and
+    12 (the target loaded before the loop), with each one's time at 8192 x 32000; the TTGIR under $OUT."""
+    import os
+
+    out = os.environ.get("OUT", ".")
+    copy = bench.measure_copy_bandwidth()
+    x = torch.randn(8192, 32000, device="cuda", dtype=torch.bfloat16) * 2
+    t = torch.randint(0, 32000, (8192,), device="cuda")
+    grad = torch.empty_like(x)
+    nb = 2 * x.numel() * 2
+    for parts in (0, 6, 9, 10):
+        cfg = dict(per_sm=1, stages=3, warps=32, ref_target=False, parts=parts)
+        ms = bench.queued_ms(lambda cfg=cfg: persistent_loss(x, t, grad, cfg))
+        ir = cfg["compiled"].asm["ttgir"]
+        with open(f"{out}/ce_rows_parts{parts}.ttgir", "w") as f:
+            f.write(ir)
+        keys = ("async_copy_global_to_local", "async_wait", "local_alloc", "tt.load", "scf.for", "gpu.barrier")
+        counts = ", ".join(f"{k} {ir.count(k)}" for k in keys)
+        print(f"parts={parts:<3} {ms:7.4f} ms {nb / ms / 1e6 / copy:6.1%}  {counts}", flush=True)
+
+
+def widths_configs(quick):
+    """``--widths``: the two best loops of the thirteenth round across the widths the tile of 32768
+    would take."""
+    return {
+        "persistent 1/SM s3 w16 parts=10": dict(per_sm=1, stages=3, warps=16, ref_target=False, parts=10),
+        "persistent 1/SM s3 w16 parts=13": dict(per_sm=1, stages=3, warps=16, ref_target=False, parts=13),
+        "persistent 1/SM s3 w32 parts=10": dict(per_sm=1, stages=3, warps=32, ref_target=False, parts=10),
+        "persistent 1/SM s3 w16 parts=10 masked": dict(
+            per_sm=1, stages=3, warps=16, ref_target=False, parts=10, masked=True
+        ),
+    }
+
+
 def main():
+    if "--ir" in sys.argv:
+        return ir_counts()
     quick = "--quick" in sys.argv
-    shapes = ((8192, 32000, 0.0), (8192, 32000, 0.3), (16384, 32000, 0.0))
+    shapes = ((8192, 32000, 0.0), (4096, 32000, 0.0), (8192, 32000, 0.3), (16384, 32000, 0.0))
+    global configs
+    if "--widths" in sys.argv:
+        configs = widths_configs
+        shapes = ((8192, 32000, 0.0), (4096, 32000, 0.0), (16384, 32000, 0.0), (8192, 32000, 0.3))
+        shapes += tuple((8192, n, 0.0) for n in (32768, 30000, 28000, 24592, 20000, 16448))
     copy = bench.measure_copy_bandwidth()
     dev = torch.cuda.get_device_name()
     print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s", flush=True)

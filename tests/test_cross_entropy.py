@@ -10,10 +10,13 @@ from conftest import gpu_only
 from fusionlab import runtime
 from fusionlab.grading import Sandbox
 from fusionlab.kernels import KernelInputError
+from fusionlab.kernels._launch import device_name
 from fusionlab.kernels.cross_entropy import (
     FORWARD_TILE,
     MAX_SPLIT,
     ONE_TILE_MIN,
+    ROWS_MAX,
+    ROWS_MIN,
     SPLIT_BYTES,
     SPLIT_MIN,
     CrossEntropyFunction,
@@ -29,18 +32,20 @@ pytestmark = [
     # the interpreter computes -inf - -inf and exp(-inf) in numpy (masked lanes): right, but it warns
     pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
     pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),  # 1/d of an ignored row
 ]
 
 FWD = "_cross_entropy_fwd_kernel"
 BWD = "_cross_entropy_bwd_kernel"
 PRO = "_cross_entropy_prologue_kernel"  # the mean's count (and the split's zeroed tickets)
 FIN = "_cross_entropy_finish_kernel"  # the rows' losses summed (and divided, and cast)
+ROWS = "_cross_entropy_rows_kernel"  # persistent programs, whole rows (the H200's, 28673-32767 logits)
 
 
 def _launches(reduction, kernel=FWD):
     """What a forward launches, and no torch op: the prologue for "mean" (its count) and for split rows
     (their tickets start from zero), the loss kernel, and the finish kernel for "mean" and "sum"."""
-    split = kernel != FWD
+    split = kernel not in (FWD, ROWS)
     return [PRO] * (reduction == "mean" or split) + [kernel] + [FIN] * (reduction != "none")
 
 
@@ -222,6 +227,72 @@ def test_rows_far_from_the_reference(vocab, case, ref_target):
         tol = 2e-3 if dtype == torch.float16 else 1e-5
         _close(loss, want_loss, tol, tol, f"{case}: loss")
         _close(xl.grad, want_grad, tol, 1e-2 if dtype == torch.float16 else 1e-4, f"{case}: gradient")
+
+
+def _rows_config(vocab, dtype, programs=None):
+    """The rows kernel's configuration (the H200's) for any width and device; ``programs``: fewer
+    programs than rows, so that each walks several through its pipelined loop."""
+    cfg = dict(cross_entropy_config(vocab, dtype))
+    cfg.update(ROWS=True, ROWS_WARPS=4 if vocab <= 4096 else 16, ROW_STAGES=3)
+    if programs:
+        cfg["ROWS_PROGRAMS"] = programs
+    return cfg
+
+
+def _rows_case(tokens, vocab, dtype, seed):
+    """30% ignored rows, targets at both ends of the row, a logit of 1e4 (no max subtraction
+    overflows), a row of only -inf but its target (and -inf targets elsewhere would be NaN, as torch)."""
+    x, t = _inputs(tokens, vocab, dtype, seed=seed)
+    t[1], t[2], t[3] = 0, vocab - 1, vocab // 2
+    x[3, vocab - 1] = 1e4
+    if vocab > 1:
+        x[4] = float("-inf")
+        x[4, t[4].clamp(min=0)] = 0.0
+    return x, t
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("shape", [(97, 300), (7, 3), (9, 1), (41, 4097)], ids=lambda s: "x".join(map(str, s)))
+def test_rows_kernel_matches_float64(shape, dtype, atol, rtol, reduction, inplace):
+    """The persistent rows kernel (whole rows, the next ones loaded while one is written), on any device
+    through its configuration: 5-14 rows a program, widths off the tile, one column; against float64,
+    one kernel between the prologue and the finish, no torch op, the logits untouched out of place."""
+    tokens, vocab = shape
+    x, t = _rows_case(tokens, vocab, dtype, seed=47)
+    w = torch.randn(tokens, device=x.device) if reduction == "none" else None
+    want_loss, want_grad = _expected(x, t, reduction, w)
+    xl, before = x.clone().requires_grad_(), x.clone()
+    with Sandbox() as counter:
+        loss = CrossEntropyFunction.apply(xl, t, -100, reduction, 0.0, inplace, _rows_config(vocab, dtype, 7))
+    assert counter.names == _launches(reduction, ROWS) and counter.torch_ops == []
+    (loss * (torch.ones_like(loss) if w is None else w.to(loss.dtype))).sum().backward()
+    _close(loss.detach(), want_loss, atol * 10, rtol, "loss")
+    _close(xl.grad, want_grad, atol, rtol, "gradient")
+    assert (xl.grad[t == -100] == 0).all()
+    if not inplace:
+        assert torch.equal(xl.detach(), before), "the logits changed"
+
+
+def test_rows_kernel_bad_targets_and_smoothing():
+    # an out-of-range target: NaN loss and NaN gradient row, the other rows unharmed; label smoothing is
+    # the fwd kernel's (the rows kernel has none)
+    x, t = _inputs(20, 300, torch.float32, seed=48)
+    t[5] = 300
+    cfg = _rows_config(300, torch.float32, 3)
+    xl = x.clone().requires_grad_()
+    loss = CrossEntropyFunction.apply(xl, t, -100, "none", 0.0, False, cfg)
+    loss.sum().backward()
+    assert torch.isnan(loss[5]) and torch.isnan(xl.grad[5]).all()
+    ok = torch.arange(20, device=x.device) != 5
+    want_loss, want_grad = _expected(x[ok], t[ok], "none")
+    _close(loss.detach()[ok], want_loss, 1e-5, 1e-5, "loss")
+    _close(xl.grad[ok], want_grad, 1e-6, 1e-4, "gradient")
+    with Sandbox() as counter:
+        loss = CrossEntropyFunction.apply(x.clone().requires_grad_(), t.clamp(max=299), -100, "mean", 0.1, False, cfg)
+    assert counter.names == _launches("mean", FWD)
+    _close(loss.detach(), _expected(x, t.clamp(max=299), "mean", label_smoothing=0.1)[0], 1e-5, 1e-5, "loss")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -468,7 +539,10 @@ def test_ledger_six_passes_against_two():
     )
 
 
-@pytest.mark.parametrize("vocab", [2, 3, 1000, 32000, 32769, 50257, 65536, 65537, 128256, 151936, 200000, 262144])
+VOCABS = [2, 3, 1000, 28672, 28688, 30000, 32000, 32768, 32769, 50257, 65536, 65537, 128256, 151936, 200000, 262144]
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("gpu", [True, False])
 def test_config_is_legal(vocab, dtype, gpu, monkeypatch):
@@ -490,6 +564,13 @@ def test_config_is_legal(vocab, dtype, gpu, monkeypatch):
             cfg["SPLIT"] <= MAX_SPLIT
             and cross_entropy_ledger(64, vocab, dtype).fused_bytes == 64 * (2 * vocab * dtype.itemsize + 8) + 4
         )  # read once, write once (and the targets, one loss): no re-read
+    # whole rows in persistent programs: the H200's alone, aligned 16-bit rows of ROWS_MIN-ROWS_MAX
+    rows = gpu and dtype != torch.float32 and ROWS_MIN <= vocab <= ROWS_MAX and vocab % 16 == 0
+    h200 = cross_entropy_config(vocab, dtype, device="NVIDIA H200")
+    assert bool(h200.get("ROWS")) == rows, h200
+    assert not cfg.get("ROWS") or "H200" in device_name(), cfg
+    assert not cross_entropy_config(vocab, dtype, device="NVIDIA H100 80GB HBM3").get("ROWS")
+    assert not cross_entropy_config(vocab, dtype, device="NVIDIA H200", grad=False).get("ROWS")
     # the loss alone: small pipelined tiles past FORWARD_TILE on a GPU, never split, legal on every path
     fwd = cross_entropy_config(vocab, dtype, grad=False)
     assert not fwd.get("SPLIT") and fwd["BLOCK_N"] <= fwd["HEAD"] and fwd["VEC"] == cfg["VEC"]
@@ -570,7 +651,52 @@ def test_past_2_31_logits_on_gpu():
     assert torch.isfinite(loss).all()
 
 
-def _past_2_31(tokens, vocab, *, seed, ignore_every, rows):
+@gpu_only
+@pytest.mark.gpu
+def test_gpu_rows_kernel_past_2_31_logits():
+    # the H200's rows kernel (forced here on any GPU): 67200 x 32000 bf16 = 2.15e9 logits
+    tokens, vocab = 67200, 32000
+    assert tokens * vocab > 2**31
+    loss = _past_2_31(
+        tokens,
+        vocab,
+        seed=14,
+        ignore_every=6,
+        rows=[0, 1, tokens // 2, tokens - 2, tokens - 1],
+        cfg=_rows_config(vocab, torch.bfloat16),
+        kernel=ROWS,
+    )
+    assert torch.isfinite(loss).all()
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize(
+    "dtype,atol,rtol",
+    [pytest.param(torch.bfloat16, 1e-2, 2e-2, id="bf16"), pytest.param(torch.float16, 2e-3, 1e-2, id="fp16")],
+)
+@pytest.mark.parametrize("tokens,vocab", [(300, 32000), (300, 28688), (20000, 30000)])
+def test_gpu_rows_kernel_matches_float64(tokens, vocab, dtype, atol, rtol, reduction, inplace):
+    """The H200's rows kernel at its widths, forced on any GPU: one program a SM with 2-3 rows each, or
+    (20000 rows) more programs than SMs, 128 rows each; the GPU's own configuration of 16 warps."""
+    x, t = _rows_case(tokens, vocab, dtype, seed=49)
+    w = torch.randn(tokens, device=x.device) if reduction == "none" else None
+    want_loss, want_grad = _expected(x, t, reduction, w)
+    xl = x.clone().requires_grad_()
+    cfg = dict(cross_entropy_config(vocab, dtype, device="NVIDIA H200"))
+    assert cfg["ROWS"] and cfg["ROWS_WARPS"] == 16
+    with Sandbox() as counter:
+        loss = CrossEntropyFunction.apply(xl, t, -100, reduction, 0.0, inplace, cfg)
+    assert counter.names == _launches(reduction, ROWS) and counter.torch_ops == []
+    (loss * (torch.ones_like(loss) if w is None else w.to(loss.dtype))).sum().backward()
+    _close(loss.detach(), want_loss, atol * 10, rtol, "loss")
+    _close(xl.grad, want_grad, atol, rtol, "gradient")
+    assert (xl.grad[t == -100] == 0).all()
+
+
+def _past_2_31(tokens, vocab, *, seed, ignore_every, rows, cfg=None, kernel=None):
     """bf16 logits of tokens x vocab (past 2**31 elements), every ``ignore_every``-th row ignored; the
     loss ("none", weighted by 2) and the gradient in place, checked against float64 on ``rows``,
     including the last ones, whose offsets pass 2**31. Returns the loss."""
@@ -581,7 +707,13 @@ def _past_2_31(tokens, vocab, *, seed, ignore_every, rows):
     rows = torch.tensor(rows, device="cuda")
     sample = x[rows].clone()
     x.requires_grad_()
-    loss = cross_entropy(x, t, reduction="none", inplace_grad=True)
+    with Sandbox() as counter:
+        if cfg is None:
+            loss = cross_entropy(x, t, reduction="none", inplace_grad=True)
+        else:
+            loss = CrossEntropyFunction.apply(x, t, -100, "none", 0.0, True, cfg)
+    if kernel is not None:
+        assert counter.names == [kernel]
     (loss * 2.0).sum().backward()
     want_loss, want_grad = _expected(sample, t[rows], "none", torch.full((len(rows),), 2.0, device="cuda"))
     _close(loss[rows], want_loss, 2e-2, 2e-2, "loss")

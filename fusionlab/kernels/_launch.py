@@ -56,6 +56,16 @@ def sm_count() -> int:
     return DEFAULT_SMS
 
 
+@functools.cache
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def device_name() -> str:
+    """This GPU's name, "" without one: for the few configurations measured to differ between GPUs."""
+    return _device_name(current_device()) if _IS_CUDA else ""
+
+
 def dtype_name(d: torch.dtype) -> str:
     return str(d).replace("torch.", "")
 

@@ -30,7 +30,9 @@ wider ones) stays in registers from the first sweep to the second, so a row that
 once; a wider row's other tiles are read again, newest first, so that the second sweep finds what it
 read last still in L2 (the ledger counts the re-read honestly, as ``rereads``); on a GPU, with a
 gradient, aligned rows wider than 65536 are instead split across programs that swap their statistics
-(lesson 4's split softmax), read once. A row whose start or length is not a multiple of 16 bytes
+(lesson 4's split softmax), read once; and on an H200 16-bit rows of 28673-32767 logits (Llama 2's
+32000) go to persistent programs that hold whole rows, the next rows' loads in flight while one is
+written (lesson 4's persistent softmax, ``_cross_entropy_rows_kernel``), read once too. A row whose start or length is not a multiple of 16 bytes
 (V = 50257) is split at its 16-byte boundaries so its body still moves in 16-byte accesses. The
 backward of the autograd function only multiplies the stored gradient by grad_output — and skips
 rows whose grad_output is exactly 1, the usual case, without a host sync.
@@ -66,10 +68,12 @@ from ._launch import (
     cdiv,
     check_block,
     check_tensor,
+    device_name,
     element_size,
     launch_kwargs,
     next_pow2,
     row_config,
+    sm_count,
 )
 from .softmax import _split_merge, _split_ticket, _split_wait
 
@@ -139,7 +143,8 @@ def cross_entropy_ledger(
     if backward:
         if head is None:
             cfg = cross_entropy_config(vocab, _dtype_of(dtype), gpu=gpu)
-            head = vocab if cfg.get("SPLIT") else cfg["HEAD"]  # split rows are read once
+            whole = cfg.get("SPLIT") or (cfg.get("ROWS") and not label_smoothing)
+            head = vocab if whole else cfg["HEAD"]  # split rows and whole rows are read once
         reread = tokens * max(0, vocab - head)
     sizes = {"target": 8, "loss": 4, "smooth": 4}
     led = Ledger(dtype_bytes=dtype, outputs=outputs, rereads={"logits": reread}, sizes=sizes)
@@ -204,10 +209,25 @@ MAX_SPLIT = 64
 #: 103.5%, 4096 x 262144 80% -> 103% (a read alone runs above copy's rate; benchmarks/notes_lesson5.md,
 #: ninth session, probe_ce_forward.py).
 FORWARD_TILE = 4096
+#: 16-bit rows of ROWS_MIN to ROWS_MAX logits, with a gradient and no label smoothing, on the GPUs named
+#: in ROWS_GPUS: persistent programs (one a SM, 16 warps) walk rows pid, pid + P, ... whole in one
+#: tile, Triton's pipeliner keeping the next two rows' loads in flight through shared memory while this
+#: one reduces and writes (lesson 4's softmax schedule; each row read once). fwd+bwd bf16 "mean", GPU
+#: clock, share of copy, against the head of 8192 (benchmarks/notes_lesson5.md, fourteenth session,
+#: probe_ce_persistent.py): H200 8192 x 32000 84.3% -> 90.6%, 4096 x 32000 81.0% -> 85.4%, 16384 x
+#: 32000 86.2% -> 92.6%, 8192 x 30000 79.0% -> 84.2%; 28000 a tie; 24592 and 32768 lose (77% -> 71%,
+#: 84% -> 82%). On an H100 the head of 8192 stays ahead at every width (8192 x 32000: 92.4% against
+#: 86.9%), so the schedule is the H200's alone.
+ROWS_GPUS = ("H200",)
+ROWS_MIN = 28673  # past 7/8 of the tile of 32768
+ROWS_MAX = 32767
+#: at most this many rows a program (its targets, target logits and losses are vectors of this size):
+#: more rows than SMs x this take more programs, one after another on each SM
+ROWS_PER_PROGRAM = 128
 
 
 @functools.lru_cache(maxsize=4096)
-def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True) -> dict:
+def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True, rows: bool = False) -> dict:
     cfg = {"PREFETCH": False, "PREFETCH2": False, "LOOP_STAGES": 1, "EVICT": False, "REF_TARGET": True}
     cfg["num_stages"] = None
     if not gpu:  # the interpreter: 4096-element tiles (numpy arrays: memory, not registers, limits)
@@ -221,7 +241,10 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True) -> di
     if n_cols <= NARROW_MAX:
         head = row_config(n_cols, dtype, max_block=8192, gpu=True)["BLOCK_N"]
         narrow = {"num_warps": 8, "LOOP_STAGES": 3, "PREFETCH2": True, "EVICT": True}
-        return {**cfg, "HEAD": head, "BLOCK_N": min(head, 4096), **narrow}
+        cfg = {**cfg, "HEAD": head, "BLOCK_N": min(head, 4096), **narrow}
+        if rows and grad and element_size(dtype) == 2 and ROWS_MIN <= n_cols <= ROWS_MAX:
+            cfg.update(ROWS=True, ROWS_WARPS=16, ROW_STAGES=3)  # persistent whole rows (see ROWS_GPUS)
+        return cfg
     head = row_config(n_cols, dtype, gpu=True)["BLOCK_N"]  # 64 KiB of row, the largest single tile
     vec = 16 // element_size(dtype)
     # 32 * 32 * vec: one 16-byte access a thread; the L2 hints keep the streamed tiles for sweep 2
@@ -233,7 +256,13 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True) -> di
 
 
 def cross_entropy_config(
-    n_cols: int, dtype: torch.dtype, *, stride: int | None = None, grad: bool = True, gpu: bool | None = None
+    n_cols: int,
+    dtype: torch.dtype,
+    *,
+    stride: int | None = None,
+    grad: bool = True,
+    gpu: bool | None = None,
+    device: str | None = None,
 ) -> dict:
     """The launch configuration for rows of ``n_cols`` logits at row ``stride`` (default ``n_cols``):
     ``{"HEAD", "BLOCK_N", "num_warps", "VEC", "PREFETCH", "PREFETCH2", "LOOP_STAGES", "EVICT",
@@ -250,16 +279,21 @@ def cross_entropy_config(
     gradient then come from the split kernel, one program a part, each row read once. ``grad=False``:
     the configuration of the loss alone (no gradient), which walks rows wider than ``FORWARD_TILE`` in
     small pipelined tiles. ``gpu``: the GPU's configuration (default: this mode's), so that a lesson on
-    a CPU can ask what the GPU kernel does.
+    a CPU can ask what the GPU kernel does. ``device``: the GPU's name (default: this one's); on the
+    GPUs of ``ROWS_GPUS``, aligned 16-bit rows of ``ROWS_MIN``-``ROWS_MAX`` logits with a gradient also
+    get ``ROWS`` (``ROWS_WARPS``, ``ROW_STAGES``): persistent programs walking whole rows, the loss and
+    gradient from the rows kernel unless label smoothing is asked for.
     """
     stride = n_cols if stride is None else stride
     vec = 16 // element_size(dtype)
     split = (stride % 16 != 0 or n_cols % 16 != 0) and vec > 1
     gpu = runtime.is_gpu() if gpu is None else gpu
-    cfg = dict(_config(int(n_cols), dtype, bool(gpu), bool(grad)))
+    device = device_name() if device is None else device
+    rows = bool(gpu) and any(name in device for name in ROWS_GPUS)
+    cfg = dict(_config(int(n_cols), dtype, bool(gpu), bool(grad), rows))
     cfg["VEC"] = vec if split else 1
-    if split:  # the split kernel has no 16-byte row splitting: unaligned rows keep the head-and-tail kernel
-        for k in ("SPLIT", "SPLIT_BLOCK", "SPLIT_WARPS"):
+    if split:  # neither the split nor the rows kernel splits rows at 16 bytes: the head-and-tail kernel
+        for k in ("SPLIT", "SPLIT_BLOCK", "SPLIT_WARPS", "ROWS", "ROWS_WARPS", "ROW_STAGES"):
             cfg.pop(k, None)
     return cfg
 
@@ -632,6 +666,72 @@ def _cross_entropy_split_kernel(
 
 
 @triton.jit
+def _cross_entropy_rows_kernel(
+    x_ptr,
+    target_ptr,
+    grad_ptr,
+    loss_ptr,
+    sync_ptr,
+    n_rows,
+    n_cols,
+    stride_xm,
+    stride_gm,
+    ignore_index,
+    BLOCK_N: tl.constexpr,
+    MAX_ROWS: tl.constexpr,
+    ROW_STAGES: tl.constexpr,
+    MEAN: tl.constexpr,
+):
+    # Persistent programs, each taking rows pid, pid + P, pid + 2P, ... (at most MAX_ROWS) whole in one
+    # tile. tl.range pipelines the loop: the next rows' loads are in flight through shared memory while
+    # this row reduces and writes. No label smoothing (the fwd kernel takes it). GPU or interpreter.
+    # What would stall that pipeline is kept out of the loop (probe_ce_persistent.py, H200): a scalar
+    # load or store of a row's target or loss cost 10-25 points of copy, so the program's targets and
+    # their logits are gathered before the loop and its losses (kept in a vector) stored after it; in
+    # the loop the row's target is a one-element tensor, broadcast against the tile, compared in int32
+    # (an int64 compare widens every lane's column index: two more registers an element, 59% of copy
+    # against 90%).
+    pid = tl.program_id(axis=0)
+    step = tl.num_programs(axis=0)
+    offs = tl.arange(0, BLOCK_N)
+    col_ok = offs < n_cols
+    one = tl.arange(0, 1)
+    if MEAN:
+        scale = 1.0 / tl.load(sync_ptr).to(tl.float32)
+    else:
+        scale = 1.0
+    k = tl.arange(0, MAX_ROWS)
+    rows = pid + step * k.to(tl.int64)  # int64: row * stride passes 2**31
+    row_ok = rows < n_rows
+    ys = tl.load(target_ptr + rows, mask=row_ok, other=ignore_index)
+    ys_ok = row_ok & (ys >= 0) & (ys < n_cols)  # an out-of-range target: NaN, never a stray read
+    # x_y before any gradient is written: with the gradient in place the row is overwritten in the loop
+    x_ys = tl.load(x_ptr + rows * stride_xm + ys, mask=ys_ok, other=float("nan")).to(tl.float32)
+    lses = tl.zeros([MAX_ROWS], tl.float32)
+    for row in tl.range(pid, n_rows, step, num_stages=ROW_STAGES):
+        r = tl.full([], 0, tl.int64) + row
+        y = tl.load(target_ptr + r + one)  # (1,)
+        keep = y != ignore_index
+        valid = (y >= 0) & (y < n_cols)
+        # an ignored row is not read (its lanes -inf: e = 0, gradient 0)
+        x = tl.load(x_ptr + r * stride_xm + offs, mask=tl.where(keep, col_ok, False), other=float("-inf"))
+        x = x.to(tl.float32)
+        m = tl.max(x, axis=0)
+        ref = tl.where(m == float("-inf"), 0.0, m)  # a row of only -inf: no -inf - -inf
+        e = tl.math.exp2((x - ref) * _LOG2E)
+        d = tl.sum(e, axis=0)
+        lse = ref + tl.math.log2(d) * _LN2  # a row of only -inf: lse = -inf, loss NaN (as torch)
+        lses = tl.where(k == (row - pid) // step, lse, lses)
+        # grad = (softmax - onehot) * scale; an ignored row: 0; an out-of-range target: NaN
+        c = tl.where(keep, tl.where(valid, scale / d, float("nan")), 0.0)
+        hot = tl.where(keep, scale, 0.0)
+        grad = e * c - tl.where(offs == y.to(tl.int32), hot, 0.0)
+        tl.store(grad_ptr + r * stride_gm + offs, grad.to(grad_ptr.dtype.element_ty), mask=col_ok)
+    loss = tl.where(ys == ignore_index, 0.0, lses - x_ys)
+    tl.store(loss_ptr + rows, loss, mask=row_ok)
+
+
+@triton.jit
 def _cross_entropy_bwd_kernel(
     grad_ptr,
     target_ptr,
@@ -709,6 +809,8 @@ def _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_s
         return
     if grad is not None and cfg.get("SPLIT"):
         return _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean)
+    if grad is not None and cfg.get("ROWS") and label_smoothing == 0.0:
+        return _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, cfg, mean)
     g = logits if grad is None else grad
     return _cross_entropy_fwd_kernel[(n_rows,)](
         logits,
@@ -762,6 +864,31 @@ def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smo
         SMOOTH=label_smoothing != 0.0,
         EARLY=cfg.get("SPLIT_EARLY", False),
         **launch_kwargs(cfg["SPLIT_WARPS"]),
+    )
+
+
+def _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, cfg, mean):
+    n_rows, n_cols = logits.shape
+    # one program a SM (a tile of 64 KiB, two more in shared memory), more when the rows would pass
+    # ROWS_PER_PROGRAM a program; "ROWS_PROGRAMS" (a test's) sets the count
+    programs = cfg.get("ROWS_PROGRAMS") or max(sm_count(), cdiv(n_rows, ROWS_PER_PROGRAM))
+    programs = min(programs, n_rows)
+    _cross_entropy_rows_kernel[(programs,)](
+        logits,
+        target,
+        grad,
+        loss_rows,
+        target if sync is None else sync,
+        n_rows,
+        n_cols,
+        logits.stride(0),
+        grad.stride(0),
+        ignore_index,
+        BLOCK_N=next_pow2(n_cols),
+        MAX_ROWS=next_pow2(cdiv(n_rows, programs)),
+        ROW_STAGES=cfg["ROW_STAGES"],
+        MEAN=mean,
+        **launch_kwargs(cfg["ROWS_WARPS"]),
     )
 
 
@@ -905,7 +1032,8 @@ def cross_entropy(
     need_grad = torch.is_grad_enabled() and logits.requires_grad
     cfg = cross_entropy_config(n_cols, logits.dtype, stride=logits.stride(0), grad=need_grad)
     if head_n is not None or block_n is not None or num_warps is not None:
-        cfg = {k: v for k, v in cfg.items() if not k.startswith("SPLIT")}  # a tuning run: the head-and-tail kernel
+        # a tuning run: the head-and-tail kernel
+        cfg = {k: v for k, v in cfg.items() if not k.startswith(("SPLIT", "ROW"))}
         if head_n is not None:
             cfg["HEAD"] = check_block(head_n, "head_n", op)
         if block_n is not None:
