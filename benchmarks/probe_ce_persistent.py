@@ -3,13 +3,18 @@
 
     PYTHONPATH=. python3 benchmarks/probe_ce_persistent.py
 
+    PYTHONPATH=. python3 benchmarks/probe_ce_persistent.py --ir       # TTGIR and times of PARTS 0/6/9/10
+    PYTHONPATH=. python3 benchmarks/probe_ce_persistent.py --widths   # the two best loops across widths
+
 The configurations in ``configs`` are the last round's; ``PARTS`` bisects what cross-entropy adds to
-the softmax's loop (see the kernel). Outcome (notes_lesson5.md, twelfth session): any per-row load of
-the target in the pipelined loop, scalar or one-element tensor, cost 10-25 points (Triton's pipeliner
-then no longer overlaps the rows); with the targets gathered before the loop and the statistics kept
-in vectors (PARTS=6, a fix-up kernel after) the loop ran at 90% of copy on the H200, but a package
-version built on it (the fix-up, and the head-and-tail kernel launched beside it for batches with
-ignored rows) gained only 1.7 points there and lost 4-9 points on the H100: not shipped.
+the softmax's loop (see the kernel). Twelfth session (notes_lesson5.md): any per-row use of the target
+in the loop cost 10-25 points; with the targets gathered before the loop and the statistics kept in
+vectors (PARTS=6, a fix-up kernel after) the loop ran at 90% of copy on the H200, but a package version
+built on it gained 1.7 points there and lost 4-9 on the H100: not shipped. Fourteenth session: the
+cost was the one-hot compare in int64 (every lane's column index widened, PARTS=12 shows it with the
+target loaded before the loop), not the pipeliner; compared in int32, with ignored rows not read
+(PARTS=10) at 16 warps, the loop reached 90.4% on the H200 and shipped as the package's rows kernel
+(the H200's alone: the H100 loses 4-7 points with it).
 
 Lesson 4's softmax reaches 87-88% of copy on an H200 at 4096 x 32768 (91% at 16384 rows) with a few
 programs a SM that each walk rows pid, pid + P, ..., the next rows' loads pipelined through shared

@@ -32,8 +32,9 @@ read last still in L2 (the ledger counts the re-read honestly, as ``rereads``); 
 gradient, aligned rows wider than 65536 are instead split across programs that swap their statistics
 (lesson 4's split softmax), read once; and on an H200 16-bit rows of 28673-32767 logits (Llama 2's
 32000) go to persistent programs that hold whole rows, the next rows' loads in flight while one is
-written (lesson 4's persistent softmax, ``_cross_entropy_rows_kernel``), read once too. A row whose start or length is not a multiple of 16 bytes
-(V = 50257) is split at its 16-byte boundaries so its body still moves in 16-byte accesses. The
+written (lesson 4's persistent softmax, ``_cross_entropy_rows_kernel``), read once too. A row whose
+start or length is not a multiple of 16 bytes (V = 50257) is split at its 16-byte boundaries so its
+body still moves in 16-byte accesses. The
 backward of the autograd function only multiplies the stored gradient by grad_output — and skips
 rows whose grad_output is exactly 1, the usual case, without a host sync.
 
