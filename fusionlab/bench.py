@@ -521,6 +521,9 @@ class SuiteRun:
     ceilings: Ceilings
     label: str
     live: bool
+    #: the GPU the results come from (its name as torch gives it): configurations that differ between
+    #: GPUs are asked for this one's
+    device: str = ""
 
     def get(self, name: str) -> Result:
         for r in self.results:
@@ -561,7 +564,7 @@ def measure_suite(suite: str, make_cases: Callable[..., list[Case]], on_result=N
         ceil = ceilings()
         cases = make_cases(**{**ceiling_kwargs(make_cases, ceil), **case_kwargs})
         results = run(cases, ceil=ceil, on_result=on_result)
-        return SuiteRun(suite, results, ceil, source_label(), live=True)
+        return SuiteRun(suite, results, ceil, source_label(), live=True, device=runtime.info().device_name)
     try:
         rec = recorded(suite=suite)
     except FileNotFoundError as e:  # a lesson whose suite no recording holds yet
@@ -570,4 +573,4 @@ def measure_suite(suite: str, make_cases: Callable[..., list[Case]], on_result=N
     for r in results:
         if on_result is not None:
             on_result(r)
-    return SuiteRun(suite, results, rec.ceilings, rec.label(), live=False)
+    return SuiteRun(suite, results, rec.ceilings, rec.label(), live=False, device=rec.meta["device"])

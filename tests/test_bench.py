@@ -84,6 +84,7 @@ def test_measure_suite_falls_back_to_the_recording():
     seen = []
     run = bench.measure_suite("lesson1", suite_module("lesson1").cases, on_result=seen.append)
     assert not run.live and run.label.startswith("RECORDED on")
+    assert run.device == bench.recorded(suite="lesson1").meta["device"] and run.device in run.label
     assert seen == run.results
     assert run.ratio("eager cos().cos()", "eager cos") > 1.5
     with pytest.raises(KeyError, match="no case"):

@@ -275,6 +275,17 @@ def test_rows_kernel_matches_float64(shape, dtype, atol, rtol, reduction, inplac
         assert torch.equal(xl.detach(), before), "the logits changed"
 
 
+def test_ledger_follows_the_named_gpu():
+    # 32000 bf16 logits: the H100's head of 8192 re-reads the rest of each row, the H200's whole rows do
+    # not; with label smoothing the H200 takes the head too (the rows kernel has no smoothing)
+    floor = cross_entropy_ledger(64, 32000, torch.bfloat16, head=32000).fused_bytes
+    h100 = cross_entropy_ledger(64, 32000, torch.bfloat16, gpu=True, device="NVIDIA H100 80GB HBM3")
+    h200 = cross_entropy_ledger(64, 32000, torch.bfloat16, gpu=True, device="NVIDIA H200")
+    smooth = cross_entropy_ledger(64, 32000, torch.bfloat16, gpu=True, device="NVIDIA H200", label_smoothing=0.1)
+    assert h200.fused_bytes == floor and h100.fused_bytes == floor + 64 * (32000 - 8192) * 2
+    assert smooth.rereads == h100.rereads
+
+
 def test_rows_kernel_bad_targets_and_smoothing():
     # an out-of-range target: NaN loss and NaN gradient row, the other rows unharmed; label smoothing is
     # the fwd kernel's (the rows kernel has none)

@@ -121,6 +121,7 @@ def cross_entropy_ledger(
     backward: bool = True,
     head: int | None = None,
     gpu: bool | None = None,
+    device: str | None = None,
 ) -> Ledger:
     """Trips of cross-entropy on (tokens, vocab) logits, forward + backward, as eager runs it and fused.
 
@@ -131,7 +132,8 @@ def cross_entropy_ledger(
     the logits (and the int64 targets), write the gradient (and the loss); ``rereads`` holds the second
     sweep's re-read of the part of each row beyond the ``head`` elements kept on chip (default: the
     launcher's configuration for this vocabulary, the GPU's when ``gpu``, else this mode's; nothing
-    when the row fits or is split). ``backward=False``: the forward alone (eager: log_softmax +
+    when the row fits or is split or held whole; ``device``: the GPU named so, default this one, see
+    :func:`cross_entropy_config`). ``backward=False``: the forward alone (eager: log_softmax +
     nll_loss; fused: one read, no gradient). Targets are counted as int64 and losses as fp32
     (``Ledger.sizes``); the fused kernel writes one fp32 loss per row, which a one-program kernel then
     sums (T × 4 bytes, not in the ledger), after a prologue that reads the targets once more to count
@@ -143,7 +145,7 @@ def cross_entropy_ledger(
     reread = 0
     if backward:
         if head is None:
-            cfg = cross_entropy_config(vocab, _dtype_of(dtype), gpu=gpu)
+            cfg = cross_entropy_config(vocab, _dtype_of(dtype), gpu=gpu, device=device)
             whole = cfg.get("SPLIT") or (cfg.get("ROWS") and not label_smoothing)
             head = vocab if whole else cfg["HEAD"]  # split rows and whole rows are read once
         reread = tokens * max(0, vocab - head)
