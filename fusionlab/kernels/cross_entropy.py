@@ -146,7 +146,7 @@ def cross_entropy_ledger(
     if backward:
         if head is None:
             cfg = cross_entropy_config(vocab, _dtype_of(dtype), gpu=gpu, device=device)
-            whole = cfg.get("SPLIT") or (cfg.get("ROWS") and not label_smoothing)
+            whole = cfg.get("SPLIT") or _takes_rows(cfg, label_smoothing)
             head = vocab if whole else cfg["HEAD"]  # split rows and whole rows are read once
         reread = tokens * max(0, vocab - head)
     sizes = {"target": 8, "loss": 4, "smooth": 4}
@@ -296,9 +296,18 @@ def cross_entropy_config(
     cfg = dict(_config(int(n_cols), dtype, bool(gpu), bool(grad), rows))
     cfg["VEC"] = vec if split else 1
     if split:  # neither the split nor the rows kernel splits rows at 16 bytes: the head-and-tail kernel
-        for k in ("SPLIT", "SPLIT_BLOCK", "SPLIT_WARPS", "ROWS", "ROWS_WARPS", "ROW_STAGES"):
-            cfg.pop(k, None)
+        cfg = _head_and_tail(cfg)
     return cfg
+
+
+def _head_and_tail(cfg: dict) -> dict:
+    """``cfg`` without the split and rows kernels' keys: the head-and-tail kernel's configuration."""
+    return {k: v for k, v in cfg.items() if not k.startswith(("SPLIT", "ROW"))}
+
+
+def _takes_rows(cfg: dict, label_smoothing: float) -> bool:
+    """Whether the rows kernel computes the loss and gradient (it has no label smoothing)."""
+    return bool(cfg.get("ROWS")) and not label_smoothing
 
 
 # -- kernels --------------------------------------------------------------------------------------------
@@ -812,7 +821,7 @@ def _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_s
         return
     if grad is not None and cfg.get("SPLIT"):
         return _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean)
-    if grad is not None and cfg.get("ROWS") and label_smoothing == 0.0:
+    if grad is not None and _takes_rows(cfg, label_smoothing):
         return _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, cfg, mean)
     g = logits if grad is None else grad
     return _cross_entropy_fwd_kernel[(n_rows,)](
@@ -1035,8 +1044,7 @@ def cross_entropy(
     need_grad = torch.is_grad_enabled() and logits.requires_grad
     cfg = cross_entropy_config(n_cols, logits.dtype, stride=logits.stride(0), grad=need_grad)
     if head_n is not None or block_n is not None or num_warps is not None:
-        # a tuning run: the head-and-tail kernel
-        cfg = {k: v for k, v in cfg.items() if not k.startswith(("SPLIT", "ROW"))}
+        cfg = _head_and_tail(cfg)  # a tuning run
         if head_n is not None:
             cfg["HEAD"] = check_block(head_n, "head_n", op)
         if block_n is not None:
