@@ -1,6 +1,12 @@
 """Probe: persistent softmax programs, how many (benchmarks/notes_softmax.md, ninth session).
 
     PYTHONPATH=. python3 benchmarks/probe_softmax_rounds.py
+    PYTHONPATH=. python3 benchmarks/probe_softmax_rounds.py --ab   # program counts, interleaved
+
+``--ab`` (fifteenth session): at 2048-16384 rows of 32768, the program counts two an SM (shipped),
+balanced rounds under two an SM and under one an SM (every program the same number of rows), 256 and
+128, timed in turn seven times (A B C ..., A B C ...): run-to-run drift on the H200 is as large as the
+differences, so only an interleaved median compares them.
 
 Rows of 16385-32768 elements (16-bit) are walked by persistent programs, two an SM (264 on an H100 or
 H200), each taking every 264th row. At lesson 4's sweep shape, 4096 x 32768, that is 15.5 rounds: in
@@ -11,6 +17,8 @@ the same number of rows. bf16, GPU clock, share of copy by two trips; each check
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 
@@ -19,7 +27,47 @@ from fusionlab import bench
 from fusionlab.kernels import softmax as S
 
 
+def ab():
+    copy = bench.measure_copy_bandwidth()
+    dev = torch.cuda.get_device_name()
+    print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s", flush=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for rows in (2048, 4096, 8192, 16384):
+        x = torch.randn(rows, 32768, device="cuda", dtype=torch.bfloat16) * 3
+        want = torch.softmax(x[-64:].double(), dim=-1)
+        bal2 = triton.cdiv(rows, triton.cdiv(rows, 2 * sms))  # the same rows each, at most two an SM
+        bal1 = triton.cdiv(rows, triton.cdiv(rows, sms))  # the same rows each, at most one an SM
+        counts = {"shipped": None, f"{bal2} (bal 2/SM)": bal2, f"{bal1} (bal 1/SM)": bal1, "256": 256, "128": 128}
+        times = {label: [] for label in counts}
+        orig = S.softmax_config
+        for _ in range(7):
+            for label, programs in counts.items():
+
+                def fixed(*a, programs=programs, **k):
+                    cfg = orig(*a, **k)
+                    return cfg if programs is None else {**cfg, "programs": programs}
+
+                S.softmax_config = fixed
+                try:
+                    err = (S.softmax(x)[-64:].double() - want).abs().max().item()
+                    assert err < 1e-2, err
+                    times[label].append(bench.queued_ms(lambda: S.softmax(x)))
+                finally:
+                    S.softmax_config = orig
+        for label, ts in times.items():
+            ts = sorted(ts)
+            share = [2 * x.numel() * 2 / t / 1e6 / copy for t in ts]
+            print(
+                f"  {rows:>5} x 32768 programs {label:16s} median {ts[3]:.4f} ms {share[3]:6.1%}"
+                f"  (best {share[0]:.1%}, worst {share[-1]:.1%})",
+                flush=True,
+            )
+        x = None
+
+
 def main():
+    if "--ab" in sys.argv:
+        return ab()
     copy = bench.measure_copy_bandwidth()
     dev = torch.cuda.get_device_name()
     print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s", flush=True)

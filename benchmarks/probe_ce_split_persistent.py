@@ -1,0 +1,485 @@
+"""Probe: cross-entropy's split rows (past 65536 logits) walked by persistent programs that load their
+next part while this one waits for its row's other parts (benchmarks/notes_lesson5.md, fifteenth
+session).
+
+    PYTHONPATH=. python3 benchmarks/probe_ce_split_persistent.py [--quick]
+    PYTHONPATH=. python3 benchmarks/probe_ce_split_persistent.py --split   # one program a part
+
+``--split``: the package's split kernel (one program a part) with the part kept in bf16 across the
+wait and its exponentials computed again after it (``RECOMPUTE``: half the registers, so more programs
+a SM), over part sizes and warps.
+
+The package's split kernel (``_cross_entropy_split_kernel``) runs one program a part of 32 KiB: it
+takes a ticket, loads its part, publishes the part's (max, sum), waits for the row's other parts,
+writes its gradient and exits. On an H100 that reaches 92% of copy at 8192 x 128256 (fwd+bwd bf16);
+on an H200 79%: between its load and its exit a program has no bytes in flight (the publish, the
+wait, the merge, the exponentials, the store), and the H200 needs about 40% more bytes in flight than
+the H100 for its bandwidth. Here a few programs a SM stay resident and each, before it works on its
+part, takes its next ticket and issues that part's load (registers: two parts live at once).
+
+Safety: a program may take, as its next ticket, another part of the row it is about to wait for. It
+then publishes that part too before it waits (or it would wait for itself), and skips the publish
+when the part becomes its current one. Tickets are taken in order, so every row older than the
+newest row taken has all its parts taken; each holder publishes a part it holds as its current one
+before waiting, and a part it holds as its next one only waits behind an older row: the oldest row
+always completes. The newest row completes when the programs waiting on it hold all its parts, which
+holds when at least SPLIT programs are resident (the package's split kernel assumes the same).
+
+fwd+bwd bf16 "mean" through the package's prologue and reduce, GPU clock, share of copy by two trips;
+the package's ``_loss`` (the shipped split) beside it. Each configuration checked against float64
+first, on rows with ignored targets and on the in-place gradient.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+import fusionlab  # noqa: F401
+from fusionlab import bench
+from fusionlab.kernels import cross_entropy as ce
+from fusionlab.kernels._launch import sm_count
+from fusionlab.kernels.softmax import _split_merge, _split_ticket, _split_wait
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _publish(parts, part, x, count_ptr, SPLIT: tl.constexpr):
+    """Store a part's (max, sum of exp(x - max)), then count it as published (release). Returns the
+    part's exponentials and its reference (its max)."""
+    xf = x.to(tl.float32)
+    m = tl.max(xf, axis=0)
+    ref = tl.where(m == float("-inf"), 0.0, m)
+    e = tl.math.exp2((xf - ref) * LOG2E)
+    tl.store(parts + part, m)
+    tl.store(parts + SPLIT + part, tl.sum(e, axis=0))
+    tl.debug_barrier()
+    tl.atomic_add(count_ptr, 1, sem="acq_rel")
+    return e, ref
+
+
+@triton.jit
+def _take(
+    ticket_ptr, total, x_ptr, target_ptr, n_cols, stride_xm, ignore_index, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """A ticket, its (row, part), the part's load and the row's target (masked past the last ticket)."""
+    t = tl.atomic_add(ticket_ptr, 1, sem="relaxed")
+    row = (t // SPLIT).to(tl.int64)
+    part = t % SPLIT
+    offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < tl.where(t < total, n_cols, 0), other=float("-inf"))
+    y = tl.load(target_ptr + row, mask=t < total, other=ignore_index)
+    return t, row, part, x, y
+
+
+@triton.jit
+def _finish(
+    g_row,
+    loss_ptr,
+    row,
+    part,
+    e,
+    ref,
+    x_y,
+    y,
+    valid,
+    parts,
+    count_ptr,
+    scale,
+    n_cols,
+    SPLIT: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Wait for the row's parts, merge, write this part's gradient (and the loss, part 0)."""
+    arrived = tl.atomic_add(count_ptr, 0, sem="acquire")
+    while arrived < SPLIT:
+        arrived = tl.atomic_add(count_ptr, 0, sem="acquire")
+    big, d = _split_merge(parts, SPLIT, SPLIT_P2)
+    lse = big + tl.math.log2(d) * LN2
+    if part == 0:
+        tl.store(loss_ptr + row, lse - x_y)
+    offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    grad = e * tl.where(valid, tl.math.exp2((ref - lse) * LOG2E) * scale, float("nan"))
+    tl.store(g_row + offs, grad.to(g_row.dtype.element_ty), mask=offs < n_cols)
+    tl.debug_barrier()
+    own = valid & (y >= part * BLOCK_N) & (y < part * BLOCK_N + BLOCK_N)
+    grad_y = tl.math.exp2((x_y - lse) * LOG2E) * scale - scale
+    tl.store(g_row + y, grad_y.to(g_row.dtype.element_ty), mask=own)
+
+
+@triton.jit
+def _zeros(g_row, loss_ptr, row, part, n_cols, BLOCK_N: tl.constexpr):
+    offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(g_row + offs, tl.zeros([BLOCK_N], dtype=g_row.dtype.element_ty), mask=offs < n_cols)
+    if part == 0:
+        tl.store(loss_ptr + row, 0.0)
+
+
+@triton.jit
+def _ce_split_persistent_kernel(
+    x_ptr,
+    target_ptr,
+    grad_ptr,
+    loss_ptr,
+    sync_ptr,
+    part_ptr,
+    n_rows,
+    n_cols,
+    stride_xm,
+    stride_gm,
+    ignore_index,
+    SPLIT: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MEAN: tl.constexpr,
+    AHEAD: tl.constexpr,
+):
+    # AHEAD=False: load, publish, wait, then the next ticket and its load (in flight while this part's
+    # gradient is computed and stored). AHEAD=True: the next part is loaded and *published* before
+    # this one waits (so a part is never held unpublished while its holder waits: no chain of waits),
+    # and this part's row, published an iteration ago, has mostly arrived by the time it waits.
+    total = n_rows * SPLIT
+    ticket_ptr = sync_ptr + 1
+    count_base = sync_ptr + 2
+    if MEAN:
+        scale = 1.0 / tl.load(sync_ptr).to(tl.float32)
+    else:
+        scale = 1.0
+    t, row, part, x, y = _take(ticket_ptr, total, x_ptr, target_ptr, n_cols, stride_xm, ignore_index, SPLIT, BLOCK_N)
+    if AHEAD:
+        valid = (y >= 0) & (y < n_cols)
+        x_y = tl.load(x_ptr + row * stride_xm + y, mask=valid & (t < total), other=float("nan")).to(tl.float32)
+        live = (t < total) & (y != ignore_index)
+        e = tl.zeros([BLOCK_N], tl.float32)
+        ref = tl.full([], 0.0, tl.float32)
+        if live:
+            e, ref = _publish(part_ptr + row * (2 * SPLIT), part, x, count_base + row, SPLIT)
+        while t < total:
+            t2, row2, part2, x2, y2 = _take(
+                ticket_ptr, total, x_ptr, target_ptr, n_cols, stride_xm, ignore_index, SPLIT, BLOCK_N
+            )
+            valid2 = (y2 >= 0) & (y2 < n_cols)
+            x_y2 = tl.load(x_ptr + row2 * stride_xm + y2, mask=valid2 & (t2 < total), other=float("nan")).to(tl.float32)
+            live2 = (t2 < total) & (y2 != ignore_index)
+            e2 = tl.zeros([BLOCK_N], tl.float32)
+            ref2 = tl.full([], 0.0, tl.float32)
+            if live2:
+                e2, ref2 = _publish(part_ptr + row2 * (2 * SPLIT), part2, x2, count_base + row2, SPLIT)
+            g_row = grad_ptr + row * stride_gm
+            if y == ignore_index:
+                _zeros(g_row, loss_ptr, row, part, n_cols, BLOCK_N)
+            else:
+                _finish(
+                    g_row,
+                    loss_ptr,
+                    row,
+                    part,
+                    e,
+                    ref,
+                    x_y,
+                    y,
+                    valid,
+                    part_ptr + row * (2 * SPLIT),
+                    count_base + row,
+                    scale,
+                    n_cols,
+                    SPLIT,
+                    SPLIT_P2,
+                    BLOCK_N,
+                )
+            t = t2
+            row = row2
+            part = part2
+            y = y2
+            valid = valid2
+            x_y = x_y2
+            e = e2
+            ref = ref2
+    else:
+        while t < total:
+            g_row = grad_ptr + row * stride_gm
+            valid = (y >= 0) & (y < n_cols)
+            ignored = y == ignore_index
+            e = tl.zeros([BLOCK_N], tl.float32)
+            ref = tl.full([], 0.0, tl.float32)
+            x_y = tl.full([], 0.0, tl.float32)
+            if not ignored:
+                x_y = tl.load(x_ptr + row * stride_xm + y, mask=valid, other=float("nan")).to(tl.float32)
+                e, ref = _publish(part_ptr + row * (2 * SPLIT), part, x, count_base + row, SPLIT)
+                arrived = tl.atomic_add(count_base + row, 0, sem="acquire")
+                while arrived < SPLIT:
+                    arrived = tl.atomic_add(count_base + row, 0, sem="acquire")
+            # the row is complete (or ignored): the next ticket can be of this row without a wait on itself
+            t2, row2, part2, x2, y2 = _take(
+                ticket_ptr, total, x_ptr, target_ptr, n_cols, stride_xm, ignore_index, SPLIT, BLOCK_N
+            )
+            if ignored:
+                _zeros(g_row, loss_ptr, row, part, n_cols, BLOCK_N)
+            else:
+                _finish(
+                    g_row,
+                    loss_ptr,
+                    row,
+                    part,
+                    e,
+                    ref,
+                    x_y,
+                    y,
+                    valid,
+                    part_ptr + row * (2 * SPLIT),
+                    count_base + row,
+                    scale,
+                    n_cols,
+                    SPLIT,
+                    SPLIT_P2,
+                    BLOCK_N,
+                )
+            t = t2
+            row = row2
+            part = part2
+            x = x2
+            y = y2
+
+
+@triton.jit
+def _ce_split_recompute_kernel(
+    x_ptr,
+    target_ptr,
+    grad_ptr,
+    loss_ptr,
+    sync_ptr,
+    part_ptr,
+    n_cols,
+    stride_xm,
+    stride_gm,
+    ignore_index,
+    SPLIT: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MEAN: tl.constexpr,
+    RECOMPUTE: tl.constexpr,
+):
+    # The package's split kernel (no label smoothing), one program a part, the part loaded before the
+    # target; RECOMPUTE: the exponentials kept across the wait in bf16 (half the registers: more
+    # programs resident a SM, more bytes in flight; two roundings of the gradient in place of one).
+    # A first form recomputed them from the part after the wait: the compiler kept the part in fp32
+    # (the conversion is shared), 160-166 registers either way, and it lost 3 points.
+    row, part = _split_ticket(sync_ptr + 1, SPLIT)
+    offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs < n_cols
+    x_row = x_ptr + row * stride_xm
+    g_row = grad_ptr + row * stride_gm
+    x_raw = tl.load(x_row + offs, mask=mask, other=float("-inf"))
+    y = tl.load(target_ptr + row)
+    if y == ignore_index:
+        tl.store(g_row + offs, tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty), mask=mask)
+        if part == 0:
+            tl.store(loss_ptr + row, 0.0)
+    else:
+        valid = (y >= 0) & (y < n_cols)
+        x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
+        x = x_raw.to(tl.float32)
+        m = tl.max(x, axis=0)
+        ref = tl.where(m == float("-inf"), 0.0, m)
+        e = tl.math.exp2((x - ref) * LOG2E)
+        parts = part_ptr + row * (2 * SPLIT)
+        tl.store(parts + part, m)
+        tl.store(parts + SPLIT + part, tl.sum(e, axis=0))
+        if RECOMPUTE:  # (the name of the first try) e kept across the wait in bf16: half the registers
+            e = e.to(tl.bfloat16)
+        _split_wait(sync_ptr + 1, row, SPLIT)
+        big, d = _split_merge(parts, SPLIT, SPLIT_P2)
+        lse = big + tl.math.log2(d) * LN2
+        if MEAN:
+            scale = 1.0 / tl.load(sync_ptr).to(tl.float32)
+        else:
+            scale = 1.0
+        if part == 0:
+            tl.store(loss_ptr + row, lse - x_y)
+        grad = e.to(tl.float32) * tl.where(valid, tl.math.exp2((ref - lse) * LOG2E) * scale, float("nan"))
+        tl.store(g_row + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+        tl.debug_barrier()
+        own = valid & (y >= part * BLOCK_N) & (y < part * BLOCK_N + BLOCK_N)
+        grad_y = tl.math.exp2((x_y - lse) * LOG2E) * scale - scale
+        tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=own)
+
+
+def split_loss(x, t, grad, cfg):
+    n_rows, n_cols = x.shape
+    block = cfg["block"]
+    split = triton.cdiv(n_cols, block)
+    sync = ce._prologue(t, -100, count=True, n_rows_split=n_rows)
+    loss_rows = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    stats = torch.empty(n_rows * 2 * split, dtype=torch.float32, device=x.device)
+    cfg["compiled"] = _ce_split_recompute_kernel[(n_rows * split,)](
+        x,
+        t,
+        grad,
+        loss_rows,
+        sync,
+        stats,
+        n_cols,
+        x.stride(0),
+        grad.stride(0),
+        -100,
+        SPLIT=split,
+        SPLIT_P2=triton.next_power_of_2(split),
+        BLOCK_N=block,
+        MEAN=True,
+        RECOMPUTE=cfg["recompute"],
+        num_warps=cfg["warps"],
+    )
+    return ce._reduce(loss_rows, sync, "mean", x.dtype)
+
+
+def split_configs():
+    out = {}
+    for block, warps, recompute in (
+        (16384, 4, False),
+        (16384, 4, True),
+        (16384, 2, True),
+        (16384, 8, True),
+        (8192, 2, True),
+        (8192, 4, True),
+        (32768, 8, True),
+        (32768, 16, True),
+    ):
+        label = f"split part {block} w{warps}" + (" e in bf16" if recompute else "")
+        out[label] = {"block": block, "warps": warps, "recompute": recompute, "loss": split_loss}
+    return out
+
+
+def persistent_loss(x, t, grad, cfg):
+    n_rows, n_cols = x.shape
+    block = cfg["block"]
+    split = triton.cdiv(n_cols, block)
+    sync = ce._prologue(t, -100, count=True, n_rows_split=n_rows)
+    loss_rows = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    stats = torch.empty(n_rows * 2 * split, dtype=torch.float32, device=x.device)
+    programs = max(split, min(n_rows * split, cfg["per_sm"] * sm_count()))
+    cfg["compiled"] = _ce_split_persistent_kernel[(programs,)](
+        x,
+        t,
+        grad,
+        loss_rows,
+        sync,
+        stats,
+        n_rows,
+        n_cols,
+        x.stride(0),
+        grad.stride(0),
+        -100,
+        SPLIT=split,
+        SPLIT_P2=triton.next_power_of_2(split),
+        BLOCK_N=block,
+        MEAN=True,
+        AHEAD=cfg["ahead"],
+        num_warps=cfg["warps"],
+    )
+    return ce._reduce(loss_rows, sync, "mean", x.dtype)
+
+
+def configs(quick):
+    out = {}
+    for block, warps, per_sm, ahead in (
+        (16384, 4, 2, False),
+        (16384, 4, 3, False),
+        (16384, 8, 1, False),
+        (16384, 8, 2, False),
+        (8192, 4, 4, False),
+        (16384, 8, 1, True),
+        (16384, 8, 2, True),
+        (16384, 16, 1, True),
+        (8192, 4, 2, True),
+        (8192, 4, 4, True),
+        (8192, 8, 2, True),
+    ):
+        if quick and per_sm > 2:
+            continue
+        label = f"{'ahead' if ahead else 'after'} part {block} w{warps} {per_sm}/SM"
+        out[label] = {"block": block, "warps": warps, "per_sm": per_sm, "ahead": ahead, "loss": persistent_loss}
+    return out
+
+
+def check(cfg, vocab):
+    """Against float64: 97 rows (every fifth ignored), out of place and in place; a few programs, so
+    that programs take several parts of one row."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    xs = torch.randn(97, vocab, device="cuda", dtype=torch.bfloat16, generator=g) * 3
+    ts = torch.randint(0, vocab, (97,), device="cuda", generator=g)
+    ts[::5] = -100
+    xd = xs.double().requires_grad_()
+    want_loss = F.cross_entropy(xd, ts)
+    (want_g,) = torch.autograd.grad(want_loss, xd)
+    errs = []
+    for per_sm_override in (None, "few"):
+        c = dict(cfg)
+        if per_sm_override:
+            c["per_sm"] = 0  # programs = SPLIT: each program walks many parts, often of one row
+        gs = torch.empty_like(xs)
+        got = c["loss"](xs, ts, gs, c)
+        errs.append(((gs.double() - want_g).norm() / want_g.norm()).item())
+        errs.append(abs(got.double().item() - want_loss.item()) / abs(want_loss.item()))
+    xi = xs.clone()
+    got = cfg["loss"](xi, ts, xi, cfg)  # in place
+    errs.append(((xi.double() - want_g).norm() / want_g.norm()).item())
+    return max(errs)
+
+
+def main():
+    quick = "--quick" in sys.argv
+    shapes = ((8192, 128256), (4096, 262144), (8192, 151936), (8192, 65552))
+    copy = bench.measure_copy_bandwidth()
+    dev = torch.cuda.get_device_name()
+    print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s", flush=True)
+    cfgs = split_configs() if "--split" in sys.argv else configs(quick)
+    bad = set()
+    for label, cfg in cfgs.items():
+        try:
+            err = check(cfg, 128256)
+            ok = err < 2e-2
+            print(f"  check {label:44s} max rel err {err:.1e} {'ok' if ok else 'WRONG'}", flush=True)
+            if not ok:
+                bad.add(label)
+        except Exception as exc:
+            print(f"  check {label:44s} failed: {type(exc).__name__} {str(exc)[:160]}", flush=True)
+            bad.add(label)
+    for tokens, vocab in shapes:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(tokens, vocab, device="cuda", dtype=torch.bfloat16, generator=g) * 2
+        t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
+        grad = torch.empty_like(x)
+        nb = 2 * x.numel() * 2
+        shipped = ce.cross_entropy_config(vocab, torch.bfloat16)
+
+        def pkg():
+            return ce._loss(x, t, grad, -100, "mean", 0.0, shipped)
+
+        msq = bench.queued_ms(pkg)
+        print(f"  {tokens:>5} x {vocab:<6} {'package _loss (shipped)':44s} {msq:7.4f} ms {nb / msq / 1e6 / copy:6.1%}")
+        for label, cfg in cfgs.items():
+            if label in bad:
+                continue
+            try:
+                msq = bench.queued_ms(lambda cfg=cfg: cfg["loss"](x, t, grad, cfg))
+                regs = getattr(cfg.get("compiled"), "n_regs", "?")
+                spills = getattr(cfg.get("compiled"), "n_spills", "?")
+                print(
+                    f"  {tokens:>5} x {vocab:<6} {label:44s} {msq:7.4f} ms {nb / msq / 1e6 / copy:6.1%}"
+                    f"  regs {regs} spills {spills}",
+                    flush=True,
+                )
+            except Exception as exc:
+                print(f"  {tokens:>5} x {vocab:<6} {label:44s} failed: {type(exc).__name__} {str(exc)[:120]}")
+        x = grad = None
+
+
+if __name__ == "__main__":
+    main()
