@@ -4,6 +4,7 @@ session).
 
     PYTHONPATH=. python3 benchmarks/probe_ce_split_persistent.py [--quick]
     PYTHONPATH=. python3 benchmarks/probe_ce_split_persistent.py --split   # one program a part
+    PYTHONPATH=. python3 benchmarks/probe_ce_split_persistent.py --reread  # parts in tiles, read twice
 
 ``--split``: the package's split kernel (one program a part) with the part kept in bf16 across the
 wait and its exponentials computed again after it (``RECOMPUTE``: half the registers, so more programs
@@ -311,6 +312,129 @@ def _ce_split_recompute_kernel(
         tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=own)
 
 
+@triton.jit
+def _ce_split_reread_kernel(
+    x_ptr,
+    target_ptr,
+    grad_ptr,
+    loss_ptr,
+    sync_ptr,
+    part_ptr,
+    n_cols,
+    stride_xm,
+    stride_gm,
+    ignore_index,
+    SPLIT: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SUB: tl.constexpr,
+    STAGES: tl.constexpr,
+    MEAN: tl.constexpr,
+):
+    # One program a part of BLOCK_N, walked in tiles of SUB pipelined STAGES deep (Triton's pipeliner,
+    # through shared memory): nothing of the part is held across the wait, so a program's registers are
+    # one tile's and more programs fit a SM. After the wait the part is read again, from L2 (it was read
+    # a few microseconds before), and its gradient written.
+    row, part = _split_ticket(sync_ptr + 1, SPLIT)
+    start = part * BLOCK_N
+    x_row = x_ptr + row * stride_xm
+    g_row = grad_ptr + row * stride_gm
+    y = tl.load(target_ptr + row)
+    lanes = tl.arange(0, SUB)
+    if y == ignore_index:
+        for i in tl.range(0, BLOCK_N, SUB):
+            offs = start + i + lanes
+            tl.store(g_row + offs, tl.zeros([SUB], dtype=grad_ptr.dtype.element_ty), mask=offs < n_cols)
+        if part == 0:
+            tl.store(loss_ptr + row, 0.0)
+    else:
+        valid = (y >= 0) & (y < n_cols)
+        x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
+        m_v = tl.full([SUB], float("-inf"), tl.float32)
+        d_v = tl.zeros([SUB], tl.float32)
+        for i in tl.range(0, BLOCK_N, SUB, num_stages=STAGES):
+            offs = start + i + lanes
+            x = tl.load(x_row + offs, mask=offs < n_cols, other=float("-inf"), eviction_policy="evict_last")
+            x = x.to(tl.float32)
+            t = x - m_v
+            e = tl.where(x == float("-inf"), 0.0, tl.math.exp2(tl.abs(t) * -LOG2E))
+            new_max = t > 0
+            d_v = tl.where(new_max, d_v * e + 1.0, d_v + e)
+            m_v = tl.where(new_max, x, m_v)
+        m = tl.max(m_v, axis=0)
+        ref = tl.where(m == float("-inf"), 0.0, m)
+        d = tl.sum(d_v * tl.math.exp2((m_v - ref) * LOG2E), axis=0)
+        parts = part_ptr + row * (2 * SPLIT)
+        tl.store(parts + part, m)
+        tl.store(parts + SPLIT + part, d)
+        _split_wait(sync_ptr + 1, row, SPLIT)
+        big, dd = _split_merge(parts, SPLIT, SPLIT_P2)
+        lse = big + tl.math.log2(dd) * LN2
+        if MEAN:
+            scale = 1.0 / tl.load(sync_ptr).to(tl.float32)
+        else:
+            scale = 1.0
+        if part == 0:
+            tl.store(loss_ptr + row, lse - x_y)
+        log2_c = tl.where(valid, tl.math.log2(scale), float("nan"))
+        for i in tl.range(0, BLOCK_N, SUB, num_stages=STAGES):
+            offs = start + i + lanes
+            mask = offs < n_cols
+            x = tl.load(x_row + offs, mask=mask, other=float("-inf"), eviction_policy="evict_first")
+            grad = tl.math.exp2((x.to(tl.float32) - lse) * LOG2E + log2_c)
+            tl.store(g_row + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+        tl.debug_barrier()
+        own = valid & (y >= start) & (y < start + BLOCK_N)
+        grad_y = tl.math.exp2((x_y - lse) * LOG2E) * scale - scale
+        tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=own)
+
+
+def reread_loss(x, t, grad, cfg):
+    n_rows, n_cols = x.shape
+    block = cfg["block"]
+    split = triton.cdiv(n_cols, block)
+    sync = ce._prologue(t, -100, count=True, n_rows_split=n_rows)
+    loss_rows = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    stats = torch.empty(n_rows * 2 * split, dtype=torch.float32, device=x.device)
+    cfg["compiled"] = _ce_split_reread_kernel[(n_rows * split,)](
+        x,
+        t,
+        grad,
+        loss_rows,
+        sync,
+        stats,
+        n_cols,
+        x.stride(0),
+        grad.stride(0),
+        -100,
+        SPLIT=split,
+        SPLIT_P2=triton.next_power_of_2(split),
+        BLOCK_N=block,
+        SUB=cfg["sub"],
+        STAGES=cfg["stages"],
+        MEAN=True,
+        num_warps=cfg["warps"],
+    )
+    return ce._reduce(loss_rows, sync, "mean", x.dtype)
+
+
+def reread_configs():
+    out = {"split part 16384 w4 (package form)": {"block": 16384, "warps": 4, "recompute": False, "loss": split_loss}}
+    for block, sub, warps, stages in (
+        (16384, 4096, 4, 3),
+        (16384, 2048, 4, 4),
+        (16384, 4096, 8, 3),
+        (32768, 4096, 4, 3),
+        (32768, 4096, 8, 4),
+        (65536, 4096, 8, 3),
+        (65536, 8192, 8, 3),
+        (16384, 2048, 2, 3),
+    ):
+        label = f"reread part {block} tile {sub} w{warps} s{stages}"
+        out[label] = {"block": block, "sub": sub, "warps": warps, "stages": stages, "loss": reread_loss}
+    return out
+
+
 def split_loss(x, t, grad, cfg):
     n_rows, n_cols = x.shape
     block = cfg["block"]
@@ -439,7 +563,10 @@ def main():
     copy = bench.measure_copy_bandwidth()
     dev = torch.cuda.get_device_name()
     print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s", flush=True)
-    cfgs = split_configs() if "--split" in sys.argv else configs(quick)
+    if "--reread" in sys.argv:
+        cfgs = reread_configs()
+    else:
+        cfgs = split_configs() if "--split" in sys.argv else configs(quick)
     bad = set()
     for label, cfg in cfgs.items():
         try:
