@@ -5,6 +5,7 @@ session).
     PYTHONPATH=. python3 benchmarks/probe_ce_split_persistent.py [--quick]
     PYTHONPATH=. python3 benchmarks/probe_ce_split_persistent.py --split   # one program a part
     PYTHONPATH=. python3 benchmarks/probe_ce_split_persistent.py --reread  # parts in tiles, read twice
+    PYTHONPATH=. python3 benchmarks/probe_ce_split_persistent.py --ref     # the target's reference
 
 ``--split``: the package's split kernel (one program a part) with the part kept in bf16 across the
 wait and its exponentials computed again after it (``RECOMPUTE``: half the registers, so more programs
@@ -435,6 +436,116 @@ def reread_configs():
     return out
 
 
+@triton.jit
+def _ce_split_ref_kernel(
+    x_ptr,
+    target_ptr,
+    grad_ptr,
+    loss_ptr,
+    sync_ptr,
+    part_ptr,
+    n_cols,
+    stride_xm,
+    stride_gm,
+    ignore_index,
+    SPLIT: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MEAN: tl.constexpr,
+    BITCAST: tl.constexpr,
+):
+    # One program a part, its sum against the target's logit (the package's REF_TARGET: one reference
+    # for the whole row, so the parts publish a sum alone, no maximum, no fp32 tile needed for a max
+    # first). After the wait the gradient comes from the part in bf16, widened a second time; BITCAST
+    # widens it by a shift of its bits, an expression the compiler cannot merge with the first widening,
+    # so the part crosses the wait in bf16 (half the registers). Probe: no fall-back for a row whose sum
+    # leaves fp32's range (the package sums such rows again against their maximum).
+    row, part = _split_ticket(sync_ptr + 1, SPLIT)
+    offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs < n_cols
+    x_row = x_ptr + row * stride_xm
+    g_row = grad_ptr + row * stride_gm
+    x_raw = tl.load(x_row + offs, mask=mask, other=float("-inf"))
+    y = tl.load(target_ptr + row)
+    if y == ignore_index:
+        tl.store(g_row + offs, tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty), mask=mask)
+        if part == 0:
+            tl.store(loss_ptr + row, 0.0)
+    else:
+        valid = (y >= 0) & (y < n_cols)
+        x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
+        ref = tl.where(tl.abs(x_y) < float("inf"), x_y, 0.0)
+        d = tl.sum(tl.math.exp2((x_raw.to(tl.float32) - ref) * LOG2E), axis=0)
+        parts = part_ptr + row * SPLIT
+        tl.store(parts + part, d)
+        _split_wait(sync_ptr + 1, row, SPLIT)
+        p = tl.arange(0, SPLIT_P2)
+        d_row = tl.sum(tl.load(parts + p, mask=p < SPLIT, other=0.0, volatile=True), axis=0)
+        lse = ref + tl.math.log2(d_row) * LN2
+        if MEAN:
+            scale = 1.0 / tl.load(sync_ptr).to(tl.float32)
+        else:
+            scale = 1.0
+        if part == 0:
+            tl.store(loss_ptr + row, lse - x_y)
+        if BITCAST:  # bf16 -> fp32 by its bits: b << 16 (the sign extension is shifted out)
+            xf = (x_raw.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+        else:
+            xf = x_raw.to(tl.float32)
+        log2_c = tl.where(valid, tl.math.log2(scale), float("nan"))
+        grad = tl.math.exp2((xf - lse) * LOG2E + log2_c)
+        tl.store(g_row + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+        tl.debug_barrier()
+        own = valid & (y >= part * BLOCK_N) & (y < part * BLOCK_N + BLOCK_N)
+        grad_y = tl.math.exp2((x_y - lse) * LOG2E) * scale - scale
+        tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=own)
+
+
+def ref_loss(x, t, grad, cfg):
+    n_rows, n_cols = x.shape
+    block = cfg["block"]
+    split = triton.cdiv(n_cols, block)
+    sync = ce._prologue(t, -100, count=True, n_rows_split=n_rows)
+    loss_rows = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    stats = torch.empty(n_rows * split, dtype=torch.float32, device=x.device)
+    cfg["compiled"] = _ce_split_ref_kernel[(n_rows * split,)](
+        x,
+        t,
+        grad,
+        loss_rows,
+        sync,
+        stats,
+        n_cols,
+        x.stride(0),
+        grad.stride(0),
+        -100,
+        SPLIT=split,
+        SPLIT_P2=triton.next_power_of_2(split),
+        BLOCK_N=block,
+        MEAN=True,
+        BITCAST=cfg["bitcast"],
+        num_warps=cfg["warps"],
+    )
+    return ce._reduce(loss_rows, sync, "mean", x.dtype)
+
+
+def ref_configs():
+    out = {"split part 16384 w4 (package form)": {"block": 16384, "warps": 4, "recompute": False, "loss": split_loss}}
+    for block, warps, bitcast in (
+        (16384, 4, False),
+        (16384, 4, True),
+        (16384, 2, True),
+        (16384, 8, True),
+        (8192, 2, True),
+        (8192, 4, True),
+        (32768, 4, True),
+        (32768, 8, True),
+    ):
+        label = f"ref part {block} w{warps}" + (" bitcast" if bitcast else "")
+        out[label] = {"block": block, "warps": warps, "bitcast": bitcast, "loss": ref_loss}
+    return out
+
+
 def split_loss(x, t, grad, cfg):
     n_rows, n_cols = x.shape
     block = cfg["block"]
@@ -565,6 +676,8 @@ def main():
     print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s", flush=True)
     if "--reread" in sys.argv:
         cfgs = reread_configs()
+    elif "--ref" in sys.argv:
+        cfgs = ref_configs()
     else:
         cfgs = split_configs() if "--split" in sys.argv else configs(quick)
     bad = set()
