@@ -453,8 +453,11 @@ def _ce_split_ref_kernel(
     BLOCK_N: tl.constexpr,
     MEAN: tl.constexpr,
     BITCAST: tl.constexpr,
+    MAX_REF: tl.constexpr = False,
 ):
-    # One program a part, its sum against the target's logit (the package's REF_TARGET: one reference
+    # MAX_REF: each part's own maximum as its reference (overflow-safe, no fall-back needed), the
+    # maximum taken on the bf16 part so that no fp32 copy of it is formed for it.
+    # Otherwise: one program a part, its sum against the target's logit (the package's REF_TARGET: one reference
     # for the whole row, so the parts publish a sum alone, no maximum, no fp32 tile needed for a max
     # first). After the wait the gradient comes from the part in bf16, widened a second time; BITCAST
     # widens it by a shift of its bits, an expression the compiler cannot merge with the first widening,
@@ -474,14 +477,25 @@ def _ce_split_ref_kernel(
     else:
         valid = (y >= 0) & (y < n_cols)
         x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
-        ref = tl.where(tl.abs(x_y) < float("inf"), x_y, 0.0)
-        d = tl.sum(tl.math.exp2((x_raw.to(tl.float32) - ref) * LOG2E), axis=0)
-        parts = part_ptr + row * SPLIT
-        tl.store(parts + part, d)
-        _split_wait(sync_ptr + 1, row, SPLIT)
-        p = tl.arange(0, SPLIT_P2)
-        d_row = tl.sum(tl.load(parts + p, mask=p < SPLIT, other=0.0, volatile=True), axis=0)
-        lse = ref + tl.math.log2(d_row) * LN2
+        if MAX_REF:  # the part's maximum, taken in bf16 (exact), then the package's (max, sum) exchange
+            m = tl.max(x_raw, axis=0).to(tl.float32)
+            ref = tl.where(m == float("-inf"), 0.0, m)
+            d = tl.sum(tl.math.exp2((x_raw.to(tl.float32) - ref) * LOG2E), axis=0)
+            parts = part_ptr + row * (2 * SPLIT)
+            tl.store(parts + part, m)
+            tl.store(parts + SPLIT + part, d)
+            _split_wait(sync_ptr + 1, row, SPLIT)
+            big, d_row = _split_merge(parts, SPLIT, SPLIT_P2)
+            lse = big + tl.math.log2(d_row) * LN2
+        else:
+            ref = tl.where(tl.abs(x_y) < float("inf"), x_y, 0.0)
+            d = tl.sum(tl.math.exp2((x_raw.to(tl.float32) - ref) * LOG2E), axis=0)
+            parts = part_ptr + row * SPLIT
+            tl.store(parts + part, d)
+            _split_wait(sync_ptr + 1, row, SPLIT)
+            p = tl.arange(0, SPLIT_P2)
+            d_row = tl.sum(tl.load(parts + p, mask=p < SPLIT, other=0.0, volatile=True), axis=0)
+            lse = ref + tl.math.log2(d_row) * LN2
         if MEAN:
             scale = 1.0 / tl.load(sync_ptr).to(tl.float32)
         else:
@@ -507,7 +521,7 @@ def ref_loss(x, t, grad, cfg):
     split = triton.cdiv(n_cols, block)
     sync = ce._prologue(t, -100, count=True, n_rows_split=n_rows)
     loss_rows = torch.empty(n_rows, dtype=torch.float32, device=x.device)
-    stats = torch.empty(n_rows * split, dtype=torch.float32, device=x.device)
+    stats = torch.empty(n_rows * 2 * split, dtype=torch.float32, device=x.device)
     cfg["compiled"] = _ce_split_ref_kernel[(n_rows * split,)](
         x,
         t,
@@ -524,6 +538,7 @@ def ref_loss(x, t, grad, cfg):
         BLOCK_N=block,
         MEAN=True,
         BITCAST=cfg["bitcast"],
+        MAX_REF=cfg.get("max_ref", False),
         num_warps=cfg["warps"],
     )
     return ce._reduce(loss_rows, sync, "mean", x.dtype)
@@ -531,18 +546,17 @@ def ref_loss(x, t, grad, cfg):
 
 def ref_configs():
     out = {"split part 16384 w4 (package form)": {"block": 16384, "warps": 4, "recompute": False, "loss": split_loss}}
-    for block, warps, bitcast in (
-        (16384, 4, False),
-        (16384, 4, True),
-        (16384, 2, True),
-        (16384, 8, True),
-        (8192, 2, True),
-        (8192, 4, True),
-        (32768, 4, True),
-        (32768, 8, True),
+    for block, warps, bitcast, max_ref in (
+        (16384, 4, True, False),
+        (8192, 4, True, False),
+        (16384, 4, True, True),
+        (16384, 8, True, True),
+        (8192, 4, True, True),
+        (8192, 2, True, True),
+        (4096, 4, True, True),
     ):
-        label = f"ref part {block} w{warps}" + (" bitcast" if bitcast else "")
-        out[label] = {"block": block, "warps": warps, "bitcast": bitcast, "loss": ref_loss}
+        label = f"{'max' if max_ref else 'ref'} part {block} w{warps}" + (" bitcast" if bitcast else "")
+        out[label] = {"block": block, "warps": warps, "bitcast": bitcast, "max_ref": max_ref, "loss": ref_loss}
     return out
 
 
@@ -670,7 +684,7 @@ def check(cfg, vocab):
 
 def main():
     quick = "--quick" in sys.argv
-    shapes = ((8192, 128256), (4096, 262144), (8192, 151936), (8192, 65552))
+    shapes = ((8192, 128256), (4096, 262144), (8192, 151936), (8192, 65552), (4096, 128256), (16384, 128256))
     copy = bench.measure_copy_bandwidth()
     dev = torch.cuda.get_device_name()
     print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s", flush=True)
