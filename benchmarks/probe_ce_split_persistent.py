@@ -7,9 +7,11 @@ session).
     PYTHONPATH=. python3 benchmarks/probe_ce_split_persistent.py --reread  # parts in tiles, read twice
     PYTHONPATH=. python3 benchmarks/probe_ce_split_persistent.py --ref     # the target's reference
 
-``--split``: the package's split kernel (one program a part) with the part kept in bf16 across the
-wait and its exponentials computed again after it (``RECOMPUTE``: half the registers, so more programs
-a SM), over part sizes and warps.
+``--split``: the package's split kernel (one program a part) with its exponentials kept across the
+wait in bf16 (``E_BF16``, meant to halve the registers so that more programs fit a SM), over part sizes
+and warps. ``--reread``: parts walked in pipelined tiles and read again after the wait. ``--ref``: the
+sum against the target's logit and the bf16 part widened again by its bits after the wait (the form
+that won: benchmarks/notes_lesson5.md, fifteenth session).
 
 The package's split kernel (``_cross_entropy_split_kernel``) runs one program a part of 32 KiB: it
 takes a ticket, loads its part, publishes the part's (max, sum), waits for the row's other parts,
@@ -19,13 +21,12 @@ wait, the merge, the exponentials, the store), and the H200 needs about 40% more
 the H100 for its bandwidth. Here a few programs a SM stay resident and each, before it works on its
 part, takes its next ticket and issues that part's load (registers: two parts live at once).
 
-Safety: a program may take, as its next ticket, another part of the row it is about to wait for. It
-then publishes that part too before it waits (or it would wait for itself), and skips the publish
-when the part becomes its current one. Tickets are taken in order, so every row older than the
-newest row taken has all its parts taken; each holder publishes a part it holds as its current one
-before waiting, and a part it holds as its next one only waits behind an older row: the oldest row
-always completes. The newest row completes when the programs waiting on it hold all its parts, which
-holds when at least SPLIT programs are resident (the package's split kernel assumes the same).
+Safety: every part a program takes is published before its holder waits on anything (AHEAD: the
+next part is published before this one's wait; otherwise the next ticket is taken only after the
+wait), so a wait depends only on tickets being taken, and tickets are taken in order by running
+programs: a row completes once at least SPLIT programs are resident (the package's split kernel
+assumes the same). A first form held the next part unpublished while waiting and published it early
+only when it was of the same row; it chained the rows one after another (3-25% of copy, the notes).
 
 fwd+bwd bf16 "mean" through the package's prologue and reduce, GPU clock, share of copy by two trips;
 the package's ``_loss`` (the shipped split) beside it. Each configuration checked against float64
@@ -251,7 +252,7 @@ def _ce_split_persistent_kernel(
 
 
 @triton.jit
-def _ce_split_recompute_kernel(
+def _ce_split_e_bf16_kernel(
     x_ptr,
     target_ptr,
     grad_ptr,
@@ -266,10 +267,10 @@ def _ce_split_recompute_kernel(
     SPLIT_P2: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MEAN: tl.constexpr,
-    RECOMPUTE: tl.constexpr,
+    E_BF16: tl.constexpr,
 ):
     # The package's split kernel (no label smoothing), one program a part, the part loaded before the
-    # target; RECOMPUTE: the exponentials kept across the wait in bf16 (half the registers: more
+    # target; E_BF16: the exponentials kept across the wait in bf16 (half the registers: more
     # programs resident a SM, more bytes in flight; two roundings of the gradient in place of one).
     # A first form recomputed them from the part after the wait: the compiler kept the part in fp32
     # (the conversion is shared), 160-166 registers either way, and it lost 3 points.
@@ -294,7 +295,7 @@ def _ce_split_recompute_kernel(
         parts = part_ptr + row * (2 * SPLIT)
         tl.store(parts + part, m)
         tl.store(parts + SPLIT + part, tl.sum(e, axis=0))
-        if RECOMPUTE:  # (the name of the first try) e kept across the wait in bf16: half the registers
+        if E_BF16:  # e kept across the wait in bf16: half the registers
             e = e.to(tl.bfloat16)
         _split_wait(sync_ptr + 1, row, SPLIT)
         big, d = _split_merge(parts, SPLIT, SPLIT_P2)
@@ -390,14 +391,15 @@ def _ce_split_reread_kernel(
         tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=own)
 
 
-def reread_loss(x, t, grad, cfg):
+def part_loss(kernel, x, t, grad, cfg, **consts):
+    """fwd+bwd "mean" through the package's prologue and reduce, ``kernel`` one program a part of
+    ``cfg["block"]`` logits (its statistics two floats a part)."""
     n_rows, n_cols = x.shape
-    block = cfg["block"]
-    split = triton.cdiv(n_cols, block)
+    split = triton.cdiv(n_cols, cfg["block"])
     sync = ce._prologue(t, -100, count=True, n_rows_split=n_rows)
     loss_rows = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     stats = torch.empty(n_rows * 2 * split, dtype=torch.float32, device=x.device)
-    cfg["compiled"] = _ce_split_reread_kernel[(n_rows * split,)](
+    cfg["compiled"] = kernel[(n_rows * split,)](
         x,
         t,
         grad,
@@ -410,17 +412,28 @@ def reread_loss(x, t, grad, cfg):
         -100,
         SPLIT=split,
         SPLIT_P2=triton.next_power_of_2(split),
-        BLOCK_N=block,
-        SUB=cfg["sub"],
-        STAGES=cfg["stages"],
+        BLOCK_N=cfg["block"],
         MEAN=True,
         num_warps=cfg["warps"],
+        **consts,
     )
     return ce._reduce(loss_rows, sync, "mean", x.dtype)
 
 
+def split_loss(x, t, grad, cfg):
+    return part_loss(_ce_split_e_bf16_kernel, x, t, grad, cfg, E_BF16=cfg["e_bf16"])
+
+
+def reread_loss(x, t, grad, cfg):
+    return part_loss(_ce_split_reread_kernel, x, t, grad, cfg, SUB=cfg["sub"], STAGES=cfg["stages"])
+
+
+def ref_loss(x, t, grad, cfg):
+    return part_loss(_ce_split_ref_kernel, x, t, grad, cfg, BITCAST=cfg["bitcast"], MAX_REF=cfg.get("max_ref", False))
+
+
 def reread_configs():
-    out = {"split part 16384 w4 (package form)": {"block": 16384, "warps": 4, "recompute": False, "loss": split_loss}}
+    out = {"split part 16384 w4 (package form)": {"block": 16384, "warps": 4, "e_bf16": False, "loss": split_loss}}
     for block, sub, warps, stages in (
         (16384, 4096, 4, 3),
         (16384, 2048, 4, 4),
@@ -515,37 +528,8 @@ def _ce_split_ref_kernel(
         tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=own)
 
 
-def ref_loss(x, t, grad, cfg):
-    n_rows, n_cols = x.shape
-    block = cfg["block"]
-    split = triton.cdiv(n_cols, block)
-    sync = ce._prologue(t, -100, count=True, n_rows_split=n_rows)
-    loss_rows = torch.empty(n_rows, dtype=torch.float32, device=x.device)
-    stats = torch.empty(n_rows * 2 * split, dtype=torch.float32, device=x.device)
-    cfg["compiled"] = _ce_split_ref_kernel[(n_rows * split,)](
-        x,
-        t,
-        grad,
-        loss_rows,
-        sync,
-        stats,
-        n_cols,
-        x.stride(0),
-        grad.stride(0),
-        -100,
-        SPLIT=split,
-        SPLIT_P2=triton.next_power_of_2(split),
-        BLOCK_N=block,
-        MEAN=True,
-        BITCAST=cfg["bitcast"],
-        MAX_REF=cfg.get("max_ref", False),
-        num_warps=cfg["warps"],
-    )
-    return ce._reduce(loss_rows, sync, "mean", x.dtype)
-
-
 def ref_configs():
-    out = {"split part 16384 w4 (package form)": {"block": 16384, "warps": 4, "recompute": False, "loss": split_loss}}
+    out = {"split part 16384 w4 (package form)": {"block": 16384, "warps": 4, "e_bf16": False, "loss": split_loss}}
     for block, warps, bitcast, max_ref in (
         (16384, 4, True, False),
         (8192, 4, True, False),
@@ -560,37 +544,9 @@ def ref_configs():
     return out
 
 
-def split_loss(x, t, grad, cfg):
-    n_rows, n_cols = x.shape
-    block = cfg["block"]
-    split = triton.cdiv(n_cols, block)
-    sync = ce._prologue(t, -100, count=True, n_rows_split=n_rows)
-    loss_rows = torch.empty(n_rows, dtype=torch.float32, device=x.device)
-    stats = torch.empty(n_rows * 2 * split, dtype=torch.float32, device=x.device)
-    cfg["compiled"] = _ce_split_recompute_kernel[(n_rows * split,)](
-        x,
-        t,
-        grad,
-        loss_rows,
-        sync,
-        stats,
-        n_cols,
-        x.stride(0),
-        grad.stride(0),
-        -100,
-        SPLIT=split,
-        SPLIT_P2=triton.next_power_of_2(split),
-        BLOCK_N=block,
-        MEAN=True,
-        RECOMPUTE=cfg["recompute"],
-        num_warps=cfg["warps"],
-    )
-    return ce._reduce(loss_rows, sync, "mean", x.dtype)
-
-
 def split_configs():
     out = {}
-    for block, warps, recompute in (
+    for block, warps, e_bf16 in (
         (16384, 4, False),
         (16384, 4, True),
         (16384, 2, True),
@@ -600,8 +556,8 @@ def split_configs():
         (32768, 8, True),
         (32768, 16, True),
     ):
-        label = f"split part {block} w{warps}" + (" e in bf16" if recompute else "")
-        out[label] = {"block": block, "warps": warps, "recompute": recompute, "loss": split_loss}
+        label = f"split part {block} w{warps}" + (" e in bf16" if e_bf16 else "")
+        out[label] = {"block": block, "warps": warps, "e_bf16": e_bf16, "loss": split_loss}
     return out
 
 
