@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +12,7 @@ from conftest import gpu_only
 from fusionlab import runtime
 from fusionlab.grading import Sandbox
 from fusionlab.kernels import KernelInputError
-from fusionlab.kernels._launch import device_name
+from fusionlab.kernels._launch import device_name, next_pow2
 from fusionlab.kernels.cross_entropy import (
     FORWARD_TILE,
     MAX_SPLIT,
@@ -227,6 +229,39 @@ def test_rows_far_from_the_reference(vocab, case, ref_target):
         tol = 2e-3 if dtype == torch.float16 else 1e-5
         _close(loss, want_loss, tol, tol, f"{case}: loss")
         _close(xl.grad, want_grad, tol, 1e-2 if dtype == torch.float16 else 1e-4, f"{case}: gradient")
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("case", ["ordinary", "target far below", "one logit far above, streamed", "target -inf"])
+@pytest.mark.parametrize("vocab", [300, 512], ids=["partial-part", "whole-parts"])
+def test_split_kernel_matches_float64(vocab, case, dtype, atol, rtol, inplace):
+    """The split kernel on any device through its configuration: one part a row (the interpreter runs
+    its programs one after another, so a row of several parts would wait for ever) and, on a GPU, parts
+    of 128 logits (3-4 a row, which swap their sums). Every other row of the far cases fails the sum
+    against the target's logit, so all its parts take the second round (their maxima) together; ignored
+    rows beside them; the gradient over the logits when asked."""
+    x, t = _far_from_target(case, 8, vocab, dtype) if case != "ordinary" else _inputs(8, vocab, dtype, seed=5)
+    if case != "ordinary":
+        t[5] = -100
+    blocks = [next_pow2(vocab)] + ([128] if runtime.is_gpu() else [])
+    for block, (reduction, smoothing) in itertools.product(blocks, [("mean", 0.0), ("sum", 0.1), ("none", 0.0)]):
+        cfg = dict(cross_entropy_config(vocab, dtype))
+        cfg.update(SPLIT=-(-vocab // block), SPLIT_BLOCK=block, SPLIT_WARPS=4, SPLIT_EARLY=block == 128)
+        w = torch.randn(8, device=x.device) if reduction == "none" else None
+        want_loss, want_grad = _expected(x, t, reduction, w, label_smoothing=smoothing)
+        xl = x.clone().requires_grad_()
+        with Sandbox() as counter:
+            loss = CrossEntropyFunction.apply(xl, t, -100, reduction, smoothing, inplace, cfg)
+        (loss * (torch.ones_like(loss) if w is None else w.to(loss.dtype))).sum().backward()
+        assert counter.names == _launches(reduction, "_cross_entropy_split_kernel"), counter.names
+        what = f"{case}, parts of {block}, {reduction}, smoothing {smoothing}"
+        tol = max(atol, 2e-3) if case != "ordinary" else atol  # logits 100-300 apart: the fp16 rounding of x
+        _close(loss.detach(), want_loss, tol * 10, rtol, f"{what}: loss")
+        _close(xl.grad, want_grad, tol, rtol, f"{what}: gradient")
+        assert (xl.grad[t == -100] == 0).all()
+        if inplace:
+            assert xl.grad.data_ptr() == xl.data_ptr()
 
 
 def _rows_config(vocab, dtype, programs=None):

@@ -615,19 +615,29 @@ def _cross_entropy_split_kernel(
     MEAN: tl.constexpr,
     SMOOTH: tl.constexpr,
     EARLY: tl.constexpr = False,
+    BF16_BITS: tl.constexpr = False,
+    AGAIN_N: tl.constexpr = 1024,
 ):
     # The loss and gradient of a row held by SPLIT programs, BLOCK_N logits each in registers (the
     # softmax's split schedule, _softmax_split_kernel, which says why the wait cannot hang): each part
-    # publishes its max, its sum of exp(x - max) and (label smoothing) its sum of x, waits for the row's
-    # other parts, merges them into the row's lse and writes its part of the gradient. One read, one
-    # write, no re-read. GPU only.
+    # publishes its sum of exp(x - x_y) against the target's logit (and, label smoothing, its sum of
+    # x), waits for the row's other parts, adds their sums into the row's lse and writes its part of
+    # the gradient. One read, one write, no re-read. GPU only (SPLIT = 1 also in the interpreter).
+    #
+    # What limits it is the registers a program holds across the wait: the part, nothing else, or
+    # fewer programs fit a SM and fewer bytes are in flight (benchmarks/notes_lesson5.md, fifteenth
+    # session). Hence the target's logit as the reference (one for the whole row, known before the part
+    # is read: no maximum, which made the compiler keep an fp32 copy of the part), and, for bf16
+    # (BF16_BITS), the gradient's fp32 logits made after the wait from the bf16 part by a shift of its
+    # bits: an expression the compiler cannot merge with the first widening, so only the bf16 part
+    # crosses the wait. H200 8192 x 128256 fwd+bwd: 160 registers a thread -> 102, 79% -> 87% of copy.
     row, part = _split_ticket(sync_ptr + 1, SPLIT)  # (sync: see _COUNT_BLOCK)
     offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = offs < n_cols
     x_row = x_ptr + row * stride_xm
     g_row = grad_ptr + row * stride_gm
     if EARLY:  # the part's load before the target's: the two latencies overlap (an ignored row reads it too)
-        x_early = tl.load(x_row + offs, mask=mask, other=float("-inf"))
+        x_raw = tl.load(x_row + offs, mask=mask, other=float("-inf"))
     y = tl.load(target_ptr + row)
     if y == ignore_index:  # the whole row agrees (one target): no exchange, zero loss and gradient
         tl.store(g_row + offs, tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty), mask=mask)
@@ -638,38 +648,69 @@ def _cross_entropy_split_kernel(
         # x_y before the exchange: with the gradient in place, the row is overwritten once all parts
         # have published, and not before
         x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
-        if EARLY:
-            x = x_early.to(tl.float32)
-        else:
-            x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
-        m = tl.max(x, axis=0)
-        ref = tl.where(m == float("-inf"), 0.0, m)
-        e = tl.math.exp2((x - ref) * _LOG2E)
-        parts = part_ptr + row * (3 * SPLIT)
-        tl.store(parts + part, m)
-        tl.store(parts + SPLIT + part, tl.sum(e, axis=0))
+        if not EARLY:
+            x_raw = tl.load(x_row + offs, mask=mask, other=float("-inf"))
+        # round 1: every part sums against the same reference, so the row's sum is the parts' sum
+        ref = tl.where(tl.abs(x_y) < float("inf"), x_y, 0.0)  # NaN (bad target) or ±inf: 0
+        parts = part_ptr + row * (4 * SPLIT)  # [sums | sums of x | round 2's maxima | round 2's sums]
+        tl.store(parts + part, tl.sum(tl.math.exp2((x_raw.to(tl.float32) - ref) * _LOG2E), axis=0))
         if SMOOTH:
-            tl.store(parts + 2 * SPLIT + part, tl.sum(tl.where(mask, x, 0.0), axis=0))
+            tl.store(parts + SPLIT + part, tl.sum(tl.where(mask, x_raw.to(tl.float32), 0.0), axis=0))
         _split_wait(sync_ptr + 1, row, SPLIT)
-        big, d = _split_merge(parts, SPLIT, SPLIT_P2)
-        lse = big + tl.math.log2(d) * _LN2  # a row of only -inf: d = 0, lse = -inf, loss NaN (as torch)
-        loss = lse - x_y
+        p = tl.arange(0, SPLIT_P2)
+        d = tl.sum(tl.load(parts + p, mask=p < SPLIT, other=0.0, volatile=True), axis=0)
         if MEAN:
             scale = 1.0 / tl.load(sync_ptr).to(tl.float32)
         else:
             scale = 1.0
+        # grad = (softmax - eps/V - (1 - eps) onehot) * scale, softmax * scale = exp2((x - lse) log2 e + log2 scale)
+        log2_c = tl.where(valid, tl.math.log2(scale), float("nan"))
         c_s = label_smoothing / n_cols * scale
+        # d >= 1 (the target's own term) and d <= 1e26 (no term past e**60): lse = ref + log d is exact.
+        # Outside (a logit 60 above the target's, a target of ±inf, NaN) the parts, which all see the
+        # same d, take a second round against their maxima (the online softmax's merge), waiting on the
+        # same counter for 2 SPLIT arrivals, and write their gradient from the logits read again in
+        # small tiles (the in-place gradient overwrites a tile only after reading it). A path of its
+        # own, with the part in registers dead on it: used after it, the part cost 27 more registers a
+        # thread on the fast path (Triton 3.9, parts of 8192).
+        if not ((d >= 1e-20) & (d <= 1e26)):  # (NaN fails both)
+            m_v = tl.full([AGAIN_N], float("-inf"), tl.float32)
+            for start in range(0, BLOCK_N, AGAIN_N):
+                o = part * BLOCK_N + start + tl.arange(0, AGAIN_N)
+                m_v = tl.maximum(m_v, tl.load(x_row + o, mask=o < n_cols, other=float("-inf")).to(tl.float32))
+            m = tl.max(m_v, axis=0)
+            m_ref = tl.where(m == float("-inf"), 0.0, m)
+            d_v = tl.zeros([AGAIN_N], tl.float32)
+            for start in range(0, BLOCK_N, AGAIN_N):
+                o = part * BLOCK_N + start + tl.arange(0, AGAIN_N)
+                x = tl.load(x_row + o, mask=o < n_cols, other=float("-inf")).to(tl.float32)
+                d_v += tl.math.exp2((x - m_ref) * _LOG2E)
+            tl.store(parts + 2 * SPLIT + part, m)
+            tl.store(parts + 3 * SPLIT + part, tl.sum(d_v, axis=0))
+            _split_wait(sync_ptr + 1, row, 2 * SPLIT)
+            big, d = _split_merge(parts + 2 * SPLIT, SPLIT, SPLIT_P2)
+            lse = big + tl.math.log2(d) * _LN2  # a row of only -inf: d = 0, lse = -inf, loss NaN (as torch)
+            for start in range(0, BLOCK_N, AGAIN_N):
+                o = part * BLOCK_N + start + tl.arange(0, AGAIN_N)
+                x = tl.load(x_row + o, mask=o < n_cols, other=float("-inf")).to(tl.float32)
+                grad = tl.math.exp2((x - lse) * _LOG2E + log2_c) - c_s
+                tl.store(g_row + o, grad.to(grad_ptr.dtype.element_ty), mask=o < n_cols)
+        else:
+            lse = ref + tl.math.log2(d) * _LN2
+            if BF16_BITS:  # bf16 -> fp32 by its bits: the 16 bits moved to the top (sign extension shifted out)
+                x = (x_raw.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+            else:
+                x = x_raw.to(tl.float32)
+            grad = tl.math.exp2((x - lse) * _LOG2E + log2_c)
+            if SMOOTH:
+                grad -= c_s
+            tl.store(g_row + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+        loss = lse - x_y
         if SMOOTH:
-            p = tl.arange(0, SPLIT_P2)
-            s = tl.sum(tl.load(parts + 2 * SPLIT + p, mask=p < SPLIT, other=0.0, volatile=True), axis=0)
+            s = tl.sum(tl.load(parts + SPLIT + p, mask=p < SPLIT, other=0.0, volatile=True), axis=0)
             loss = (1.0 - label_smoothing) * loss + label_smoothing * (lse - s / n_cols)
         if part == 0:
             tl.store(loss_ptr + row, loss)
-        # grad = (softmax - eps/V - (1 - eps) onehot) * scale, softmax = e * exp(ref - lse)
-        grad = e * tl.where(valid, tl.math.exp2((ref - lse) * _LOG2E) * scale, float("nan"))
-        if SMOOTH:
-            grad -= c_s
-        tl.store(g_row + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
         # the target's element, by the part that holds it, after a barrier (its tile store came first)
         tl.debug_barrier()
         own = valid & (y >= part * BLOCK_N) & (y < part * BLOCK_N + BLOCK_N)
@@ -856,8 +897,8 @@ def _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_s
 def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean):
     n_rows, n_cols = logits.shape
     parts = cfg["SPLIT"]
-    stats = torch.empty(n_rows * 3 * parts, dtype=torch.float32, device=logits.device)
-    _cross_entropy_split_kernel[(n_rows * parts,)](
+    stats = torch.empty(n_rows * 4 * parts, dtype=torch.float32, device=logits.device)  # (see the kernel)
+    return _cross_entropy_split_kernel[(n_rows * parts,)](
         logits,
         target,
         grad,
@@ -875,7 +916,9 @@ def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smo
         MEAN=mean,
         SMOOTH=label_smoothing != 0.0,
         EARLY=cfg.get("SPLIT_EARLY", False),
-        **launch_kwargs(cfg["SPLIT_WARPS"]),
+        BF16_BITS=logits.dtype == torch.bfloat16,
+        AGAIN_N=min(1024, cfg["SPLIT_BLOCK"]),
+        **launch_kwargs(cfg["SPLIT_WARPS"], maxnreg=cfg.get("SPLIT_MAXNREG")),
     )
 
 
