@@ -20,7 +20,9 @@ from fusionlab.kernels.cross_entropy import (
     ROWS_MAX,
     ROWS_MIN,
     SPLIT_BYTES,
+    SPLIT_MAXNREG,
     SPLIT_MIN,
+    SPLIT_MIN_16,
     CrossEntropyFunction,
     cross_entropy,
     cross_entropy_config,
@@ -601,11 +603,15 @@ def test_config_is_legal(vocab, dtype, gpu, monkeypatch):
     on_chip = 131072 if gpu and dtype != torch.float32 and ONE_TILE_MIN <= vocab <= 65536 else 65536
     assert cfg["HEAD"] * torch.empty((), dtype=dtype).element_size() <= on_chip
     assert (cfg["VEC"] > 1) == (vocab % 16 != 0)
-    # split rows: a GPU, a row past SPLIT_MIN in at most MAX_SPLIT parts, 16-byte aligned
-    split = gpu and vocab >= SPLIT_MIN and vocab % 16 == 0
+    # split rows: a GPU, a row from SPLIT_MIN_16 (16-bit) or past SPLIT_MIN (fp32) in at most MAX_SPLIT
+    # parts of SPLIT_BYTES, 16-byte aligned; the 16-bit parts' registers capped
+    sixteen = dtype != torch.float32
+    split = gpu and vocab >= (SPLIT_MIN_16 if sixteen else SPLIT_MIN) and vocab % 16 == 0
     assert bool(cfg.get("SPLIT")) == split, cfg
     if split:
         assert cfg["SPLIT"] * cfg["SPLIT_BLOCK"] >= vocab > (cfg["SPLIT"] - 1) * cfg["SPLIT_BLOCK"]
+        assert cfg["SPLIT_BLOCK"] * dtype.itemsize == SPLIT_BYTES and cfg["SPLIT_WARPS"] == 4
+        assert cfg.get("SPLIT_MAXNREG") == (SPLIT_MAXNREG if sixteen else None)
         assert (
             cfg["SPLIT"] <= MAX_SPLIT
             and cross_entropy_ledger(64, vocab, dtype).fused_bytes == 64 * (2 * vocab * dtype.itemsize + 8) + 4
@@ -774,20 +780,29 @@ def _past_2_31(tokens, vocab, *, seed, ignore_every, rows, cfg=None, kernel=None
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize(
-    "dtype,atol,rtol",
-    [pytest.param(torch.float32, 2e-5, 2e-5, id="fp32"), pytest.param(torch.bfloat16, 1e-2, 2e-2, id="bf16")],
+    "vocab,dtype,atol,rtol",
+    [
+        pytest.param(vocab, dtype, atol, rtol, id=f"{vocab}-{name}")
+        for name, dtype, atol, rtol in [
+            ("fp32", torch.float32, 2e-5, 2e-5),
+            ("bf16", torch.bfloat16, 1e-2, 2e-2),
+            ("fp16", torch.float16, 2e-3, 1e-2),
+        ]
+        for vocab in [32768, 49168, 65552, 128256, 200000, 262144]
+        if vocab >= (SPLIT_MIN if dtype == torch.float32 else SPLIT_MIN_16)
+    ],
 )
-@pytest.mark.parametrize("vocab", [65552, 128256, 200000, 262144])
 def test_gpu_split_rows_match_float64(vocab, dtype, atol, rtol, reduction, smoothing, inplace):
-    """Rows past SPLIT_MIN, split across programs (a last part of 16 columns; 8 parts of a Llama 3
-    row; a partial last part; whole parts): loss and gradient against float64 with 30% ignored rows,
-    label smoothing, a part of only -inf and a logit of 1e4; one kernel; the gradient over the logits
-    when asked."""
+    """Rows past the split's threshold, split across programs (two parts; a last part of 16 columns; 8
+    parts of a Llama 3 row; a partial last part; whole parts): loss and gradient against float64 with
+    30% ignored rows, label smoothing, a part of only -inf, a logit of 1e4 (the second round) and fp16
+    subnormals (widened by their bits); one kernel; the gradient over the logits when asked."""
     cfg = cross_entropy_config(vocab, dtype)
     assert cfg.get("SPLIT") and cfg["SPLIT_EARLY"] and cfg["SPLIT_BLOCK"] * dtype.itemsize == SPLIT_BYTES
     x, t = _inputs(33, vocab, dtype, seed=41)
     x[1, : vocab // 2] = float("-inf")  # whole parts of -inf
     x[2, vocab // 3] = 1e4  # one part far above the rest
+    x[3, :64] = torch.linspace(-6e-5, 6e-5, 64, device=x.device).to(dtype)  # fp16's subnormals (and bf16's zeros)
     t[1], t[2] = vocab - 1, 5
     w = torch.randn(33, device=x.device) if reduction == "none" else None
     want_loss, want_grad = _expected(x, t, reduction, w, label_smoothing=smoothing)

@@ -29,8 +29,9 @@ reduction's scale) and writes it — into a gradient buffer, or **over the logit
 wider ones) stays in registers from the first sweep to the second, so a row that fits in it is read
 once; a wider row's other tiles are read again, newest first, so that the second sweep finds what it
 read last still in L2 (the ledger counts the re-read honestly, as ``rereads``); on a GPU, with a
-gradient, aligned rows wider than 65536 are instead split across programs that swap their statistics
-(lesson 4's split softmax), read once; and on an H200 16-bit rows of 28673-32767 logits (Llama 2's
+gradient, aligned 16-bit rows of 32768 logits and more (fp32 rows past 65536) are instead split across
+programs that hold 32 KiB of the row each and swap their sums (lesson 4's split softmax), read once;
+and on an H200 16-bit rows of 28673-32767 logits (Llama 2's
 32000) go to persistent programs that hold whole rows, the next rows' loads in flight while one is
 written (lesson 4's persistent softmax, ``_cross_entropy_rows_kernel``), read once too. A row whose
 start or length is not a multiple of 16 bytes (V = 50257) is split at its 16-byte boundaries so its
@@ -197,14 +198,24 @@ NARROW_MAX = 65536
 ONE_TILE_MIN = 32769
 #: wider rows (with autograd, 16-byte aligned) are split across programs, 32 KiB of row each (4 warps),
 #: which swap their statistics and write their part of the gradient: each row read once. Each part's
-#: load is issued before its target's (SPLIT_EARLY: the two latencies overlap). fwd+bwd bf16, GPU
-#: clock, share of copy, against the head-and-tail kernel (and the first split, 16 KiB parts from 192 Ki
-#: columns): H100 8192 x 128256 87.4% -> 92.3%, 151936 85.2% -> 89.5%, 4096 x 262144 (87.4%) -> 93.4%;
-#: H200 74.7% -> 79.2%, 72.9% -> 74.6%, (74.8%) -> 79.3%. At 65536 the one tile stays ahead (H100 92.1%
-#: against 91.0%; benchmarks/notes_lesson5.md, ninth session, probe_ce_split_tune.py).
+#: load is issued before its target's (SPLIT_EARLY: the two latencies overlap). Ninth session, the
+#: first split (each part's own maximum, its part in fp32 across the wait): fwd+bwd bf16, GPU clock,
+#: share of copy, against the head-and-tail kernel: H100 8192 x 128256 87.4% -> 92.3%, 151936 85.2% ->
+#: 89.5%; H200 74.7% -> 79.2%, 72.9% -> 74.6%.
 SPLIT_MIN = NARROW_MAX + 1
 SPLIT_BYTES = 32768
 MAX_SPLIT = 64
+#: Sixteenth session: the split sums against the target's logit and keeps only the 16-bit part across
+#: its wait (see the kernel), its registers capped at SPLIT_MAXNREG a thread (128 -> 96: five programs a
+#: SM in place of four). fwd+bwd bf16 "mean", GPU clock, share of copy, the first split -> this one
+#: (benchmarks/notes_lesson5.md, probe_ce_split_tune.py --caps): H200 8192 x 128256 80.4% -> 87.5%,
+#: 4096 x 262144 80.0% -> 87.5%, 8192 x 65552 73.5% -> 82.3%; H100 93.1% -> 96.5%, 93.7% -> 97.3%,
+#: 87.3% -> 93.1%. It now also beats the one-tile kernel, so 16-bit rows are split from SPLIT_MIN_16:
+#: 8192 x 65536 H200 83.7% -> 88.6%, H100 91.8% -> 96.7%; 49152 75.4% -> 87.3%, 91.6% -> 95.9%; 32768
+#: (against the head of 8192) 81.8% -> 85.2%, 91.4% -> 94.1%. fp32 keeps its part in fp32 (no cap:
+#: 128 registers would spill) and its threshold: 4096 x 128256 on an H100 97.6% -> 96.9%.
+SPLIT_MIN_16 = 32768
+SPLIT_MAXNREG = 104
 #: the loss alone (no gradient: evaluation) keeps nothing for a second sweep, so it needs neither a large
 #: head nor the L2 hints: rows wider than this walk tiles of this many elements, 8 warps, Triton's
 #: pipeliner keeping three tiles in flight. bf16, share of copy by one read, GPU clock, against the
@@ -238,23 +249,26 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True, rows:
         return {**cfg, "HEAD": head, "BLOCK_N": min(head, 2048), "num_warps": 4}
     if not grad and n_cols > FORWARD_TILE:
         return {**cfg, "HEAD": FORWARD_TILE, "BLOCK_N": FORWARD_TILE, "num_warps": 8, "LOOP_STAGES": 4}
-    if element_size(dtype) == 2 and ONE_TILE_MIN <= n_cols <= NARROW_MAX:
+    sixteen = element_size(dtype) == 2
+    if sixteen and ONE_TILE_MIN <= n_cols <= NARROW_MAX:
         # the whole row in registers (up to 128 KiB), loaded before the branch on the target
-        return {**cfg, "HEAD": NARROW_MAX, "BLOCK_N": 4096, "num_warps": 32, "EVICT": True, "EARLY_HEAD": True}
-    if n_cols <= NARROW_MAX:
+        cfg = {**cfg, "HEAD": NARROW_MAX, "BLOCK_N": 4096, "num_warps": 32, "EVICT": True, "EARLY_HEAD": True}
+    elif n_cols <= NARROW_MAX:
         head = row_config(n_cols, dtype, max_block=8192, gpu=True)["BLOCK_N"]
         narrow = {"num_warps": 8, "LOOP_STAGES": 3, "PREFETCH2": True, "EVICT": True}
         cfg = {**cfg, "HEAD": head, "BLOCK_N": min(head, 4096), **narrow}
-        if rows and grad and element_size(dtype) == 2 and ROWS_MIN <= n_cols <= ROWS_MAX:
+        if rows and grad and sixteen and ROWS_MIN <= n_cols <= ROWS_MAX:
             cfg.update(ROWS=True, ROWS_WARPS=16, ROW_STAGES=3)  # persistent whole rows (see ROWS_GPUS)
-        return cfg
-    head = row_config(n_cols, dtype, gpu=True)["BLOCK_N"]  # 64 KiB of row, the largest single tile
-    vec = 16 // element_size(dtype)
-    # 32 * 32 * vec: one 16-byte access a thread; the L2 hints keep the streamed tiles for sweep 2
-    cfg = {**cfg, "HEAD": head, "BLOCK_N": 32 * 32 * vec, "num_warps": 32, "EVICT": True}
+    else:
+        head = row_config(n_cols, dtype, gpu=True)["BLOCK_N"]  # 64 KiB of row, the largest single tile
+        vec = 16 // element_size(dtype)
+        # 32 * 32 * vec: one 16-byte access a thread; the L2 hints keep the streamed tiles for sweep 2
+        cfg = {**cfg, "HEAD": head, "BLOCK_N": 32 * 32 * vec, "num_warps": 32, "EVICT": True}
     part = SPLIT_BYTES // element_size(dtype)
-    if n_cols >= SPLIT_MIN and cdiv(n_cols, part) <= MAX_SPLIT:
+    if grad and n_cols >= (SPLIT_MIN_16 if sixteen else SPLIT_MIN) and cdiv(n_cols, part) <= MAX_SPLIT:
         cfg.update(SPLIT=cdiv(n_cols, part), SPLIT_BLOCK=part, SPLIT_WARPS=4, SPLIT_EARLY=True)
+        if sixteen:
+            cfg["SPLIT_MAXNREG"] = SPLIT_MAXNREG
     return cfg
 
 
@@ -276,9 +290,10 @@ def cross_entropy_config(
     REF_TARGET: sums against the target's logit instead of a running maximum; EARLY_HEAD, where set:
     the head loaded before the branch on the target). VEC > 1 when the row
     length or stride is not a multiple of 16 elements: each row is then split at its 16-byte
-    boundaries (see the kernel) so that its body still moves in 16-byte accesses. On a GPU, aligned
-    rows from ``SPLIT_MIN`` columns also get ``SPLIT`` (parts of ``SPLIT_BLOCK`` columns, ``SPLIT_WARPS``
-    warps each, ``SPLIT_EARLY``: the part loaded before the target): with autograd, the loss and
+    boundaries (see the kernel) so that its body still moves in 16-byte accesses. On a GPU, with a
+    gradient, aligned rows from ``SPLIT_MIN_16`` columns (16-bit) or ``SPLIT_MIN`` (fp32) also get
+    ``SPLIT`` (parts of ``SPLIT_BLOCK`` columns, ``SPLIT_WARPS`` warps each, ``SPLIT_EARLY``: the part
+    loaded before the target; 16-bit: ``SPLIT_MAXNREG``, a cap on the registers a thread): the loss and
     gradient then come from the split kernel, one program a part, each row read once. ``grad=False``:
     the configuration of the loss alone (no gradient), which walks rows wider than ``FORWARD_TILE`` in
     small pipelined tiles. ``gpu``: the GPU's configuration (default: this mode's), so that a lesson on
@@ -597,6 +612,25 @@ def _cross_entropy_fwd_kernel(
 
 
 @triton.jit
+def _widen_by_bits(x, WIDEN: tl.constexpr):
+    """16-bit floats to fp32 by integer operations on their bits (``WIDEN``: "bf16", "fp16"; "": a
+    plain conversion). bf16: the 16 bits moved to the top, exact. fp16: exponent and mantissa moved to
+    fp32's places (13 bits up), the sign to the top, times 2**112 to rebias the exponent (15 -> 127):
+    exact for finite values (subnormals included, unless the GPU flushes them: then |x| < 6.1e-5 reads
+    as 0, an error below fp16's in any exp(x - lse)); inf reads as 65536 and NaN as a finite value,
+    which the split kernel's fast path never meets (its row sum would be inf or NaN: the second round
+    reads the logits again) but for -inf, whose exponential stays 0 (65536 is past fp16's range)."""
+    if WIDEN == "bf16":
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    elif WIDEN == "fp16":
+        b = x.to(tl.int16, bitcast=True).to(tl.int32)
+        bits = ((b & 0x7FFF) << 13) | ((b & 0x8000) << 16)
+        return bits.to(tl.float32, bitcast=True) * 5.192296858534828e33  # 2**112
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
 def _cross_entropy_split_kernel(
     x_ptr,
     target_ptr,
@@ -615,7 +649,7 @@ def _cross_entropy_split_kernel(
     MEAN: tl.constexpr,
     SMOOTH: tl.constexpr,
     EARLY: tl.constexpr = False,
-    BF16_BITS: tl.constexpr = False,
+    WIDEN: tl.constexpr = "",
     AGAIN_N: tl.constexpr = 1024,
 ):
     # The loss and gradient of a row held by SPLIT programs, BLOCK_N logits each in registers (the
@@ -627,10 +661,10 @@ def _cross_entropy_split_kernel(
     # What limits it is the registers a program holds across the wait: the part, nothing else, or
     # fewer programs fit a SM and fewer bytes are in flight (benchmarks/notes_lesson5.md, fifteenth
     # session). Hence the target's logit as the reference (one for the whole row, known before the part
-    # is read: no maximum, which made the compiler keep an fp32 copy of the part), and, for bf16
-    # (BF16_BITS), the gradient's fp32 logits made after the wait from the bf16 part by a shift of its
-    # bits: an expression the compiler cannot merge with the first widening, so only the bf16 part
-    # crosses the wait. H200 8192 x 128256 fwd+bwd: 160 registers a thread -> 102, 79% -> 87% of copy.
+    # is read: no maximum, which made the compiler keep an fp32 copy of the part), and, for 16-bit
+    # logits (WIDEN), the gradient's fp32 logits made after the wait from the 16-bit part by integer
+    # operations on its bits (_widen_by_bits): an expression the compiler cannot merge with the first
+    # widening, so only the 16-bit part crosses the wait, and a cap on the registers (SPLIT_MAXNREG).
     row, part = _split_ticket(sync_ptr + 1, SPLIT)  # (sync: see _COUNT_BLOCK)
     offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = offs < n_cols
@@ -671,8 +705,7 @@ def _cross_entropy_split_kernel(
         # same d, take a second round against their maxima (the online softmax's merge), waiting on the
         # same counter for 2 SPLIT arrivals, and write their gradient from the logits read again in
         # small tiles (the in-place gradient overwrites a tile only after reading it). A path of its
-        # own, with the part in registers dead on it: used after it, the part cost 27 more registers a
-        # thread on the fast path (Triton 3.9, parts of 8192).
+        # own, the part in registers dead on it (bf16 parts of 8192 on an H200: 86 -> 72 registers).
         if not ((d >= 1e-20) & (d <= 1e26)):  # (NaN fails both)
             m_v = tl.full([AGAIN_N], float("-inf"), tl.float32)
             for start in range(0, BLOCK_N, AGAIN_N):
@@ -697,10 +730,7 @@ def _cross_entropy_split_kernel(
                 tl.store(g_row + o, grad.to(grad_ptr.dtype.element_ty), mask=o < n_cols)
         else:
             lse = ref + tl.math.log2(d) * _LN2
-            if BF16_BITS:  # bf16 -> fp32 by its bits: the 16 bits moved to the top (sign extension shifted out)
-                x = (x_raw.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-            else:
-                x = x_raw.to(tl.float32)
+            x = _widen_by_bits(x_raw, WIDEN)
             grad = tl.math.exp2((x - lse) * _LOG2E + log2_c)
             if SMOOTH:
                 grad -= c_s
@@ -916,7 +946,7 @@ def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smo
         MEAN=mean,
         SMOOTH=label_smoothing != 0.0,
         EARLY=cfg.get("SPLIT_EARLY", False),
-        BF16_BITS=logits.dtype == torch.bfloat16,
+        WIDEN={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(logits.dtype, ""),
         AGAIN_N=min(1024, cfg["SPLIT_BLOCK"]),
         **launch_kwargs(cfg["SPLIT_WARPS"], maxnreg=cfg.get("SPLIT_MAXNREG")),
     )
