@@ -1,7 +1,7 @@
 """Probe: cross-entropy's split rows, part size and where the split starts (benchmarks/notes_lesson5.md,
 ninth session, then sixteenth).
 
-    PYTHONPATH=. python3 benchmarks/probe_ce_split_tune.py [--quick]
+    PYTHONPATH=. python3 benchmarks/probe_ce_split_tune.py [--quick | --caps | --package]
 
 The split kernel holds a row in parts of ``SPLIT_BLOCK`` logits, one program each, which swap their
 statistics: each row read once, written once. Sixteenth session: the kernel sums against the target's
@@ -46,6 +46,8 @@ BF16 = (
     (8192, 32768),
 )
 OTHER = ((torch.float16, 8192, 128256), (torch.float32, 4096, 128256), (torch.float16, 8192, 65552))
+#: --package: lesson 5's bar covers 4k-16k tokens x 32k-256k columns
+WIDTHS = tuple((m, n) for n in (32000, 50257, 65552, 151936, 200064, 262144) for m in (4096, 8192, 16384))
 PARTS = ((8192, 4), (16384, 4), (4096, 4), (32768, 8))
 #: --caps: register caps (maxnreg) a thread, by part size (4 warps)
 CAPS = {8192: (64,), 16384: (96, 104, 128)}
@@ -79,6 +81,9 @@ def main():
     shapes = [(torch.bfloat16, m, n) for m, n in BF16] + list(OTHER)
     if quick:
         shapes = shapes[:1] + shapes[7:9]
+    package_only = "--package" in sys.argv  # the shipped configuration alone, over the issue's range
+    if package_only:
+        shapes = [(torch.bfloat16, m, n) for m, n in WIDTHS]
     if caps:  # the ship's choice: the part sizes that won, capped, beside the probe that had no second round
         shapes = [(torch.bfloat16, m, n) for m, n in BF16 if n in (128256, 262144, 65552, 65536, 49152, 32768)]
         shapes += list(OTHER)
@@ -96,7 +101,7 @@ def main():
         configs = {"package": shipped}
         if not shipped.get("SPLIT"):
             configs = {f"package ({'one tile' if base.get('EARLY_HEAD') else 'head and tail'})": shipped}
-        for block, warps in PARTS[:2] if caps else PARTS:
+        for block, warps in () if package_only else PARTS[:2] if caps else PARTS:
             parts = triton.cdiv(vocab, block)
             if parts > 64 or parts < 2:
                 continue
@@ -118,7 +123,7 @@ def main():
             except Exception as e:  # a configuration that does not compile: say so, go on
                 what = f"{type(e).__name__} {str(e)[:150]}"
                 print(f"  {str(dtype)[6:]:8s} {tokens:>5} x {vocab:<6} {label:36s} failed: {what}")
-        if vocab > 32768:  # the ninth session's kernel, for the record
+        if vocab > 32768 and not package_only:  # the ninth session's kernel, for the record
             old = {"block": 32768 // x.element_size(), "warps": 4, "e_bf16": False}
             grad = torch.empty_like(x)
             ms = bench.queued_ms(lambda: split_loss(x, t, grad, old))
