@@ -1,7 +1,7 @@
 """Probe: cross-entropy's split rows, part size and where the split starts (benchmarks/notes_lesson5.md,
 ninth session, then sixteenth).
 
-    PYTHONPATH=. python3 benchmarks/probe_ce_split_tune.py [--quick | --caps | --package]
+    PYTHONPATH=. python3 benchmarks/probe_ce_split_tune.py [--quick | --caps | --package | --frag]
 
 The split kernel holds a row in parts of ``SPLIT_BLOCK`` logits, one program each, which swap their
 statistics: each row read once, written once. Sixteenth session: the kernel sums against the target's
@@ -84,6 +84,9 @@ def main():
     package_only = "--package" in sys.argv  # the shipped configuration alone, over the issue's range
     if package_only:
         shapes = [(torch.bfloat16, m, n) for m, n in WIDTHS]
+    frag = "--frag" in sys.argv  # unaligned rows and remainders: the split's fragment against the rest
+    if frag:
+        shapes = [(torch.bfloat16, m, n) for n in (50257, 65552, 32000, 40000) for m in (4096, 8192, 16384)]
     if caps:  # the ship's choice: the part sizes that won, capped, beside the probe that had no second round
         shapes = [(torch.bfloat16, m, n) for m, n in BF16 if n in (128256, 262144, 65552, 65536, 49152, 32768)]
         shapes += list(OTHER)
@@ -101,7 +104,21 @@ def main():
         configs = {"package": shipped}
         if not shipped.get("SPLIT"):
             configs = {f"package ({'one tile' if base.get('EARLY_HEAD') else 'head and tail'})": shipped}
-        for block, warps in () if package_only else PARTS[:2] if caps else PARTS:
+        if frag:
+            configs[
+                f"{'rows' if base.get('ROWS') else 'one tile' if base.get('EARLY_HEAD') else 'head'} (no split)"
+            ] = {k: v for k, v in base.items() if not k.startswith("ROWS") or vocab % 16 == 0}
+            block = 16384
+            for parts in (triton.cdiv(vocab, block), vocab // block):
+                split = {"SPLIT": parts, "SPLIT_BLOCK": block, "SPLIT_WARPS": 4, "SPLIT_EARLY": True}
+                if parts and parts * block != vocab and vocab - parts * block <= 2048:
+                    label = (
+                        f"split {parts} x {block} + fragment {vocab - parts * block}"
+                        if parts * block < vocab
+                        else f"split {parts} x {block}"
+                    )
+                    configs[label] = {**base, **split, "SPLIT_MAXNREG": 104}
+        for block, warps in () if package_only or frag else PARTS[:2] if caps else PARTS:
             parts = triton.cdiv(vocab, block)
             if parts > 64 or parts < 2:
                 continue
@@ -123,7 +140,7 @@ def main():
             except Exception as e:  # a configuration that does not compile: say so, go on
                 what = f"{type(e).__name__} {str(e)[:150]}"
                 print(f"  {str(dtype)[6:]:8s} {tokens:>5} x {vocab:<6} {label:36s} failed: {what}")
-        if vocab > 32768 and not package_only:  # the ninth session's kernel, for the record
+        if vocab > 32768 and not (package_only or frag):  # the ninth session's kernel, for the record
             old = {"block": 32768 // x.element_size(), "warps": 4, "e_bf16": False}
             grad = torch.empty_like(x)
             ms = bench.queued_ms(lambda: split_loss(x, t, grad, old))

@@ -23,6 +23,7 @@ from fusionlab.kernels.cross_entropy import (
     SPLIT_MAXNREG,
     SPLIT_MIN,
     SPLIT_MIN_16,
+    SPLIT_TAIL,
     CrossEntropyFunction,
     cross_entropy,
     cross_entropy_config,
@@ -44,6 +45,7 @@ BWD = "_cross_entropy_bwd_kernel"
 PRO = "_cross_entropy_prologue_kernel"  # the mean's count (and the split's zeroed tickets)
 FIN = "_cross_entropy_finish_kernel"  # the rows' losses summed (and divided, and cast)
 ROWS = "_cross_entropy_rows_kernel"  # persistent programs, whole rows (the H200's, 28673-32767 logits)
+SPLIT = "_cross_entropy_split_kernel"  # rows split across programs (GPU)
 
 
 def _launches(reduction, kernel=FWD):
@@ -121,7 +123,10 @@ def test_matches_float64_with_ignored_rows(shape, dtype, atol, rtol, reduction):
     assert loss.dtype == x.dtype and loss.shape == want_loss.shape
     _close(loss, want_loss, atol * 10, rtol, "loss")  # a sum of rounded rows: looser than one element
     _close(grad, want_grad, atol, rtol, "gradient")
-    assert counter.names == _launches(reduction), "loss and gradient in one launch (after the count)"
+    # one launch (after the count): the split kernel where the configuration splits the row (a GPU, 16-bit
+    # rows from 32768 columns), else the fwd kernel
+    kernel = SPLIT if cross_entropy_config(shape[1], dtype).get("SPLIT") else FWD
+    assert counter.names == _launches(reduction, kernel), "loss and gradient in one launch (after the count)"
     assert counter.passes == [] and counter.torch_ops == [], "no copies, casts or torch reductions"
     ignored = t == -100
     assert (grad[ignored] == 0).all(), "ignored rows get exactly zero gradient"
@@ -239,25 +244,31 @@ def test_rows_far_from_the_reference(vocab, case, ref_target):
 @pytest.mark.parametrize("vocab", [300, 512], ids=["partial-part", "whole-parts"])
 def test_split_kernel_matches_float64(vocab, case, dtype, atol, rtol, inplace):
     """The split kernel on any device through its configuration: one part a row (the interpreter runs
-    its programs one after another, so a row of several parts would wait for ever) and, on a GPU, parts
-    of 128 logits (3-4 a row, which swap their sums). Every other row of the far cases fails the sum
-    against the target's logit, so all its parts take the second round (their maxima) together; ignored
-    rows beside them; the gradient over the logits when asked."""
+    its programs one after another, so a row of several parts would wait for ever), whole or with the
+    rest of the row in its fragment, and, on a GPU, parts of 128 logits (2-4 a row, which swap their
+    sums; the last with the remainder or not). Every other row of the far cases fails the sum against
+    the target's logit, so all its parts take the second round (their maxima) together; ignored rows
+    beside them; the gradient over the logits when asked. 300 columns: rows that start off a 16-byte
+    boundary (every other row in fp16), cut there into fragments."""
     x, t = _far_from_target(case, 8, vocab, dtype) if case != "ordinary" else _inputs(8, vocab, dtype, seed=5)
     if case != "ordinary":
         t[5] = -100
-    blocks = [next_pow2(vocab)] + ([128] if runtime.is_gpu() else [])
-    for block, (reduction, smoothing) in itertools.product(blocks, [("mean", 0.0), ("sum", 0.1), ("none", 0.0)]):
+    splits = [(next_pow2(vocab), 1), (256, 1)]  # (part, parts): the whole row; 256 and a fragment
+    if runtime.is_gpu():
+        splits += [(128, -(-vocab // 128)), (128, vocab // 128)]
+    for (block, parts), (reduction, smoothing) in itertools.product(
+        splits, [("mean", 0.0), ("sum", 0.1), ("none", 0.0)]
+    ):
         cfg = dict(cross_entropy_config(vocab, dtype))
-        cfg.update(SPLIT=-(-vocab // block), SPLIT_BLOCK=block, SPLIT_WARPS=4, SPLIT_EARLY=block == 128)
+        cfg.update(SPLIT=parts, SPLIT_BLOCK=block, SPLIT_WARPS=4, SPLIT_EARLY=block == 128)
         w = torch.randn(8, device=x.device) if reduction == "none" else None
         want_loss, want_grad = _expected(x, t, reduction, w, label_smoothing=smoothing)
         xl = x.clone().requires_grad_()
         with Sandbox() as counter:
             loss = CrossEntropyFunction.apply(xl, t, -100, reduction, smoothing, inplace, cfg)
         (loss * (torch.ones_like(loss) if w is None else w.to(loss.dtype))).sum().backward()
-        assert counter.names == _launches(reduction, "_cross_entropy_split_kernel"), counter.names
-        what = f"{case}, parts of {block}, {reduction}, smoothing {smoothing}"
+        assert counter.names == _launches(reduction, SPLIT), counter.names
+        what = f"{case}, {parts} parts of {block}, {reduction}, smoothing {smoothing}"
         tol = max(atol, 2e-3) if case != "ordinary" else atol  # logits 100-300 apart: the fp16 rounding of x
         _close(loss.detach(), want_loss, tol * 10, rtol, f"{what}: loss")
         _close(xl.grad, want_grad, tol, rtol, f"{what}: gradient")
@@ -373,21 +384,25 @@ def test_all_rows_ignored(reduction):
     "dtype,atol,rtol",
     [pytest.param(torch.bfloat16, 1e-2, 2e-2, id="bf16"), pytest.param(torch.float16, 2e-3, 1e-2, id="fp16")],
 )
-@pytest.mark.parametrize("vocab", [32769, 50257, 65521])
+@pytest.mark.parametrize("vocab", [32769, 50257, 65536])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_gpu_one_tile_rows_match_float64(vocab, dtype, atol, rtol, inplace, reduction):
-    """16-bit rows of 32769-65536 logits that are not 16-byte aligned (aligned ones are split), held
-    whole in one tile with the head loaded before the branch on the target: the first and last columns
-    of the tile, GPT-2's vocabulary (50257), 30% ignored rows (they read their head for nothing and must
-    still get zeros), label smoothing."""
-    cfg = cross_entropy_config(vocab, dtype)
-    assert cfg["HEAD"] >= vocab and cfg["EARLY_HEAD"] and not cfg.get("SPLIT")
+    """16-bit rows of 32769-65536 logits held whole in one tile with the head loaded before the branch
+    on the target (the configuration under the split's, which the package's own calls now take at these
+    widths): the first and last columns of the tile, GPT-2's vocabulary (50257), 30% ignored rows (they
+    read their head for nothing and must still get zeros), label smoothing."""
+    cfg = {k: v for k, v in cross_entropy_config(vocab, dtype).items() if not k.startswith(("SPLIT", "ROW"))}
+    assert cfg["HEAD"] >= vocab and cfg["EARLY_HEAD"]
     x, t = _inputs(41, vocab, dtype, seed=43)
     t[1], t[2] = 0, vocab - 1
     x[3, vocab - 1] = 1e4
     w = torch.randn(41, device=x.device) if reduction == "none" else None
     want_loss, want_grad = _expected(x, t, reduction, w, label_smoothing=0.1)
-    loss, grad, counter = _run(x, t, reduction, w, label_smoothing=0.1, inplace_grad=inplace)
+    xg = x.clone().requires_grad_()
+    with Sandbox() as counter:
+        loss = CrossEntropyFunction.apply(xg, t, -100, reduction, 0.1, inplace, cfg)
+    (loss * (torch.ones_like(loss) if w is None else w.to(loss.dtype))).sum().backward()
+    loss, grad = loss.detach(), xg.grad
     assert counter.names == _launches(reduction)
     _close(loss, want_loss, atol * 10, rtol, "loss")
     _close(grad, want_grad, atol, rtol, "gradient")
@@ -605,12 +620,14 @@ def test_config_is_legal(vocab, dtype, gpu, monkeypatch):
     assert cfg["HEAD"] * torch.empty((), dtype=dtype).element_size() <= on_chip
     assert (cfg["VEC"] > 1) == (vocab % 16 != 0)
     # split rows: a GPU, a row from SPLIT_MIN_16 (16-bit) or past SPLIT_MIN (fp32) in at most MAX_SPLIT
-    # parts of SPLIT_BYTES, 16-byte aligned; the 16-bit parts' registers capped
+    # parts of SPLIT_BYTES, aligned or not; a remainder of up to SPLIT_TAIL columns past the whole parts
+    # left to the last part's fragment; the 16-bit parts' registers capped
     sixteen = dtype != torch.float32
-    split = gpu and vocab >= (SPLIT_MIN_16 if sixteen else SPLIT_MIN) and vocab % 16 == 0
+    split = gpu and vocab >= (SPLIT_MIN_16 if sixteen else SPLIT_MIN)
     assert bool(cfg.get("SPLIT")) == split, cfg
     if split:
-        assert cfg["SPLIT"] * cfg["SPLIT_BLOCK"] >= vocab > (cfg["SPLIT"] - 1) * cfg["SPLIT_BLOCK"]
+        covered = cfg["SPLIT"] * cfg["SPLIT_BLOCK"]
+        assert covered >= vocab - SPLIT_TAIL and vocab > covered - cfg["SPLIT_BLOCK"], cfg
         assert cfg["SPLIT_BLOCK"] * dtype.itemsize == SPLIT_BYTES and cfg["SPLIT_WARPS"] == 4
         assert cfg.get("SPLIT_MAXNREG") == (SPLIT_MAXNREG if sixteen else None)
         assert (
@@ -694,13 +711,16 @@ def test_peak_memory_on_gpu():
 @gpu_only
 @pytest.mark.gpu
 def test_past_2_31_logits_on_gpu():
-    # 16400 x 131071 bf16 = 2.15e9 elements (4.3 GB): the last rows start past 2**31; an unaligned row
-    # keeps the head-and-tail kernel (the split has its own test below)
+    # 16400 x 131071 bf16 = 2.15e9 elements (4.3 GB): the last rows start past 2**31; unaligned rows, split
+    # at their 16-byte boundaries by the split kernel (the package's) and by the head-and-tail kernel
     tokens, vocab = 16400, 131071
-    assert tokens * vocab > 2**31 and not cross_entropy_config(vocab, torch.bfloat16).get("SPLIT")
-    loss = _past_2_31(
-        tokens, vocab, seed=12, ignore_every=5, rows=[0, 1, tokens // 2, tokens - 3, tokens - 2, tokens - 1]
-    )
+    cfg = cross_entropy_config(vocab, torch.bfloat16)
+    assert tokens * vocab > 2**31 and cfg["SPLIT"] and cfg["VEC"] == 8
+    rows = [0, 1, tokens // 2, tokens - 3, tokens - 2, tokens - 1]
+    loss = _past_2_31(tokens, vocab, seed=12, ignore_every=5, rows=rows, kernel=SPLIT)
+    assert torch.isfinite(loss).all()
+    head_and_tail = {k: v for k, v in cfg.items() if not k.startswith("SPLIT")}
+    loss = _past_2_31(tokens, vocab, seed=12, ignore_every=5, rows=rows, cfg=head_and_tail, kernel=FWD)
     assert torch.isfinite(loss).all()
 
 
@@ -767,7 +787,7 @@ def _past_2_31(tokens, vocab, *, seed, ignore_every, rows, cfg=None, kernel=None
         else:
             loss = CrossEntropyFunction.apply(x, t, -100, "none", 0.0, True, cfg)
     if kernel is not None:
-        assert counter.names == [kernel]
+        assert counter.names == _launches("none", kernel)
     (loss * 2.0).sum().backward()
     want_loss, want_grad = _expected(sample, t[rows], "none", torch.full((len(rows),), 2.0, device="cuda"))
     _close(loss[rows], want_loss, 2e-2, 2e-2, "loss")
@@ -789,12 +809,13 @@ def _past_2_31(tokens, vocab, *, seed, ignore_every, rows, cfg=None, kernel=None
             ("bf16", torch.bfloat16, 1e-2, 2e-2),
             ("fp16", torch.float16, 2e-3, 1e-2),
         ]
-        for vocab in [32768, 49168, 65552, 128256, 200000, 262144]
+        for vocab in [32768, 49168, 50257, 65552, 128256, 200000, 262144]
         if vocab >= (SPLIT_MIN if dtype == torch.float32 else SPLIT_MIN_16)
     ],
 )
 def test_gpu_split_rows_match_float64(vocab, dtype, atol, rtol, reduction, smoothing, inplace):
-    """Rows past the split's threshold, split across programs (two parts; a last part of 16 columns; 8
+    """Rows past the split's threshold, split across programs (two parts; a last part of 16 columns;
+    GPT-2's rows, off 16-byte boundaries; four whole parts and 16 columns in the last one's fragment; 8
     parts of a Llama 3 row; a partial last part; whole parts): loss and gradient against float64 with
     30% ignored rows, label smoothing, a part of only -inf, a logit of 1e4 (the second round) and fp16
     subnormals (widened by their bits); one kernel; the gradient over the logits when asked."""
@@ -811,13 +832,35 @@ def test_gpu_split_rows_match_float64(vocab, dtype, atol, rtol, reduction, smoot
     with Sandbox() as counter:
         loss = cross_entropy(xg, t, reduction=reduction, label_smoothing=smoothing, inplace_grad=inplace)
     (loss * (torch.ones_like(loss) if w is None else w.to(loss.dtype))).sum().backward()
-    assert counter.names == _launches(reduction, "_cross_entropy_split_kernel")
+    assert counter.names == _launches(reduction, SPLIT)
     assert counter.passes == [] and counter.torch_ops == [], "no copies, memsets or torch reductions"
     _close(loss.detach(), want_loss, atol * 10, rtol, "loss")
     _close(xg.grad, want_grad, atol, rtol, "gradient")
     if inplace:
         assert xg.grad.data_ptr() == xg.data_ptr()
     assert (xg.grad[t == -100] == 0).all()
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("vocab", [50257, 65552, 128256])
+def test_gpu_split_strided_rows(vocab, dtype):
+    """Rows of a wider buffer (a row stride of vocab + 5 elements: every row starts at a different offset
+    from a 16-byte boundary), split, out of place and in place (the gradient then has the same stride)."""
+    big = torch.randn(19, vocab + 5, device="cuda").to(dtype) * 3
+    x = big[:, 2 : vocab + 2]
+    t = torch.randint(0, vocab, (19,), device="cuda")
+    t[3], t[4], t[5] = -100, 0, vocab - 1
+    assert cross_entropy_config(vocab, dtype, stride=x.stride(0))["SPLIT"]
+    want_loss, want_grad = _expected(x, t, "mean", label_smoothing=0.05)
+    for inplace in (False, True):
+        xg = big.clone()[:, 2 : vocab + 2].requires_grad_()  # (clone() of the view alone would be contiguous)
+        assert xg.stride(0) == vocab + 5
+        loss = cross_entropy(xg, t, label_smoothing=0.05, inplace_grad=inplace)
+        loss.backward()
+        _close(loss.detach(), want_loss, 1e-2, 2e-2, "loss")
+        _close(xg.grad, want_grad, 1e-2, 2e-2, "gradient")
 
 
 @gpu_only

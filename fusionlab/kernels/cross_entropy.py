@@ -216,6 +216,11 @@ MAX_SPLIT = 64
 #: 128 registers would spill) and its threshold: 4096 x 128256 on an H100 97.6% -> 96.9%.
 SPLIT_MIN_16 = 32768
 SPLIT_MAXNREG = 104
+#: a remainder of at most this many columns past the last whole part goes to the last part's fragment
+#: (a second, small tile: 128 lanes at most) instead of a program of its own. H200, bf16, 8192 x 65552
+#: (four parts and 16 columns): 82.7% -> 85.4% of copy; a remainder of 1105 columns (50257 in three
+#: parts) made a fragment of 2048 lanes, which spilled (47-50%), so 50257 keeps four parts.
+SPLIT_TAIL = 64
 #: the loss alone (no gradient: evaluation) keeps nothing for a second sweep, so it needs neither a large
 #: head nor the L2 hints: rows wider than this walk tiles of this many elements, 8 warps, Triton's
 #: pipeliner keeping three tiles in flight. bf16, share of copy by one read, GPU clock, against the
@@ -265,8 +270,11 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True, rows:
         # 32 * 32 * vec: one 16-byte access a thread; the L2 hints keep the streamed tiles for sweep 2
         cfg = {**cfg, "HEAD": head, "BLOCK_N": 32 * 32 * vec, "num_warps": 32, "EVICT": True}
     part = SPLIT_BYTES // element_size(dtype)
-    if grad and n_cols >= (SPLIT_MIN_16 if sixteen else SPLIT_MIN) and cdiv(n_cols, part) <= MAX_SPLIT:
-        cfg.update(SPLIT=cdiv(n_cols, part), SPLIT_BLOCK=part, SPLIT_WARPS=4, SPLIT_EARLY=True)
+    parts = cdiv(n_cols, part)
+    if parts > 1 and n_cols - (parts - 1) * part <= SPLIT_TAIL:  # the remainder: the last part's fragment
+        parts -= 1
+    if grad and n_cols >= (SPLIT_MIN_16 if sixteen else SPLIT_MIN) and parts <= MAX_SPLIT:
+        cfg.update(SPLIT=parts, SPLIT_BLOCK=part, SPLIT_WARPS=4, SPLIT_EARLY=True)
         if sixteen:
             cfg["SPLIT_MAXNREG"] = SPLIT_MAXNREG
     return cfg
@@ -310,8 +318,8 @@ def cross_entropy_config(
     rows = bool(gpu) and any(name in device for name in ROWS_GPUS)
     cfg = dict(_config(int(n_cols), dtype, bool(gpu), bool(grad), rows))
     cfg["VEC"] = vec if split else 1
-    if split:  # neither the split nor the rows kernel splits rows at 16 bytes: the head-and-tail kernel
-        cfg = _head_and_tail(cfg)
+    if split:  # the rows kernel does not cut rows at 16 bytes (the split and head-and-tail kernels do)
+        cfg = {k: v for k, v in cfg.items() if not k.startswith("ROW")}
     return cfg
 
 
@@ -651,6 +659,8 @@ def _cross_entropy_split_kernel(
     EARLY: tl.constexpr = False,
     WIDEN: tl.constexpr = "",
     AGAIN_N: tl.constexpr = 1024,
+    VEC: tl.constexpr = 1,
+    FRAG: tl.constexpr = 0,
 ):
     # The loss and gradient of a row held by SPLIT programs, BLOCK_N logits each in registers (the
     # softmax's split schedule, _softmax_split_kernel, which says why the wait cannot hang): each part
@@ -666,15 +676,42 @@ def _cross_entropy_split_kernel(
     # operations on its bits (_widen_by_bits): an expression the compiler cannot merge with the first
     # widening, so only the 16-bit part crosses the wait, and a cap on the registers (SPLIT_MAXNREG).
     row, part = _split_ticket(sync_ptr + 1, SPLIT)  # (sync: see _COUNT_BLOCK)
-    offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = offs < n_cols
     x_row = x_ptr + row * stride_xm
     g_row = grad_ptr + row * stride_gm
+    # The parts hold the row's body, BLOCK_N columns each from `lo`; the last part also holds the
+    # fragment, FRAG lanes (FRAG > 0): the `lo` columns before the row's first 16-byte boundary (VEC > 1:
+    # a row whose start or length is not a multiple of 16 bytes, cut as the head-and-tail kernel cuts
+    # it, so that the body still moves in 16-byte accesses) in lanes [0, VEC), and the columns after the
+    # body in the others: fewer than VEC, or (SPLIT * BLOCK_N < n_cols) a remainder too small to be
+    # worth a program of its own (65552 = 4 x 16384 + 16). The gradient has the logits' row stride.
+    if VEC > 1:
+        x_start = row * stride_xm
+        lo = tl.minimum(((VEC - x_start % VEC) % VEC).to(tl.int32), n_cols)
+        body = tl.multiple_of(tl.minimum(((n_cols - lo) // VEC) * VEC, SPLIT * BLOCK_N), VEC)
+        x_body = x_ptr + tl.multiple_of(x_start + lo, VEC)
+        g_body = grad_ptr + tl.multiple_of(row * stride_gm + lo, VEC)
+    else:
+        lo = 0
+        if FRAG > 0:
+            body = SPLIT * BLOCK_N
+        else:
+            body = n_cols
+        x_body = x_row
+        g_body = g_row
+    offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs < body
+    if FRAG > 0:
+        lane = tl.arange(0, FRAG)
+        col_f = tl.where(lane < VEC, lane, lo + body + lane - VEC)
+        last = part == SPLIT - 1  # (the other parts' fragments are empty)
+        mask_f = tl.where(lane < VEC, lane < tl.where(last, lo, 0), col_f < tl.where(last, n_cols, 0))
     if EARLY:  # the part's load before the target's: the two latencies overlap (an ignored row reads it too)
-        x_raw = tl.load(x_row + offs, mask=mask, other=float("-inf"))
+        x_raw = tl.load(x_body + offs, mask=mask, other=float("-inf"))
     y = tl.load(target_ptr + row)
     if y == ignore_index:  # the whole row agrees (one target): no exchange, zero loss and gradient
-        tl.store(g_row + offs, tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty), mask=mask)
+        tl.store(g_body + offs, tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty), mask=mask)
+        if FRAG > 0:
+            tl.store(g_row + col_f, tl.zeros([FRAG], dtype=grad_ptr.dtype.element_ty), mask=mask_f)
         if part == 0:
             tl.store(loss_ptr + row, 0.0)
     else:
@@ -683,13 +720,21 @@ def _cross_entropy_split_kernel(
         # have published, and not before
         x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
         if not EARLY:
-            x_raw = tl.load(x_row + offs, mask=mask, other=float("-inf"))
+            x_raw = tl.load(x_body + offs, mask=mask, other=float("-inf"))
         # round 1: every part sums against the same reference, so the row's sum is the parts' sum
         ref = tl.where(tl.abs(x_y) < float("inf"), x_y, 0.0)  # NaN (bad target) or ±inf: 0
-        parts = part_ptr + row * (4 * SPLIT)  # [sums | sums of x | round 2's maxima | round 2's sums]
-        tl.store(parts + part, tl.sum(tl.math.exp2((x_raw.to(tl.float32) - ref) * _LOG2E), axis=0))
+        d = tl.sum(tl.math.exp2((x_raw.to(tl.float32) - ref) * _LOG2E), axis=0)
         if SMOOTH:
-            tl.store(parts + SPLIT + part, tl.sum(tl.where(mask, x_raw.to(tl.float32), 0.0), axis=0))
+            s = tl.sum(tl.where(mask, x_raw.to(tl.float32), 0.0), axis=0)
+        if FRAG > 0:
+            x_f_raw = tl.load(x_row + col_f, mask=mask_f, other=float("-inf"))
+            d += tl.sum(tl.math.exp2((x_f_raw.to(tl.float32) - ref) * _LOG2E), axis=0)
+            if SMOOTH:
+                s += tl.sum(tl.where(mask_f, x_f_raw.to(tl.float32), 0.0), axis=0)
+        parts = part_ptr + row * (4 * SPLIT)  # [sums | sums of x | round 2's maxima | round 2's sums]
+        tl.store(parts + part, d)
+        if SMOOTH:
+            tl.store(parts + SPLIT + part, s)
         _split_wait(sync_ptr + 1, row, SPLIT)
         p = tl.arange(0, SPLIT_P2)
         d = tl.sum(tl.load(parts + p, mask=p < SPLIT, other=0.0, volatile=True), axis=0)
@@ -710,40 +755,55 @@ def _cross_entropy_split_kernel(
             m_v = tl.full([AGAIN_N], float("-inf"), tl.float32)
             for start in range(0, BLOCK_N, AGAIN_N):
                 o = part * BLOCK_N + start + tl.arange(0, AGAIN_N)
-                m_v = tl.maximum(m_v, tl.load(x_row + o, mask=o < n_cols, other=float("-inf")).to(tl.float32))
+                m_v = tl.maximum(m_v, tl.load(x_body + o, mask=o < body, other=float("-inf")).to(tl.float32))
             m = tl.max(m_v, axis=0)
+            if FRAG > 0:
+                x_f = tl.load(x_row + col_f, mask=mask_f, other=float("-inf")).to(tl.float32)
+                m = tl.maximum(m, tl.max(x_f, axis=0))
             m_ref = tl.where(m == float("-inf"), 0.0, m)
             d_v = tl.zeros([AGAIN_N], tl.float32)
             for start in range(0, BLOCK_N, AGAIN_N):
                 o = part * BLOCK_N + start + tl.arange(0, AGAIN_N)
-                x = tl.load(x_row + o, mask=o < n_cols, other=float("-inf")).to(tl.float32)
+                x = tl.load(x_body + o, mask=o < body, other=float("-inf")).to(tl.float32)
                 d_v += tl.math.exp2((x - m_ref) * _LOG2E)
+            d_part = tl.sum(d_v, axis=0)
+            if FRAG > 0:
+                d_part += tl.sum(tl.math.exp2((x_f - m_ref) * _LOG2E), axis=0)
             tl.store(parts + 2 * SPLIT + part, m)
-            tl.store(parts + 3 * SPLIT + part, tl.sum(d_v, axis=0))
+            tl.store(parts + 3 * SPLIT + part, d_part)
             _split_wait(sync_ptr + 1, row, 2 * SPLIT)
             big, d = _split_merge(parts + 2 * SPLIT, SPLIT, SPLIT_P2)
             lse = big + tl.math.log2(d) * _LN2  # a row of only -inf: d = 0, lse = -inf, loss NaN (as torch)
             for start in range(0, BLOCK_N, AGAIN_N):
                 o = part * BLOCK_N + start + tl.arange(0, AGAIN_N)
-                x = tl.load(x_row + o, mask=o < n_cols, other=float("-inf")).to(tl.float32)
+                x = tl.load(x_body + o, mask=o < body, other=float("-inf")).to(tl.float32)
                 grad = tl.math.exp2((x - lse) * _LOG2E + log2_c) - c_s
-                tl.store(g_row + o, grad.to(grad_ptr.dtype.element_ty), mask=o < n_cols)
+                tl.store(g_body + o, grad.to(grad_ptr.dtype.element_ty), mask=o < body)
+            if FRAG > 0:
+                grad_f = tl.math.exp2((x_f - lse) * _LOG2E + log2_c) - c_s
+                tl.store(g_row + col_f, grad_f.to(grad_ptr.dtype.element_ty), mask=mask_f)
         else:
             lse = ref + tl.math.log2(d) * _LN2
             x = _widen_by_bits(x_raw, WIDEN)
             grad = tl.math.exp2((x - lse) * _LOG2E + log2_c)
             if SMOOTH:
                 grad -= c_s
-            tl.store(g_row + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+            tl.store(g_body + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+            if FRAG > 0:
+                grad_f = tl.math.exp2((_widen_by_bits(x_f_raw, WIDEN) - lse) * _LOG2E + log2_c) - c_s
+                tl.store(g_row + col_f, grad_f.to(grad_ptr.dtype.element_ty), mask=mask_f)
         loss = lse - x_y
         if SMOOTH:
             s = tl.sum(tl.load(parts + SPLIT + p, mask=p < SPLIT, other=0.0, volatile=True), axis=0)
             loss = (1.0 - label_smoothing) * loss + label_smoothing * (lse - s / n_cols)
         if part == 0:
             tl.store(loss_ptr + row, loss)
-        # the target's element, by the part that holds it, after a barrier (its tile store came first)
+        # the target's element, by the part that holds it (in its body, or the last part's fragment),
+        # after a barrier (its tile store came first)
         tl.debug_barrier()
-        own = valid & (y >= part * BLOCK_N) & (y < part * BLOCK_N + BLOCK_N)
+        in_body = (y >= lo) & (y < lo + body)
+        own = tl.where(in_body, (y >= lo + part * BLOCK_N) & (y < lo + part * BLOCK_N + BLOCK_N), part == SPLIT - 1)
+        own = valid & own
         grad_y = tl.math.exp2((x_y - lse) * _LOG2E) * scale - c_s - (1.0 - label_smoothing) * scale
         tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=own)
 
@@ -926,8 +986,11 @@ def _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_s
 
 def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean):
     n_rows, n_cols = logits.shape
-    parts = cfg["SPLIT"]
+    parts, block, vec = cfg["SPLIT"], cfg["SPLIT_BLOCK"], cfg["VEC"]
     stats = torch.empty(n_rows * 4 * parts, dtype=torch.float32, device=logits.device)  # (see the kernel)
+    # the last part's fragment: VEC lanes for the columns before the row's first 16-byte boundary, and
+    # room for those after the parts (fewer than VEC, or the remainder past SPLIT whole parts)
+    frag = 0 if vec == 1 and parts * block >= n_cols else next_pow2(vec + max(vec, n_cols - parts * block))
     return _cross_entropy_split_kernel[(n_rows * parts,)](
         logits,
         target,
@@ -942,12 +1005,14 @@ def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smo
         label_smoothing,
         SPLIT=parts,
         SPLIT_P2=next_pow2(parts),
-        BLOCK_N=cfg["SPLIT_BLOCK"],
+        BLOCK_N=block,
         MEAN=mean,
         SMOOTH=label_smoothing != 0.0,
         EARLY=cfg.get("SPLIT_EARLY", False),
         WIDEN={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(logits.dtype, ""),
-        AGAIN_N=min(1024, cfg["SPLIT_BLOCK"]),
+        AGAIN_N=min(1024, block),
+        VEC=vec,
+        FRAG=frag,
         **launch_kwargs(cfg["SPLIT_WARPS"], maxnreg=cfg.get("SPLIT_MAXNREG")),
     )
 
