@@ -1,7 +1,7 @@
 """Probe: cross-entropy's split rows, part size and where the split starts (benchmarks/notes_lesson5.md,
 ninth session, then sixteenth).
 
-    PYTHONPATH=. python3 benchmarks/probe_ce_split_tune.py [--quick | --caps | --package | --frag]
+    PYTHONPATH=. python3 benchmarks/probe_ce_split_tune.py [--quick | --caps | --package | --frag | --below]
 
 The split kernel holds a row in parts of ``SPLIT_BLOCK`` logits, one program each, which swap their
 statistics: each row read once, written once. Sixteenth session: the kernel sums against the target's
@@ -84,9 +84,11 @@ def main():
     package_only = "--package" in sys.argv  # the shipped configuration alone, over the issue's range
     if package_only:
         shapes = [(torch.bfloat16, m, n) for m, n in WIDTHS]
-    frag = "--frag" in sys.argv  # unaligned rows and remainders: the split's fragment against the rest
+    frag = "--frag" in sys.argv or "--below" in sys.argv  # the split's fragment, and narrower rows
     if frag:
         shapes = [(torch.bfloat16, m, n) for n in (50257, 65552, 32000, 40000) for m in (4096, 8192, 16384)]
+    if "--below" in sys.argv:  # under SPLIT_MIN_16: two parts against the head of 8192 (and the H200's rows)
+        shapes = [(torch.bfloat16, m, n) for n in (16400, 20000, 24576, 28000, 30000, 32000) for m in (4096, 8192)]
     if caps:  # the ship's choice: the part sizes that won, capped, beside the probe that had no second round
         shapes = [(torch.bfloat16, m, n) for m, n in BF16 if n in (128256, 262144, 65552, 65536, 49152, 32768)]
         shapes += list(OTHER)

@@ -162,19 +162,34 @@ def launch_hook(on_launch: Callable[[Launch], None]):
 @contextlib.contextmanager
 def _compilable_helpers():
     """Triton's own jit helpers (``tl.cdiv``, ``tl.sigmoid``...) as compilable ``JITFunction``s for a
-    ``with`` block. In interpreter mode they are ``InterpretedFunction``s, which the compiler cannot
-    lower; outside it nothing is swapped."""
+    ``with`` block, and its language builtins as they are outside the interpreter. In interpreter mode
+    the helpers are ``InterpretedFunction``s, which the compiler cannot lower, and builtins may still
+    be wrapped by an earlier interpreted kernel; outside it nothing is swapped."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
+    def _leaked(val):
+        # the interpreter's wrapper of a language builtin, ``lambda *args, member=member, **kwargs``: a
+        # call of a nested jit function in the interpreter (InterpretedFunction.__call__) patches
+        # triton.language.core and never restores it, and the compiler then calls the wrapper, which
+        # hands it the interpreter's semantic (with a cold Triton cache: 'value' object has no
+        # attribute 'dtype')
+        return getattr(val, "__name__", "") == "<lambda>" and "member" in (getattr(val, "__kwdefaults__", None) or {})
+
     swapped = []
-    for name, mod in list(sys.modules.items()):
-        if not name.startswith("triton.language") or mod is None:
-            continue
+    owners = [mod for name, mod in list(sys.modules.items()) if name.startswith("triton.language") and mod]
+    tensor_classes = [getattr(mod, "tensor", None) for mod in owners] + [
+        getattr(mod, "tensor_descriptor_base", None) for mod in owners
+    ]
+    owners += [cls for cls in dict.fromkeys(tensor_classes) if isinstance(cls, type)]
+    for mod in owners:
         for attr, val in list(vars(mod).items()):
             if isinstance(val, InterpretedFunction):
                 swapped.append((mod, attr, val))
                 setattr(mod, attr, JITFunction(val.fn))
+            elif _leaked(val):
+                swapped.append((mod, attr, val))
+                setattr(mod, attr, val.__kwdefaults__["member"])
     try:
         yield
     finally:

@@ -29,7 +29,7 @@ reduction's scale) and writes it — into a gradient buffer, or **over the logit
 wider ones) stays in registers from the first sweep to the second, so a row that fits in it is read
 once; a wider row's other tiles are read again, newest first, so that the second sweep finds what it
 read last still in L2 (the ledger counts the re-read honestly, as ``rereads``); on a GPU, with a
-gradient, aligned 16-bit rows of 32768 logits and more (fp32 rows past 65536) are instead split across
+gradient, 16-bit rows of 32768 logits and more (fp32 rows past 65536) are instead split across
 programs that hold 32 KiB of the row each and swap their sums (lesson 4's split softmax), read once;
 and on an H200 16-bit rows of 28673-32767 logits (Llama 2's
 32000) go to persistent programs that hold whole rows, the next rows' loads in flight while one is
@@ -194,9 +194,12 @@ NARROW_MAX = 65536
 #: load). fwd+bwd bf16, 8192 tokens, share of copy on the GPU clock, against the head of 8192:
 #: H100 50257 78.7% -> 87.2%, 65536 80.2% -> 92.4%; H200 72.3% -> 74.7%, 75.5% -> 83.7%. At 32000 a
 #: tile of 32768 lost (H100 90.8% -> 89.9%, H200 81.9% -> 70.7%; benchmarks/notes_lesson5.md, eighth
-#: session). An ignored row then reads its logits for nothing (eager reads them too).
+#: session). An ignored row then reads its logits for nothing (eager reads them too). Since the
+#: sixteenth session the split kernel takes these rows on a GPU whenever there is a gradient (it is
+#: faster, see SPLIT_MIN_16): this is the head-and-tail configuration under the split's, which a
+#: tuning call (``head_n``...) runs.
 ONE_TILE_MIN = 32769
-#: wider rows (with autograd, 16-byte aligned) are split across programs, 32 KiB of row each (4 warps),
+#: wider rows (with autograd) are split across programs, 32 KiB of row each (4 warps),
 #: which swap their statistics and write their part of the gradient: each row read once. Each part's
 #: load is issued before its target's (SPLIT_EARLY: the two latencies overlap). Ninth session, the
 #: first split (each part's own maximum, its part in fp32 across the wait): fwd+bwd bf16, GPU clock,
@@ -298,8 +301,8 @@ def cross_entropy_config(
     REF_TARGET: sums against the target's logit instead of a running maximum; EARLY_HEAD, where set:
     the head loaded before the branch on the target). VEC > 1 when the row
     length or stride is not a multiple of 16 elements: each row is then split at its 16-byte
-    boundaries (see the kernel) so that its body still moves in 16-byte accesses. On a GPU, with a
-    gradient, aligned rows from ``SPLIT_MIN_16`` columns (16-bit) or ``SPLIT_MIN`` (fp32) also get
+    boundaries (see the kernels) so that its body still moves in 16-byte accesses. On a GPU, with a
+    gradient, rows from ``SPLIT_MIN_16`` columns (16-bit) or ``SPLIT_MIN`` (fp32) also get
     ``SPLIT`` (parts of ``SPLIT_BLOCK`` columns, ``SPLIT_WARPS`` warps each, ``SPLIT_EARLY``: the part
     loaded before the target; 16-bit: ``SPLIT_MAXNREG``, a cap on the registers a thread): the loss and
     gradient then come from the split kernel, one program a part, each row read once. ``grad=False``:
