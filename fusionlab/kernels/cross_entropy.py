@@ -304,8 +304,10 @@ def cross_entropy_config(
     boundaries (see the kernels) so that its body still moves in 16-byte accesses. On a GPU, with a
     gradient, rows from ``SPLIT_MIN_16`` columns (16-bit) or ``SPLIT_MIN`` (fp32) also get
     ``SPLIT`` (parts of ``SPLIT_BLOCK`` columns, ``SPLIT_WARPS`` warps each, ``SPLIT_EARLY``: the part
-    loaded before the target; 16-bit: ``SPLIT_MAXNREG``, a cap on the registers a thread): the loss and
-    gradient then come from the split kernel, one program a part, each row read once. ``grad=False``:
+    loaded before the target; 16-bit: ``SPLIT_MAXNREG``, a cap on the registers a thread; a remainder of
+    up to ``SPLIT_TAIL`` columns past the whole parts, and an unaligned row's ends, go to the last part's
+    fragment): the loss and gradient then come from the split kernel, one program a part, each row read
+    once. ``grad=False``:
     the configuration of the loss alone (no gradient), which walks rows wider than ``FORWARD_TILE`` in
     small pipelined tiles. ``gpu``: the GPU's configuration (default: this mode's), so that a lesson on
     a CPU can ask what the GPU kernel does. ``device``: the GPU's name (default: this one's); on the
