@@ -324,14 +324,18 @@ def test_rows_kernel_matches_float64(shape, dtype, atol, rtol, reduction, inplac
 
 
 def test_ledger_follows_the_named_gpu():
-    # 32000 bf16 logits: the H100's head of 8192 re-reads the rest of each row, the H200's whole rows do
-    # not; with label smoothing the H200 takes the head too (the rows kernel has no smoothing)
+    # 32000 bf16 logits: the H100 splits each row, the H200 takes whole rows: both read it once; with
+    # label smoothing the H200 takes the head of 8192 (the rows kernel has no smoothing) and re-reads the
+    # rest of each row; at 24576 both GPUs take the head
     floor = cross_entropy_ledger(64, 32000, torch.bfloat16, head=32000).fused_bytes
     h100 = cross_entropy_ledger(64, 32000, torch.bfloat16, gpu=True, device="NVIDIA H100 80GB HBM3")
     h200 = cross_entropy_ledger(64, 32000, torch.bfloat16, gpu=True, device="NVIDIA H200")
     smooth = cross_entropy_ledger(64, 32000, torch.bfloat16, gpu=True, device="NVIDIA H200", label_smoothing=0.1)
-    assert h200.fused_bytes == floor and h100.fused_bytes == floor + 64 * (32000 - 8192) * 2
-    assert smooth.rereads == h100.rereads
+    assert h200.fused_bytes == floor and h100.fused_bytes == floor
+    assert smooth.fused_bytes == floor + 64 * (32000 - 8192) * 2
+    for device in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"):
+        narrow = cross_entropy_ledger(64, 24576, torch.bfloat16, gpu=True, device=device)
+        assert narrow.rereads == {"logits": 64 * (24576 - 8192)}, (device, narrow.rereads)
 
 
 def test_rows_kernel_bad_targets_and_smoothing():
@@ -603,7 +607,8 @@ def test_ledger_six_passes_against_two():
     )
 
 
-VOCABS = [2, 3, 1000, 28672, 28688, 30000, 32000, 32768, 32769, 50257, 65536, 65537, 128256, 151936, 200000, 262144]
+VOCABS = [2, 3, 1000, 24576, 27999, 28000, 28672, 28688, 30000, 32000, 32768, 32769, 50257, 65536, 65537]
+VOCABS += [128256, 151936, 200000, 262144]
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
@@ -623,7 +628,7 @@ def test_config_is_legal(vocab, dtype, gpu, monkeypatch):
     # parts of SPLIT_BYTES, aligned or not; a remainder of up to SPLIT_TAIL columns past the whole parts
     # left to the last part's fragment; the 16-bit parts' registers capped
     sixteen = dtype != torch.float32
-    split = gpu and vocab >= (SPLIT_MIN_16 if sixteen else SPLIT_MIN)
+    split = gpu and vocab >= (SPLIT_MIN_16 if sixteen else SPLIT_MIN) and not cfg.get("ROWS")
     assert bool(cfg.get("SPLIT")) == split, cfg
     if split:
         covered = cfg["SPLIT"] * cfg["SPLIT_BLOCK"]
@@ -640,6 +645,10 @@ def test_config_is_legal(vocab, dtype, gpu, monkeypatch):
     assert bool(h200.get("ROWS")) == rows, h200
     assert not cfg.get("ROWS") or "H200" in device_name(), cfg
     assert not cross_entropy_config(vocab, dtype, device="NVIDIA H100 80GB HBM3").get("ROWS")
+    # the H200's rows kernel keeps its rows; on the H100 the split takes them from the threshold
+    assert not (h200.get("ROWS") and h200.get("SPLIT")), h200
+    h100 = cross_entropy_config(vocab, dtype, device="NVIDIA H100 80GB HBM3")
+    assert bool(h100.get("SPLIT")) == (gpu and vocab >= (SPLIT_MIN_16 if sixteen else SPLIT_MIN)), h100
     assert not cross_entropy_config(vocab, dtype, device="NVIDIA H200", grad=False).get("ROWS")
     # the loss alone: small pipelined tiles past FORWARD_TILE on a GPU, never split, legal on every path
     fwd = cross_entropy_config(vocab, dtype, grad=False)

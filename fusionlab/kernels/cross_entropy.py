@@ -29,11 +29,11 @@ reduction's scale) and writes it — into a gradient buffer, or **over the logit
 wider ones) stays in registers from the first sweep to the second, so a row that fits in it is read
 once; a wider row's other tiles are read again, newest first, so that the second sweep finds what it
 read last still in L2 (the ledger counts the re-read honestly, as ``rereads``); on a GPU, with a
-gradient, 16-bit rows of 32768 logits and more (fp32 rows past 65536) are instead split across
+gradient, 16-bit rows of 28000 logits and more (fp32 rows past 65536) are instead split across
 programs that hold 32 KiB of the row each and swap their sums (lesson 4's split softmax), read once;
-and on an H200 16-bit rows of 28673-32767 logits (Llama 2's
-32000) go to persistent programs that hold whole rows, the next rows' loads in flight while one is
-written (lesson 4's persistent softmax, ``_cross_entropy_rows_kernel``), read once too. A row whose
+but on an H200 aligned 16-bit rows of 28673-32767 logits (Llama 2's 32000) go to persistent programs
+that hold whole rows, the next rows' loads in flight while one is written (lesson 4's persistent
+softmax, ``_cross_entropy_rows_kernel``), read once too. A row whose
 start or length is not a multiple of 16 bytes (V = 50257) is split at its 16-byte boundaries so its
 body still moves in 16-byte accesses. The
 backward of the autograd function only multiplies the stored gradient by grad_output — and skips
@@ -215,9 +215,11 @@ MAX_SPLIT = 64
 #: 4096 x 262144 80.0% -> 87.5%, 8192 x 65552 73.5% -> 82.3%; H100 93.1% -> 96.5%, 93.7% -> 97.3%,
 #: 87.3% -> 93.1%. It now also beats the one-tile kernel, so 16-bit rows are split from SPLIT_MIN_16:
 #: 8192 x 65536 H200 83.7% -> 88.6%, H100 91.8% -> 96.7%; 49152 75.4% -> 87.3%, 91.6% -> 95.9%; 32768
-#: (against the head of 8192) 81.8% -> 85.2%, 91.4% -> 94.1%. fp32 keeps its part in fp32 (no cap:
-#: 128 registers would spill) and its threshold: 4096 x 128256 on an H100 97.6% -> 96.9%.
-SPLIT_MIN_16 = 32768
+#: (against the head of 8192) 81.8% -> 85.2%, 91.4% -> 94.1%; 28000 77.4% -> 80.6%, 88.0% -> 92.2%; at
+#: 24576 and narrower the head stays ahead on both (1-5 points). The H200's rows kernel (28673-32767)
+#: keeps its rows: at 32000 it beats two parts there (87.9% against 84.5%). fp32 keeps its part in fp32
+#: (no cap: 128 registers would spill) and its threshold: 4096 x 128256 on an H100 97.6% -> 96.9%.
+SPLIT_MIN_16 = 28000
 SPLIT_MAXNREG = 104
 #: a remainder of at most this many columns past the last whole part goes to the last part's fragment
 #: (a second, small tile: 128 lanes at most) instead of a program of its own. H200, bf16, 8192 x 65552
@@ -276,7 +278,8 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True, rows:
     parts = cdiv(n_cols, part)
     if parts > 1 and n_cols - (parts - 1) * part <= SPLIT_TAIL:  # the remainder: the last part's fragment
         parts -= 1
-    if grad and n_cols >= (SPLIT_MIN_16 if sixteen else SPLIT_MIN) and parts <= MAX_SPLIT:
+    split_min = SPLIT_MIN_16 if sixteen else SPLIT_MIN
+    if grad and n_cols >= split_min and parts <= MAX_SPLIT and not cfg.get("ROWS"):
         cfg.update(SPLIT=parts, SPLIT_BLOCK=part, SPLIT_WARPS=4, SPLIT_EARLY=True)
         if sixteen:
             cfg["SPLIT_MAXNREG"] = SPLIT_MAXNREG
