@@ -96,25 +96,30 @@ def _finish(
     count_ptr,
     scale,
     n_cols,
+    ignore_index,
     SPLIT: tl.constexpr,
     SPLIT_P2: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Wait for the row's parts, merge, write this part's gradient (and the loss, part 0)."""
-    arrived = tl.atomic_add(count_ptr, 0, sem="acquire")
-    while arrived < SPLIT:
+    """Wait for the row's parts, merge, write this part's gradient (and the loss, part 0); an ignored
+    row (the whole row agrees: nothing published, no wait): zeros."""
+    if y == ignore_index:
+        _zeros(g_row, loss_ptr, row, part, n_cols, BLOCK_N)
+    else:
         arrived = tl.atomic_add(count_ptr, 0, sem="acquire")
-    big, d = _split_merge(parts, SPLIT, SPLIT_P2)
-    lse = big + tl.math.log2(d) * LN2
-    if part == 0:
-        tl.store(loss_ptr + row, lse - x_y)
-    offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    grad = e * tl.where(valid, tl.math.exp2((ref - lse) * LOG2E) * scale, float("nan"))
-    tl.store(g_row + offs, grad.to(g_row.dtype.element_ty), mask=offs < n_cols)
-    tl.debug_barrier()
-    own = valid & (y >= part * BLOCK_N) & (y < part * BLOCK_N + BLOCK_N)
-    grad_y = tl.math.exp2((x_y - lse) * LOG2E) * scale - scale
-    tl.store(g_row + y, grad_y.to(g_row.dtype.element_ty), mask=own)
+        while arrived < SPLIT:
+            arrived = tl.atomic_add(count_ptr, 0, sem="acquire")
+        big, d = _split_merge(parts, SPLIT, SPLIT_P2)
+        lse = big + tl.math.log2(d) * LN2
+        if part == 0:
+            tl.store(loss_ptr + row, lse - x_y)
+        offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
+        grad = e * tl.where(valid, tl.math.exp2((ref - lse) * LOG2E) * scale, float("nan"))
+        tl.store(g_row + offs, grad.to(g_row.dtype.element_ty), mask=offs < n_cols)
+        tl.debug_barrier()
+        own = valid & (y >= part * BLOCK_N) & (y < part * BLOCK_N + BLOCK_N)
+        grad_y = tl.math.exp2((x_y - lse) * LOG2E) * scale - scale
+        tl.store(g_row + y, grad_y.to(g_row.dtype.element_ty), mask=own)
 
 
 @triton.jit
@@ -176,27 +181,25 @@ def _ce_split_persistent_kernel(
             if live2:
                 e2, ref2 = _publish(part_ptr + row2 * (2 * SPLIT), part2, x2, count_base + row2, SPLIT)
             g_row = grad_ptr + row * stride_gm
-            if y == ignore_index:
-                _zeros(g_row, loss_ptr, row, part, n_cols, BLOCK_N)
-            else:
-                _finish(
-                    g_row,
-                    loss_ptr,
-                    row,
-                    part,
-                    e,
-                    ref,
-                    x_y,
-                    y,
-                    valid,
-                    part_ptr + row * (2 * SPLIT),
-                    count_base + row,
-                    scale,
-                    n_cols,
-                    SPLIT,
-                    SPLIT_P2,
-                    BLOCK_N,
-                )
+            _finish(
+                g_row,
+                loss_ptr,
+                row,
+                part,
+                e,
+                ref,
+                x_y,
+                y,
+                valid,
+                part_ptr + row * (2 * SPLIT),
+                count_base + row,
+                scale,
+                n_cols,
+                ignore_index,
+                SPLIT,
+                SPLIT_P2,
+                BLOCK_N,
+            )
             t = t2
             row = row2
             part = part2
@@ -223,27 +226,25 @@ def _ce_split_persistent_kernel(
             t2, row2, part2, x2, y2 = _take(
                 ticket_ptr, total, x_ptr, target_ptr, n_cols, stride_xm, ignore_index, SPLIT, BLOCK_N
             )
-            if ignored:
-                _zeros(g_row, loss_ptr, row, part, n_cols, BLOCK_N)
-            else:
-                _finish(
-                    g_row,
-                    loss_ptr,
-                    row,
-                    part,
-                    e,
-                    ref,
-                    x_y,
-                    y,
-                    valid,
-                    part_ptr + row * (2 * SPLIT),
-                    count_base + row,
-                    scale,
-                    n_cols,
-                    SPLIT,
-                    SPLIT_P2,
-                    BLOCK_N,
-                )
+            _finish(
+                g_row,
+                loss_ptr,
+                row,
+                part,
+                e,
+                ref,
+                x_y,
+                y,
+                valid,
+                part_ptr + row * (2 * SPLIT),
+                count_base + row,
+                scale,
+                n_cols,
+                ignore_index,
+                SPLIT,
+                SPLIT_P2,
+                BLOCK_N,
+            )
             t = t2
             row = row2
             part = part2
