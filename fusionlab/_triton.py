@@ -176,12 +176,12 @@ def _compilable_helpers():
         # attribute 'dtype')
         return getattr(val, "__name__", "") == "<lambda>" and "member" in (getattr(val, "__kwdefaults__", None) or {})
 
+    import triton.language as tl
+
     swapped = []
     owners = [mod for name, mod in list(sys.modules.items()) if name.startswith("triton.language") and mod]
-    tensor_classes = [getattr(mod, "tensor", None) for mod in owners] + [
-        getattr(mod, "tensor_descriptor_base", None) for mod in owners
-    ]
-    owners += [cls for cls in dict.fromkeys(tensor_classes) if isinstance(cls, type)]
+    # the classes whose methods the interpreter wraps too (tensor_descriptor_base: Triton 3.9's)
+    owners += [getattr(tl.core, name) for name in ("tensor", "tensor_descriptor_base") if hasattr(tl.core, name)]
     for mod in owners:
         for attr, val in list(vars(mod).items()):
             if isinstance(val, InterpretedFunction):
