@@ -106,6 +106,22 @@ def _run(x, t, reduction, w=None, **kw):
     return loss.detach(), x.grad, counter
 
 
+def _run_cfg(x, t, reduction, cfg, w=None, *, smoothing=0.0, inplace=False):
+    """As :func:`_run`, through ``CrossEntropyFunction`` with the configuration ``cfg`` (a kernel chosen
+    by the test). Returns the loss, the logits' copy (``.grad`` the gradient; in place, the same memory)
+    and the launches counted during the forward."""
+    xl = x.detach().clone().requires_grad_()
+    with Sandbox() as counter:
+        loss = CrossEntropyFunction.apply(xl, t, -100, reduction, smoothing, inplace, cfg)
+    (loss * (torch.ones_like(loss) if w is None else w.to(loss.dtype))).sum().backward()
+    return loss.detach(), xl, counter
+
+
+def _without(cfg, *kernels):
+    """``cfg`` without the keys of the kernels named ("SPLIT", "ROW"): what the launcher runs instead."""
+    return {k: v for k, v in cfg.items() if not k.startswith(kernels)}
+
+
 def _close(got, want, atol, rtol, what):
     assert not torch.isnan(got).any() or torch.isnan(want).any(), f"{what}: NaN where float64 has none"
     torch.testing.assert_close(got.double(), want, atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
@@ -263,14 +279,11 @@ def test_split_kernel_matches_float64(vocab, case, dtype, atol, rtol, inplace):
         cfg.update(SPLIT=parts, SPLIT_BLOCK=block, SPLIT_WARPS=4, SPLIT_EARLY=block == 128)
         w = torch.randn(8, device=x.device) if reduction == "none" else None
         want_loss, want_grad = _expected(x, t, reduction, w, label_smoothing=smoothing)
-        xl = x.clone().requires_grad_()
-        with Sandbox() as counter:
-            loss = CrossEntropyFunction.apply(xl, t, -100, reduction, smoothing, inplace, cfg)
-        (loss * (torch.ones_like(loss) if w is None else w.to(loss.dtype))).sum().backward()
+        loss, xl, counter = _run_cfg(x, t, reduction, cfg, w, smoothing=smoothing, inplace=inplace)
         assert counter.names == _launches(reduction, SPLIT), counter.names
         what = f"{case}, {parts} parts of {block}, {reduction}, smoothing {smoothing}"
         tol = max(atol, 2e-3) if case != "ordinary" else atol  # logits 100-300 apart: the fp16 rounding of x
-        _close(loss.detach(), want_loss, tol * 10, rtol, f"{what}: loss")
+        _close(loss, want_loss, tol * 10, rtol, f"{what}: loss")
         _close(xl.grad, want_grad, tol, rtol, f"{what}: gradient")
         assert (xl.grad[t == -100] == 0).all()
         if inplace:
@@ -281,7 +294,7 @@ def _rows_config(vocab, dtype, programs=None):
     """The rows kernel's configuration (the H200's) for any width and device; ``programs``: fewer
     programs than rows, so that each walks several through its pipelined loop."""
     # (as on the H200, no split beside the rows: elsewhere these widths may be split)
-    cfg = {k: v for k, v in cross_entropy_config(vocab, dtype).items() if not k.startswith("SPLIT")}
+    cfg = _without(cross_entropy_config(vocab, dtype), "SPLIT")
     cfg.update(ROWS=True, ROWS_WARPS=4 if vocab <= 4096 else 16, ROW_STAGES=3)
     if programs:
         cfg["ROWS_PROGRAMS"] = programs
@@ -312,16 +325,13 @@ def test_rows_kernel_matches_float64(shape, dtype, atol, rtol, reduction, inplac
     x, t = _rows_case(tokens, vocab, dtype, seed=47)
     w = torch.randn(tokens, device=x.device) if reduction == "none" else None
     want_loss, want_grad = _expected(x, t, reduction, w)
-    xl, before = x.clone().requires_grad_(), x.clone()
-    with Sandbox() as counter:
-        loss = CrossEntropyFunction.apply(xl, t, -100, reduction, 0.0, inplace, _rows_config(vocab, dtype, 7))
+    loss, xl, counter = _run_cfg(x, t, reduction, _rows_config(vocab, dtype, 7), w, inplace=inplace)
     assert counter.names == _launches(reduction, ROWS) and counter.torch_ops == []
-    (loss * (torch.ones_like(loss) if w is None else w.to(loss.dtype))).sum().backward()
-    _close(loss.detach(), want_loss, atol * 10, rtol, "loss")
+    _close(loss, want_loss, atol * 10, rtol, "loss")
     _close(xl.grad, want_grad, atol, rtol, "gradient")
     assert (xl.grad[t == -100] == 0).all()
     if not inplace:
-        assert torch.equal(xl.detach(), before), "the logits changed"
+        assert torch.equal(xl.detach(), x), "the logits changed"
 
 
 def test_ledger_follows_the_named_gpu():
@@ -396,18 +406,15 @@ def test_gpu_one_tile_rows_match_float64(vocab, dtype, atol, rtol, inplace, redu
     on the target (the configuration under the split's, which the package's own calls now take at these
     widths): the first and last columns of the tile, GPT-2's vocabulary (50257), 30% ignored rows (they
     read their head for nothing and must still get zeros), label smoothing."""
-    cfg = {k: v for k, v in cross_entropy_config(vocab, dtype).items() if not k.startswith(("SPLIT", "ROW"))}
+    cfg = _without(cross_entropy_config(vocab, dtype), "SPLIT", "ROW")
     assert cfg["HEAD"] >= vocab and cfg["EARLY_HEAD"]
     x, t = _inputs(41, vocab, dtype, seed=43)
     t[1], t[2] = 0, vocab - 1
     x[3, vocab - 1] = 1e4
     w = torch.randn(41, device=x.device) if reduction == "none" else None
     want_loss, want_grad = _expected(x, t, reduction, w, label_smoothing=0.1)
-    xg = x.clone().requires_grad_()
-    with Sandbox() as counter:
-        loss = CrossEntropyFunction.apply(xg, t, -100, reduction, 0.1, inplace, cfg)
-    (loss * (torch.ones_like(loss) if w is None else w.to(loss.dtype))).sum().backward()
-    loss, grad = loss.detach(), xg.grad
+    loss, xg, counter = _run_cfg(x, t, reduction, cfg, w, smoothing=0.1, inplace=inplace)
+    grad = xg.grad
     assert counter.names == _launches(reduction)
     _close(loss, want_loss, atol * 10, rtol, "loss")
     _close(grad, want_grad, atol, rtol, "gradient")
@@ -729,7 +736,7 @@ def test_past_2_31_logits_on_gpu():
     rows = [0, 1, tokens // 2, tokens - 3, tokens - 2, tokens - 1]
     loss = _past_2_31(tokens, vocab, seed=12, ignore_every=5, rows=rows, kernel=SPLIT)
     assert torch.isfinite(loss).all()
-    head_and_tail = {k: v for k, v in cfg.items() if not k.startswith("SPLIT")}
+    head_and_tail = _without(cfg, "SPLIT")
     loss = _past_2_31(tokens, vocab, seed=12, ignore_every=5, rows=rows, cfg=head_and_tail, kernel=FWD)
     assert torch.isfinite(loss).all()
 
@@ -767,15 +774,12 @@ def test_gpu_rows_kernel_matches_float64(tokens, vocab, dtype, atol, rtol, reduc
     x, t = _rows_case(tokens, vocab, dtype, seed=49)
     w = torch.randn(tokens, device=x.device) if reduction == "none" else None
     want_loss, want_grad = _expected(x, t, reduction, w)
-    xl = x.clone().requires_grad_()
     cfg = dict(cross_entropy_config(vocab, dtype, device="NVIDIA H200"))
     assert cfg["ROWS"] and cfg["ROWS_WARPS"] == 16
-    with Sandbox() as counter:
-        loss = CrossEntropyFunction.apply(xl, t, -100, reduction, 0.0, inplace, cfg)
+    loss, xl, counter = _run_cfg(x, t, reduction, cfg, w, inplace=inplace)
     assert counter.names == _launches(reduction, ROWS) and counter.torch_ops == []
-    (loss * (torch.ones_like(loss) if w is None else w.to(loss.dtype))).sum().backward()
     # in the logits' dtype first: 20000 rows' fp16 "sum" passes 65504 and is inf, as torch's would be
-    _close(loss.detach(), want_loss.to(dtype).double(), atol * 10, rtol, "loss")
+    _close(loss, want_loss.to(dtype).double(), atol * 10, rtol, "loss")
     _close(xl.grad, want_grad, atol, rtol, "gradient")
     assert (xl.grad[t == -100] == 0).all()
 
