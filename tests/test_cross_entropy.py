@@ -12,6 +12,7 @@ from conftest import gpu_only
 from fusionlab import runtime
 from fusionlab.grading import Sandbox
 from fusionlab.kernels import KernelInputError
+from fusionlab.kernels import cross_entropy as ce
 from fusionlab.kernels._launch import device_name, next_pow2
 from fusionlab.kernels.cross_entropy import (
     FORWARD_TILE,
@@ -480,6 +481,21 @@ def test_grad_output_scales_and_backward_is_one_launch():
         (loss * 2.5).backward()
     assert BWD in counter.names
     _, want_grad = _expected(x, t, "sum", torch.tensor(2.5, device=x.device))
+    _close(xl.grad, want_grad, 1e-6, 1e-4, "gradient")
+
+
+@pytest.mark.parametrize("reduction,scale", [("mean", 0.25), ("sum", -3.0), ("none", 0.5), ("mean", 1.0)])
+def test_shared_grad_output_walks_every_row(monkeypatch, reduction, scale):
+    # one grad_output for all rows is checked by a few programs, each walking rows pid, pid + P, ...:
+    # with 4 programs for 23 rows every program walks several, ignored rows among them
+    monkeypatch.setattr(ce, "sm_count", lambda: 1)
+    x, t = _inputs(23, 70, torch.float32, seed=10)
+    xl = x.clone().requires_grad_()
+    loss = cross_entropy(xl, t, reduction=reduction)
+    with Sandbox() as counter:
+        (loss.sum() * scale).backward()
+    assert counter.names.count(BWD) == 1
+    _, want_grad = _expected(x, t, reduction, torch.tensor(scale, dtype=torch.float64))
     _close(xl.grad, want_grad, 1e-6, 1e-4, "gradient")
 
 

@@ -887,19 +887,39 @@ def _cross_entropy_bwd_kernel(
     grad_ptr,
     target_ptr,
     grad_out_ptr,
+    n_rows,
     n_cols,
     stride_gm,
     stride_go,
     ignore_index,
     BLOCK_N: tl.constexpr,
+    SHARED: tl.constexpr,
 ):
-    # grad *= grad_output[row] in place, skipping rows whose grad_output is exactly 1 (a loss that is
-    # the last op: the common case costs one launch and no pass) and ignored rows (their gradient is
-    # 0 whatever grad_output is; 0 * inf would be NaN)
-    row = tl.program_id(axis=0).to(tl.int64)
-    y = tl.load(target_ptr + row)
-    go = tl.load(grad_out_ptr + row * stride_go).to(tl.float32)
-    if (y != ignore_index) & (go != 1.0):
+    # grad *= grad_output in place, row by row, skipping rows whose grad_output is exactly 1 (a loss
+    # that is the last op: the common case costs one launch and no pass) and ignored rows (their
+    # gradient is 0 whatever grad_output is; 0 * inf would be NaN). SHARED: one grad_output for every
+    # row ("mean", "sum", or "none" summed: a stride of 0), read once by each of a few programs that
+    # walk rows pid, pid + P, ... (a launch of one program a row cost 3.7 us at 4096 rows and 6.2 us
+    # at 8192 on an H200 only to find 1.0; benchmarks/notes_lesson5.md, seventeenth session);
+    # otherwise one program a row, each reading its own.
+    pid = tl.program_id(axis=0)
+    if SHARED:
+        go = tl.load(grad_out_ptr).to(tl.float32)
+        if go != 1.0:
+            for row in range(pid, n_rows, tl.num_programs(axis=0)):
+                r = tl.full([], 0, tl.int64) + row  # int64: row * stride passes 2**31
+                _scale_row(grad_ptr, target_ptr, r, n_cols, stride_gm, ignore_index, go, BLOCK_N)
+    else:
+        row = pid.to(tl.int64)
+        go = tl.load(grad_out_ptr + row * stride_go).to(tl.float32)
+        if go != 1.0:
+            _scale_row(grad_ptr, target_ptr, row, n_cols, stride_gm, ignore_index, go, BLOCK_N)
+
+
+@triton.jit
+def _scale_row(grad_ptr, target_ptr, row, n_cols, stride_gm, ignore_index, go, BLOCK_N: tl.constexpr):
+    """Row ``row`` of the gradient times ``go``, unless its target is ``ignore_index``."""
+    if tl.load(target_ptr + row) != ignore_index:
         base = grad_ptr + row * stride_gm
         for start in range(0, n_cols, BLOCK_N):
             offs = start + tl.arange(0, BLOCK_N)
@@ -1071,21 +1091,30 @@ def _loss(logits, target, grad, ignore_index, reduction, label_smoothing, cfg):
     return _reduce(loss_rows, sync, reduction, logits.dtype)
 
 
+#: a grad_output shared by every row is checked by this many programs a SM (each walks its rows when it
+#: is not 1), not one a row
+BWD_PROGRAMS_PER_SM = 4
+
+
 def _launch_backward(grad, target, grad_output, ignore_index):
     n_rows, n_cols = grad.shape
     if n_rows == 0:
         return
     stride_go = grad_output.stride(0) if grad_output.dim() else 0
+    shared = stride_go == 0
     cfg = _config(n_cols, grad.dtype, runtime.is_gpu())
-    _cross_entropy_bwd_kernel[(n_rows,)](
+    programs = min(n_rows, BWD_PROGRAMS_PER_SM * sm_count()) if shared else n_rows
+    _cross_entropy_bwd_kernel[(programs,)](
         grad,
         target,
         grad_output,
+        n_rows,
         n_cols,
         grad.stride(0),
         stride_go,
         ignore_index,
         BLOCK_N=cfg["BLOCK_N"],
+        SHARED=shared,
         **launch_kwargs(min(cfg["num_warps"], 8)),
     )
 

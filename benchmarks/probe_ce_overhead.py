@@ -1,0 +1,151 @@
+"""Probe: where cross-entropy's fwd+bwd time goes beside the split kernel, and split parts of 2 warps
+(benchmarks/notes_lesson5.md, seventeenth session).
+
+    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts] [--quick]
+
+The sixteenth session's shares fit ``time = bytes / rate + F`` with F about 20 us a call on both GPUs
+(H200 4096 -> 16384 tokens at 65552 and 128256 columns: 82.6 -> 87.0% and 86.0 -> 88.0% of copy), as if
+something cost a fixed 20 us beside the kernel's streaming. Here, by shape: the whole fwd+bwd call, the
+forward's launches without autograd, the prologue with the split kernel, the prologue alone (GPU clock,
+back to back), and each kernel's GPU time from the profiler. ``--parts``: split parts of other sizes
+and warps (registers from the compiled kernel), checked against float64 first.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.profiler import ProfilerActivity, profile
+
+import fusionlab  # noqa: F401
+from fusionlab import bench
+from fusionlab.kernels import cross_entropy as ce
+from fusionlab.kernels.cross_entropy import CrossEntropyFunction, cross_entropy_config
+
+SHAPES = ((4096, 65552), (8192, 65552), (4096, 128256), (4096, 50257), (4096, 40000), (4096, 32000), (8192, 32000))
+#: (part, warps, maxnreg)
+PARTS = (
+    (16384, 4, 104),
+    (16384, 2, None),
+    (16384, 2, 168),
+    (8192, 2, None),
+    (8192, 2, 96),
+    (8192, 2, 80),
+    (8192, 1, None),
+    (8192, 4, 64),
+)
+
+
+def _kernels(fn, calls=10):
+    """GPU microseconds a call, by kernel name, from the profiler."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t and ev.count:
+            out[ev.key[:60]] = (t / calls, ev.count // calls)
+    return out
+
+
+def _split_cfg(vocab, dtype, part, warps, cap):
+    base = {k: v for k, v in cross_entropy_config(vocab, dtype).items() if not k.startswith(("SPLIT", "ROW"))}
+    parts = triton.cdiv(vocab, part)
+    if parts > 1 and vocab - (parts - 1) * part <= ce.SPLIT_TAIL:
+        parts -= 1
+    cfg = {**base, "SPLIT": parts, "SPLIT_BLOCK": part, "SPLIT_WARPS": warps, "SPLIT_EARLY": True}
+    if cap:
+        cfg["SPLIT_MAXNREG"] = cap
+    return cfg
+
+
+def main():
+    copy = bench.measure_copy_bandwidth()
+    dev = torch.cuda.get_device_name()
+    print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s")
+    shapes = SHAPES + ((16384, 50257),)
+    frag = "--frag" in sys.argv  # 50257 as three parts and the last part's fragment (1105 columns), by cap
+    if frag:
+        shapes = ((4096, 50257), (8192, 50257), (16384, 50257))
+    if "--quick" in sys.argv:
+        shapes = ((4096, 65552), (8192, 65552), (16384, 50257), (4096, 32000), (8192, 32000))
+    for tokens, vocab in shapes:
+        dtype = torch.bfloat16
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = (torch.randn(tokens, vocab, device="cuda", generator=g) * 2).to(dtype)
+        t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
+        xg = x.clone().requires_grad_()
+        grad = torch.empty_like(x)
+        nb = 2 * x.numel() * x.element_size()
+        print(f"{tokens} x {vocab}: two trips {nb / 1e6:.0f} MB, {nb / copy / 1e3:.1f} us at copy", flush=True)
+
+        def show(label, ms):
+            print(f"  {label:44s} {ms * 1e3:8.1f} us  {nb / ms / 1e6 / copy:6.1%}", flush=True)
+
+        cfgs = {"package": cross_entropy_config(vocab, dtype)}
+        for cap in (104, 112, 120, 128, 136, None) if frag else ():
+            cfgs[f"split 3 x 16384 + fragment, cap {cap}"] = {
+                **_split_cfg(vocab, dtype, 16384, 4, cap),
+                "SPLIT": vocab // 16384,
+            }
+        for part, warps, cap in PARTS if "--parts" in sys.argv else ():
+            cfg = _split_cfg(vocab, dtype, part, warps, cap)
+            cfgs[f"split {cfg['SPLIT']} x {part} w{warps} cap {cap}"] = cfg
+        ts = t[:64].clone()
+        ts[::5] = -100
+        xs = x[:64].double().requires_grad_()
+        (want,) = torch.autograd.grad(F.cross_entropy(xs, ts), xs)
+        for label, cfg in cfgs.items():
+            split = bool(cfg.get("SPLIT"))
+            xc = x[:64].clone().requires_grad_()
+            (got,) = torch.autograd.grad(CrossEntropyFunction.apply(xc, ts, -100, "mean", 0.0, False, cfg), xc)
+            err = ((got.double() - want).norm() / want.norm()).item()
+            regs = ""
+            if split:
+                sync = ce._prologue(ts, -100, count=True, n_rows_split=64)
+                k = ce._launch_split(xc.detach(), ts, got, torch.empty(64, device="cuda"), sync, -100, 0.0, cfg, True)
+                regs = f" ({k.n_regs} regs, {k.n_spills} spills)"
+            if err > 1e-2:
+                print(f"  {label}: WRONG, error {err:.1e}")
+                continue
+
+            def full(cfg=cfg):
+                return torch.autograd.grad(CrossEntropyFunction.apply(xg, t, -100, "mean", 0.0, False, cfg), xg)
+
+            show(f"{label}{regs}: fwd+bwd", bench.queued_ms(full))
+            if label != "package" or frag:
+                continue
+            fwd = bench.queued_ms(lambda: ce._loss(x, t, grad, -100, "mean", 0.0, cfg))
+            show("forward's launches (no autograd)", fwd)
+            half = torch.tensor(0.5, device="cuda", dtype=dtype)
+
+            def scaled(cfg=cfg):
+                loss = CrossEntropyFunction.apply(xg, t, -100, "mean", 0.0, False, cfg)
+                return torch.autograd.grad(loss, xg, grad_outputs=half)
+
+            show("fwd+bwd, grad_output 0.5 (a second pass)", bench.queued_ms(scaled))
+            loss = torch.empty(tokens, dtype=torch.float32, device="cuda")
+
+            def prologue():
+                return ce._prologue(t, -100, count=True, n_rows_split=tokens if split else None)
+
+            def kernel():
+                ce._launch_forward(x, t, grad, loss, prologue(), -100, 0.0, cfg, mean=True)
+
+            show("prologue + loss kernel", bench.queued_ms(kernel))
+            show("prologue alone", bench.queued_ms(prologue))
+            for name, (us, n) in sorted(_kernels(full).items(), key=lambda kv: -kv[1][0]):
+                print(f"    {name:60s} {us:8.1f} us x{n}")
+        x = xg = grad = None
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
