@@ -1,7 +1,7 @@
 """Probe: where cross-entropy's fwd+bwd time goes beside the split kernel, and split parts of 2 warps
 (benchmarks/notes_lesson5.md, seventeenth session).
 
-    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts] [--quick]
+    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts | --quick | --frag | --extra]
 
 The sixteenth session's shares fit ``time = bytes / rate + F`` with F about 20 us a call on both GPUs
 (H200 4096 -> 16384 tokens at 65552 and 128256 columns: 82.6 -> 87.0% and 86.0 -> 88.0% of copy), as if
@@ -74,6 +74,9 @@ def main():
     frag = "--frag" in sys.argv  # 50257 as three parts and the last part's fragment (1105 columns), by cap
     if frag:
         shapes = ((4096, 50257), (8192, 50257), (16384, 50257))
+    extra = "--extra" in sys.argv  # whole parts and the remainder shared among them, in extra tiles
+    if extra:
+        shapes = ((4096, 50257), (8192, 50257), (16384, 50257), (8192, 49408), (8192, 50304), (8192, 65552))
     if "--quick" in sys.argv:
         shapes = ((4096, 65552), (8192, 65552), (16384, 50257), (4096, 32000), (8192, 32000))
     for tokens, vocab in shapes:
@@ -95,6 +98,13 @@ def main():
                 **_split_cfg(vocab, dtype, 16384, 4, cap),
                 "SPLIT": vocab // 16384,
             }
+        if extra:  # the package's choice against the split without extra tiles, and the cap
+            cfgs["no extra tiles"] = _split_cfg(vocab, dtype, 16384, 4, 104)
+            for cap in (112, 128):
+                cfg = _split_cfg(vocab, dtype, 16384, 4, cap)
+                whole = vocab // 16384
+                cfg.update(SPLIT=whole, SPLIT_PART=16384 + triton.cdiv(vocab - whole * 16384, 16 * whole) * 16)
+                cfgs[f"split {whole} x {cfg['SPLIT_PART']} (extra tile), cap {cap}"] = cfg
         for part, warps, cap in PARTS if "--parts" in sys.argv else ():
             cfg = _split_cfg(vocab, dtype, part, warps, cap)
             cfgs[f"split {cfg['SPLIT']} x {part} w{warps} cap {cap}"] = cfg
@@ -120,7 +130,7 @@ def main():
                 return torch.autograd.grad(CrossEntropyFunction.apply(xg, t, -100, "mean", 0.0, False, cfg), xg)
 
             show(f"{label}{regs}: fwd+bwd", bench.queued_ms(full))
-            if label != "package" or frag:
+            if label != "package" or frag or extra:
                 continue
             fwd = bench.queued_ms(lambda: ce._loss(x, t, grad, -100, "mean", 0.0, cfg))
             show("forward's launches (no autograd)", fwd)

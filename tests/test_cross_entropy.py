@@ -21,6 +21,9 @@ from fusionlab.kernels.cross_entropy import (
     ROWS_MAX,
     ROWS_MIN,
     SPLIT_BYTES,
+    SPLIT_EXTRA,
+    SPLIT_EXTRA_MAXNREG,
+    SPLIT_EXTRA_PARTS,
     SPLIT_MAXNREG,
     SPLIT_MIN,
     SPLIT_MIN_16,
@@ -263,26 +266,33 @@ def test_split_kernel_matches_float64(vocab, case, dtype, atol, rtol, inplace):
     """The split kernel on any device through its configuration: one part a row (the interpreter runs
     its programs one after another, so a row of several parts would wait for ever), whole or with the
     rest of the row in its fragment, and, on a GPU, parts of 128 logits (2-4 a row, which swap their
-    sums; the last with the remainder or not). Every other row of the far cases fails the sum against
-    the target's logit, so all its parts take the second round (their maxima) together; ignored rows
-    beside them; the gradient over the logits when asked. 300 columns: rows that start off a 16-byte
-    boundary (every other row in fp16), cut there into fragments."""
+    sums; the last with the remainder or not), and parts of more columns than their tile of 128, the
+    rest in their extra tile (SPLIT_PART: the remainder shared by the parts; in the interpreter the
+    whole row as one part of 256 and an extra tile). Every other row of the far cases fails the sum
+    against the target's logit, so all its parts take the second round (their maxima) together;
+    ignored rows beside them; the gradient over the logits when asked. 300 columns: rows that start off
+    a 16-byte boundary (every other row in fp16), cut there into fragments."""
     x, t = _far_from_target(case, 8, vocab, dtype) if case != "ordinary" else _inputs(8, vocab, dtype, seed=5)
     if case != "ordinary":
         t[5] = -100
-    splits = [(next_pow2(vocab), 1), (256, 1)]  # (part, parts): the whole row; 256 and a fragment
+    # (tile, parts, columns a part): the whole row; 256 and a fragment; 256 and an extra tile
+    splits = [(next_pow2(vocab), 1, None), (256, 1, None), (256, 1, -(-vocab // 16) * 16)]
     if runtime.is_gpu():
-        splits += [(128, -(-vocab // 128)), (128, vocab // 128)]
-    for (block, parts), (reduction, smoothing) in itertools.product(
+        whole = vocab // 128
+        splits += [(128, -(-vocab // 128), None), (128, whole, None)]
+        splits += [(128, whole, 128 + -(-(vocab - whole * 128) // (16 * whole)) * 16), (128, whole, 144)]
+    for (block, parts, part_n), (reduction, smoothing) in itertools.product(
         splits, [("mean", 0.0), ("sum", 0.1), ("none", 0.0)]
     ):
         cfg = dict(cross_entropy_config(vocab, dtype))
         cfg.update(SPLIT=parts, SPLIT_BLOCK=block, SPLIT_WARPS=4, SPLIT_EARLY=block == 128)
+        if part_n:
+            cfg["SPLIT_PART"] = part_n
         w = torch.randn(8, device=x.device) if reduction == "none" else None
         want_loss, want_grad = _expected(x, t, reduction, w, label_smoothing=smoothing)
         loss, xl, counter = _run_cfg(x, t, reduction, cfg, w, smoothing=smoothing, inplace=inplace)
         assert counter.names == _launches(reduction, SPLIT), counter.names
-        what = f"{case}, {parts} parts of {block}, {reduction}, smoothing {smoothing}"
+        what = f"{case}, {parts} parts of {block} ({part_n} columns), {reduction}, smoothing {smoothing}"
         tol = max(atol, 2e-3) if case != "ordinary" else atol  # logits 100-300 apart: the fp16 rounding of x
         _close(loss, want_loss, tol * 10, rtol, f"{what}: loss")
         _close(xl.grad, want_grad, tol, rtol, f"{what}: gradient")
@@ -631,7 +641,8 @@ def test_ledger_six_passes_against_two():
     )
 
 
-VOCABS = [2, 3, 1000, 24576, 27999, 28000, 28672, 28688, 30000, 32000, 32768, 32769, 50257, 65536, 65537]
+VOCABS = [2, 3, 1000, 24576, 27999, 28000, 28672, 28688, 30000, 32000, 32768, 32769, 49408, 50257, 50304]
+VOCABS += [65536, 65537, 66000, 98304 + 1000]
 VOCABS += [128256, 151936, 200000, 262144]
 
 
@@ -650,15 +661,24 @@ def test_config_is_legal(vocab, dtype, gpu, monkeypatch):
     assert (cfg["VEC"] > 1) == (vocab % 16 != 0)
     # split rows: a GPU, a row from SPLIT_MIN_16 (16-bit) or past SPLIT_MIN (fp32) in at most MAX_SPLIT
     # parts of SPLIT_BYTES, aligned or not; a remainder of up to SPLIT_TAIL columns past the whole parts
-    # left to the last part's fragment; the 16-bit parts' registers capped
+    # left to the last part's fragment; a larger one past at most SPLIT_EXTRA_PARTS whole 16-bit parts
+    # shared by them in extra tiles of up to SPLIT_EXTRA columns; the 16-bit parts' registers capped
     sixteen = dtype != torch.float32
     split = gpu and vocab >= (SPLIT_MIN_16 if sixteen else SPLIT_MIN) and not cfg.get("ROWS")
     assert bool(cfg.get("SPLIT")) == split, cfg
     if split:
-        covered = cfg["SPLIT"] * cfg["SPLIT_BLOCK"]
-        assert covered >= vocab - SPLIT_TAIL and vocab > covered - cfg["SPLIT_BLOCK"], cfg
-        assert cfg["SPLIT_BLOCK"] * dtype.itemsize == SPLIT_BYTES and cfg["SPLIT_WARPS"] == 4
-        assert cfg.get("SPLIT_MAXNREG") == (SPLIT_MAXNREG if sixteen else None)
+        block = cfg["SPLIT_BLOCK"]
+        part_n = cfg.get("SPLIT_PART", block)
+        covered = cfg["SPLIT"] * part_n
+        assert covered >= vocab - SPLIT_TAIL and vocab > covered - part_n, cfg
+        assert block * dtype.itemsize == SPLIT_BYTES and cfg["SPLIT_WARPS"] == 4
+        whole, rest = divmod(vocab, block)
+        shared = sixteen and rest > SPLIT_TAIL and whole <= SPLIT_EXTRA_PARTS and -(-rest // whole) <= SPLIT_EXTRA
+        assert ("SPLIT_PART" in cfg) == shared, cfg
+        if shared:
+            assert cfg["SPLIT"] == whole and part_n % 16 == 0 and block < part_n <= block + SPLIT_EXTRA, cfg
+        cap = (SPLIT_EXTRA_MAXNREG if shared else SPLIT_MAXNREG) if sixteen else None
+        assert cfg.get("SPLIT_MAXNREG") == cap
         assert (
             cfg["SPLIT"] <= MAX_SPLIT
             and cross_entropy_ledger(64, vocab, dtype).fused_bytes == 64 * (2 * vocab * dtype.itemsize + 8) + 4
@@ -841,13 +861,14 @@ def _past_2_31(tokens, vocab, *, seed, ignore_every, rows, cfg=None, kernel=None
             ("bf16", torch.bfloat16, 1e-2, 2e-2),
             ("fp16", torch.float16, 2e-3, 1e-2),
         ]
-        for vocab in [32768, 49168, 50257, 65552, 128256, 200000, 262144]
+        for vocab in [32768, 49168, 49408, 50257, 65552, 128256, 200000, 262144]
         if vocab >= (SPLIT_MIN if dtype == torch.float32 else SPLIT_MIN_16)
     ],
 )
 def test_gpu_split_rows_match_float64(vocab, dtype, atol, rtol, reduction, smoothing, inplace):
     """Rows past the split's threshold, split across programs (two parts; a last part of 16 columns;
-    GPT-2's rows, off 16-byte boundaries; four whole parts and 16 columns in the last one's fragment; 8
+    CLIP's rows, 256 columns past three whole parts, shared by them in extra tiles; GPT-2's rows, off
+    16-byte boundaries, shared likewise; four whole parts and 16 columns in the last one's fragment; 8
     parts of a Llama 3 row; a partial last part; whole parts): loss and gradient against float64 with
     30% ignored rows, label smoothing, a part of only -inf, a logit of 1e4 (the second round) and fp16
     subnormals (widened by their bits); one kernel; the gradient over the logits when asked."""

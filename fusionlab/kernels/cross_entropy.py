@@ -226,6 +226,18 @@ SPLIT_MAXNREG = 104
 #: (four parts and 16 columns): 82.7% -> 85.4% of copy; a remainder of 1105 columns (50257 in three
 #: parts) made a fragment of 2048 lanes, which spilled (47-50%), so 50257 keeps four parts.
 SPLIT_TAIL = 64
+#: a larger remainder, shared by the parts (each a tile of SPLIT_BLOCK and an extra tile of up to
+#: SPLIT_EXTRA lanes, SPLIT_PART columns) when the row has at most SPLIT_EXTRA_PARTS whole parts, in place
+#: of one more program with little to hold. The extra tile costs registers (96 -> 118 a thread, capped
+#: at SPLIT_EXTRA_MAXNREG: four programs a SM instead of five), which only pays when a slot saved is
+#: more than a fifth of the row's: three whole parts or fewer. fwd+bwd bf16 "mean", GPU clock, share of
+#: copy, four parts (the last of 1105 columns) -> three of 16768: H200 4096 x 50257 78.6% -> 81.0%, 8192
+#: 81.2% -> 83.6%, 16384 82.7% -> 85.1%; with nine or twelve whole parts it lost (8192 x 151936 86.9% ->
+#: 84.8%, 200064 87.7% -> 83.2%), and a remainder of 7232 in two parts (40000: extra tiles of 4096) spilled
+#: or dropped to three programs a SM (82.6% -> 76-81%). benchmarks/notes_lesson5.md, seventeenth session.
+SPLIT_EXTRA = 512
+SPLIT_EXTRA_PARTS = 3
+SPLIT_EXTRA_MAXNREG = 120
 #: the loss alone (no gradient: evaluation) keeps nothing for a second sweep, so it needs neither a large
 #: head nor the L2 hints: rows wider than this walk tiles of this many elements, 8 warps, Triton's
 #: pipeliner keeping three tiles in flight. bf16, share of copy by one read, GPU clock, against the
@@ -276,6 +288,9 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True, rows:
         cfg = {**cfg, "HEAD": head, "BLOCK_N": 32 * 32 * vec, "num_warps": 32, "EVICT": True}
     part = SPLIT_BYTES // element_size(dtype)
     parts = cdiv(n_cols, part)
+    whole, rest = divmod(n_cols, part)
+    share = cdiv(rest, 16 * max(whole, 1)) * 16  # the remainder's share of each whole part, 16 columns a step
+    extra = sixteen and rest > SPLIT_TAIL and whole <= SPLIT_EXTRA_PARTS and share <= SPLIT_EXTRA
     if parts > 1 and n_cols - (parts - 1) * part <= SPLIT_TAIL:  # the remainder: the last part's fragment
         parts -= 1
     split_min = SPLIT_MIN_16 if sixteen else SPLIT_MIN
@@ -283,6 +298,8 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True, rows:
         cfg.update(SPLIT=parts, SPLIT_BLOCK=part, SPLIT_WARPS=4, SPLIT_EARLY=True)
         if sixteen:
             cfg["SPLIT_MAXNREG"] = SPLIT_MAXNREG
+        if extra:  # the remainder shared by the whole parts, in their extra tiles
+            cfg.update(SPLIT=whole, SPLIT_PART=part + share, SPLIT_MAXNREG=SPLIT_EXTRA_MAXNREG)
     return cfg
 
 
@@ -296,27 +313,27 @@ def cross_entropy_config(
     device: str | None = None,
 ) -> dict:
     """The launch configuration for rows of ``n_cols`` logits at row ``stride`` (default ``n_cols``):
-    ``{"HEAD", "BLOCK_N", "num_warps", "VEC", "PREFETCH", "PREFETCH2", "LOOP_STAGES", "EVICT",
-    "REF_TARGET", "num_stages"}``. HEAD elements of a row stay in registers between the two sweeps;
-    the rest is streamed in BLOCK_N tiles (PREFETCH, PREFETCH2: sweep 1's, sweep 2's next tile loaded
-    before this one is used; LOOP_STAGES: sweep 1's tiles pipelined that deep by Triton through shared
-    memory; EVICT: L2 eviction hints, evict-last for tiles read again, evict-first for the rest;
-    REF_TARGET: sums against the target's logit instead of a running maximum; EARLY_HEAD, where set:
-    the head loaded before the branch on the target). VEC > 1 when the row
-    length or stride is not a multiple of 16 elements: each row is then split at its 16-byte
-    boundaries (see the kernels) so that its body still moves in 16-byte accesses. On a GPU, with a
-    gradient, rows from ``SPLIT_MIN_16`` columns (16-bit) or ``SPLIT_MIN`` (fp32) also get
-    ``SPLIT`` (parts of ``SPLIT_BLOCK`` columns, ``SPLIT_WARPS`` warps each, ``SPLIT_EARLY``: the part
-    loaded before the target; 16-bit: ``SPLIT_MAXNREG``, a cap on the registers a thread; a remainder of
-    up to ``SPLIT_TAIL`` columns past the whole parts, and an unaligned row's ends, go to the last part's
-    fragment): the loss and gradient then come from the split kernel, one program a part, each row read
-    once. ``grad=False``:
-    the configuration of the loss alone (no gradient), which walks rows wider than ``FORWARD_TILE`` in
-    small pipelined tiles. ``gpu``: the GPU's configuration (default: this mode's), so that a lesson on
-    a CPU can ask what the GPU kernel does. ``device``: the GPU's name (default: this one's); on the
-    GPUs of ``ROWS_GPUS``, aligned 16-bit rows of ``ROWS_MIN``-``ROWS_MAX`` logits with a gradient also
-    get ``ROWS`` (``ROWS_WARPS``, ``ROW_STAGES``): persistent programs walking whole rows, the loss and
-    gradient from the rows kernel unless label smoothing is asked for.
+    ``{"HEAD", "BLOCK_N", "num_warps", "VEC", "PREFETCH", "PREFETCH2", "LOOP_STAGES", "EVICT", "REF_TARGET",
+    "num_stages"}``. HEAD elements of a row stay in registers between the two sweeps; the rest is streamed
+    in BLOCK_N tiles (PREFETCH, PREFETCH2: sweep 1's, sweep 2's next tile loaded before this one is used;
+    LOOP_STAGES: sweep 1's tiles pipelined that deep by Triton through shared memory; EVICT: L2 eviction
+    hints, evict-last for tiles read again, evict-first for the rest; REF_TARGET: sums against the target's
+    logit instead of a running maximum; EARLY_HEAD, where set: the head loaded before the branch on the
+    target). VEC > 1 when the row length or stride is not a multiple of 16 elements: each row is then split
+    at its 16-byte boundaries (see the kernels) so that its body still moves in 16-byte accesses. On a GPU,
+    with a gradient, rows from ``SPLIT_MIN_16`` columns (16-bit) or ``SPLIT_MIN`` (fp32) also get ``SPLIT``
+    (parts of ``SPLIT_BLOCK`` columns, ``SPLIT_WARPS`` warps each, ``SPLIT_EARLY``: the part loaded before
+    the target; 16-bit: ``SPLIT_MAXNREG``, a cap on the registers a thread; a remainder of up to
+    ``SPLIT_TAIL`` columns past the whole parts, and an unaligned row's ends, go to the last part's
+    fragment; a larger one, past at most ``SPLIT_EXTRA_PARTS`` whole parts, is shared by them: parts of
+    ``SPLIT_PART`` columns, each with an extra tile): the loss and gradient then come from the split kernel,
+    one program a part, each row read once. ``grad=False``: the configuration of the loss alone (no
+    gradient), which walks rows wider than ``FORWARD_TILE`` in small pipelined tiles. ``gpu``: the GPU's
+    configuration (default: this mode's), so that a lesson on a CPU can ask what the GPU kernel does.
+    ``device``: the GPU's name (default: this one's); on the GPUs of ``ROWS_GPUS``, aligned 16-bit rows of
+    ``ROWS_MIN``-``ROWS_MAX`` logits with a gradient also get ``ROWS`` (``ROWS_WARPS``, ``ROW_STAGES``):
+    persistent programs walking whole rows, the loss and gradient from the rows kernel unless label
+    smoothing is asked for.
     """
     stride = n_cols if stride is None else stride
     vec = 16 // element_size(dtype)
@@ -669,6 +686,8 @@ def _cross_entropy_split_kernel(
     AGAIN_N: tl.constexpr = 1024,
     VEC: tl.constexpr = 1,
     FRAG: tl.constexpr = 0,
+    EXTRA: tl.constexpr = 0,
+    PART_N=0,
 ):
     # The loss and gradient of a row held by SPLIT programs, BLOCK_N logits each in registers (the
     # softmax's split schedule, _softmax_split_kernel, which says why the wait cannot hang): each part
@@ -691,23 +710,37 @@ def _cross_entropy_split_kernel(
     # a row whose start or length is not a multiple of 16 bytes, cut as the head-and-tail kernel cuts
     # it, so that the body still moves in 16-byte accesses) in lanes [0, VEC), and the columns after the
     # body in the others: fewer than VEC, or (SPLIT * BLOCK_N < n_cols) a remainder too small to be
-    # worth a program of its own (65552 = 4 x 16384 + 16). The gradient has the logits' row stride.
+    # worth a program of its own (65552 = 4 x 16384 + 16). EXTRA > 0: each part is PART_N columns (a
+    # multiple of 16), more than BLOCK_N, held as a tile of BLOCK_N and one of EXTRA lanes after it, so
+    # that a remainder too large for the fragment is shared by the parts (50257 = 3 x 16752 + 1, not four
+    # parts with 1105 columns in the last: a program a part, and a part's slot on its SM is then full).
+    # The gradient has the logits' row stride.
+    if EXTRA > 0:
+        part_n = PART_N
+    else:
+        part_n = BLOCK_N
     if VEC > 1:
         x_start = row * stride_xm
         lo = tl.minimum(((VEC - x_start % VEC) % VEC).to(tl.int32), n_cols)
-        body = tl.multiple_of(tl.minimum(((n_cols - lo) // VEC) * VEC, SPLIT * BLOCK_N), VEC)
+        body = tl.multiple_of(tl.minimum(((n_cols - lo) // VEC) * VEC, SPLIT * part_n), VEC)
         x_body = x_ptr + tl.multiple_of(x_start + lo, VEC)
         g_body = grad_ptr + tl.multiple_of(row * stride_gm + lo, VEC)
     else:
         lo = 0
         if FRAG > 0:
-            body = SPLIT * BLOCK_N
+            body = SPLIT * part_n
         else:
             body = n_cols
         x_body = x_row
         g_body = g_row
-    offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    start = part * part_n
+    offs = start + tl.arange(0, BLOCK_N)
     mask = offs < body
+    if EXTRA > 0:  # (the tile of BLOCK_N ends inside the part: its mask is the body's)
+        # a multiple of 16 bytes, as the hint says, so that the extra tile still moves in 16-byte accesses
+        end = tl.multiple_of(tl.minimum(start + PART_N, body), 16 if VEC == 1 else VEC)
+        offs_e = start + BLOCK_N + tl.arange(0, EXTRA)
+        mask_e = offs_e < end
     if FRAG > 0:
         lane = tl.arange(0, FRAG)
         col_f = tl.where(lane < VEC, lane, lo + body + lane - VEC)
@@ -715,9 +748,13 @@ def _cross_entropy_split_kernel(
         mask_f = tl.where(lane < VEC, lane < tl.where(last, lo, 0), col_f < tl.where(last, n_cols, 0))
     if EARLY:  # the part's load before the target's: the two latencies overlap (an ignored row reads it too)
         x_raw = tl.load(x_body + offs, mask=mask, other=float("-inf"))
+        if EXTRA > 0:
+            x_e_raw = tl.load(x_body + offs_e, mask=mask_e, other=float("-inf"))
     y = tl.load(target_ptr + row)
     if y == ignore_index:  # the whole row agrees (one target): no exchange, zero loss and gradient
         tl.store(g_body + offs, tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty), mask=mask)
+        if EXTRA > 0:
+            tl.store(g_body + offs_e, tl.zeros([EXTRA], dtype=grad_ptr.dtype.element_ty), mask=mask_e)
         if FRAG > 0:
             tl.store(g_row + col_f, tl.zeros([FRAG], dtype=grad_ptr.dtype.element_ty), mask=mask_f)
         if part == 0:
@@ -729,11 +766,17 @@ def _cross_entropy_split_kernel(
         x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
         if not EARLY:
             x_raw = tl.load(x_body + offs, mask=mask, other=float("-inf"))
+            if EXTRA > 0:
+                x_e_raw = tl.load(x_body + offs_e, mask=mask_e, other=float("-inf"))
         # round 1: every part sums against the same reference, so the row's sum is the parts' sum
         ref = tl.where(tl.abs(x_y) < float("inf"), x_y, 0.0)  # NaN (bad target) or ±inf: 0
         d = tl.sum(tl.math.exp2((x_raw.to(tl.float32) - ref) * _LOG2E), axis=0)
         if SMOOTH:
             s = tl.sum(tl.where(mask, x_raw.to(tl.float32), 0.0), axis=0)
+        if EXTRA > 0:
+            d += tl.sum(tl.math.exp2((x_e_raw.to(tl.float32) - ref) * _LOG2E), axis=0)
+            if SMOOTH:
+                s += tl.sum(tl.where(mask_e, x_e_raw.to(tl.float32), 0.0), axis=0)
         if FRAG > 0:
             x_f_raw = tl.load(x_row + col_f, mask=mask_f, other=float("-inf"))
             d += tl.sum(tl.math.exp2((x_f_raw.to(tl.float32) - ref) * _LOG2E), axis=0)
@@ -760,19 +803,20 @@ def _cross_entropy_split_kernel(
         # small tiles (the in-place gradient overwrites a tile only after reading it). A path of its
         # own, the part in registers dead on it (bf16 parts of 8192 on an H200: 86 -> 72 registers).
         if not ((d >= 1e-20) & (d <= 1e26)):  # (NaN fails both)
+            stop = tl.minimum(start + part_n, body)  # this part's columns: [start, stop) of the body
             m_v = tl.full([AGAIN_N], float("-inf"), tl.float32)
-            for start in range(0, BLOCK_N, AGAIN_N):
-                o = part * BLOCK_N + start + tl.arange(0, AGAIN_N)
-                m_v = tl.maximum(m_v, tl.load(x_body + o, mask=o < body, other=float("-inf")).to(tl.float32))
+            for at in range(0, part_n, AGAIN_N):
+                o = start + at + tl.arange(0, AGAIN_N)
+                m_v = tl.maximum(m_v, tl.load(x_body + o, mask=o < stop, other=float("-inf")).to(tl.float32))
             m = tl.max(m_v, axis=0)
             if FRAG > 0:
                 x_f = tl.load(x_row + col_f, mask=mask_f, other=float("-inf")).to(tl.float32)
                 m = tl.maximum(m, tl.max(x_f, axis=0))
             m_ref = tl.where(m == float("-inf"), 0.0, m)
             d_v = tl.zeros([AGAIN_N], tl.float32)
-            for start in range(0, BLOCK_N, AGAIN_N):
-                o = part * BLOCK_N + start + tl.arange(0, AGAIN_N)
-                x = tl.load(x_body + o, mask=o < body, other=float("-inf")).to(tl.float32)
+            for at in range(0, part_n, AGAIN_N):
+                o = start + at + tl.arange(0, AGAIN_N)
+                x = tl.load(x_body + o, mask=o < stop, other=float("-inf")).to(tl.float32)
                 d_v += tl.math.exp2((x - m_ref) * _LOG2E)
             d_part = tl.sum(d_v, axis=0)
             if FRAG > 0:
@@ -782,11 +826,11 @@ def _cross_entropy_split_kernel(
             _split_wait(sync_ptr + 1, row, 2 * SPLIT)
             big, d = _split_merge(parts + 2 * SPLIT, SPLIT, SPLIT_P2)
             lse = big + tl.math.log2(d) * _LN2  # a row of only -inf: d = 0, lse = -inf, loss NaN (as torch)
-            for start in range(0, BLOCK_N, AGAIN_N):
-                o = part * BLOCK_N + start + tl.arange(0, AGAIN_N)
-                x = tl.load(x_body + o, mask=o < body, other=float("-inf")).to(tl.float32)
+            for at in range(0, part_n, AGAIN_N):
+                o = start + at + tl.arange(0, AGAIN_N)
+                x = tl.load(x_body + o, mask=o < stop, other=float("-inf")).to(tl.float32)
                 grad = tl.math.exp2((x - lse) * _LOG2E + log2_c) - c_s
-                tl.store(g_body + o, grad.to(grad_ptr.dtype.element_ty), mask=o < body)
+                tl.store(g_body + o, grad.to(grad_ptr.dtype.element_ty), mask=o < stop)
             if FRAG > 0:
                 grad_f = tl.math.exp2((x_f - lse) * _LOG2E + log2_c) - c_s
                 tl.store(g_row + col_f, grad_f.to(grad_ptr.dtype.element_ty), mask=mask_f)
@@ -797,6 +841,11 @@ def _cross_entropy_split_kernel(
             if SMOOTH:
                 grad -= c_s
             tl.store(g_body + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+            if EXTRA > 0:
+                grad_e = tl.math.exp2((_widen_by_bits(x_e_raw, WIDEN) - lse) * _LOG2E + log2_c)
+                if SMOOTH:
+                    grad_e -= c_s
+                tl.store(g_body + offs_e, grad_e.to(grad_ptr.dtype.element_ty), mask=mask_e)
             if FRAG > 0:
                 grad_f = tl.math.exp2((_widen_by_bits(x_f_raw, WIDEN) - lse) * _LOG2E + log2_c) - c_s
                 tl.store(g_row + col_f, grad_f.to(grad_ptr.dtype.element_ty), mask=mask_f)
@@ -810,7 +859,7 @@ def _cross_entropy_split_kernel(
         # after a barrier (its tile store came first)
         tl.debug_barrier()
         in_body = (y >= lo) & (y < lo + body)
-        own = tl.where(in_body, (y >= lo + part * BLOCK_N) & (y < lo + part * BLOCK_N + BLOCK_N), part == SPLIT - 1)
+        own = tl.where(in_body, (y >= lo + start) & (y < lo + start + part_n), part == SPLIT - 1)
         own = valid & own
         grad_y = tl.math.exp2((x_y - lse) * _LOG2E) * scale - c_s - (1.0 - label_smoothing) * scale
         tl.store(g_row + y, grad_y.to(grad_ptr.dtype.element_ty), mask=own)
@@ -1015,10 +1064,13 @@ def _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_s
 def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean):
     n_rows, n_cols = logits.shape
     parts, block, vec = cfg["SPLIT"], cfg["SPLIT_BLOCK"], cfg["VEC"]
+    part_n = cfg.get("SPLIT_PART", block)  # columns a part: a tile of `block` and, past it, the extra tile
+    if part_n < block or part_n % 16:
+        raise ValueError(f"cross_entropy: SPLIT_PART={part_n} must be a multiple of 16 and at least SPLIT_BLOCK")
     stats = torch.empty(n_rows * 4 * parts, dtype=torch.float32, device=logits.device)  # (see the kernel)
     # the last part's fragment: VEC lanes for the columns before the row's first 16-byte boundary, and
     # room for those after the parts (fewer than VEC, or the remainder past SPLIT whole parts)
-    frag = 0 if vec == 1 and parts * block >= n_cols else next_pow2(vec + max(vec, n_cols - parts * block))
+    frag = 0 if vec == 1 and parts * part_n >= n_cols else next_pow2(vec + max(vec, n_cols - parts * part_n))
     return _cross_entropy_split_kernel[(n_rows * parts,)](
         logits,
         target,
@@ -1041,6 +1093,8 @@ def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smo
         AGAIN_N=min(1024, block),
         VEC=vec,
         FRAG=frag,
+        EXTRA=next_pow2(part_n - block) if part_n > block else 0,
+        PART_N=part_n,
         **launch_kwargs(cfg["SPLIT_WARPS"], maxnreg=cfg.get("SPLIT_MAXNREG")),
     )
 
