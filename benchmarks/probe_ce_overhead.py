@@ -1,7 +1,7 @@
 """Probe: where cross-entropy's fwd+bwd time goes beside the split kernel, and split parts of 2 warps
 (benchmarks/notes_lesson5.md, seventeenth session).
 
-    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts | --quick | --frag | --extra]
+    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts | --quick | --frag | --extra | --cap96 | --base]
 
 The sixteenth session's shares fit ``time = bytes / rate + F`` with F about 20 us a call on both GPUs
 (H200 4096 -> 16384 tokens at 65552 and 128256 columns: 82.6 -> 87.0% and 86.0 -> 88.0% of copy), as if
@@ -13,6 +13,7 @@ and warps (registers from the compiled kernel), checked against float64 first.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -76,18 +77,33 @@ def main():
         shapes = ((4096, 50257), (8192, 50257), (16384, 50257))
     extra = "--extra" in sys.argv  # whole parts and the remainder shared among them, in extra tiles
     if extra:
-        shapes = ((4096, 50257), (8192, 50257), (16384, 50257), (8192, 49408), (8192, 50304), (8192, 65552))
+        shapes = ((4096, 50257), (8192, 50257), (16384, 50257), (8192, 49408), (8192, 50304, torch.float16))
+        shapes += ((4096, 151936), (8192, 151936), (8192, 200064), (8192, 100000), (8192, 66000), (4096, 40000))
+        shapes += ((4096, 128256), (8192, 128256), (16384, 128256), (8192, 128256, torch.float16), (8192, 36000))
+        shapes += ((4096, 262144), (8192, 262144), (8192, 65536))
+    cap96 = "--cap96" in sys.argv  # a 16-column fragment beside whole parts: 101 registers (four programs a SM)
+    if cap96:
+        shapes = ((4096, 65552), (8192, 65552), (16384, 65552), (8192, 49168), (8192, 131088), (8192, 98311))
+        shapes += ((8192, 65552, torch.float16), (8192, 128256, torch.float16), (8192, 98311, torch.float16))
+        shapes += ((8192, 128256), (8192, 32000))
+    base = "--base" in sys.argv  # the part's own pointers (offsets from the part) against the row's
+    if base:
+        shapes = ((4096, 50257), (8192, 50257), (8192, 49408), (4096, 65552), (8192, 65552), (8192, 128256))
+        shapes += ((4096, 262144), (8192, 65552, torch.float16), (8192, 128256, torch.float16), (8192, 32768))
     if "--quick" in sys.argv:
         shapes = ((4096, 65552), (8192, 65552), (16384, 50257), (4096, 32000), (8192, 32000))
-    for tokens, vocab in shapes:
-        dtype = torch.bfloat16
+    if "--asm" in sys.argv:  # one shape's compiled code
+        shapes = shapes[:1]
+    for tokens, vocab, *rest in shapes:
+        dtype = rest[0] if rest else torch.bfloat16
         g = torch.Generator(device="cuda").manual_seed(0)
         x = (torch.randn(tokens, vocab, device="cuda", generator=g) * 2).to(dtype)
         t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
         xg = x.clone().requires_grad_()
         grad = torch.empty_like(x)
         nb = 2 * x.numel() * x.element_size()
-        print(f"{tokens} x {vocab}: two trips {nb / 1e6:.0f} MB, {nb / copy / 1e3:.1f} us at copy", flush=True)
+        what = f"{tokens} x {vocab} {str(dtype)[6:]}"
+        print(f"{what}: two trips {nb / 1e6:.0f} MB, {nb / copy / 1e3:.1f} us at copy", flush=True)
 
         def show(label, ms):
             print(f"  {label:44s} {ms * 1e3:8.1f} us  {nb / ms / 1e6 / copy:6.1%}", flush=True)
@@ -98,13 +114,26 @@ def main():
                 **_split_cfg(vocab, dtype, 16384, 4, cap),
                 "SPLIT": vocab // 16384,
             }
-        if extra:  # the package's choice against the split without extra tiles, and the cap
-            cfgs["no extra tiles"] = _split_cfg(vocab, dtype, 16384, 4, 104)
-            for cap in (112, 128):
+        if extra:  # the package's choice against the split without extra tiles, and with them
+            cfgs["no extra tiles"] = _split_cfg(vocab, dtype, 16384, 4, 96)
+            fewest = triton.cdiv(vocab, 20480)  # parts of up to 16384 + 4096 columns
+            if dtype != torch.float32 and fewest < cfgs["package"]["SPLIT"]:
+                part_n = triton.cdiv(vocab, 16 * fewest) * 16
+                cfg = {**_split_cfg(vocab, dtype, 16384, 4, 96), "SPLIT": fewest, "SPLIT_PART": part_n}
+                cfgs[f"fewest parts: {fewest} x {part_n}"] = cfg
+            for cap in (96,) if "SPLIT_PART" not in cfgs["package"] else ():
                 cfg = _split_cfg(vocab, dtype, 16384, 4, cap)
                 whole = vocab // 16384
                 cfg.update(SPLIT=whole, SPLIT_PART=16384 + triton.cdiv(vocab - whole * 16384, 16 * whole) * 16)
                 cfgs[f"split {whole} x {cfg['SPLIT_PART']} (extra tile), cap {cap}"] = cfg
+        if base:
+            cfgs["row's pointers"] = {**cfgs["package"], "SPLIT_PART_BASE": False}
+            if "SPLIT_PART" in cfgs["package"]:
+                for cap in (96, 104, 112):
+                    cfgs[f"package, cap {cap}"] = {**cfgs["package"], "SPLIT_MAXNREG": cap}
+                cfgs["no extra tiles"] = _split_cfg(vocab, dtype, 16384, 4, 96)
+        for cap in (96, 100) if cap96 else ():
+            cfgs[f"package, cap {cap}"] = {**cfgs["package"], "SPLIT_MAXNREG": cap}
         for part, warps, cap in PARTS if "--parts" in sys.argv else ():
             cfg = _split_cfg(vocab, dtype, part, warps, cap)
             cfgs[f"split {cfg['SPLIT']} x {part} w{warps} cap {cap}"] = cfg
@@ -130,7 +159,14 @@ def main():
                 return torch.autograd.grad(CrossEntropyFunction.apply(xg, t, -100, "mean", 0.0, False, cfg), xg)
 
             show(f"{label}{regs}: fwd+bwd", bench.queued_ms(full))
-            if label != "package" or frag or extra:
+            if "--asm" in sys.argv and split:  # the compiled code, to compare registers' uses
+                from triton.tools.disasm import get_sass
+
+                name = f"{os.environ.get('OUT', '.')}/split_{vocab}_{label.replace(' ', '_').replace(',', '')}"
+                for kind, text in (("ptx", k.asm["ptx"]), ("sass", get_sass(k.asm["cubin"]))):
+                    with open(f"{name}.{kind}", "w") as f:
+                        f.write(text)
+            if label != "package" or frag or extra or cap96 or base:
                 continue
             fwd = bench.queued_ms(lambda: ce._loss(x, t, grad, -100, "mean", 0.0, cfg))
             show("forward's launches (no autograd)", fwd)

@@ -22,8 +22,6 @@ from fusionlab.kernels.cross_entropy import (
     ROWS_MIN,
     SPLIT_BYTES,
     SPLIT_EXTRA,
-    SPLIT_EXTRA_MAXNREG,
-    SPLIT_EXTRA_PARTS,
     SPLIT_MAXNREG,
     SPLIT_MIN,
     SPLIT_MIN_16,
@@ -661,8 +659,8 @@ def test_config_is_legal(vocab, dtype, gpu, monkeypatch):
     assert (cfg["VEC"] > 1) == (vocab % 16 != 0)
     # split rows: a GPU, a row from SPLIT_MIN_16 (16-bit) or past SPLIT_MIN (fp32) in at most MAX_SPLIT
     # parts of SPLIT_BYTES, aligned or not; a remainder of up to SPLIT_TAIL columns past the whole parts
-    # left to the last part's fragment; a larger one past at most SPLIT_EXTRA_PARTS whole 16-bit parts
-    # shared by them in extra tiles of up to SPLIT_EXTRA columns; the 16-bit parts' registers capped
+    # left to the last part's fragment; a larger one past whole 16-bit parts shared by them in extra
+    # tiles of up to SPLIT_EXTRA columns; the 16-bit parts' registers capped
     sixteen = dtype != torch.float32
     split = gpu and vocab >= (SPLIT_MIN_16 if sixteen else SPLIT_MIN) and not cfg.get("ROWS")
     assert bool(cfg.get("SPLIT")) == split, cfg
@@ -673,12 +671,11 @@ def test_config_is_legal(vocab, dtype, gpu, monkeypatch):
         assert covered >= vocab - SPLIT_TAIL and vocab > covered - part_n, cfg
         assert block * dtype.itemsize == SPLIT_BYTES and cfg["SPLIT_WARPS"] == 4
         whole, rest = divmod(vocab, block)
-        shared = sixteen and rest > SPLIT_TAIL and whole <= SPLIT_EXTRA_PARTS and -(-rest // whole) <= SPLIT_EXTRA
+        shared = sixteen and rest > SPLIT_TAIL and -(-rest // whole) <= SPLIT_EXTRA
         assert ("SPLIT_PART" in cfg) == shared, cfg
         if shared:
             assert cfg["SPLIT"] == whole and part_n % 16 == 0 and block < part_n <= block + SPLIT_EXTRA, cfg
-        cap = (SPLIT_EXTRA_MAXNREG if shared else SPLIT_MAXNREG) if sixteen else None
-        assert cfg.get("SPLIT_MAXNREG") == cap
+        assert cfg.get("SPLIT_MAXNREG") == (SPLIT_MAXNREG if sixteen else None)
         assert (
             cfg["SPLIT"] <= MAX_SPLIT
             and cross_entropy_ledger(64, vocab, dtype).fused_bytes == 64 * (2 * vocab * dtype.itemsize + 8) + 4

@@ -219,25 +219,27 @@ MAX_SPLIT = 64
 #: 24576 and narrower the head stays ahead on both (1-5 points). The H200's rows kernel (28673-32767)
 #: keeps its rows: at 32000 it beats two parts there (87.9% against 84.5%). fp32 keeps its part in fp32
 #: (no cap: 128 registers would spill) and its threshold: 4096 x 128256 on an H100 97.6% -> 96.9%.
+#: Seventeenth session: the cap from 104 to 96. At 104 a part with a fragment (65552) compiled to 101
+#: registers, four programs a SM; at 96, 94-96 with no spills, five: H200 4096 x 65552 83.2% -> 86.1%,
+#: 8192 86.1% -> 89.7%, 16384 87.2% -> 90.7%, 8192 x 49168 85.3% -> 88.8%, fp16 65552 85.4% -> 88.4%;
+#: whole parts no fragment 88.0% -> 88.3% (128256), 88.8% either way (98311).
 SPLIT_MIN_16 = 28000
-SPLIT_MAXNREG = 104
+SPLIT_MAXNREG = 96
 #: a remainder of at most this many columns past the last whole part goes to the last part's fragment
 #: (a second, small tile: 128 lanes at most) instead of a program of its own. H200, bf16, 8192 x 65552
 #: (four parts and 16 columns): 82.7% -> 85.4% of copy; a remainder of 1105 columns (50257 in three
-#: parts) made a fragment of 2048 lanes, which spilled (47-50%), so 50257 keeps four parts.
+#: parts) made a fragment of 2048 lanes, which spilled (47-50%: its columns are gathered, 64-bit
+#: addresses a lane), hence the extra tiles below for larger remainders.
 SPLIT_TAIL = 64
-#: a larger remainder, shared by the parts (each a tile of SPLIT_BLOCK and an extra tile of up to
-#: SPLIT_EXTRA lanes, SPLIT_PART columns) when the row has at most SPLIT_EXTRA_PARTS whole parts, in place
-#: of one more program with little to hold. The extra tile costs registers (96 -> 118 a thread, capped
-#: at SPLIT_EXTRA_MAXNREG: four programs a SM instead of five), which only pays when a slot saved is
-#: more than a fifth of the row's: three whole parts or fewer. fwd+bwd bf16 "mean", GPU clock, share of
-#: copy, four parts (the last of 1105 columns) -> three of 16768: H200 4096 x 50257 78.6% -> 81.0%, 8192
-#: 81.2% -> 83.6%, 16384 82.7% -> 85.1%; with nine or twelve whole parts it lost (8192 x 151936 86.9% ->
-#: 84.8%, 200064 87.7% -> 83.2%), and a remainder of 7232 in two parts (40000: extra tiles of 4096) spilled
-#: or dropped to three programs a SM (82.6% -> 76-81%). benchmarks/notes_lesson5.md, seventeenth session.
-SPLIT_EXTRA = 512
-SPLIT_EXTRA_PARTS = 3
-SPLIT_EXTRA_MAXNREG = 120
+#: a larger remainder (16-bit rows) is shared by the whole parts: each holds a tile of SPLIT_BLOCK and an
+#: extra tile of up to SPLIT_EXTRA lanes (SPLIT_PART columns in all), in place of one more program with
+#: little to hold, whose slot on its SM would hold few bytes in flight. With the part's own pointers the
+#: extra tile costs no registers (92-96 a thread at the cap: five programs a SM). fwd+bwd bf16 "mean",
+#: GPU clock, share of copy, one more part -> extra tiles (benchmarks/notes_lesson5.md, seventeenth
+#: session): H200 4096 x 50257 78.4% -> 84.2%, 8192 81.2% -> 87.3%, 16384 82.6% -> 89.2%, 8192 x 66000
+#: 83.6% -> 89.1%, 100000 85.5% -> 89.0%, 151936 87.3% -> 88.6%, 4096 x 40000 (two parts of 20000, extra
+#: tiles of 4096) 80.1% -> 83.1%.
+SPLIT_EXTRA = 4096
 #: the loss alone (no gradient: evaluation) keeps nothing for a second sweep, so it needs neither a large
 #: head nor the L2 hints: rows wider than this walk tiles of this many elements, 8 warps, Triton's
 #: pipeliner keeping three tiles in flight. bf16, share of copy by one read, GPU clock, against the
@@ -290,7 +292,7 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True, rows:
     parts = cdiv(n_cols, part)
     whole, rest = divmod(n_cols, part)
     share = cdiv(rest, 16 * max(whole, 1)) * 16  # the remainder's share of each whole part, 16 columns a step
-    extra = sixteen and rest > SPLIT_TAIL and whole <= SPLIT_EXTRA_PARTS and share <= SPLIT_EXTRA
+    extra = sixteen and rest > SPLIT_TAIL and share <= SPLIT_EXTRA
     if parts > 1 and n_cols - (parts - 1) * part <= SPLIT_TAIL:  # the remainder: the last part's fragment
         parts -= 1
     split_min = SPLIT_MIN_16 if sixteen else SPLIT_MIN
@@ -299,7 +301,7 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True, rows:
         if sixteen:
             cfg["SPLIT_MAXNREG"] = SPLIT_MAXNREG
         if extra:  # the remainder shared by the whole parts, in their extra tiles
-            cfg.update(SPLIT=whole, SPLIT_PART=part + share, SPLIT_MAXNREG=SPLIT_EXTRA_MAXNREG)
+            cfg.update(SPLIT=whole, SPLIT_PART=part + share)
     return cfg
 
 
@@ -325,7 +327,7 @@ def cross_entropy_config(
     (parts of ``SPLIT_BLOCK`` columns, ``SPLIT_WARPS`` warps each, ``SPLIT_EARLY``: the part loaded before
     the target; 16-bit: ``SPLIT_MAXNREG``, a cap on the registers a thread; a remainder of up to
     ``SPLIT_TAIL`` columns past the whole parts, and an unaligned row's ends, go to the last part's
-    fragment; a larger one, past at most ``SPLIT_EXTRA_PARTS`` whole parts, is shared by them: parts of
+    fragment; a larger one (16-bit, up to ``SPLIT_EXTRA`` columns a part) is shared by them: parts of
     ``SPLIT_PART`` columns, each with an extra tile): the loss and gradient then come from the split kernel,
     one program a part, each row read once. ``grad=False``: the configuration of the loss alone (no
     gradient), which walks rows wider than ``FORWARD_TILE`` in small pipelined tiles. ``gpu``: the GPU's
@@ -734,27 +736,40 @@ def _cross_entropy_split_kernel(
         x_body = x_row
         g_body = g_row
     start = part * part_n
-    offs = start + tl.arange(0, BLOCK_N)
-    mask = offs < body
-    if EXTRA > 0:  # (the tile of BLOCK_N ends inside the part: its mask is the body's)
-        # a multiple of 16 bytes, as the hint says, so that the extra tile still moves in 16-byte accesses
-        end = tl.multiple_of(tl.minimum(start + PART_N, body), 16 if VEC == 1 else VEC)
-        offs_e = start + BLOCK_N + tl.arange(0, EXTRA)
+    # With the extra tile the part's width is a runtime value, and offsets from the row's start would be
+    # made vector by vector (a 64-bit register pair each, 92 -> 113 registers: four programs a SM, not
+    # five): then the part has its own pointers and the offsets are constants from them. Without it
+    # the row's offsets fold into constants already (and fp16 65552 ran 1.4 points slower the other way).
+    if EXTRA > 0:
+        x_p = x_body + start
+        g_p = g_body + start
+        o0 = 0
+        lim = body - start
+        # the extra tile's end, a multiple of 16 bytes as the hint says: it still moves in 16-byte accesses
+        end = tl.multiple_of(tl.minimum(start + PART_N, body), 16 if VEC == 1 else VEC) - start
+        offs_e = BLOCK_N + tl.arange(0, EXTRA)
         mask_e = offs_e < end
+    else:
+        x_p = x_body
+        g_p = g_body
+        o0 = start
+        lim = body
+    offs = o0 + tl.arange(0, BLOCK_N)
+    mask = offs < lim  # (the tile of BLOCK_N ends inside the part: the body's end is its only bound)
     if FRAG > 0:
         lane = tl.arange(0, FRAG)
         col_f = tl.where(lane < VEC, lane, lo + body + lane - VEC)
         last = part == SPLIT - 1  # (the other parts' fragments are empty)
         mask_f = tl.where(lane < VEC, lane < tl.where(last, lo, 0), col_f < tl.where(last, n_cols, 0))
     if EARLY:  # the part's load before the target's: the two latencies overlap (an ignored row reads it too)
-        x_raw = tl.load(x_body + offs, mask=mask, other=float("-inf"))
+        x_raw = tl.load(x_p + offs, mask=mask, other=float("-inf"))
         if EXTRA > 0:
-            x_e_raw = tl.load(x_body + offs_e, mask=mask_e, other=float("-inf"))
+            x_e_raw = tl.load(x_p + offs_e, mask=mask_e, other=float("-inf"))
     y = tl.load(target_ptr + row)
     if y == ignore_index:  # the whole row agrees (one target): no exchange, zero loss and gradient
-        tl.store(g_body + offs, tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty), mask=mask)
+        tl.store(g_p + offs, tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty), mask=mask)
         if EXTRA > 0:
-            tl.store(g_body + offs_e, tl.zeros([EXTRA], dtype=grad_ptr.dtype.element_ty), mask=mask_e)
+            tl.store(g_p + offs_e, tl.zeros([EXTRA], dtype=grad_ptr.dtype.element_ty), mask=mask_e)
         if FRAG > 0:
             tl.store(g_row + col_f, tl.zeros([FRAG], dtype=grad_ptr.dtype.element_ty), mask=mask_f)
         if part == 0:
@@ -765,9 +780,9 @@ def _cross_entropy_split_kernel(
         # have published, and not before
         x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
         if not EARLY:
-            x_raw = tl.load(x_body + offs, mask=mask, other=float("-inf"))
+            x_raw = tl.load(x_p + offs, mask=mask, other=float("-inf"))
             if EXTRA > 0:
-                x_e_raw = tl.load(x_body + offs_e, mask=mask_e, other=float("-inf"))
+                x_e_raw = tl.load(x_p + offs_e, mask=mask_e, other=float("-inf"))
         # round 1: every part sums against the same reference, so the row's sum is the parts' sum
         ref = tl.where(tl.abs(x_y) < float("inf"), x_y, 0.0)  # NaN (bad target) or ±inf: 0
         d = tl.sum(tl.math.exp2((x_raw.to(tl.float32) - ref) * _LOG2E), axis=0)
@@ -803,11 +818,11 @@ def _cross_entropy_split_kernel(
         # small tiles (the in-place gradient overwrites a tile only after reading it). A path of its
         # own, the part in registers dead on it (bf16 parts of 8192 on an H200: 86 -> 72 registers).
         if not ((d >= 1e-20) & (d <= 1e26)):  # (NaN fails both)
-            stop = tl.minimum(start + part_n, body)  # this part's columns: [start, stop) of the body
+            stop = tl.minimum(o0 + part_n, lim)  # this part's columns, [o0, stop) from x_p
             m_v = tl.full([AGAIN_N], float("-inf"), tl.float32)
             for at in range(0, part_n, AGAIN_N):
-                o = start + at + tl.arange(0, AGAIN_N)
-                m_v = tl.maximum(m_v, tl.load(x_body + o, mask=o < stop, other=float("-inf")).to(tl.float32))
+                o = o0 + at + tl.arange(0, AGAIN_N)
+                m_v = tl.maximum(m_v, tl.load(x_p + o, mask=o < stop, other=float("-inf")).to(tl.float32))
             m = tl.max(m_v, axis=0)
             if FRAG > 0:
                 x_f = tl.load(x_row + col_f, mask=mask_f, other=float("-inf")).to(tl.float32)
@@ -815,8 +830,8 @@ def _cross_entropy_split_kernel(
             m_ref = tl.where(m == float("-inf"), 0.0, m)
             d_v = tl.zeros([AGAIN_N], tl.float32)
             for at in range(0, part_n, AGAIN_N):
-                o = start + at + tl.arange(0, AGAIN_N)
-                x = tl.load(x_body + o, mask=o < stop, other=float("-inf")).to(tl.float32)
+                o = o0 + at + tl.arange(0, AGAIN_N)
+                x = tl.load(x_p + o, mask=o < stop, other=float("-inf")).to(tl.float32)
                 d_v += tl.math.exp2((x - m_ref) * _LOG2E)
             d_part = tl.sum(d_v, axis=0)
             if FRAG > 0:
@@ -827,10 +842,10 @@ def _cross_entropy_split_kernel(
             big, d = _split_merge(parts + 2 * SPLIT, SPLIT, SPLIT_P2)
             lse = big + tl.math.log2(d) * _LN2  # a row of only -inf: d = 0, lse = -inf, loss NaN (as torch)
             for at in range(0, part_n, AGAIN_N):
-                o = start + at + tl.arange(0, AGAIN_N)
-                x = tl.load(x_body + o, mask=o < stop, other=float("-inf")).to(tl.float32)
+                o = o0 + at + tl.arange(0, AGAIN_N)
+                x = tl.load(x_p + o, mask=o < stop, other=float("-inf")).to(tl.float32)
                 grad = tl.math.exp2((x - lse) * _LOG2E + log2_c) - c_s
-                tl.store(g_body + o, grad.to(grad_ptr.dtype.element_ty), mask=o < stop)
+                tl.store(g_p + o, grad.to(grad_ptr.dtype.element_ty), mask=o < stop)
             if FRAG > 0:
                 grad_f = tl.math.exp2((x_f - lse) * _LOG2E + log2_c) - c_s
                 tl.store(g_row + col_f, grad_f.to(grad_ptr.dtype.element_ty), mask=mask_f)
@@ -840,12 +855,12 @@ def _cross_entropy_split_kernel(
             grad = tl.math.exp2((x - lse) * _LOG2E + log2_c)
             if SMOOTH:
                 grad -= c_s
-            tl.store(g_body + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+            tl.store(g_p + offs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
             if EXTRA > 0:
                 grad_e = tl.math.exp2((_widen_by_bits(x_e_raw, WIDEN) - lse) * _LOG2E + log2_c)
                 if SMOOTH:
                     grad_e -= c_s
-                tl.store(g_body + offs_e, grad_e.to(grad_ptr.dtype.element_ty), mask=mask_e)
+                tl.store(g_p + offs_e, grad_e.to(grad_ptr.dtype.element_ty), mask=mask_e)
             if FRAG > 0:
                 grad_f = tl.math.exp2((_widen_by_bits(x_f_raw, WIDEN) - lse) * _LOG2E + log2_c) - c_s
                 tl.store(g_row + col_f, grad_f.to(grad_ptr.dtype.element_ty), mask=mask_f)
