@@ -1,7 +1,7 @@
 """Probe: where cross-entropy's fwd+bwd time goes beside the split kernel, and split parts of 2 warps
 (benchmarks/notes_lesson5.md, seventeenth session).
 
-    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts | --quick | --frag | --extra | --cap96 | --base]
+    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts | --quick | --frag | --extra | --cap96]
 
 The sixteenth session's shares fit ``time = bytes / rate + F`` with F about 20 us a call on both GPUs
 (H200 4096 -> 16384 tokens at 65552 and 128256 columns: 82.6 -> 87.0% and 86.0 -> 88.0% of copy), as if
@@ -86,10 +86,6 @@ def main():
         shapes = ((4096, 65552), (8192, 65552), (16384, 65552), (8192, 49168), (8192, 131088), (8192, 98311))
         shapes += ((8192, 65552, torch.float16), (8192, 128256, torch.float16), (8192, 98311, torch.float16))
         shapes += ((8192, 128256), (8192, 32000))
-    base = "--base" in sys.argv  # the part's own pointers (offsets from the part) against the row's
-    if base:
-        shapes = ((4096, 50257), (8192, 50257), (8192, 49408), (4096, 65552), (8192, 65552), (8192, 128256))
-        shapes += ((4096, 262144), (8192, 65552, torch.float16), (8192, 128256, torch.float16), (8192, 32768))
     if "--quick" in sys.argv:
         shapes = ((4096, 65552), (8192, 65552), (16384, 50257), (4096, 32000), (8192, 32000))
     if "--asm" in sys.argv:  # one shape's compiled code
@@ -126,12 +122,6 @@ def main():
                 whole = vocab // 16384
                 cfg.update(SPLIT=whole, SPLIT_PART=16384 + triton.cdiv(vocab - whole * 16384, 16 * whole) * 16)
                 cfgs[f"split {whole} x {cfg['SPLIT_PART']} (extra tile), cap {cap}"] = cfg
-        if base:
-            cfgs["row's pointers"] = {**cfgs["package"], "SPLIT_PART_BASE": False}
-            if "SPLIT_PART" in cfgs["package"]:
-                for cap in (96, 104, 112):
-                    cfgs[f"package, cap {cap}"] = {**cfgs["package"], "SPLIT_MAXNREG": cap}
-                cfgs["no extra tiles"] = _split_cfg(vocab, dtype, 16384, 4, 96)
         for cap in (96, 100) if cap96 else ():
             cfgs[f"package, cap {cap}"] = {**cfgs["package"], "SPLIT_MAXNREG": cap}
         for part, warps, cap in PARTS if "--parts" in sys.argv else ():
@@ -166,7 +156,7 @@ def main():
                 for kind, text in (("ptx", k.asm["ptx"]), ("sass", get_sass(k.asm["cubin"]))):
                     with open(f"{name}.{kind}", "w") as f:
                         f.write(text)
-            if label != "package" or frag or extra or cap96 or base:
+            if label != "package" or frag or extra or cap96:
                 continue
             fwd = bench.queued_ms(lambda: ce._loss(x, t, grad, -100, "mean", 0.0, cfg))
             show("forward's launches (no autograd)", fwd)

@@ -289,12 +289,12 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True, rows:
         # 32 * 32 * vec: one 16-byte access a thread; the L2 hints keep the streamed tiles for sweep 2
         cfg = {**cfg, "HEAD": head, "BLOCK_N": 32 * 32 * vec, "num_warps": 32, "EVICT": True}
     part = SPLIT_BYTES // element_size(dtype)
-    parts = cdiv(n_cols, part)
+    # the remainder past the whole parts: up to SPLIT_TAIL columns go to the last part's fragment, more
+    # (16-bit, up to SPLIT_EXTRA columns a part) are shared by the whole parts, or else get a part of their own
     whole, rest = divmod(n_cols, part)
+    parts = whole if whole and rest <= SPLIT_TAIL else whole + 1
     share = cdiv(rest, 16 * max(whole, 1)) * 16  # the remainder's share of each whole part, 16 columns a step
     extra = sixteen and rest > SPLIT_TAIL and share <= SPLIT_EXTRA
-    if parts > 1 and n_cols - (parts - 1) * part <= SPLIT_TAIL:  # the remainder: the last part's fragment
-        parts -= 1
     split_min = SPLIT_MIN_16 if sixteen else SPLIT_MIN
     if grad and n_cols >= split_min and parts <= MAX_SPLIT and not cfg.get("ROWS"):
         cfg.update(SPLIT=parts, SPLIT_BLOCK=part, SPLIT_WARPS=4, SPLIT_EARLY=True)
@@ -714,8 +714,8 @@ def _cross_entropy_split_kernel(
     # body in the others: fewer than VEC, or (SPLIT * BLOCK_N < n_cols) a remainder too small to be
     # worth a program of its own (65552 = 4 x 16384 + 16). EXTRA > 0: each part is PART_N columns (a
     # multiple of 16), more than BLOCK_N, held as a tile of BLOCK_N and one of EXTRA lanes after it, so
-    # that a remainder too large for the fragment is shared by the parts (50257 = 3 x 16752 + 1, not four
-    # parts with 1105 columns in the last: a program a part, and a part's slot on its SM is then full).
+    # that a remainder too large for the fragment is shared by the parts (50257 in three parts of 16768,
+    # not four with 1105 columns in the last: a program a part, and a part's slot on its SM is then full).
     # The gradient has the logits' row stride.
     if EXTRA > 0:
         part_n = PART_N
