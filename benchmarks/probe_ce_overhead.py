@@ -1,20 +1,23 @@
 """Probe: where cross-entropy's fwd+bwd time goes beside the split kernel, and split parts of 2 warps
 (benchmarks/notes_lesson5.md, seventeenth session).
 
-    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts | --quick | --frag | --extra | --cap96]
+    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts|--quick|--frag|--extra|--cap96|--pdl]
 
 The sixteenth session's shares fit ``time = bytes / rate + F`` with F about 20 us a call on both GPUs
 (H200 4096 -> 16384 tokens at 65552 and 128256 columns: 82.6 -> 87.0% and 86.0 -> 88.0% of copy), as if
 something cost a fixed 20 us beside the kernel's streaming. Here, by shape: the whole fwd+bwd call, the
 forward's launches without autograd, the prologue with the split kernel, the prologue alone (GPU clock,
 back to back), and each kernel's GPU time from the profiler. ``--parts``: split parts of other sizes
-and warps (registers from the compiled kernel), checked against float64 first.
+and warps (registers from the compiled kernel), checked against float64 first. ``--pdl``: the package
+with programmatic dependent launch (``ce.PDL``) against without, in turn, after checking that both give
+the same bits (eighteenth session).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -67,10 +70,66 @@ def _split_cfg(vocab, dtype, part, warps, cap):
     return cfg
 
 
+def _pdl_ab(copy):
+    """fwd+bwd with and without PDL, in turn (three rounds, fastest of each), after a check that both
+    give the same bits, also over many calls with a fresh share of ignored rows (a count read before the
+    prologue wrote it would change the mean)."""
+    big = [(n, v) for n in (4096, 8192, 16384) for v in (32000, 50257, 65552, 128256, 151936, 262144)]
+    small = [(8, 32000), (64, 32000), (512, 32000), (512, 128256), (2048, 50257), (1024, 1000)]
+    for tokens, vocab in small + big:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = (torch.randn(tokens, vocab, device="cuda", generator=g) * 2).to(torch.bfloat16).requires_grad_()
+        t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
+        nb = 2 * x.numel() * x.element_size()
+
+        def full(t=t):
+            return torch.autograd.grad(ce.cross_entropy(x, t), x)
+
+        same, calls = True, 200 if tokens * vocab <= 2**27 else 20
+        for i in range(calls):
+            ti = t.clone()
+            ti[torch.rand(tokens, device="cuda", generator=g) < (i % 11) / 10] = -100  # 0..100% ignored
+            got = {}
+            for flag in (False, True):
+                ce.PDL = flag
+                loss = ce.cross_entropy(x, ti)
+                (dx,) = torch.autograd.grad(loss, x)
+                got[flag] = (loss, dx)
+            same &= torch.equal(got[0][0], got[1][0]) or bool(got[0][0].isnan() & got[1][0].isnan())
+            same &= torch.equal(got[0][1], got[1][1])
+        times = {False: [], True: []}
+        for _ in range(3):
+            for flag in (False, True):
+                ce.PDL = flag
+                times[flag].append(bench.queued_ms(full))
+        host = {}
+        if tokens * vocab <= 2**26:  # launch-bound: the call as the host sees it too (wall clock, 200 calls)
+            for flag in (False, True, False, True):
+                ce.PDL = flag
+                full()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(200):
+                    full()
+                torch.cuda.synchronize()
+                host[flag] = min(host.get(flag, 1e9), (time.perf_counter() - t0) / 200 * 1e3)
+        a, b = min(times[False]), min(times[True])
+        line = f"{tokens:6d} x {vocab:6d}: no PDL {a * 1e3:8.1f} us {nb / a / 1e6 / copy:6.1%}"
+        line += f"  PDL {b * 1e3:8.1f} us {nb / b / 1e6 / copy:6.1%}  ({(a - b) * 1e3:+5.1f} us)"
+        if host:
+            line += f"  host clock {host[False] * 1e3:.1f} -> {host[True] * 1e3:.1f} us"
+        print(line + ("" if same else f"  DIFFERENT BITS over {calls} calls"), flush=True)
+        ce.PDL = True
+        x = None
+        torch.cuda.empty_cache()
+
+
 def main():
     copy = bench.measure_copy_bandwidth()
     dev = torch.cuda.get_device_name()
     print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s")
+    if "--pdl" in sys.argv:
+        return _pdl_ab(copy)
     shapes = SHAPES + ((16384, 50257),)
     frag = "--frag" in sys.argv  # 50257 as three parts and the last part's fragment (1105 columns), by cap
     if frag:

@@ -919,3 +919,43 @@ def test_gpu_split_rows_past_2_31_logits():
     tokens, vocab = 8200, 262144  # 2.15e9 logits, 16 parts a row: the last rows start past 2**31
     assert tokens * vocab > 2**31 and cross_entropy_config(vocab, torch.bfloat16)["SPLIT"] == vocab * 2 // SPLIT_BYTES
     _past_2_31(tokens, vocab, seed=13, ignore_every=7, rows=[0, 1, tokens // 2, tokens - 2, tokens - 1])
+
+
+PDL_KERNELS = {
+    "head-and-tail": lambda: _without(cross_entropy_config(4000, torch.bfloat16), "SPLIT", "ROWS"),
+    "rows": lambda: _rows_config(4000, torch.bfloat16, programs=7),
+    "split": lambda: {**cross_entropy_config(50257, torch.bfloat16), "SPLIT": 3, "SPLIT_PART": 16768},
+}
+
+
+@pytest.mark.skipif(not ce._pdl(True), reason="programmatic dependent launch: a Hopper GPU or later")
+@pytest.mark.parametrize("ignored", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("kernel", PDL_KERNELS)
+def test_dependent_launch_changes_no_bits(monkeypatch, kernel, reduction, ignored):
+    # the loss kernel is placed while the prologue still runs, the finish while the loss kernel does;
+    # each waits for the kernel before it where it reads what that one wrote (sync, the rows' losses).
+    # Reading the mean's count early would change the loss and every gradient; all rows ignored is the
+    # case where no program of the loss kernel reads it at all (the finish still must: NaN)
+    cfg = PDL_KERNELS[kernel]()
+    vocab = 50257 if kernel == "split" else 4000
+    x, t = _inputs(53, vocab, torch.bfloat16, seed=71, ignored=ignored)
+    if ignored == 1.0:
+        t.fill_(-100)
+    got = {}
+    for flag in (False, True):
+        monkeypatch.setattr(ce, "PDL", flag)
+        xl = x.clone().requires_grad_()
+        loss = CrossEntropyFunction.apply(xl, t, -100, reduction, 0.0, False, cfg)
+        loss.sum().backward()
+        got[flag] = (loss, xl.grad)
+    if reduction == "mean" and ignored == 1.0:
+        assert got[True][0].isnan() and got[False][0].isnan()
+    else:
+        assert torch.equal(got[True][0], got[False][0])
+    assert torch.equal(got[True][1], got[False][1])
+    # and the launch did use it: the kernel after the prologue was launched dependent and waits
+    sync = ce._prologue(t, -100, count=True, n_rows_split=53 if kernel == "split" else None)
+    grad, rows = torch.empty_like(x), torch.empty(53, device=x.device)
+    k = ce._launch_forward(x, t, grad, rows, sync, -100, 0.0, cfg, mean=True, after_prologue=True)
+    assert k.metadata.launch_pdl and "griddepcontrol.wait" in k.asm["ptx"]

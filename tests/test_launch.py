@@ -54,3 +54,15 @@ def test_the_direct_path_is_right_on_repeats_and_realignments():
                     )
                 torch.testing.assert_close(cos_cos(x), cos_cos_reference(x), atol=2e-2, rtol=2e-2)
     assert bias_gelu_launcher._compiled  # the direct path was used and cached
+
+
+@pytest.mark.parametrize(
+    "gpu,capability,want", [(False, None, False), (True, (8, 0), False), (True, (8, 9), False), (True, (9, 0), True)]
+)
+def test_dependent_launch_only_where_the_gpu_has_it(monkeypatch, gpu, capability, want):
+    # griddepcontrol is sm_90's: an A100 or L4 launch must not ask for it, the interpreter takes no options
+    monkeypatch.setattr(runtime, "is_gpu", lambda: gpu)
+    monkeypatch.setattr(runtime, "CAPABILITY", capability)
+    assert _launch.pdl_supported() is want
+    assert _launch.launch_kwargs(4, pdl=True).get("launch_pdl", False) is want
+    assert "launch_pdl" not in _launch.launch_kwargs(4)

@@ -182,12 +182,22 @@ def check_tile(*blocks: int, op: str) -> None:
         )
 
 
-def launch_kwargs(num_warps: int | None = None, num_stages: int | None = None, maxnreg: int | None = None) -> dict:
-    """``num_warps``/``num_stages`` (and ``maxnreg``, a cap on registers a thread) for a GPU launch;
-    the interpreter takes none of them."""
+def pdl_supported() -> bool:
+    """Programmatic dependent launch: on Hopper (sm_90) and later a kernel launched with it may be placed
+    on the SMs while the kernel before it in the stream still runs, and waits (``gdc_wait``) only where it
+    first needs what that kernel wrote: the launch's gap and the kernel's start overlap the one before."""
+    return runtime.is_gpu() and runtime.CAPABILITY is not None and runtime.CAPABILITY >= (9, 0)
+
+
+def launch_kwargs(
+    num_warps: int | None = None, num_stages: int | None = None, maxnreg: int | None = None, *, pdl: bool = False
+) -> dict:
+    """``num_warps``/``num_stages`` (and ``maxnreg``, a cap on registers a thread; ``pdl``, a
+    programmatic dependent launch where :func:`pdl_supported`) for a GPU launch; the interpreter takes
+    none of them."""
     if not runtime.is_gpu():
         return {}
-    out = {}
+    out = {"launch_pdl": True} if pdl and pdl_supported() else {}
     if num_warps is not None:
         out["num_warps"] = num_warps
     if num_stages is not None:

@@ -62,6 +62,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL (sm_90); see _pdl
 
 from .. import runtime
 from ..ledger import Ledger
@@ -74,6 +75,7 @@ from ._launch import (
     element_size,
     launch_kwargs,
     next_pow2,
+    pdl_supported,
     row_config,
     sm_count,
 )
@@ -370,10 +372,14 @@ _COUNT_BLOCK = tl.constexpr(16384)
 
 
 @triton.jit
-def _cross_entropy_prologue_kernel(target_ptr, sync_ptr, n_rows, n_sync, ignore_index, COUNT: tl.constexpr):
+def _cross_entropy_prologue_kernel(
+    target_ptr, sync_ptr, n_rows, n_sync, ignore_index, COUNT: tl.constexpr, PDL: tl.constexpr = False
+):
     # One program: sync[0] = rows whose target is not ignore_index (COUNT: "mean"), sync[1:] = 0. It
     # replaces torch's compare and sum (and the split's zeros): one launch, and 16 Ki targets a step
     # (16-byte loads, 16 of them in flight a thread) so that 16k tokens take one step.
+    if PDL:  # the loss kernel may be placed now: it waits (gdc_wait) before it reads sync
+        gdc_launch_dependents()
     if COUNT:
         acc = tl.zeros([_COUNT_BLOCK], tl.int32)
         for start in range(0, n_rows, _COUNT_BLOCK):
@@ -387,12 +393,14 @@ def _cross_entropy_prologue_kernel(target_ptr, sync_ptr, n_rows, n_sync, ignore_
 
 
 @triton.jit
-def _cross_entropy_finish_kernel(loss_ptr, out_ptr, sync_ptr, n_rows, MEAN: tl.constexpr):
+def _cross_entropy_finish_kernel(loss_ptr, out_ptr, sync_ptr, n_rows, MEAN: tl.constexpr, PDL: tl.constexpr = False):
     # One program: out[0] = the rows' fp32 losses summed (divided by sync[0] for MEAN: all rows
     # ignored gives 0 / 0 = NaN, as torch) and cast to the logits' dtype; replaces torch's sum, divide
     # and cast. A kernel of its own, not the loss kernel's last program: that needs each program to
     # count its row with release semantics, which waits until the program's stores are visible, and
     # cost 1-17% on an H100 (benchmarks/notes_lesson5.md, eighth session).
+    if PDL:  # launched while the loss kernel ran: its losses are visible after the wait
+        gdc_wait()
     acc = tl.zeros([4096], tl.float32)
     for start in range(0, n_rows, 4096):
         offs = start + tl.arange(0, 4096)
@@ -429,6 +437,7 @@ def _cross_entropy_fwd_kernel(
     LOOP_STAGES: tl.constexpr = 1,
     PREFETCH2: tl.constexpr = False,
     EARLY_HEAD: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     # exp(v) is computed as exp2(v log2 e): one multiply and one MUFU ex2. Differences x - max are
     # formed in natural units first: they are exact for logits near the max, also at 1e4 (multiplying
@@ -465,6 +474,11 @@ def _cross_entropy_fwd_kernel(
         # the head's load before the branch on the target: its latency overlaps the target's load
         # instead of following it (an ignored row then reads its head for nothing)
         x_h_early = tl.load(x_body + offs_h, mask=mask_h, other=float("-inf"), eviction_policy=DROP)
+    if PDL:
+        # launched while the prologue ran (the mean's count: sync[0]); every program waits, so that this
+        # kernel's end is also the prologue's (the finish kernel waits on this one only)
+        gdc_wait()
+        gdc_launch_dependents()
     if y == ignore_index:
         # zero loss, zero gradient (and the mean's denominator never counted this row)
         tl.store(loss_ptr + row, 0.0)
@@ -690,6 +704,7 @@ def _cross_entropy_split_kernel(
     FRAG: tl.constexpr = 0,
     EXTRA: tl.constexpr = 0,
     PART_N=0,
+    PDL: tl.constexpr = False,
 ):
     # The loss and gradient of a row held by SPLIT programs, BLOCK_N logits each in registers (the
     # softmax's split schedule, _softmax_split_kernel, which says why the wait cannot hang): each part
@@ -704,6 +719,9 @@ def _cross_entropy_split_kernel(
     # logits (WIDEN), the gradient's fp32 logits made after the wait from the 16-bit part by integer
     # operations on its bits (_widen_by_bits): an expression the compiler cannot merge with the first
     # widening, so only the 16-bit part crosses the wait, and a cap on the registers (SPLIT_MAXNREG).
+    if PDL:  # launched while the prologue ran: its zeros are the ticket's and the counts'
+        gdc_wait()
+        gdc_launch_dependents()
     row, part = _split_ticket(sync_ptr + 1, SPLIT)  # (sync: see _COUNT_BLOCK)
     x_row = x_ptr + row * stride_xm
     g_row = grad_ptr + row * stride_gm
@@ -896,6 +914,7 @@ def _cross_entropy_rows_kernel(
     MAX_ROWS: tl.constexpr,
     ROW_STAGES: tl.constexpr,
     MEAN: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # Persistent programs, each taking rows pid, pid + P, pid + 2P, ... (at most MAX_ROWS) whole in one
     # tile. tl.range pipelines the loop: the next rows' loads are in flight through shared memory while
@@ -911,10 +930,6 @@ def _cross_entropy_rows_kernel(
     offs = tl.arange(0, BLOCK_N)
     col_ok = offs < n_cols
     one = tl.arange(0, 1)
-    if MEAN:
-        scale = 1.0 / tl.load(sync_ptr).to(tl.float32)
-    else:
-        scale = 1.0
     k = tl.arange(0, MAX_ROWS)
     rows = pid + step * k.to(tl.int64)  # int64: row * stride passes 2**31
     row_ok = rows < n_rows
@@ -922,6 +937,13 @@ def _cross_entropy_rows_kernel(
     ys_ok = row_ok & (ys >= 0) & (ys < n_cols)  # an out-of-range target: NaN, never a stray read
     # x_y before any gradient is written: with the gradient in place the row is overwritten in the loop
     x_ys = tl.load(x_ptr + rows * stride_xm + ys, mask=ys_ok, other=float("nan")).to(tl.float32)
+    if PDL:  # launched while the prologue ran: the targets' gather above overlapped it
+        gdc_wait()
+        gdc_launch_dependents()
+    if MEAN:
+        scale = 1.0 / tl.load(sync_ptr).to(tl.float32)
+    else:
+        scale = 1.0
     lses = tl.zeros([MAX_ROWS], tl.float32)
     for row in tl.range(pid, n_rows, step, num_stages=ROW_STAGES):
         r = tl.full([], 0, tl.int64) + row
@@ -958,6 +980,7 @@ def _cross_entropy_bwd_kernel(
     ignore_index,
     BLOCK_N: tl.constexpr,
     SHARED: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # grad *= grad_output in place, row by row, skipping rows whose grad_output is exactly 1 (a loss
     # that is the last op: the common case costs one launch and no pass) and ignored rows (their
@@ -965,7 +988,10 @@ def _cross_entropy_bwd_kernel(
     # row ("mean", "sum", or "none" summed: a stride of 0), read once by each of a few programs that
     # walk rows pid, pid + P, ... (a launch of one program a row cost 3.7 us at 4096 rows and 6.2 us
     # at 8192 on an H200 only to find 1.0; benchmarks/notes_lesson5.md, seventeenth session);
-    # otherwise one program a row, each reading its own.
+    # otherwise one program a row, each reading its own. PDL: launched dependent on whatever kernel
+    # came before (autograd's ones for grad_output), so it waits before it reads anything.
+    if PDL:
+        gdc_wait()
     pid = tl.program_id(axis=0)
     if SHARED:
         go = tl.load(grad_out_ptr).to(tl.float32)
@@ -1024,28 +1050,43 @@ def _check_inputs(logits, target, op, *, logits_name="logits"):
         raise KernelInputError(f"{op}: a vocabulary of {logits.shape[1]} is past the kernel's int32 columns.")
 
 
+#: programmatic dependent launch for the loss's kernels where the GPU has it (a switch for the probes)
+PDL = True
+
+
+def _pdl(wanted: bool) -> bool:
+    """Whether a launch that could overlap the kernel before it (``wanted``) does: the loss kernel after
+    the prologue, the finish after the loss kernel. The later kernel waits (``gdc_wait``) before it
+    reads what the earlier one wrote, so only the launch's gap and the kernel's first loads overlap."""
+    return wanted and PDL and pdl_supported()
+
+
 def _prologue(target, ignore_index, *, count, n_rows_split=None):
     """The ``sync`` buffer (see ``_COUNT_BLOCK``), written by one launch: the count of rows not ignored
     when ``count`` ("mean"); ``n_rows_split``: zeroed room for the split kernel's ticket and counts."""
     n_sync = 1 if n_rows_split is None else 2 + n_rows_split
     sync = torch.empty(n_sync, dtype=torch.int32, device=target.device)
     _cross_entropy_prologue_kernel[(1,)](
-        target, sync, target.shape[0], n_sync, ignore_index, COUNT=count, **launch_kwargs(16)
+        target, sync, target.shape[0], n_sync, ignore_index, COUNT=count, PDL=_pdl(True), **launch_kwargs(16)
     )
     return sync
 
 
-def _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, *, mean):
+def _launch_forward(
+    logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, *, mean, after_prologue=False
+):
     """One program per row (or per part of a split row) writes each row's loss to ``loss_rows`` (in
     its dtype). ``grad``: the gradient's destination (None: forward only; ``logits`` itself: in
-    place). ``sync``: from :func:`_prologue` (its count read when ``mean``; split rows need its room)."""
+    place). ``sync``: from :func:`_prologue` (its count read when ``mean``; split rows need its room).
+    ``after_prologue``: the prologue was the stream's last launch, so this one may overlap it (PDL)."""
     n_rows, n_cols = logits.shape
     if n_rows == 0:
         return
+    pdl = _pdl(after_prologue and sync is not None)
     if grad is not None and cfg.get("SPLIT"):
-        return _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean)
+        return _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean, pdl)
     if grad is not None and _takes_rows(cfg, label_smoothing):
-        return _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, cfg, mean)
+        return _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, cfg, mean, pdl)
     g = logits if grad is None else grad
     return _cross_entropy_fwd_kernel[(n_rows,)](
         logits,
@@ -1072,11 +1113,12 @@ def _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_s
         LOOP_STAGES=cfg.get("LOOP_STAGES", 1),
         PREFETCH2=cfg.get("PREFETCH2", cfg["PREFETCH"]),
         EARLY_HEAD=cfg.get("EARLY_HEAD", False),
-        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+        PDL=pdl,
+        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages"), pdl=pdl),
     )
 
 
-def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean):
+def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean, pdl=False):
     n_rows, n_cols = logits.shape
     parts, block, vec = cfg["SPLIT"], cfg["SPLIT_BLOCK"], cfg["VEC"]
     part_n = cfg.get("SPLIT_PART", block)  # columns a part: a tile of `block` and, past it, the extra tile
@@ -1110,17 +1152,18 @@ def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smo
         FRAG=frag,
         EXTRA=next_pow2(part_n - block) if part_n > block else 0,
         PART_N=part_n,
-        **launch_kwargs(cfg["SPLIT_WARPS"], maxnreg=cfg.get("SPLIT_MAXNREG")),
+        PDL=pdl,
+        **launch_kwargs(cfg["SPLIT_WARPS"], maxnreg=cfg.get("SPLIT_MAXNREG"), pdl=pdl),
     )
 
 
-def _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, cfg, mean):
+def _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, cfg, mean, pdl=False):
     n_rows, n_cols = logits.shape
     # one program a SM (a tile of 64 KiB, two more in shared memory), more when the rows would pass
     # ROWS_PER_PROGRAM a program; "ROWS_PROGRAMS" (a test's) sets the count
     programs = cfg.get("ROWS_PROGRAMS") or max(sm_count(), cdiv(n_rows, ROWS_PER_PROGRAM))
     programs = min(programs, n_rows)
-    _cross_entropy_rows_kernel[(programs,)](
+    return _cross_entropy_rows_kernel[(programs,)](
         logits,
         target,
         grad,
@@ -1135,7 +1178,8 @@ def _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, cfg, mean)
         MAX_ROWS=next_pow2(cdiv(n_rows, programs)),
         ROW_STAGES=cfg["ROW_STAGES"],
         MEAN=mean,
-        **launch_kwargs(cfg["ROWS_WARPS"]),
+        PDL=pdl,
+        **launch_kwargs(cfg["ROWS_WARPS"], pdl=pdl),
     )
 
 
@@ -1153,11 +1197,24 @@ def _loss(logits, target, grad, ignore_index, reduction, label_smoothing, cfg):
     )
     if reduction == "none":
         out = torch.empty(n_rows, dtype=logits.dtype, device=logits.device)
-        _launch_forward(logits, target, grad, out, sync, ignore_index, label_smoothing, cfg, mean=False)
+        _launch_forward(
+            logits, target, grad, out, sync, ignore_index, label_smoothing, cfg, mean=False, after_prologue=True
+        )
         return out
     loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
-    _launch_forward(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean=mean)
-    return _reduce(loss_rows, sync, reduction, logits.dtype)
+    _launch_forward(
+        logits,
+        target,
+        grad,
+        loss_rows,
+        sync,
+        ignore_index,
+        label_smoothing,
+        cfg,
+        mean=mean,
+        after_prologue=True,
+    )
+    return _reduce(loss_rows, sync, reduction, logits.dtype, after_loss=True)
 
 
 #: a grad_output shared by every row is checked by this many programs a SM (each walks its rows when it
@@ -1184,14 +1241,16 @@ def _launch_backward(grad, target, grad_output, ignore_index):
         ignore_index,
         BLOCK_N=cfg["BLOCK_N"],
         SHARED=shared,
-        **launch_kwargs(min(cfg["num_warps"], 8)),
+        PDL=_pdl(True),
+        **launch_kwargs(min(cfg["num_warps"], 8), pdl=_pdl(True)),
     )
 
 
-def _reduce(loss_rows, sync, reduction, dtype):
+def _reduce(loss_rows, sync, reduction, dtype, *, after_loss=False):
     """The rows' fp32 losses as ``reduction`` returns them, in ``dtype``: "none" cast; "mean" and
     "sum" by the one-program finish kernel ("mean" divides by the prologue's count, ``sync[0]``). No
-    rows: what torch returns (the mean of nothing is NaN, the sum 0), with nothing launched."""
+    rows: what torch returns (the mean of nothing is NaN, the sum 0), with nothing launched.
+    ``after_loss``: the loss kernel was the stream's last launch, so this one may overlap it (PDL)."""
     if reduction == "none":
         return loss_rows.to(dtype)
     if loss_rows.numel() == 0:
@@ -1203,7 +1262,8 @@ def _reduce(loss_rows, sync, reduction, dtype):
         loss_rows if sync is None else sync,
         loss_rows.shape[0],
         MEAN=reduction == "mean",
-        **launch_kwargs(8),
+        PDL=_pdl(after_loss),
+        **launch_kwargs(8, pdl=_pdl(after_loss)),
     )
     return out
 
