@@ -9,7 +9,7 @@ something cost a fixed 20 us beside the kernel's streaming. Here, by shape: the 
 forward's launches without autograd, the prologue with the split kernel, the prologue alone (GPU clock,
 back to back), and each kernel's GPU time from the profiler. ``--parts``: split parts of other sizes
 and warps (registers from the compiled kernel), checked against float64 first. ``--pdl``: the package
-with programmatic dependent launch (``ce.PDL``) against without, in turn, after checking that both give
+with programmatic dependent launch (``_launch.PDL``) against without, in turn, after checking that both give
 the same bits (eighteenth session).
 """
 
@@ -26,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import fusionlab  # noqa: F401
 from fusionlab import bench
+from fusionlab.kernels import _launch
 from fusionlab.kernels import cross_entropy as ce
 from fusionlab.kernels.cross_entropy import CrossEntropyFunction, cross_entropy_config
 
@@ -91,7 +92,7 @@ def _pdl_ab(copy):
             ti[torch.rand(tokens, device="cuda", generator=g) < (i % 11) / 10] = -100  # 0..100% ignored
             got = {}
             for flag in (False, True):
-                ce.PDL = flag
+                _launch.PDL = flag
                 loss = ce.cross_entropy(x, ti)
                 (dx,) = torch.autograd.grad(loss, x)
                 got[flag] = (loss, dx)
@@ -100,12 +101,12 @@ def _pdl_ab(copy):
         times = {False: [], True: []}
         for _ in range(3):
             for flag in (False, True):
-                ce.PDL = flag
+                _launch.PDL = flag
                 times[flag].append(bench.queued_ms(full))
         host = {}
         if tokens * vocab <= 2**26:  # launch-bound: the call as the host sees it too (wall clock, 200 calls)
             for flag in (False, True, False, True):
-                ce.PDL = flag
+                _launch.PDL = flag
                 full()
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
@@ -119,7 +120,7 @@ def _pdl_ab(copy):
         if host:
             line += f"  host clock {host[False] * 1e3:.1f} -> {host[True] * 1e3:.1f} us"
         print(line + ("" if same else f"  DIFFERENT BITS over {calls} calls"), flush=True)
-        ce.PDL = True
+        _launch.PDL = True
         x = None
         torch.cuda.empty_cache()
 

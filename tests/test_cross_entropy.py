@@ -11,7 +11,7 @@ from conftest import gpu_only
 
 from fusionlab import runtime
 from fusionlab.grading import Sandbox
-from fusionlab.kernels import KernelInputError
+from fusionlab.kernels import KernelInputError, _launch
 from fusionlab.kernels import cross_entropy as ce
 from fusionlab.kernels._launch import device_name, next_pow2
 from fusionlab.kernels.cross_entropy import (
@@ -944,7 +944,7 @@ def test_dependent_launch_changes_no_bits(monkeypatch, kernel, reduction, ignore
         t.fill_(-100)
     got = {}
     for flag in (False, True):
-        monkeypatch.setattr(ce, "PDL", flag)
+        monkeypatch.setattr(_launch, "PDL", flag)
         xl = x.clone().requires_grad_()
         loss = CrossEntropyFunction.apply(xl, t, -100, reduction, 0.0, False, cfg)
         loss.sum().backward()

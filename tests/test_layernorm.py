@@ -12,7 +12,7 @@ from conftest import DTYPES, gpu_only
 
 from fusionlab import runtime
 from fusionlab.grading import TOLERANCES, Sandbox, poisoned
-from fusionlab.kernels import KernelInputError
+from fusionlab.kernels import KernelInputError, _launch
 from fusionlab.kernels._launch import tail_warps
 from fusionlab.kernels.layernorm import (
     GPU_TUNING,
@@ -382,3 +382,24 @@ def test_gpu_large_shapes_bf16(rows, n):
     _grad_close(xg.grad, x32.grad, 3e-2, "dx")
     _grad_close(wg.grad, w32.grad, 3e-2, "dw")
     _grad_close(bg.grad, b32.grad, 3e-2, "db")
+
+
+@pytest.mark.skipif(not _launch.pdl_supported(), reason="programmatic dependent launch: a Hopper GPU or later")
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(77, 3000), (4096, 1024)], ids=lambda s: "x".join(map(str, s)))
+def test_dependent_launch_changes_no_bits(monkeypatch, shape, bias):
+    # the partials' sum is placed while the backward kernel writes them and waits for it on the SM:
+    # reading them early would change dw and db
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(shape, generator=g).to(runtime.DEVICE, torch.bfloat16)
+    w = torch.randn(shape[1], generator=g).to(runtime.DEVICE, torch.bfloat16)
+    b = torch.randn(shape[1], generator=g).to(runtime.DEVICE, torch.bfloat16) if bias else None
+    dy = torch.randn(shape, generator=g).to(runtime.DEVICE, torch.bfloat16)
+    got = {}
+    for flag in (False, True):
+        monkeypatch.setattr(_launch, "PDL", flag)
+        leaves = [t.clone().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
+        y = layernorm(leaves[0], leaves[1], leaves[2] if bias else None)
+        got[flag] = torch.autograd.grad(y, leaves, dy)
+    for a, c in zip(got[False], got[True], strict=True):
+        assert torch.equal(a, c)

@@ -182,11 +182,18 @@ def check_tile(*blocks: int, op: str) -> None:
         )
 
 
+#: programmatic dependent launch where the GPU has it (a switch for probes and tests)
+PDL = True
+
+
 def pdl_supported() -> bool:
     """Programmatic dependent launch: on Hopper (sm_90) and later a kernel launched with it may be placed
     on the SMs while the kernel before it in the stream still runs, and waits (``gdc_wait``) only where it
-    first needs what that kernel wrote: the launch's gap and the kernel's start overlap the one before."""
-    return runtime.is_gpu() and runtime.CAPABILITY is not None and runtime.CAPABILITY >= (9, 0)
+    first needs what that kernel wrote: the launch's gap and the kernel's start overlap the one before.
+    Used between a call's own kernels (a loss's prologue, kernel and finish; a backward's partial sums);
+    a call's first kernel takes it only where it waits before its first read (cross-entropy's backward),
+    so that nothing but its launch overlaps what came before it."""
+    return PDL and runtime.is_gpu() and runtime.CAPABILITY is not None and runtime.CAPABILITY >= (9, 0)
 
 
 def launch_kwargs(
@@ -327,7 +334,7 @@ class Launcher:
         hit = self._compiled.get(key)
         if hit is None or _triton.launch_hooks_set():
             compiled = self.kernel[grid](*args, **kwargs)
-            options = {"num_warps", "num_stages", "num_ctas", "maxnreg"}
+            options = {"num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl"}
             tail = tuple(kwargs[n] if n in kwargs else self._defaults.get(n) for n in self._names[len(args) :])
             if compiled is not None and not (set(kwargs) - options - set(self._names)):
                 self._compiled[key] = (compiled, compiled.run, compiled.function, compiled.packed_metadata, tail)

@@ -1050,15 +1050,11 @@ def _check_inputs(logits, target, op, *, logits_name="logits"):
         raise KernelInputError(f"{op}: a vocabulary of {logits.shape[1]} is past the kernel's int32 columns.")
 
 
-#: programmatic dependent launch for the loss's kernels where the GPU has it (a switch for the probes)
-PDL = True
-
-
 def _pdl(wanted: bool) -> bool:
     """Whether a launch that could overlap the kernel before it (``wanted``) does: the loss kernel after
     the prologue, the finish after the loss kernel. The later kernel waits (``gdc_wait``) before it
     reads what the earlier one wrote, so only the launch's gap and the kernel's first loads overlap."""
-    return wanted and PDL and pdl_supported()
+    return wanted and pdl_supported()
 
 
 def _prologue(target, ignore_index, *, count, n_rows_split=None):

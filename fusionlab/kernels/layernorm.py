@@ -45,11 +45,12 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents  # PDL (sm_90): see pdl_supported
 
 from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
-from ._launch import KernelInputError, Launcher, cdiv, check_tensor, launch_kwargs
+from ._launch import KernelInputError, Launcher, cdiv, check_tensor, launch_kwargs, pdl_supported
 from .rmsnorm import (
     DEFAULT_SMS,
     _row_offsets,
@@ -410,9 +411,13 @@ def _layernorm_bwd_kernel(
     DB_SLOT: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     TAIL_N: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     # Program pid walks rows [row_start, row_end); partial sums go to part[slot, pid, :] (slot 0: dw,
-    # slot DB_SLOT: db), fp32, summed later by _sum_partials_kernel.
+    # slot DB_SLOT: db), fp32, summed later by _sum_partials_kernel (PDL: which may be placed now; it
+    # waits for this kernel before it reads them).
+    if PDL:
+        gdc_launch_dependents()
     pid = tl.program_id(axis=0)
     row_start = pid * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
@@ -618,11 +623,12 @@ def _backward(dy, x, layout, weight, mean, rstd, cfg, need_dx, need_dw, need_db)
         DB_SLOT=1 if need_dw else 0,
         NUM_STAGES=cfg.get("row_stages", 1) if runtime.is_gpu() else 1,
         TAIL_N=cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
+        PDL=bool(k) and pdl_supported(),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
     dw = db = None
     if k:
-        sums = sum_partials(part, weight.dtype)
+        sums = sum_partials(part, weight.dtype, pdl=True)
         dw = sums[0] if need_dw else None
         db = sums[k - 1] if need_db else None
     return dx, dw, db
