@@ -1,7 +1,8 @@
 """Probe: where cross-entropy's fwd+bwd time goes beside the split kernel, and split parts of 2 warps
 (benchmarks/notes_lesson5.md, seventeenth session).
 
-    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts|--quick|--frag|--extra|--cap96|--pdl]
+    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts|--quick|--frag|--extra|--cap96|--order]
+    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py --pdl [--small]
 
 The sixteenth session's shares fit ``time = bytes / rate + F`` with F about 20 us a call on both GPUs
 (H200 4096 -> 16384 tokens at 65552 and 128256 columns: 82.6 -> 87.0% and 86.0 -> 88.0% of copy), as if
@@ -16,6 +17,7 @@ the same bits (eighteenth session).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 
@@ -76,6 +78,7 @@ def _pdl_ab(copy):
     give the same bits, also over many calls with a fresh share of ignored rows (a count read before the
     prologue wrote it would change the mean)."""
     big = [(n, v) for n in (4096, 8192, 16384) for v in (32000, 50257, 65552, 128256, 151936, 262144)]
+    big = [] if "--small" in sys.argv else big
     small = [(8, 32000), (64, 32000), (512, 32000), (512, 128256), (2048, 50257), (1024, 1000)]
     for tokens, vocab in small + big:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -125,12 +128,44 @@ def _pdl_ab(copy):
         torch.cuda.empty_cache()
 
 
+_MEMORY = re.compile(r"^\s*(@!?%p\d+\s+)?(ld\.global|atom\.|red\.|st\.global|cp\.async)")
+
+
+def _wait_order():
+    """Which memory instructions come before each dependent kernel's griddepcontrol.wait in its
+    compiled code (predicated ones included)."""
+    # the compiled order: what each dependent kernel does first after its wait (a split and a
+    # head-and-tail call first, so that those kernels are compiled in this process too)
+    for vocab in (50257, 32000, 1000):
+        xs = torch.randn(64, vocab, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        ce.cross_entropy(xs, torch.randint(0, vocab, (64,), device="cuda")).backward()
+    for name, fn in (
+        ("rows", ce._cross_entropy_rows_kernel),
+        ("split", ce._cross_entropy_split_kernel),
+        ("head-and-tail", ce._cross_entropy_fwd_kernel),
+        ("finish", ce._cross_entropy_finish_kernel),
+        ("backward", ce._cross_entropy_bwd_kernel),
+    ):
+        caches = getattr(fn, "device_caches", {})  # (3.6 and 3.9: device -> (kernels by key, ...))
+        kernels = [k for cache in caches.values() for k in list(cache[0].values())[:4]]
+        for k in kernels:
+            ptx = k.asm["ptx"].splitlines()
+            at = [i for i, line in enumerate(ptx) if "griddepcontrol.wait" in line]
+            if not at:
+                continue
+            before = [line.strip() for line in ptx[: at[0]] if _MEMORY.match(line)]
+            after = [line.strip() for line in ptx[at[0] :] if _MEMORY.match(line)]
+            print(f"{name}: before the wait {len(before)} {before[:3]}; after it {after[:2]}")
+
+
 def main():
     copy = bench.measure_copy_bandwidth()
     dev = torch.cuda.get_device_name()
     print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s")
     if "--pdl" in sys.argv:
         return _pdl_ab(copy)
+    if "--order" in sys.argv:
+        return _wait_order()
     shapes = SHAPES + ((16384, 50257),)
     frag = "--frag" in sys.argv  # 50257 as three parts and the last part's fragment (1105 columns), by cap
     if frag:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -954,8 +955,35 @@ def test_dependent_launch_changes_no_bits(monkeypatch, kernel, reduction, ignore
     else:
         assert torch.equal(got[True][0], got[False][0])
     assert torch.equal(got[True][1], got[False][1])
-    # and the launch did use it: the kernel after the prologue was launched dependent and waits
+    # and the launch did use it: the kernel after the prologue was launched dependent and waits, with
+    # no store, atomic or pipelined copy before its wait (the split kernel: no memory access at all)
     sync = ce._prologue(t, -100, count=True, n_rows_split=53 if kernel == "split" else None)
     grad, rows = torch.empty_like(x), torch.empty(53, device=x.device)
     k = ce._launch_forward(x, t, grad, rows, sync, -100, 0.0, cfg, mean=True, after_prologue=True)
-    assert k.metadata.launch_pdl and "griddepcontrol.wait" in k.asm["ptx"]
+    assert k.metadata.launch_pdl
+    before = _memory_before_wait(k.asm["ptx"])
+    assert not [i for i in before if "ld.global" not in i], before
+    assert not before or kernel != "split", before
+
+
+_MEMORY = re.compile(r"^\s*(@!?%p\d+\s+)?(ld\.global|atom\.|red\.|st\.global|cp\.async)")
+
+
+def _memory_before_wait(ptx):
+    """The memory instructions (predicated ones too) before a kernel's first griddepcontrol.wait."""
+    lines = ptx.splitlines()
+    at = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
+    return [line.strip() for line in lines[:at] if _MEMORY.match(line)]
+
+
+@pytest.mark.skipif(not ce._pdl(True), reason="programmatic dependent launch: a Hopper GPU or later")
+def test_finish_and_backward_wait_before_any_access():
+    # both wait at their top: the finish for the loss kernel's losses, the backward for grad_output
+    x, t = _inputs(40, 300, torch.bfloat16, seed=72)
+    x.requires_grad_()
+    ce.cross_entropy(x, t).backward()
+    for fn in (ce._cross_entropy_finish_kernel, ce._cross_entropy_bwd_kernel):
+        kernels = [k for cache in fn.device_caches.values() for k in cache[0].values() if k.metadata.launch_pdl]
+        assert kernels, fn
+        for k in kernels:
+            assert _memory_before_wait(k.asm["ptx"]) == []

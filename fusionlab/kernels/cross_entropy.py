@@ -937,7 +937,10 @@ def _cross_entropy_rows_kernel(
     ys_ok = row_ok & (ys >= 0) & (ys < n_cols)  # an out-of-range target: NaN, never a stray read
     # x_y before any gradient is written: with the gradient in place the row is overwritten in the loop
     x_ys = tl.load(x_ptr + rows * stride_xm + ys, mask=ys_ok, other=float("nan")).to(tl.float32)
-    if PDL:  # launched while the prologue ran: the targets' gather above overlapped it
+    if PDL:
+        # launched while the prologue ran; the wait before the loop, not in it: the pipeliner would
+        # prefetch sync's load for the first rows ahead of a wait in the loop, before the prologue wrote
+        # it (tried: different bits once in six shapes; benchmarks/notes_lesson5.md, eighteenth session)
         gdc_wait()
         gdc_launch_dependents()
     if MEAN:
