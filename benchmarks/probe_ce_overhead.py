@@ -1,7 +1,7 @@
 """Probe: where cross-entropy's fwd+bwd time goes beside the split kernel, and split parts of 2 warps
 (benchmarks/notes_lesson5.md, seventeenth session).
 
-    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts|--quick|--frag|--extra|--cap96|--order]
+    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts|--quick|--frag|--extra|--cap96|--order|--prologue]
     PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py --pdl [--small]
 
 The sixteenth session's shares fit ``time = bytes / rate + F`` with F about 20 us a call on both GPUs
@@ -128,6 +128,36 @@ def _pdl_ab(copy):
         torch.cuda.empty_cache()
 
 
+def _prologue_step(copy):
+    """The prologue's step sized to the targets (the package) against 16 Ki always (before), fwd+bwd and
+    the prologue alone, in turn, fastest of three rounds."""
+    for tokens, vocab in ((1024, 32000), (4096, 32000), (4096, 50257), (8192, 32000), (8192, 50257)):
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = (torch.randn(tokens, vocab, device="cuda", generator=g) * 2).to(torch.bfloat16).requires_grad_()
+        t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
+        nb = 2 * x.numel() * x.element_size()
+        split = bool(cross_entropy_config(vocab, torch.bfloat16).get("SPLIT"))
+        times = {}
+        for _ in range(3):
+            for least in (16384, ce.COUNT_BLOCK_MIN):
+                ce.COUNT_BLOCK_MIN, saved = least, ce.COUNT_BLOCK_MIN
+                full = bench.queued_ms(lambda: torch.autograd.grad(ce.cross_entropy(x, t), x))
+                alone = bench.queued_ms(
+                    lambda: ce._prologue(t, -100, count=True, n_rows_split=tokens if split else None)
+                )
+                ce.COUNT_BLOCK_MIN = saved
+                a, b = times.get(least, (1e9, 1e9))
+                times[least] = (min(a, full), min(b, alone))
+        line = f"{tokens:6d} x {vocab}:"
+        for least, (full, alone) in times.items():
+            line += (
+                f"  step >= {least}: {full * 1e3:7.1f} us {nb / full / 1e6 / copy:6.1%} (prologue {alone * 1e3:.2f} us)"
+            )
+        print(line, flush=True)
+        x = None
+        torch.cuda.empty_cache()
+
+
 _MEMORY = re.compile(r"^\s*(@!?%p\d+\s+)?(ld\.global|atom\.|red\.|st\.global|cp\.async)")
 
 
@@ -166,6 +196,8 @@ def main():
         return _pdl_ab(copy)
     if "--order" in sys.argv:
         return _wait_order()
+    if "--prologue" in sys.argv:
+        return _prologue_step(copy)
     shapes = SHAPES + ((16384, 50257),)
     frag = "--frag" in sys.argv  # 50257 as three parts and the last part's fragment (1105 columns), by cap
     if frag:

@@ -987,3 +987,16 @@ def test_finish_and_backward_wait_before_any_access():
         assert kernels, fn
         for k in kernels:
             assert _memory_before_wait(k.asm["ptx"]) == []
+
+
+@pytest.mark.parametrize("rows", [1, 16, 17, 97])
+@pytest.mark.parametrize("split", [False, True])
+def test_prologue_counts_and_zeroes_in_steps(monkeypatch, rows, split):
+    # the prologue's step follows the targets' count (up to _COUNT_BLOCK): with steps of 16 here, 97
+    # targets take seven, and sync's room for the split (2 + rows ints) is zeroed past the first step
+    monkeypatch.setattr(ce, "_COUNT_BLOCK", 16)
+    monkeypatch.setattr(ce, "COUNT_BLOCK_MIN", 16)
+    _, t = _inputs(rows, 10, torch.float32, seed=rows)
+    sync = ce._prologue(t, -100, count=True, n_rows_split=rows if split else None)
+    assert sync[0].item() == int((t != -100).sum())
+    assert sync.numel() == (2 + rows if split else 1) and (sync[1:] == 0).all()

@@ -42,7 +42,10 @@ rows whose grad_output is exactly 1, the usual case, without a host sync.
 Around the kernel, nothing runs in torch: a one-program prologue counts the rows not ignored (the
 mean's denominator, needed before any gradient is written), and a one-program finish kernel sums the
 rows' losses in a fixed order, divides and casts. Before, torch's compare, sum, sum, divide and cast
-were five kernels and five host calls around every call.
+were five kernels and five host calls around every call. On Hopper each kernel after the prologue is
+launched dependent on the one before (programmatic dependent launch): it is placed on the SMs while
+that one still runs and waits on the SM, just before it first reads what that one wrote, instead of
+being launched when it ends (1.5-8 us a call; benchmarks/notes_lesson5.md, eighteenth session).
 
 Numerics: fp32 arithmetic for any storage dtype, a reference subtracted (logits of 1e4 do not overflow),
 padded lanes masked to −inf (never counted as probability mass), 64-bit row offsets (T × V past
@@ -368,28 +371,38 @@ _LN2 = tl.constexpr(0.6931471805599453)
 # The loss kernels share a small int32 buffer, ``sync``: [0] the rows not ignored (the mean's
 # denominator, counted by the prologue), [1:] the split kernel's ticket and per-row counts. The
 # prologue writes all of it, so nothing else clears it.
-_COUNT_BLOCK = tl.constexpr(16384)
+_COUNT_BLOCK = 16384
+#: the prologue's step is the targets' count (or sync's length) up to _COUNT_BLOCK, at least this
+COUNT_BLOCK_MIN = 1024
 
 
 @triton.jit
 def _cross_entropy_prologue_kernel(
-    target_ptr, sync_ptr, n_rows, n_sync, ignore_index, COUNT: tl.constexpr, PDL: tl.constexpr = False
+    target_ptr,
+    sync_ptr,
+    n_rows,
+    n_sync,
+    ignore_index,
+    COUNT: tl.constexpr,
+    BLOCK: tl.constexpr = _COUNT_BLOCK,
+    PDL: tl.constexpr = False,
 ):
     # One program: sync[0] = rows whose target is not ignore_index (COUNT: "mean"), sync[1:] = 0. It
-    # replaces torch's compare and sum (and the split's zeros): one launch, and 16 Ki targets a step
-    # (16-byte loads, 16 of them in flight a thread) so that 16k tokens take one step.
+    # replaces torch's compare and sum (and the split's zeros): one launch, and up to 16 Ki targets a
+    # step (16-byte loads, 16 of them in flight a thread) so that 16k tokens take one step; fewer
+    # targets take a step of their own size (the loss kernel waits for this one: its time is the call's).
     if PDL:  # the loss kernel may be placed now: it waits (gdc_wait) before it reads sync
         gdc_launch_dependents()
     if COUNT:
-        acc = tl.zeros([_COUNT_BLOCK], tl.int32)
-        for start in range(0, n_rows, _COUNT_BLOCK):
-            offs = start + tl.arange(0, _COUNT_BLOCK)
+        acc = tl.zeros([BLOCK], tl.int32)
+        for start in range(0, n_rows, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
             y = tl.load(target_ptr + offs, mask=offs < n_rows, other=ignore_index)
             acc += (y != ignore_index).to(tl.int32)
         tl.store(sync_ptr, tl.sum(acc, axis=0))
-    for start in range(1, n_sync, _COUNT_BLOCK):
-        offs = start + tl.arange(0, _COUNT_BLOCK)
-        tl.store(sync_ptr + offs, tl.zeros([_COUNT_BLOCK], tl.int32), mask=offs < n_sync)
+    for start in range(1, n_sync, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(sync_ptr + offs, tl.zeros([BLOCK], tl.int32), mask=offs < n_sync)
 
 
 @triton.jit
@@ -1066,7 +1079,15 @@ def _prologue(target, ignore_index, *, count, n_rows_split=None):
     n_sync = 1 if n_rows_split is None else 2 + n_rows_split
     sync = torch.empty(n_sync, dtype=torch.int32, device=target.device)
     _cross_entropy_prologue_kernel[(1,)](
-        target, sync, target.shape[0], n_sync, ignore_index, COUNT=count, PDL=_pdl(True), **launch_kwargs(16)
+        target,
+        sync,
+        target.shape[0],
+        n_sync,
+        ignore_index,
+        COUNT=count,
+        BLOCK=min(_COUNT_BLOCK, max(COUNT_BLOCK_MIN, next_pow2(max(target.shape[0], n_sync)))),
+        PDL=_pdl(True),
+        **launch_kwargs(16),
     )
     return sync
 
