@@ -37,7 +37,7 @@ from . import (  # noqa: E402
     softmax,
     swiglu,
 )
-from ._launch import KernelInputError  # noqa: E402
+from ._launch import KernelInputError, pdl_supported  # noqa: E402
 
 __all__ = [
     "KernelInputError",
@@ -55,4 +55,5 @@ __all__ = [
     "rmsnorm_linear",
     "softmax",
     "swiglu",
+    "pdl_supported",
 ]
