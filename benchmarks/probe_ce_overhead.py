@@ -1,7 +1,8 @@
 """Probe: where cross-entropy's fwd+bwd time goes beside the split kernel, and split parts of 2 warps
 (benchmarks/notes_lesson5.md, seventeenth session).
 
-    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts|--quick|--frag|--extra|--cap96|--order|--prologue]
+    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts|--quick|--frag|--extra|--cap96|--order]
+    PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--prologue|--first]
     PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py --pdl [--small]
 
 The sixteenth session's shares fit ``time = bytes / rate + F`` with F about 20 us a call on both GPUs
@@ -158,6 +159,39 @@ def _prologue_step(copy):
         torch.cuda.empty_cache()
 
 
+def _first_kernel(copy):
+    """The prologue launched dependent on the kernel before the call (the package: it waits for it before
+    reading the targets) against launched plainly, fwd+bwd in turn, fastest of three rounds."""
+    package = ce._prologue
+
+    def plain(target, ignore_index, *, count, n_rows_split=None):
+        n_sync = 1 if n_rows_split is None else 2 + n_rows_split
+        sync = torch.empty(n_sync, dtype=torch.int32, device=target.device)
+        block = min(ce._COUNT_BLOCK, max(ce.COUNT_BLOCK_MIN, triton.next_power_of_2(max(target.shape[0], n_sync))))
+        ce._cross_entropy_prologue_kernel[(1,)](
+            target, sync, target.shape[0], n_sync, ignore_index, COUNT=count, BLOCK=block, PDL=True, num_warps=16
+        )
+        return sync
+
+    for tokens, vocab in ((8, 32000), (512, 32000), (4096, 32000), (4096, 50257), (8192, 32000), (16384, 50257)):
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = (torch.randn(tokens, vocab, device="cuda", generator=g) * 2).to(torch.bfloat16).requires_grad_()
+        t = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
+        nb = 2 * x.numel() * x.element_size()
+        times = {"plain": [], "dependent": []}
+        for _ in range(3):
+            for label, fn in (("plain", plain), ("dependent", package)):
+                ce._prologue = fn
+                times[label].append(bench.queued_ms(lambda: torch.autograd.grad(ce.cross_entropy(x, t), x)))
+        ce._prologue = package
+        line = f"{tokens:6d} x {vocab}:"
+        for label, ts in times.items():
+            line += f"  prologue {label} {min(ts) * 1e3:7.1f} us {nb / min(ts) / 1e6 / copy:6.1%}"
+        print(line, flush=True)
+        x = None
+        torch.cuda.empty_cache()
+
+
 _MEMORY = re.compile(r"^\s*(@!?%p\d+\s+)?(ld\.global|atom\.|red\.|st\.global|cp\.async)")
 
 
@@ -198,6 +232,8 @@ def main():
         return _wait_order()
     if "--prologue" in sys.argv:
         return _prologue_step(copy)
+    if "--first" in sys.argv:
+        return _first_kernel(copy)
     shapes = SHAPES + ((16384, 50257),)
     frag = "--frag" in sys.argv  # 50257 as three parts and the last part's fragment (1105 columns), by cap
     if frag:

@@ -977,12 +977,13 @@ def _memory_before_wait(ptx):
 
 
 @pytest.mark.skipif(not ce._pdl(True), reason="programmatic dependent launch: a Hopper GPU or later")
-def test_finish_and_backward_wait_before_any_access():
-    # both wait at their top: the finish for the loss kernel's losses, the backward for grad_output
+def test_prologue_finish_and_backward_wait_before_any_access():
+    # all three wait at their top: the prologue and the backward for kernels not ours (the targets',
+    # grad_output's writers), the finish for the loss kernel's losses
     x, t = _inputs(40, 300, torch.bfloat16, seed=72)
     x.requires_grad_()
     ce.cross_entropy(x, t).backward()
-    for fn in (ce._cross_entropy_finish_kernel, ce._cross_entropy_bwd_kernel):
+    for fn in (ce._cross_entropy_prologue_kernel, ce._cross_entropy_finish_kernel, ce._cross_entropy_bwd_kernel):
         kernels = [k for cache in fn.device_caches.values() for k in cache[0].values() if k.metadata.launch_pdl]
         assert kernels, fn
         for k in kernels:

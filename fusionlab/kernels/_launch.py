@@ -191,8 +191,8 @@ def pdl_supported() -> bool:
     on the SMs while the kernel before it in the stream still runs, and waits (``gdc_wait``) only where it
     first needs what that kernel wrote: the launch's gap and the kernel's start overlap the one before.
     Used between a call's own kernels (a loss's prologue, kernel and finish; a backward's partial sums);
-    a call's first kernel takes it only where it waits before its first read (cross-entropy's backward),
-    so that nothing but its launch overlaps what came before it."""
+    a call's first kernel takes it only where it waits before its first read (cross-entropy's prologue
+    and backward), so that nothing but its launch overlaps what came before it."""
     return PDL and runtime.is_gpu() and runtime.CAPABILITY is not None and runtime.CAPABILITY >= (9, 0)
 
 

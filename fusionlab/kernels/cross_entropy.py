@@ -42,10 +42,11 @@ rows whose grad_output is exactly 1, the usual case, without a host sync.
 Around the kernel, nothing runs in torch: a one-program prologue counts the rows not ignored (the
 mean's denominator, needed before any gradient is written), and a one-program finish kernel sums the
 rows' losses in a fixed order, divides and casts. Before, torch's compare, sum, sum, divide and cast
-were five kernels and five host calls around every call. On Hopper each kernel after the prologue is
-launched dependent on the one before (programmatic dependent launch): it is placed on the SMs while
-that one still runs and waits on the SM, just before it first reads what that one wrote, instead of
-being launched when it ends (1.5-8 us a call; benchmarks/notes_lesson5.md, eighteenth session).
+were five kernels and five host calls around every call. On Hopper each kernel is launched dependent on
+the one before (programmatic dependent launch): it is placed on the SMs while that one still runs and
+waits on the SM, just before it first reads what that one wrote (the prologue and the backward, whose
+kernel before is not ours: before any read), instead of being launched when it ends (1.5-8 us a call;
+benchmarks/notes_lesson5.md, eighteenth session).
 
 Numerics: fp32 arithmetic for any storage dtype, a reference subtracted (logits of 1e4 do not overflow),
 padded lanes masked to −inf (never counted as probability mass), 64-bit row offsets (T × V past
@@ -391,7 +392,10 @@ def _cross_entropy_prologue_kernel(
     # replaces torch's compare and sum (and the split's zeros): one launch, and up to 16 Ki targets a
     # step (16-byte loads, 16 of them in flight a thread) so that 16k tokens take one step; fewer
     # targets take a step of their own size (the loss kernel waits for this one: its time is the call's).
-    if PDL:  # the loss kernel may be placed now: it waits (gdc_wait) before it reads sync
+    if PDL:
+        # launched dependent on whatever came before (it waits for it before reading the targets), and
+        # the loss kernel may be placed now: it waits (gdc_wait) for this one before it reads sync
+        gdc_wait()
         gdc_launch_dependents()
     if COUNT:
         acc = tl.zeros([BLOCK], tl.int32)
@@ -1087,7 +1091,7 @@ def _prologue(target, ignore_index, *, count, n_rows_split=None):
         COUNT=count,
         BLOCK=min(_COUNT_BLOCK, max(COUNT_BLOCK_MIN, next_pow2(max(target.shape[0], n_sync)))),
         PDL=_pdl(True),
-        **launch_kwargs(16),
+        **launch_kwargs(16, pdl=_pdl(True)),
     )
     return sync
 
