@@ -216,6 +216,10 @@ def run_lesson(page, server: Server, out: Path, timeout_s: float) -> dict:
     trips = page.locator(cell_with("TripAnimation("))
     found = {}
     step, reset = trips.get_by_role("button", name="Step"), trips.get_by_role("button", name="Reset")
+    try:  # a widget's view renders after its cell has run, later on a busy machine: give it time
+        step.first.wait_for(timeout=30_000)
+    except Exception:
+        pass  # counted as missing below
     found["step_button"], found["reset_button"] = step.count(), reset.count()
     found["slider"] = trips.locator(".widget-slider, .widget-hslider").count()
     frame = trips.get_by_text(FRAME_TEXT).first
