@@ -1,6 +1,6 @@
 """Probe: the softmax's split schedule with cross-entropy's register diet (eighteenth session).
 
-    PYTHONPATH=. python3 benchmarks/probe_softmax_split16.py
+    PYTHONPATH=. python3 benchmarks/probe_softmax_split16.py [--key]
 
 Lesson 4's one miss is the H200's 4096 x 32768 bf16 softmax (87.7% of copy recorded, bar 90%), taken
 by persistent one-tile programs. The package's split kernel (parts of 8192 bf16 that swap (max, sum)
@@ -10,10 +10,14 @@ across the wait (the exponentials made again after it from the part's bits: `_wi
 the compiler cannot merge with the first widening) and capping the registers so more programs fit a
 SM. Here the softmax gets the same: parts of 8192 or 16384 bf16, 4 warps, registers capped at 64-128,
 against the package, on lesson 4's clock (`bench.time_ms`) and the GPU's (`bench.queued_ms`), each
-checked against torch first.
+checked against torch first. The "max by key" variants (written at the end of the eighteenth session,
+not yet run on a GPU) take the part's maximum from its 16-bit patterns, so that no fp32 copy of the
+part is alive at once: the reason the first variants spilled (notes_softmax.md).
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import triton
@@ -37,14 +41,25 @@ def _split16_kernel(
     SPLIT_P2: tl.constexpr,
     BLOCK_N: tl.constexpr,
     AGAIN: tl.constexpr,
+    KEY: tl.constexpr = False,
 ):
     row, part = _split_ticket(sync_ptr, SPLIT)
     offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
     x16 = tl.load(x_ptr + row * n_cols + offs)  # rows are whole parts (the probe's widths)
-    x = x16.to(tl.float32)
-    m = tl.max(x, axis=0)
-    ref = tl.where(m == float("-inf"), 0.0, m)
-    e = tl.exp(x - ref)
+    if KEY:
+        # the part's maximum from its 16-bit patterns, no fp32 value: a bf16's bits as a signed integer,
+        # the low 15 bits flipped for negative numbers, order as the floats do (every bf16 checked on a
+        # CPU, NaN aside); then the sum streams (each exponential made as its element is widened)
+        bits = x16.to(tl.int16, bitcast=True).to(tl.int32)
+        mk = tl.max(bits ^ ((bits >> 15) & 0x7FFF), axis=0)
+        m = ((mk ^ ((mk >> 15) & 0x7FFF)) << 16).to(tl.float32, bitcast=True)
+        ref = tl.where(m == float("-inf"), 0.0, m)
+        e = tl.exp(x16.to(tl.float32) - ref)
+    else:
+        x = x16.to(tl.float32)
+        m = tl.max(x, axis=0)
+        ref = tl.where(m == float("-inf"), 0.0, m)
+        e = tl.exp(x - ref)
     d = tl.sum(e, axis=0)
     parts = part_ptr + row * (2 * SPLIT)
     tl.store(parts + part, m)
@@ -58,7 +73,7 @@ def _split16_kernel(
     tl.store(y_ptr + row * n_cols + offs, y.to(y_ptr.dtype.element_ty))
 
 
-def split16(x, part, again, maxnreg, warps=4):
+def split16(x, part, again, maxnreg, warps=4, key=False):
     rows, n = x.shape
     parts = n // part
     y = torch.empty_like(x)
@@ -68,7 +83,17 @@ def split16(x, part, again, maxnreg, warps=4):
     if maxnreg:
         kw["maxnreg"] = maxnreg
     k = _split16_kernel[(rows * parts,)](
-        x, y, sync, stats, n, SPLIT=parts, SPLIT_P2=triton.next_power_of_2(parts), BLOCK_N=part, AGAIN=again, **kw
+        x,
+        y,
+        sync,
+        stats,
+        n,
+        SPLIT=parts,
+        SPLIT_P2=triton.next_power_of_2(parts),
+        BLOCK_N=part,
+        AGAIN=again,
+        KEY=key,
+        **kw,
     )
     return y, k
 
@@ -77,15 +102,19 @@ def main():
     copy = bench.measure_copy_bandwidth()
     dev = torch.cuda.get_device_name()
     print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s")
+    # (part, again, cap, key); `--key`: only the maximum-by-key variants, beside the package
     variants = [
-        (16384, True, 96),
-        (16384, True, 128),
-        (16384, False, None),
-        (8192, True, 64),
-        (8192, True, 80),
-        (8192, False, None),
-        (16384, True, 80),
+        (16384, True, 96, False),
+        (16384, True, 128, False),
+        (16384, False, None, False),
+        (8192, True, 64, False),
+        (8192, True, 80, False),
+        (8192, False, None, False),
+        (16384, True, 80, False),
     ]
+    keyed = [(16384, True, 96, True), (16384, True, 128, True), (16384, True, None, True)]
+    keyed += [(8192, True, 64, True), (8192, True, 80, True), (8192, True, None, True)]
+    variants = keyed if "--key" in sys.argv else variants + keyed
     for rows, n in ((4096, 32768), (2048, 32768), (16384, 32768), (4096, 16384), (2048, 65536), (1024, 131072)):
         g = torch.Generator(device="cuda").manual_seed(0)
         x = (torch.randn(rows, n, device="cuda", generator=g) * 3).to(torch.bfloat16)
@@ -104,18 +133,17 @@ def main():
 
         print(f"{rows} x {n}: {nb / 1e6:.0f} MB", flush=True)
         show(f"package {sm.softmax_config(rows, n, x.dtype)}", lambda x=x: sm.softmax(x))
-        for part, again, cap in variants:
+        for part, again, cap, key in variants:
             if part > n:
                 continue
-            y, k = split16(x, part, again, cap)
+            y, k = split16(x, part, again, cap, key=key)
             err = (y.float() - want).abs().max().item()
-            label = (
-                f"split {n // part} x {part} {'again' if again else 'keep e'} cap {cap} ({k.n_regs} r, {k.n_spills} sp)"
-            )
+            how = ("max by key, " if key else "") + ("again" if again else "keep e")
+            label = f"split {n // part} x {part} {how} cap {cap} ({k.n_regs} r, {k.n_spills} sp)"
             if err > 1e-2:
                 print(f"  {label}: WRONG {err:.1e}")
                 continue
-            show(label, lambda x=x, part=part, again=again, cap=cap: split16(x, part, again, cap))
+            show(label, lambda x=x, part=part, again=again, cap=cap, key=key: split16(x, part, again, cap, key=key))
         x = None
         torch.cuda.empty_cache()
 
