@@ -929,7 +929,7 @@ PDL_KERNELS = {
 }
 
 
-@pytest.mark.skipif(not ce._pdl(True), reason="programmatic dependent launch: a Hopper GPU or later")
+@pytest.mark.skipif(not _launch.pdl_supported(), reason="programmatic dependent launch: a Hopper GPU or later")
 @pytest.mark.parametrize("ignored", [0.0, 0.3, 1.0])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("kernel", PDL_KERNELS)
@@ -976,7 +976,7 @@ def _memory_before_wait(ptx):
     return [line.strip() for line in lines[:at] if _MEMORY.match(line)]
 
 
-@pytest.mark.skipif(not ce._pdl(True), reason="programmatic dependent launch: a Hopper GPU or later")
+@pytest.mark.skipif(not _launch.pdl_supported(), reason="programmatic dependent launch: a Hopper GPU or later")
 def test_prologue_finish_and_backward_wait_before_any_access():
     # all three wait at their top: the prologue and the backward for kernels not ours (the targets',
     # grad_output's writers), the finish for the loss kernel's losses

@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL (sm_90); see _pdl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL (sm_90): see pdl_supported
 
 from .. import runtime
 from ..ledger import Ledger
@@ -393,8 +393,10 @@ def _cross_entropy_prologue_kernel(
     # step (16-byte loads, 16 of them in flight a thread) so that 16k tokens take one step; fewer
     # targets take a step of their own size (the loss kernel waits for this one: its time is the call's).
     if PDL:
-        # launched dependent on whatever came before (it waits for it before reading the targets), and
-        # the loss kernel may be placed now: it waits (gdc_wait) for this one before it reads sync
+        # launched dependent on whatever came before: it waits for it before reading the targets, and
+        # only then lets the loss kernel be placed (which waits for this one before it reads sync). That
+        # order is what lets the loss kernel read the logits before its own wait: whatever wrote them
+        # has finished by the time it starts.
         gdc_wait()
         gdc_launch_dependents()
     if COUNT:
@@ -1070,13 +1072,6 @@ def _check_inputs(logits, target, op, *, logits_name="logits"):
         raise KernelInputError(f"{op}: a vocabulary of {logits.shape[1]} is past the kernel's int32 columns.")
 
 
-def _pdl(wanted: bool) -> bool:
-    """Whether a launch that could overlap the kernel before it (``wanted``) does: the loss kernel after
-    the prologue, the finish after the loss kernel. The later kernel waits (``gdc_wait``) before it
-    reads what the earlier one wrote, so only the launch's gap and the kernel's first loads overlap."""
-    return wanted and pdl_supported()
-
-
 def _prologue(target, ignore_index, *, count, n_rows_split=None):
     """The ``sync`` buffer (see ``_COUNT_BLOCK``), written by one launch: the count of rows not ignored
     when ``count`` ("mean"); ``n_rows_split``: zeroed room for the split kernel's ticket and counts."""
@@ -1090,8 +1085,8 @@ def _prologue(target, ignore_index, *, count, n_rows_split=None):
         ignore_index,
         COUNT=count,
         BLOCK=min(_COUNT_BLOCK, max(COUNT_BLOCK_MIN, next_pow2(max(target.shape[0], n_sync)))),
-        PDL=_pdl(True),
-        **launch_kwargs(16, pdl=_pdl(True)),
+        PDL=pdl_supported(),
+        **launch_kwargs(16, pdl=True),
     )
     return sync
 
@@ -1106,7 +1101,7 @@ def _launch_forward(
     n_rows, n_cols = logits.shape
     if n_rows == 0:
         return
-    pdl = _pdl(after_prologue and sync is not None)
+    pdl = after_prologue and sync is not None and pdl_supported()
     if grad is not None and cfg.get("SPLIT"):
         return _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean, pdl)
     if grad is not None and _takes_rows(cfg, label_smoothing):
@@ -1265,8 +1260,8 @@ def _launch_backward(grad, target, grad_output, ignore_index):
         ignore_index,
         BLOCK_N=cfg["BLOCK_N"],
         SHARED=shared,
-        PDL=_pdl(True),
-        **launch_kwargs(min(cfg["num_warps"], 8), pdl=_pdl(True)),
+        PDL=pdl_supported(),
+        **launch_kwargs(min(cfg["num_warps"], 8), pdl=True),
     )
 
 
@@ -1286,8 +1281,8 @@ def _reduce(loss_rows, sync, reduction, dtype, *, after_loss=False):
         loss_rows if sync is None else sync,
         loss_rows.shape[0],
         MEAN=reduction == "mean",
-        PDL=_pdl(after_loss),
-        **launch_kwargs(8, pdl=_pdl(after_loss)),
+        PDL=after_loss and pdl_supported(),
+        **launch_kwargs(8, pdl=after_loss),
     )
     return out
 
