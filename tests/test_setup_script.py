@@ -28,6 +28,7 @@ NBVAL = ["--nbval", "notebooks", "solutions", "--nbval-current-env", "--nbval-sa
 
 def dry_run(*args: str) -> list[str]:
     env = {**os.environ, "FUSIONLAB_DRY_RUN": "1"}
+    env.pop("FUSIONLAB_TEST_WORKERS", None)  # the default worker count
     out = subprocess.run(["bash", str(SETUP), *args], env=env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
@@ -54,6 +55,8 @@ def test_test_runs_unit_tests_then_strict_nbval():
     argv = dry_run("test")
     assert argv[:4] == [".venv/bin/python", "-m", "pytest", "tests"]
     assert _has_run(argv, NBVAL)
+    # in parallel (CI's 2 cores: 17.7 min in one process), each module and notebook in one worker
+    assert _has_run(argv, ["-n", "auto", "--dist", "loadscope"])
 
 
 def test_nbval_runs_strict_nbval_only_on_this_machine():
