@@ -1,6 +1,6 @@
 """Probe: warps and programs of the persistent 32768-wide softmax (nineteenth session; notes_softmax.md).
 
-    PYTHONPATH=. python3 benchmarks/probe_softmax_warps.py
+    PYTHONPATH=. python3 benchmarks/probe_softmax_warps.py [--widths]
 
 The persistent one-tile rows (softmax_config's ``programs``) hold 64 bytes of row a thread: 32 warps for
 a 32768-wide 16-bit row, so one program fills an SM's 1024-thread register file and its 32 warps meet
@@ -12,6 +12,7 @@ checked against float64 with the output poisoned, timed in turn on both clocks, 
 from __future__ import annotations
 
 import statistics
+import sys
 
 import torch
 import triton
@@ -49,13 +50,16 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
           f"copy {copy:.0f} GB/s, {sms} SMs", flush=True)  # fmt: skip
-    for rows, n in ((4096, 32768), (16384, 32768), (2048, 32768), (4096, 28000)):
+    shapes = ((4096, 32768), (16384, 32768), (2048, 32768), (4096, 28000))
+    if "--widths" in sys.argv:  # the persistent path's widths below a full tile, 16 against 32 warps
+        shapes = tuple((4096, n) for n in (26000, 28000, 29000, 30000, 31000, 32000, 32760))
+    for rows, n in shapes:
         g = torch.Generator(device="cuda").manual_seed(rows)
         x = (torch.randn(rows, n, device="cuda", generator=g) * 3).to(torch.bfloat16)
         want = torch.softmax(x.double(), dim=-1)
         variants = {"package": lambda: S.softmax(x)}
-        for warps in (8, 16, 32):
-            for per_sm in (1, 2):
+        for warps in (16, 32) if "--widths" in sys.argv else (8, 16, 32):
+            for per_sm in (2,) if "--widths" in sys.argv else (1, 2):
                 variants[f"{warps} warps, {per_sm} a SM"] = lambda w=warps, p=per_sm: with_cfg(
                     x, num_warps=w, programs=p * sms
                 )

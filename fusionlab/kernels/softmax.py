@@ -106,6 +106,11 @@ OP = "softmax"
 #: walked by persistent programs (``per_sm`` a SM, the next row's loads ``row_stages`` deep in
 #: flight). On an H200 a 32768-wide bf16 row went from 73% to 89% of copy that way, 16384 from 87-89%
 #: to 92%; on an H100 both were within 2% of the plain schedule (notes_softmax.md, 2026-11-24).
+#: ``partial_warps_div``: a persistent row narrower than its tile (26000-32760 of 32768) takes this
+#: fraction of the warps (16, 128 bytes a thread): H200, 4096 rows, bf16, lesson 4's clock, 26000
+#: 69.4% -> 72.3% of copy, 28000 73.3% -> 77.1%, 32000 82.8% -> 87.6%; H100 86.1-91.2% -> 86.1-91.7%
+#: (on the GPU's own clock the H100 lost 2-3 points at 26000-28000). A full tile keeps 32 warps (16:
+#: 1-2 points slower). probe_softmax_warps.py --widths, notes_softmax.md nineteenth session.
 #: ``small_rows``: 16-bit rows of these tile widths take ``small_tile`` elements a program, 64 bytes a
 #: thread (2 warps): on an H200 1024-wide rows went from 85% to 97% of copy, on an H100 98% either way.
 #: ``split``: rows wider than ``max_single`` are split across programs, ``split_bytes`` of row each
@@ -127,6 +132,7 @@ GPU_TUNING = {
         "big_row": 16384,
         "per_sm": 2,
         "row_stages": 3,
+        "partial_warps_div": 2,
         "stage_bytes": 196608,  # shared memory the row pipeline may take (of an SM's 227 KiB)
         "small_rows": (512, 1024),
         "small_tile": 2048,
@@ -239,6 +245,8 @@ def softmax_config(
         # row of 32768 would need 384 KiB of stages (OutOfResources) and keeps one program a row
         sms = sm_count() if runtime.is_gpu() else DEFAULT_SMS
         cfg.update(programs=t["per_sm"] * sms, row_stages=t["row_stages"])
+        if int(n_cols) < cfg["BLOCK_N"] and t.get("partial_warps_div"):  # the row does not fill its tile
+            cfg["num_warps"] = max(1, cfg["num_warps"] // t["partial_warps_div"])
         if split and t.get("split"):
             cfg = _padded_row_split(int(n_cols), dtype, t, cfg)
     if split and t.get("split") and not cfg["SINGLE_TILE"] and not cfg.get("SPLIT"):
