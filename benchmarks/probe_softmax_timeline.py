@@ -179,7 +179,6 @@ def run(
     skip=True,
     timeline=None,
     pdl=False,
-    y=None,
     ctr=None,
     stages=3,
     even=False,
@@ -198,17 +197,36 @@ def run(
     return y
 
 
-def package_with(x, programs):
+def package_with(x, **over):
+    """The package's softmax with its persistent configuration's keys replaced by ``over``."""
     orig = S.softmax_config
 
     def fixed(*a, **k):
-        return {**orig(*a, **k), "programs": programs}
+        cfg = orig(*a, **k)
+        return {**cfg, **over} if cfg.get("programs") else cfg
 
     S.softmax_config = fixed
     try:
         return S.softmax(x)
     finally:
         S.softmax_config = orig
+
+
+def time_in_turn(variants, nbytes, copy, rounds=7):
+    """Each variant timed in turn ``rounds`` times on the GPU's clock (``bench.queued_ms``) and lesson
+    4's (``bench.time_ms``); medians printed with their share of ``copy`` (GB/s) for ``nbytes``."""
+    times = {label: ([], []) for label in variants}
+    for _ in range(rounds):
+        for label, fn in variants.items():
+            times[label][0].append(bench.queued_ms(fn))
+            times[label][1].append(bench.time_ms(fn))
+    for label, (q, c) in times.items():
+        q, c = statistics.median(q), statistics.median(c)
+        print(
+            f"  {label:24s} GPU {q * 1e3:7.1f} us {nbytes / q / 1e6 / copy:6.1%}   "
+            f"call {c * 1e3:7.1f} us {nbytes / c / 1e6 / copy:6.1%}",
+            flush=True,
+        )
 
 
 def summarize(label, tl_buf, programs):
@@ -268,8 +286,8 @@ def main():
         balanced = triton.cdiv(rows, triton.cdiv(rows, sms))  # every program the same rows, at most one a SM
         variants = {
             "package": lambda: S.softmax(x),
-            f"package, {balanced} programs": lambda: package_with(x, balanced),
-            f"package, {sms} programs": lambda: package_with(x, sms),
+            f"package, {balanced} programs": lambda: package_with(x, programs=balanced),
+            f"package, {sms} programs": lambda: package_with(x, programs=sms),
             f"dealt {sms} even": lambda: run(x, sms, even=True),
             f"dealt {balanced} even": lambda: run(x, balanced, even=True),
             f"dealt {sms} even pdl": lambda: run(x, sms, even=True, pdl=True),
@@ -294,19 +312,7 @@ def main():
                 assert err < 2e-2, (label, err)
             assert torch.equal(x, x_before), label
             assert ctr.tolist() == [0, 0], (label, ctr.tolist())
-        times = {label: ([], []) for label in variants}
-        for _ in range(7):
-            for label, fn in variants.items():
-                times[label][0].append(bench.queued_ms(fn))
-                times[label][1].append(bench.time_ms(fn))
-        nbytes = 2 * x.numel() * x.element_size()
-        for label, (q, c) in times.items():
-            q, c = statistics.median(q), statistics.median(c)
-            print(
-                f"  {label:24s} GPU {q * 1e3:7.1f} us {nbytes / q / 1e6 / copy:6.1%}   "
-                f"call {c * 1e3:7.1f} us {nbytes / c / 1e6 / copy:6.1%}",
-                flush=True,
-            )
+        time_in_turn(variants, 2 * x.numel() * x.element_size(), copy)
         print("  timelines (one call each, after a warm call):", flush=True)
         for label, programs, kw in (
             (f"dealt {sms} even", sms, {"even": True}),

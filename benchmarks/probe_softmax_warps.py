@@ -11,8 +11,8 @@ checked against float64 with the output poisoned, timed in turn on both clocks, 
 
 from __future__ import annotations
 
-import statistics
 import sys
+from pathlib import Path
 
 import torch
 import triton
@@ -21,19 +21,8 @@ import fusionlab  # noqa: F401
 from fusionlab import bench
 from fusionlab.kernels import softmax as S
 
-
-def with_cfg(x, **over):
-    orig = S.softmax_config
-
-    def fixed(*a, **k):
-        cfg = orig(*a, **k)
-        return {**cfg, **over} if cfg.get("programs") else cfg
-
-    S.softmax_config = fixed
-    try:
-        return S.softmax(x)
-    finally:
-        S.softmax_config = orig
+sys.path.insert(0, str(Path(__file__).parent))
+from probe_softmax_timeline import package_with, time_in_turn  # noqa: E402
 
 
 def poisoned(fn):
@@ -60,7 +49,7 @@ def main():
         variants = {"package": lambda: S.softmax(x)}
         for warps in (16, 32) if "--widths" in sys.argv else (8, 16, 32):
             for per_sm in (2,) if "--widths" in sys.argv else (1, 2):
-                variants[f"{warps} warps, {per_sm} a SM"] = lambda w=warps, p=per_sm: with_cfg(
+                variants[f"{warps} warps, {per_sm} a SM"] = lambda w=warps, p=per_sm: package_with(
                     x, num_warps=w, programs=p * sms
                 )
         print(f"\n{rows} x {n} bf16 {S.softmax_config(rows, n, x.dtype)}", flush=True)
@@ -72,19 +61,7 @@ def main():
                 del variants[label]
                 continue
             assert err < 2e-2, (label, err)
-        times = {label: ([], []) for label in variants}
-        for _ in range(7):
-            for label, fn in variants.items():
-                times[label][0].append(bench.queued_ms(fn))
-                times[label][1].append(bench.time_ms(fn))
-        nbytes = 2 * x.numel() * x.element_size()
-        for label, (q, c) in times.items():
-            q, c = statistics.median(q), statistics.median(c)
-            print(
-                f"  {label:22s} GPU {q * 1e3:7.1f} us {nbytes / q / 1e6 / copy:6.1%}   "
-                f"call {c * 1e3:7.1f} us {nbytes / c / 1e6 / copy:6.1%}",
-                flush=True,
-            )
+        time_in_turn(variants, 2 * x.numel() * x.element_size(), copy)
         x = want = None
         torch.cuda.empty_cache()
 
