@@ -249,7 +249,8 @@ def _final_shape(rows, n, c_rms, c_ln, copy):
         y_ours, _ = rn.rmsnorm(x, w, EPS, r)
         y_c, _ = c_rms(x, w, EPS, r)
         row["max_diff_vs_compiled"] = (y_ours.float() - y_c.float()).abs().max().item()
-        # the GPU's time alone: at 4096 rows a call can be the host's (notes_norms.md, tenth session)
+        # the GPU's time alone: at 4096 rows a call can be the host's (notes_norms.md, 2026-11-24 "`bench_norms.py
+        # final` on both GPUs after the three row stages")
         row["fwd_gpu_ms"] = bench.queued_ms(lambda: rn.rmsnorm(x, w, EPS, r))
         row["compiled_gpu_ms"] = bench.queued_ms(lambda: c_rms(x, w, EPS, r))
     # backward: autograd for both, gradients for y and h

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything a session checks on a lent GPU, in one scripted call (see benchmarks/NOTES.md).
+# Everything to check on a lent GPU, in one scripted call (see benchmarks/NOTES.md).
 #   bash benchmarks/gpu_run.sh [generated] [record] [small] [instructions] [tests] [nbval] [execute] [pack]
 #                                                                   (default: all but small and instructions)
 #   SUITES="lesson4 lesson7" bash benchmarks/gpu_run.sh record      (one file per suite in $OUT)

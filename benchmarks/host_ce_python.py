@@ -1,5 +1,6 @@
 """Probe: how much of a small cross-entropy call's host time is the package's own Python
-(benchmarks/notes_lesson5.md, ninth session). CPU only: the Triton kernels are replaced by no-ops, so
+(benchmarks/notes_lesson5.md, 2026-11-24 "the copy engine, the loss alone's tiles, larger split parts"). CPU only: the
+Triton kernels are replaced by no-ops, so
 what is timed is the wrapper (checks, configuration, allocations), the autograd Function and the
 backward's bookkeeping, beside a trivial autograd.Function on the same tensors.
 

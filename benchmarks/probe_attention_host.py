@@ -2,8 +2,8 @@
 
     PYTHONPATH=. python3 benchmarks/probe_attention_host.py
 
-At 16 x 16 heads of 1024 the kernel takes about 0.12 ms on an H100; twice (session 2's final run and the
-notebook's live run in session 6) it measured 213-214 TFLOP/s (0.16 ms) where fresh processes give
+At 16 x 16 heads of 1024 the kernel takes about 0.12 ms on an H100; twice (the final run of 2026-11-22 and the
+notebook's live run of 2026-11-24) it measured 213-214 TFLOP/s (0.16 ms) where fresh processes give
 282-305. This times the same call five ways: do_bench five times over, the host's own time per call
 (wall clock over many calls, the GPU left to catch up at the end), and the GPU's time with the calls
 queued behind a sleep kernel (``bench.queued_ms``), for D = 64 and 128, causal and full.

@@ -1,5 +1,5 @@
 """Probe: the cross-entropy loss alone (no gradient: ``torch.no_grad()``, evaluation), which tiles
-(benchmarks/notes_lesson5.md, ninth session).
+(benchmarks/notes_lesson5.md, 2026-11-24 "the copy engine, the loss alone's tiles, larger split parts").
 
     PYTHONPATH=. python3 benchmarks/probe_ce_forward.py
 

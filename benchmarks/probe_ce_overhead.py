@@ -1,18 +1,19 @@
 """Probe: where cross-entropy's fwd+bwd time goes beside the split kernel, and split parts of 2 warps
-(benchmarks/notes_lesson5.md, seventeenth session).
+(benchmarks/notes_lesson5.md, 2026-11-25 "the time beside the kernel, extra tiles, the cap at 96").
 
     PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--parts|--quick|--frag|--extra|--cap96|--order]
     PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py [--prologue|--first]
     PYTHONPATH=. python3 benchmarks/probe_ce_overhead.py --pdl [--small]
 
-The sixteenth session's shares fit ``time = bytes / rate + F`` with F about 20 us a call on both GPUs
+The 2026-11-25 "cross-entropy's split with the target's reference, shipped" section's shares fit ``time = bytes / rate
++ F`` with F about 20 us a call on both GPUs
 (H200 4096 -> 16384 tokens at 65552 and 128256 columns: 82.6 -> 87.0% and 86.0 -> 88.0% of copy), as if
 something cost a fixed 20 us beside the kernel's streaming. Here, by shape: the whole fwd+bwd call, the
 forward's launches without autograd, the prologue with the split kernel, the prologue alone (GPU clock,
 back to back), and each kernel's GPU time from the profiler. ``--parts``: split parts of other sizes
 and warps (registers from the compiled kernel), checked against float64 first. ``--pdl``: the package
 with programmatic dependent launch (``_launch.PDL``) against without, in turn, after checking that both give
-the same bits (eighteenth session).
+the same bits (2026-11-25 "programmatic dependent launch between a call's own kernels").
 """
 
 from __future__ import annotations

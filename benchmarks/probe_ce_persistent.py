@@ -1,5 +1,5 @@
 """Probe: cross-entropy rows of up to 32 Ki logits walked by persistent programs, the softmax's schedule
-(benchmarks/notes_lesson5.md, twelfth session).
+(benchmarks/notes_lesson5.md, 2026-11-24 "persistent whole rows at 32000, and why they were not shipped").
 
     PYTHONPATH=. python3 benchmarks/probe_ce_persistent.py
 
@@ -7,10 +7,12 @@
     PYTHONPATH=. python3 benchmarks/probe_ce_persistent.py --widths   # the two best loops across widths
 
 The configurations in ``configs`` are the last round's; ``PARTS`` bisects what cross-entropy adds to
-the softmax's loop (see the kernel). Twelfth session (notes_lesson5.md): any per-row use of the target
+the softmax's loop (see the kernel). notes_lesson5.md, 2026-11-24 "persistent whole rows at 32000": any per-row use of
+the target
 in the loop cost 10-25 points; with the targets gathered before the loop and the statistics kept in
 vectors (PARTS=6, a fix-up kernel after) the loop ran at 90% of copy on the H200, but a package version
-built on it gained 1.7 points there and lost 4-9 on the H100: not shipped. Fourteenth session: the
+built on it gained 1.7 points there and lost 4-9 on the H100: not shipped. 2026-11-24 "cross-entropy at 32000 on the
+H200": the
 cost was the one-hot compare in int64 (every lane's column index widened, PARTS=12 shows it with the
 target loaded before the loop), not the pipeliner; compared in int32, with ignored rows not read
 (PARTS=10) at 16 warps, the loop reached 90.4% on the H200 and shipped as the package's rows kernel
@@ -270,7 +272,7 @@ def ir_counts():
 
 
 def widths_configs(quick):
-    """``--widths``: the two best loops of the thirteenth round across the widths the tile of 32768
+    """``--widths``: the two best loops of the last sweep across the widths the tile of 32768
     would take."""
     return {
         "persistent 1/SM s3 w16 parts=10": dict(per_sm=1, stages=3, warps=16, ref_target=False, parts=10),

@@ -1,4 +1,5 @@
-"""Probe: the small kernels around the fused cross-entropy (benchmarks/notes_lesson5.md, eighth session).
+"""Probe: the small kernels around the fused cross-entropy (benchmarks/notes_lesson5.md, 2026-11-24 "the small kernels
+around the fused call").
 
     PYTHONPATH=. python3 benchmarks/probe_ce_reduce.py
 

@@ -1,5 +1,5 @@
 """Probe: cross-entropy rows held whole in registers, and the head loaded before the target is known
-(benchmarks/notes_lesson5.md, eighth session).
+(benchmarks/notes_lesson5.md, 2026-11-24 "the small kernels around the fused call").
 
     PYTHONPATH=. python3 benchmarks/probe_ce_single_tile.py [--narrow | --stages]
 
@@ -52,7 +52,8 @@ def narrow_configs(vocab):
 
 
 def stage_configs(vocab):
-    """``--stages``: smaller heads with deeper pipelines (ninth session: the loss alone ran 8 points
+    """``--stages``: smaller heads with deeper pipelines (2026-11-24 "cross-entropy's loss alone and its split, read
+    faster": the loss alone ran 8 points
     faster on the H200 with tiles of 4096 three deep): (HEAD, BLOCK_N, num_warps, LOOP_STAGES)."""
     base = cross_entropy_config(vocab, torch.bfloat16)
     out = {"shipped": base}

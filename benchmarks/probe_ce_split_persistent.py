@@ -1,6 +1,6 @@
 """Probe: cross-entropy's split rows (past 65536 logits) walked by persistent programs that load their
-next part while this one waits for its row's other parts (benchmarks/notes_lesson5.md, fifteenth
-session).
+next part while this one waits for its row's other parts (benchmarks/notes_lesson5.md,
+2026-11-25 "the H200's 128256, bytes in flight").
 
     PYTHONPATH=. python3 benchmarks/probe_ce_split_persistent.py [--quick]
     PYTHONPATH=. python3 benchmarks/probe_ce_split_persistent.py --split   # one program a part
@@ -11,7 +11,7 @@ session).
 wait in bf16 (``E_BF16``, meant to halve the registers so that more programs fit a SM), over part sizes
 and warps. ``--reread``: parts walked in pipelined tiles and read again after the wait. ``--ref``: the
 sum against the target's logit and the bf16 part widened again by its bits after the wait (the form
-that won: benchmarks/notes_lesson5.md, fifteenth session).
+that won: benchmarks/notes_lesson5.md, 2026-11-25 "the H200's 128256, bytes in flight").
 
 The package's split kernel (``_cross_entropy_split_kernel``) runs one program a part of 32 KiB: it
 takes a ticket, loads its part, publishes the part's (max, sum), waits for the row's other parts,

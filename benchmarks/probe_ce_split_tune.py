@@ -1,14 +1,17 @@
 """Probe: cross-entropy's split rows, part size and where the split starts (benchmarks/notes_lesson5.md,
-ninth session, then sixteenth).
+2026-11-24 "the copy engine, the loss alone's tiles, larger split parts", then
+2026-11-25 "the split with the target's reference, shipped").
 
     PYTHONPATH=. python3 benchmarks/probe_ce_split_tune.py [--quick | --caps | --package | --frag | --below]
 
 The split kernel holds a row in parts of ``SPLIT_BLOCK`` logits, one program each, which swap their
-statistics: each row read once, written once. Sixteenth session: the kernel sums against the target's
+statistics: each row read once, written once. 2026-11-25 "cross-entropy's split with the target's reference, shipped":
+the kernel sums against the target's
 logit and (bf16) keeps only the bf16 part across its wait (102 registers a thread at parts of 16384, 48
 at 8192, against 160), so the part size that wins may have moved, and the split may now beat the
 one-tile kernel below 65536 columns. Here, by width: the package's configuration, the split at parts of
-8192 and 16384 logits (4 warps), the ninth session's split kernel (the probe's copy of it, each part's
+8192 and 16384 logits (4 warps), the 2026-11-24 "cross-entropy's loss alone and its split, read faster" section's
+split kernel (the probe's copy of it, each part's
 own maximum, fp32 part across the wait) beside them, and at 16-bit widths of 65536 and under the
 one-tile or head-and-tail kernel the package runs there; fp16 and fp32 at 128256 (no bit widening:
 fp32 parts across the wait). fwd+bwd "mean" out of place, GPU clock, share of copy by two trips; each
@@ -30,7 +33,7 @@ from fusionlab.kernels import cross_entropy as ce
 from fusionlab.kernels.cross_entropy import CrossEntropyFunction, cross_entropy_config
 
 sys.path.insert(0, os.path.dirname(__file__))
-from probe_ce_split_persistent import ref_loss, split_loss  # noqa: E402  (the ninth and fifteenth sessions' kernels)
+from probe_ce_split_persistent import ref_loss, split_loss  # noqa: E402  (the 2026-11-24 and 2026-11-25 kernels)
 
 BF16 = (
     (8192, 128256),
@@ -142,7 +145,8 @@ def main():
             except Exception as e:  # a configuration that does not compile: say so, go on
                 what = f"{type(e).__name__} {str(e)[:150]}"
                 print(f"  {str(dtype)[6:]:8s} {tokens:>5} x {vocab:<6} {label:36s} failed: {what}")
-        if vocab > 32768 and not (package_only or frag):  # the ninth session's kernel, for the record
+        # the 2026-11-24 "cross-entropy's loss alone and its split, read faster" section's kernel, for the record
+        if vocab > 32768 and not (package_only or frag):
             old = {"block": 32768 // x.element_size(), "warps": 4, "e_bf16": False}
             grad = torch.empty_like(x)
             ms = bench.queued_ms(lambda: split_loss(x, t, grad, old))
@@ -150,7 +154,7 @@ def main():
             _show(dtype, tokens, vocab, f"old split {old['block']} w4", ms, nb / ms / 1e6 / copy, f"regs {regs}")
             for block in (
                 (8192, 16384) if caps and dtype == torch.bfloat16 else ()
-            ):  # the fifteenth session's probe (no second round)
+            ):  # the 2026-11-25 "the H200's two open misses, measured further" section's probe (no second round)
                 probe = {"block": block, "warps": 4, "bitcast": True}
                 ms = bench.queued_ms(lambda probe=probe: ref_loss(x, t, grad, probe))
                 regs = getattr(probe.get("compiled"), "n_regs", "?")

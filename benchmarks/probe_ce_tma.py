@@ -1,5 +1,5 @@
 """Probe: cross-entropy rows read through the copy engine (TMA), pipelined across tiles and across rows
-(benchmarks/notes_lesson5.md, ninth session).
+(benchmarks/notes_lesson5.md, 2026-11-24 "the copy engine, the loss alone's tiles, larger split parts").
 
     PYTHONPATH=. python3 benchmarks/probe_ce_tma.py [--quick]
 

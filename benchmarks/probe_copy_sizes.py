@@ -1,5 +1,5 @@
-"""Probe: how fast a plain copy runs at the sizes the suites time (benchmarks/NOTES.md, fifteenth
-session).
+"""Probe: how fast a plain copy runs at the sizes the suites time (benchmarks/NOTES.md,
+2026-11-25 "the H200's two open misses, measured further").
 
     PYTHONPATH=. python3 benchmarks/probe_copy_sizes.py
 

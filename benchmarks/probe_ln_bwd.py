@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python3 benchmarks/probe_ln_bwd.py
 
-The tenth session's table put LayerNorm's backward at 32768 x 5120 at 54% of copy (H200) and 70% (H100)
+The 2026-11-24 "GPU checks of the CPU-only edits, softmax rows off their boundaries" section's table put LayerNorm's
+backward at 32768 x 5120 at 54% of copy (H200) and 70% (H100)
 on the GPU clock, in one 8192 tile of 16 warps. Here, bf16, GPU clock (``bench.queued_ms`` of
 ``torch.autograd.grad`` for x, w and b), share of copy by the backward's fused ledger: the package's
 default, the head and the tail at other warps and programs an SM, the one padded tile, and eager
@@ -39,7 +40,7 @@ def main():
         variants = [("default", None)]
         tile = next_pow2(n)
         # (the first run's sweep, H200: 4 warps and 2 programs an SM best for a head and a tail, 16 warps
-        # and 1 an SM or 8 and 2 for the one tile; notes_norms.md, eleventh session)
+        # and 1 an SM or 8 and 2 for the one tile; notes_norms.md, 2026-11-24 "LayerNorm's forward at 5120 and 11008")
         grid = [(4, 2), (8, 2)] if "TAIL_N" in default else []
         for warps, per_sm in grid:
             for stages in (1, 2, 3):

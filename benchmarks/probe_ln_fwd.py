@@ -3,7 +3,8 @@
     PYTHONPATH=. python3 benchmarks/probe_ln_fwd.py [--widths 5120,11008] [--rows 4096,32768]
 
 RMSNorm's forward streams 5120-wide rows at 98-99% of copy in one 8192-element tile; LayerNorm's, in the
-same tile and warps, at 67% (H200) to 86% (H100) (notes_norms.md, tenth session). LayerNorm reduces a
+same tile and warps, at 67% (H200) to 86% (H100) (notes_norms.md, 2026-11-24 "`bench_norms.py final` on both GPUs
+after the three row stages"). LayerNorm reduces a
 row twice (its mean, then the centred squares), so a padded tile costs it two block-wide reductions.
 Here, bf16, GPU clock (``bench.queued_ms``), share of copy by LayerNorm's fused ledger: the package's
 default, one padded tile and a head and a tail (``TAIL_N``), each at several warps,

@@ -1,4 +1,5 @@
-"""Probe: the norms' backward with programmatic dependent launch against without (eighteenth session).
+"""Probe: the norms' backward with programmatic dependent launch against without (2026-11-25 "programmatic dependent
+launch between a call's own kernels").
 
     PYTHONPATH=. python3 benchmarks/probe_pdl_norms.py
 

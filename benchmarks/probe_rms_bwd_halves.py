@@ -3,7 +3,8 @@
     PYTHONPATH=. python3 benchmarks/probe_rms_bwd_halves.py
 
 The one 16384-element tile (32 warps, one program an SM) cannot keep the next row in flight: a row
-stage made it spill (notes_norms.md, tenth session), and the backward stays at 72-83% of copy (GPU
+stage made it spill (notes_norms.md, 2026-11-24 "`bench_norms.py final` on both GPUs after the three row stages"), and
+the backward stays at 72-83% of copy (GPU
 clock). At 11008 a head and a tail (8192 + 4096) stopped the spill and let a row stage in. Here the same
 head-and-tail kernel is handed two halves of 8192 (``head_and_tail`` patched for the run): warps, row
 stages and programs an SM, bf16, GPU clock (``bench.queued_ms``), share of copy by the backward's

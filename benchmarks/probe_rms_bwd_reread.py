@@ -15,9 +15,10 @@ under other warps, row stages (``tl.range(num_stages=...)``) and programs an SM,
 (where ``REREAD`` is not the default). ``--tail-stages``: the head and tail of 9216-12288 (no reread)
 under other warps, stages and programs. GPU clock (``bench.queued_ms``) of the backward's two kernels
 (``_backward``: the rows kernel and ``sum_partials``), bf16, share of copy by the backward's ledger;
-each variant's dx and dw checked against the default's. (This session's first version of the probe
+each variant's dx and dw checked against the default's. (The probe's first version
 carried its own kernel, with an eviction-hint variant: first loads ``evict_last``, second
-``evict_first``; it changed nothing measurable; benchmarks/notes_norms.md, thirteenth session.)
+``evict_first``; it changed nothing measurable; benchmarks/notes_norms.md, 2026-11-24 "the RMSNorm backward at
+9216-16384".)
 """
 
 from __future__ import annotations

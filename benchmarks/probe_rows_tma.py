@@ -1,5 +1,5 @@
 """Probe: whole rows through the copy engine (TMA), persistent programs pipelining the next rows
-(benchmarks/notes_lesson5.md and notes_softmax.md, ninth session).
+(benchmarks/notes_lesson5.md and notes_softmax.md, 2026-11-24 "widths that are not powers of two").
 
     PYTHONPATH=. python3 benchmarks/probe_rows_tma.py
 

@@ -1,9 +1,11 @@
-"""Probe: persistent softmax programs, how many (benchmarks/notes_softmax.md, ninth session).
+"""Probe: persistent softmax programs, how many (benchmarks/notes_softmax.md, 2026-11-24 "widths that are not powers
+of two").
 
     PYTHONPATH=. python3 benchmarks/probe_softmax_rounds.py
     PYTHONPATH=. python3 benchmarks/probe_softmax_rounds.py --ab   # program counts, interleaved
 
-``--ab`` (fifteenth session): at 2048-16384 rows of 32768, the program counts two an SM (shipped),
+``--ab`` (2026-11-25 "the H200's two open misses, measured further"): at 2048-16384 rows of 32768, the program counts
+two an SM (shipped),
 balanced rounds under two an SM and under one an SM (every program the same number of rows), 256 and
 128, timed in turn seven times (A B C ..., A B C ...): run-to-run drift on the H200 is as large as the
 differences, so only an interleaved median compares them.

@@ -1,16 +1,19 @@
-"""Probe: the softmax's split schedule with cross-entropy's register diet (eighteenth session).
+"""Probe: the softmax's split schedule with cross-entropy's register diet (2026-11-25 "programmatic dependent launch
+between a call's own kernels").
 
     PYTHONPATH=. python3 benchmarks/probe_softmax_split16.py [--key]
 
 Lesson 4's one miss is the H200's 4096 x 32768 bf16 softmax (87.7% of copy recorded, bar 90%), taken
 by persistent one-tile programs. The package's split kernel (parts of 8192 bf16 that swap (max, sum)
-and write their part) ran it at 85.4% in the seventh session; it keeps the part's exponentials, fp32,
+and write their part) ran it at 85.4% in the 2026-11-24 "softmax rows split across programs"; it keeps the part's
+exponentials, fp32,
 across the wait. Cross-entropy's split kernel reached 90% at 128256 by keeping only the 16-bit part
 across the wait (the exponentials made again after it from the part's bits: `_widen_by_bits`, which
 the compiler cannot merge with the first widening) and capping the registers so more programs fit a
 SM. Here the softmax gets the same: parts of 8192 or 16384 bf16, 4 warps, registers capped at 64-128,
 against the package, on lesson 4's clock (`bench.time_ms`) and the GPU's (`bench.queued_ms`), each
-checked against torch first. The "max by key" variants (written at the end of the eighteenth session,
+checked against torch first. The "max by key" variants (written at the end of the 2026-11-25 "programmatic dependent
+launch between a call's own kernels",
 not yet run on a GPU) take the part's maximum from its 16-bit patterns, so that no fp32 copy of the
 part is alive at once: the reason the first variants spilled (notes_softmax.md).
 """

@@ -1,10 +1,11 @@
 """Probe: where the persistent softmax's time goes at 32768 wide, and rows handed out as they are asked
-for (nineteenth session; benchmarks/notes_softmax.md).
+for (2026-11-26 "the H200's 32768-wide softmax on a timeline"; benchmarks/notes_softmax.md).
 
     PYTHONPATH=. python3 benchmarks/probe_softmax_timeline.py [--quick]
 
 Lesson 4's one miss: the H200's 4096 x 32768 bf16 softmax at 87.7% of copy (bar 90%). Fitting the
-fifteenth session's times at 2048-16384 rows to ``a + b * rows`` gives a marginal rate of 93-95% of
+2026-11-25 "the H200's two open misses, measured further" section's times at 2048-16384 rows to ``a + b * rows`` gives
+a marginal rate of 93-95% of
 copy and a fixed cost of about 7 us a call, where a copy of the same bytes has about 1.3 us. Two
 candidates for those 7 us: (1) the fill and the drain of the row pipeline (nothing written until each
 program's first row has arrived; nothing read while the last rows are written); (2) rows dealt out in
@@ -19,8 +20,9 @@ taken from a counter (an atomic ticket a row, or a ticket one row ahead: a progr
 faster takes more rows), and rows dealt for all but the last rounds, then counted. Every variant is
 checked against float64 first and the counter checked back at 0 after every call; shares of copy by
 two trips (read x, write y); the GPU clock (``bench.queued_ms``) and lesson 4's (``bench.time_ms``),
-variants timed in turn, medians of 7. What it measured on an H200: notes_softmax.md, nineteenth
-session (the rows stream at 97% of copy once started; the first row's 5 us and the slowest SMs' 6-7 us
+variants timed in turn, medians of 7. What it measured on an H200: notes_softmax.md,
+2026-11-26 "where the 32768-wide rows' time goes" (the rows stream at 97% of copy once started; the first row's 5 us
+and the slowest SMs' 6-7 us
 are the rest; counted rows lose the loads ahead and run at 70-74%).
 """
 

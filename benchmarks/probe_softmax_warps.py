@@ -1,4 +1,5 @@
-"""Probe: warps and programs of the persistent 32768-wide softmax (nineteenth session; notes_softmax.md).
+"""Probe: warps and programs of the persistent 32768-wide softmax (2026-11-26 "the H200's 32768-wide softmax on a
+timeline"; notes_softmax.md).
 
     PYTHONPATH=. python3 benchmarks/probe_softmax_warps.py [--widths]
 

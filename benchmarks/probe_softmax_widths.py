@@ -1,4 +1,5 @@
-"""Probe: the softmax forward at awkward row widths (benchmarks/notes_softmax.md, ninth session).
+"""Probe: the softmax forward at awkward row widths (benchmarks/notes_softmax.md, 2026-11-24 "widths that are not
+powers of two").
 
     PYTHONPATH=. python3 benchmarks/probe_softmax_widths.py [5000,5120 ...: these widths only]
 

@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python3 benchmarks/probe_split_rows.py [--out $OUT] [--quick]
 
-The question (benchmarks/NOTES.md, seventh session): softmax rows wider than one tile are read twice
+The question (benchmarks/NOTES.md, 2026-11-24 "softmax rows split across programs"): softmax rows wider than one tile
+are read twice
 (the online path), and cross-entropy rows wider than the head are read twice (sweep 2's re-read from
 L2); on an H200 both stop near 75-88% of copy. If a row's S chunks are each held in registers by
 their own program, and the S programs exchange their partial (max, sum) through a small buffer,

@@ -1,4 +1,5 @@
-"""Cross-entropy's reference and launch shape, swept on a GPU (benchmarks/notes_lesson5.md, fourth session).
+"""Cross-entropy's reference and launch shape, swept on a GPU (benchmarks/notes_lesson5.md, 2026-11-24 "why cross-
+entropy stopped near 80%, and the fixed reference").
 
     PYTHONPATH=. python3 benchmarks/tune_ce.py --out $OUT [--budget 400]
     PYTHONPATH=. python3 benchmarks/tune_ce.py --one 8192 128256 0|1   (a few calls, for ncu to profile)

@@ -49,7 +49,8 @@ for rows, n in SHAPES:
         configs.append({"row_stages": 3})
         configs.append({"row_stages": 4})
     if WIDE:  # (the --odd sweep stopped at 16 warps; the default here is 32 with no row stage)
-        configs += [{"BLOCK_N": 16384, "num_warps": 32}]  # one tile, no head and tail (the ninth session's)
+        # one tile, no head and tail (notes_norms.md, 2026-11-24 "the RMSNorm backward three row stages deep")
+        configs += [{"BLOCK_N": 16384, "num_warps": 32}]
         configs += [{"num_warps": 32, "row_stages": 1}]  # head and tail with the one tile's warps
         configs += [{"row_stages": 2}, {"row_stages": 2, "programs": min(rows, 2 * sms)}]
         configs += [{"num_warps": 16, "row_stages": 2}, {"programs": min(rows, 2 * sms)}]
