@@ -40,7 +40,7 @@ for dt in (torch.float32, torch.bfloat16):
 " 2>&1 | tee "$OUT/instructions.log" ;;
     pack) # the device returns at most 8 files: everything in one archive
           tar -C "$OUT" -czf /tmp/out.tgz . && find "$OUT" -mindepth 1 -delete && mv /tmp/out.tgz "$OUT/out.tgz" ;;
-    tune) [ -f benchmarks/tune.py ] && timeout 300 python3 benchmarks/tune.py 2>&1 | tee "$OUT/tune.log" | tail -40 ;;
+    tune) [ -f benchmarks/probes/tune.py ] && timeout 300 python3 benchmarks/probes/tune.py 2>&1 | tee "$OUT/tune.log" | tail -40 ;;
     generated) python3 -m fusionlab.lessons.l3.generated_code --save "$OUT/generated" 2>&1 | tail -5 \
                  && tar -C "$OUT" -czf "$OUT/generated.tgz" generated && rm -rf "$OUT/generated" ;;
     execute) # run every lesson and solution here, as a learner would, and bring the outputs back
