@@ -66,3 +66,16 @@ def test_a_superseded_run_is_found(tmp_path, monkeypatch):
     (tmp_path / "zz-newest.json").write_text(json.dumps(newest.to_json()))
     monkeypatch.setattr(bench, "RECORDED_DIR", tmp_path)
     assert unread_files() == ["zz-superseded-2000-01-01.json"]
+
+
+def test_every_profiler_recording_is_read():
+    # lesson 1 reads the newest ncu recording of each device (fusionlab.lessons.l1.traffic.recorded)
+    from fusionlab.lessons.l1 import traffic
+
+    files = sorted(traffic.TRAFFIC_DIR.glob("*.json")) if traffic.TRAFFIC_DIR.is_dir() else []
+    read = set()
+    for p in files:
+        device = json.loads(p.read_text())["meta"]["device"]
+        newest = traffic.recorded(device)
+        read |= {q for q in files if json.loads(q.read_text())["meta"] == newest.meta}
+    assert set(files) == read, f"superseded profiler recordings: {sorted(q.name for q in set(files) - read)}"

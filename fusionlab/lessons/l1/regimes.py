@@ -1,6 +1,6 @@
 """Lesson 1's size sweep: the three regimes a learner meets, on ``cos(cos(x))`` in fp32.
 
-From 4 KiB to 1 GiB, eager ``x.cos().cos()`` (two launches), ``torch.compile`` and the fused Triton
+From 4 KiB to 1 GiB (:data:`LOG2_SIZES`), eager ``x.cos().cos()`` (two launches), ``torch.compile`` and the fused Triton
 kernel, each timed per call back to back (what a loop of calls costs: host and GPU together) and by
 ``do_bench`` (GPU time, L2 flushed between calls):
 
@@ -140,7 +140,12 @@ def launch_costs_here_or_recorded(device: str | None = None) -> tuple[list[dict]
     return data["small"], _recorded_label(data["meta"])
 
 
-def sweep(log2_sizes=range(10, 29, 2)) -> list[dict]:
+#: 2**k fp32 elements, 4 KiB to 1 GiB by fours, and 32 MiB: a point inside the L2-resident band of an H100
+#: or H200 (their L2 is 50 and 60 MiB; at 16 MiB a call is still launch-bound)
+LOG2_SIZES = (10, 12, 14, 16, 18, 20, 22, 23, 24, 26, 28)
+
+
+def sweep(log2_sizes=LOG2_SIZES) -> list[dict]:
     """Time the three cases at 2**k fp32 elements for each k (GPU only)."""
     rows = []
     for log2 in log2_sizes:
@@ -199,6 +204,12 @@ def measure(device: str | None = None) -> Regimes:
         return _from_rows(sweep(), l2, bench.source_label(), True, bench.metadata())
     data = recorded_sweep(device)
     return _from_rows(data["sweep"], data["L2_bytes"], _recorded_label(data["meta"]), False, data["meta"])
+
+
+def inside_l2_band(reg: Regimes) -> list[int]:
+    """The sizes of a sweep past the launch-bound regime and inside the L2: the band where eager's
+    intermediate can be served by the L2. Empty for a recording made before :data:`LOG2_SIZES` had one."""
+    return [b for b in reg.bytes if reg.launch_bytes < b < reg.l2_bytes]
 
 
 def _recorded_label(m: dict) -> str:
