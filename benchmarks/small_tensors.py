@@ -1,6 +1,9 @@
 """Three regimes on one GPU: launch-bound small tensors, L2-resident intermediates, HBM-bound large ones.
 
-    PYTHONPATH=. python3 benchmarks/small_tensors.py [--out results.json]
+    PYTHONPATH=. python3 benchmarks/small_tensors.py [--out FILE]
+
+writes lesson 1's recording, ``fusionlab/lessons/l1/regimes-<device>-<date>.json`` unless ``--out`` says
+otherwise (lesson 1 reads the newest file of its device).
 
 1. Per call, back to back (the launch-bound regime): for bias + GELU and cos·cos in bf16 at 8 x 4096,
    128 x 11008 and 1024 x 4096, the wall time of 1000 calls in a row divided by 1000 (host time per
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+from pathlib import Path
 
 import torch
 
@@ -66,12 +71,15 @@ def sweep(out: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="small_tensors.json")
+    ap.add_argument("--out", default=None, help="default: fusionlab/lessons/l1/regimes-<device>-<date>.json")
     args = ap.parse_args()
     if not runtime.is_gpu():
         raise SystemExit("needs a GPU Triton supports")
     out = {"meta": bench.metadata(), "L2_bytes": torch.cuda.get_device_properties(0).L2_cache_size}
     out["meta"]["command"] = "python3 benchmarks/small_tensors.py"
+    if args.out is None:
+        slug = re.sub(r"[^a-z0-9]+", "-", out["meta"]["device"].lower()).strip("-")
+        args.out = str(Path(regimes.__file__).parent / f"regimes-{slug}-{out['meta']['date']}.json")
     small(out)
     sweep(out)
     with open(args.out, "w") as f:
