@@ -22,7 +22,7 @@ is the course's ceiling (``y.copy_(x)``). Each size and case runs once in a chil
 The child prints the order of its windows; the parent reads ncu's CSV (one row a metric a kernel, values
 with thousands separators), assigns the kernels to the windows in order, and writes one JSON file for the
 lesson: ``fusionlab/recorded/l2_traffic/<device>-<date>.json``, with device, date and versions.
-GPU only; about three minutes on an H100.
+GPU only; a few minutes on an H100 (each pass of the profiler reruns the child).
 """
 
 from __future__ import annotations
@@ -94,9 +94,11 @@ def parse_ncu_csv(text: str) -> list[dict]:
 
 
 def profile(ncu: str, mode: str) -> list[dict]:
+    # application replay: when the counters need several passes, each pass reruns the whole child, so
+    # every pass sees the L2 as the program left it (kernel replay restores memory between passes)
     cmd = [
-        ncu, "--profile-from-start", "off", "--cache-control", MODES[mode], "--metrics", ",".join(METRICS),
-        "--csv", "--print-units", "base", sys.executable, __file__, "--child",
+        ncu, "--profile-from-start", "off", "--cache-control", MODES[mode], "--replay-mode", "application",
+        "--metrics", ",".join(METRICS), "--csv", "--print-units", "base", sys.executable, __file__, "--child",
     ]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
     if out.returncode != 0:
