@@ -86,3 +86,15 @@ def test_a_recording_is_read_and_its_shares_computed(tmp_path):
     assert traffic.recorded("H200", directory=tmp_path) is None
     with pytest.raises(KeyError):
         t.row("copy", n)
+
+
+def test_the_regimes_sweep_has_a_size_inside_each_recorded_l2_band():
+    # lesson 1's chart needs a point between the launch-bound sizes and the L2's size on every GPU it shows
+    from fusionlab.lessons.l1 import regimes
+
+    for path in regimes.RECORDED_FILES:
+        data = json.loads(path.read_text())
+        reg = regimes.measure(data["meta"]["device"])
+        sizes = [4 * 2**k for k in regimes.LOG2_SIZES]
+        inside = [b for b in sizes if reg.launch_bytes < b < data["L2_bytes"]]
+        assert inside, f"{path.name}: no size of the sweep lies in ({reg.launch_bytes}, {data['L2_bytes']}) bytes"
