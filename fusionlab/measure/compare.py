@@ -1,0 +1,36 @@
+"""Measured trips beside the ledger's prediction, tensor by tensor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ledger import Ledger
+
+
+@dataclass(frozen=True)
+class TripCheck:
+    """One tensor's trips in one direction: what the ledger predicts and what was counted."""
+
+    tensor: str
+    direction: str
+    predicted: int
+    measured: int
+
+    @property
+    def difference(self) -> int:
+        return self.measured - self.predicted
+
+
+def ledger_by_tensor(led: Ledger, fused: bool = True) -> dict[tuple[str, str], int]:
+    """The ledger's bytes by ``(tensor, direction)`` (re-reads and every step of a schedule added up)."""
+    out: dict[tuple[str, str], int] = {}
+    for t in led.trips(fused):
+        out[t.tensor, t.direction] = out.get((t.tensor, t.direction), 0) + t.nbytes
+    return out
+
+
+def against_ledger(measured: dict[tuple[str, str], int], led: Ledger, fused: bool = True) -> list[TripCheck]:
+    """Every ``(tensor, direction)`` either side names, the ledger's first, then any it does not have."""
+    predicted = ledger_by_tensor(led, fused)
+    keys = list(predicted) + [k for k in measured if k not in predicted]
+    return [TripCheck(t, d, predicted.get((t, d), 0), measured.get((t, d), 0)) for t, d in keys]
