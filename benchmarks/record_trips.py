@@ -3,8 +3,8 @@
     python benchmarks/record_trips.py                          # every lesson, into fusionlab/recorded/trips/
     python benchmarks/record_trips.py lesson1 lesson4 --out $OUT
 
-For each case of each lesson's suite (``fusionlab/lessons/lN/suite.py``, peak-memory cases left out) it
-writes the ledger's bytes (the fused schedule's, ``ledger_bytes``; the case's own schedule's,
+For each case of each lesson's suite (its ``suite.py`` in ``fusionlab/lessons/``; peak-memory cases left
+out) it writes the ledger's bytes (the fused schedule's, ``ledger_bytes``; the case's own schedule's,
 ``schedule_bytes``) beside the DRAM bytes read and written, the L2 bytes and the time of each kernel the
 case launches, with caches flushed before each kernel and (under ``"none"``) without: one JSON file per
 suite, named after the device, the date and the suite, which ``python -m fusionlab.benchcli`` shows

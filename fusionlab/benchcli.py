@@ -4,8 +4,8 @@
     python -m fusionlab.benchcli --lesson 4 --op rmsnorm
     python -m fusionlab.benchcli --lesson 1 --ncu     # also DRAM bytes from Nsight Compute's counters
 
-On a GPU Triton supports, each lesson's suite (``fusionlab/lessons/lN/suite.py``, the cases the lesson
-times: eager, ``torch.compile``, cuBLAS/SDPA where the lesson has them, and the course's kernels) is
+On a GPU Triton supports, each lesson's suite (its ``suite.py`` in ``fusionlab/lessons/``: the cases
+the lesson times: eager, ``torch.compile``, cuBLAS/SDPA where the lesson has them, and the course's kernels) is
 timed here, once each, with a progress bar; each case is shown as a percentage of the measured copy
 bandwidth (memory-bound work) and of the measured matmul rate (cases with FLOPs), beside the bytes its
 ledger says the fused schedule must move and, with ``--ncu``, the DRAM bytes the counters saw (caches
@@ -34,6 +34,9 @@ from pathlib import Path
 from . import bench, runtime
 from .ledger import human_bytes
 from .lessons import SUITES, suite_module
+from .measure import ncu
+from .viz import roofline_figure
+from .viz._style import png
 
 #: groups whose ``nbytes`` is not traffic (peak memory allocated): no bandwidth, no trips
 NOT_TRAFFIC = frozenset({"peak memory"})
@@ -155,9 +158,6 @@ def roofline_points(rows: list[dict], roofs: list[tuple[str, float]]) -> list[tu
 def roofline_png(rows: list[dict], ceil: bench.Ceilings, label: str, path: Path) -> int:
     """The cases' roofline (:func:`roofline_points`) under this GPU's two ceilings, as a PNG; returns how
     many points it drew (none: no PNG)."""
-    from .viz import roofline_figure
-    from .viz._style import png
-
     roofs = [("tensor cores, " + ceil.matmul_dtype + " matmul", ceil.matmul_TFLOPs)]
     if ceil.vector_TFLOPs:
         roofs.append(("vector units, fp32 FMA", ceil.vector_TFLOPs))
@@ -179,8 +179,6 @@ def suite_thunk(suite: str, *names: str):
     """The ncu target for a suite (:func:`fusionlab.measure.ncu.profile`): builds the suite's cases (those
     named, or all but peak-memory ones), writes their names and schedule bytes to the file named by
     ``FUSIONLAB_NCU_CASES``, and returns a thunk that runs each once after the marker kernel."""
-    from .measure import ncu
-
     make_cases = suite_module(suite).cases
     cases = [c for c in make_cases(**schedule_kwargs(make_cases)) if c.group not in NOT_TRAFFIC]
     if names:
@@ -208,8 +206,6 @@ def measure_trips(suite: str, names=(), cache_controls=("all",), timeout: float 
     """Counters of each case of ``suite`` (those named, or all): ``{case: {"dram_read", "dram_write",
     "l2_bytes", "time_ns", "ledger_bytes", "schedule_bytes", "kernels": [...]}}``, with a ``"none"``
     entry of the same counters when ``cache_controls`` has it."""
-    from .measure import ncu
-
     out: dict[str, dict] = {}
     for cc in cache_controls:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
@@ -288,8 +284,6 @@ def live(suites, op, use_ncu: bool) -> tuple[dict, bench.Ceilings, str]:
         torch.cuda.empty_cache()
         trips = None
         if use_ncu and names:
-            from .measure import ncu
-
             try:
                 print(f"  counting {suite}'s trips under Nsight Compute...", file=sys.stderr, flush=True)
                 trips = measure_trips(suite, names)
@@ -348,9 +342,9 @@ def main(argv=None) -> int:
     js.write_text(json.dumps({"source": source, "label": label, "ceilings": asdict(ceil), "suites": results}, indent=1))
     print(f"\nwrote {js}")
     for suite, rows in results.items():
-        png = a.out / f"{stem.removesuffix(f'-lesson{a.lesson}')}-{suite}-roofline.png"
-        if drawn := roofline_png(rows, ceil, f"{suite}, " + label.split(" — ")[0], png):
-            print(f"wrote {png} ({drawn} cases on this GPU's two ceilings)")
+        path = a.out / f"bench-{source}-{date}-{suite}-roofline.png"
+        if drawn := roofline_png(rows, ceil, f"{suite}, " + label.split(" — ")[0], path):
+            print(f"wrote {path} ({drawn} cases on this GPU's two ceilings)")
     return 0
 
 

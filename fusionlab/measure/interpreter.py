@@ -21,6 +21,7 @@ dropped and the launch's final run kept.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -121,8 +122,6 @@ class InterpreterTrips:
             into[name] = into.get(name, 0) + lanes * size
 
     def __enter__(self):
-        import contextlib
-
         self._hooks = contextlib.ExitStack()
         self._hooks.enter_context(_triton.launch_hook(self._on_launch))
         self._hooks.enter_context(_triton.memory_hook(self._on_access, self._on_grid))

@@ -34,6 +34,7 @@ interpreter count are what Colab has.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import importlib
 import io
@@ -47,6 +48,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..ledger import human_bytes
+
+try:  # the marker kernel needs Triton, which is optional (no wheels for macOS or Windows)
+    from ._marker import _fusionlab_case_marker
+except ImportError:
+    _fusionlab_case_marker = None
 
 DRAM_READ, DRAM_WRITE, L2_BYTES, TIME = (
     "dram__bytes_read.sum",
@@ -326,8 +332,6 @@ def marker() -> None:
     import torch
 
     if not _MARKER_KERNEL:
-        from ._marker import _fusionlab_case_marker
-
         _MARKER_KERNEL.extend((_fusionlab_case_marker, torch.zeros(1, device="cuda", dtype=torch.int32)))
     kernel, buf = _MARKER_KERNEL
     kernel[(1,)](buf)
@@ -369,8 +373,6 @@ def _child(target: str, args: list[str]) -> int:
 
 
 def main(argv=None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(description="Profile a target's kernels under Nsight Compute.")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cache-control", choices=CACHE_CONTROLS, default="all")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels import cos as _cos
+
 
 def _x(numel: str) -> torch.Tensor:
     return torch.randn(int(numel), device="cuda")
@@ -15,15 +17,11 @@ def _x(numel: str) -> torch.Tensor:
 
 def cos_cos_eager(numel: str):
     """Eager ``x.cos().cos()`` on ``numel`` fp32 elements: two kernels."""
-    from ..kernels.cos import cos_cos_eager as fn
-
     x = _x(numel)
-    return lambda: fn(x)
+    return lambda: _cos.cos_cos_eager(x)
 
 
 def cos_cos_fused(numel: str):
     """The fused Triton ``cos_cos`` on ``numel`` fp32 elements: one kernel."""
-    from ..kernels.cos import cos_cos
-
     x = _x(numel)
-    return lambda: cos_cos(x)
+    return lambda: _cos.cos_cos(x)
