@@ -7,6 +7,26 @@ from dataclasses import dataclass
 from ..ledger import Ledger
 
 
+class Totals:
+    """``read_bytes``, ``write_bytes`` and ``nbytes`` of a count made of parts (kernels, ops), each with its
+    own ``read_bytes`` and ``write_bytes``: a subclass says which in ``_parts()``."""
+
+    def _parts(self):
+        raise NotImplementedError
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(p.read_bytes for p in self._parts())
+
+    @property
+    def write_bytes(self) -> int:
+        return sum(p.write_bytes for p in self._parts())
+
+    @property
+    def nbytes(self) -> int:
+        return self.read_bytes + self.write_bytes
+
+
 @dataclass(frozen=True)
 class TripCheck:
     """One tensor's trips in one direction: what the ledger predicts and what was counted."""

@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import _triton
 from ..ledger import READ, WRITE, human_bytes
+from .compare import Totals
 
 #: the tensor name for an address inside no tensor argument of the launch
 UNKNOWN = "?"
@@ -90,7 +91,7 @@ class _Ranges:
         return out
 
 
-class InterpreterTrips:
+class InterpreterTrips(Totals):
     """Count the bytes of every load and store of every Triton kernel launched inside a ``with`` block,
     in Triton's interpreter (``fusionlab.runtime`` in interpreter mode). ``kernels``: one
     :class:`KernelTrips` per launch, in launch order. On a GPU nothing is interpreted and nothing is
@@ -132,17 +133,8 @@ class InterpreterTrips:
         return hooks.__exit__(*exc)
 
     # -- reading the count -------------------------------------------------------------------------
-    @property
-    def read_bytes(self) -> int:
-        return sum(k.read_bytes for k in self.kernels)
-
-    @property
-    def write_bytes(self) -> int:
-        return sum(k.write_bytes for k in self.kernels)
-
-    @property
-    def nbytes(self) -> int:
-        return self.read_bytes + self.write_bytes
+    def _parts(self):
+        return self.kernels
 
     def by_tensor(self, names: dict[str, str] | None = None) -> dict[tuple[str, str], int]:
         """Bytes by ``(tensor, direction)`` over every launch, each kernel parameter named as the ledger

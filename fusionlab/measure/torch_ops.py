@@ -25,6 +25,7 @@ import torch
 
 from ..instrument import FREE, PASSES, LaunchCounter, op_name
 from ..ledger import human_bytes
+from .compare import Totals
 
 #: ops whose first argument is only written (its old contents are never read)
 WRITE_ONLY_FIRST = frozenset({"copy_", "fill_", "zero_", "_copy_from", "_copy_from_and_resize"})
@@ -78,7 +79,7 @@ def op_trips(func, args, kwargs, out) -> OpTrips:
     return OpTrips(name, kind, sum(map(tensor_bytes, inputs)), sum(map(tensor_bytes, outputs)))
 
 
-class TorchTrips(LaunchCounter):
+class TorchTrips(LaunchCounter, Totals):
     """Count the bytes of every aten op inside a ``with`` block (and, as a LaunchCounter, every Triton
     launch). ``ops``: one :class:`OpTrips` per op that moves data, in order."""
 
@@ -94,17 +95,8 @@ class TorchTrips(LaunchCounter):
                 self.ops.append(trips)
         return out
 
-    @property
-    def read_bytes(self) -> int:
-        return sum(o.read_bytes for o in self.ops)
-
-    @property
-    def write_bytes(self) -> int:
-        return sum(o.write_bytes for o in self.ops)
-
-    @property
-    def nbytes(self) -> int:
-        return self.read_bytes + self.write_bytes
+    def _parts(self):
+        return self.ops
 
     def table(self) -> str:
         lines = [f"{'op':<24} {'kind':<8} {'read':>12} {'written':>12}"]
