@@ -69,6 +69,10 @@ def test_the_command_profiles_only_the_window_and_names_the_cache_control(monkey
     cmd = ncu.command("fusionlab.measure.targets:cos_cos_eager", ["1024"], cache_control="none")
     assert cmd[0] == str(fake) and cmd[cmd.index("--cache-control") + 1] == "none"
     assert cmd[cmd.index("--profile-from-start") + 1] == "off"
+    # unflushed, a kernel replayed alone would find its own input in L2: the program is replayed instead
+    assert cmd[cmd.index("--replay-mode") + 1] == "application"
+    flushed = ncu.command("m:f", cache_control="all")
+    assert flushed[flushed.index("--replay-mode") + 1] == "kernel"
     assert cmd[-3:] == ["--child", "fusionlab.measure.targets:cos_cos_eager", "1024"]
     with pytest.raises(ValueError, match="cache_control"):
         ncu.command("m:f", cache_control="some")

@@ -10,10 +10,13 @@ launch, the counters of :data:`METRICS`:
 
 ``cache_control="all"`` (ncu's default) flushes every cache before each kernel, so a kernel's reads start
 from HBM; ``"none"`` leaves them: a kernel that reads what the one before it just wrote finds it in L2,
-and its DRAM reads drop (the regime :func:`profile_both` sets beside the flushed one). ``ncu`` replays a
-kernel once per group of counters it cannot collect together, restoring memory in between, so a kernel's
-numbers are of one launch whatever the pass count. ``--clock-control none`` leaves the GPU's clocks as
-they are (ncu locks them to base by default, which slows the time but not the bytes).
+and its DRAM reads drop (the regime :func:`profile_both` sets beside the flushed one). ``ncu`` may need
+several passes to collect the counters: flushed, it replays each kernel alone (memory restored between
+passes, so a kernel's numbers are of one launch whatever the pass count); unflushed, a kernel replayed
+alone would find its own input in L2 from its previous pass, so the whole program is run again for each
+pass instead (``--replay-mode application``) and every kernel finds L2 as the kernel before it left it.
+``--clock-control none`` leaves the GPU's clocks as they are (ncu locks them to base by default, which
+slows the time but not the bytes).
 
 **What is profiled.** A target is ``"package.module:function"``, an importable function: called with
 the given string arguments, it builds its inputs and returns a callable, the *thunk*, which is run once
@@ -268,6 +271,8 @@ def command(
         "base",
         "--cache-control",
         cache_control,
+        "--replay-mode",
+        "kernel" if cache_control == "all" else "application",
         "--clock-control",
         "none",
         "--profile-from-start",
