@@ -20,6 +20,7 @@ from fusionlab.kernels.cos import cos, cos_cos, cos_cos_ledger
 from fusionlab.kernels.cross_entropy import cross_entropy, cross_entropy_ledger
 from fusionlab.kernels.fma_chain import fma_chain, fma_chain_ledger
 from fusionlab.kernels.layernorm import layernorm, layernorm_ledger
+from fusionlab.kernels.matmul import matmul, matmul_config, matmul_ledger
 from fusionlab.kernels.rmsnorm import rmsnorm, rmsnorm_ledger
 from fusionlab.kernels.softmax import softmax, softmax_ledger
 from fusionlab.kernels.swiglu import swiglu, swiglu_ledger
@@ -65,6 +66,9 @@ def _cases():
     wide = torch.randn(4, 20_000)  # past the interpreter's one-tile width: read twice
     logits, target = torch.randn(16, 1000, requires_grad=True), torch.randint(0, 1000, (16,))
     T = 16
+    a, bm = torch.randn(96, 64), torch.randn(64, 80)
+    mm = matmul_config(96, 80, 64, F32)
+    assert mm["BLOCK_M"] < 96 and mm["BLOCK_N"] < 80  # several tiles each way: the re-reads show
     shift = {("x", READ): R * 4}  # layernorm loads x[row, 0], its shift, besides the row (same cache line)
     no_grad = torch.no_grad
     # (id, thunk, ledger, kernel parameter -> ledger name, ledger tensors one buffer holds, extra bytes)
@@ -151,6 +155,15 @@ def _cases():
             None,
             {},
         ),
+        # lesson 6, past the bar: the matmul's tile re-reads, A once per column of tiles, B once per row
+        (
+            "l6 matmul, tile re-reads",
+            lambda: matmul(a, bm),
+            matmul_ledger(96, 80, 64, mm["BLOCK_M"], mm["BLOCK_N"], F32),
+            {"a_ptr": "A", "b_ptr": "B", "c_ptr": "C"},
+            None,
+            {},
+        ),
         # the ledger leaves out the loss's bookkeeping and says so (cross_entropy_ledger's docstring): a
         # prologue reads the targets again to count the rows (and writes that count, read by every row and
         # the finish), each row writes its loss for the finish to sum, and the backward reads the incoming
@@ -185,8 +198,9 @@ def test_interpreter_count_is_the_ledger(case):
         thunk()
     # the cross-entropy's per-row loss buffer is called loss_ptr, the ledger's loss is the one output
     names = {"loss_ptr": "loss_ptr", **names}
-    measured = t.by_tensor(names)
-    predicted = {(c.tensor, c.direction): c.predicted for c in against_ledger({}, led)}
+    checks = against_ledger(t.by_tensor(names), led)
+    measured = {(c.tensor, c.direction): c.measured for c in checks}
+    predicted = {(c.tensor, c.direction): c.predicted for c in checks}
     if merged:
         predicted = _merge(predicted, merged, "dw+db")
     for key, n in extra.items():
@@ -218,6 +232,20 @@ def test_masked_lanes_do_not_count_and_each_launch_is_its_own():
     assert first.name == "_masked_copy"
     assert first.reads == {"x_ptr": 51 * 8} and first.writes == {"y_ptr": 51 * 8}
     assert second.reads == {"x_ptr": 25 * 8} and t.nbytes == 2 * (51 + 25) * 8
+
+
+def test_one_tensor_given_to_two_parameters_is_named_after_both():
+    x = torch.randn(64, dtype=torch.float64)
+    with InterpreterTrips() as t:
+        _launch_masked(x, x)  # in place: x_ptr and y_ptr are one buffer, the addresses cannot tell which
+    assert t.kernels[0].reads == {"x_ptr|y_ptr": 32 * 8} and t.kernels[0].writes == {"x_ptr|y_ptr": 32 * 8}
+    assert t.by_tensor() == {("x|y", "read"): 256, ("x|y", "write"): 256}
+    # beside a ledger, a group takes the name of its one member the ledger knows
+    led = Ledger(dtype_bytes=8).op("copy", reads={"x": 32}, writes={"x": 32})
+    assert [(c.tensor, c.predicted, c.measured) for c in against_ledger(t.by_tensor(), led)] == [
+        ("x", 256, 256),
+        ("x", 256, 256),
+    ]
 
 
 def test_the_hook_is_reversible_even_after_an_error():

@@ -49,8 +49,22 @@ def ledger_by_tensor(led: Ledger, fused: bool = True) -> dict[tuple[str, str], i
     return out
 
 
+def resolve_aliases(measured: dict[tuple[str, str], int], known) -> dict[tuple[str, str], int]:
+    """Name each group of parameters that were given one tensor (``"h|y"``: a launcher's placeholder for
+    a pointer its kernel leaves unused) after its one member in ``known`` (the ``(tensor, direction)``
+    pairs of a ledger); a group with none or several such members keeps its name."""
+    out: dict[tuple[str, str], int] = {}
+    for (t, d), n in measured.items():
+        if "|" in t and len(hits := [p for p in t.split("|") if (p, d) in known]) == 1:
+            t = hits[0]
+        out[t, d] = out.get((t, d), 0) + n
+    return out
+
+
 def against_ledger(measured: dict[tuple[str, str], int], led: Ledger, fused: bool = True) -> list[TripCheck]:
-    """Every ``(tensor, direction)`` either side names, the ledger's first, then any it does not have."""
+    """Every ``(tensor, direction)`` either side names, the ledger's first, then any it does not have
+    (measured groups of aliased parameters named by :func:`resolve_aliases`)."""
     predicted = ledger_by_tensor(led, fused)
+    measured = resolve_aliases(measured, predicted)
     keys = list(predicted) + [k for k in measured if k not in predicted]
     return [TripCheck(t, d, predicted.get((t, d), 0), measured.get((t, d), 0)) for t, d in keys]

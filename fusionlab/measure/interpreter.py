@@ -68,26 +68,32 @@ class KernelTrips:
 
 
 class _Ranges:
-    """Address ranges of a launch's tensor arguments, looked up a whole array of addresses at a time."""
+    """Address ranges of a launch's tensor arguments, looked up a whole array of addresses at a time.
+
+    A launcher may pass one tensor to several parameters (a placeholder for a pointer the kernel's
+    flags leave unused, or an in-place kernel's input and output): the addresses cannot tell which
+    parameter a load went through, so such bytes are named after all of them, ``"h_ptr|y_ptr"``. Where
+    arguments only partly overlap (two views of one buffer), the parameter listed first keeps the
+    bytes both cover."""
 
     def __init__(self, names, tensors):
-        spans = sorted((*_extent(t), n) for n, t in zip(names, tensors, strict=True) if t.numel())
-        # two arguments over the same bytes (an in-place kernel given one tensor twice): the first keeps them
-        self.starts = np.array([s for s, _, _ in spans], dtype=np.uint64)
-        self.ends = np.array([e for _, e, _ in spans], dtype=np.uint64)
-        self.names = [n for _, _, n in spans]
+        spans: dict[tuple[int, int], list[str]] = {}
+        for n, t in zip(names, tensors, strict=True):
+            if t.numel():
+                spans.setdefault(_extent(t), []).append(n)
+        self.starts = np.array([s for s, _ in spans], dtype=np.uint64)
+        self.ends = np.array([e for _, e in spans], dtype=np.uint64)
+        self.names = ["|".join(ns) for ns in spans.values()]
 
     def count(self, addrs: np.ndarray) -> dict[str, int]:
         """Lanes per tensor name."""
-        if addrs.size == 0:
-            return {}
-        idx = np.searchsorted(self.starts, addrs, side="right") - 1
-        inside = (idx >= 0) & (addrs < self.ends[np.clip(idx, 0, None)]) if len(self.starts) else idx < -1
+        owner = np.full(addrs.shape, -1)
+        for i, (start, end) in enumerate(zip(self.starts, self.ends, strict=True)):
+            owner[(owner < 0) & (addrs >= start) & (addrs < end)] = i
         out: dict[str, int] = {}
-        for i, n in zip(*np.unique(idx[inside], return_counts=True), strict=True):
-            out[self.names[i]] = out.get(self.names[i], 0) + int(n)
-        if (missed := int(addrs.size - inside.sum())) > 0:
-            out[UNKNOWN] = missed
+        for i, n in zip(*np.unique(owner, return_counts=True), strict=True):
+            name = self.names[i] if i >= 0 else UNKNOWN
+            out[name] = out.get(name, 0) + int(n)
         return out
 
 
@@ -138,13 +144,16 @@ class InterpreterTrips(Totals):
 
     def by_tensor(self, names: dict[str, str] | None = None) -> dict[tuple[str, str], int]:
         """Bytes by ``(tensor, direction)`` over every launch, each kernel parameter named as the ledger
-        names its tensor: ``names`` maps a parameter name to a ledger name (``{"part_ptr": "dw_partial"}``);
-        any other parameter loses a trailing ``_ptr`` (``x_ptr`` is ``x``). Parameters mapped to the same
-        name add up."""
+        names its tensor: ``names`` maps a parameter name (or a group of parameters given one tensor,
+        ``"h_ptr|y_ptr"``) to a ledger name (``{"part_ptr": "dw_partial"}``); any other parameter loses a
+        trailing ``_ptr`` (``x_ptr`` is ``x``, ``h_ptr|y_ptr`` is ``h|y``). Names mapped to one ledger
+        name add up. :func:`fusionlab.measure.compare.against_ledger` names a group after the one member
+        the ledger knows."""
         out: dict[tuple[str, str], int] = {}
         for k in self.kernels:
             for t, d, n in k.trips():
-                name = (names or {}).get(t, t.removesuffix("_ptr"))
+                names = names or {}
+                name = names.get(t) or "|".join(names.get(p, p.removesuffix("_ptr")) for p in t.split("|"))
                 out[name, d] = out.get((name, d), 0) + n
         return out
 
