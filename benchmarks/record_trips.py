@@ -30,6 +30,7 @@ def main(argv=None) -> int:
     ap.add_argument("suites", nargs="*", default=list(SUITES))
     ap.add_argument("--out", type=Path, default=benchcli.TRIPS_DIR)
     ap.add_argument("--timeout", type=float, default=600, help="seconds per ncu run")
+    ap.add_argument("--flushed-only", action="store_true", help="skip the unflushed run (it replays the program)")
     a = ap.parse_args(argv)
     if not runtime.is_gpu():
         print(f"record_trips needs a GPU Triton supports ({runtime.REASON}).", file=sys.stderr)
@@ -43,7 +44,8 @@ def main(argv=None) -> int:
     for suite in a.suites:
         t0 = time.perf_counter()
         try:
-            benchcli.record_trips([suite], a.out, timeout=a.timeout)
+            controls = ("all",) if a.flushed_only else ncu.CACHE_CONTROLS
+            benchcli.record_trips([suite], a.out, timeout=a.timeout, cache_controls=controls)
         except (ncu.NcuFailed, subprocess.TimeoutExpired, OSError) as e:
             print(f"{suite}: FAILED: {e}", file=sys.stderr, flush=True)
             failed.append(suite)

@@ -235,14 +235,17 @@ def measure_trips(suite: str, names=(), cache_controls=("all",), timeout: float 
     return out
 
 
-def record_trips(suites, out_dir: Path = TRIPS_DIR, timeout: float = 600) -> list[Path]:
-    """Counters of every case of each suite, flushed and not, written to ``out_dir`` one file a suite."""
+def record_trips(
+    suites, out_dir: Path = TRIPS_DIR, timeout: float = 600, cache_controls=ncu.CACHE_CONTROLS
+) -> list[Path]:
+    """Counters of every case of each suite (caches flushed, and without a flush unless ``cache_controls``
+    leaves it out), written to ``out_dir`` one file a suite."""
     meta = {**bench.metadata(), "command": "python benchmarks/record_trips.py"}
     slug = re.sub(r"[^a-z0-9]+", "-", meta["device"].lower()).strip("-")
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for suite in suites:
-        trips = measure_trips(suite, cache_controls=("all", "none"), timeout=timeout)
+        trips = measure_trips(suite, cache_controls=cache_controls, timeout=timeout)
         path = out_dir / f"{slug}-{meta['date']}-{suite}.json"
         path.write_text(json.dumps({"meta": meta, "suite": suite, "cases": trips}, indent=1) + "\n")
         print(f"wrote {path} ({len(trips)} cases)", flush=True)
