@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,3 +104,29 @@ def test_gpu_lesson1_counters_match_each_schedules_ledger():
     assert eager["schedule_bytes"] == pytest.approx(2 * fused["schedule_bytes"])
     assert len(eager["kernels"]) == 2 and len(fused["kernels"]) == 1
     torch.cuda.empty_cache()
+
+
+def test_a_suites_counters_are_summed_case_by_case(monkeypatch):
+    from fusionlab.measure import ncu
+
+    calls = []
+
+    def fake_profile(target, suite, *names, cache_control, timeout):
+        calls.append((target, suite, names, cache_control))
+        info = [
+            {"name": "fused", "group": "g", "ledger_bytes": 8.0, "schedule_bytes": 8.0},
+            {"name": "eager", "group": "g", "ledger_bytes": 8.0, "schedule_bytes": 16.0},
+        ]
+        Path(os.environ["FUSIONLAB_NCU_CASES"]).write_text(json.dumps(info))
+        k = lambda name, r, w: ncu.KernelCounters(name, r, w, r + w, 10.0)  # noqa: E731
+        warm = 0.5 if cache_control == "none" else 1.0
+        return [k(ncu.MARKER, 0, 0), k("void f<4>(int)", 4 * warm, 4), k(ncu.MARKER, 0, 0), k("a", 4, 4), k("b", 4, 4)]
+
+    monkeypatch.setattr(ncu, "profile", fake_profile)
+    trips = benchcli.measure_trips("lesson1", cache_controls=("all", "none"))
+    assert [c[0] for c in calls] == ["fusionlab.benchcli:suite_thunk"] * 2 and calls[1][3] == "none"
+    fused, eager = trips["fused"], trips["eager"]
+    assert (fused["dram_read"], fused["dram_write"], fused["time_ns"]) == (4, 4, 10)
+    assert fused["none"]["dram_read"] == 2 and fused["kernels"][0]["name"] == "f"
+    assert eager["dram_read"] + eager["dram_write"] == eager["schedule_bytes"] == 16
+    assert [k["name"] for k in eager["kernels"]] == ["a", "b"] and "FUSIONLAB_NCU_CASES" not in os.environ
