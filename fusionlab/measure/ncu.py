@@ -277,8 +277,9 @@ def command(
         "none",
         "--profile-from-start",
         "off",  # only between the child's cudaProfilerStart and Stop: no warm-up, no compile kernels
+        # the Python child is the application; torch.compile's worker processes launch no kernels
         "--target-processes",
-        "all",
+        "application-only",
     ]
     if kernels:
         cmd += ["--kernel-name", f"regex:{kernels}"]
