@@ -248,6 +248,22 @@ def test_one_tensor_given_to_two_parameters_is_named_after_both():
     ]
 
 
+def test_of_several_runs_of_one_launchs_grid_the_last_counts():
+    """An autotuner (where one runs in the interpreter: a machine with a GPU driver) runs each config's
+    grid inside the one launch the caller made; the final run is the launch's trips."""
+    import numpy as np
+
+    x = torch.zeros(16)
+    t = InterpreterTrips()
+    t._on_launch(_triton.Launch("k", "m", [x], ["x_ptr"]))
+    addrs = np.arange(x.data_ptr(), x.data_ptr() + 64, 4, dtype=np.uint64)
+    for lanes in (16, 8):  # a benchmark run of one config, then the launch
+        t._on_grid()
+        t._on_access(READ, addrs[:lanes], 4)
+    t._on_access(WRITE, np.array([1], dtype=np.uint64), 4)  # an address in no argument
+    assert t.kernels[0].reads == {"x_ptr": 32} and t.kernels[0].writes == {UNKNOWN: 4}
+
+
 def test_the_hook_is_reversible_even_after_an_error():
     from triton.runtime import interpreter as it
 
