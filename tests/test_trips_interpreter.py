@@ -278,3 +278,10 @@ def test_the_hook_is_reversible_even_after_an_error():
     _, t = interpreter_trips(cos, x)
     cos(x)
     assert len(t.kernels) == 1 and t.nbytes == 2 * 64 * 4
+
+
+def test_on_a_gpu_the_count_refuses_rather_than_count_nothing(monkeypatch):
+    monkeypatch.setattr(runtime, "is_gpu", lambda: True)
+    with pytest.raises(RuntimeError, match="fusionlab.measure.ncu"), InterpreterTrips():
+        pass
+    assert not _triton.watching()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import _triton
+from .. import _triton, runtime
 from ..ledger import READ, WRITE, human_bytes
 from .compare import Totals
 
@@ -101,7 +101,7 @@ class InterpreterTrips(Totals):
     """Count the bytes of every load and store of every Triton kernel launched inside a ``with`` block,
     in Triton's interpreter (``fusionlab.runtime`` in interpreter mode). ``kernels``: one
     :class:`KernelTrips` per launch, in launch order. On a GPU nothing is interpreted and nothing is
-    counted: use :mod:`fusionlab.measure.ncu` there."""
+    counted, so entering the block raises: use :mod:`fusionlab.measure.ncu` there."""
 
     def __init__(self):
         self.kernels: list[KernelTrips] = []
@@ -129,6 +129,11 @@ class InterpreterTrips(Totals):
             into[name] = into.get(name, 0) + lanes * size
 
     def __enter__(self):
+        if runtime.is_gpu():
+            raise RuntimeError(
+                "InterpreterTrips counts Triton's interpreter, and here the kernels run compiled on the GPU "
+                "(nothing would be counted): fusionlab.measure.ncu reads the GPU's own counters."
+            )
         self._hooks = contextlib.ExitStack()
         self._hooks.enter_context(_triton.launch_hook(self._on_launch))
         self._hooks.enter_context(_triton.memory_hook(self._on_access, self._on_grid))
