@@ -26,6 +26,7 @@ import datetime as _dt
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from dataclasses import asdict
@@ -95,7 +96,10 @@ def row(res: bench.Result, ceil: bench.Ceilings, trips: dict | None = None) -> d
         "GBps": res.GBps if traffic else None,
         "pct_copy": 100 * res.GBps / ceil.copy_GBps if traffic and res.GBps else None,
         "TFLOPs": res.TFLOPs,
-        "pct_matmul": 100 * res.TFLOPs / ceil.matmul_TFLOPs if res.TFLOPs and ceil.matmul_TFLOPs else None,
+        # the matmul peak is the ceiling of tensor-core work only: element-wise FLOPs never reach it
+        "pct_matmul": 100 * res.TFLOPs / ceil.matmul_TFLOPs
+        if res.TFLOPs and ceil.matmul_TFLOPs and on_tensor_cores(res.name, res.group)
+        else None,
         "ledger_bytes": res.nbytes if traffic else None,
         "flops": res.flops,
         "dram_bytes": None,
@@ -268,13 +272,14 @@ def recorded_trips(suite: str, device: str | None = None) -> tuple[dict, dict] |
 
 
 # -- the two paths --------------------------------------------------------------------------------------
-def live(suites, op, use_ncu: bool) -> tuple[dict, bench.Ceilings, str]:
+def live(suites, op, use_ncu: bool) -> dict[str, dict]:
+    """Each suite timed here: ``{suite: {"rows", "ceilings", "label"}}``."""
     import torch
 
     ceil = bench.ceilings()
     label = bench.source_label()
     print(label, f"\ncopy {ceil.copy_GBps:.0f} GB/s, matmul {ceil.matmul_TFLOPs:.0f} TFLOP/s", flush=True)
-    out: dict[str, list[dict]] = {}
+    out: dict[str, dict] = {}
     for suite in suites:
         make_cases = suite_module(suite).cases
         cases = [c for c in make_cases(**bench.ceiling_kwargs(make_cases, ceil)) if matches(c.name, c.group, op)]
@@ -290,17 +295,20 @@ def live(suites, op, use_ncu: bool) -> tuple[dict, bench.Ceilings, str]:
             try:
                 print(f"  counting {suite}'s trips under Nsight Compute...", file=sys.stderr, flush=True)
                 trips = measure_trips(suite, names)
-            except ncu.NcuUnavailable as e:
+            except ncu.NcuUnavailable as e:  # no counters here at all: say so once
                 print(f"  no counters: {e}", file=sys.stderr)
                 use_ncu = False
-        out[suite] = [row(r, ceil, trips) for r in results]
-        print(f"\n[{suite}]\n{table(out[suite])}", flush=True)
-    return out, ceil, label
+            except (ncu.NcuFailed, subprocess.TimeoutExpired) as e:  # this suite's only
+                print(f"  no counters for {suite}: {e}", file=sys.stderr)
+        rows = [row(r, ceil, trips) for r in results]
+        out[suite] = {"rows": rows, "ceilings": ceil, "label": label}
+        print(f"\n[{suite}]\n{table(rows)}", flush=True)
+    return out
 
 
-def recorded(suites, op, device: str | None) -> tuple[dict, bench.Ceilings, str]:
-    out: dict[str, list[dict]] = {}
-    label, ceil = "", None
+def recorded(suites, op, device: str | None) -> dict[str, dict]:
+    """Each suite as recorded: ``{suite: {"rows", "ceilings", "label"}}``."""
+    out: dict[str, dict] = {}
     for suite in suites:
         try:
             rec = bench.recorded(suite=suite, device=device)
@@ -308,13 +316,14 @@ def recorded(suites, op, device: str | None) -> tuple[dict, bench.Ceilings, str]
             print(f"[{suite}] {e}", file=sys.stderr)
             continue
         trips = recorded_trips(suite, rec.meta["device"])
-        ceil = ceil or rec.ceilings
-        label = label or rec.label()
         rows = [row(r, rec.ceilings, trips[1] if trips else None) for r in rec.results(suite)]
-        out[suite] = [r for r in rows if matches(r["name"], r["group"], op)]
+        rows = [r for r in rows if matches(r["name"], r["group"], op)]
+        if not rows:
+            continue
+        out[suite] = {"rows": rows, "ceilings": rec.ceilings, "label": rec.label()}
         counted = f"; DRAM counters recorded {trips[0]['date']}" if trips else ""
-        print(f"\n[{suite}] {rec.label()}{counted}\n{table(out[suite])}", flush=True)
-    return out, ceil, label
+        print(f"\n[{suite}] {rec.label()}{counted}\n{table(rows)}", flush=True)
+    return out
 
 
 def main(argv=None) -> int:
@@ -328,25 +337,26 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     suites = suites_for(a.lesson)
     if runtime.is_gpu() and not a.recorded:
-        results, ceil, label = live(suites, a.op, a.ncu)
+        results = live(suites, a.op, a.ncu)
         source = "measured"
     else:
         if not a.recorded:
             print(f"No GPU Triton supports here ({runtime.REASON}): showing RECORDED GPU results.", flush=True)
-        results, ceil, label = recorded(suites, a.op, a.device)
+        results = recorded(suites, a.op, a.device)
         source = "recorded"
-    if not any(results.values()):
+    if not results:
         print("no case matched", file=sys.stderr)
         return 1
     date = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
     stem = f"bench-{source}-{date}" + (f"-lesson{a.lesson}" if a.lesson else "")
     a.out.mkdir(parents=True, exist_ok=True)
     js = a.out / f"{stem}.json"
-    js.write_text(json.dumps({"source": source, "label": label, "ceilings": asdict(ceil), "suites": results}, indent=1))
+    suites_js = {s: {**r, "ceilings": asdict(r["ceilings"])} for s, r in results.items()}
+    js.write_text(json.dumps({"source": source, "suites": suites_js}, indent=1))
     print(f"\nwrote {js}")
-    for suite, rows in results.items():
+    for suite, r in results.items():
         path = a.out / f"bench-{source}-{date}-{suite}-roofline.png"
-        if drawn := roofline_png(rows, ceil, f"{suite}, " + label.split(" — ")[0], path):
+        if drawn := roofline_png(r["rows"], r["ceilings"], f"{suite}, " + r["label"].split(" — ")[0], path):
             print(f"wrote {path} ({drawn} cases on this GPU's two ceilings)")
     return 0
 

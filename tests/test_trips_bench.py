@@ -23,9 +23,10 @@ def test_on_a_cpu_the_bench_shows_the_recorded_run_labelled(tmp_path, capsys):
     assert "RECORDED on" in out and "not measured on this machine" in out
     (js,) = tmp_path.glob("bench-recorded-*-lesson1.json")
     data = json.loads(js.read_text())
-    rows = data["suites"]["lesson1"]
+    rows = data["suites"]["lesson1"]["rows"]
     rec = bench.recorded(suite="lesson1")
-    assert data["source"] == "recorded" and data["label"] == rec.label()
+    assert data["source"] == "recorded" and data["suites"]["lesson1"]["label"] == rec.label()
+    assert data["suites"]["lesson1"]["ceilings"]["copy_GBps"] == rec.ceilings.copy_GBps
     assert rows and all("cos" in r["name"] or "cos" in r["group"] for r in rows)
     fused = next(r for r in rows if r["name"] == "triton cos_cos (fused)")
     assert fused["pct_copy"] == pytest.approx(100 * rec.get("lesson1", fused["name"]).frac_copy)
@@ -41,13 +42,17 @@ def test_op_words_all_match_and_unknown_lessons_say_which_exist():
 
 
 def test_a_row_puts_counted_bytes_beside_the_ledger_and_leaves_peak_memory_alone():
-    r = Result("fused", 1.0, nbytes=4e9, flops=2e12, group="g", GBps=4000.0, TFLOPs=2.0)
+    r = Result("fused", 1.0, nbytes=4e9, flops=2e12, group="linear", GBps=4000.0, TFLOPs=2.0)
     row = benchcli.row(r, CEIL, {"fused": {"dram_read": 2.1e9, "dram_write": 1.9e9, "schedule_bytes": 4e9}})
     assert row["pct_copy"] == pytest.approx(100) and row["pct_matmul"] == pytest.approx(100 * 2 / 700)
     assert row["dram_bytes"] == pytest.approx(4e9) and row["ledger_bytes"] == 4e9
     peak = benchcli.row(Result("peak ours", 1.0, nbytes=1e9, group="peak memory", GBps=1.0), CEIL)
     assert peak["pct_copy"] is None and peak["ledger_bytes"] is None
     assert "1.00x" in benchcli.table([row])
+    vector = benchcli.row(
+        Result("rms fwd fused", 1.0, nbytes=4e9, flops=4e9, group="rms", GBps=4000.0, TFLOPs=0.004), CEIL
+    )
+    assert vector["pct_matmul"] is None and vector["pct_copy"] == pytest.approx(100)
 
 
 def test_the_roofline_keeps_each_groups_fastest_when_crowded_and_names_each_roof():
