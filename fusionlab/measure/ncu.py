@@ -111,7 +111,7 @@ class KernelCounters:
     dram_write: float
     l2_bytes: float
     time_ns: float
-    #: the case it belongs to (:func:`profile_cases`), "" otherwise
+    #: the case it belongs to (:func:`split_cases`), "" otherwise
     case: str = ""
 
     @property
@@ -283,7 +283,8 @@ def command(
     ]
     if kernels:
         cmd += ["--kernel-name", f"regex:{kernels}"]
-    return [*cmd, sys.executable, "-m", __name__, "--child", target, *map(str, args)]
+    # this module by its name, also when it runs as __main__ (python -m fusionlab.measure.ncu TARGET)
+    return [*cmd, sys.executable, "-m", "fusionlab.measure.ncu", "--child", target, *map(str, args)]
 
 
 def run_ncu(cmd: list[str], *, timeout: float = 600, env: dict | None = None) -> str:
@@ -314,7 +315,7 @@ def profile_both(target: str, *args, **kwargs) -> dict[str, list[KernelCounters]
 
 
 def split_cases(kernels: list[KernelCounters], names: list[str]) -> list[KernelCounters]:
-    """Attribute kernels to cases by the marker kernel launched before each (:func:`profile_cases`): the
+    """Attribute kernels to cases by the marker kernel launched before each (:func:`marker`): the
     markers themselves are dropped, each other kernel gets the name of the case whose marker came last."""
     out, i = [], -1
     for k in kernels:
