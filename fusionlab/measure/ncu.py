@@ -67,7 +67,7 @@ DRAM_READ, DRAM_WRITE, L2_BYTES, TIME = (
 METRICS = (DRAM_READ, DRAM_WRITE, L2_BYTES, TIME)
 #: where the lent GPU machines and the CUDA toolkit's default install keep ncu
 DEFAULT_PATHS = ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/ncu")
-#: the name of the marker kernel :func:`profile_cases` launches before each case
+#: the name of the marker kernel (:func:`marker`) a thunk of several cases launches before each
 MARKER = "_fusionlab_case_marker"
 CACHE_CONTROLS = ("all", "none")
 
