@@ -1,6 +1,6 @@
 """Every place fusionlab reaches into Triton's internals, in one module.
 
-Three reaches, each reversible and tested:
+Four reaches, each reversible and tested:
 
 - :func:`reinterpret_helpers`: when Triton was imported *before* fusionlab and fusionlab then chose
   the interpreter, Triton's own ``@triton.jit`` helpers (``tl.cdiv``, ``tl.sigmoid``, ...) were
@@ -9,6 +9,8 @@ Three reaches, each reversible and tested:
   tensors passed), counting one *logical* launch per call: an ``@triton.autotune`` kernel benchmarks
   its configs by launching the same kernel again from inside its own ``run``, and those nested
   launches are not the learner's.
+- :func:`memory_hook`: in Triton's interpreter, see the addresses every ``tl.load`` and ``tl.store``
+  touches (masked lanes left out), and where each execution of a kernel's grid begins.
 - :func:`compile_for`: compile a kernel for a Hopper GPU on a machine without one (also in
   interpreter mode, by lending the compiler Triton's helpers as compilable functions for the call),
   so a lesson can count the machine instructions a kernel needs before anything is timed.
@@ -20,6 +22,7 @@ Windows), and ``fusionlab.runtime`` must decide the interpreter before Triton is
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
 import warnings
@@ -72,6 +75,13 @@ def _base_fn(kernel):
     return kernel
 
 
+def _param_names(fn) -> list[str]:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin or an object without a signature
+        return []
+
+
 @dataclass
 class Launch:
     """One logical kernel launch: what was launched and the tensors it was given."""
@@ -79,6 +89,8 @@ class Launch:
     name: str
     module: str
     tensors: list = field(default_factory=list)  # torch.Tensor arguments, in order
+    #: the kernel's parameter name of each of ``tensors`` (``"x_ptr"``), where the signature tells it
+    arg_names: list = field(default_factory=list)
 
 
 @dataclass
@@ -139,9 +151,10 @@ def launch_hook(on_launch: Callable[[Launch], None]):
                 fn = _base_fn(self_)
                 name = getattr(fn, "__name__", None) or type(self_).__name__
                 module = getattr(fn, "__module__", "") or ""
-                tensors = [a for a in args if isinstance(a, torch.Tensor)]
-                tensors += [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
-                on_launch(Launch(name, module, tensors))
+                params = _param_names(fn)
+                pos = [(params[i] if i < len(params) else f"arg{i}", a) for i, a in enumerate(args)]
+                named = [(k, v) for k, v in (*pos, *kwargs.items()) if isinstance(v, torch.Tensor)]
+                on_launch(Launch(name, module, [v for _, v in named], [k for k, _ in named]))
             state.depth += 1
             try:
                 return __orig(self_, *args, **kwargs)
@@ -242,3 +255,93 @@ def compile_for(kernel, signature: dict, constexprs: dict, *, num_warps: int, ar
     except Exception:  # no cuobjdump on this machine: the PTX is still there
         asm["sass"] = None
     return asm
+
+
+def _element_bytes(ptrs) -> int:
+    """Bytes per element behind an interpreter pointer handle (a pointer type, or a block of them)."""
+    ty = ptrs.dtype
+    while hasattr(ty, "element_ty"):
+        ty = ty.element_ty
+    return max(1, (ty.primitive_bitwidth + 7) // 8)
+
+
+def _lanes(ptrs, mask):
+    """The addresses of the active lanes of a memory op: ``ptrs`` where ``mask`` (a handle, a numpy array
+    or None) is true."""
+    import numpy as np
+
+    addrs = np.asarray(ptrs.data).astype(np.uint64, copy=False)
+    if mask is None:
+        return addrs.ravel()
+    m = np.broadcast_to(np.asarray(getattr(mask, "data", mask), dtype=bool), addrs.shape)
+    return addrs[m]
+
+
+@contextlib.contextmanager
+def memory_hook(on_access: Callable[[str, object, int], None], on_grid: Callable[[], None] | None = None):
+    """Triton's interpreter only: call ``on_access(direction, addresses, element_bytes)`` for every memory
+    op of an interpreted kernel inside the block, ``direction`` ``"read"`` or ``"write"`` and
+    ``addresses`` a numpy array of the byte addresses of the lanes the mask lets through; and
+    ``on_grid()`` as each execution of a kernel's grid begins (an autotuner runs its configs first).
+
+    The reach: every load and store of the interpreter funnels through its builder's
+    ``create_masked_load(ptrs, mask, other, ...)`` and ``create_masked_store(ptrs, value, mask, ...)``
+    (plain, block-pointer and descriptor loads included), with these leading arguments in Triton 3.2
+    to 3.9; the trailing cache arguments changed, so the wrappers pass them through untouched. An
+    atomic read-modify-write (``create_atomic_rmw(op, ptr, val, mask, ...)``) reads and writes; a
+    compare-and-swap (``create_atomic_cas(ptr, cmp, val, ...)``), unmasked, likewise."""
+    from triton.runtime import interpreter as it
+
+    builder, executor = it.InterpreterBuilder, it.GridExecutor
+    saved = [
+        (cls, name, cls.__dict__[name])
+        for cls, name in (
+            (builder, "create_masked_load"),
+            (builder, "create_masked_store"),
+            (executor, "__call__"),
+            (builder, "create_atomic_rmw"),
+            (builder, "create_atomic_cas"),
+        )
+        if name in cls.__dict__
+    ]
+    orig = {name: fn for _, name, fn in saved}
+
+    def load(self, ptrs, mask, other, *args, **kwargs):
+        on_access("read", _lanes(ptrs, mask), _element_bytes(ptrs))
+        return orig["create_masked_load"](self, ptrs, mask, other, *args, **kwargs)
+
+    def store(self, ptrs, value, mask, *args, **kwargs):
+        on_access("write", _lanes(ptrs, mask), _element_bytes(ptrs))
+        return orig["create_masked_store"](self, ptrs, value, mask, *args, **kwargs)
+
+    def rmw(self, op, ptr, val, mask, *args, **kwargs):
+        lanes, size = _lanes(ptr, mask), _element_bytes(ptr)
+        on_access("read", lanes, size)
+        on_access("write", lanes, size)
+        return orig["create_atomic_rmw"](self, op, ptr, val, mask, *args, **kwargs)
+
+    def cas(self, ptr, cmp, val, *args, **kwargs):
+        lanes, size = _lanes(ptr, None), _element_bytes(ptr)
+        on_access("read", lanes, size)
+        on_access("write", lanes, size)
+        return orig["create_atomic_cas"](self, ptr, cmp, val, *args, **kwargs)
+
+    def grid(self, *args, **kwargs):
+        if on_grid is not None:
+            on_grid()
+        return orig["__call__"](self, *args, **kwargs)
+
+    mine = {
+        "create_masked_load": load,
+        "create_masked_store": store,
+        "create_atomic_rmw": rmw,
+        "create_atomic_cas": cas,
+        "__call__": grid,
+    }
+    for cls, name, _ in saved:
+        setattr(cls, name, mine[name])
+    try:
+        yield
+    finally:
+        for cls, name, fn in reversed(saved):
+            setattr(cls, name, fn)

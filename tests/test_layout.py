@@ -21,9 +21,9 @@ LAYERS = [
     {"fusionlab._exercise", "fusionlab._triton", "fusionlab.runtime"},
     {"fusionlab.ledger"},
     {"fusionlab.kernels"},
-    {"fusionlab.bench", "fusionlab.instrument", "fusionlab.grading", "fusionlab.inductor"},
+    {"fusionlab.bench", "fusionlab.instrument", "fusionlab.grading", "fusionlab.inductor", "fusionlab.measure"},
     {"fusionlab.viz"},
-    {"fusionlab.lessons", "fusionlab.record"},
+    {"fusionlab.lessons", "fusionlab.record", "fusionlab.benchcli"},
 ]
 #: third-party modules a function may import lazily: optional dependencies, never fusionlab itself
 LAZY_OK = ("triton", "IPython", "importlib", "numpy", "subprocess", "matplotlib")
@@ -108,7 +108,7 @@ def test_no_function_level_import_of_fusionlab():
 def test_a_library_module_never_imports_a_lesson():
     # the same rule as test_imports_run_one_way, stated on its own for the reader
     for module, path in _modules():
-        if module.startswith(("fusionlab.lessons", "fusionlab.record")) or module == "fusionlab":
+        if module.startswith(("fusionlab.lessons", "fusionlab.record", "fusionlab.benchcli")) or module == "fusionlab":
             continue
         lessons = [n for n, _ in _imports(module, path) if n.startswith("fusionlab.lessons")]
         assert not lessons, f"{module} imports {lessons}"

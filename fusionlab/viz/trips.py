@@ -554,3 +554,80 @@ class TripAnimation:
 
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs) -> dict:
         return {**widget_view(self.widget), "text/html": self.static_html(), "text/plain": repr(self)}
+
+
+# -- measured beside predicted ----------------------------------------------------------------------------
+def _difference(predicted: float, measured: float) -> str:
+    if measured == predicted:
+        return "= ledger"
+    sign = "+" if measured > predicted else "−"
+    pct = f" ({100 * (measured - predicted) / predicted:+.1f}%)" if predicted else ""
+    return f"{sign}{human_bytes(abs(measured - predicted))}{pct}"
+
+
+def _paired_bars(ax, labels, predicted, measured, colors, div: float) -> None:
+    """One row per label: the ledger's bytes as an outlined bar above the measured bytes as a filled one,
+    and the difference written after them."""
+    longest = max([*predicted, *measured, 1]) / div
+    for i, (label, p, m, c) in enumerate(zip(labels, predicted, measured, colors, strict=True)):
+        y = len(labels) - 1 - i
+        ax.barh(y + 0.18, p / div, height=0.34, color="white", edgecolor=c, hatch="///", gid=f"predicted:{label}")
+        ax.barh(y - 0.18, m / div, height=0.34, color=c, gid=f"measured:{label}")
+        ax.text(max(p, m) / div + 0.01 * longest, y, _difference(p, m), va="center", fontsize=NOTE_SIZE, color=INK)
+    ax.set_yticks(range(len(labels)), list(reversed(labels)))
+    ax.tick_params(labelsize=NOTE_SIZE)
+    ax.set_xlim(0, longest * 1.35)
+    ax.spines[["top", "right"]].set_visible(False)
+
+
+def measured_figure(checks, kernels=(), title: str = "", source_label: str = "") -> Figure:
+    """Measured trips beside the ledger's: per tensor and direction (``checks``, the
+    :class:`fusionlab.measure.compare.TripCheck` list of ``against_ledger``) and, when given, per kernel
+    (``kernels``: ``(name, predicted bytes, measured bytes)``). Each row shows the prediction as an
+    outlined bar, the measurement as a filled one, and their difference. ``source_label`` says where the
+    measurement comes from (the interpreter's logical loads, or a GPU's counters), shown at the foot."""
+    checks, kernels = list(checks), list(kernels)
+    if not checks and not kernels:
+        raise ValueError("nothing to show: give the checks of against_ledger(...) or (kernel, predicted, measured)")
+    div, unit = byte_unit(max([c.predicted for c in checks] + [c.measured for c in checks] + [k[2] for k in kernels]))
+    panels = [p for p in (checks, kernels) if p]
+    heights = [max(1.2, 0.42 * len(p) + 0.6) for p in panels]
+    fig = new_figure(8.5, sum(heights) + 1.0)
+    axes = fig.subplots(len(panels), 1, gridspec_kw={"height_ratios": heights}, squeeze=False)[:, 0]
+    ax_iter = iter(axes)
+    if checks:
+        ax = next(ax_iter)
+        _paired_bars(
+            ax,
+            [f"{c.direction} {c.tensor}" for c in checks],
+            [c.predicted for c in checks],
+            [c.measured for c in checks],
+            [_DIR_COLOR.get(c.direction, MUTED) for c in checks],
+            div,
+        )
+        ax.set_title("per tensor", fontsize=LABEL_SIZE, loc="left", color=INK)
+    if kernels:
+        ax = next(ax_iter)
+        _paired_bars(
+            ax, [k[0] for k in kernels], [k[1] for k in kernels], [k[2] for k in kernels], [INK] * len(kernels), div
+        )
+        ax.set_title("per kernel", fontsize=LABEL_SIZE, loc="left", color=INK)
+    axes[-1].set_xlabel(f"bytes ({unit})", fontsize=LABEL_SIZE)
+    fig.legend(
+        handles=[
+            Patch(facecolor="white", edgecolor=MUTED, hatch="///", label="predicted (ledger)"),
+            Patch(color=MUTED, label="measured"),
+        ],
+        loc="outside upper right",
+        ncols=2,
+        fontsize=NOTE_SIZE,
+        frameon=False,
+    )
+    predicted = sum(c.predicted for c in checks) if checks else sum(k[1] for k in kernels)
+    measured = sum(c.measured for c in checks) if checks else sum(k[2] for k in kernels)
+    head = f"measured {human_bytes(measured)} against the ledger's {human_bytes(predicted)}"
+    fig.suptitle("\n".join(s for s in (title, head) if s), fontsize=LABEL_SIZE + 1, color=INK)
+    if source_label:
+        footer(fig, source_label)
+    keep_inside(fig)
+    return fig

@@ -1,0 +1,7 @@
+"""Measured trips: the bytes a kernel actually moves, beside the ledger's prediction.
+
+- :mod:`.interpreter`: the logical trips of a Triton kernel, every ``tl.load`` and ``tl.store`` counted
+  in Triton's interpreter (a laptop, no GPU);
+- :mod:`.torch_ops`: the bytes each aten op of torch code reads and writes (any device);
+- :mod:`.ncu`: DRAM and L2 bytes and time per kernel from Nsight Compute's counters (a GPU with ``ncu``).
+"""

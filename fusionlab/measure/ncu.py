@@ -1,0 +1,401 @@
+"""DRAM and L2 bytes and time per kernel, from Nsight Compute's hardware counters.
+
+The ledger predicts the bytes a schedule moves through HBM; the GPU counts them. :func:`profile` runs a
+callable under Nsight Compute's command-line profiler (``ncu``) in a subprocess and returns, per kernel
+launch, the counters of :data:`METRICS`:
+
+- ``dram__bytes_read.sum``, ``dram__bytes_write.sum``: bytes between HBM and L2;
+- ``lts__t_bytes.sum``: bytes through L2 (every request the SMs make of it, hits and misses);
+- ``gpu__time_duration.sum``: the kernel's time.
+
+``cache_control="all"`` (ncu's default) flushes every cache before each kernel, so a kernel's reads start
+from HBM; ``"none"`` leaves them: a kernel that reads what the one before it just wrote finds it in L2,
+and its DRAM reads drop (the regime :func:`profile_both` sets beside the flushed one). ``ncu`` may need
+several passes to collect the counters: flushed, it replays each kernel alone (memory restored between
+passes, so a kernel's numbers are of one launch whatever the pass count); unflushed, a kernel replayed
+alone would find its own input in L2 from its previous pass, so the whole program is run again for each
+pass instead (``--replay-mode application``) and every kernel finds L2 as the kernel before it left it.
+``--clock-control none`` leaves the GPU's clocks as they are (ncu locks them to base by default, which
+slows the time but not the bytes).
+
+**What is profiled.** A target is ``"package.module:function"``, an importable function: called with
+the given string arguments, it builds its inputs and returns a callable, the *thunk*, which is run once
+to warm up (compile, autotune) outside the profiled window, then once inside it. Or a target is the
+path of a Python script, run whole inside the profiled window (its compiles included). The child process
+sends its own prints to stderr, so ncu's CSV has stdout to itself. A thunk that runs several cases
+calls :func:`marker` before each, and :func:`split_cases` tells their kernels apart.
+
+**Where ncu cannot run.** :class:`NcuUnavailable` says why, in words a learner can act on: no CUDA GPU
+(then :mod:`fusionlab.measure.interpreter` counts a Triton kernel's logical trips on the CPU), no ``ncu``
+(it comes with the CUDA toolkit: ``/usr/local/cuda/bin/ncu``), or no permission to read the counters
+(``ERR_NVGPUCTRPERM``: the driver restricts them to administrators unless the machine's owner lifts it).
+On Google Colab the GPU images carry the CUDA toolkit, ``ncu`` included, and the notebook runs as root in
+a container; whether the counters can be read there is the VM's driver setting, which a Colab user cannot
+change: where ncu answers ERR_NVGPUCTRPERM, the recorded trips (``fusionlab/recorded/``) and the
+interpreter count are what Colab has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import io
+import os
+import re
+import runpy
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..ledger import human_bytes
+
+try:  # the marker kernel needs Triton, which is optional (no wheels for macOS or Windows)
+    from ._marker import _fusionlab_case_marker
+except ImportError:
+    _fusionlab_case_marker = None
+
+DRAM_READ, DRAM_WRITE, L2_BYTES, TIME = (
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "lts__t_bytes.sum",
+    "gpu__time_duration.sum",
+)
+#: the counters every profile collects
+METRICS = (DRAM_READ, DRAM_WRITE, L2_BYTES, TIME)
+#: where the lent GPU machines and the CUDA toolkit's default install keep ncu
+DEFAULT_PATHS = ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/ncu")
+#: the name of the marker kernel (:func:`marker`) a thunk of several cases launches before each
+MARKER = "_fusionlab_case_marker"
+CACHE_CONTROLS = ("all", "none")
+
+#: units ncu may print, as multiples of the base unit (bytes; nanoseconds)
+_UNITS = {
+    "": 1,
+    "byte": 1,
+    "kbyte": 1e3,
+    "mbyte": 1e6,
+    "gbyte": 1e9,
+    "tbyte": 1e12,
+    "kibyte": 2**10,
+    "mibyte": 2**20,
+    "gibyte": 2**30,
+    "nsecond": 1,
+    "ns": 1,
+    "usecond": 1e3,
+    "us": 1e3,
+    "msecond": 1e6,
+    "ms": 1e6,
+    "second": 1e9,
+    "s": 1e9,
+}
+_NAME_COLUMNS = ("Kernel Name", "Function Name", "Demangled Name", "Name")
+
+
+class NcuUnavailable(RuntimeError):
+    """Nsight Compute cannot measure here; the message says why and what to use instead."""
+
+
+class NcuFailed(RuntimeError):
+    """ncu ran but gave no counters; the message holds the tail of its output."""
+
+
+@dataclass(frozen=True)
+class KernelCounters:
+    """One kernel launch as the counters saw it: bytes in bytes, time in nanoseconds."""
+
+    name: str
+    dram_read: float
+    dram_write: float
+    l2_bytes: float
+    time_ns: float
+    #: the case it belongs to (:func:`split_cases`), "" otherwise
+    case: str = ""
+
+    @property
+    def dram_bytes(self) -> float:
+        return self.dram_read + self.dram_write
+
+    @property
+    def ms(self) -> float:
+        return self.time_ns / 1e6
+
+    def describe(self) -> str:
+        return (
+            f"{self.name[:60]}: DRAM read {human_bytes(self.dram_read)}, written {human_bytes(self.dram_write)}, "
+            f"L2 {human_bytes(self.l2_bytes)}, {self.ms:.3f} ms"
+        )
+
+
+def short_name(name: str) -> str:
+    """A kernel's name without its C++ signature and template arguments (``void foo<...>(float*)`` is
+    ``foo``), for tables; Triton kernels keep their Python name."""
+    s = re.sub(r"\([^()]*\)$", "", name.strip())
+    while "<" in s:  # innermost template arguments first
+        t = re.sub(r"<[^<>]*>", "", s)
+        if t == s:
+            break
+        s = t
+    return s.split()[-1].split("::")[-1] if s.split() else name
+
+
+# -- parsing ncu's CSV ------------------------------------------------------------------------------
+def _number(text: str) -> float | None:
+    t = text.strip().replace(",", "")
+    if not t or t.lower() in {"n/a", "nan", "-"}:
+        return None
+    try:
+        return float(t)
+    except ValueError:
+        return None
+
+
+def _scale(unit: str) -> float:
+    u = unit.strip().lower()
+    if u not in _UNITS:
+        raise ValueError(f"unknown ncu unit {unit!r}")
+    return _UNITS[u]
+
+
+def _csv_rows(text: str) -> list[list[str]]:
+    """The CSV rows of ncu's output, from its header on: ncu's own ``==PROF==``/``==WARNING==`` lines and
+    anything the program printed are left out."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        raise NcuFailed('no CSV header (a line starting with "ID") in ncu\'s output:\n' + _tail(text))
+    body = [line for line in lines[start:] if line.startswith('"')]
+    return list(csv.reader(io.StringIO("\n".join(body))))
+
+
+def parse_csv(text: str) -> list[KernelCounters]:
+    """Kernels from ncu's ``--csv`` output, in launch order. Both layouts are read: ``--page raw`` (one
+    row a kernel, a column a metric, a second row of units) and the details page (one row a metric,
+    with ``Metric Name``, ``Metric Unit`` and ``Metric Value`` columns). Values carry thousands
+    separators; units (``byte``, ``Kbyte``, ``nsecond``, ``usecond``...) are converted to bytes and
+    nanoseconds."""
+    rows = _csv_rows(text)
+    header, data = rows[0], rows[1:]
+    col = {h: i for i, h in enumerate(header)}
+    name_col = next((col[c] for c in _NAME_COLUMNS if c in col), None)
+    if name_col is None:
+        raise NcuFailed(f"ncu's CSV has no kernel name column; its header: {header}")
+    found: dict[str, dict] = {}  # launch ID -> {"name": ..., metric: value}
+    if "Metric Name" in col:  # the details page: one row per (kernel, metric)
+        for r in data:
+            if len(r) < len(header) or not r[col["ID"]]:
+                continue
+            value = _number(r[col["Metric Value"]])
+            if value is None:
+                continue
+            k = found.setdefault(r[col["ID"]], {"name": r[name_col]})
+            k[r[col["Metric Name"]]] = value * _scale(r[col.get("Metric Unit", -1)] if "Metric Unit" in col else "")
+    else:  # the raw page: one row per kernel, the row after the header gives the units
+        units = [""] * len(header)
+        for r in data:
+            if len(r) < len(header):
+                continue
+            if not r[col["ID"]]:  # the units row
+                units = r
+                continue
+            k = found.setdefault(r[col["ID"]], {"name": r[name_col]})
+            for m in METRICS:
+                if m in col and (v := _number(r[col[m]])) is not None:
+                    k[m] = v * _scale(units[col[m]])
+    out = []
+    for launch_id in sorted(found, key=lambda i: int(i) if i.isdigit() else i):
+        k = found[launch_id]
+        missing = [m for m in METRICS if m not in k]
+        if missing:
+            raise NcuFailed(f"ncu gave no {', '.join(missing)} for kernel {k['name']!r} (ID {launch_id})")
+        out.append(KernelCounters(k["name"], k[DRAM_READ], k[DRAM_WRITE], k[L2_BYTES], k[TIME]))
+    return out
+
+
+def _tail(text: str, n: int = 2000) -> str:
+    return text[-n:]
+
+
+# -- running ncu ------------------------------------------------------------------------------------
+def find_ncu() -> str:
+    """The path of ``ncu``, or :class:`NcuUnavailable` saying where it was looked for."""
+    for p in (os.environ.get("FUSIONLAB_NCU"), shutil.which("ncu"), *DEFAULT_PATHS):
+        if p and Path(p).is_file() and os.access(p, os.X_OK):
+            return p
+    raise NcuUnavailable(
+        "Nsight Compute's command-line profiler (ncu) is not on this machine: not on PATH, not in "
+        f"{', '.join(DEFAULT_PATHS)} (set FUSIONLAB_NCU to its path if it is elsewhere). It comes with the "
+        "CUDA toolkit and as the nsight-compute package. Without it, fusionlab.measure.interpreter counts a "
+        "Triton kernel's logical trips on the CPU, and fusionlab/recorded/ holds counters recorded on an "
+        "H100 and an H200."
+    )
+
+
+def _check_gpu() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise NcuUnavailable(
+            "no CUDA GPU here: hardware counters need one. On a CPU, fusionlab.measure.interpreter counts "
+            "the bytes every tl.load and tl.store of a Triton kernel touches (its logical trips)."
+        )
+
+
+def permission_message(output: str) -> str:
+    return (
+        "ncu is here but may not read the GPU's performance counters (ERR_NVGPUCTRPERM): the NVIDIA driver "
+        "restricts them to administrators. The machine's owner lifts it with the driver option "
+        "NVreg_RestrictProfilingToAdminUsers=0 (or runs ncu as root; in a container, one started with "
+        "--cap-add=SYS_ADMIN); see https://developer.nvidia.com/ERR_NVGPUCTRPERM. A hosted notebook (Colab) "
+        "cannot change it: use the recorded trips in fusionlab/recorded/ or fusionlab.measure.interpreter.\n"
+        "ncu said:\n" + _tail(output, 600)
+    )
+
+
+def command(
+    target: str, args=(), *, cache_control: str = "all", metrics=METRICS, ncu: str | None = None, kernels=None
+) -> list[str]:
+    """The ncu command line that profiles ``target`` (see the module docstring)."""
+    if cache_control not in CACHE_CONTROLS:
+        raise ValueError(f"cache_control must be one of {CACHE_CONTROLS}, got {cache_control!r}")
+    cmd = [
+        ncu or find_ncu(),
+        "--metrics",
+        ",".join(metrics),
+        "--csv",
+        "--page",
+        "raw",
+        "--print-units",
+        "base",
+        "--cache-control",
+        cache_control,
+        "--replay-mode",
+        "kernel" if cache_control == "all" else "application",
+        "--clock-control",
+        "none",
+        "--profile-from-start",
+        "off",  # only between the child's cudaProfilerStart and Stop: no warm-up, no compile kernels
+        # the Python child is the application; torch.compile's worker processes launch no kernels
+        "--target-processes",
+        "application-only",
+    ]
+    if kernels:
+        cmd += ["--kernel-name", f"regex:{kernels}"]
+    # this module by its name, also when it runs as __main__ (python -m fusionlab.measure.ncu TARGET)
+    return [*cmd, sys.executable, "-m", "fusionlab.measure.ncu", "--child", target, *map(str, args)]
+
+
+def run_ncu(cmd: list[str], *, timeout: float = 600, env: dict | None = None) -> str:
+    """Run an ncu command line; its stdout, or the error that says why there is none."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    out = proc.stdout + "\n" + proc.stderr
+    if "ERR_NVGPUCTRPERM" in out:
+        raise NcuUnavailable(permission_message(out))
+    if proc.returncode != 0 or '"ID"' not in proc.stdout:
+        raise NcuFailed(f"ncu exited with {proc.returncode} and no counters; the end of its output:\n{_tail(out)}")
+    return proc.stdout
+
+
+def profile(
+    target: str, *args, cache_control: str = "all", kernels: str | None = None, timeout: float = 600
+) -> list[KernelCounters]:
+    """Every kernel ``target`` launches, with its counters (see the module docstring). ``kernels``: a
+    regular expression: only kernels whose name matches it are profiled."""
+    _check_gpu()
+    cmd = command(target, args, cache_control=cache_control, kernels=kernels)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    return parse_csv(run_ncu(cmd, timeout=timeout, env=env))
+
+
+def profile_both(target: str, *args, **kwargs) -> dict[str, list[KernelCounters]]:
+    """:func:`profile` with caches flushed before each kernel (``"all"``) and without (``"none"``)."""
+    return {cc: profile(target, *args, cache_control=cc, **kwargs) for cc in CACHE_CONTROLS}
+
+
+def split_cases(kernels: list[KernelCounters], names: list[str]) -> list[KernelCounters]:
+    """Attribute kernels to cases by the marker kernel launched before each (:func:`marker`): the
+    markers themselves are dropped, each other kernel gets the name of the case whose marker came last."""
+    out, i = [], -1
+    for k in kernels:
+        if MARKER in k.name:
+            i += 1
+            continue
+        if i < 0:
+            raise NcuFailed(f"kernel {k.name!r} came before the first case's marker")
+        if i >= len(names):
+            raise NcuFailed(f"{i + 1} markers but only {len(names)} case names")
+        out.append(KernelCounters(**{**asdict(k), "case": names[i]}))
+    return out
+
+
+_MARKER_KERNEL: list = []
+
+
+def marker() -> None:
+    """Launch the marker kernel (one program, one store): a thunk that runs several cases calls it before
+    each, so that :func:`split_cases` can tell the cases' kernels apart in ncu's list."""
+    import torch
+
+    if not _MARKER_KERNEL:
+        _MARKER_KERNEL.extend((_fusionlab_case_marker, torch.zeros(1, device="cuda", dtype=torch.int32)))
+    kernel, buf = _MARKER_KERNEL
+    kernel[(1,)](buf)
+
+
+# -- the child: what runs under ncu ---------------------------------------------------------------
+def _resolve(target: str):
+    if target.endswith(".py") or os.sep in target:
+        return None
+    module, _, fn = target.partition(":")
+    if not fn:
+        raise ValueError(f"a target is 'package.module:function' or a script's path, got {target!r}")
+    return getattr(importlib.import_module(module), fn)
+
+
+def _child(target: str, args: list[str]) -> int:
+    import torch
+
+    os.dup2(2, 1)  # the program's prints go to stderr: stdout carries ncu's CSV alone
+    sys.stdout = sys.stderr
+    cudart = torch.cuda.cudart()
+    factory = _resolve(target)
+    if factory is None:  # a script, profiled whole
+        cudart.cudaProfilerStart()
+        runpy.run_path(target, run_name="__main__")
+        torch.cuda.synchronize()
+        cudart.cudaProfilerStop()
+        return 0
+    thunk = factory(*args)
+    if not callable(thunk):
+        raise TypeError(f"{target} returned {type(thunk).__name__}, not the callable to profile")
+    thunk()  # compile, autotune and allocate outside the profiled window
+    torch.cuda.synchronize()
+    cudart.cudaProfilerStart()
+    thunk()
+    torch.cuda.synchronize()
+    cudart.cudaProfilerStop()
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Profile a target's kernels under Nsight Compute.")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cache-control", choices=CACHE_CONTROLS, default="all")
+    ap.add_argument("target", help="package.module:function (returns the thunk to profile) or a script's path")
+    ap.add_argument("args", nargs="*", help="string arguments for the function")
+    a = ap.parse_args(argv)
+    if a.child:
+        return _child(a.target, a.args)
+    try:
+        for k in profile(a.target, *a.args, cache_control=a.cache_control):
+            print(k.describe())
+    except NcuUnavailable as e:
+        print(e, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
