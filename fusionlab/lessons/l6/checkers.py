@@ -509,3 +509,71 @@ def check_matmul_ledger(ledger_fn) -> Passed:
         f"programs read {human_bytes(tiled.fused_bytes)}, {tiled.fused_bytes / ideal.fused_bytes:.0f}× the ideal "
         f"{human_bytes(ideal.fused_bytes)}"
     )
+
+
+# -- exercise 4: a SiLU-gated epilogue with two weights ------------------------------------------------------
+#: (M, K, N) as LINEAR_SHAPES, and one where every dimension is a multiple of any block up to 64
+GATE_SHAPES = ((1, 1, 1), (65, 129, 127), (37, 300, 33), (64, 128, 64), (130, 64, 7))
+#: the gate's prediction: a Llama-style MLP's up projection, bf16 (M tokens, K model width, N hidden)
+GATE_LAYER = (8192, 4096, 11008)
+
+
+def gate_inputs(shape, dtype, gen):
+    """``x`` (M, K), ``w_gate`` and ``w_up`` (N, K) scaled by 1/sqrt(K): both projections O(1), so SiLU
+    sees both signs; each with room after it."""
+    M, K, N = shape
+    x = grading.randn((M, K), dtype, gen=gen, scale=1.0)
+    w_gate, w_up = (grading.randn((N, K), dtype, gen=gen, scale=1.0 / math.sqrt(max(K, 1))) for _ in range(2))
+    return tuple(grading.with_room_after(t) for t in (x, w_gate, w_up))
+
+
+@answer_key
+def silu_gate_reference(x, w_gate, w_up):
+    """``silu(x @ w_gate.T) * (x @ w_up.T)`` in float64, rounded once to x's dtype."""
+    x64 = x.double()
+    return (F.silu(x64 @ w_gate.double().t()) * (x64 @ w_up.double().t())).to(x.dtype)
+
+
+def check_silu_gate(gate_fn) -> Passed:
+    """``gate_fn(x, w_gate, w_up)`` is ``silu(x @ w_gate.T) * (x @ w_up.T)`` from ONE Triton kernel: two
+    fp32 accumulators in one K loop (x's tile loaded once for both), the gate in the epilogue, one store.
+    Fresh inputs at awkward shapes, one needing many programs, poisoned output, inputs unchanged, no
+    torch compute."""
+    return grading.check_function(
+        gate_fn,
+        silu_gate_reference,
+        gate_inputs,
+        name="silu_gate",
+        sizes=GATE_SHAPES,
+        many=LINEAR_MANY,
+        dtypes=DTYPES,
+        launches=1,
+        hint="SiLU goes on the gate projection (x @ w_gate.T), times the up projection; both accumulate in "
+        "fp32 over every K tile, and the gate is applied once, after the K loop.",
+    )
+
+
+def gate_predicted_ratio(copy_GBps: float, matmul_TFLOPs: float, shape=GATE_LAYER) -> float:
+    """Eager time over fused time of the gated layer at ``shape``, by the roofline: eager runs two
+    compute-bound matmuls (each writes its M x N output), then SiLU (reads g, writes s) and the multiply
+    (reads s and u, writes h): five M x N passes at the copy bandwidth after the matmuls' own writes;
+    fused runs the matmuls' FLOPs and writes h once. bf16 (2 bytes)."""
+    M, K, N = shape
+    mm_ms = 2 * (2 * M * N * K) / (matmul_TFLOPs * 1e12) * 1e3
+    passes_ms = 5 * M * N * 2 / (copy_GBps * 1e9) * 1e3
+    return (mm_ms + passes_ms) / mm_ms
+
+
+def check_gate_prediction(ratio, ceilings) -> Passed:
+    """The learner's predicted eager/fused ratio at :data:`GATE_LAYER`, within 3% of the roofline count
+    on ``ceilings`` (the copy bandwidth and matmul rate the notebook printed)."""
+    got = grading.number(ratio, "my_gate_ratio", "x")
+    want = gate_predicted_ratio(ceilings.copy_GBps, ceilings.matmul_TFLOPs)
+    if abs(got - want) > 0.03 * want:
+        M, K, N = GATE_LAYER
+        raise fail(
+            f"my_gate_ratio = {got:.4g}; the roofline on the printed ceilings gives another ratio at M = {M}, "
+            f"K = {K}, N = {N}. Eager: the two matmuls at the matmul rate, then the SiLU and the multiply "
+            "(count their reads and writes of M x N tensors) at the copy bandwidth; fused: the matmuls alone."
+        )
+    return _passed(f"✓ your prediction {got:.3f}x matches the roofline count ({want:.3f}x)")

@@ -505,3 +505,172 @@ def check_naive_peak_gib(peak_gib) -> Passed:
     }
     tip = grading.memory_answer_tip(got, want, one, tips, PEAK_DTYPE_BYTES)
     raise CheckFailed(f"my_naive_peak_gib = {got:.4g}, expected about {want:.2f} GiB.{tip}")
+
+
+# -- exercise 5: sliding-window causal attention, the blocks outside the window skipped --------------------
+#: (B, H, N, D, window): one token; a window of one key (each row sees itself); windows shorter than,
+#: equal to and longer than a tile; a window as long as the sequence (plain causal); N not a multiple of a tile
+WINDOW_CASES = (
+    (1, 1, 1, 16, 1),
+    (1, 2, 100, 32, 1),
+    (1, 2, 100, 16, 7),
+    (2, 1, 130, 16, 33),
+    (1, 1, 70, 24, 64),
+    (1, 1, 64, 16, 64),
+    (1, 3, 200, 16, 200),
+)
+#: the skip probes: N keys, a short window, NaN in the first or the last POISON_KEYS keys. A kernel with
+#: tiles up to 128 x 128 that starts each Q tile's loop at its window and stops it at its diagonal never
+#: loads key 0 for rows >= 2 * 128 + WINDOW_PROBE, nor the last keys for rows < N - 2 * 128 - POISON_KEYS
+#: (a NaN key it loads and masks still turns P V into NaN: 0 * NaN); rows in between may be anything
+SKIP_N, WINDOW_PROBE, POISON_KEYS, SKIP_TILE = 600, 8, 8, 128
+
+
+@answer_key
+def window_reference(q, k, v, window: int):
+    """O and lse in float64 of causal attention in a window: query i sees keys i - window < j <= i."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    s = (q.double() @ k.double().transpose(-2, -1)) * scale
+    n_q, n_k = s.shape[-2:]
+    i = torch.arange(n_q, device=s.device)[:, None]
+    j = torch.arange(n_k, device=s.device)[None, :]
+    s = s.masked_fill(~((j <= i) & (j > i - window)), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v.double(), torch.logsumexp(s, dim=-1)
+
+
+def _window_call(fn, q, k, v, window, where, seed):
+    """Call the answer in the sandbox with every structural check; returns (o, lse)."""
+    B, H, n, d = q.shape
+    before = [grading._bits(t).clone() for t in (q, k, v)]
+    with grading.Sandbox() as box:
+        out = call_learner(fn, q, k, v, window, name="sliding_window", where=where, seed=seed)
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise fail(f"{where}: return (O, lse), a pair; got {type(out).__name__}.", seed)
+    o, lse = out
+    grading.refuse_own_kernels(box, where, seed)
+    if box.torch_ops or box.passes:
+        ops = ", ".join(sorted(set(box.torch_ops) | set(box.passes)))
+        raise fail(f"{where}: the answer computes or copies with torch ({ops}); do the work in your kernel.", seed)
+    ok_o = isinstance(o, torch.Tensor) and o.shape == q.shape and o.dtype == q.dtype
+    ok_lse = isinstance(lse, torch.Tensor) and lse.shape == (B, H, n) and lse.dtype == torch.float32
+    if not (ok_o and ok_lse):
+        raise fail(f"{where}: return O like q {tuple(q.shape)} and lse ({B}, {H}, {n}) float32.", seed)
+    if any(not torch.equal(grading._bits(t), b) for t, b in zip((q, k, v), before, strict=True)):
+        raise fail(f"{where}: your code changed q, k or v. Write only O and lse.", seed)
+    past = box.writes_past_the_end()
+    if past is not None:
+        raise fail(f"{where}: the kernel wrote {past[0]} elements past the end of O or lse: mask the stores.", seed)
+    if n > d and any(a.numel() >= B * H * n * n for a in box.allocations):
+        raise fail(f"{where}: your code allocates a tensor the size of the N x N scores; keep them on chip.", seed)
+    if len(box.launches) != 1:
+        raise fail(f"{where}: expected 1 Triton kernel launch, saw {len(box.launches)} ({', '.join(box.names)}).", seed)
+    for t, what in ((o, "O"), (lse, "lse")):
+        if grading.poisoned(t).any():
+            raise fail(f"{where}: {int(grading.poisoned(t).sum())} elements of {what} were never written.", seed)
+    return o, lse
+
+
+def _window_values(o, lse, q, k, v, window, rows, where, seed, dtype, hint, skip_probe=False):
+    """O and lse of query ``rows`` (a slice) against float64. ``hint`` is said where O holds NaN in a skip
+    probe (a NaN key was loaded); finite but wrong values get the mask's hint."""
+    ref_o, ref_lse = window_reference(q, k, v, window)
+    err = _row_err(o[:, :, rows], ref_o[:, :, rows])
+    lse_ok = _close_lse(lse[:, :, rows], ref_lse[:, :, rows])
+    if err.max() <= O_TOL[dtype] and lse_ok.all():
+        return
+    bad = int((err > O_TOL[dtype]).sum()) + int((~lse_ok).sum())
+    if torch.isfinite(o[:, :, rows].detach().double()).all():
+        hint = "Mask keys j > i (the future) and j <= i - window (out of the window) with -inf."
+    elif not skip_probe:
+        hint = (
+            "O holds NaN: in a block where a row has no key in its window yet, m stays -inf and "
+            "exp(-inf - (-inf)) is NaN. Subtract 0 instead where m is still -inf (exp(-inf - 0) = 0)."
+        )
+    raise fail(
+        f"{where}: {bad} rows of O or lse differ from float64 (query i sees keys i - window < j <= i). {hint}", seed
+    )
+
+
+def check_sliding_window(window_fn) -> Passed:
+    """``window_fn(q, k, v, window) -> (O, lse)``: causal attention in which query i sees only the
+    ``window`` keys ``i - window < j <= i``, for q, k, v (B, H, N, D), N_q = N_k. Checked on fresh inputs
+    of awkward sizes in the dtypes of the mode, one launch, poisoned outputs, inputs unchanged, nothing
+    of the scores' size; then the skip probes: NaN in keys the kernel must never load (those before
+    every window of a far-away Q tile, and those after the diagonal of an early one)."""
+    seed = grading.new_seed()
+    checks = 0
+    with grading.seeded(seed):
+        for dtype in _dtypes():
+            for B, H, n, d, window in WINDOW_CASES:
+                gen = grading.fresh_generator()
+                q, k, v = flash_inputs((B, H, n, n, d), dtype, gen)
+                where = f"sliding_window, (B, H, N, D) = {(B, H, n, d)}, window {window}, {grading.dtype_name(dtype)}"
+                o, lse = _window_call(window_fn, q, k, v, window, where, seed)
+                _window_values(o, lse, q, k, v, window, slice(None), where, seed, dtype, "")
+                checks += 1
+            if dtype == _dtypes()[0]:  # the skip probes once, between the dtypes: a kernel that loads
+                checks += _window_probes(window_fn, seed, dtype)  # every block fails before the second dtype
+    return _passed(
+        f"✓ sliding_window: {checks} checks passed ({len(WINDOW_CASES)} awkward shapes and windows x "
+        f"{len(_dtypes())} dtypes, fresh inputs, poisoned outputs, inputs unchanged, one launch; and two skip "
+        "probes: keys outside every window of a tile are never loaded)",
+        checks,
+    )
+
+
+def _window_probes(window_fn, seed, dtype) -> int:
+    """NaN in the first keys, then in the last: rows whose tiles never need them must stay right."""
+    checks = 0
+    for side in ("start", "end"):
+        gen = grading.fresh_generator()
+        q, k, v = flash_inputs((1, 2, SKIP_N, SKIP_N, 16), dtype, gen)
+        clean = [t.clone() for t in (q, k, v)]
+        keys = slice(0, POISON_KEYS) if side == "start" else slice(SKIP_N - POISON_KEYS, SKIP_N)
+        for t in (k, v):
+            t[:, :, keys] = float("nan")
+        where = (
+            f"sliding_window skip probe, N = {SKIP_N}, window {WINDOW_PROBE}, NaN in keys {keys.start}..{keys.stop - 1}"
+        )
+        o, lse = _window_call(window_fn, q, k, v, WINDOW_PROBE, where, seed)
+        if side == "start":
+            rows = slice(2 * SKIP_TILE + WINDOW_PROBE, SKIP_N)
+            hint = (
+                "Those rows' windows end far from key 0, yet your kernel read it: start each Q tile's key "
+                "loop at its window, lo = max(0, start_m - window + 1) rounded down to a BLOCK_N boundary."
+            )
+        else:
+            rows = slice(0, SKIP_N - 2 * SKIP_TILE - POISON_KEYS)
+            hint = "Stop each Q tile's key loop after its last row's key, as causal attention does."
+        _window_values(o, lse, *clean, WINDOW_PROBE, rows, where, seed, dtype, hint, skip_probe=True)
+        checks += 1
+    return checks
+
+
+#: the block count the prediction of exercise 5 is checked against: N, window, BLOCK_M, BLOCK_N
+WINDOW_PREDICTION = (16384, 1024, 128, 64)
+
+
+def window_block_fraction(n: int, window: int, block_m: int, block_n: int) -> float:
+    """Key blocks a sliding-window kernel computes (each Q tile from its window's first block to its
+    diagonal) over the blocks full attention computes."""
+    done = 0
+    for start_m in range(0, n, block_m):
+        lo = max(0, start_m - window + 1) // block_n * block_n
+        hi = min(n, start_m + block_m)
+        done += -(-(hi - lo) // block_n)
+    return done / (-(-n // block_m) * -(-n // block_n))
+
+
+def check_window_prediction(fraction) -> Passed:
+    """The learner's predicted fraction of key blocks computed at :data:`WINDOW_PREDICTION`, within 2% of
+    the count (the count is exact; 2% leaves room for rounding the diagonal's share by hand)."""
+    got = number(fraction, "my_window_fraction")
+    want = window_block_fraction(*WINDOW_PREDICTION)
+    n, window, bm, bn = WINDOW_PREDICTION
+    if abs(got - want) > 0.02 * want:
+        raise fail(
+            f"my_window_fraction = {got:.4g}; the block count at N = {n}, window {window}, tiles {bm} x {bn} "
+            f"gives a different fraction of full attention's blocks. Count per Q tile: the blocks from the "
+            "one holding its first row's first key to the one holding its last row's diagonal."
+        )
+    return _passed(f"✓ your prediction {got:.4g} matches the block count ({want:.4f} of full attention's blocks)")
