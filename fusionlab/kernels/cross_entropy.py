@@ -83,6 +83,7 @@ from ._launch import (
     row_config,
     sm_count,
 )
+from ._tensors import check_writable, output_like, upstream_grad
 from .softmax import _split_merge, _split_ticket, _split_wait
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -1303,17 +1304,15 @@ class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, ignore_index, reduction, label_smoothing, inplace_grad, cfg):
         # the gradient gets the logits' row stride, so both split a row at the same 16-byte boundaries
-        grad = (
-            logits
-            if inplace_grad
-            else torch.empty_strided(logits.shape, logits.stride(), dtype=logits.dtype, device=logits.device)
-        )
+        # (contiguous where the logits' rows overlap: expanded logits would have every row write one)
+        grad = logits if inplace_grad else output_like(logits)
         loss = _loss(logits, target, grad, ignore_index, reduction, label_smoothing, cfg)
         if inplace_grad:
             _increment_version(logits)
         ctx.save_for_backward(grad.detach(), target)
         ctx.ignore_index = ignore_index
         ctx.used = False
+        ctx.loss = loss.detach()  # a view sharing the loss's memory: the layout backward's grad_output must match
         return loss
 
     @staticmethod
@@ -1325,6 +1324,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             )
         ctx.used = True
         grad, target = ctx.saved_tensors
+        grad_output = upstream_grad(grad_output, ctx.loss, op="cross_entropy backward")  # a negated view resolved
         _launch_backward(grad, target, grad_output, ctx.ignore_index)
         return grad, None, None, None, None, None, None
 
@@ -1377,6 +1377,8 @@ def cross_entropy(
         if cfg["HEAD"] < cfg["VEC"]:
             raise KernelInputError(f"{op}: head_n={cfg['HEAD']} is below the alignment window of {cfg['VEC']}.")
     if need_grad:
+        if inplace_grad:
+            check_writable(logits, "logits", op=op)
         return CrossEntropyFunction.apply(logits, target, ignore_index, reduction, label_smoothing, inplace_grad, cfg)
     return _loss(logits, target, None, ignore_index, reduction, label_smoothing, cfg)
 

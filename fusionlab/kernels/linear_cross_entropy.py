@@ -29,6 +29,7 @@ import torch
 
 from .. import runtime
 from ._launch import KernelInputError, check_tensor, element_size
+from ._tensors import upstream_grad
 from .cross_entropy import _check_args, _launch_backward, _launch_forward, _prologue, _reduce, cross_entropy_config
 
 
@@ -189,7 +190,9 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                 grad_w=None,
             )
             ctx.save_for_backward(h, weight, target)
-            return loss_rows.to(h.dtype)
+            loss = loss_rows.to(h.dtype)
+            ctx.loss = loss.detach()  # what backward's grad_output must look like
+            return loss
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=accum_dtype, device=weight.device) if need_w else None
         loss_rows, sync = _forward_chunks(
@@ -207,7 +210,9 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         if grad_w is not None and grad_w.dtype != weight.dtype:
             grad_w = grad_w.to(weight.dtype)
         ctx.save_for_backward(grad_h, grad_w)
-        return _reduce(loss_rows, sync, reduction, h.dtype)
+        loss = _reduce(loss_rows, sync, reduction, h.dtype)
+        ctx.loss = loss.detach()
+        return loss
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -217,6 +222,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                 "gradients are stored once and scaled in place. Run the forward again instead."
             )
         ctx.used = True
+        grad_output = upstream_grad(grad_output, ctx.loss, op="linear_cross_entropy backward")  # -view resolved
         ignore_index, reduction, label_smoothing, chunk, accum_dtype = ctx.args
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if reduction == "none":

@@ -55,6 +55,7 @@ from ._launch import (
     Launcher,
     cdiv,
     check_block,
+    check_choice,
     check_tensor,
     check_tile,
     dtype_name,
@@ -80,10 +81,7 @@ _TANH_GELU_2C = 1.5957691216057308  # 2 sqrt(2/pi): 0.5 (1 + tanh z) = sigmoid(2
 
 
 def _check_activation(activation, op: str) -> int:
-    if activation not in ACTIVATIONS:
-        names = ", ".join(repr(a) for a in ACTIVATIONS)
-        raise KernelInputError(f"{op}: activation={activation!r}; choose one of {names}.")
-    return ACTIVATIONS[activation]
+    return check_choice(activation, ACTIVATIONS, "activation", op=op)
 
 
 # -- the spec -------------------------------------------------------------------------------------

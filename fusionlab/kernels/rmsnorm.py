@@ -94,6 +94,7 @@ from ._launch import (  # noqa: F401  (DEFAULT_SMS, sm_count: lesson 4 and the b
     Launcher,
     cdiv,
     check_block,
+    check_overrides,
     check_tensor,
     check_tile,
     element_size,
@@ -104,6 +105,7 @@ from ._launch import (  # noqa: F401  (DEFAULT_SMS, sm_count: lesson 4 and the b
     sm_count,
     tail_warps,
 )
+from ._tensors import resolved
 
 OP = "rmsnorm"
 
@@ -865,9 +867,8 @@ def row_layouts(*tensors: torch.Tensor) -> tuple[Rows, ...] | None:
 def grad_rows(g: torch.Tensor) -> tuple[torch.Tensor, int]:
     """A gradient as ``(tensor, row stride)`` with unit column stride and one row stride, copying it
     when autograd handed over another layout (an expanded ``y.sum()`` gradient, a transposed view)."""
-    if g.dim() == 0 or g.is_neg() or g.is_conj():
-        g = g.resolve_neg().resolve_conj().contiguous()
-    if g.shape[-1] > 1 and g.stride(-1) != 1:
+    g = resolved(g)  # a negated view (what autograd hands over for -y) made real
+    if g.dim() == 0 or (g.shape[-1] > 1 and g.stride(-1) != 1):
         g = g.contiguous()
     lv = _levels(g.shape, g.stride())
     if lv is None or len(lv) == 2:
@@ -881,7 +882,7 @@ def apply_overrides(cfg: dict, override: dict | None, n_cols: int, op: str) -> d
     """A configuration with a tuning run's (or a test's) overrides: any of ``BLOCK_M``, ``BLOCK_N``,
     ``num_warps``, ``programs`` (backward), ``num_stages``. A ``BLOCK_N`` below the row width forces
     the two-pass path."""
-    if not override:
+    if not check_overrides(override, "fwd_config/bwd_config", op=op):
         return cfg
     cfg = dict(cfg)
     for key, value in override.items():

@@ -91,6 +91,7 @@ from ._launch import (
     sm_count,
     tail_warps,
 )
+from ._tensors import upstream_grad
 from .rmsnorm import _row_offsets
 
 OP = "softmax"
@@ -893,11 +894,10 @@ def _forward_split(x: torch.Tensor, y: torch.Tensor, r: _Rows, cfg: dict) -> tor
 
 
 def _backward(y: torch.Tensor, dy: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
-    if dy.dtype != y.dtype:
-        dy = dy.to(y.dtype)
-    layout = _rows(dy) if (dy.dim() == 0 or dy.shape[-1] == 1 or dy.stride(-1) == 1) else None
-    if layout is None or dy.is_neg() or dy.is_conj():  # e.g. an expanded gradient (stride 0 everywhere)
-        dy = dy.resolve_neg().resolve_conj().contiguous()
+    dy = upstream_grad(dy, y, op="softmax backward")  # dtype, a negated view resolved, last stride 1
+    layout = _rows(dy)
+    if layout is None:  # e.g. an expanded gradient (stride 0 everywhere)
+        dy = dy.contiguous()
         layout = _rows(dy)
     dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
     if y.numel() == 0:

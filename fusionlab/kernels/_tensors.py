@@ -1,0 +1,96 @@
+"""What every launcher and every backward does to a tensor before a kernel reads or writes its memory.
+
+A Triton kernel sees a pointer and the strides it is given, nothing else. Three things torch keeps
+*outside* the memory would then be silently lost, so they are settled here, once, for every op:
+
+- **a lazily negated or conjugated view** (``torch._neg_view``, ``.conj()`` of a complex tensor): the
+  sign is a flag, the memory holds the values before the flip. A forward input is refused by
+  :func:`fusionlab.kernels._launch.check_tensor` (the learner made it and can resolve it); a gradient
+  handed over by autograd is resolved by :func:`upstream_grad` (autograd makes such views itself, e.g.
+  the backward of ``-y``, and the learner never sees them). ``.conj()`` of a real tensor is the tensor.
+- **overlapping layouts** (``expand``: stride 0; ``as_strided`` with rows that share memory): fine to
+  read, never to write. An output or a gradient is allocated by :func:`new_output` (contiguous) or
+  :func:`output_like` (the input's strides only where they do not overlap), never blindly with an
+  input's strides; an op that writes over an input refuses an overlapping one (:func:`check_writable`).
+- **layouts a kernel cannot walk** (a gradient transposed, or with a stride on its last dimension):
+  copied to a contiguous tensor by :func:`upstream_grad` — one copy, on an unusual path only.
+
+Everything here is attribute reads on the common path (a contiguous tensor with no flags): a launcher
+is on the hot path of small tensors, where host time per call is the whole cost.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._launch import KernelInputError, dtype_name
+
+
+def resolved(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with a lazily negated or conjugated view made real (a copy only when it is one)."""
+    if t.is_neg() or t.is_conj():
+        return t.resolve_neg().resolve_conj()
+    return t
+
+
+def overlaps(t: torch.Tensor) -> bool:
+    """Whether two different indices of ``t`` may name one memory location: a stride 0 (``expand``)
+    over a dimension of more than one element, or strides that interleave (``as_strided``). Exact for
+    every layout torch's views make: sorted by stride, each dimension must step past the whole extent
+    of the ones below it."""
+    dims = sorted((t.stride(i), t.shape[i]) for i in range(t.dim()) if t.shape[i] > 1)
+    extent = 1  # elements spanned by the dimensions seen so far
+    for stride, size in dims:
+        if stride < extent:
+            return True
+        extent = stride * (size - 1) + extent
+    return False
+
+
+def new_output(shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A fresh contiguous tensor on ``like``'s device (of ``like``'s dtype unless given): the layout of
+    every output and gradient a kernel writes, whatever the inputs' strides."""
+    return torch.empty(tuple(shape), dtype=like.dtype if dtype is None else dtype, device=like.device)
+
+
+def output_like(t: torch.Tensor) -> torch.Tensor:
+    """An output with ``t``'s strides, so both split rows at the same 16-byte boundaries — unless ``t``'s
+    elements overlap (an expanded tensor: every row would write one row), then contiguous."""
+    if overlaps(t):
+        return new_output(t.shape, t)
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+
+
+def check_writable(t: torch.Tensor, name: str, *, op: str) -> torch.Tensor:
+    """Refuse to write a kernel's output over ``t`` when its elements share memory."""
+    if overlaps(t):
+        raise KernelInputError(
+            f"{op}: {name} has elements that share memory (shape {tuple(t.shape)}, strides {t.stride()}, "
+            f"e.g. from expand()), so it cannot be written in place. Pass {name}.contiguous()."
+        )
+    return t
+
+
+def upstream_grad(g, like: torch.Tensor, *, op: str, name: str = "grad_output", unit_last: bool = True) -> torch.Tensor:
+    """A gradient autograd hands to a backward, as a kernel can read it: of ``like``'s shape (checked),
+    cast to ``like``'s dtype, a negated or conjugated view made real, and — with ``unit_last`` —
+    copied to a contiguous tensor when its last dimension is not contiguous. A stride-0 (expanded)
+    gradient is kept where its last stride is 1 or its rows are one element: reading is safe and a
+    kernel may use the stride 0 (cross-entropy's shared grad_output)."""
+    if not isinstance(g, torch.Tensor):
+        raise KernelInputError(f"{op}: {name} must be a torch.Tensor, got {type(g).__name__}.")
+    if g.shape != like.shape:
+        raise KernelInputError(f"{op}: {name} has shape {tuple(g.shape)}, the output has {tuple(like.shape)}.")
+    if g.device != like.device:
+        raise KernelInputError(f"{op}: {name} is on {g.device}, the output on {like.device}.")
+    if g.dtype != like.dtype:
+        if not g.is_floating_point():
+            raise KernelInputError(f"{op}: {name} has dtype {dtype_name(g.dtype)}; a gradient is floating point.")
+        g = g.to(like.dtype)
+    g = resolved(g)
+    if unit_last and g.dim() and g.shape[-1] > 1 and g.stride(-1) != 1:
+        g = g.contiguous()
+    return g
+
+
+__all__ = ["check_writable", "new_output", "output_like", "overlaps", "resolved", "upstream_grad"]
