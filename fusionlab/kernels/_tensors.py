@@ -93,4 +93,50 @@ def upstream_grad(g, like: torch.Tensor, *, op: str, name: str = "grad_output", 
     return g
 
 
-__all__ = ["check_writable", "new_output", "output_like", "overlaps", "resolved", "upstream_grad"]
+class TargetOutOfRange(KernelInputError, IndexError):
+    """A class index outside ``[0, V)`` that is not ``ignore_index`` (an ``IndexError`` too, as torch's
+    own ``F.cross_entropy`` raises on the CPU)."""
+
+
+def check_targets(target: torch.Tensor, n_classes: int, ignore_index: int, *, op: str, check: bool | None) -> None:
+    """Refuse a target outside ``[0, n_classes)`` that is not ``ignore_index``.
+
+    ``check=None`` checks where it is free: in the interpreter the targets are in host memory and are
+    read there (with numpy: a host read, no torch op and no launch, so a fused call still counts as its
+    kernels alone). On a GPU a verdict needs the device's answer back on the host — a sync that would
+    stall every call's queue — so ``None`` leaves it to the kernel, which gives such a row a NaN loss
+    and a NaN gradient (it never reads out of bounds); ``check=True`` pays the sync there too, and
+    ``check=False`` skips the check everywhere (NaN rows)."""
+    if check is None:
+        check = not target.is_cuda
+    elif not isinstance(check, bool):
+        raise KernelInputError(f"{op}: check_target must be True, False or None, got {check!r}.")
+    if not check or target.numel() == 0:
+        return
+    if target.is_cuda:
+        bad = ((target < 0) | (target >= n_classes)) & (target != ignore_index)
+        if not bool(bad.any()):  # the one host sync, asked for
+            return
+        t = target.cpu().numpy()
+    else:
+        t = target.numpy()
+    bad = ((t < 0) | (t >= n_classes)) & (t != ignore_index)
+    if bad.any():
+        i = int(bad.argmax())
+        raise TargetOutOfRange(
+            f"{op}: target[{i}] = {int(t[i])} is out of range for {n_classes} classes: a class index is in "
+            f"[0, {n_classes - 1}], or ignore_index={ignore_index} for a row to skip. (check_target=False "
+            "gives such rows a NaN loss instead.)"
+        )
+
+
+__all__ = [
+    "TargetOutOfRange",
+    "check_targets",
+    "check_writable",
+    "new_output",
+    "output_like",
+    "overlaps",
+    "resolved",
+    "upstream_grad",
+]
