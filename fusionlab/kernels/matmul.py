@@ -178,8 +178,10 @@ def _epilogue(
         # the A&S coefficients a1..a5 halved (the 1/2 of GELU's 0.5 v folded in), Horner form
         poly = t * (0.127414796 + t * (-0.142248368 + t * (0.7107068705 + t * (-0.7265760135 + t * 0.5307027145))))
         half_q = poly * tl.exp2(acc * acc * -0.7213475204444817)  # erfc(|v| / sqrt 2) / 2
-        s = acc * half_q
-        acc = tl.where(acc >= 0, acc - s, s)  # v (1 - q/2) for v >= 0, v q/2 below: no cancellation
+        # v (1 - q/2) for v >= 0, v q/2 below: no cancellation (q/2 <= 1/2). Written as v times a factor,
+        # not v - v q/2: at v = +inf, q = 0 and v q/2 is inf * 0 = NaN, where GELU(inf) = inf; the
+        # same three operations an element
+        acc = acc * tl.where(acc >= 0, 1.0 - half_q, half_q)
     elif ACTIVATION == 2:  # tanh GELU, as v sigmoid(2z): no cancellation for v << 0
         acc = acc * tl.sigmoid(1.5957691216057308 * (acc + 0.044715 * acc * acc * acc))
     elif ACTIVATION == 3:  # SiLU
