@@ -56,6 +56,7 @@ from ._launch import (
     cdiv,
     check_block,
     check_choice,
+    check_same,
     check_tensor,
     check_tile,
     dtype_name,
@@ -71,6 +72,8 @@ except ImportError:  # pragma: no cover - older triton: the plain kernel only
 
 #: activation name -> the constexpr code the kernels switch on
 ACTIVATIONS = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}
+#: the codes gemm takes: ACTIVATIONS' and 4, exact GELU through libdevice's erf (the benchmarks' comparison)
+ACTIVATION_CODES = (0, 1, 2, 3, 4)
 #: exact GELU through libdevice's erf instead of A&S 7.1.26: a code the benchmarks compare (not public)
 _GELU_LIBDEVICE = 4
 #: tl.dot's fp32 modes the launcher accepts
@@ -513,14 +516,19 @@ def gemm(
     config: dict | None = None,
     input_precision: str | None = None,
     op: str = "matmul",
+    checked: bool = False,
 ) -> torch.Tensor:
-    """``act(row_scale[:, None] * (a @ b) + bias) + residual`` in one launch; inputs already checked.
+    """``act(row_scale[:, None] * (a @ b) + bias) + residual`` in one launch. ``checked=True``: the
+    caller (:func:`matmul`, ``linear``, ``rmsnorm_linear``) has checked the inputs; a direct call
+    (a benchmark's) is checked here, as every public entry point is.
 
     ``a``: (M, K); ``b``: (K, N), any strides (pass ``weight.t()`` for F.linear's (N, K) weight);
     ``bias`` (N,) contiguous; ``residual`` (M, N) any strides; ``row_scale`` (M,) fp32 contiguous;
     ``activation``: a code from :data:`ACTIVATIONS`. The launcher behind :func:`matmul`,
     :func:`fusionlab.kernels.linear.linear` and :func:`fusionlab.kernels.rmsnorm_linear.rmsnorm_linear`.
     """
+    if not checked:
+        _check_gemm_args(a, b, bias, activation, residual, row_scale, op)
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
@@ -634,6 +642,34 @@ def gemm(
     return c
 
 
+def _check_gemm_args(a, b, bias, activation, residual, row_scale, op: str) -> None:
+    """:func:`gemm`'s inputs, for a direct call: what :func:`matmul` and ``linear`` check before theirs."""
+    check_operand(a, "a", op)
+    check_operand(b, "b", op)
+    check_same(a, b, "a and b", op=op, shape=False)
+    if a.shape[1] != b.shape[0]:
+        raise KernelInputError(
+            f"{op}: a is {tuple(a.shape)} and b is {tuple(b.shape)}: a's columns must equal b's rows."
+        )
+    if activation not in ACTIVATION_CODES:
+        raise KernelInputError(f"{op}: activation={activation!r}; gemm takes a code from {ACTIVATION_CODES}.")
+    M, N = a.shape[0], b.shape[1]
+    if bias is not None:
+        check_tensor(bias, "bias", op=op, ndim=1)
+        check_same(a, bias, "a and bias", op=op, shape=False)
+        if bias.shape[0] != N:
+            raise KernelInputError(f"{op}: bias has {bias.shape[0]} elements; the output has N={N} columns.")
+    if residual is not None:
+        check_operand(residual, "residual", op)
+        check_same(a, residual, "a and residual", op=op, shape=False)
+        if tuple(residual.shape) != (M, N):
+            raise KernelInputError(f"{op}: residual is {tuple(residual.shape)}; the output is {(M, N)}.")
+    if row_scale is not None:
+        check_tensor(row_scale, "row_scale", op=op, dtypes=(torch.float32,), ndim=1)
+        if row_scale.shape[0] != M or row_scale.device != a.device:
+            raise KernelInputError(f"{op}: row_scale must be ({M},) fp32 on {a.device}, got {tuple(row_scale.shape)}.")
+
+
 def check_operand(t, name: str, op: str, dtypes=None) -> torch.Tensor:
     """A 2-D matmul operand: device, dtype, no lazy negation, no grad. Row-major or column-major
     (a transposed view such as ``w.t()``) strides; the launcher picks the TMA path only for row-major
@@ -680,4 +716,4 @@ def matmul(
             f"{op}: a is {tuple(a.shape)} and b is {tuple(b.shape)}: a's columns (K) must equal b's rows. "
             "For F.linear's (N, K) weight pass weight.t(), or use fusionlab.kernels.linear.linear."
         )
-    return gemm(a, b, variant=variant, config=config, input_precision=input_precision, op=op)
+    return gemm(a, b, variant=variant, config=config, input_precision=input_precision, op=op, checked=True)

@@ -797,6 +797,9 @@ def sum_partials(part: torch.Tensor, dtype: torch.dtype, *, pdl: bool = False) -
     wrote ``part`` was the stream's last and lets this one be placed early (``gdc_launch_dependents``):
     LayerNorm's backward, 0.4-1 us a call on an H200; RMSNorm's gained nothing (-0.7 to +1.8 us, so it
     does not; benchmarks/notes_norms.md, eighteenth session)."""
+    check_tensor(part, "part", op="sum_partials", dtypes=(torch.float32,), ndim=3, max_numel=None)
+    if dtype not in runtime.DTYPES:
+        raise KernelInputError(f"sum_partials: dtype={dtype!r}; choose one of {runtime.DTYPES}.")
     k, p, n = part.shape
     out = torch.empty((k, n), dtype=dtype, device=part.device)
     if out.numel() == 0:
