@@ -651,8 +651,7 @@ def _check_gemm_args(a, b, bias, activation, residual, row_scale, op: str) -> No
         raise KernelInputError(
             f"{op}: a is {tuple(a.shape)} and b is {tuple(b.shape)}: a's columns must equal b's rows."
         )
-    if activation not in ACTIVATION_CODES:
-        raise KernelInputError(f"{op}: activation={activation!r}; gemm takes a code from {ACTIVATION_CODES}.")
+    check_choice(activation, ACTIVATION_CODES, "activation (a code)", op=op)
     M, N = a.shape[0], b.shape[1]
     if bias is not None:
         check_tensor(bias, "bias", op=op, ndim=1)
