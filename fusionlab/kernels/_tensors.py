@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ._launch import KernelInputError, dtype_name
+from ._launch import KernelInputError
 
 
 def resolved(t: torch.Tensor) -> torch.Tensor:
@@ -37,7 +37,9 @@ def overlaps(t: torch.Tensor) -> bool:
     """Whether two different indices of ``t`` may name one memory location: a stride 0 (``expand``)
     over a dimension of more than one element, or strides that interleave (``as_strided``). Exact for
     every layout torch's views make: sorted by stride, each dimension must step past the whole extent
-    of the ones below it."""
+    of the ones below it. A contiguous tensor answers at once (the common case costs one call)."""
+    if t.is_contiguous():
+        return False
     dims = sorted((t.stride(i), t.shape[i]) for i in range(t.dim()) if t.shape[i] > 1)
     extent = 1  # elements spanned by the dimensions seen so far
     for stride, size in dims:
@@ -71,24 +73,18 @@ def check_writable(t: torch.Tensor, name: str, *, op: str) -> torch.Tensor:
     return t
 
 
-def upstream_grad(g, like: torch.Tensor, *, op: str, name: str = "grad_output", unit_last: bool = True) -> torch.Tensor:
-    """A gradient autograd hands to a backward, as a kernel can read it: of ``like``'s shape (checked),
-    cast to ``like``'s dtype, a negated or conjugated view made real, and — with ``unit_last`` —
-    copied to a contiguous tensor when its last dimension is not contiguous. A stride-0 (expanded)
-    gradient is kept where its last stride is 1 or its rows are one element: reading is safe and a
-    kernel may use the stride 0 (cross-entropy's shared grad_output)."""
-    if not isinstance(g, torch.Tensor):
-        raise KernelInputError(f"{op}: {name} must be a torch.Tensor, got {type(g).__name__}.")
-    if g.shape != like.shape:
-        raise KernelInputError(f"{op}: {name} has shape {tuple(g.shape)}, the output has {tuple(like.shape)}.")
-    if g.device != like.device:
-        raise KernelInputError(f"{op}: {name} is on {g.device}, the output on {like.device}.")
-    if g.dtype != like.dtype:
-        if not g.is_floating_point():
-            raise KernelInputError(f"{op}: {name} has dtype {dtype_name(g.dtype)}; a gradient is floating point.")
-        g = g.to(like.dtype)
-    g = resolved(g)
-    if unit_last and g.dim() and g.shape[-1] > 1 and g.stride(-1) != 1:
+def upstream_grad(g: torch.Tensor, dtype: torch.dtype, *, unit_last: bool = True) -> torch.Tensor:
+    """A gradient autograd hands to a backward, as a kernel can read it: in ``dtype`` (the output's),
+    a negated or conjugated view made real, and — with ``unit_last`` — copied to a contiguous tensor
+    when its last dimension is not contiguous (a transposed view). A stride-0 (expanded) gradient with
+    a contiguous last dimension is kept: reading it is safe, and a kernel may use the stride 0
+    (cross-entropy's shared grad_output). Autograd has already checked its shape and device. A
+    backward runs this on every call: attribute reads only, a copy only for those layouts."""
+    if g.dtype != dtype:
+        g = g.to(dtype)
+    if g.is_neg() or g.is_conj():
+        g = g.resolve_neg().resolve_conj()
+    if unit_last and g.dim() and g.stride(-1) != 1 and g.shape[-1] > 1:
         g = g.contiguous()
     return g
 

@@ -1314,7 +1314,6 @@ class CrossEntropyFunction(torch.autograd.Function):
         ctx.save_for_backward(grad.detach(), target)
         ctx.ignore_index = ignore_index
         ctx.used = False
-        ctx.loss = loss.detach()  # a view sharing the loss's memory: the layout backward's grad_output must match
         return loss
 
     @staticmethod
@@ -1326,7 +1325,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             )
         ctx.used = True
         grad, target = ctx.saved_tensors
-        grad_output = upstream_grad(grad_output, ctx.loss, op="cross_entropy backward")  # a negated view resolved
+        grad_output = upstream_grad(grad_output, grad.dtype)  # a negated view resolved, not read raw
         _launch_backward(grad, target, grad_output, ctx.ignore_index)
         return grad, None, None, None, None, None, None
 

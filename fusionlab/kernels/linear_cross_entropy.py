@@ -176,6 +176,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.args = (ignore_index, reduction, label_smoothing, chunk, accum_dtype)
         ctx.used = False
+        ctx.dtype = h.dtype  # the loss's, and so grad_output's
         if reduction == "none":  # gradients in the backward, once grad_output is known
             loss_rows, _ = _forward_chunks(
                 h,
@@ -190,9 +191,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                 grad_w=None,
             )
             ctx.save_for_backward(h, weight, target)
-            loss = loss_rows.to(h.dtype)
-            ctx.loss = loss.detach()  # what backward's grad_output must look like
-            return loss
+            return loss_rows.to(h.dtype)
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=accum_dtype, device=weight.device) if need_w else None
         loss_rows, sync = _forward_chunks(
@@ -210,9 +209,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         if grad_w is not None and grad_w.dtype != weight.dtype:
             grad_w = grad_w.to(weight.dtype)
         ctx.save_for_backward(grad_h, grad_w)
-        loss = _reduce(loss_rows, sync, reduction, h.dtype)
-        ctx.loss = loss.detach()
-        return loss
+        return _reduce(loss_rows, sync, reduction, h.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -222,7 +219,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                 "gradients are stored once and scaled in place. Run the forward again instead."
             )
         ctx.used = True
-        grad_output = upstream_grad(grad_output, ctx.loss, op="linear_cross_entropy backward")  # -view resolved
+        grad_output = upstream_grad(grad_output, ctx.dtype)  # a negated view resolved, not read raw
         ignore_index, reduction, label_smoothing, chunk, accum_dtype = ctx.args
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if reduction == "none":

@@ -903,7 +903,7 @@ def _forward_split(x: torch.Tensor, y: torch.Tensor, r: _Rows, cfg: dict) -> tor
 
 
 def _backward(y: torch.Tensor, dy: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
-    dy = upstream_grad(dy, y, op="softmax backward")  # dtype, a negated view resolved, last stride 1
+    dy = upstream_grad(dy, y.dtype)  # dtype, a negated view resolved, last stride 1
     layout = _rows(dy)
     if layout is None:  # e.g. an expanded gradient (stride 0 everywhere)
         dy = dy.contiguous()

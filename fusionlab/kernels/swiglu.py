@@ -271,7 +271,7 @@ class SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dh):
         g, u = ctx.saved_tensors
-        dh = upstream_grad(dh, g, op="swiglu backward")  # a negated view resolved, a transposed one copied
+        dh = upstream_grad(dh, g.dtype)  # a negated view resolved, a transposed one copied
         dg, du = _swiglu_backward(dh, g, u)
         return dg, du
 
