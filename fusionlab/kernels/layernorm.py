@@ -641,7 +641,7 @@ def _backward(dy, x, layout, weight, mean, rstd, cfg, need_dx, need_dw, need_db)
     )
     dw = db = None
     if k:
-        sums = sum_partials(part, weight.dtype, pdl=True)
+        sums = sum_partials(part, weight.dtype, pdl=True, checked=True)
         dw = sums[0] if need_dw else None
         db = sums[k - 1] if need_db else None
     return dx, dw, db

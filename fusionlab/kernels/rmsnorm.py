@@ -791,15 +791,17 @@ def reduce_config(n_parts: int, n_cols: int, gpu: bool) -> tuple[int, int, int |
 _launch_sum = Launcher(_sum_partials_kernel)
 
 
-def sum_partials(part: torch.Tensor, dtype: torch.dtype, *, pdl: bool = False) -> torch.Tensor:
+def sum_partials(part: torch.Tensor, dtype: torch.dtype, *, pdl: bool = False, checked: bool = False) -> torch.Tensor:
     """``part.sum(1)`` for a ``(K, P, N)`` fp32 buffer of partial sums, as a ``(K, N)`` tensor of
     ``dtype``, by :func:`_sum_partials_kernel` (a fixed order: deterministic). ``pdl``: the kernel that
     wrote ``part`` was the stream's last and lets this one be placed early (``gdc_launch_dependents``):
     LayerNorm's backward, 0.4-1 us a call on an H200; RMSNorm's gained nothing (-0.7 to +1.8 us, so it
-    does not; benchmarks/notes_norms.md, eighteenth session)."""
-    check_tensor(part, "part", op="sum_partials", dtypes=(torch.float32,), ndim=3, max_numel=None)
-    if dtype not in runtime.DTYPES:
-        raise KernelInputError(f"sum_partials: dtype={dtype!r}; choose one of {runtime.DTYPES}.")
+    does not; benchmarks/notes_norms.md, eighteenth session). ``checked=True``: a norm's backward, which
+    allocated ``part`` itself, skips the checks a direct call gets (host time on a small backward's path)."""
+    if not checked:
+        check_tensor(part, "part", op="sum_partials", dtypes=(torch.float32,), ndim=3, max_numel=None)
+        if dtype not in runtime.DTYPES:
+            raise KernelInputError(f"sum_partials: dtype={dtype!r}; choose one of {runtime.DTYPES}.")
     k, p, n = part.shape
     out = torch.empty((k, n), dtype=dtype, device=part.device)
     if out.numel() == 0:
@@ -1041,7 +1043,7 @@ def _backward(dy, grad_h, h, layout_h, weight, rstd, cfg, need_dx, need_dw):
         REREAD=bool(cfg.get("REREAD")) and cfg["SINGLE_TILE"],
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
-    dw = sum_partials(part, weight.dtype)[0] if need_dw else None
+    dw = sum_partials(part, weight.dtype, checked=True)[0] if need_dw else None
     return dx, dw
 
 
