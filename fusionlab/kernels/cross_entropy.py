@@ -1325,7 +1325,8 @@ class CrossEntropyFunction(torch.autograd.Function):
             )
         ctx.used = True
         grad, target = ctx.saved_tensors
-        grad_output = upstream_grad(grad_output, grad.dtype)  # a negated view resolved, not read raw
+        # a negated view resolved, not read raw; any stride kept (the kernel takes it: 0 is the shared path)
+        grad_output = upstream_grad(grad_output, grad.dtype, unit_last=False)
         _launch_backward(grad, target, grad_output, ctx.ignore_index)
         return grad, None, None, None, None, None, None
 

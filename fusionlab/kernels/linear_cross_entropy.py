@@ -219,7 +219,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                 "gradients are stored once and scaled in place. Run the forward again instead."
             )
         ctx.used = True
-        grad_output = upstream_grad(grad_output, ctx.dtype)  # a negated view resolved, not read raw
+        grad_output = upstream_grad(grad_output, ctx.dtype, unit_last=False)  # a negated view resolved
         ignore_index, reduction, label_smoothing, chunk, accum_dtype = ctx.args
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if reduction == "none":
@@ -266,8 +266,8 @@ def linear_cross_entropy(
 
     ``h``: (T, D); ``weight``: (V, D) (``F.linear``'s layout), same dtype; ``target``: (T,) int64.
     ``ignore_index``, ``reduction``, ``label_smoothing``: as ``F.cross_entropy``; ``check_target``: an
-    out-of-range target's error, as in :func:`fusionlab.kernels.cross_entropy.cross_entropy`. ``chunk``: rows per
-    chunk (default :func:`linear_cross_entropy_chunk`). ``accum_dtype``: the dtype grad_W is
+    out-of-range target's error, as in :func:`fusionlab.kernels.cross_entropy.cross_entropy`.
+    ``chunk``: rows per chunk (default :func:`linear_cross_entropy_chunk`). ``accum_dtype``: the dtype grad_W is
     accumulated in across chunks. Each chunk's product is formed in fp32 by cuBLAS either way; the
     default (``None``) adds it to grad_W in the weight's dtype, one rounding per chunk (8 by default),
     as Liger-Kernel does. ``torch.float32`` keeps an fp32 accumulator: one rounding in all, at the
