@@ -9,14 +9,17 @@ A Triton kernel sees a pointer and the strides it is given, nothing else. Three 
   handed over by autograd is resolved by :func:`upstream_grad` (autograd makes such views itself, e.g.
   the backward of ``-y``, and the learner never sees them). ``.conj()`` of a real tensor is the tensor.
 - **overlapping layouts** (``expand``: stride 0; ``as_strided`` with rows that share memory): fine to
-  read, never to write. An output or a gradient is allocated by :func:`new_output` (contiguous) or
-  :func:`output_like` (the input's strides only where they do not overlap), never blindly with an
-  input's strides; an op that writes over an input refuses an overlapping one (:func:`check_writable`).
+  read, never to write. Launchers allocate outputs and gradients fresh and contiguous
+  (``torch.empty(shape)``, never ``empty_strided`` with an input's strides); one that wants an input's
+  row stride takes :func:`output_like` (those strides only where they do not overlap), and an op that
+  writes over an input refuses an overlapping one (:func:`check_writable`).
 - **layouts a kernel cannot walk** (a gradient transposed, or with a stride on its last dimension):
   copied to a contiguous tensor by :func:`upstream_grad` — one copy, on an unusual path only.
 
-Everything here is attribute reads on the common path (a contiguous tensor with no flags): a launcher
-is on the hot path of small tensors, where host time per call is the whole cost.
+Cross-entropy's targets are checked here too (:func:`check_targets`). Everything but that check is
+attribute reads on the common path (a contiguous tensor with no flags): a launcher is on the hot path
+of small tensors, where host time per call is the whole cost. ``tests/test_entry_points.py`` runs every
+public entry point and every backward through each of these layouts.
 """
 
 from __future__ import annotations
@@ -49,17 +52,11 @@ def overlaps(t: torch.Tensor) -> bool:
     return False
 
 
-def new_output(shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A fresh contiguous tensor on ``like``'s device (of ``like``'s dtype unless given): the layout of
-    every output and gradient a kernel writes, whatever the inputs' strides."""
-    return torch.empty(tuple(shape), dtype=like.dtype if dtype is None else dtype, device=like.device)
-
-
 def output_like(t: torch.Tensor) -> torch.Tensor:
     """An output with ``t``'s strides, so both split rows at the same 16-byte boundaries — unless ``t``'s
     elements overlap (an expanded tensor: every row would write one row), then contiguous."""
     if overlaps(t):
-        return new_output(t.shape, t)
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
 
@@ -130,7 +127,6 @@ __all__ = [
     "TargetOutOfRange",
     "check_targets",
     "check_writable",
-    "new_output",
     "output_like",
     "overlaps",
     "resolved",
