@@ -1348,9 +1348,9 @@ def cross_entropy(
 
     ``logits``: ``(T, V)``, fp32/bf16/fp16 (math in fp32), rows may be strided (last dim contiguous);
     ``target``: ``(T,)`` int64 class indices, or ``ignore_index`` (zero loss, zero gradient, not in the
-    mean's denominator). A target outside ``[0, V)`` raises ``fusionlab.kernels.TargetOutOfRange`` (an ``IndexError``
-    and a ``ValueError``) where the check is free, in the interpreter; on a GPU the check would cost a
-    host sync a call, so there it gives that row a NaN loss and gradient unless ``check_target=True``
+    mean's denominator). A target outside ``[0, V)`` raises ``fusionlab.kernels.TargetOutOfRange`` (an
+    ``IndexError`` and a ``ValueError``) where the check is free, in the interpreter; on a GPU the check
+    would cost a host sync a call, so there it gives that row a NaN loss and gradient unless ``check_target=True``
     (``False``: NaN rows everywhere; see :func:`fusionlab.kernels._tensors.check_targets`).
     ``reduction``: "mean" (all rows ignored: NaN, as torch), "sum" or "none" (per row).
     ``label_smoothing`` in [0, 1], never applied to ignored rows. Returns the loss in the logits' dtype,
