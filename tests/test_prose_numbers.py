@@ -36,9 +36,10 @@ SPEC_MARKER = "<!-- spec -->"
 
 _NUMBER = r"(?<![\w.])\d+(?:[.,]\d+)*"
 _UNIT = r"(?:ns|µs|μs|us|ms|GB/s|TB/s|TFLOP/s|TFLOPS|%)"
-#: a number and a unit; or a number and a ratio sign that no further number follows (not a shape)
+#: a number and a unit; or a number and a ratio sign that no number, capital letter (``32768 × N``) or
+#: bracket follows (those are shapes)
 MEASUREMENT = re.compile(
-    rf"{_NUMBER}\s?(?:{_UNIT}(?![\w/])|[×x](?![\w])(?!\s*\d))",
+    rf"{_NUMBER}\s?(?:{_UNIT}(?![\w/])|[×x](?![\w])(?!\s*(?:\d|[A-Z]\b|[(`])))",
 )
 
 
@@ -97,8 +98,7 @@ def test_no_hand_typed_measurement_in_prose(path):
     found = findings(path)
     assert not found, (
         f"{path.relative_to(ROOT)}: hand-typed measurements in markdown (render them from the run or the "
-        f"recording in a code cell; a spec-sheet fact may carry {SPEC_MARKER} on its line):\n  "
-        + "\n  ".join(found)
+        f"recording in a code cell; a spec-sheet fact may carry {SPEC_MARKER} on its line):\n  " + "\n  ".join(found)
     )
 
 
@@ -125,6 +125,7 @@ def test_a_planted_measurement_is_caught(text):
     [
         "At 32768 × 4096 in bf16, one fused kernel.",  # a shape
         "a 4x4 tile",  # a shape
+        "P × N fp32 against 32768 × N",  # shapes with a dimension's letter
         "The H100 SXM's HBM3 is rated 3.35 TB/s. <!-- spec -->",  # a spec-sheet fact, marked
         "rows of `1e-6` and `x = 3ms`",  # inline code
         "    y = 2x + 1 % 5",  # an indented code block
