@@ -375,3 +375,165 @@ def check_fused_bytes(fn) -> Passed:
         "than the block re-read h)",
         len(BYTES_CASES),
     )
+
+
+# -- exercise 4: predict the re-read cliff, before the measurement ------------------------------------------
+#: the widths whose online-path time per element (against the narrow rows') the learner predicts
+CLIFF_WIDTHS = (65536, 262144)
+#: how far above (or, past the cliff, below) the measured ratio a prediction may sit: the ratios of one
+#: GPU's rounds differ by a few hundredths, an H100's and an H200's by up to a quarter at one width
+CLIFF_BAND = 0.2
+
+
+def cliff_measured(run=None) -> tuple[dict[int, float], dict[int, bool], str]:
+    """From ``run`` (a :class:`fusionlab.bench.SuiteRun`; default: the recording of this GPU if there is one,
+    else the newest recording of lesson 4): the online softmax's time per element at each width of
+    :data:`CLIFF_WIDTHS` over the narrow rows' (the sweep's 4096); whether that width's rows in flight
+    (one program an SM) fit the GPU's L2; and the run's label."""
+    from ... import bench
+    from ...kernels.rmsnorm import DEFAULT_SMS
+    from ..l1 import regimes
+    from .suite import SWEEP_ELEMENTS, sweep_name
+
+    if run is None:
+        device = runtime.info().device_name if runtime.is_gpu() else None
+        try:
+            rec = bench.recorded(device=device, suite="lesson4")
+        except FileNotFoundError:  # no recording of this GPU: the newest of any
+            rec = bench.recorded(suite="lesson4")
+        ms, device, label = {r.name: r.ms for r in rec.results("lesson4")}, rec.meta["device"], rec.label()
+    else:
+        ms, device, label = {r.name: r.ms for r in run.results}, run.device, run.label
+    l2 = regimes.recorded_sweep(device)["L2_bytes"]
+    narrow = ms[sweep_name(4096)] / SWEEP_ELEMENTS
+    ratio = {w: ms[sweep_name(w, online=True)] / SWEEP_ELEMENTS / narrow for w in CLIFF_WIDTHS}
+    fits = {w: DEFAULT_SMS * w * 2 <= l2 for w in CLIFF_WIDTHS}
+    return ratio, fits, label
+
+
+def check_cliff_prediction(predicted, run=None) -> Passed:
+    """Exercise 4: ``predicted`` is ``{width: ratio}``, the online path's time per element at each width of
+    :data:`CLIFF_WIDTHS` over the narrow rows', written **before** the measurement is shown. The band: up to
+    :data:`CLIFF_BAND` above the measured ratio; below it, down to the narrow rows' own rate where the rows
+    in flight fit L2 (a GPU may hide the whole re-read there), :data:`CLIFF_BAND` where they do not."""
+    name = "cliff prediction"
+    if not isinstance(predicted, dict) or sorted(predicted) != sorted(CLIFF_WIDTHS):
+        raise CheckFailed(f"{name}: a dict {{width: ratio}} with the widths {list(CLIFF_WIDTHS)}, got {predicted!r}.")
+    measured, fits, label = cliff_measured(run)
+    lines = []
+    for w in CLIFF_WIDTHS:
+        got = number(predicted[w], f"{name}[{w}]", "x")
+        low = 1.0 - CLIFF_BAND / 2 if fits[w] else measured[w] - CLIFF_BAND
+        if not low <= got <= measured[w] + CLIFF_BAND:
+            raise CheckFailed(
+                f"{name}: at rows of {w} you predicted {got:.2f}x, the GPU measured {measured[w]:.2f}x ({label}). "
+                f"The ledger says 1.50x for any width past one tile: a second read. Here the rows in flight (one "
+                f"program an SM, each on a row of {human_bytes(2 * w)}) {'fit' if fits[w] else 'do not fit'} in "
+                "L2: does the second read reach HBM?"
+            )
+        lines.append(f"{w}: you {got:.2f}x, measured {measured[w]:.2f}x")
+    return _passed(f"✓ {name}: both widths within the band of the measurement ({'; '.join(lines)}; {label})", 2)
+
+
+# -- exercise 5: LayerNorm's dγ and dβ, one kernel --------------------------------------------------------------
+#: (rows, N): one element; widths around a block of 64 columns; rows around a block of 32; many programs
+DWDB_SHAPES = ((1, 1), (7, 63), (33, 64), (129, 65), (100, 300))
+#: many programs: one a block of columns
+DWDB_MANY = (40, 2000)
+
+
+def dwdb_inputs(shape, dtype, gen):
+    """``x, dy`` in ``dtype`` and the forward's saved ``mean, rstd`` (fp32, one a row), rows with an offset."""
+    rows, n = shape
+    x = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=2.0) + 0.5)
+    dy = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=1.0))
+    xf = x.float()
+    mean = grading.with_room_after(xf.mean(-1))
+    rstd = grading.with_room_after(torch.rsqrt(xf.var(-1, unbiased=False) + 1e-5))
+    return x, dy, mean, rstd
+
+
+def dwdb_reference(x, dy, mean, rstd):
+    """``dγ = Σ_rows dy · x̂`` and ``dβ = Σ_rows dy``, ``x̂ = (x − mean) · rstd``, in float64 then the
+    activations' dtype; also the sum of the terms' sizes, which bounds an fp32 accumulator's error."""
+    xhat = (x.double() - mean.double()[:, None]) * rstd.double()[:, None]
+    terms_w, terms_b = dy.double() * xhat, dy.double()
+    return terms_w.sum(0), terms_b.sum(0), terms_w.abs().sum(0), terms_b.abs().sum(0)
+
+
+def _dwdb_close(got, want, size, dtype) -> torch.Tensor:
+    """Elements within the dtype's tolerance, plus an fp32 accumulator's rounding of ``size`` (Σ|terms|)."""
+    atol, rtol = grading.tolerance(dtype)
+    g = got.detach().double().cpu()
+    return (g - want.cpu()).abs() <= atol + rtol * want.abs().cpu() + 2.0**-20 * size.cpu()
+
+
+def _dwdb_case(fn, name, shape, dtype, seed):
+    gen = grading.fresh_generator()
+    x, dy, mean, rstd = dwdb_inputs(shape, dtype, gen)
+    where = f"{name}, shape {shape}, {grading.dtype_name(dtype)}"
+    dw_ref, db_ref, dw_size, db_size = dwdb_reference(x, dy, mean, rstd)
+    out, box = _run(fn, (x, dy, mean, rstd), name, where, seed)
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise fail(f"{where}: return (dw, db), a pair of tensors of N elements.", seed)
+    like = torch.empty(shape[1], dtype=dtype, device=x.device)
+    dw = _tensor(out[0], like, "dw (the first of the pair)", where, seed)
+    db = _tensor(out[1], like, "db (the second of the pair)", where, seed)
+    _one_launch(
+        box,
+        where,
+        seed,
+        (x, dy, mean, rstd, dw, db),
+        "dw and db sum the same rows of dy: one kernel reads dy once and accumulates both.",
+    )
+    for what, t in (("dw", dw), ("db", db)):
+        unwritten = grading.poisoned(t)
+        if unwritten.any():
+            first = int(unwritten.nonzero().flatten()[0])
+            raise fail(
+                f"{where}: {int(unwritten.sum())} elements of {what} were never written, the first at column "
+                f"{first}. Enough programs to cover every column block, and a mask on the last one?",
+                seed,
+            )
+    if not _dwdb_close(db, db_ref, db_size, dtype).all():
+        grading.assert_close(db, db_ref.to(dtype), what=f"{where}: db", seed=seed, hint="db = dy summed over the rows.")
+    ok = _dwdb_close(dw, dw_ref, dw_size, dtype)
+    if ok.all():
+        return
+    plain = (dy.double() * x.double()).sum(0)
+    if _dwdb_close(dw, plain, dw_size + plain.abs(), dtype).all():
+        raise fail(
+            f"{where}: dw is Σ dy · x: the normalised x̂ = (x − mean) · rstd is what the weight multiplied in the "
+            "forward, so it is what dw sums (with each row's own mean and rstd).",
+            seed,
+        )
+    if (
+        shape[0] > 1
+        and _dwdb_close(
+            dw, (dy.double() * ((x.double() - mean.double()[:, None]) * rstd.double()[:, None]))[0], dw_size, dtype
+        ).all()
+    ):
+        raise fail(f"{where}: dw is the first row's term only: sum over every row, a loop over row blocks.", seed)
+    grading.assert_close(
+        dw, dw_ref.to(dtype), what=f"{where}: dw", seed=seed, hint="dw = Σ_rows dy · (x − mean) · rstd, in fp32."
+    )
+
+
+def check_layernorm_dwdb(fn) -> Passed:
+    """Exercise 5: ``fn(x, dy, mean, rstd)`` -> ``(dw, db)``, LayerNorm's weight and bias gradients
+    ``dw = Σ_rows dy · (x − mean) · rstd`` and ``db = Σ_rows dy`` for ``(rows, N)`` x and dy (``mean`` and
+    ``rstd``: fp32, one a row, as the forward saved them), in x's dtype, from **one** Triton kernel."""
+    name = "layernorm_dwdb"
+    if not callable(fn):
+        raise CheckFailed(f"{name}: pass your function, got {type(fn).__name__}.")
+    seed = grading.new_seed()
+    plan = [(s, d) for d in (torch.float32, runtime.HALF) for s in DWDB_SHAPES]
+    plan += [(DWDB_MANY, torch.float32), (DWDB_SHAPES[-1], runtime.HALF)]  # many programs; the same size again
+    with grading.seeded(seed):
+        for shape, dtype in plan:
+            _dwdb_case(fn, name, shape, dtype, seed)
+    return _passed(
+        f"✓ {name}: {len(plan)} checks passed (shapes {', '.join(map(str, DWDB_SHAPES))} × 2 dtypes, "
+        f"{DWDB_MANY}, one repeated; against float64, poisoned outputs, inputs unchanged, 1 launch each)",
+        len(plan),
+    )
