@@ -4,7 +4,7 @@ The lesson's clock says how long a kernel took; it cannot say whether a re-read 
 L2. ``ncu`` can: ``dram__bytes_read.sum`` and ``dram__bytes_write.sum`` are the bytes that crossed the HBM
 interface, ``lts__t_bytes.sum`` all the bytes the L2 served (hits and misses). This script profiles each case
 once (after a warm-up that compiles it) and writes the sums, beside the case's ledger bytes, to
-``fusionlab/recorded/profiles/ncu-lesson4-<device>-<date>.json`` (schema 1, with device, date and versions),
+``recorded/profiles/ncu-lesson4-DEVICE-DATE.json`` in the package (schema 1, with device, date and versions),
 which lesson 4 reads.
 
 The cases: ``torch.softmax`` and the package's softmax at the narrow width (does eager make more trips

@@ -123,7 +123,8 @@ def write_if_changed(path: str | Path, text: str) -> bool:
 
 
 def default_notebooks(root: Path = ROOT) -> list[Path]:
-    """The notebooks an instructor maintains by hand: ``notebooks/*.ipynb`` (``notebooks/deep/`` too) and ``solutions/*.ipynb``."""
+    """The notebooks an instructor maintains by hand: ``notebooks/*.ipynb``, ``notebooks/deep/*.ipynb`` and
+    ``solutions/*.ipynb``."""
     return [p for d in DEFAULT_DIRS for p in sorted((root / d).glob("*.ipynb"))]
 
 

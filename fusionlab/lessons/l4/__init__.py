@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from ... import bench
 from . import suite
 
@@ -15,21 +18,18 @@ def measure(on_result=None, **case_kwargs) -> bench.SuiteRun:
 
 
 # -- the ncu recording: bytes that reached HBM against the L2's, per case (benchmarks/ncu_lesson4.py) ----------
-from pathlib import Path as _Path  # noqa: E402
-
-PROFILES_DIR = _Path(__file__).resolve().parents[2] / "recorded" / "profiles"
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "recorded" / "profiles"
 #: the schema versions this reader understands (a new field is ignored; a new schema is refused)
 PROFILE_SCHEMAS = (1,)
 NO_PROFILE = (
     "The ncu recording of lesson 4 (HBM bytes against L2 bytes per case) is not there yet: no file "
-    "fusionlab/recorded/profiles/ncu-lesson4-*.json. On a GPU, `python benchmarks/ncu_lesson4.py` records it."
+    "recorded/profiles/ncu-lesson4-DEVICE-DATE.json in the package. On a GPU, "
+    "`python benchmarks/ncu_lesson4.py` records it."
 )
 
 
 def recorded_bytes(device: str | None = None) -> dict | None:
     """The newest ncu recording of this lesson's cases (``device``: a part of the GPU's name), or None."""
-    import json
-
     files = sorted(PROFILES_DIR.glob("ncu-lesson4-*.json"), key=lambda p: p.name[-15:])  # by the date at the end
     found = []
     for p in files:

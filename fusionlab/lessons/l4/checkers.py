@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from ... import grading, runtime
+from ... import bench, grading, runtime
 from ...grading import CheckFailed, call_learner, fail, number
-from ...kernels.rmsnorm import rmsnorm_ledger, rmsnorm_reference
+from ...kernels.rmsnorm import DEFAULT_SMS, rmsnorm_ledger, rmsnorm_reference
 from ...kernels.softmax import softmax_reference
 from ...ledger import dtype_bytes, human_bytes
+from ..l1 import regimes
+from .suite import SWEEP_ELEMENTS, sweep_name
 
 Passed, _passed = grading.Passed, grading.passed
 
@@ -390,11 +392,6 @@ def cliff_measured(run=None) -> tuple[dict[int, float], dict[int, bool], str]:
     else the newest recording of lesson 4): the online softmax's time per element at each width of
     :data:`CLIFF_WIDTHS` over the narrow rows' (the sweep's 4096); whether that width's rows in flight
     (one program an SM) fit the GPU's L2; and the run's label."""
-    from ... import bench
-    from ...kernels.rmsnorm import DEFAULT_SMS
-    from ..l1 import regimes
-    from .suite import SWEEP_ELEMENTS, sweep_name
-
     if run is None:
         device = runtime.info().device_name if runtime.is_gpu() else None
         try:
