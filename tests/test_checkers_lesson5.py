@@ -598,8 +598,13 @@ def test_geglu_accepts_the_solution_and_rejects_the_tanh_approximation():
 
 
 def test_geglu_backward_accepts_the_solution_and_rejects_two_kernels_and_torch():
-    assert ex.check_geglu_backward(_geglu_bwd).checks == 2 * len(ex.GEGLU_SHAPES) + 2
+    assert ex.check_geglu_backward(_geglu_bwd).checks == 2 * (2 * len(ex.GEGLU_SHAPES) + 2)  # dg, then du
     with pytest.raises(CheckFailed, match="expected 1 Triton kernel launch"):
         ex.check_geglu_backward(lambda dh, g, u: _geglu_bwd(dh, g, u, split=True))
     with pytest.raises(CheckFailed, match="torch"):
         ex.check_geglu_backward(lambda dh, g, u: (dh * u, dh * F.gelu(g)))
+
+
+def test_geglu_backward_asks_for_the_pair():
+    with pytest.raises(CheckFailed, match="a pair of tensors"):
+        ex.check_geglu_backward(lambda dh, g, u: _geglu_bwd(dh, g, u)[0])

@@ -171,31 +171,23 @@ def test_what_is_not_a_measurement_passes(text):
     assert not hand_typed(text), text
 
 
-def test_a_planted_notes_reader_is_caught(tmp_path):
-    nb = {
-        "cells": [
-            {"cell_type": "code", "metadata": {}, "source": "fl.bench.notes_table('notes', 'Bars')", "outputs": []}
-        ],
-        "metadata": {},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
+def _planted(tmp_path, cells) -> Path:
+    """A notebook of these cells, written where a test can read it."""
+    nb = {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     path = tmp_path / "planted.ipynb"
     path.write_text(json.dumps(nb), encoding="utf-8")
-    assert notes_readers(path) == ["[0] notes_table("]
+    return path
+
+
+def test_a_planted_notes_reader_is_caught(tmp_path):
+    code = {"cell_type": "code", "metadata": {}, "source": "fl.bench.notes_table('notes', 'Bars')", "outputs": []}
+    assert notes_readers(_planted(tmp_path, [code])) == ["[0] notes_table("]
 
 
 def test_a_planted_notebook_fails(tmp_path):
-    nb = {
-        "cells": [
-            {"cell_type": "markdown", "metadata": {}, "source": ["# A lesson\n", "It ran at 1.78× eager.\n"]},
-            {"cell_type": "code", "metadata": {}, "source": "print(f'{1.78:.2f}x')", "outputs": []},
-            {"cell_type": "markdown", "metadata": {}, "source": "HBM3: 3.35 TB/s <!-- spec -->"},
-        ],
-        "metadata": {},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-    path = tmp_path / "planted.ipynb"
-    path.write_text(json.dumps(nb), encoding="utf-8")
-    assert findings(path) == ["[0] '1.78×'"]
+    cells = [
+        {"cell_type": "markdown", "metadata": {}, "source": ["# A lesson\n", "It ran at 1.78× eager.\n"]},
+        {"cell_type": "code", "metadata": {}, "source": "print(f'{1.78:.2f}x')", "outputs": []},
+        {"cell_type": "markdown", "metadata": {}, "source": "HBM3: 3.35 TB/s <!-- spec -->"},
+    ]
+    assert findings(_planted(tmp_path, cells)) == ["[0] '1.78×'"]

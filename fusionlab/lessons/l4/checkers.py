@@ -451,69 +451,10 @@ def dwdb_inputs(shape, dtype, gen):
 
 
 def dwdb_reference(x, dy, mean, rstd):
-    """``dγ = Σ_rows dy · x̂`` and ``dβ = Σ_rows dy``, ``x̂ = (x − mean) · rstd``, in float64 then the
-    activations' dtype; also the sum of the terms' sizes, which bounds an fp32 accumulator's error."""
+    """``(dγ, dβ)``: ``dγ = Σ_rows dy · x̂`` and ``dβ = Σ_rows dy``, ``x̂ = (x − mean) · rstd``, summed in
+    float64 and stored in the activations' dtype."""
     xhat = (x.double() - mean.double()[:, None]) * rstd.double()[:, None]
-    terms_w, terms_b = dy.double() * xhat, dy.double()
-    return terms_w.sum(0), terms_b.sum(0), terms_w.abs().sum(0), terms_b.abs().sum(0)
-
-
-def _dwdb_close(got, want, size, dtype) -> torch.Tensor:
-    """Elements within the dtype's tolerance, plus an fp32 accumulator's rounding of ``size`` (Σ|terms|)."""
-    atol, rtol = grading.tolerance(dtype)
-    g = got.detach().double().cpu()
-    return (g - want.cpu()).abs() <= atol + rtol * want.abs().cpu() + 2.0**-20 * size.cpu()
-
-
-def _dwdb_case(fn, name, shape, dtype, seed):
-    gen = grading.fresh_generator()
-    x, dy, mean, rstd = dwdb_inputs(shape, dtype, gen)
-    where = f"{name}, shape {shape}, {grading.dtype_name(dtype)}"
-    dw_ref, db_ref, dw_size, db_size = dwdb_reference(x, dy, mean, rstd)
-    out, box = _run(fn, (x, dy, mean, rstd), name, where, seed)
-    if not (isinstance(out, (tuple, list)) and len(out) == 2):
-        raise fail(f"{where}: return (dw, db), a pair of tensors of N elements.", seed)
-    like = torch.empty(shape[1], dtype=dtype, device=x.device)
-    dw = _tensor(out[0], like, "dw (the first of the pair)", where, seed)
-    db = _tensor(out[1], like, "db (the second of the pair)", where, seed)
-    _one_launch(
-        box,
-        where,
-        seed,
-        (x, dy, mean, rstd, dw, db),
-        "dw and db sum the same rows of dy: one kernel reads dy once and accumulates both.",
-    )
-    for what, t in (("dw", dw), ("db", db)):
-        unwritten = grading.poisoned(t)
-        if unwritten.any():
-            first = int(unwritten.nonzero().flatten()[0])
-            raise fail(
-                f"{where}: {int(unwritten.sum())} elements of {what} were never written, the first at column "
-                f"{first}. Enough programs to cover every column block, and a mask on the last one?",
-                seed,
-            )
-    if not _dwdb_close(db, db_ref, db_size, dtype).all():
-        grading.assert_close(db, db_ref.to(dtype), what=f"{where}: db", seed=seed, hint="db = dy summed over the rows.")
-    ok = _dwdb_close(dw, dw_ref, dw_size, dtype)
-    if ok.all():
-        return
-    plain = (dy.double() * x.double()).sum(0)
-    if _dwdb_close(dw, plain, dw_size + plain.abs(), dtype).all():
-        raise fail(
-            f"{where}: dw is Σ dy · x: the normalised x̂ = (x − mean) · rstd is what the weight multiplied in the "
-            "forward, so it is what dw sums (with each row's own mean and rstd).",
-            seed,
-        )
-    if (
-        shape[0] > 1
-        and _dwdb_close(
-            dw, (dy.double() * ((x.double() - mean.double()[:, None]) * rstd.double()[:, None]))[0], dw_size, dtype
-        ).all()
-    ):
-        raise fail(f"{where}: dw is the first row's term only: sum over every row, a loop over row blocks.", seed)
-    grading.assert_close(
-        dw, dw_ref.to(dtype), what=f"{where}: dw", seed=seed, hint="dw = Σ_rows dy · (x − mean) · rstd, in fp32."
-    )
+    return (dy.double() * xhat).sum(0).to(x.dtype), dy.double().sum(0).to(x.dtype)
 
 
 def check_layernorm_dwdb(fn) -> Passed:
@@ -523,14 +464,16 @@ def check_layernorm_dwdb(fn) -> Passed:
     name = "layernorm_dwdb"
     if not callable(fn):
         raise CheckFailed(f"{name}: pass your function, got {type(fn).__name__}.")
-    seed = grading.new_seed()
-    plan = [(s, d) for d in (torch.float32, runtime.HALF) for s in DWDB_SHAPES]
-    plan += [(DWDB_MANY, torch.float32), (DWDB_SHAPES[-1], runtime.HALF)]  # many programs; the same size again
-    with grading.seeded(seed):
-        for shape, dtype in plan:
-            _dwdb_case(fn, name, shape, dtype, seed)
+    hints = (
+        "dw sums dy · x̂ over the rows, x̂ = (x − mean) · rstd with each row's own mean and rstd (the normalised "
+        "x the weight multiplied in the forward, not x itself); accumulate over every block of rows in fp32.",
+        "db sums dy over every row: a loop over blocks of rows, accumulated in fp32.",
+    )
+    checks = grading.check_function_pair(
+        fn, dwdb_reference, dwdb_inputs, name=name, parts=("dw", "db"), hints=hints, sizes=DWDB_SHAPES, many=DWDB_MANY
+    )
     return _passed(
-        f"✓ {name}: {len(plan)} checks passed (shapes {', '.join(map(str, DWDB_SHAPES))} × 2 dtypes, "
+        f"✓ {name}: {checks} checks passed (dw and db; shapes {', '.join(map(str, DWDB_SHAPES))} × 2 dtypes, "
         f"{DWDB_MANY}, one repeated; against float64, poisoned outputs, inputs unchanged, 1 launch each)",
-        len(plan),
+        checks,
     )
