@@ -391,6 +391,22 @@ def recorded(path: str | Path | None = None, *, device: str | None = None, suite
     return runs[-1]
 
 
+def recorded_suite_ceilings(suite: str) -> Ceilings:
+    """The ceilings recorded **with** suite ``suite``: those of the file that holds it, in the newest run
+    that holds it. A run recorded one suite a process keeps one set of ceilings a file, and
+    :func:`recorded_runs` lends the run one of them; a lesson's predictions must use the set its suite's
+    own predictions (``predicted_ms``) were made with."""
+    rec = recorded(suite=suite)
+    best = None
+    for p in recorded_files():
+        data = json.loads(p.read_text())
+        meta = data["meta"]
+        if suite in data["suites"] and (meta["device"], meta["date"]) == (rec.meta["device"], rec.meta["date"]):
+            if best is None or meta.get("time", "") >= best["meta"].get("time", ""):
+                best = data
+    return Ceilings(**best["ceilings"]) if best is not None else rec.ceilings
+
+
 #: the measurement notes kept beside the benchmark scripts (a clone of the repository has them)
 NOTES_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -574,4 +590,5 @@ def measure_suite(suite: str, make_cases: Callable[..., list[Case]], on_result=N
     for r in results:
         if on_result is not None:
             on_result(r)
-    return SuiteRun(suite, results, rec.ceilings, rec.label(), live=False, device=rec.meta["device"])
+    ceil = recorded_suite_ceilings(suite)  # the set its predictions were made with
+    return SuiteRun(suite, results, ceil, rec.label(), live=False, device=rec.meta["device"])

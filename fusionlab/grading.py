@@ -504,6 +504,41 @@ def _check_once(student, reference, make_inputs, name, size, dtype, launches, al
     assert_close(actual, expected, what=where, hint=hint, seed=seed, unwritten=unwritten)
 
 
+def check_function_pair(
+    student: Callable,
+    reference: Callable,
+    make_inputs: Callable[[object, torch.dtype, torch.Generator], tuple],
+    *,
+    name: str,
+    parts: tuple[str, str],
+    hints: tuple[str, str],
+    **kwargs,
+) -> int:
+    """:func:`check_function` for an answer that returns a pair of tensors from one kernel (a backward's two
+    gradients): each of ``parts`` in turn, against the same element of ``reference``'s pair, every check of
+    the one (fresh inputs, poison, inputs unchanged, the launch count, the launch handed the output) for each.
+    Returns the number of checks run."""
+    checks = 0
+    for index, part in enumerate(parts):
+
+        def one(*args, index=index):
+            out = student(*args)
+            if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                raise CheckFailed(f"{name}: return ({', '.join(parts)}), a pair of tensors; got {type(out).__name__}.")
+            return out[index]
+
+        checks += check_function(
+            one,
+            lambda *args, index=index: reference(*args)[index],
+            make_inputs,
+            name=f"{name} ({part})",
+            hint=hints[index],
+            quiet=True,
+            **kwargs,
+        ).checks
+    return checks
+
+
 # -- numbers and ledgers -----------------------------------------------------------------------------
 def number(got, call: str, unit: str = "") -> float:
     """``got`` as a finite float, or a CheckFailed that says what came back."""

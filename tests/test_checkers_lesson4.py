@@ -431,3 +431,80 @@ def test_the_bars_read_a_run_and_can_fail():
         assert [b for b, met, _ in suite.bars(run) if not met] == ["softmax n=32768 >= 90% of copy (read x + write y)"]
     slow = [res(r.name, r.ms * (2 if r.name == suite.sm_fwd("fused", *suite.SOFTMAX_WIDE) else 1)) for r in good]
     assert [b for b, met, _ in suite.bars(slow) if not met] == ["softmax wide >= 0.8x the narrow rate per element"]
+
+
+# -- exercise 4: the cliff prediction ---------------------------------------------------------------------
+def test_cliff_prediction_accepts_a_reasoning_from_l2_and_rejects_no_l2():
+    measured, fits, _ = ex.cliff_measured()
+    assert fits == {65536: True, 262144: False}  # the recorded GPU: 132 SMs of 128 KiB rows fit its L2
+    reasoned = {w: 1.0 if fits[w] else 1.5 for w in ex.CLIFF_WIDTHS}
+    assert ex.check_cliff_prediction(reasoned).checks == 2
+    with pytest.raises(CheckFailed, match="fit in L2"):
+        ex.check_cliff_prediction({w: 1.5 for w in ex.CLIFF_WIDTHS})  # the ledger alone, no L2
+    with pytest.raises(CheckFailed, match="do not fit"):
+        ex.check_cliff_prediction({w: 1.0 for w in ex.CLIFF_WIDTHS})  # L2 hides everything
+    with pytest.raises(CheckFailed, match="a dict"):
+        ex.check_cliff_prediction({65536: 1.0})
+
+
+# -- exercise 5: LayerNorm's dγ and dβ -------------------------------------------------------------------
+@triton.jit
+def _dwdb_kernel(
+    x_ptr,
+    dy_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dw_ptr,
+    db_ptr,
+    n_rows,
+    n_cols,
+    stride_m,
+    PLAIN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    cols = tl.program_id(axis=0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_rows, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        row_mask = rows < n_rows
+        mask = row_mask[:, None] & col_mask[None, :]
+        offs = rows[:, None].to(tl.int64) * stride_m + cols[None, :]
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        xhat = x if PLAIN else (x - mean[:, None]) * rstd[:, None]  # PLAIN: the mistake of summing dy * x
+        dw += tl.sum(dy * xhat, axis=0)
+        db += tl.sum(dy, axis=0)
+    tl.store(dw_ptr + cols, dw.to(dw_ptr.dtype.element_ty), mask=col_mask)
+    tl.store(db_ptr + cols, db.to(db_ptr.dtype.element_ty), mask=col_mask)
+
+
+def _dwdb(x, dy, mean, rstd, plain=False, launches=1):
+    n_rows, n_cols = x.shape
+    dw, db = torch.empty(n_cols, dtype=x.dtype, device=x.device), torch.empty(n_cols, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(n_cols, 64),)
+    for _ in range(launches):  # launches=2: the same work twice, as an answer of two kernels would launch
+        _dwdb_kernel[grid](x, dy, mean, rstd, dw, db, n_rows, n_cols, x.stride(0), plain, BLOCK_M=32, BLOCK_N=64)
+    return dw, db
+
+
+def test_layernorm_dwdb_accepts_the_solution():
+    assert ex.check_layernorm_dwdb(_dwdb).checks == 2 * (2 * len(ex.DWDB_SHAPES) + 2)  # dw, then db
+
+
+def test_layernorm_dwdb_rejects_dy_times_x():
+    with pytest.raises(CheckFailed, match="normalised"):
+        ex.check_layernorm_dwdb(lambda *a: _dwdb(*a, plain=True))
+
+
+def test_layernorm_dwdb_rejects_two_kernels_and_torch():
+    with pytest.raises(CheckFailed, match="expected 1 Triton kernel launch"):
+        ex.check_layernorm_dwdb(lambda *a: _dwdb(*a, launches=2))
+    with pytest.raises(CheckFailed, match="torch"):
+        ex.check_layernorm_dwdb(
+            lambda x, dy, mean, rstd: ((dy * ((x - mean[:, None]) * rstd[:, None])).sum(0), dy.sum(0))
+        )

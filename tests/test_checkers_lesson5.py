@@ -534,3 +534,77 @@ def test_peak_memory_cases_round_trip_through_results():
         if p.variant in suite.PEAK_VARIANTS
     )
     assert suite.peaks_from([]) == []
+
+
+# -- exercise 4: the GeGLU prediction ---------------------------------------------------------------------
+def test_geglu_prediction_accepts_the_trips_and_rejects_other_counts():
+    assert ex.check_geglu_prediction({"forward": 5 / 3, "backward": 1.8}).checks == 2
+    with pytest.raises(CheckFailed, match="Both inputs"):
+        ex.check_geglu_prediction({"forward": 2.0, "backward": 1.8})  # one input forgotten
+    with pytest.raises(CheckFailed, match="three kernels"):
+        ex.check_geglu_prediction({"forward": 5 / 3, "backward": 5 / 3})
+    with pytest.raises(CheckFailed, match="a dict"):
+        ex.check_geglu_prediction(1.67)
+
+
+# -- exercise 5: GeGLU forward and backward kernels ----------------------------------------------------------
+@triton.jit
+def _geglu_kernel(g_ptr, u_ptr, h_ptr, n, TANH: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(axis=0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask).to(tl.float32)
+    if TANH:  # the tanh approximation: not the exact GELU the exercise asks for
+        t = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        gelu = 0.5 * g * (1.0 + (2.0 / (1.0 + tl.exp(-2.0 * t)) - 1.0))
+    else:
+        gelu = g * 0.5 * (1.0 + tl.math.erf(g * 0.7071067811865476))
+    tl.store(h_ptr + offs, (gelu * u).to(h_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _geglu_bwd_kernel(dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n, WHICH: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(axis=0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    dh = tl.load(dh_ptr + offs, mask=mask).to(tl.float32)
+    g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask).to(tl.float32)
+    cdf = 0.5 * (1.0 + tl.math.erf(g * 0.7071067811865476))
+    pdf = tl.exp(-0.5 * g * g) * 0.3989422804014327
+    if WHICH != 1:  # 0: both; 2: du only (a second kernel writes dg)
+        tl.store(du_ptr + offs, (dh * g * cdf).to(du_ptr.dtype.element_ty), mask=mask)
+    if WHICH != 2:
+        tl.store(dg_ptr + offs, (dh * u * (cdf + g * pdf)).to(dg_ptr.dtype.element_ty), mask=mask)
+
+
+def _geglu(g, u, tanh=False):
+    h = torch.empty_like(g)
+    _geglu_kernel[(triton.cdiv(g.numel(), 1024),)](g, u, h, g.numel(), tanh, BLOCK=1024)
+    return h
+
+
+def _geglu_bwd(dh, g, u, split=False):
+    dg, du = torch.empty_like(g), torch.empty_like(u)
+    grid = (triton.cdiv(g.numel(), 1024),)
+    for which in (2, 1) if split else (0,):
+        _geglu_bwd_kernel[grid](dh, g, u, dg, du, g.numel(), which, BLOCK=1024)
+    return dg, du
+
+
+def test_geglu_accepts_the_solution_and_rejects_the_tanh_approximation():
+    assert ex.check_geglu(_geglu).checks == 2 * len(ex.GEGLU_SHAPES) + 2
+    with pytest.raises(CheckFailed, match="differ"):
+        ex.check_geglu(lambda g, u: _geglu(g, u, tanh=True))
+
+
+def test_geglu_backward_accepts_the_solution_and_rejects_two_kernels_and_torch():
+    assert ex.check_geglu_backward(_geglu_bwd).checks == 2 * (2 * len(ex.GEGLU_SHAPES) + 2)  # dg, then du
+    with pytest.raises(CheckFailed, match="expected 1 Triton kernel launch"):
+        ex.check_geglu_backward(lambda dh, g, u: _geglu_bwd(dh, g, u, split=True))
+    with pytest.raises(CheckFailed, match="torch"):
+        ex.check_geglu_backward(lambda dh, g, u: (dh * u, dh * F.gelu(g)))
+
+
+def test_geglu_backward_asks_for_the_pair():
+    with pytest.raises(CheckFailed, match="a pair of tensors"):
+        ex.check_geglu_backward(lambda dh, g, u: _geglu_bwd(dh, g, u)[0])

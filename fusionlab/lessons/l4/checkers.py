@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from ... import grading, runtime
+from ... import bench, grading, runtime
 from ...grading import CheckFailed, call_learner, fail, number
-from ...kernels.rmsnorm import rmsnorm_ledger, rmsnorm_reference
+from ...kernels.rmsnorm import DEFAULT_SMS, rmsnorm_ledger, rmsnorm_reference
 from ...kernels.softmax import softmax_reference
 from ...ledger import dtype_bytes, human_bytes
+from ..l1 import regimes
+from .suite import SWEEP_ELEMENTS, sweep_name
 
 Passed, _passed = grading.Passed, grading.passed
 
@@ -374,4 +376,104 @@ def check_fused_bytes(fn) -> Passed:
         f"✓ fused_bytes: {len(BYTES_CASES)} shapes agree with the ledger (read x, r, w; write h, y; rows wider "
         "than the block re-read h)",
         len(BYTES_CASES),
+    )
+
+
+# -- exercise 4: predict the re-read cliff, before the measurement ------------------------------------------
+#: the widths whose online-path time per element (against the narrow rows') the learner predicts
+CLIFF_WIDTHS = (65536, 262144)
+#: how far above (or, past the cliff, below) the measured ratio a prediction may sit: the ratios of one
+#: GPU's rounds differ by a few hundredths, an H100's and an H200's by up to a quarter at one width
+CLIFF_BAND = 0.2
+
+
+def cliff_measured(run=None) -> tuple[dict[int, float], dict[int, bool], str]:
+    """From ``run`` (a :class:`fusionlab.bench.SuiteRun`; default: the recording of this GPU if there is one,
+    else the newest recording of lesson 4): the online softmax's time per element at each width of
+    :data:`CLIFF_WIDTHS` over the narrow rows' (the sweep's 4096); whether that width's rows in flight
+    (one program an SM) fit the GPU's L2; and the run's label."""
+    if run is None:
+        device = runtime.info().device_name if runtime.is_gpu() else None
+        try:
+            rec = bench.recorded(device=device, suite="lesson4")
+        except FileNotFoundError:  # no recording of this GPU: the newest of any
+            rec = bench.recorded(suite="lesson4")
+        ms, device, label = {r.name: r.ms for r in rec.results("lesson4")}, rec.meta["device"], rec.label()
+    else:
+        ms, device, label = {r.name: r.ms for r in run.results}, run.device, run.label
+    l2 = regimes.recorded_sweep(device)["L2_bytes"]
+    narrow = ms[sweep_name(4096)] / SWEEP_ELEMENTS
+    ratio = {w: ms[sweep_name(w, online=True)] / SWEEP_ELEMENTS / narrow for w in CLIFF_WIDTHS}
+    fits = {w: DEFAULT_SMS * w * 2 <= l2 for w in CLIFF_WIDTHS}
+    return ratio, fits, label
+
+
+def check_cliff_prediction(predicted, run=None) -> Passed:
+    """Exercise 4: ``predicted`` is ``{width: ratio}``, the online path's time per element at each width of
+    :data:`CLIFF_WIDTHS` over the narrow rows', written **before** the measurement is shown. The band: up to
+    :data:`CLIFF_BAND` above the measured ratio; below it, down to the narrow rows' own rate where the rows
+    in flight fit L2 (a GPU may hide the whole re-read there), :data:`CLIFF_BAND` where they do not."""
+    name = "cliff prediction"
+    if not isinstance(predicted, dict) or sorted(predicted) != sorted(CLIFF_WIDTHS):
+        raise CheckFailed(f"{name}: a dict {{width: ratio}} with the widths {list(CLIFF_WIDTHS)}, got {predicted!r}.")
+    measured, fits, label = cliff_measured(run)
+    lines = []
+    for w in CLIFF_WIDTHS:
+        got = number(predicted[w], f"{name}[{w}]", "x")
+        low = 1.0 - CLIFF_BAND / 2 if fits[w] else measured[w] - CLIFF_BAND
+        if not low <= got <= measured[w] + CLIFF_BAND:
+            raise CheckFailed(
+                f"{name}: at rows of {w} you predicted {got:.2f}x, the GPU measured {measured[w]:.2f}x ({label}). "
+                f"The ledger says 1.50x for any width past one tile: a second read. Here the rows in flight (one "
+                f"program an SM, each on a row of {human_bytes(2 * w)}) {'fit' if fits[w] else 'do not fit'} in "
+                "L2: does the second read reach HBM?"
+            )
+        lines.append(f"{w}: you {got:.2f}x, measured {measured[w]:.2f}x")
+    return _passed(f"✓ {name}: both widths within the band of the measurement ({'; '.join(lines)}; {label})", 2)
+
+
+# -- exercise 5: LayerNorm's dγ and dβ, one kernel --------------------------------------------------------------
+#: (rows, N): one element; widths around a block of 64 columns; rows around a block of 32; many programs
+DWDB_SHAPES = ((1, 1), (7, 63), (33, 64), (129, 65), (100, 300))
+#: many programs: one a block of columns
+DWDB_MANY = (40, 2000)
+
+
+def dwdb_inputs(shape, dtype, gen):
+    """``x, dy`` in ``dtype`` and the forward's saved ``mean, rstd`` (fp32, one a row), rows with an offset."""
+    rows, n = shape
+    x = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=2.0) + 0.5)
+    dy = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=1.0))
+    xf = x.float()
+    mean = grading.with_room_after(xf.mean(-1))
+    rstd = grading.with_room_after(torch.rsqrt(xf.var(-1, unbiased=False) + 1e-5))
+    return x, dy, mean, rstd
+
+
+def dwdb_reference(x, dy, mean, rstd):
+    """``(dγ, dβ)``: ``dγ = Σ_rows dy · x̂`` and ``dβ = Σ_rows dy``, ``x̂ = (x − mean) · rstd``, summed in
+    float64 and stored in the activations' dtype."""
+    xhat = (x.double() - mean.double()[:, None]) * rstd.double()[:, None]
+    return (dy.double() * xhat).sum(0).to(x.dtype), dy.double().sum(0).to(x.dtype)
+
+
+def check_layernorm_dwdb(fn) -> Passed:
+    """Exercise 5: ``fn(x, dy, mean, rstd)`` -> ``(dw, db)``, LayerNorm's weight and bias gradients
+    ``dw = Σ_rows dy · (x − mean) · rstd`` and ``db = Σ_rows dy`` for ``(rows, N)`` x and dy (``mean`` and
+    ``rstd``: fp32, one a row, as the forward saved them), in x's dtype, from **one** Triton kernel."""
+    name = "layernorm_dwdb"
+    if not callable(fn):
+        raise CheckFailed(f"{name}: pass your function, got {type(fn).__name__}.")
+    hints = (
+        "dw sums dy · x̂ over the rows, x̂ = (x − mean) · rstd with each row's own mean and rstd (the normalised "
+        "x the weight multiplied in the forward, not x itself); accumulate over every block of rows in fp32.",
+        "db sums dy over every row: a loop over blocks of rows, accumulated in fp32.",
+    )
+    checks = grading.check_function_pair(
+        fn, dwdb_reference, dwdb_inputs, name=name, parts=("dw", "db"), hints=hints, sizes=DWDB_SHAPES, many=DWDB_MANY
+    )
+    return _passed(
+        f"✓ {name}: {checks} checks passed (dw and db; shapes {', '.join(map(str, DWDB_SHAPES))} × 2 dtypes, "
+        f"{DWDB_MANY}, one repeated; against float64, poisoned outputs, inputs unchanged, 1 launch each)",
+        checks,
     )

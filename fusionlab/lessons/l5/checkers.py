@@ -439,3 +439,112 @@ def check_eager_peak_gib(peak_gib) -> Passed:
     }
     tip = grading.memory_answer_tip(got, want, logits / GIB, tips, PEAK_DTYPE_BYTES)
     raise CheckFailed(f"my_eager_peak_gib = {got:.4g}, expected about {want:.2f} GiB.{tip}")
+
+
+# -- exercise 4: GeGLU, a prediction before any kernel ------------------------------------------------------
+#: how far a predicted speedup may sit from the ledger's: the ledger is a count, the band only rounding
+GEGLU_BAND = 0.05
+
+
+def geglu_ledger_speedups() -> dict[str, float]:
+    """The ledger's speedups of a fused GeGLU, ``gelu(g) * u``: forward, eager two kernels (gelu: read g,
+    write s; mul: read s, u, write h: five trips) against one (read g, u, write h: three); backward, eager
+    three kernels (du = dh * s; ds = dh * u; dg = gelu_backward(ds, g): nine trips) against one that
+    recomputes gelu(g) (read dh, g, u; write dg, du: five)."""
+    return {"forward": 5 / 3, "backward": 9 / 5}
+
+
+def check_geglu_prediction(predicted) -> Passed:
+    """Exercise 4: ``predicted`` is ``{"forward": x, "backward": y}``, the speedups of a fused GeGLU over
+    eager PyTorch, written before any kernel; each within :data:`GEGLU_BAND` of the ledger's count."""
+    name = "geglu prediction"
+    want = geglu_ledger_speedups()
+    if not isinstance(predicted, dict) or sorted(predicted) != sorted(want):
+        raise CheckFailed(f"{name}: a dict {{'forward': ..., 'backward': ...}}, got {predicted!r}.")
+    tips = {
+        "forward": "Eager: gelu reads g and writes s; mul reads s and u and writes h. Fused: read g and u, "
+        "write h. Both inputs must still be read.",
+        "backward": "Eager autograd saves s = gelu(g) and runs three kernels: du = dh * s, ds = dh * u, "
+        "dg = gelu_backward(ds, g); count each read and write. Fused: read dh, g, u; write dg, du "
+        "(gelu(g) recomputed in registers).",
+    }
+    for key in ("forward", "backward"):
+        got = number(predicted[key], f"{name}[{key!r}]", "x")
+        if abs(got - want[key]) > GEGLU_BAND:
+            raise CheckFailed(f"{name}: {key} {got:.2f}x; the trips give {want[key]:.2f}x. {tips[key]}")
+    return _passed(f"✓ {name}: forward {want['forward']:.2f}x, backward {want['backward']:.2f}x, as the trips count", 2)
+
+
+# -- exercise 5: GeGLU forward and backward kernels ---------------------------------------------------------
+#: (rows, F): one element, sizes around a block of 1024, more rows than a block
+GEGLU_SHAPES = ((1, 1), (3, 1023), (2, 1025), (37, 129))
+GEGLU_MANY = (257, 1000)
+
+
+def geglu_inputs(shape, dtype, gen):
+    """``g, u``: contiguous ``(rows, F)``, spread enough to reach GELU's bend and both tails."""
+    g = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=3.0))
+    u = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=2.0))
+    return g, u
+
+
+def geglu_reference(g, u):
+    """``gelu(g) * u`` with the exact (erf) GELU, in float64, stored in g's dtype."""
+    return (F.gelu(g.double()) * u.double()).to(g.dtype)
+
+
+def geglu_bwd_reference(dh, g, u):
+    """``(dg, du)``: ``du = dh · gelu(g)``, ``dg = dh · u · gelu'(g)``, ``gelu'(g) = Φ(g) + g · φ(g)``."""
+    gd = g.double()
+    cdf = 0.5 * (1 + torch.erf(gd / math.sqrt(2)))
+    pdf = torch.exp(-0.5 * gd * gd) / math.sqrt(2 * math.pi)
+    dhd, ud = dh.double(), u.double()
+    return (dhd * ud * (cdf + gd * pdf)).to(g.dtype), (dhd * gd * cdf).to(g.dtype)
+
+
+def check_geglu(geglu_fn) -> Passed:
+    """Exercise 5a: ``geglu_fn(g, u)`` -> ``gelu(g) * u`` (exact GELU, fp32 inside, g's dtype), one kernel."""
+    if not callable(geglu_fn):
+        raise CheckFailed(f"geglu: pass your function, got {type(geglu_fn).__name__}.")
+    return grading.check_function(
+        geglu_fn,
+        geglu_reference,
+        geglu_inputs,
+        name="geglu",
+        sizes=GEGLU_SHAPES,
+        many=GEGLU_MANY,
+        hint="h = gelu(g) * u with the exact GELU: g * 0.5 * (1 + erf(g / sqrt(2))), in fp32.",
+    )
+
+
+def _geglu_bwd_inputs(shape, dtype, gen):
+    g, u = geglu_inputs(shape, dtype, gen)
+    return grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=1.0)), g, u
+
+
+def check_geglu_backward(bwd_fn) -> Passed:
+    """Exercise 5b: ``bwd_fn(dh, g, u)`` -> ``(dg, du)`` of ``h = gelu(g) * u`` (exact GELU), from one kernel
+    that recomputes ``gelu(g)`` instead of reading a saved one."""
+    name = "geglu_backward"
+    if not callable(bwd_fn):
+        raise CheckFailed(f"{name}: pass your function, got {type(bwd_fn).__name__}.")
+    hints = (
+        "dg = dh * u * gelu'(g), gelu'(g) = Phi(g) + g * phi(g) (Phi the normal CDF, phi its density), in fp32; "
+        "dg and du from the same kernel, gelu(g) recomputed in registers.",
+        "du = dh * gelu(g), in fp32; dg and du from the same kernel.",
+    )
+    checks = grading.check_function_pair(
+        bwd_fn,
+        geglu_bwd_reference,
+        _geglu_bwd_inputs,
+        name=name,
+        parts=("dg", "du"),
+        hints=hints,
+        sizes=GEGLU_SHAPES,
+        many=GEGLU_MANY,
+    )
+    return _passed(
+        f"✓ {name}: {checks} checks passed (dg and du; shapes {', '.join(map(str, GEGLU_SHAPES))} × 2 dtypes, "
+        f"{GEGLU_MANY}, one repeated; against float64, poisoned outputs, inputs unchanged, 1 launch each)",
+        checks,
+    )
