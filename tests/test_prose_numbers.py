@@ -81,28 +81,8 @@ def findings(path: Path) -> list[str]:
     return out
 
 
-# Notebooks other helpers are rewriting to these rules (lessons 1-3 and 6-7), as they fail today, by path: a
-# strict xfail, so the day one passes its mark has to go (a listed notebook that regresses later is not hidden
-# behind a condition).
-PROSE_PENDING = frozenset(
-    {
-        "notebooks/01_the_warehouse.ipynb",
-        "notebooks/02_count_the_trips.ipynb",
-        "notebooks/02b_when_arithmetic_stops_being_free.ipynb",
-        "notebooks/03_what_the_compiler_fuses.ipynb",
-        "notebooks/06_fused_epilogues.ipynb",
-        "notebooks/07_flash_attention.ipynb",
-        "solutions/01_the_warehouse.ipynb",
-    }
-)
-NOTES_PENDING = frozenset({"notebooks/06_fused_epilogues.ipynb", "notebooks/07_flash_attention.ipynb"})
-PENDING_REASON = "owned by another helper until merge"
-
-
-def _param(path: Path, pending=PROSE_PENDING):
-    rel = path.relative_to(ROOT).as_posix()
-    marks = [pytest.mark.xfail(strict=True, reason=PENDING_REASON)] if rel in pending else []
-    return pytest.param(path, id=rel, marks=marks)
+def _param(path: Path):
+    return pytest.param(path, id=path.relative_to(ROOT).as_posix())
 
 
 @pytest.mark.parametrize("path", [_param(p) for p in notebooks()])
@@ -129,7 +109,7 @@ def notes_readers(path: Path) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("path", [_param(p, NOTES_PENDING) for p in notebooks()])
+@pytest.mark.parametrize("path", [_param(p) for p in notebooks()])
 def test_lessons_read_data_not_the_notes(path):
     """A lesson's numbers come from data files with device, date and versions (``fusionlab/recorded/``),
     never from the Markdown notes, whose prose a regex may misread."""
