@@ -41,6 +41,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from . import _exercise, runtime
+from ._triton import Launch  # noqa: F401  (the grading command rebuilds launches with it)
 from .instrument import FREE, PASSES, LaunchCounter, op_name
 from .ledger import Ledger, human_bytes
 
@@ -282,7 +283,8 @@ class Sandbox(LaunchCounter):
             if self._prof is not None:
                 with _quiet_stderr():
                     self._prof.__exit__(None, None, None)
-                self.hidden_ops += sorted(_unseen_compute(self._prof.events(), self.seen))
+                if not getattr(self, "remote", False):  # a remote answer's ops were profiled where it ran
+                    self.hidden_ops += sorted(_unseen_compute(self._prof.events(), self.seen))
                 self._prof = None
 
     def _guarded(self, out: torch.Tensor) -> torch.Tensor:
@@ -309,6 +311,10 @@ class Sandbox(LaunchCounter):
                 return int(hit.sum()), int(hit.nonzero()[0][0])
         return None
 
+    def remote_spec(self) -> dict:
+        """The keyword arguments that build this sandbox again in the learner's process."""
+        return {"guard": self.guard}
+
     def take_report(self, report: dict) -> None:
         """Fill this sandbox from a :func:`report` made in another process (the grading command's learner
         process): the launches (their tensors already mapped to this process's), ops, passes,
@@ -319,6 +325,7 @@ class Sandbox(LaunchCounter):
         self.hidden_ops += report["hidden_ops"]
         self.allocations += [torch.empty(s, dtype=d, device="meta") for s, d in report["allocations"]]
         self._remote_past = report["past"]
+        self.remote = True
 
     def report(self) -> dict:
         """What :meth:`take_report` takes (launch tensors left for the caller to map)."""
@@ -336,8 +343,9 @@ def _aten(event) -> str:
 
 
 def _unseen_compute(events, seen: set[str]) -> set[str]:
-    """The compute ops the profiler recorded that the dispatch mode never saw. A composite op (softmax)
-    reaches a dispatch mode as what it decomposes into (_softmax): seen if a compute op under it was."""
+    """The outermost compute ops the profiler recorded that the dispatch mode never saw. A composite op
+    (softmax) reaches a dispatch mode as what it decomposes into (_softmax): seen if a compute op under
+    it was; the ops an op's own code calls (mean's sum and div_) never reach it: not counted."""
 
     def computes(name: str) -> bool:
         return bool(name) and name not in FREE and name not in PASSES
@@ -345,7 +353,17 @@ def _unseen_compute(events, seen: set[str]) -> set[str]:
     def seen_below(e) -> bool:
         return any((computes(_aten(c)) and _aten(c) in seen) or seen_below(c) for c in e.cpu_children)
 
-    return {_aten(e) for e in events if computes(_aten(e)) and _aten(e) not in seen and not seen_below(e)}
+    def outermost(e) -> bool:  # an op another op runs inside its own code never meets a dispatch mode
+        p = e.cpu_parent
+        while p is not None:
+            if _aten(p):
+                return False
+            p = p.cpu_parent
+        return True
+
+    return {
+        _aten(e) for e in events if computes(_aten(e)) and _aten(e) not in seen and outermost(e) and not seen_below(e)
+    }
 
 
 def _quiet_stderr():
@@ -420,7 +438,7 @@ def call_learner(fn: Callable, *args, name: str, where: str = "", seed: int | No
         stub = stub_hint(e)
         if stub is not None:
             raise CheckFailed(f"{name}: not done yet — {stub}") from None
-        line = _learner_frame(e.__traceback__)
+        line = getattr(e, "learner_line", None) or _learner_frame(e.__traceback__)
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         msg = f"{where or name}: your code raised {type(e).__name__}: {first}"
         if line:
@@ -590,7 +608,7 @@ def run_answer(
     store_hint: str = _STORE_HINT,
     torch_hint: str = "",
     torch_message: Callable[[str], str] | None = None,
-    before_torch: Callable[[Sandbox], None] | None = None,
+    before_torch: Callable[[Sandbox, object], None] | None = None,
 ):
     """The sequence every kernel check runs, in one place: call ``fn(*args, **kwargs)`` in a
     :class:`Sandbox` (``box``: a subclass), then refuse, each with its own message, an answer that
@@ -601,7 +619,7 @@ def run_answer(
     4. computed or moved tensor data with torch (unless ``allow_torch_ops``): ops seen outside
        launches, inside them (a heuristics function, a pre-run hook), and with dispatch switched off.
 
-    ``before_torch(box)``: a lesson's own check, run before the torch check (a more pointed message for
+    ``before_torch(box, output)``: a lesson's own check, run before the torch check (a more pointed message for
     some ops); ``torch_message(ops)``: a lesson's own words for torch doing the work.
     Returns ``(output, box)``; the reference is the caller's to compute *after* this returns,
     so nothing the answer runs can find it on the stack."""
@@ -628,7 +646,7 @@ def run_answer(
         )
     refuse_own_kernels(box, where, seed, "Write the kernel yourself: that is the exercise.")
     if before_torch is not None:
-        before_torch(box)
+        before_torch(box, out)
     if box.hidden_ops:
         raise fail(
             f"{where}: torch computes with dispatch switched off ({', '.join(box.hidden_ops)}). Computing "

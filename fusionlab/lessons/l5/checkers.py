@@ -187,6 +187,9 @@ class _Watch(grading.Sandbox):
         vectors of one number a row)."""
         return self.touched >= self.big and self.touched > 8 * max(self.rows, 1)
 
+    def remote_spec(self) -> dict:
+        return {"big": self.big, "rows": self.rows}
+
     def take_report(self, report: dict) -> None:
         super().take_report(report)
         self.big_ops += report.get("big_ops", [])
@@ -309,7 +312,8 @@ def _ce_case(fn, name, shape, dtype, seed, *, shift=0.0, ignore=False, all_ignor
     n_valid = int(valid.sum())
     finite_ref = torch.isfinite(want)
     bad_rows = (~torch.isfinite(g) & finite_ref).any(dim=1)
-    if ignore and not valid.all() and (bad_rows.any() or not math.isfinite(got_loss)) and not bad_rows[valid].any():
+    loss_blew = math.isfinite(loss_want) and not math.isfinite(got_loss)
+    if ignore and not valid.all() and (bad_rows.any() or loss_blew) and not bad_rows[valid].any():
         # only the ignored rows are not finite: no overflow, a target that is no column was used
         raise fail(
             f"{where}: "
@@ -322,7 +326,7 @@ def _ce_case(fn, name, shape, dtype, seed, *, shift=0.0, ignore=False, all_ignor
             "load or index with it, and keep its results out with tl.where(valid, ..., 0.0) (0 * NaN is still NaN).",
             seed,
         )
-    if bad_rows.any() or (math.isfinite(loss_want) and not math.isfinite(got_loss)):
+    if bad_rows.any() or loss_blew:
         tip = (
             f" The logits are near {shift:g}: exp() of them overflows fp32 (e^88 is the largest). Subtract the row's "
             "maximum before exp(): softmax and logsumexp do not change, and every exponent is then <= 0."

@@ -124,7 +124,7 @@ def _run(fn, inputs, name, where, seed):
     lesson's messages; torch may only not compute the matrix product here (check_function, which every
     answer meets last, refuses any torch work). Returns ``(output, sandbox)``."""
 
-    def no_torch_matmul(box):
+    def no_torch_matmul(box, out):
         mm = sorted(set(box.torch_ops) & _MATMUL_OPS)
         if mm:
             raise fail(
@@ -388,7 +388,7 @@ def _rms_probe(fn, name, shape, dtype, seed):
     x, w, eps = rmsnorm_inputs(shape, dtype, grading.fresh_generator())
     where = f"{name}, shape {shape} (M, K, N), {grading.dtype_name(dtype)}, K = {K} spans several tiles"
 
-    def no_x_sized_tensor(box):
+    def no_x_sized_tensor(box, out):
         big = [a for a in box.allocations if a.numel() >= M * K and M * K > M * N]
         if big:
             raise fail(
