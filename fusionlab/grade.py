@@ -273,10 +273,6 @@ def _serve_main(argv: list[str]) -> None:
 
 
 # -- the grader's process -----------------------------------------------------------------------------------
-class AnswerTampered(Exception):
-    pass
-
-
 class Learner:
     """The learner's process for one exercise."""
 
@@ -337,7 +333,7 @@ class RemoteAnswer:
         with torch._C._DisableTorchDispatch():
             reply = self._learner.call(self._index, args, kwargs, box)
             if reply.get("tampered"):
-                raise AnswerTampered(
+                raise grading.CheckFailed(
                     "the notebook changes fusionlab's grading machinery ("
                     + ", ".join(reply["tampered"][:3])
                     + "): an answer is graded as it is, not with the checks switched off."
@@ -407,7 +403,7 @@ def grade_exercise(notebook: str, index: int, ex: Exercise, *, timeout: float, l
             return Verdict(ex, True, str(res), time.perf_counter() - t0)
         except grading.CheckFailed as e:
             return Verdict(ex, False, str(e), time.perf_counter() - t0)
-        except (AnswerTampered, EOFError) as e:
+        except EOFError as e:
             return Verdict(ex, False, str(e), time.perf_counter() - t0)
         finally:
             grading.GRADING[0] = False

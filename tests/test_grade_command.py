@@ -52,11 +52,6 @@ ANSWERS = {
     y = torch.empty_like(x)
     copy_kernel[(triton.cdiv(x.numel(), 1024),)](r, x, y, x.numel(), BLOCK=1024)
     return y""",
-    # the comparison switched off in the learner's process, then a wrong kernel
-    "patched": """import fusionlab.grading
-fusionlab.grading.assert_close = lambda *a, **k: None
-def answer(x):
-    return exp_cos(x) * 0""",
     # the expected values read off the checker's frames
     "frames": """def answer(x):
     f = sys._getframe(1)
@@ -71,6 +66,11 @@ def answer(x):
     # a stub still in place
     "stub": """def answer(x):
     raise NotImplementedError("Exercise: write exp_cos")""",
+    # last (every later cell runs with it): the comparison switched off in the learner's process, a wrong kernel
+    "patched": """import fusionlab.grading
+fusionlab.grading.assert_close = lambda *a, **k: None
+def answer(x):
+    return exp_cos(x) * 0""",
 }
 
 
@@ -103,8 +103,7 @@ def test_grade_passes_the_right_answers_and_fails_each_cheat(tmp_path):
     assert verdicts["right"].startswith("  PASS l1.check_exp_cos") and "✓ exp_cos" in verdicts["right"]
     assert verdicts["intensity"].startswith("  PASS l1.check_add_intensity")
     assert "dispatch switched off" in verdicts["no_dispatch"] and "FAIL" in verdicts["no_dispatch"]
-    assert "changes fusionlab's grading machinery" in out.split("FAIL")[2] or "FAIL" in verdicts["patched"]
-    assert verdicts["patched"].startswith("  FAIL")
+    assert verdicts["patched"].startswith("  FAIL") and "changes fusionlab's grading machinery" in verdicts["patched"]
     assert verdicts["frames"].startswith("  FAIL")
     assert verdicts["stub"].startswith("  FAIL") and "not done yet" in verdicts["stub"]
     assert rc == 1 and out.rstrip().endswith(f"{len(names) - 1} failed")

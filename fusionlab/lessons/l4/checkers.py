@@ -79,10 +79,16 @@ RMS_MANY = (1031, 64)
 BIG_EPS = 0.25
 
 
-def rms_inputs(shape, dtype, gen, scale: float = 3.0):
-    """``x, r, w``: rows of ``scale`` N(0, 1) (their sum's mean square about 2 scale²), w = 1 + N(0, 1)/2."""
+#: the mean of x in the fp16 cases: h² near 300² overflows fp16 (65504), so a sum of squares formed in
+#: the input's dtype instead of fp32 shows, where N(0, 9) rows would leave it inside fp16's tolerance
+FP16_MEAN = 300.0
+
+
+def rms_inputs(shape, dtype, gen, scale: float = 3.0, mean: float = 0.0):
+    """``x, r, w``: rows of ``scale`` N(0, 1) (their sum's mean square about 2 scale²), x shifted by ``mean``,
+    w = 1 + N(0, 1)/2."""
     rows, n = shape
-    x = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=scale))
+    x = grading.with_room_after((grading.randn(shape, torch.float32, gen=gen, scale=scale) + mean).to(dtype))
     r = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=scale))
     w = grading.with_room_after((1 + 0.5 * torch.randn(n, generator=gen)).to(device=runtime.DEVICE, dtype=dtype))
     return x, r, w
@@ -114,7 +120,8 @@ _RMS_TIPS = {
 
 def _rms_case(fn, name, shape, dtype, eps, seed, *, narrow_passed: bool = False):
     gen = grading.fresh_generator()
-    x, r, w = rms_inputs(shape, dtype, gen, scale=1.0 if eps >= BIG_EPS else 3.0)
+    mean = FP16_MEAN if dtype == torch.float16 else 0.0
+    x, r, w = rms_inputs(shape, dtype, gen, scale=1.0 if eps >= BIG_EPS else 3.0, mean=mean)
     where = f"{name}, shape {shape}, {grading.dtype_name(dtype)}, eps={eps:g}"
     out, box = _run(fn, (x, r, w, eps), name, where, seed)
     y_ref, h_ref = rmsnorm_reference(x, w, eps, residual=r)  # only now: the answer cannot read it
@@ -205,10 +212,13 @@ BIG_LOGITS = 1e4
 
 
 def softmax_inputs(shape, dtype, gen, *, shift=0.0, masked=0.0, fully_masked=False):
-    """Logits ``3 N(0, 1) + shift``; a share ``masked`` of the entries set to -inf (each row keeps one), and
+    """Logits ``3 N(0, 1) + shift`` (with a shift, each row's first logit 100 lower); a share ``masked``
+    of the entries set to -inf (each row keeps one), and
     with ``fully_masked`` every other row entirely -inf."""
     rows, n = shape
     x = torch.randn(shape, generator=gen) * 3 + shift
+    if shift:  # the first logit of every row far below the rest: a shift by x[0] instead of the max overflows
+        x[:, 0] -= 100
     if masked:
         drop = torch.rand(shape, generator=gen) < masked
         drop[:, 0] = False

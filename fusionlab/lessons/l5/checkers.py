@@ -135,7 +135,10 @@ def ce_inputs(shape, dtype, gen, *, shift=0.0, ignore_frac=0.0, ignore_index=-10
     ``ignore_frac`` of them set to ``ignore_index`` (at least one row kept and, with two rows or more,
     one ignored); every row ignored with ``all_ignored``."""
     rows, cols = shape
-    logits = (torch.randn(shape, generator=gen) * 3 + shift).to(device=runtime.DEVICE, dtype=dtype)
+    logits = torch.randn(shape, generator=gen) * 3 + shift
+    if shift >= 1000:  # each row's first logit far below the rest: shifting by x[0], not the max, overflows
+        logits[:, 0] -= 100
+    logits = logits.to(device=runtime.DEVICE, dtype=dtype)
     target = torch.randint(0, cols, (rows,), generator=gen)
     if all_ignored:
         target[:] = ignore_index

@@ -44,6 +44,8 @@ def _update_inputs(gen, shift: float = 0.0, rising: bool = False):
     row has a finite score in its first block; a few later scores are -inf (masked keys)."""
     n = UPDATE_BLOCK * UPDATE_BLOCKS
     s = torch.randn(UPDATE_ROWS, n, generator=gen, dtype=torch.float64) * 2 + shift
+    if shift > 0:  # each row's first score far below the rest: the first score taken for the max overflows
+        s[:, 0] -= 800
     if rising:
         s = s + torch.arange(n, dtype=torch.float64) * 0.7
     s[1, UPDATE_BLOCK + 1] = float("-inf")
@@ -214,6 +216,8 @@ def flash_inputs(shape, dtype, gen, shift: float = 0.0, max_first: bool = False)
     if shift:
         q, k = q * 0.5, k * 0.5
         q[..., 0], k[..., 0] = abs(shift), shift
+        if shift > 0:  # key 0's score far below the rest: a kernel that takes it for the max overflows
+            k[:, :, 0, 0] = shift / 2
     if max_first:
         q = q * 0.3
         q[..., 0] = 2 + torch.rand(B, H, n_q, generator=gen) * 2
