@@ -176,6 +176,16 @@ _POISON_BITS = {
 }
 
 
+#: the NaN behind an input: another payload than the poison's, so a kernel that copies it unmasked past the
+#: end of its output does not leave the guard looking untouched
+_PAD_BITS = {
+    torch.float64: (torch.int64, 0x7FF4B4B4B4B4B4B4),
+    torch.float32: (torch.int32, 0x7FB4B4B4),
+    torch.float16: (torch.int16, 0x7CB4),
+    torch.bfloat16: (torch.int16, 0x7FB4),
+}
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """``t``'s raw bits as integers (a copy on the CPU, contiguous)."""
     t = t.detach()
@@ -378,13 +388,14 @@ def _quiet_stderr():
 
 def with_room_after(t: torch.Tensor) -> torch.Tensor:
     """``t`` copied to the front of a longer buffer: a load past its end (a missing load mask) cannot
-    fault, and reads poison, not zeros. Floats are padded with the NaN poison pattern, so an unmasked
+    fault, and reads NaN, not zeros. Floats are padded with a NaN (:data:`_PAD_BITS`), so an unmasked
     load shows up as NaN in the result (zeros would pass for a sum, a matmul, an add: they add nothing);
     integers with zeros, a valid index wherever an unmasked load of them is used as one."""
     n = t.numel()
     big = torch.empty(n + max(n, GUARD_MIN), dtype=t.dtype, device=t.device)
-    if t.dtype in _POISON_BITS:
-        poison_(big)
+    if t.dtype in _PAD_BITS:
+        itype, bits = _PAD_BITS[t.dtype]
+        big.view(itype).fill_(bits)
     else:
         big.zero_()
     big[:n] = t.reshape(-1)
