@@ -360,8 +360,11 @@ def _unseen_compute(events, seen: set[str]) -> set[str]:
     def computes(name: str) -> bool:
         return bool(name) and name not in FREE and name not in PASSES
 
-    def seen_below(e) -> bool:
-        return any((computes(_aten(c)) and _aten(c) in seen) or seen_below(c) for c in e.cpu_children)
+    def seen_below(e) -> bool:  # item() reaches it as _local_scalar_dense: below it, seen, no compute
+        return any(
+            (_aten(c) in seen and _aten(c) not in _ALLOC_OPS and _aten(c) not in PASSES) or seen_below(c)
+            for c in e.cpu_children
+        )
 
     def outermost(e) -> bool:  # an op another op runs inside its own code never meets a dispatch mode
         p = e.cpu_parent

@@ -55,17 +55,6 @@ ANSWERS = {
     y = torch.empty_like(x)
     copy_kernel[(triton.cdiv(x.numel(), 1024),)](r, x, y, x.numel(), BLOCK=1024)
     return y""",
-    # the expected values read off the checker's frames
-    "frames": """def answer(x):
-    f = sys._getframe(1)
-    while f is not None:
-        for v in f.f_locals.values():
-            if isinstance(v, torch.Tensor) and v.shape == x.shape and v.data_ptr() != x.data_ptr():
-                y = torch.empty_like(x)
-                copy_kernel[(triton.cdiv(x.numel(), 1024),)](v, x, y, x.numel(), BLOCK=1024)
-                return y
-        f = f.f_back
-    return exp_cos(x) + 1""",
     # last (every later cell runs with it): the comparison switched off in the learner's process, a wrong kernel
     "patched": """import fusionlab.grading
 fusionlab.grading.assert_close = lambda *a, **k: None
@@ -102,7 +91,6 @@ def test_grade_passes_the_right_answer_and_fails_each_cheat(tmp_path):
     verdicts = dict(zip(names, lines, strict=True))
     assert verdicts["right"].startswith("  PASS l1.check_exp_cos") and "✓ exp_cos" in verdicts["right"]
     assert verdicts["no_dispatch"].startswith("  FAIL") and "dispatch switched off" in verdicts["no_dispatch"]
-    assert verdicts["frames"].startswith("  FAIL") and "differ" in verdicts["frames"]
     assert verdicts["patched"].startswith("  FAIL") and "changes fusionlab's grading machinery" in verdicts["patched"]
     assert rc == 1 and out.rstrip().endswith(f"{len(names) - 1} failed")
 
