@@ -33,6 +33,7 @@ import re
 import struct
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -285,8 +286,15 @@ class Learner:
             stderr=log,
             env=env,
         )
-        self.timeout = timeout
+        self.timeout, self.expired = timeout, False
+        self.timer = threading.Timer(timeout, self._expire)  # a hung answer ends its process, not the grading
+        self.timer.daemon = True
+        self.timer.start()
         self.manifest = self._recv()
+
+    def _expire(self) -> None:
+        self.expired = True
+        self.proc.kill()
 
     def _recv(self):
         return _recv(self.proc.stdout, trusted=False)
@@ -299,6 +307,7 @@ class Learner:
         return self._recv()
 
     def close(self) -> None:
+        self.timer.cancel()
         try:
             _send(self.proc.stdin, {"op": "stop"})
             self.proc.wait(timeout=10)
@@ -371,6 +380,7 @@ class Verdict:
     passed: bool
     message: str
     seconds: float
+    skipped: bool = False
 
 
 def grade_exercise(notebook: str, index: int, ex: Exercise, *, timeout: float, log) -> Verdict:
@@ -380,8 +390,13 @@ def grade_exercise(notebook: str, index: int, ex: Exercise, *, timeout: float, l
 
     t0 = time.perf_counter()
     if ex.checker in NOT_REMOTE:
-        return Verdict(ex, True, "not graded here: checked in the notebook (it compiles the learner's function)", 0.0)
-    learner = Learner(notebook, index, timeout=timeout, log=log)
+        why = "not graded here: check it in the notebook (its checker compiles the learner's function)"
+        return Verdict(ex, True, why, 0.0, skipped=True)
+    try:
+        learner = Learner(notebook, index, timeout=timeout, log=log)
+    except EOFError:
+        why = "the learner's process ended before the exercise (--log FILE shows why)"
+        return Verdict(ex, False, why, time.perf_counter() - t0)
     try:
         man = learner.manifest
         args = []
@@ -404,7 +419,8 @@ def grade_exercise(notebook: str, index: int, ex: Exercise, *, timeout: float, l
         except grading.CheckFailed as e:
             return Verdict(ex, False, str(e), time.perf_counter() - t0)
         except EOFError as e:
-            return Verdict(ex, False, str(e), time.perf_counter() - t0)
+            why = f"the answer took longer than {timeout:g} s (--timeout)" if learner.expired else str(e)
+            return Verdict(ex, False, why, time.perf_counter() - t0)
         finally:
             grading.GRADING[0] = False
     finally:
@@ -432,7 +448,7 @@ def main(args: argparse.Namespace) -> int:
                 v = grade_exercise(nb, i, ex, timeout=args.timeout, log=log)
                 failed += not v.passed
                 lines = v.message.splitlines() or [""]
-                mark = "PASS" if v.passed else "FAIL"
+                mark = "SKIP" if v.skipped else "PASS" if v.passed else "FAIL"
                 print(f"  {mark} {ex.lesson}.{ex.checker} ({v.seconds:.0f} s): " + "\n      ".join(lines[:6]))
     finally:
         if args.log:
