@@ -751,11 +751,17 @@ def drawn_sizes(count: int = 2, lo: int = 4, hi: int = 12) -> list[int]:
     return out
 
 
-def drawn_shape(rows_max: int = 70, lo: int = 4, hi: int = 11) -> tuple[int, int]:
-    """A ``(rows, cols)`` drawn on every call: ``cols`` a block width 2**k or one either side of it,
-    ``rows`` anything from 1 to ``rows_max``."""
+def drawn_length(lo: int = 4, hi: int = 11) -> int:
+    """A length drawn on every call at a block boundary: 2**k (k from ``lo`` to ``hi``) or one either side."""
     rng = _CURRENT[-1] if _CURRENT else random.Random(new_seed())
-    return rng.randint(1, rows_max), 2 ** rng.randint(lo, hi) + rng.choice((-1, 0, 0, 1))
+    return 2 ** rng.randint(lo, hi) + rng.choice((-1, 0, 0, 1))
+
+
+def drawn_shape(rows_max: int = 70, lo: int = 4, hi: int = 11) -> tuple[int, int]:
+    """A ``(rows, cols)`` drawn on every call: ``cols`` a :func:`drawn_length`, ``rows`` from 1 to
+    ``rows_max``."""
+    rng = _CURRENT[-1] if _CURRENT else random.Random(new_seed())
+    return rng.randint(1, rows_max), drawn_length(lo, hi)
 
 
 def _check_once(student, reference, make_inputs, name, size, dtype, launches, allow_torch_ops, hint, seed):
