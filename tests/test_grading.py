@@ -396,3 +396,29 @@ def test_a_store_past_the_end_is_caught_on_this_device():
 def test_messages_count_in_the_singular():
     assert grading.plural(1, "kernel") == "1 kernel" and grading.plural(2, "kernel") == "2 kernels"
     assert grading.plural(1, "launch", "launches") == "1 launch"
+
+
+@triton.jit
+def _hooked_nothing(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    pass
+
+
+def test_torch_in_a_pre_run_hook_is_counted():
+    if not hasattr(_hooked_nothing, "add_pre_run_hook"):
+        pytest.skip("this Triton has no pre-run hooks")
+
+    def hook(x_ptr, y_ptr, n, *rest, **kw):  # runs inside the launch, before the kernel
+        y_ptr.copy_(x_ptr.float().cos().cos().to(y_ptr.dtype))
+
+    _hooked_nothing.add_pre_run_hook(hook)
+
+    def torch_in_the_hook(x):
+        y = torch.empty_like(x)
+        _hooked_nothing[(1,)](x, y, x.numel(), BLOCK=16)
+        return y
+
+    try:
+        with pytest.raises(CheckFailed, match=r"computes with torch \(.*cos"):
+            run(torch_in_the_hook)
+    finally:
+        _hooked_nothing.pre_run_hooks.clear()
