@@ -421,6 +421,9 @@ def grade_exercise(notebook: str, index: int, ex: Exercise, *, timeout: float, l
         except EOFError as e:
             why = f"the answer took longer than {timeout:g} s (--timeout)" if learner.expired else str(e)
             return Verdict(ex, False, why, time.perf_counter() - t0)
+        except Exception as e:  # the checker itself broke: a verdict all the same, and the rest graded
+            why = f"the checker raised {type(e).__name__}: {e} (not the answer's fault: report it)"
+            return Verdict(ex, False, why, time.perf_counter() - t0)
         finally:
             grading.GRADING[0] = False
     finally:
