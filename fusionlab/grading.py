@@ -9,16 +9,21 @@ Each kernel check, on every call:
   fills each new tensor with a NaN *bit pattern* and puts a poisoned **guard zone** behind it, so an
   element never written and a store past the end are both seen by bit comparison (a kernel that
   writes NaN does not look unwritten; one that writes past the end does not hide behind a NaN);
-- gives inputs room behind them (loads past the end read zeros, never fault) and compares every input
-  **bit for bit** after the call: an answer that writes into its input is caught;
-- uses sizes that are not block multiples, one size **large enough to need many programs** at any
-  block size the GPU or the interpreter would use, and one size **tried twice** with fresh values (an
-  answer that caches by shape is caught);
+- gives inputs room behind them, filled with NaN (a load past the end never faults, and an unmasked
+  one shows in the result, where zeros would add nothing to a sum), and compares every input **bit for
+  bit** after the call: an answer that writes into its input is caught;
+- uses sizes that are not block multiples, lengths **drawn afresh** at a block boundary (n equal to
+  the block included), one size **large enough to need many programs** at any block size the GPU or
+  the interpreter would use, and one size **tried twice** with fresh values (an answer that caches by
+  shape is caught); computes the reference only **after** the answer ran, so no answer finds it on the
+  stack;
 - where fusion is asked: counts **Triton launches** (one logical launch per call, autotuned kernels
   included), **torch compute ops** and **torch passes** (copies and casts of tensor data), requires
-  the launched kernel to receive the inputs and the output itself (so numpy, or torch with dispatch
-  switched off, followed by a copy kernel, is not "one Triton kernel"), and refuses the package's own
-  kernels and the checkers' answer keys inside the answer;
+  the launched kernel to receive the inputs and the output itself (so numpy followed by a copy kernel is
+  not "one Triton kernel"), sees torch run inside a launch (a heuristics function, a pre-run hook) and
+  torch run with dispatch switched off (the profiler records it), and refuses the package's own kernels
+  and the checkers' answer keys inside the answer. :func:`run_answer` is that sequence, in one place,
+  for every lesson's checkers;
 - turns any exception the learner's code raises into a short message (what, where to look, seed).
 
 Checkers return a :class:`Passed`, printed once when the check passes and displayed as nothing, so
