@@ -72,7 +72,8 @@ def solution_add_rmsnorm(x, r, w, eps):
 @triton.jit
 def _wrong_rms_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps, BLOCK_N: tl.constexpr, MISTAKE: tl.constexpr):
     # MISTAKE: 1 normalises x, 2 never stores h, 3 eps on the rms, 4 eps on rsqrt, 5 stats of one tile,
-    # 6 one tile hard-coded (launched with a tile of 16384 and no loop: right for rows up to 16384)
+    # 6 one tile hard-coded (launched with a tile of 16384 and no loop: right for rows up to 16384),
+    # 7 h² formed in the input's dtype (held out: right in fp32, inside fp16's tolerance on rows near 0)
     row = tl.program_id(axis=0).to(tl.int64)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     end = n_cols if MISTAKE != 6 else 1
@@ -85,11 +86,14 @@ def _wrong_rms_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps, BLOCK_N: t
         if MISTAKE != 2:
             tl.store(h_ptr + row * n_cols + offs, h, mask=mask)
         hf = x if MISTAKE == 1 else h.to(tl.float32)
+        sq = hf * hf
+        if MISTAKE == 7:  # the square in the input's dtype: no fp32 upcast before it
+            sq = (h * h).to(tl.float32)
         if MISTAKE == 5:
             if start == 0:
-                acc += hf * hf
+                acc += sq
         else:
-            acc += hf * hf
+            acc += sq
     denom = n_cols if MISTAKE != 5 else tl.minimum(n_cols, BLOCK_N)
     ms = tl.sum(acc, axis=0) / denom
     if MISTAKE == 3:
@@ -282,7 +286,8 @@ def solution_softmax(x):
 
 @triton.jit
 def _wrong_softmax_kernel(x_ptr, y_ptr, n_cols, stride_xm, stride_ym, BLOCK_N: tl.constexpr, MISTAKE: tl.constexpr):
-    # MISTAKE: 1 no max subtraction, 2 tail loaded as 0, 3 no masks at all, 4 a block of 1024 hard-coded
+    # MISTAKE: 1 no max subtraction, 2 tail loaded as 0, 3 no masks at all, 4 a block of 1024 hard-coded,
+    # 5 x - x[0] for x - max(x)
     row = tl.program_id(axis=0).to(tl.int64)
     if MISTAKE == 4:
         offs = tl.arange(0, 1024)
@@ -297,6 +302,8 @@ def _wrong_softmax_kernel(x_ptr, y_ptr, n_cols, stride_xm, stride_ym, BLOCK_N: t
         x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=float("-inf")).to(tl.float32)
     if MISTAKE == 1:
         e = tl.exp(x)
+    elif MISTAKE == 5:  # shifted by the row's first logit, not its max (held out)
+        e = tl.exp(x - tl.sum(tl.where(offs == 0, x, 0.0), axis=0))
     else:
         e = tl.exp(x - tl.max(x, axis=0))
     y = e / tl.sum(e, axis=0)
@@ -508,3 +515,16 @@ def test_layernorm_dwdb_rejects_two_kernels_and_torch():
         ex.check_layernorm_dwdb(
             lambda x, dy, mean, rstd: ((dy * ((x - mean[:, None]) * rstd[:, None])).sum(0), dy.sum(0))
         )
+
+
+# -- held out: mistakes the checks once let through ---------------------------------------------------------
+def test_softmax_rejects_a_shift_by_the_first_logit():
+    # logits near 1e4 with each row's first one 100 below the rest: exp(x - x[0]) overflows
+    with pytest.raises(CheckFailed, match=r"logits near 10000: inf or NaN.*Subtract the row's maximum"):
+        ex.check_softmax(lambda x: _launch_softmax(_wrong_softmax_kernel, x, MISTAKE=5))
+
+
+def test_add_rmsnorm_rejects_squares_in_fp16():
+    # right in fp32; in fp16 the rows sit near 300, whose square overflows fp16
+    with pytest.raises(CheckFailed, match=r"float16.*(inf|differ)"):
+        ex.check_add_rmsnorm(_wrong_rms(7))

@@ -240,6 +240,9 @@ def _ce_ignore_kernel(
     NO_MAX: tl.constexpr = False,
     NO_MEAN: tl.constexpr = False,
     FIXED_BLOCK: tl.constexpr = False,
+    FIRST_NOT_MAX: tl.constexpr = False,
+    BLOCK_MEAN: tl.constexpr = False,
+    ZERO_BY_PRODUCT: tl.constexpr = False,
 ):
     row = tl.program_id(axis=0)
     if FIXED_BLOCK:  # a block hard-coded in the kernel: right for rows up to 1024, wrong past them
@@ -252,15 +255,21 @@ def _ce_ignore_kernel(
     valid = y != ignore_index
     if NO_MAX:
         m = 0.0
+    elif FIRST_NOT_MAX:  # held out: shifted by the row's first logit
+        m = tl.sum(tl.where(offs == 0, x, 0.0), axis=0)
     else:
         m = tl.max(x, axis=0)
     e = tl.exp(x - m)
     d = tl.sum(e, axis=0)
     lse = tl.log(d) + m
     x_y = tl.sum(tl.where(offs == y, x, 0.0), axis=0)
-    mean_x = tl.sum(tl.where(mask, x, 0.0), axis=0) / n_cols
+    if BLOCK_MEAN:  # held out: the smoothing term averaged over the block, not the row
+        mean_x = tl.sum(tl.where(mask, x, 0.0), axis=0) / BLOCK_V
+        grad = e / d - (1.0 - smoothing) * tl.where(offs == y, 1.0, 0.0) - smoothing / BLOCK_V
+    else:
+        mean_x = tl.sum(tl.where(mask, x, 0.0), axis=0) / n_cols
+        grad = e / d - (1.0 - smoothing) * tl.where(offs == y, 1.0, 0.0) - smoothing / n_cols
     loss = (1.0 - smoothing) * (lse - x_y) + smoothing * (lse - mean_x)
-    grad = e / d - (1.0 - smoothing) * tl.where(offs == y, 1.0, 0.0) - smoothing / n_cols
     if DENOM_ALL:
         n = tl.num_programs(axis=0).to(tl.float32)
     else:
@@ -270,6 +279,10 @@ def _ce_ignore_kernel(
     if SMOOTH_IGNORED:  # the peers' bug: the smoothing term survives on ignored rows
         loss = tl.where(valid, loss, smoothing * (lse - mean_x))
         grad = tl.where(valid, grad, smoothing * (e / d - 1.0 / n_cols) / n)
+    elif ZERO_BY_PRODUCT:  # held out: zeroed by a product, and 0 * NaN (every row ignored: 0 / 0) is NaN
+        keep = valid.to(tl.float32)
+        loss = loss * keep
+        grad = grad * keep
     else:
         loss = tl.where(valid, loss, 0.0)
         grad = tl.where(valid, grad, 0.0)
@@ -608,3 +621,32 @@ def test_geglu_backward_accepts_the_solution_and_rejects_two_kernels_and_torch()
 def test_geglu_backward_asks_for_the_pair():
     with pytest.raises(CheckFailed, match="a pair of tensors"):
         ex.check_geglu_backward(lambda dh, g, u: _geglu_bwd(dh, g, u)[0])
+
+
+# -- held out: mistakes and cheats the checks once let through ----------------------------------------------
+def test_cross_entropy_rejects_a_shift_by_the_first_logit():
+    with pytest.raises(CheckFailed, match=r"logits near 10000.*the loss or the gradient is inf/NaN.*maximum"):
+        ex.check_cross_entropy_ignore(lambda x, t, ii: _ce_ignore(x, t, ii, FIRST_NOT_MAX=True))
+
+
+def test_cross_entropy_rejects_smoothing_averaged_over_the_block():
+    with pytest.raises(CheckFailed, match=r"label_smoothing=0.1.*(loss|differ)"):
+        ex.check_cross_entropy_ignore(lambda x, t, ii, label_smoothing=0.0: _ce_ignore(x, t, ii, label_smoothing,
+                                                                                       BLOCK_MEAN=True))  # fmt: skip
+
+
+def test_cross_entropy_names_nan_on_ignored_rows_not_an_overflow():
+    with pytest.raises(CheckFailed, match=r"on every row: .*ignored rows have an inf/NaN gradient.*0 \* NaN"):
+        ex.check_cross_entropy_ignore(lambda x, t, ii: _ce_ignore(x, t, ii, ZERO_BY_PRODUCT=True))
+
+
+def torch_a_row_at_a_time(logits, target):
+    """The loss from torch, one row at a time (no op the size of the logits), the gradient from a kernel."""
+    _, grad = solution_cross_entropy(logits, target)
+    rows = [torch.logsumexp(logits[i].float(), 0) - logits[i, target[i]].float() for i in range(logits.shape[0])]
+    return torch.stack(rows).mean(), grad
+
+
+def test_cross_entropy_rejects_torch_on_pieces_of_the_logits():
+    with pytest.raises(CheckFailed, match=r"torch reads \d+ elements in all .*a piece at a time"):
+        ex.check_cross_entropy(torch_a_row_at_a_time)
