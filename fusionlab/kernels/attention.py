@@ -37,10 +37,7 @@ softmax is exact against *any* reference, so block 0's row max is taken once and
 16 base-2 units, 11 nats, above block 0's best), fp32's past 2**128. The tile checks at the end
 (``l > 0``, ``sum |acc| + l`` finite, NaN failing both) and reruns from scratch through the online
 loop if any row fails: always correct, twice the work for such a tile. The interpreter and
-pre-Hopper GPUs run the online loop. Another option, off by default (``config={"LAZY_RESCALE": True}``, FA4's
-conditional rescale), lets ``m`` lag a row's true max by up to ``LAZY_TAU`` and skips the rescale of
-``acc`` and ``l`` on every block where no row's max gets further ahead than that
-(:func:`_attention_inner`). Non-finite inputs: a NaN or inf in Q or K gives what the float64
+pre-Hopper GPUs run the online loop. Non-finite inputs: a NaN or inf in Q or K gives what the float64
 reference gives (masked scores become -inf whatever they held); a NaN or inf in V reaches the rows of
 the tiles that load its key (``0 * inf`` is NaN), where the dense reference spreads it to every row.
 
@@ -319,38 +316,12 @@ def _block_max(
 
 
 @triton.jit
-def _exp2_fma(x):
-    """``2**x`` on the FMA units instead of the special-function unit (FlashAttention-4's trick): round x to
-    an integer j with the 1.5 * 2**23 shifter (two adds), 2**f for f = x - j in [-0.5, 0.5] by a cubic
-    (relative error 2.2e-4, below fp16's rounding of P), then j added to the exponent bits. x is clamped
-    to [-126, 129] first: -inf (a masked score) gives a subnormal ~2**-127 (0 for every purpose here), a
-    score 128.5 or more above the reference gives a non-finite value, as ``exp2`` would, so REF_MAX's
-    overflow check still sees it; NaN stays NaN. Measured slower than ``exp2`` alone (sweep 8 in
-    benchmarks/notes_attention.md): off by default."""
-    c = tl.clamp(x, -126.0, 129.0)
-    t = c + 12582912.0
-    f = c - (t - 12582912.0)
-    p = ((0.05286743564474655 * f + 0.2421518896953722) * f + 0.6935867468539509) * f + 0.9999627562463347
-    bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)
-    # NaN by a select: the bit arithmetic turns a GPU's NaN (all mantissa bits set) into 3.4e38
-    return tl.where(x == x, bits.to(tl.float32, bitcast=True), x)
-
-
-@triton.jit
-def _block_p(qk, m_ij, qk_scale, MASKED: tl.constexpr, EXP_FMA: tl.constexpr = False):
-    """``P = exp(s - m)``, base 2 with log2(e) folded into ``qk_scale``. ``EXP_FMA``: the odd columns'
-    exponentials on the FMA units (:func:`_exp2_fma`), the even ones' on the special-function unit,
-    which alone does 16 a clock per SM against 128 FMAs: the two halves run side by side. (A thread
-    holds adjacent column pairs of an MMA result, so the split moves no data between threads.)"""
+def _block_p(qk, m_ij, qk_scale, MASKED: tl.constexpr):
+    """``P = exp(s - m)``, base 2 with log2(e) folded into ``qk_scale``."""
     if MASKED:
         qk = qk - m_ij[:, None]
     else:
         qk = qk * qk_scale - m_ij[:, None]
-    if EXP_FMA:
-        BM: tl.constexpr = qk.shape[0]
-        BN: tl.constexpr = qk.shape[1]
-        even, odd = tl.split(tl.reshape(qk, (BM, BN // 2, 2)))
-        return tl.reshape(tl.join(tl.math.exp2(even), _exp2_fma(odd)), (BM, BN))
     return tl.math.exp2(qk)
 
 
@@ -380,11 +351,7 @@ def _attention_inner(
     CAUSAL: tl.constexpr,
     SCALE_NEG: tl.constexpr,
     TMA: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
     EVEN_N: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr,
-    RESCALE_TAU: tl.constexpr,
-    EXP_FMA: tl.constexpr = False,
 ):
     """Key blocks ``[lo, hi)`` of one Q tile: the online-softmax update, block by block.
 
@@ -393,40 +360,18 @@ def _attention_inner(
     token (``k_row``/``k_col`` unused); TMA path: they are descriptors and the tile starts at row
     ``k_row + start_n``, column ``k_col``. ``EVEN_N``: BLOCK_N divides N_k, so no block hangs past the
     last key and the masked blocks need only the causal mask.
-
-    ``LAZY_RESCALE`` (FA4's conditional rescale): ``m`` may lag the true running max by up to
-    ``RESCALE_TAU`` (base-2 units), so ``p = exp2(s - m) <= 2**RESCALE_TAU``. A block moves the max
-    of only the rows whose block max exceeds ``m`` by more than that, and only when one does does the
-    tile pay for ``acc * alpha`` and ``l * alpha``; ``l`` and ``acc`` always sum against the same
-    (possibly stale) ``m``, so ``acc / l`` and ``m + log2(l)`` are exact whatever ``m`` is.
     """
     offs_n0 = tl.arange(0, BLOCK_N)
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
         k = _kv_tile(k_src, k_row, k_col, start_n, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, False)
         qk = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) fp32, unscaled
         qk, m_ij = _block_max(qk, m_i, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
-        if LAZY_RESCALE:
-            # rows whose max rose by more than TAU (all rows on the first block: m = -inf there, and
-            # -inf + TAU stays -inf); a NaN row compares false and stays NaN through p
-            need = m_ij > m_i + RESCALE_TAU
-            # one decision for the whole program (a cross-warp reduction of BLOCK_M flags): Triton
-            # has no per-warp branch, and the multiply it skips is over the whole tile
-            if tl.max(need.to(tl.int32), 0) > 0:
-                m_ij = tl.where(need, m_ij, m_i)  # the rest keep their stale max: alpha = 1 exactly
-                alpha = tl.math.exp2(m_i - m_ij)  # 0 on the first block (acc and l are 0 there)
-                l_i = l_i * alpha
-                acc = acc * alpha[:, None]
-            else:
-                m_ij = m_i
-        p = _block_p(qk, m_ij, qk_scale, MASKED, EXP_FMA)
-        if LAZY_RESCALE:
-            l_i = l_i + tl.sum(p, 1)  # p <= 2**TAU: the sum and the P cast below stay in range
-        else:
-            alpha = tl.math.exp2(m_i - m_ij)  # rescales what was summed against the old max (0 at first)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
+        p = _block_p(qk, m_ij, qk_scale, MASKED)
+        alpha = tl.math.exp2(m_i - m_ij)  # rescales what was summed against the old max (0 at first)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
         v = _kv_tile(v_src, v_row, v_col, start_n, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, True)
         acc = tl.dot(p.to(v.dtype), v, acc)  # P cast down to the input dtype: the tensor cores' operand
         m_i = m_ij
@@ -438,22 +383,20 @@ def _attention_online(
     acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
     offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NEG: tl.constexpr,
-    TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EVEN_N: tl.constexpr, LAZY_RESCALE: tl.constexpr,
-    RESCALE_TAU: tl.constexpr, EXP_FMA: tl.constexpr = False,
+    TMA: tl.constexpr, EVEN_N: tl.constexpr,
 ):  # fmt: skip
     """The online softmax over a Q tile's key blocks: ``[0, lo_mask)`` unmasked, then ``[lo_mask, hi)``
     masked (the diagonal and the partial last block)."""
     acc, l_i, m_i = _attention_inner(
         acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
         offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
-        HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU, EXP_FMA,
+        HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, EVEN_N,
     )  # fmt: skip
     if CAUSAL or not EVEN_N:  # non-causal with BLOCK_N dividing N_k: no masked block, no second loop
         acc, l_i, m_i = _attention_inner(
             acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
             offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-            HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
-            EXP_FMA,
+            HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N,
         )  # fmt: skip
     return acc, l_i, m_i
 
@@ -464,7 +407,6 @@ def _attention_inner_ref(
     offs_m, offs_d, n_k, qk_scale, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, ROW_SUM: tl.constexpr,
-    EXP_FMA: tl.constexpr = False,
 ):  # fmt: skip
     """Key blocks ``[lo, hi)`` against a fixed reference ``m_ref`` (``REF_MAX``): block 0's row max,
     taken when the loop that holds block 0 reaches it (``m_ref`` is -inf until then). After that,
@@ -488,7 +430,7 @@ def _attention_inner_ref(
         else:
             if start_n == 0:
                 _, m_ref = _block_max(qk, m_ref, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
-        p = _block_p(qk, m_ref, qk_scale, MASKED, EXP_FMA)
+        p = _block_p(qk, m_ref, qk_scale, MASKED)
         if ROW_SUM:  # l_t is (BLOCK_M,): one cross-thread sum a block, no tile of partial sums to keep
             l_t += tl.sum(p, 1)
         else:
@@ -535,13 +477,9 @@ def _attention_kernel(
     CAUSAL: tl.constexpr,
     SCALE_NEG: tl.constexpr,
     TMA: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
     EVEN_N: tl.constexpr,
     TMA_STORE: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr,
-    RESCALE_TAU: tl.constexpr,
     REF_MAX: tl.constexpr = 0,
-    EXP_FMA: tl.constexpr = False,
 ):
     # q: (B, H, N_q, D), k/v: (B, H_kv, N_k, D), o: (B, H, N_q, D), lse: (B, H, N_q) fp32.
     # Each of q, k, v is addressed as rows of a 2-D matrix: head (b, h) starts at row
@@ -595,13 +533,13 @@ def _attention_kernel(
         acc, l_t, m_ref = _attention_inner_ref(
             acc, l_t, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
             offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
-            HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2, EXP_FMA,
+            HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2,
         )  # fmt: skip
         if CAUSAL or not EVEN_N:
             acc, l_t, m_ref = _attention_inner_ref(
                 acc, l_t, m_ref, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
                 offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-                HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2, EXP_FMA,
+                HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2,
             )  # fmt: skip
         l_i = l_t if REF_MAX == 2 else tl.sum(l_t, 1)
         # exact unless something overflowed: a later score 2**127 above the reference (p = inf), P past
@@ -615,7 +553,7 @@ def _attention_kernel(
             acc, l_i, m_i = _attention_online(
                 acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
                 offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-                HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU, EXP_FMA,
+                HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, EVEN_N,
             )  # fmt: skip
         else:
             m_i = m_ref
@@ -623,7 +561,7 @@ def _attention_kernel(
         acc, l_i, m_i = _attention_online(
             acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
             offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-            HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU, EXP_FMA,
+            HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, EVEN_N,
         )  # fmt: skip
 
     # one division per row, at the end; lse back from base-2 units to natural log
@@ -657,8 +595,6 @@ def _hopper() -> bool:
 #: 64 and 128 on an H100, once block 0 was peeled inside the loop (before, its own tiles cost 32 KiB of
 #: shared memory and head dim 128 dropped to one program per SM); with it, causal head dim 128 moved to
 #: 64-row tiles (the 128 x 64 tile spills registers there). Head dim 256: not measured, off.
-#: Warp specialisation (``tl.range(..., warp_specialize=True)``) did not compile for this kernel on
-#: triton 3.6 (Hopper) in any tile tried; the launcher keeps the switch for later versions.
 TMA_TABLE = {
     (64, False, False): (64, 64, 4, 3, False, 1),
     (64, False, True): (128, 64, 4, 3, True, 2),
@@ -699,14 +635,6 @@ PLAIN_TABLE = {
 #: the interpreter: every program is Python, so few of them; 32 x 16 tiles still give a causal tile
 #: two diagonal blocks, so small tests reach every code path
 INTERPRETER_TILE = (32, 16)
-#: ``LAZY_RESCALE=True``'s threshold (FA4's conditional rescale, base-2 units): the running max of a
-#: row moves only when a block's max passes it by more than this, and the tile rescales ``acc`` and
-#: ``l`` only when some row's does. P is then at most 2**8 = 256 instead of 1: fp16/bf16 round 256 as
-#: finely (relatively) as 1, and it is far from their overflow; l <= 2**8 N_k in fp32. Off by default:
-#: 0.87-1.04x of the same tiles without it on an H100 (the per-block decision is a cross-warp reduction)
-LAZY_TAU = 8.0
-#: fp16's largest finite value is 65504 < 2**16: P <= 2**15 still casts
-MAX_LAZY_TAU = 15.0
 
 
 def _d_class(block_d: int) -> int:
@@ -719,13 +647,11 @@ def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> d
     store, ref = False, 0
     if not gpu:
         bm, bn = INTERPRETER_TILE
-        nw, ns, ws = 4, 1, False
+        nw, ns = 4, 1
     elif tma:
         bm, bn, nw, ns, store, ref = TMA_TABLE[(_d_class(block_d), causal, n_q > LONG)]
-        ws = False
     else:
         bm, bn, nw, ns = PLAIN_TABLE[_d_class(block_d)]
-        ws = False
     # short sequences: no tile longer than the sequence (tl.dot needs 16)
     bm = min(bm, max(16, next_pow2(n_q)))
     bn = min(bn, max(16, next_pow2(n_k)))
@@ -738,11 +664,8 @@ def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> d
         "BLOCK_D": block_d,
         "num_warps": nw,
         "num_stages": ns,
-        "WARP_SPECIALIZE": ws,
         "TMA_STORE": tma and store,
-        "LAZY_RESCALE": False,
         "REF_MAX": ref,
-        "EXP_FMA": False,
     }
 
 
@@ -750,14 +673,13 @@ def attention_config(
     B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, causal: bool = False, *, tma: bool | None = None
 ) -> dict:
     """The launch configuration the launcher picks: ``{"variant", "BLOCK_M", "BLOCK_N", "BLOCK_D",
-    "num_warps", "num_stages", "WARP_SPECIALIZE", "TMA_STORE", "LAZY_RESCALE", "REF_MAX"}``.
+    "num_warps", "num_stages", "TMA_STORE", "REF_MAX"}``.
 
     ``BLOCK_D`` is the head dim rounded up to a power of two (at least 16). On a Hopper GPU with
     fp16/bf16 inputs in a descriptor-friendly layout (``tma=None`` assumes one) and at least
     :data:`TMA_MIN_FLOPS` of work, the TMA path with the tile of ``TMA_TABLE``; elsewhere on a GPU the
     pointer path (``PLAIN_TABLE``); in the interpreter
     32 x 16 tiles. Tiles shrink to short sequences. B and H do not change the tile (the grid grows).
-    ``LAZY_RESCALE`` is off everywhere (it measured 0.87-1.04x of the default, :data:`LAZY_TAU`).
     ``REF_MAX`` (0, 1 or 2) comes from ``TMA_TABLE`` on the TMA path and is 0 elsewhere: the interpreter
     runs the online loop the lesson teaches.
     """
@@ -771,32 +693,7 @@ def attention_config(
     return dict(_config(int(N_q), int(N_k), int(D), bool(causal), bool(tma), runtime.is_gpu()))
 
 
-_CONFIG_KEYS = (
-    "BLOCK_M",
-    "BLOCK_N",
-    "num_warps",
-    "num_stages",
-    "WARP_SPECIALIZE",
-    "TMA_STORE",
-    "LAZY_RESCALE",
-    "REF_MAX",
-    "EXP_FMA",
-)
-
-
-def _rescale_tau(lazy) -> float:
-    """``LAZY_RESCALE`` as the kernel's threshold: 0.0 off (False), :data:`LAZY_TAU` for True, else
-    the number given (base-2 units, in ``(0, MAX_LAZY_TAU]``)."""
-    if lazy is False:
-        return 0.0
-    if lazy is True:
-        return LAZY_TAU
-    if isinstance(lazy, (int, float)) and 0 < lazy <= MAX_LAZY_TAU:
-        return float(lazy)
-    raise KernelInputError(
-        f"{OP}: LAZY_RESCALE={lazy!r}; pass False, True (threshold {LAZY_TAU}) or a threshold in "
-        f"(0, {MAX_LAZY_TAU}] (base-2 units: P may reach 2**threshold before the fp16 cast)."
-    )
+_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA_STORE", "REF_MAX")
 
 
 def _check_config(config: dict, causal: bool) -> dict:
@@ -810,14 +707,10 @@ def _check_config(config: dict, causal: bool) -> dict:
                 raise KernelInputError(f"{OP}: {name}={config[name]}; tl.dot needs tiles of at least 16.")
     if "num_warps" in config:
         check_block(config["num_warps"], "num_warps", OP, max_value=16)
-    if "LAZY_RESCALE" in config:
-        _rescale_tau(config["LAZY_RESCALE"])
     if "REF_MAX" in config and config["REF_MAX"] not in (0, 1, 2):  # False and True count as 0 and 1
         raise KernelInputError(
             f"{OP}: REF_MAX={config['REF_MAX']!r}; 0 (the online loop), 1 (P summed as a tile) or 2 (row sums)."
         )
-    if "EXP_FMA" in config and config["EXP_FMA"] not in (False, True):  # 0 and 1 count as False and True
-        raise KernelInputError(f"{OP}: EXP_FMA={config['EXP_FMA']!r}; pass True or False.")
     return dict(config)
 
 
@@ -945,8 +838,7 @@ def attention(
     refused. ``variant``: ``"tma"`` or ``"plain"`` forces a load path (None picks: TMA on Hopper where
     the layout allows and the call has :data:`TMA_MIN_FLOPS` of work). ``config``:
     tile overrides for a sweep (``BLOCK_M``, ``BLOCK_N``, ``num_warps``,
-    ``num_stages``, ``WARP_SPECIALIZE``, ``TMA_STORE``, ``LAZY_RESCALE``: False, True or a threshold, FA4's
-    conditional rescale of the accumulator, the same results to rounding; ``REF_MAX``: 0, 1 or 2, every
+    ``num_stages``, ``TMA_STORE``, ``REF_MAX``: 0, 1 or 2, every
     block against block 0's row max with a fallback to the online loop on overflow, the Hopper default
     for head dims up to 128).
     Trips: :func:`attention_ledger`; FLOPs: :func:`attention_flops`; reference: :func:`attention_reference`.
@@ -1035,8 +927,6 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
         else:  # a layout the descriptors cannot take: the pointer path reads any strides
             tma, descs = False, None
             cfg = {**_config(N_q, N_k, D, causal, False, gpu), **overrides}
-    if not tma:
-        cfg["WARP_SPECIALIZE"] = False  # warp specialisation works on the descriptors' async copies
     bm, bn, bd = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_D"]
     if causal and bm % bn:
         raise KernelInputError(f"{OP}: causal needs BLOCK_M ({bm}) to be a multiple of BLOCK_N ({bn}).")
@@ -1052,13 +942,9 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
         "BLOCK_N": bn,
         "CAUSAL": causal,
         "TMA": tma,
-        "WARP_SPECIALIZE": bool(cfg["WARP_SPECIALIZE"]),
         "EVEN_N": N_k % bn == 0,
         "TMA_STORE": store is not None,
-        "LAZY_RESCALE": _rescale_tau(cfg["LAZY_RESCALE"]) > 0,
-        "RESCALE_TAU": _rescale_tau(cfg["LAZY_RESCALE"]),  # 0.0 when off: one compiled kernel, not one per TAU
         "REF_MAX": int(cfg["REF_MAX"]),  # 0 off; 1: P summed as a tile, reduced once; 2: a row sum a block
-        "EXP_FMA": bool(cfg["EXP_FMA"]),
         **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
     }
     return _Plan(ints, meta, (cdiv(N_q, bm), H, B), descs, store, config_key)
