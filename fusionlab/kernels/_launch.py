@@ -66,6 +66,29 @@ def device_name() -> str:
     return _device_name(current_device()) if _IS_CUDA else ""
 
 
+#: peak DRAM bandwidth in GB/s of GPUs a configuration may be asked for by name (their spec sheets: an
+#: H100 SXM, an H200); a name not here, or a GPU configuration asked for without a GPU, gets an H100's
+DRAM_GBPS = {"H200": 4800.0, "H100": 3350.0}
+DEFAULT_DRAM_GBPS = DRAM_GBPS["H100"]
+
+
+@functools.cache
+def _dram_gbps(index: int) -> float:
+    from triton.testing import get_dram_gbps  # memory clock x bus width, as the driver reports them
+
+    return float(get_dram_gbps(index))
+
+
+def dram_gbps(device: str | None = None) -> float:
+    """Peak DRAM bandwidth in GB/s: this GPU's, from its driver (``device=None``), or that of the GPU
+    named ``device`` (:data:`DRAM_GBPS`), so a lesson on a CPU can ask what a given GPU's kernel does.
+    For the few configurations measured to differ between GPUs: chosen by what the GPU can do, not by
+    its name."""
+    if device is None:
+        return _dram_gbps(current_device()) if runtime.is_gpu() else DEFAULT_DRAM_GBPS
+    return next((v for name, v in DRAM_GBPS.items() if name in device), DEFAULT_DRAM_GBPS)
+
+
 def dtype_name(d: torch.dtype) -> str:
     return str(d).replace("torch.", "")
 
@@ -182,10 +205,6 @@ def check_tile(*blocks: int, op: str) -> None:
         )
 
 
-#: programmatic dependent launch where the GPU has it (a switch for probes and tests)
-PDL = True
-
-
 def pdl_supported() -> bool:
     """Programmatic dependent launch: on Hopper (sm_90) and later a kernel launched with it may be placed
     on the SMs while the kernel before it in the stream still runs, and waits (``gdc_wait``) only where it
@@ -193,7 +212,7 @@ def pdl_supported() -> bool:
     Used between a call's own kernels (a loss's prologue, kernel and finish; a backward's partial sums);
     a call's first kernel takes it only where it waits before its first read (cross-entropy's prologue
     and backward), so that nothing but its launch overlaps what came before it."""
-    return PDL and runtime.is_gpu() and runtime.CAPABILITY is not None and runtime.CAPABILITY >= (9, 0)
+    return runtime.is_gpu() and runtime.CAPABILITY is not None and runtime.CAPABILITY >= (9, 0)
 
 
 def launch_kwargs(
