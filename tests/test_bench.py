@@ -107,14 +107,6 @@ def test_rates_refuse_nonsense_times(bad):
         bench.tflops(1e9, bad)
 
 
-@pytest.mark.skipif(runtime.is_gpu(), reason="on a GPU timing is allowed")
-def test_timing_is_refused_by_the_mode():
-    with pytest.raises(bench.NotOnGPU):
-        bench.time_ms(lambda: None)
-    with pytest.raises(bench.NotOnGPU):
-        bench.measure_copy_bandwidth()
-
-
 def test_dtype_of_recorded_results_roundtrip():
     rec = bench.recorded()
     again = bench.Recorded.from_json(json.loads(json.dumps(rec.to_json())))

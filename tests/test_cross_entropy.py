@@ -8,10 +8,11 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import gpu_only
+from conftest import cross_entropy_by_hand, gpu_only
 
 from fusionlab import runtime
 from fusionlab.grading import Sandbox
+from fusionlab.instrument import LaunchCounter
 from fusionlab.kernels import KernelInputError, _launch
 from fusionlab.kernels import cross_entropy as ce
 from fusionlab.kernels._launch import dram_gbps, next_pow2
@@ -607,10 +608,20 @@ def test_empty_batch():
     assert cross_entropy(x, t, reduction="none").shape == (0,)
 
 
-def test_eager_and_reference_are_torch():
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_eager_and_reference_follow_the_formula(reduction, smoothing):
+    # both against the loss written out by hand in float64 (not F.cross_entropy again): ignored rows,
+    # label smoothing, each reduction; eager is log_softmax then nll_loss, as the ledger counts
     x, t = _inputs(5, 30, torch.float32)
-    torch.testing.assert_close(cross_entropy_eager(x, t), F.cross_entropy(x, t))
-    torch.testing.assert_close(cross_entropy_reference(x, t), F.cross_entropy(x, t))
+    t[1] = -100
+    want = cross_entropy_by_hand(x, t, reduction=reduction, label_smoothing=smoothing)
+    kw = {"reduction": reduction, "label_smoothing": smoothing}
+    with LaunchCounter() as counter:
+        got = cross_entropy_eager(x, t, **kw)
+    torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-6)
+    assert counter.torch_ops[:2] == ["_log_softmax", "nll_loss_forward"], counter.torch_ops
+    torch.testing.assert_close(cross_entropy_reference(x.double(), t, **kw), want, atol=1e-12, rtol=1e-12)
 
 
 # -- the ledger and the configuration -------------------------------------------------------------------

@@ -85,7 +85,7 @@ def dram_gbps(device: str | None = None) -> float:
     For the few configurations measured to differ between GPUs: chosen by what the GPU can do, not by
     its name."""
     if device is None:
-        return _dram_gbps(current_device()) if runtime.is_gpu() else DEFAULT_DRAM_GBPS
+        return _dram_gbps(current_device()) if _IS_CUDA else DEFAULT_DRAM_GBPS
     return next((v for name, v in DRAM_GBPS.items() if name in device), DEFAULT_DRAM_GBPS)
 
 
@@ -303,8 +303,12 @@ def row_config(n_cols: int, dtype: torch.dtype, *, max_block: int | None = None,
 
 
 def _key(args) -> tuple:
-    """What Triton specialises a launch on, per argument: a tensor's dtype and 16-byte alignment; an
-    int's being 1, a multiple of 16, or too large for 32 bits. (A plain loop: this runs every call.)"""
+    """What Triton specialises a launch on, per argument, or finer: a tensor's dtype and 16-byte
+    alignment; an int's being 1, a multiple of 16, and its type (i32, i64, or u64 from 2**63); any
+    other argument's type and value. Each argument's first entry tells its kind (a dtype, a bool, a
+    type), so two argument lists never run together into one key. Never coarser:
+    ``tests/test_launch.py`` checks it against the installed Triton's own specialiser. (A plain loop:
+    this runs every call.)"""
     key = []
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -314,7 +318,9 @@ def _key(args) -> tuple:
             key.append(a == 1)
             key.append(a & 15)
             key.append(a >= 2**31 or a < -(2**31))
-        else:
+            key.append(a >= 2**63)
+        else:  # its type too: 1.0 == True, but Triton compiles a float and a bool differently
+            key.append(type(a))
             key.append(a)
     return tuple(key)
 
