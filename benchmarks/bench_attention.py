@@ -96,6 +96,8 @@ EXTRA = {
 }
 #: --final: the package's default against the backends, with alternatives where the sweeps were close
 FINAL_ALTERNATIVES = {64: ["64x64 w4 s3 +store+ref"], 128: ["64x64 w4 s3 +store+ref", "128x128 w8 s3 +store+ref2"]}
+
+
 def final_names(d: int) -> list[str]:
     """What --final checks and times at head dim ``d`` (besides the backends)."""
     return ["default", *FINAL_ALTERNATIVES[d]]

@@ -163,6 +163,8 @@ RISING_SHAPES = [
 # -- REF_MAX: every block against block 0's row max, no running max ------------------------------
 #: REF_MAX's two ways to sum P: a tile reduced once (1), a row sum a block (2)
 REF_SUMS = pytest.mark.parametrize("ref", [1, 2], ids=["tile_sum", "row_sum"])
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype,tol,lse_tol", DTYPES)

@@ -256,7 +256,7 @@ def test_notes_tables_read_numbers_and_keep_notes():
         bench.notes_table("notes_lesson6", heading, index=2)
 
 
-def test_a_sessions_per_suite_files_read_as_one_run_and_a_partial_run_lends_no_label(tmp_path, monkeypatch):
+def test_a_runs_per_suite_files_read_as_one_run_and_a_partial_run_lends_no_label(tmp_path, monkeypatch):
     base = bench.recorded(bench.recorded_files()[0]).to_json()
 
     def write(name, device, date, time, suites):
@@ -266,7 +266,7 @@ def test_a_sessions_per_suite_files_read_as_one_run_and_a_partial_run_lends_no_l
         (tmp_path / name).write_text(json.dumps(data))
 
     write("a.json", "GPU A", "2026-01-01", "01:00Z", ["lesson1", "lesson2", "lesson3"])
-    write("b1.json", "GPU B", "2026-02-01", "01:00Z", ["lesson1", "lesson2"])  # one session, a file a suite...
+    write("b1.json", "GPU B", "2026-02-01", "01:00Z", ["lesson1", "lesson2"])  # one run, a file a suite...
     write("b2.json", "GPU B", "2026-02-01", "02:00Z", ["lesson3", "lesson4"])  # ...read back as one run
     write("c.json", "GPU C", "2026-03-01", "01:00Z", ["lesson5"])  # a later partial run
     monkeypatch.setattr(bench, "RECORDED_DIR", tmp_path)

@@ -271,8 +271,9 @@ def tail_warps(num_warps: int, head: int, tail: int, dtype: torch.dtype) -> int:
     """The warps of a head and a tail: no more than give each thread 16 bytes of the tail (one vector
     load); with more, the tail's loads split into 8- or 4-byte pieces. LayerNorm's forward, bf16,
     32768 x 5120 (a head of 4096 and a tail of 1024) on an H200: 62% of copy at 8 warps, 96% at 4
-    (benchmarks/notes_norms.md, eleventh session). A tail under a quarter of the head (4097: 4096 + 16,
-    9000: 8192 + 1024) is too short to set the warps: fewer would crowd the head's registers."""
+    (benchmarks/notes_norms.md, 2026-11-24, LayerNorm's forward at 5120 and 11008). A tail under a
+    quarter of the head (4097: 4096 + 16, 9000: 8192 + 1024) is too short to set the warps: fewer would
+    crowd the head's registers."""
     if tail * 4 < head:
         return num_warps
     return max(1, min(num_warps, tail * element_size(dtype) // (16 * 32)))

@@ -264,6 +264,151 @@ def attention_ledger(
     return led
 
 
+def attention_bytes(
+    B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, *, h_kv: int | None = None
+) -> int:
+    """The fewest bytes any attention forward moves: Q, K, V read once, O and lse written once."""
+    h_kv = H if h_kv is None else h_kv
+    es = element_size(dtype)
+    return (2 * B * H * N_q * D + 2 * B * h_kv * N_k * D) * es + 4 * B * H * N_q
+
+
+# -- configuration --------------------------------------------------------------------------------
+@functools.cache
+def _hopper() -> bool:
+    return runtime.is_gpu() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+#: the Hopper (TMA) path's tiles, (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA_STORE, REF_MAX), by
+#: (head-dim class, causal, long sequence: N_q > LONG): benchmarks/notes_attention.md has the H100 and
+#: H200 sweeps behind each row. Short sequences take 64-row tiles: a program streams few key blocks, and more, smaller
+#: programs per SM hide each one's prologue (the Q load, the pipeline's fill) and epilogue behind the
+#: others' loops. TMA_STORE: O leaves through a descriptor (one bulk copy per tile, where BLOCK_M
+#: divides N_q), which measured faster at head dim 128 and for long non-causal runs at 64. REF_MAX
+#: (sweeps 5 and 6): every block against block 0's row max, no running max and no rescale of the
+#: accumulator; 1 sums P as a tile, 2 a row sum per block (long non-causal rows). +3-25% at head dims
+#: 64 and 128 on an H100, once block 0 was peeled inside the loop (before, its own tiles cost 32 KiB of
+#: shared memory and head dim 128 dropped to one program per SM); with it, causal head dim 128 moved to
+#: 64-row tiles (the 128 x 64 tile spills registers there). Head dim 256: not measured, off.
+TMA_TABLE = {
+    (64, False, False): (64, 64, 4, 3, False, 1),
+    (64, False, True): (128, 64, 4, 3, True, 2),
+    (64, True, False): (64, 64, 4, 3, False, 1),
+    (64, True, True): (128, 64, 4, 3, True, 2),
+    (128, False, False): (64, 64, 4, 3, True, 1),
+    (128, False, True): (128, 64, 4, 2, True, 2),
+    (128, True, False): (64, 32, 4, 3, True, 1),
+    (128, True, True): (64, 64, 4, 3, True, 1),
+    (256, False, False): (64, 64, 4, 2, False, 0),
+    (256, False, True): (64, 64, 4, 2, False, 0),
+    (256, True, False): (64, 64, 4, 2, False, 0),
+    (256, True, True): (64, 64, 4, 2, False, 0),
+}
+#: "long" starts past this many queries
+LONG = 2048
+#: below this many FLOPs a call takes the pointer path even on Hopper. The descriptors cost the host
+#: 30-40 µs a call (three built in Python, then encoded by the driver) on top of 50-90 µs for the rest
+#: of the call, and below ~30 GFLOP the kernel is shorter than that host work, so the call is host-bound
+#: either way: back to back on an H100, 53-93 µs a call on the pointer path against 82-135 µs with
+#: descriptors (``benchmarks/small_attention.py``, two machines). Lesson 7's shapes start at 34 GFLOP
+TMA_MIN_FLOPS = 32e9
+
+
+def _tma_by_default(B: int, H: int, N_q: int, N_k: int, D: int, causal: bool) -> bool:
+    """Whether a call takes the descriptors when no variant is asked for: on a Hopper GPU, with at
+    least :data:`TMA_MIN_FLOPS` of work (the layout and the dtype are the caller's to check)."""
+    return _hopper() and attention_flops(B, H, N_q, N_k, D, causal) >= TMA_MIN_FLOPS
+
+
+#: the pointer path on a GPU (pre-Hopper, or a layout the descriptors cannot take); REF_MAX off: not
+#: measured on that path
+PLAIN_TABLE = {
+    64: (128, 64, 4, 3),
+    128: (128, 64, 8, 3),
+    256: (64, 32, 8, 2),
+}
+#: the interpreter: every program is Python, so few of them; 32 x 16 tiles still give a causal tile
+#: two diagonal blocks, so small tests reach every code path
+INTERPRETER_TILE = (32, 16)
+
+
+def _d_class(block_d: int) -> int:
+    return 64 if block_d <= 64 else (128 if block_d <= 128 else 256)
+
+
+@functools.lru_cache(maxsize=4096)
+def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> dict:
+    block_d = max(16, next_pow2(d))
+    store, ref = False, 0
+    if not gpu:
+        bm, bn = INTERPRETER_TILE
+        nw, ns = 4, 1
+    elif tma:
+        bm, bn, nw, ns, store, ref = TMA_TABLE[(_d_class(block_d), causal, n_q > LONG)]
+    else:
+        bm, bn, nw, ns = PLAIN_TABLE[_d_class(block_d)]
+    # short sequences: no tile longer than the sequence (tl.dot needs 16)
+    bm = min(bm, max(16, next_pow2(n_q)))
+    bn = min(bn, max(16, next_pow2(n_k)))
+    if causal and bn > bm:
+        bn = bm  # the causal split needs BLOCK_M to be a multiple of BLOCK_N
+    return {
+        "variant": "tma" if tma else "plain",
+        "BLOCK_M": bm,
+        "BLOCK_N": bn,
+        "BLOCK_D": block_d,
+        "num_warps": nw,
+        "num_stages": ns,
+        "TMA_STORE": tma and store,
+        "REF_MAX": ref,
+    }
+
+
+def attention_config(
+    B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, causal: bool = False, *, tma: bool | None = None
+) -> dict:
+    """The launch configuration the launcher picks: ``{"variant", "BLOCK_M", "BLOCK_N", "BLOCK_D",
+    "num_warps", "num_stages", "TMA_STORE", "REF_MAX"}``.
+
+    ``BLOCK_D`` is the head dim rounded up to a power of two (at least 16). On a Hopper GPU with
+    fp16/bf16 inputs in a descriptor-friendly layout (``tma=None`` assumes one) and at least
+    :data:`TMA_MIN_FLOPS` of work, the TMA path with the tile of ``TMA_TABLE``; elsewhere on a GPU the
+    pointer path (``PLAIN_TABLE``); in the interpreter
+    32 x 16 tiles. Tiles shrink to short sequences. B and H do not change the tile (the grid grows).
+    ``REF_MAX`` (0, 1 or 2) comes from ``TMA_TABLE`` on the TMA path and is 0 elsewhere: the interpreter
+    runs the online loop the lesson teaches.
+    """
+    if tma is None:
+        tma = (
+            TensorDescriptor is not None
+            and dtype in (torch.float16, torch.bfloat16)
+            and D % 8 == 0
+            and _tma_by_default(B, H, N_q, N_k, D, causal)
+        )
+    return dict(_config(int(N_q), int(N_k), int(D), bool(causal), bool(tma), runtime.is_gpu()))
+
+
+_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA_STORE", "REF_MAX")
+
+
+def _check_config(config: dict, causal: bool) -> dict:
+    unknown = set(config) - set(_CONFIG_KEYS)
+    if unknown:
+        raise KernelInputError(f"{OP}: unknown config key(s) {sorted(unknown)}; known: {', '.join(_CONFIG_KEYS)}.")
+    for name in ("BLOCK_M", "BLOCK_N"):
+        if name in config:
+            check_block(config[name], name, OP, max_value=256)
+            if config[name] < 16:
+                raise KernelInputError(f"{OP}: {name}={config[name]}; tl.dot needs tiles of at least 16.")
+    if "num_warps" in config:
+        check_block(config["num_warps"], "num_warps", OP, max_value=16)
+    if "REF_MAX" in config and config["REF_MAX"] not in (0, 1, 2):  # False and True count as 0 and 1
+        raise KernelInputError(
+            f"{OP}: REF_MAX={config['REF_MAX']!r}; 0 (the online loop), 1 (P summed as a tile) or 2 (row sums)."
+        )
+    return dict(config)
+
+
 # -- the kernel -----------------------------------------------------------------------------------
 @triton.jit
 def _kv_tile(
@@ -578,142 +723,6 @@ def _attention_kernel(
     tl.store(lse_base + offs_m, lse, mask=row_ok)
 
 
-# -- configuration --------------------------------------------------------------------------------
-@functools.cache
-def _hopper() -> bool:
-    return runtime.is_gpu() and torch.cuda.get_device_capability() >= (9, 0)
-
-
-#: the Hopper (TMA) path's tiles, (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA_STORE, REF_MAX), by
-#: (head-dim class, causal, long sequence: N_q > LONG): benchmarks/notes_attention.md has the H100 and
-#: H200 sweeps behind each row. Short sequences take 64-row tiles: a program streams few key blocks, and more, smaller
-#: programs per SM hide each one's prologue (the Q load, the pipeline's fill) and epilogue behind the
-#: others' loops. TMA_STORE: O leaves through a descriptor (one bulk copy per tile, where BLOCK_M
-#: divides N_q), which measured faster at head dim 128 and for long non-causal runs at 64. REF_MAX
-#: (sweeps 5 and 6): every block against block 0's row max, no running max and no rescale of the
-#: accumulator; 1 sums P as a tile, 2 a row sum per block (long non-causal rows). +3-25% at head dims
-#: 64 and 128 on an H100, once block 0 was peeled inside the loop (before, its own tiles cost 32 KiB of
-#: shared memory and head dim 128 dropped to one program per SM); with it, causal head dim 128 moved to
-#: 64-row tiles (the 128 x 64 tile spills registers there). Head dim 256: not measured, off.
-TMA_TABLE = {
-    (64, False, False): (64, 64, 4, 3, False, 1),
-    (64, False, True): (128, 64, 4, 3, True, 2),
-    (64, True, False): (64, 64, 4, 3, False, 1),
-    (64, True, True): (128, 64, 4, 3, True, 2),
-    (128, False, False): (64, 64, 4, 3, True, 1),
-    (128, False, True): (128, 64, 4, 2, True, 2),
-    (128, True, False): (64, 32, 4, 3, True, 1),
-    (128, True, True): (64, 64, 4, 3, True, 1),
-    (256, False, False): (64, 64, 4, 2, False, 0),
-    (256, False, True): (64, 64, 4, 2, False, 0),
-    (256, True, False): (64, 64, 4, 2, False, 0),
-    (256, True, True): (64, 64, 4, 2, False, 0),
-}
-#: "long" starts past this many queries
-LONG = 2048
-#: below this many FLOPs a call takes the pointer path even on Hopper. The descriptors cost the host
-#: 30-40 µs a call (three built in Python, then encoded by the driver) on top of 50-90 µs for the rest
-#: of the call, and below ~30 GFLOP the kernel is shorter than that host work, so the call is host-bound
-#: either way: back to back on an H100, 53-93 µs a call on the pointer path against 82-135 µs with
-#: descriptors (``benchmarks/small_attention.py``, two machines). Lesson 7's shapes start at 34 GFLOP
-TMA_MIN_FLOPS = 32e9
-
-
-def _tma_by_default(B: int, H: int, N_q: int, N_k: int, D: int, causal: bool) -> bool:
-    """Whether a call takes the descriptors when no variant is asked for: on a Hopper GPU, with at
-    least :data:`TMA_MIN_FLOPS` of work (the layout and the dtype are the caller's to check)."""
-    return _hopper() and attention_flops(B, H, N_q, N_k, D, causal) >= TMA_MIN_FLOPS
-
-
-#: the pointer path on a GPU (pre-Hopper, or a layout the descriptors cannot take); REF_MAX off: not
-#: measured on that path
-PLAIN_TABLE = {
-    64: (128, 64, 4, 3),
-    128: (128, 64, 8, 3),
-    256: (64, 32, 8, 2),
-}
-#: the interpreter: every program is Python, so few of them; 32 x 16 tiles still give a causal tile
-#: two diagonal blocks, so small tests reach every code path
-INTERPRETER_TILE = (32, 16)
-
-
-def _d_class(block_d: int) -> int:
-    return 64 if block_d <= 64 else (128 if block_d <= 128 else 256)
-
-
-@functools.lru_cache(maxsize=4096)
-def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> dict:
-    block_d = max(16, next_pow2(d))
-    store, ref = False, 0
-    if not gpu:
-        bm, bn = INTERPRETER_TILE
-        nw, ns = 4, 1
-    elif tma:
-        bm, bn, nw, ns, store, ref = TMA_TABLE[(_d_class(block_d), causal, n_q > LONG)]
-    else:
-        bm, bn, nw, ns = PLAIN_TABLE[_d_class(block_d)]
-    # short sequences: no tile longer than the sequence (tl.dot needs 16)
-    bm = min(bm, max(16, next_pow2(n_q)))
-    bn = min(bn, max(16, next_pow2(n_k)))
-    if causal and bn > bm:
-        bn = bm  # the causal split needs BLOCK_M to be a multiple of BLOCK_N
-    return {
-        "variant": "tma" if tma else "plain",
-        "BLOCK_M": bm,
-        "BLOCK_N": bn,
-        "BLOCK_D": block_d,
-        "num_warps": nw,
-        "num_stages": ns,
-        "TMA_STORE": tma and store,
-        "REF_MAX": ref,
-    }
-
-
-def attention_config(
-    B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, causal: bool = False, *, tma: bool | None = None
-) -> dict:
-    """The launch configuration the launcher picks: ``{"variant", "BLOCK_M", "BLOCK_N", "BLOCK_D",
-    "num_warps", "num_stages", "TMA_STORE", "REF_MAX"}``.
-
-    ``BLOCK_D`` is the head dim rounded up to a power of two (at least 16). On a Hopper GPU with
-    fp16/bf16 inputs in a descriptor-friendly layout (``tma=None`` assumes one) and at least
-    :data:`TMA_MIN_FLOPS` of work, the TMA path with the tile of ``TMA_TABLE``; elsewhere on a GPU the
-    pointer path (``PLAIN_TABLE``); in the interpreter
-    32 x 16 tiles. Tiles shrink to short sequences. B and H do not change the tile (the grid grows).
-    ``REF_MAX`` (0, 1 or 2) comes from ``TMA_TABLE`` on the TMA path and is 0 elsewhere: the interpreter
-    runs the online loop the lesson teaches.
-    """
-    if tma is None:
-        tma = (
-            TensorDescriptor is not None
-            and dtype in (torch.float16, torch.bfloat16)
-            and D % 8 == 0
-            and _tma_by_default(B, H, N_q, N_k, D, causal)
-        )
-    return dict(_config(int(N_q), int(N_k), int(D), bool(causal), bool(tma), runtime.is_gpu()))
-
-
-_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA_STORE", "REF_MAX")
-
-
-def _check_config(config: dict, causal: bool) -> dict:
-    unknown = set(config) - set(_CONFIG_KEYS)
-    if unknown:
-        raise KernelInputError(f"{OP}: unknown config key(s) {sorted(unknown)}; known: {', '.join(_CONFIG_KEYS)}.")
-    for name in ("BLOCK_M", "BLOCK_N"):
-        if name in config:
-            check_block(config[name], name, OP, max_value=256)
-            if config[name] < 16:
-                raise KernelInputError(f"{OP}: {name}={config[name]}; tl.dot needs tiles of at least 16.")
-    if "num_warps" in config:
-        check_block(config["num_warps"], "num_warps", OP, max_value=16)
-    if "REF_MAX" in config and config["REF_MAX"] not in (0, 1, 2):  # False and True count as 0 and 1
-        raise KernelInputError(
-            f"{OP}: REF_MAX={config['REF_MAX']!r}; 0 (the online loop), 1 (P summed as a tile) or 2 (row sums)."
-        )
-    return dict(config)
-
-
 # -- layouts --------------------------------------------------------------------------------------
 def _row_layout(shape, stride) -> tuple[int, int, int, int, int]:
     """(rb, rh, cb, ch, stride_n): element (b, h, n, d) of ``t`` lies at
@@ -813,64 +822,6 @@ def _check_inputs(q, k, v, causal, scale) -> None:
         raise KernelInputError(f"{OP}: scale must be a finite number (or None for 1/sqrt(D)), got {scale!r}.")
 
 
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool = False,
-    scale: float | None = None,
-    *,
-    variant: str | None = None,
-    config: dict | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlashAttention forward: ``(O, lse)`` in one launch, the N x N scores never in HBM.
-
-    ``O = softmax(Q K^T * scale + mask) V``, ``lse = logsumexp(Q K^T * scale + mask)`` per row.
-    ``q``: (B, H_q, N_q, D); ``k``, ``v``: (B, H_kv, N_k, D) with H_q a multiple of H_kv (query head h
-    reads key/value head ``h // (H_q // H_kv)``). fp16/bf16 on a GPU, fp32/fp16 in the interpreter.
-    Head dims 1 to 256 (padded on chip to a power of two; 32, 64, 80, 96, 128 and 256 are tested). Any
-    N_q, N_k. Any strides with the last dimension contiguous (``x.view(B, N, H, D).transpose(1, 2)`` is
-    read in place). ``causal``: top-left aligned, query i sees keys j <= i, as
-    ``F.scaled_dot_product_attention(is_causal=True)``. ``scale``: default ``1 / sqrt(D)``.
-
-    Returns O (B, H_q, N_q, D), contiguous, in q's dtype, and lse (B, H_q, N_q), fp32, natural log.
-    N_k = 0 gives O = 0 and lse = -inf. No backward yet (lesson 8): inputs that require grad are
-    refused. ``variant``: ``"tma"`` or ``"plain"`` forces a load path (None picks: TMA on Hopper where
-    the layout allows and the call has :data:`TMA_MIN_FLOPS` of work). ``config``:
-    tile overrides for a sweep (``BLOCK_M``, ``BLOCK_N``, ``num_warps``,
-    ``num_stages``, ``TMA_STORE``, ``REF_MAX``: 0, 1 or 2, every
-    block against block 0's row max with a fallback to the online loop on overflow, the Hopper default
-    for head dims up to 128).
-    Trips: :func:`attention_ledger`; FLOPs: :func:`attention_flops`; reference: :func:`attention_reference`.
-    """
-    _check_inputs(q, k, v, causal, scale)
-    if variant not in VARIANTS:
-        raise KernelInputError(f"{OP}: variant={variant!r}; choose one of {VARIANTS}.")
-    B, H, N_q, D = q.shape
-    scale = _default_scale(D, scale)
-    o = torch.empty((B, H, N_q, D), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
-    if o.numel() == 0:
-        return o, lse
-    if k.shape[2] == 0:  # a softmax over no keys: SDPA's math path gives 0, and log(0) = -inf
-        return o.zero_(), lse.fill_(float("-inf"))
-
-    plan = _plan(q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, causal, variant, _config_key(config))
-    srcs, o_desc = (q, k, v), o
-    if plan.descs is not None:
-        if (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0:  # TMA needs 16-byte aligned bases
-            srcs = [TensorDescriptor(t, *spec) for t, spec in zip(srcs, plan.descs, strict=True)]
-            if plan.store is not None:
-                o_desc = TensorDescriptor(o, *plan.store)
-        elif variant == "tma":
-            raise KernelInputError(f"{OP}: variant='tma' needs q, k and v to start on 16-byte boundaries.")
-        else:  # an odd view's base: the pointer path
-            plan = _plan(q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, causal, "plain", plan.key)
-    _attention_kernel[plan.grid](*srcs, o, o_desc, lse, *plan.ints[:3], scale * LOG2E, *plan.ints[3:],
-                                 SCALE_NEG=scale < 0, **plan.meta)  # fmt: skip
-    return o, lse
-
-
 class _Plan(NamedTuple):
     """Everything a launch derives from shapes, strides, dtype and options: computed once per
     combination (:func:`_plan`), so a call does only its checks, two allocations and the launch."""
@@ -950,10 +901,59 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
     return _Plan(ints, meta, (cdiv(N_q, bm), H, B), descs, store, config_key)
 
 
-def attention_bytes(
-    B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, *, h_kv: int | None = None
-) -> int:
-    """The fewest bytes any attention forward moves: Q, K, V read once, O and lse written once."""
-    h_kv = H if h_kv is None else h_kv
-    es = element_size(dtype)
-    return (2 * B * H * N_q * D + 2 * B * h_kv * N_k * D) * es + 4 * B * H * N_q
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    *,
+    variant: str | None = None,
+    config: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention forward: ``(O, lse)`` in one launch, the N x N scores never in HBM.
+
+    ``O = softmax(Q K^T * scale + mask) V``, ``lse = logsumexp(Q K^T * scale + mask)`` per row.
+    ``q``: (B, H_q, N_q, D); ``k``, ``v``: (B, H_kv, N_k, D) with H_q a multiple of H_kv (query head h
+    reads key/value head ``h // (H_q // H_kv)``). fp16/bf16 on a GPU, fp32/fp16 in the interpreter.
+    Head dims 1 to 256 (padded on chip to a power of two; 32, 64, 80, 96, 128 and 256 are tested). Any
+    N_q, N_k. Any strides with the last dimension contiguous (``x.view(B, N, H, D).transpose(1, 2)`` is
+    read in place). ``causal``: top-left aligned, query i sees keys j <= i, as
+    ``F.scaled_dot_product_attention(is_causal=True)``. ``scale``: default ``1 / sqrt(D)``.
+
+    Returns O (B, H_q, N_q, D), contiguous, in q's dtype, and lse (B, H_q, N_q), fp32, natural log.
+    N_k = 0 gives O = 0 and lse = -inf. No backward yet (lesson 8): inputs that require grad are
+    refused. ``variant``: ``"tma"`` or ``"plain"`` forces a load path (None picks: TMA on Hopper where
+    the layout allows and the call has :data:`TMA_MIN_FLOPS` of work). ``config``:
+    tile overrides for a sweep (``BLOCK_M``, ``BLOCK_N``, ``num_warps``,
+    ``num_stages``, ``TMA_STORE``, ``REF_MAX``: 0, 1 or 2, every
+    block against block 0's row max with a fallback to the online loop on overflow, the Hopper default
+    for head dims up to 128).
+    Trips: :func:`attention_ledger`; FLOPs: :func:`attention_flops`; reference: :func:`attention_reference`.
+    """
+    _check_inputs(q, k, v, causal, scale)
+    if variant not in VARIANTS:
+        raise KernelInputError(f"{OP}: variant={variant!r}; choose one of {VARIANTS}.")
+    B, H, N_q, D = q.shape
+    scale = _default_scale(D, scale)
+    o = torch.empty((B, H, N_q, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
+    if o.numel() == 0:
+        return o, lse
+    if k.shape[2] == 0:  # a softmax over no keys: SDPA's math path gives 0, and log(0) = -inf
+        return o.zero_(), lse.fill_(float("-inf"))
+
+    plan = _plan(q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, causal, variant, _config_key(config))
+    srcs, o_desc = (q, k, v), o
+    if plan.descs is not None:
+        if (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0:  # TMA needs 16-byte aligned bases
+            srcs = [TensorDescriptor(t, *spec) for t, spec in zip(srcs, plan.descs, strict=True)]
+            if plan.store is not None:
+                o_desc = TensorDescriptor(o, *plan.store)
+        elif variant == "tma":
+            raise KernelInputError(f"{OP}: variant='tma' needs q, k and v to start on 16-byte boundaries.")
+        else:  # an odd view's base: the pointer path
+            plan = _plan(q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, causal, "plain", plan.key)
+    _attention_kernel[plan.grid](*srcs, o, o_desc, lse, *plan.ints[:3], scale * LOG2E, *plan.ints[3:],
+                                 SCALE_NEG=scale < 0, **plan.meta)  # fmt: skip
+    return o, lse

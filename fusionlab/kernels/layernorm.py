@@ -298,7 +298,7 @@ def _layernorm_kernel(
         k = tl.load(x_rows, mask=mask_m, other=0.0).to(tl.float32)
         # both loads issued before the first reduction: a load written after one waits for its barrier,
         # so the tail's trip to memory would follow the head's (H200, 32768 x 11008 bf16: 75% of copy
-        # that way, 94% this way; benchmarks/notes_norms.md, eleventh session)
+        # that way, 94% this way; benchmarks/notes_norms.md, 2026-11-24, LayerNorm's forward at 5120 and 11008)
         xs = _ln_tile_shifted(x_rows, offs_n, mask_m, n_cols, k, EVEN)
         if TAIL_N > 0:
             offs_t = BLOCK_N + tl.arange(0, TAIL_N)
@@ -309,7 +309,7 @@ def _layernorm_kernel(
         d = s / n_cols
         # (tried: both sums, of x - x0 and its square, in one pass, rows whose x0 lies far from their
         # mean summed again centred: behind these two passes at every padded width, 5120 74% of copy
-        # against 96%, H200 32768 rows bf16; benchmarks/notes_norms.md eleventh session)
+        # against 96%, H200 32768 rows bf16; benchmarks/notes_norms.md, 2026-11-24, LayerNorm's forward)
         xc = _ln_tile_centred(xs, d, offs_n, mask_m, n_cols, EVEN)
         m2 = tl.sum(xc * xc, axis=1)
         if TAIL_N > 0:
