@@ -149,6 +149,18 @@ def apply_overrides(cfg: dict, override: dict | None, n_cols: int, op: str) -> d
     return cfg
 
 
+def cached_config(tables: dict, interpreter: dict):
+    """A norm's cached configuration function ``(n_rows, n_cols, dtype, backward, gpu, sms) -> cfg``,
+    read off its GPU ``tables`` (``{"forward": ..., "backward": ...}``) or the ``interpreter``'s."""
+
+    @functools.lru_cache(maxsize=4096)
+    def config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
+        t = tables["backward" if backward else "forward"] if gpu else interpreter
+        return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms)
+
+    return config
+
+
 def check_eps(eps, op: str) -> float:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise KernelInputError(f"{op}: eps={eps!r} must be a finite number >= 0.")

@@ -155,6 +155,17 @@ def _times_unit(v, UNIT: tl.constexpr):
     return v
 
 
+@triton.jit
+def _rows_times_unit(n_cols, stride_a, stride_b, stride_c, UNIT: tl.constexpr):
+    """A row length and three row strides that came divided by UNIT, multiplied back."""
+    return (
+        _times_unit(n_cols, UNIT),
+        _times_unit(stride_a, UNIT),
+        _times_unit(stride_b, UNIT),
+        _times_unit(stride_c, UNIT),
+    )
+
+
 # -- body and fragments -------------------------------------------------------------------------------
 @triton.jit
 def _row_body(start, n_cols, VEC: tl.constexpr):

@@ -472,32 +472,11 @@ def _block_p(qk, m_ij, qk_scale, MASKED: tl.constexpr):
 
 @triton.jit
 def _attention_inner(
-    acc,
-    l_i,
-    m_i,
-    q,
-    k_src,
-    v_src,
-    k_row,
-    k_col,
-    v_row,
-    v_col,
-    stride_kn,
-    stride_vn,
-    offs_m,
-    offs_d,
-    n_k,
-    qk_scale,
-    lo,
-    hi,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    SCALE_NEG: tl.constexpr,
-    TMA: tl.constexpr,
-    EVEN_N: tl.constexpr,
-):
+    acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k, qk_scale,
+    lo, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr,
+):  # fmt: skip
     """Key blocks ``[lo, hi)`` of one Q tile: the online-softmax update, block by block.
 
     ``MASKED``: the diagonal and the partial last block (the key bound, and the causal mask when
@@ -587,45 +566,12 @@ def _attention_inner_ref(
 
 @triton.jit
 def _attention_kernel(
-    q_src,
-    k_src,
-    v_src,
-    o_ptr,
-    o_desc,
-    lse_ptr,
-    kv_group,
-    n_q,
-    n_k,
-    qk_scale,
-    q_rb,
-    q_rh,
-    q_cb,
-    q_ch,
-    stride_qm,
-    k_rb,
-    k_rh,
-    k_cb,
-    k_ch,
-    stride_kn,
-    v_rb,
-    v_rh,
-    v_cb,
-    v_ch,
-    stride_vn,
-    stride_ob,
-    stride_oh,
-    stride_om,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    SCALE_NEG: tl.constexpr,
-    TMA: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    TMA_STORE: tl.constexpr,
+    q_src, k_src, v_src, o_ptr, o_desc, lse_ptr, kv_group, n_q, n_k, qk_scale, q_rb, q_rh, q_cb, q_ch, stride_qm,
+    k_rb, k_rh, k_cb, k_ch, stride_kn, v_rb, v_rh, v_cb, v_ch, stride_vn, stride_ob, stride_oh, stride_om,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, TMA_STORE: tl.constexpr,
     REF_MAX: tl.constexpr = 0,
-):
+):  # fmt: skip
     # q: (B, H, N_q, D), k/v: (B, H_kv, N_k, D), o: (B, H, N_q, D), lse: (B, H, N_q) fp32.
     # Each of q, k, v is addressed as rows of a 2-D matrix: head (b, h) starts at row
     # b * rb + h * rh, column b * cb + h * ch, and its tokens are consecutive rows (stride_*m/n

@@ -381,31 +381,12 @@ def _cross_entropy_finish_kernel(loss_ptr, out_ptr, sync_ptr, n_rows, MEAN: tl.c
 
 @triton.jit
 def _cross_entropy_fwd_kernel(
-    x_ptr,
-    target_ptr,
-    grad_ptr,
-    loss_ptr,
-    sync_ptr,
-    n_cols,
-    stride_xm,
-    stride_gm,
-    ignore_index,
-    label_smoothing,
-    HEAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    VEC: tl.constexpr,
-    WRITE_GRAD: tl.constexpr,
-    MEAN: tl.constexpr,
-    SMOOTH: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    SINGLE: tl.constexpr = False,
-    KEEP: tl.constexpr = "",
-    DROP: tl.constexpr = "",
-    REF_TARGET: tl.constexpr = False,
-    LOOP_STAGES: tl.constexpr = 1,
-    PREFETCH2: tl.constexpr = False,
-    PDL: tl.constexpr = False,
-):
+    x_ptr, target_ptr, grad_ptr, loss_ptr, sync_ptr, n_cols, stride_xm, stride_gm, ignore_index, label_smoothing,
+    HEAD: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr, WRITE_GRAD: tl.constexpr, MEAN: tl.constexpr,
+    SMOOTH: tl.constexpr, PREFETCH: tl.constexpr, SINGLE: tl.constexpr = False, KEEP: tl.constexpr = "",
+    DROP: tl.constexpr = "", REF_TARGET: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 1,
+    PREFETCH2: tl.constexpr = False, PDL: tl.constexpr = False,
+):  # fmt: skip
     # exp(v) is computed as exp2(v log2 e): one multiply and one MUFU ex2. Differences x - max are
     # formed in natural units first: they are exact for logits near the max, also at 1e4 (multiplying
     # by log2 e first would round each logit, an error of 1e-3 at that size).
@@ -637,31 +618,14 @@ def _widen_by_bits(x, WIDEN: tl.constexpr):
 
 @triton.jit
 def _cross_entropy_split_kernel(
-    x_ptr,
-    target_ptr,
-    grad_ptr,
-    loss_ptr,
-    sync_ptr,
-    part_ptr,
-    n_cols,
-    stride_xm,
-    stride_gm,
-    ignore_index,
+    x_ptr, target_ptr, grad_ptr, loss_ptr, sync_ptr, part_ptr, n_cols, stride_xm, stride_gm, ignore_index,
     label_smoothing,
-    SPLIT: tl.constexpr,
-    SPLIT_P2: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MEAN: tl.constexpr,
-    SMOOTH: tl.constexpr,
-    EARLY: tl.constexpr = False,
-    WIDEN: tl.constexpr = "",
-    AGAIN_N: tl.constexpr = 1024,
-    VEC: tl.constexpr = 1,
-    FRAG: tl.constexpr = 0,
-    EXTRA: tl.constexpr = 0,
+    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, BLOCK_N: tl.constexpr, MEAN: tl.constexpr, SMOOTH: tl.constexpr,
+    EARLY: tl.constexpr = False, WIDEN: tl.constexpr = "", AGAIN_N: tl.constexpr = 1024, VEC: tl.constexpr = 1,
+    FRAG: tl.constexpr = 0, EXTRA: tl.constexpr = 0,
     PART_N=0,
     PDL: tl.constexpr = False,
-):
+):  # fmt: skip
     # The loss and gradient of a row held by SPLIT programs, BLOCK_N logits each in registers (the
     # softmax's split schedule; _rows.py says why the wait cannot hang): each part
     # publishes its sum of exp(x - x_y) against the target's logit (and, label smoothing, its sum of
@@ -856,22 +820,10 @@ def _cross_entropy_split_kernel(
 
 @triton.jit
 def _cross_entropy_rows_kernel(
-    x_ptr,
-    target_ptr,
-    grad_ptr,
-    loss_ptr,
-    sync_ptr,
-    n_rows,
-    n_cols,
-    stride_xm,
-    stride_gm,
-    ignore_index,
-    BLOCK_N: tl.constexpr,
-    MAX_ROWS: tl.constexpr,
-    ROW_STAGES: tl.constexpr,
-    MEAN: tl.constexpr,
+    x_ptr, target_ptr, grad_ptr, loss_ptr, sync_ptr, n_rows, n_cols, stride_xm, stride_gm, ignore_index,
+    BLOCK_N: tl.constexpr, MAX_ROWS: tl.constexpr, ROW_STAGES: tl.constexpr, MEAN: tl.constexpr,
     PDL: tl.constexpr = False,
-):
+):  # fmt: skip
     # Persistent programs, each taking rows pid, pid + P, pid + 2P, ... (at most MAX_ROWS) whole in one
     # tile. tl.range pipelines the loop: the next rows' loads are in flight through shared memory while
     # this row reduces and writes. No label smoothing (the fwd kernel takes it). GPU or interpreter.
@@ -930,18 +882,9 @@ def _cross_entropy_rows_kernel(
 
 @triton.jit
 def _cross_entropy_bwd_kernel(
-    grad_ptr,
-    target_ptr,
-    grad_out_ptr,
-    n_rows,
-    n_cols,
-    stride_gm,
-    stride_go,
-    ignore_index,
-    BLOCK_N: tl.constexpr,
-    SHARED: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
+    grad_ptr, target_ptr, grad_out_ptr, n_rows, n_cols, stride_gm, stride_go, ignore_index,
+    BLOCK_N: tl.constexpr, SHARED: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
     # grad *= grad_output in place, row by row, skipping rows whose grad_output is exactly 1 (a loss
     # that is the last op: the common case costs one launch and no pass) and ignored rows (their
     # gradient is 0 whatever grad_output is; 0 * inf would be NaN). SHARED: one grad_output for every
@@ -1016,16 +959,10 @@ def _prologue(target, ignore_index, *, count, n_rows_split=None):
     n_sync = 1 if n_rows_split is None else 2 + n_rows_split
     sync = torch.empty(n_sync, dtype=torch.int32, device=target.device)
     _cross_entropy_prologue_kernel[(1,)](
-        target,
-        sync,
-        target.shape[0],
-        n_sync,
-        ignore_index,
-        COUNT=count,
-        BLOCK=min(_COUNT_BLOCK, max(COUNT_BLOCK_MIN, next_pow2(max(target.shape[0], n_sync)))),
-        PDL=pdl_supported(),
-        **launch_kwargs(16, pdl=True),
-    )
+        target, sync, target.shape[0], n_sync, ignore_index,
+        COUNT=count, BLOCK=min(_COUNT_BLOCK, max(COUNT_BLOCK_MIN, next_pow2(max(target.shape[0], n_sync)))),
+        PDL=pdl_supported(), **launch_kwargs(16, pdl=True),
+    )  # fmt: skip
     return sync
 
 
@@ -1046,32 +983,15 @@ def _launch_forward(
         return _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, cfg, mean, pdl)
     g = logits if grad is None else grad
     return _cross_entropy_fwd_kernel[(n_rows,)](
-        logits,
-        target,
-        g,
-        loss_rows,
-        target if sync is None else sync,
-        n_cols,
-        logits.stride(0),
-        g.stride(0),
-        ignore_index,
-        label_smoothing,
-        HEAD=cfg["HEAD"],
-        BLOCK_N=cfg["BLOCK_N"],
-        VEC=cfg["VEC"],
-        WRITE_GRAD=grad is not None,
-        MEAN=mean,
-        SMOOTH=label_smoothing != 0.0,
-        PREFETCH=cfg["PREFETCH"],
-        SINGLE=n_cols <= cfg["HEAD"],
-        KEEP="evict_last" if cfg.get("EVICT") else "",
-        DROP="evict_first" if cfg.get("EVICT") else "",
-        REF_TARGET=cfg.get("REF_TARGET", False),
-        LOOP_STAGES=cfg.get("LOOP_STAGES", 1),
-        PREFETCH2=cfg.get("PREFETCH2", cfg["PREFETCH"]),
-        PDL=pdl,
+        logits, target, g, loss_rows, target if sync is None else sync, n_cols, logits.stride(0), g.stride(0),
+        ignore_index, label_smoothing,
+        HEAD=cfg["HEAD"], BLOCK_N=cfg["BLOCK_N"], VEC=cfg["VEC"], WRITE_GRAD=grad is not None, MEAN=mean,
+        SMOOTH=label_smoothing != 0.0, PREFETCH=cfg["PREFETCH"], SINGLE=n_cols <= cfg["HEAD"],
+        KEEP="evict_last" if cfg.get("EVICT") else "", DROP="evict_first" if cfg.get("EVICT") else "",
+        REF_TARGET=cfg.get("REF_TARGET", False), LOOP_STAGES=cfg.get("LOOP_STAGES", 1),
+        PREFETCH2=cfg.get("PREFETCH2", cfg["PREFETCH"]), PDL=pdl,
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages"), pdl=pdl),
-    )
+    )  # fmt: skip
 
 
 def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean, pdl=False):
@@ -1085,32 +1005,14 @@ def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smo
     # room for those after the parts (fewer than VEC, or the remainder past SPLIT whole parts)
     frag = 0 if vec == 1 and parts * part_n >= n_cols else next_pow2(vec + max(vec, n_cols - parts * part_n))
     return _cross_entropy_split_kernel[(n_rows * parts,)](
-        logits,
-        target,
-        grad,
-        loss_rows,
-        sync,
-        stats,
-        n_cols,
-        logits.stride(0),
-        grad.stride(0),
-        ignore_index,
+        logits, target, grad, loss_rows, sync, stats, n_cols, logits.stride(0), grad.stride(0), ignore_index,
         label_smoothing,
-        SPLIT=parts,
-        SPLIT_P2=next_pow2(parts),
-        BLOCK_N=block,
-        MEAN=mean,
-        SMOOTH=label_smoothing != 0.0,
+        SPLIT=parts, SPLIT_P2=next_pow2(parts), BLOCK_N=block, MEAN=mean, SMOOTH=label_smoothing != 0.0,
         EARLY=cfg.get("SPLIT_EARLY", False),
-        WIDEN={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(logits.dtype, ""),
-        AGAIN_N=min(1024, block),
-        VEC=vec,
-        FRAG=frag,
-        EXTRA=next_pow2(part_n - block) if part_n > block else 0,
-        PART_N=part_n,
-        PDL=pdl,
+        WIDEN={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(logits.dtype, ""), AGAIN_N=min(1024, block),
+        VEC=vec, FRAG=frag, EXTRA=next_pow2(part_n - block) if part_n > block else 0, PART_N=part_n, PDL=pdl,
         **launch_kwargs(cfg["SPLIT_WARPS"], maxnreg=cfg.get("SPLIT_MAXNREG"), pdl=pdl),
-    )
+    )  # fmt: skip
 
 
 def _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, cfg, mean, pdl=False):
@@ -1120,23 +1022,11 @@ def _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, cfg, mean,
     programs = cfg.get("ROWS_PROGRAMS") or max(sm_count(), cdiv(n_rows, ROWS_PER_PROGRAM))
     programs = min(programs, n_rows)
     return _cross_entropy_rows_kernel[(programs,)](
-        logits,
-        target,
-        grad,
-        loss_rows,
-        target if sync is None else sync,
-        n_rows,
-        n_cols,
-        logits.stride(0),
-        grad.stride(0),
-        ignore_index,
-        BLOCK_N=next_pow2(n_cols),
-        MAX_ROWS=next_pow2(cdiv(n_rows, programs)),
-        ROW_STAGES=cfg["ROW_STAGES"],
-        MEAN=mean,
-        PDL=pdl,
-        **launch_kwargs(cfg["ROWS_WARPS"], pdl=pdl),
-    )
+        logits, target, grad, loss_rows, target if sync is None else sync, n_rows, n_cols, logits.stride(0),
+        grad.stride(0), ignore_index,
+        BLOCK_N=next_pow2(n_cols), MAX_ROWS=next_pow2(cdiv(n_rows, programs)), ROW_STAGES=cfg["ROW_STAGES"],
+        MEAN=mean, PDL=pdl, **launch_kwargs(cfg["ROWS_WARPS"], pdl=pdl),
+    )  # fmt: skip
 
 
 def _loss(logits, target, grad, ignore_index, reduction, label_smoothing, cfg):
@@ -1159,17 +1049,9 @@ def _loss(logits, target, grad, ignore_index, reduction, label_smoothing, cfg):
         return out
     loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
     _launch_forward(
-        logits,
-        target,
-        grad,
-        loss_rows,
-        sync,
-        ignore_index,
-        label_smoothing,
-        cfg,
-        mean=mean,
-        after_prologue=True,
-    )
+        logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg,
+        mean=mean, after_prologue=True,
+    )  # fmt: skip
     return _reduce(loss_rows, sync, reduction, logits.dtype, after_loss=True)
 
 
@@ -1187,19 +1069,10 @@ def _launch_backward(grad, target, grad_output, ignore_index):
     cfg = _config(n_cols, grad.dtype, runtime.is_gpu())
     programs = min(n_rows, BWD_PROGRAMS_PER_SM * sm_count()) if shared else n_rows
     _cross_entropy_bwd_kernel[(programs,)](
-        grad,
-        target,
-        grad_output,
-        n_rows,
-        n_cols,
-        grad.stride(0),
-        stride_go,
-        ignore_index,
-        BLOCK_N=cfg["BLOCK_N"],
-        SHARED=shared,
-        PDL=pdl_supported(),
+        grad, target, grad_output, n_rows, n_cols, grad.stride(0), stride_go, ignore_index,
+        BLOCK_N=cfg["BLOCK_N"], SHARED=shared, PDL=pdl_supported(),
         **launch_kwargs(min(cfg["num_warps"], 8), pdl=True),
-    )
+    )  # fmt: skip
 
 
 def _reduce(loss_rows, sync, reduction, dtype, *, after_loss=False):

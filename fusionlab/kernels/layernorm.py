@@ -39,8 +39,6 @@ Chan, Golub & LeVeque, "Algorithms for computing the sample variance" (1983); We
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 import triton
@@ -55,10 +53,10 @@ from ._norms import (
     apply_overrides,
     backward_blocks,
     backward_flags,
+    cached_config,
     check_eps,
     forward_flags,
     gpu_and_sms,
-    norm_config,
     sum_partials,
 )
 from ._rows import _row_offsets, check_rows, grad_rows
@@ -203,10 +201,7 @@ GPU_TUNING = {
 INTERPRETER_TUNING = {k: v for k, v in NORM_INTERPRETER_TUNING.items() if not k.startswith("reread")}
 
 
-@functools.lru_cache(maxsize=4096)
-def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
-    t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
-    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms)
+_config = cached_config(GPU_TUNING, INTERPRETER_TUNING)
 
 
 def layernorm_config(
@@ -262,27 +257,10 @@ def _ln_tile_y(y_rows, w_ptr, b_ptr, offs, mask_m, n_cols, xc, rstd, EVEN: tl.co
 
 @triton.jit
 def _layernorm_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    y_ptr,
-    dmean_ptr,
-    rstd_ptr,
-    n_rows,
-    n_cols,
-    n_inner,
-    stride_xb,
-    stride_xm,
-    eps,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SINGLE_TILE: tl.constexpr,
-    EVEN: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    STORE_STATS: tl.constexpr,
-    TAIL_N: tl.constexpr = 0,
-):
+    x_ptr, w_ptr, b_ptr, y_ptr, dmean_ptr, rstd_ptr, n_rows, n_cols, n_inner, stride_xb, stride_xm, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_TILE: tl.constexpr, EVEN: tl.constexpr,
+    TWO_LEVEL: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr, TAIL_N: tl.constexpr = 0,
+):  # fmt: skip
     # One program per BLOCK_M rows; y is contiguous (rows, N), x is read through its strides.
     pid = tl.program_id(axis=0)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -377,34 +355,12 @@ def _ln_bwd_store_dx(dx_ptr, rows, offs, mask_m, mask_n, g, xhat, c1, c2, rstd, 
 
 @triton.jit
 def _layernorm_bwd_kernel(
-    dy_ptr,
-    x_ptr,
-    w_ptr,
-    dmean_ptr,
-    rstd_ptr,
-    dx_ptr,
-    part_ptr,
-    c_ptr,
-    n_rows,
-    n_cols,
-    n_inner,
-    rows_per_program,
-    n_programs,
-    stride_dym,
-    stride_xb,
-    stride_xm,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SINGLE_TILE: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
-    COMPUTE_DX: tl.constexpr,
-    COMPUTE_DW: tl.constexpr,
-    COMPUTE_DB: tl.constexpr,
-    DB_SLOT: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    TAIL_N: tl.constexpr = 0,
-    PDL: tl.constexpr = False,
-):
+    dy_ptr, x_ptr, w_ptr, dmean_ptr, rstd_ptr, dx_ptr, part_ptr, c_ptr, n_rows, n_cols, n_inner, rows_per_program,
+    n_programs, stride_dym, stride_xb, stride_xm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_TILE: tl.constexpr, TWO_LEVEL: tl.constexpr,
+    COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr, DB_SLOT: tl.constexpr,
+    NUM_STAGES: tl.constexpr, TAIL_N: tl.constexpr = 0, PDL: tl.constexpr = False,
+):  # fmt: skip
     # Program pid walks rows [row_start, row_end); partial sums go to part[slot, pid, :] (slot 0: dw,
     # slot DB_SLOT: db), fp32, summed later by _sum_partials_kernel (PDL: which may be placed now; it
     # waits for this kernel before it reads them).
@@ -543,28 +499,13 @@ def _forward(x, weight, bias, eps, layout, cfg, store_stats):
     if x.numel() == 0:
         return y, mean, rstd
     _launch_fwd(
-        (cdiv(layout.n_rows, cfg["BLOCK_M"]),),
-        x,
-        weight,
-        bias if bias is not None else weight,
-        y,
-        mean if mean is not None else y,
-        rstd if rstd is not None else y,
-        layout.n_rows,
-        n_cols,
-        layout.n_inner,
-        layout.stride_b,
-        layout.stride_m,
-        eps,
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"],
-        SINGLE_TILE=cfg["SINGLE_TILE"],
-        TWO_LEVEL=layout.two_level,
-        HAS_BIAS=bias is not None,
-        STORE_STATS=store_stats,
-        **forward_flags(cfg, layout.n_rows, n_cols),
+        (cdiv(layout.n_rows, cfg["BLOCK_M"]),), x, weight, bias if bias is not None else weight, y,
+        mean if mean is not None else y, rstd if rstd is not None else y, layout.n_rows, n_cols, layout.n_inner,
+        layout.stride_b, layout.stride_m, eps,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=layout.two_level,
+        HAS_BIAS=bias is not None, STORE_STATS=store_stats, **forward_flags(cfg, layout.n_rows, n_cols),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
-    )
+    )  # fmt: skip
     return y, mean, rstd
 
 
@@ -583,35 +524,14 @@ def _backward(dy, x, layout, weight, mean, rstd, cfg, need_dx, need_dw, need_db)
     part = torch.empty((k, programs, n_cols), dtype=torch.float32, device=x.device) if k else None
     c = torch.empty(2 * n_rows, dtype=torch.float32, device=x.device) if (need_dx and not cfg["SINGLE_TILE"]) else None
     _launch_bwd(
-        (programs,),
-        dy,
-        x,
-        weight,
-        mean,
-        rstd,
-        dx if dx is not None else rstd,
-        part if part is not None else rstd,
-        c if c is not None else rstd,
-        n_rows,
-        n_cols,
-        layout.n_inner,
-        rows_per_program,
-        programs,
-        stride_dy,
-        layout.stride_b,
-        layout.stride_m,
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"],
-        SINGLE_TILE=cfg["SINGLE_TILE"],
-        TWO_LEVEL=layout.two_level,
-        COMPUTE_DX=need_dx,
-        COMPUTE_DW=need_dw,
-        COMPUTE_DB=need_db,
-        DB_SLOT=1 if need_dw else 0,
-        **backward_flags(cfg),
-        PDL=bool(k) and pdl_supported(),
+        (programs,), dy, x, weight, mean, rstd, dx if dx is not None else rstd, part if part is not None else rstd,
+        c if c is not None else rstd, n_rows, n_cols, layout.n_inner, rows_per_program, programs, stride_dy,
+        layout.stride_b, layout.stride_m,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=layout.two_level,
+        COMPUTE_DX=need_dx, COMPUTE_DW=need_dw, COMPUTE_DB=need_db, DB_SLOT=1 if need_dw else 0,
+        **backward_flags(cfg), PDL=bool(k) and pdl_supported(),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
-    )
+    )  # fmt: skip
     dw = db = None
     if k:
         sums = sum_partials(part, weight.dtype, pdl=True)

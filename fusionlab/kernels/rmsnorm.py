@@ -75,8 +75,6 @@ References: Zhang & Sennrich, "Root Mean Square Layer Normalization" (2019); Hug
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -99,6 +97,7 @@ from ._norms import (  # noqa: F401  (INTERPRETER_TUNING, sum_partials: the test
     apply_overrides,
     backward_blocks,
     backward_flags,
+    cached_config,
     check_eps,
     forward_flags,
     gpu_and_sms,
@@ -329,10 +328,7 @@ GPU_TUNING = {
 }
 
 
-@functools.lru_cache(maxsize=4096)
-def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
-    t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
-    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms)
+_config = cached_config(GPU_TUNING, INTERPRETER_TUNING)
 
 
 def rmsnorm_config(
@@ -396,29 +392,11 @@ def _fwd_tile_y(y_rows, w_ptr, offs, mask_m, n_cols, hf, rstd, EVEN: tl.constexp
 
 @triton.jit
 def _rmsnorm_kernel(
-    x_ptr,
-    r_ptr,
-    w_ptr,
-    h_ptr,
-    y_ptr,
-    rstd_ptr,
-    n_rows,
-    n_cols,
-    n_inner,
-    stride_xb,
-    stride_xm,
-    stride_rb,
-    stride_rm,
-    eps,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SINGLE_TILE: tl.constexpr,
-    EVEN: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    STORE_RSTD: tl.constexpr,
-    TAIL_N: tl.constexpr = 0,
-):
+    x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, rstd_ptr, n_rows, n_cols, n_inner, stride_xb, stride_xm, stride_rb,
+    stride_rm, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_TILE: tl.constexpr, EVEN: tl.constexpr,
+    TWO_LEVEL: tl.constexpr, HAS_RESIDUAL: tl.constexpr, STORE_RSTD: tl.constexpr, TAIL_N: tl.constexpr = 0,
+):  # fmt: skip
     # One program per BLOCK_M rows. h and y are contiguous (rows, N); x and r are read through strides.
     pid = tl.program_id(axis=0)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
@@ -501,33 +479,12 @@ def _bwd_store_dx(dx_ptr, dh_ptr, rows, offs, mask_m, mask_n, g, hf, rstd, c, n_
 
 @triton.jit
 def _rmsnorm_bwd_kernel(
-    dy_ptr,
-    h_ptr,
-    w_ptr,
-    rstd_ptr,
-    dh_ptr,
-    dx_ptr,
-    dwp_ptr,
-    c_ptr,
-    n_rows,
-    n_cols,
-    n_inner,
-    rows_per_program,
-    stride_dym,
-    stride_hb,
-    stride_hm,
-    stride_dhm,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SINGLE_TILE: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
-    HAS_DH: tl.constexpr,
-    COMPUTE_DX: tl.constexpr,
-    COMPUTE_DW: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    TAIL_N: tl.constexpr = 0,
-    REREAD: tl.constexpr = False,
-):
+    dy_ptr, h_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, dwp_ptr, c_ptr, n_rows, n_cols, n_inner, rows_per_program,
+    stride_dym, stride_hb, stride_hm, stride_dhm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_TILE: tl.constexpr, TWO_LEVEL: tl.constexpr,
+    HAS_DH: tl.constexpr, COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, NUM_STAGES: tl.constexpr,
+    TAIL_N: tl.constexpr = 0, REREAD: tl.constexpr = False,
+):  # fmt: skip
     # Program pid walks rows [row_start, row_end) in steps of BLOCK_M and writes one (N,) fp32 row of
     # dw partial sums: dw_partial[pid] = sum over its rows of dy * round(h * rstd).
     # dy, grad_h (dh) and dx are (rows, N) with one row stride; h may have two levels.
@@ -651,30 +608,13 @@ def _forward(x, weight, residual, eps, layouts, cfg, store_rstd):
         return y, h, rstd
     lr = layouts[1] if residual is not None else lx
     _launch_fwd(
-        (cdiv(lx.n_rows, cfg["BLOCK_M"]),),
-        x,
-        residual if residual is not None else x,
-        weight,
-        h if h is not None else y,
-        y,
-        rstd if rstd is not None else y,
-        lx.n_rows,
-        n_cols,
-        lx.n_inner,
-        lx.stride_b,
-        lx.stride_m,
-        lr.stride_b,
-        lr.stride_m,
-        eps,
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"],
-        SINGLE_TILE=cfg["SINGLE_TILE"],
-        TWO_LEVEL=lx.two_level,
-        HAS_RESIDUAL=residual is not None,
-        STORE_RSTD=store_rstd,
-        **forward_flags(cfg, lx.n_rows, n_cols),
+        (cdiv(lx.n_rows, cfg["BLOCK_M"]),), x, residual if residual is not None else x, weight,
+        h if h is not None else y, y, rstd if rstd is not None else y, lx.n_rows, n_cols, lx.n_inner, lx.stride_b,
+        lx.stride_m, lr.stride_b, lr.stride_m, eps,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=lx.two_level,
+        HAS_RESIDUAL=residual is not None, STORE_RSTD=store_rstd, **forward_flags(cfg, lx.n_rows, n_cols),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
-    )
+    )  # fmt: skip
     return y, h, rstd
 
 
@@ -706,34 +646,14 @@ def _backward(dy, grad_h, h, layout_h, weight, rstd, cfg, need_dx, need_dw):
     c = torch.empty(n_rows, dtype=torch.float32, device=h.device) if (need_dx and not cfg["SINGLE_TILE"]) else None
     dummy = rstd
     _launch_bwd(
-        (programs,),
-        dy,
-        h,
-        weight,
-        rstd,
-        grad_h if has_dh else dy,
-        dx if dx is not None else dummy,
-        part if part is not None else dummy,
-        c if c is not None else dummy,
-        n_rows,
-        n_cols,
-        layout_h.n_inner,
-        rows_per_program,
-        stride_dy,
-        layout_h.stride_b,
-        layout_h.stride_m,
-        stride_dh,
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"],
-        SINGLE_TILE=cfg["SINGLE_TILE"],
-        TWO_LEVEL=layout_h.two_level,
-        HAS_DH=has_dh,
-        COMPUTE_DX=need_dx,
-        COMPUTE_DW=need_dw,
-        **backward_flags(cfg),
+        (programs,), dy, h, weight, rstd, grad_h if has_dh else dy, dx if dx is not None else dummy,
+        part if part is not None else dummy, c if c is not None else dummy, n_rows, n_cols, layout_h.n_inner,
+        rows_per_program, stride_dy, layout_h.stride_b, layout_h.stride_m, stride_dh,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"],
+        TWO_LEVEL=layout_h.two_level, HAS_DH=has_dh, COMPUTE_DX=need_dx, COMPUTE_DW=need_dw, **backward_flags(cfg),
         REREAD=bool(cfg.get("REREAD")) and cfg["SINGLE_TILE"],
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
-    )
+    )  # fmt: skip
     dw = sum_partials(part, weight.dtype)[0] if need_dw else None
     return dx, dw
 

@@ -94,6 +94,7 @@ from ._rows import (
     _fragments,
     _row_body,
     _row_offsets,
+    _rows_times_unit,
     _split_merge,
     _split_ticket,
     _split_wait,
@@ -376,37 +377,16 @@ def _row_ptrs(base, rows, n_rows, n_inner, stride_b, stride_m, TWO_LEVEL: tl.con
 
 @triton.jit
 def _softmax_kernel(
-    x_ptr,
-    y_ptr,
-    m_ptr,
-    l_ptr,
-    n_rows,
-    n_cols,
-    n_inner,
-    stride_xb,
-    stride_xm,
-    stride_ym,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SINGLE_TILE: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
-    WRITE_Y: tl.constexpr,
-    WRITE_STATS: tl.constexpr,
-    EVEN_M: tl.constexpr = False,
-    EVEN_N: tl.constexpr = False,
-    EVICT_1: tl.constexpr = "",
-    EVICT_2: tl.constexpr = "",
-    ROW_STAGES: tl.constexpr = 1,
-    UNIT: tl.constexpr = 1,
+    x_ptr, y_ptr, m_ptr, l_ptr, n_rows, n_cols, n_inner, stride_xb, stride_xm, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_TILE: tl.constexpr, TWO_LEVEL: tl.constexpr,
+    WRITE_Y: tl.constexpr, WRITE_STATS: tl.constexpr, EVEN_M: tl.constexpr = False, EVEN_N: tl.constexpr = False,
+    EVICT_1: tl.constexpr = "", EVICT_2: tl.constexpr = "", ROW_STAGES: tl.constexpr = 1, UNIT: tl.constexpr = 1,
     TAIL_N: tl.constexpr = 0,
-):
+):  # fmt: skip
     # one program per BLOCK_M rows (or, persistent, per BLOCK_M rows at a time: see the one-tile path);
     # row numbers fit int32 (the launcher checks), rows * stride may not: int64 offsets
     # lengths and strides may come divided by UNIT (16-byte rows, known as such: see unit_of)
-    n_cols = _times_unit(n_cols, UNIT)
-    stride_xb = _times_unit(stride_xb, UNIT)
-    stride_xm = _times_unit(stride_xm, UNIT)
-    stride_ym = _times_unit(stride_ym, UNIT)
+    n_cols, stride_xb, stride_xm, stride_ym = _rows_times_unit(n_cols, stride_xb, stride_xm, stride_ym, UNIT)
     pid = tl.program_id(axis=0)
     offs_n = tl.arange(0, BLOCK_N)
     if SINGLE_TILE:  # the row is on chip: one read, one write
@@ -482,31 +462,15 @@ def _softmax_kernel(
 
 @triton.jit
 def _softmax_split_kernel(
-    x_ptr,
-    y_ptr,
-    sync_ptr,
-    part_ptr,
-    n_cols,
-    n_inner,
-    stride_xb,
-    stride_xm,
-    stride_ym,
-    SPLIT: tl.constexpr,
-    SPLIT_P2: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
-    EVEN_N: tl.constexpr = False,
-    UNIT: tl.constexpr = 1,
-    VEC: tl.constexpr = 1,
-):
+    x_ptr, y_ptr, sync_ptr, part_ptr, n_cols, n_inner, stride_xb, stride_xm, stride_ym,
+    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, BLOCK_N: tl.constexpr, TWO_LEVEL: tl.constexpr,
+    EVEN_N: tl.constexpr = False, UNIT: tl.constexpr = 1, VEC: tl.constexpr = 1,
+):  # fmt: skip
     # A row too wide for one program's registers, held by SPLIT programs instead: each loads its
     # BLOCK_N elements once, finds their max m and sum d of exp(x - m), publishes (m, d), waits for
     # the row's other parts, combines them (the online softmax's merge) and writes its part of y from
     # registers. Trips: read x, write y — no re-read. GPU only (why the wait cannot hang: _rows.py).
-    n_cols = _times_unit(n_cols, UNIT)
-    stride_xb = _times_unit(stride_xb, UNIT)
-    stride_xm = _times_unit(stride_xm, UNIT)
-    stride_ym = _times_unit(stride_ym, UNIT)
+    n_cols, stride_xb, stride_xm, stride_ym = _rows_times_unit(n_cols, stride_xb, stride_xm, stride_ym, UNIT)
     row, part = _split_ticket(sync_ptr, SPLIT)
     offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
     start = _row_offsets(row, n_inner, stride_xb, stride_xm, TWO_LEVEL)
@@ -562,31 +526,13 @@ def _softmax_split_kernel(
 
 @triton.jit
 def _softmax_bwd_kernel(
-    y_ptr,
-    dy_ptr,
-    dx_ptr,
-    n_rows,
-    n_cols,
-    n_inner,
-    stride_ym,
-    stride_dyb,
-    stride_dym,
-    stride_dxm,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SINGLE_TILE: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
-    EVEN_M: tl.constexpr = False,
-    EVEN_N: tl.constexpr = False,
-    EVICT_1: tl.constexpr = "",
-    EVICT_2: tl.constexpr = "",
-    UNIT: tl.constexpr = 1,
-):
+    y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, n_inner, stride_ym, stride_dyb, stride_dym, stride_dxm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_TILE: tl.constexpr, TWO_LEVEL: tl.constexpr,
+    EVEN_M: tl.constexpr = False, EVEN_N: tl.constexpr = False, EVICT_1: tl.constexpr = "",
+    EVICT_2: tl.constexpr = "", UNIT: tl.constexpr = 1,
+):  # fmt: skip
     # dx = y * (dy - sum(dy * y)): a row's dot product first, then one element-wise pass
-    n_cols = _times_unit(n_cols, UNIT)
-    stride_ym = _times_unit(stride_ym, UNIT)
-    stride_dyb = _times_unit(stride_dyb, UNIT)
-    stride_dym = _times_unit(stride_dym, UNIT)
+    n_cols, stride_dyb, stride_dym, stride_ym = _rows_times_unit(n_cols, stride_dyb, stride_dym, stride_ym, UNIT)
     stride_dxm = _times_unit(stride_dxm, UNIT)
     pid = tl.program_id(axis=0)
     rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # (BLOCK_M,)
@@ -723,24 +669,11 @@ def _forward_split(x: torch.Tensor, y: torch.Tensor, r: Rows, cfg: dict) -> torc
     vec = 16 // x.element_size()
     frag = vec > 1 and r.n_cols % vec != 0 and _packed(x)
     _softmax_split_kernel[(r.n_rows * parts,)](
-        x,
-        y,
-        sync,
-        stats,
-        n_cols,
-        r.n_inner,
-        stride_b,
-        stride_m,
-        n_cols,
-        SPLIT=parts,
-        SPLIT_P2=next_pow2(parts),
-        BLOCK_N=cfg["BLOCK_N"],
-        TWO_LEVEL=r.two_level,
-        EVEN_N=r.n_cols % cfg["BLOCK_N"] == 0 and not frag,
-        UNIT=u,
-        VEC=vec if frag else 1,
+        x, y, sync, stats, n_cols, r.n_inner, stride_b, stride_m, n_cols,
+        SPLIT=parts, SPLIT_P2=next_pow2(parts), BLOCK_N=cfg["BLOCK_N"], TWO_LEVEL=r.two_level,
+        EVEN_N=r.n_cols % cfg["BLOCK_N"] == 0 and not frag, UNIT=u, VEC=vec if frag else 1,
         **launch_kwargs(cfg["num_warps"]),
-    )
+    )  # fmt: skip
     return y
 
 
@@ -759,26 +692,11 @@ def _backward(y: torch.Tensor, dy: torch.Tensor, cfg: dict | None = None) -> tor
         cfg = softmax_config(r.n_rows, r.n_cols, y.dtype, backward=True)
     u, n_cols, stride_b, stride_m = in_units(y.dtype, r)
     _softmax_bwd_kernel[(cdiv(r.n_rows, cfg["BLOCK_M"]),)](
-        y,
-        dy,
-        dx,
-        r.n_rows,
-        n_cols,
-        r.n_inner,
-        n_cols,
-        stride_b,
-        stride_m,
-        n_cols,
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"],
-        SINGLE_TILE=cfg["SINGLE_TILE"],
-        TWO_LEVEL=r.two_level,
-        EVICT_1=cfg.get("EVICT_1", ""),
-        EVICT_2=cfg.get("EVICT_2", ""),
-        UNIT=u,
-        **_launch_flags(r, cfg),
+        y, dy, dx, r.n_rows, n_cols, r.n_inner, n_cols, stride_b, stride_m, n_cols,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=r.two_level,
+        EVICT_1=cfg.get("EVICT_1", ""), EVICT_2=cfg.get("EVICT_2", ""), UNIT=u, **_launch_flags(r, cfg),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
-    )
+    )  # fmt: skip
     return dx
 
 
