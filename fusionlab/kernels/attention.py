@@ -55,18 +55,15 @@ Two ways to load the tiles, one kernel (``TMA`` constexpr):
 - plain pointers with masks: any strides (last dimension contiguous), any head dim; the
   interpreter's path and the fallback on GPUs before Hopper;
 - Hopper tensor descriptors (TMA: the copy engine moves whole tiles into shared memory, and the
-  loop is software-pipelined ``num_stages`` deep; optionally warp-specialised, a producer warp
-  issuing the copies): each of Q, K, V is seen as a 2-D (rows, columns) matrix in which every
-  head's tokens are whole rows, so contiguous (B, H, N, D) tensors and (B, N, H, D) layouts
+  loop is software-pipelined ``num_stages`` deep): each of Q, K, V is seen as a 2-D (rows, columns)
+  matrix in which every head's tokens are whole rows, so contiguous (B, H, N, D) tensors and (B, N, H, D) layouts
   transposed to (B, H, N, D) both qualify (:func:`_row_layout`). A tile that hangs past a head's
   last token reads the next head's rows: those keys are masked to ``-inf`` and their V rows zeroed
   (an inf there would otherwise make ``0 * inf = NaN``), and those query rows are never stored.
   Head dims that are not a power of two are padded to one by the descriptor's zero fill.
 
-Measured (H100 and H200, bf16/fp16, 16k x 16 token-heads, ``benchmarks/notes_attention.md``, final run
-of 2026-11-24): 1.40-1.78x SDPA's flash backend at all 24 shapes; against its cuDNN backend 0.93-1.15x
-at head dim 64, 0.87-0.96x causal at 128 and 0.79-0.89x non-causal at 128; N = 131072 (16 heads of
-128) in 0.51 GiB beyond the inputs, at 562-587 TFLOP/s.
+Measured against SDPA's flash and cuDNN backends: lesson 7's recording (``fusionlab/recorded/``)
+and ``benchmarks/notes_attention.md``.
 
 Reference: Dao et al., "FlashAttention" (NeurIPS 2022) and "FlashAttention-2" (2023); Milakov &
 Gimelshein, "Online normalizer calculation for softmax" (2018); Triton's tutorial 06 (fused

@@ -62,11 +62,9 @@ contiguous tensors.
 **Few rows**: one program per row (block of rows) is the schedule; 1–64 rows of 16k leave most of a
 132-SM GPU idle. Such a call moves at most a few MiB and is launch-bound (a launch costs more than the
 bytes at copy speed), so we keep one program per row and give it the most warps its tile allows
-(more loads in flight per row) — a known limit, not a fix. Measured on an H100 (bf16, residual,
-do_bench medians; ``benchmarks/notes_norms.md``): 1, 8, 64, 256 rows x 16384 took 19, 19, 40, 18 µs
-(eager 55, 75, 44, 80; compiled 97, 55, 28, 112): at this size every version is launch-bound and
-the spread is noise of the launch path, not bytes. Splitting a row over programs would need a second
-kernel (or a grid-wide sync) to combine the partial sums.
+(more loads in flight per row) — a known limit, not a fix: at this size every version is
+launch-bound (``benchmarks/notes_norms.md`` has the times). Splitting a row over programs would need
+a second kernel (or a grid-wide sync) to combine the partial sums.
 
 References: Zhang & Sennrich, "Root Mean Square Layer Normalization" (2019); Hugging Face
 ``LlamaRMSNorm``; Triton tutorial 05 (layer norm, partial-sum dw); Liger-Kernel ``ops/rms_norm.py``
@@ -101,7 +99,6 @@ from ._norms import (  # noqa: F401  (INTERPRETER_TUNING, sum_partials: the test
     check_eps,
     forward_flags,
     gpu_and_sms,
-    norm_config,
     sum_partials,
 )
 from ._rows import _row_offsets, check_rows, grad_rows, row_layouts

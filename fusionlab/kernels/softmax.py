@@ -27,14 +27,14 @@ k-x rule of element-wise chains no longer applies. Two schedules:
   parts go to ``SPLIT`` programs, each holding its part in registers. Each finds its part's max and
   sum, publishes them to a small buffer, waits for the row's other parts (an atomic count), merges
   the statistics as the online softmax does and writes its part of y. Trips: read x, write y; the
-  price is the wait. On an H200 this beat the online path by 8-18 points of copy bandwidth
+  price is the wait, which measured faster than the online path's second read
   (``benchmarks/notes_softmax.md``). The interpreter runs programs one at a time, so there the wide
   rows take the online path. Contiguous rows that start off 16-byte boundaries (odd widths) split at
   the row's first boundary: the parts read a 16-byte body, part 0 the few elements at either end.
 
 A one-tile row that fits three quarters of its power-of-two tile (10000 in 16384, 4097 in 8192) is held
-as a head of half the tile and a tail (``TAIL_N``: 8192 + 2048, 4096 + 16), with half the warps: on
-an H200 10000-wide rows went from 69% of copy to 94%.
+as a head of half the tile and a tail (``TAIL_N``: 8192 + 2048, 4096 + 16), with half the warps: fewer
+lanes and registers than the padded tile (``benchmarks/notes_softmax.md``).
 
 Rows of a multiple of 16 bytes but not of 16 elements (17000 in bf16, 1000 in fp32) are passed to the
 kernels with lengths and strides divided by the 16-byte unit (``UNIT``), which the kernels multiply
