@@ -161,6 +161,17 @@ def cached_config(tables: dict, interpreter: dict):
     return config
 
 
+def configs_with_overrides(config, n_rows: int, n_cols: int, dtype, fwd_config, bwd_config, op: str):
+    """``(fwd_cfg, bwd_cfg)`` of a norm's entry: ``config``'s (``rmsnorm_config``, ``layernorm_config``)
+    with a tuning run's overrides; ``bwd_cfg`` None without backward overrides (the backward then
+    asks for its own when it runs)."""
+    fwd_cfg = apply_overrides(config(n_rows, n_cols, dtype), fwd_config, n_cols, op)
+    bwd_cfg = None
+    if bwd_config:
+        bwd_cfg = apply_overrides(config(n_rows, n_cols, dtype, backward=True), bwd_config, n_cols, op)
+    return fwd_cfg, bwd_cfg
+
+
 def check_eps(eps, op: str) -> float:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise KernelInputError(f"{op}: eps={eps!r} must be a finite number >= 0.")

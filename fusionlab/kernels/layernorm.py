@@ -50,11 +50,11 @@ from ..ledger import Ledger
 from ._launch import KernelInputError, Launcher, cdiv, check_tensor, launch_kwargs, pdl_supported
 from ._norms import INTERPRETER_TUNING as NORM_INTERPRETER_TUNING
 from ._norms import (
-    apply_overrides,
     backward_blocks,
     backward_flags,
     cached_config,
     check_eps,
+    configs_with_overrides,
     forward_flags,
     gpu_and_sms,
     sum_partials,
@@ -597,11 +597,7 @@ def layernorm(
         )
     if weight.device != x.device:
         raise KernelInputError(f"{op}: x and weight must be on the same device, got {x.device} and {weight.device}.")
-    fwd_cfg = apply_overrides(layernorm_config(n_rows, n_cols, x.dtype), fwd_config, n_cols, op)
-    bwd_cfg = None
-    if bwd_config:
-        base = layernorm_config(n_rows, n_cols, x.dtype, backward=True)
-        bwd_cfg = apply_overrides(base, bwd_config, n_cols, op)
+    fwd_cfg, bwd_cfg = configs_with_overrides(layernorm_config, n_rows, n_cols, x.dtype, fwd_config, bwd_config, op)
     needs_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     if needs_grad and torch.is_grad_enabled():
         return LayerNormFunction.apply(x, weight, bias, eps, layout, fwd_cfg, bwd_cfg)

@@ -97,6 +97,7 @@ from ._norms import (  # noqa: F401  (INTERPRETER_TUNING, sum_partials: the test
     backward_flags,
     cached_config,
     check_eps,
+    configs_with_overrides,
     forward_flags,
     gpu_and_sms,
     sum_partials,
@@ -727,10 +728,7 @@ def rmsnorm(
         )
     if weight.device != x.device:
         raise KernelInputError(f"{op}: x and weight must be on the same device, got {x.device} and {weight.device}.")
-    fwd_cfg = apply_overrides(rmsnorm_config(n_rows, n_cols, x.dtype), fwd_config, n_cols, op)
-    bwd_cfg = None
-    if bwd_config:
-        bwd_cfg = apply_overrides(rmsnorm_config(n_rows, n_cols, x.dtype, backward=True), bwd_config, n_cols, op)
+    fwd_cfg, bwd_cfg = configs_with_overrides(rmsnorm_config, n_rows, n_cols, x.dtype, fwd_config, bwd_config, op)
     needs_grad = x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)
     if needs_grad and torch.is_grad_enabled():
         return RMSNormFunction.apply(x, weight, residual, eps, layouts, fwd_cfg, bwd_cfg)
