@@ -200,7 +200,7 @@ def measure_vector_rate(n: int = 2**24, k: int = 2048) -> float:
 
 
 def ceilings(refresh: bool = False, copy_bytes: int = 2**30, matmul_n: int = 8192) -> Ceilings:
-    """Measured ceilings of this GPU (cached for the session); recorded ones under the interpreter."""
+    """Measured ceilings of this GPU (cached for the process); recorded ones under the interpreter."""
     global _CEILINGS
     if not runtime.is_gpu():
         return recorded().ceilings
@@ -351,7 +351,7 @@ def recorded_files() -> list[Path]:
 
 def recorded_runs() -> list[Recorded]:
     """Every recorded GPU run shipped with the package, oldest first. Files of one device and one day
-    are one run: a session that records its suites one process at a time (``benchmarks/gpu_run.sh``)
+    are one run: a recording of its suites one process at a time (``benchmarks/gpu_run.sh``)
     writes a file per suite, and they are read back together (suites merged; meta and ceilings from
     the file that holds the most suites, the first of them on a tie)."""
     groups: dict[tuple[str, str], list[Recorded]] = {}

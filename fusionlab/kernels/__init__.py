@@ -12,6 +12,11 @@
 - ``<op>(...)``: the launcher and public entry: checks its inputs, allocates, launches (an
   ``autograd.Function`` where the op has a backward).
 
+What several ops share lives in private modules: ``_launch`` (input checks, launch options, the
+direct launch path), ``_rows`` (row layouts, the 16-byte unit, a row's body and fragments, split
+rows' synchronisation) and ``_norms`` (what RMSNorm and LayerNorm share). One op is built on
+another's kernel: ``linear_cross_entropy`` launches ``cross_entropy``'s, chunk by chunk.
+
 Importing this package needs Triton (Linux); ``fusionlab.runtime`` has already decided GPU or
 interpreter before any kernel below is defined. Call an op through its module:
 ``from fusionlab.kernels.bias_gelu import bias_gelu``.
