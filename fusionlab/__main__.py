@@ -13,6 +13,7 @@ import sys
 #: command -> (module, one line of help)
 COMMANDS = {
     "grade": ("fusionlab.grade", "grade learners' notebooks, each answer in a process of its own"),
+    "bench": ("fusionlab.benchcli", "every kernel against its peers on this GPU (the recorded results on a CPU)"),
 }
 
 

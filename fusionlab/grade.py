@@ -24,18 +24,25 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
+import dataclasses
 import importlib
 import inspect
 import io
 import json
+import linecache
 import os
 import re
 import struct
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass
+
+from . import _exercise, _triton, grading, instrument, ledger
+from ._triton import _base_fn
 
 #: `from fusionlab.lessons.l4 import checkers as ex`: the alias of a lesson's checkers in a notebook
 _IMPORT = re.compile(r"from\s+fusionlab\.lessons\.(l\d+)\s+import\s+checkers\s+as\s+(\w+)")
@@ -114,9 +121,6 @@ def _recv(stream, *, trusted: bool):
 def _safe_globals() -> list:
     """What may come back from the learner's process besides tensors and plain data: the ledgers an
     exercise returns (data classes of the package's own)."""
-    import dataclasses
-
-    from . import ledger
 
     return [v for v in vars(ledger).values() if isinstance(v, type) and dataclasses.is_dataclass(v)]
 
@@ -125,8 +129,6 @@ def _safe_globals() -> list:
 def _machinery() -> dict:
     """Every attribute of the grading machinery, by (owner, name): compared before each call."""
     import torch.utils._python_dispatch as pd
-
-    from . import _exercise, _triton, grading, instrument
 
     owners = [grading, instrument, _triton, _exercise, grading.Sandbox, instrument.LaunchCounter, pd.TorchDispatchMode]
     owners += [c for c in vars(grading).values() if isinstance(c, type) and c.__module__.startswith("fusionlab")]
@@ -148,9 +150,6 @@ def _signature(fn) -> list | None:
 
 def _jit_sources(ns: dict) -> dict[str, str]:
     """The source of every Triton kernel and jit helper the notebook defined, by name."""
-    import textwrap
-
-    from ._triton import _base_fn
 
     out = {}
     for name, obj in list(ns.items()):
@@ -173,12 +172,9 @@ def _locate(tensors, t) -> tuple | None:
 
 def _serve(notebook: str, index: int, proto_in, proto_out) -> None:
     """The learner's process: run the notebook up to exercise ``index``, then answer calls."""
-    import linecache
 
     import torch
     from torch.utils._pytree import tree_leaves
-
-    from . import _exercise, grading
 
     machinery = _machinery()
     cells, exercises = read_notebook(notebook)
@@ -335,8 +331,6 @@ class RemoteAnswer:
         import torch
         from torch.utils._pytree import tree_leaves
 
-        from . import _exercise, grading
-
         box = grading.ACTIVE[-1] if grading.ACTIVE else grading.Sandbox()
         # the transfer and the bookkeeping are not the answer's work: out of the sandbox's sight
         with torch._C._DisableTorchDispatch():
@@ -384,9 +378,6 @@ class Verdict:
 
 
 def grade_exercise(notebook: str, index: int, ex: Exercise, *, timeout: float, log) -> Verdict:
-    import contextlib
-
-    from . import grading
 
     t0 = time.perf_counter()
     if ex.checker in NOT_REMOTE:

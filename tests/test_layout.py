@@ -23,7 +23,7 @@ LAYERS = [
     {"fusionlab.kernels"},
     {"fusionlab.bench", "fusionlab.instrument", "fusionlab.grading", "fusionlab.inductor", "fusionlab.measure"},
     {"fusionlab.viz"},
-    {"fusionlab.lessons", "fusionlab.record", "fusionlab.benchcli"},
+    {"fusionlab.lessons", "fusionlab.record", "fusionlab.benchcli", "fusionlab.grade", "fusionlab.__main__"},
 ]
 #: third-party modules a function may import lazily: optional dependencies, never fusionlab itself
 LAZY_OK = ("triton", "IPython", "importlib", "numpy", "subprocess", "matplotlib")

@@ -377,7 +377,6 @@ def _row_ptrs(base, rows, n_rows, n_inner, stride_b, stride_m, TWO_LEVEL: tl.con
 
 
 @triton.jit
-@triton.jit
 def _nan_max(m, l):
     """The row max as torch's ``amax`` gives it: NaN when the row holds a NaN. Triton's max drops a NaN
     (``fmax``), but the NaN reaches l through exp, so a NaN l with a max below +inf (+inf alone also
