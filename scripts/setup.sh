@@ -31,8 +31,10 @@ case "$cmd" in
   lab)
     extra=()
     [ "$(id -u)" = 0 ] && extra+=(--allow-root)  # containers and cloud boxes often run as root
-    # the repository root, so notebooks/, exercises/ and solutions/ are all one click away
-    run=(.venv/bin/jupyter lab "${extra[@]}" --ServerApp.root_dir="$PWD" START_HERE.ipynb "$@") ;;
+    # the repository root, so notebooks/, exercises/ and solutions/ are all one click away; the lab's
+    # default URL is START_HERE.ipynb, so the address it prints (what a remote box, a container or WSL
+    # copies into a browser) lands there too, not only the local redirect page it opens itself
+    run=(.venv/bin/jupyter lab "${extra[@]}" --ServerApp.root_dir="$PWD" --LabApp.default_url=/lab/tree/START_HERE.ipynb "$@") ;;
   test)
     # Unit tests, then every lesson and solution notebook under strict nbval (outputs compared,
     # except cells tagged nbval-ignore-output because they depend on the device). pytest-xdist runs
