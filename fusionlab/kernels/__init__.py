@@ -12,16 +12,14 @@
 - ``<op>(...)``: the launcher and public entry: checks its inputs, allocates, launches (an
   ``autograd.Function`` where the op has a backward).
 
-Importing this package needs Triton (Linux); ``fusionlab.runtime`` has already decided GPU or
-interpreter before any kernel below is defined. Call an op through its module:
+``fusionlab.runtime`` has already decided GPU or interpreter before any kernel below is defined (and,
+without Triton, put ``fusionlab._no_triton``'s stand-ins in its place: the modules import, a launch
+raises ``TritonUnavailable``). Call an op through its module:
 ``from fusionlab.kernels.bias_gelu import bias_gelu``.
 """
 
-from .. import runtime
-
-runtime.require_triton()
-
-from . import (  # noqa: E402
+from .. import runtime  # noqa: F401  (first: it decides the mode before any kernel is defined)
+from . import (
     attention,
     bias_gelu,
     chain,
@@ -37,7 +35,7 @@ from . import (  # noqa: E402
     softmax,
     swiglu,
 )
-from ._launch import KernelInputError, pdl_supported  # noqa: E402
+from ._launch import KernelInputError, pdl_supported
 
 __all__ = [
     "KernelInputError",
