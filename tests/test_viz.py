@@ -596,6 +596,23 @@ def test_the_animation_takes_rereads_and_written_out_schedules():
     assert anim.bytes_moved(fused=True) == norm.fused_bytes and "rstd" in anim.html(fused=True)
 
 
+def test_a_written_out_schedule_labels_each_trip_with_its_own_step():
+    from fusionlab.kernels.attention import attention_ledger
+
+    led = attention_ledger(1, 2, 64, 64, 16, dtype=2, block_m=16)
+    anim = TripAnimation(led)
+    steps = [t.op for t in led.trips(fused=True)]
+    for frame in range(1, len(steps) + 1):
+        anim.frame = frame
+        fused = anim.html(fused=True)
+        assert f"trip {frame} of {len(steps)} · {steps[frame - 1]}" in fused, (frame, steps[frame - 1])
+        assert "QK^T" not in fused.split("trip ")[1][:80]  # the eager op the first fallback named
+    # a rule-based fused schedule still names its ops by number
+    anim = TripAnimation(cos_cos())
+    anim.frame = 2
+    assert "op 2 of 2: cos" in anim.html(fused=True)
+
+
 def same_height(svg: str) -> str:
     return svg.replace("0 0 460 358", "0 0 460 336").replace('height="358"', 'height="336"')
 
