@@ -76,6 +76,35 @@ def test_record_and_exercises():
     assert (ROOT / "scripts" / "make_exercises.py").is_file()
 
 
+def _torch_line(tmp_path: Path, gpu: bool | None, forced: str | None = None) -> str:
+    """What the dry run says it would install for torch, with a stand-in ``nvidia-smi`` first on PATH that
+    lists a GPU (``gpu=True``) or fails (``False``)."""
+    bin_dir = tmp_path / f"bin-{gpu}"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + ("echo 'GPU 0: NVIDIA H100'\n" if gpu else "exit 9\n"))
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "FUSIONLAB_DRY_RUN": "1", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("FUSIONLAB_TORCH", None)
+    if forced:
+        env["FUSIONLAB_TORCH"] = forced
+    out = subprocess.run(["bash", str(SETUP)], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return next(line for line in out.stderr.splitlines() if line.startswith("torch"))
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="macOS takes PyPI's torch, a CPU build, either way")
+def test_without_a_gpu_torch_comes_from_the_cpu_index_and_with_one_from_pypi(tmp_path):
+    cpu = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    assert _torch_line(tmp_path, gpu=False).endswith(cpu)  # not gigabytes of CUDA wheels on a laptop
+    assert _torch_line(tmp_path, gpu=True).endswith("pip install torch==2.13.0")
+    assert _torch_line(tmp_path, gpu=True, forced="cpu").endswith(cpu)
+    assert _torch_line(tmp_path, gpu=False, forced="cuda").endswith("pip install torch==2.13.0")
+    bad = subprocess.run(
+        ["bash", str(SETUP)], env={**os.environ, "FUSIONLAB_TORCH": "rocm"}, capture_output=True, text=True, timeout=30
+    )
+    assert bad.returncode == 2 and "FUSIONLAB_TORCH=rocm" in bad.stderr
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
