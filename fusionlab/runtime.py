@@ -65,8 +65,9 @@ def decide_mode(requested: str, capability: tuple[int, int] | None, triton_env: 
         return INTERPRETER, (
             f"this GPU has compute capability {capability[0]}.{capability[1]}; Triton supports "
             f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} and newer. Triton kernels run in the interpreter "
-            "(correct, slow) and the lessons show recorded GPU timings. Set FUSIONLAB_MODE=gpu to try Triton "
-            "on this GPU anyway (element-wise kernels often work; tl.dot is slow or fails)."
+            "(correct, slow) and the lessons show recorded GPU timings. To try Triton on this GPU anyway "
+            "(element-wise kernels often work; tl.dot is slow or fails), set FUSIONLAB_MODE=gpu before "
+            "`import fusionlab`, in a fresh kernel (Jupyter: `%env FUSIONLAB_MODE=gpu` as the first cell)."
         )
     return GPU, f"CUDA GPU with compute capability {capability[0]}.{capability[1]}"
 
