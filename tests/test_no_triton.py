@@ -135,12 +135,8 @@ def test_in_ipython_a_triton_cell_prints_a_note_and_the_next_cells_run(no_triton
     assert r["quiet"]["ok"] and "9.0" not in r["quiet"]["stdout"]
 
 
-#: lessons run whole without Triton in CI: lesson 1 (the README's promise), lesson 3 (torch.compile, which must
-#: keep its CPU backend) and lesson 7 (the last); every lesson passes, at 11 to 23 s each on a 2-core CPU, and
-#: FUSIONLAB_NO_TRITON_LESSONS=all runs them all
+#: every lesson, run whole without Triton (4 to 7 s each on a 2-core CPU, kernel start included)
 LESSONS = sorted(p.name for p in (ROOT / "notebooks").glob("0*.ipynb"))
-if os.environ.get("FUSIONLAB_NO_TRITON_LESSONS") != "all":
-    LESSONS = [n for n in LESSONS if n[:3] in ("01_", "03_", "07_")]
 #: lessons that launch no Triton kernel on a CPU (lesson 3 reads what torch.compile generates, which on a
 #: CPU is C++, and needs no Triton): every cell runs, none is skipped
 TORCH_ONLY = {"03_what_the_compiler_fuses.ipynb"}
