@@ -88,6 +88,12 @@ if not HAS_TRITON:
     _no_triton.install()
 CAPABILITY = _cuda_capability()
 MODE, REASON = decide_mode(os.environ.get("FUSIONLAB_MODE", "auto"), CAPABILITY, os.environ.get("TRITON_INTERPRET"))
+if not HAS_TRITON:  # no kernel can run, on a GPU or not: the lessons take their CPU sizes and recorded timings
+    MODE = INTERPRETER
+    REASON = (
+        "Triton is not installed (Triton publishes wheels for Linux only): torch cells run on the CPU, "
+        "Triton cells say they need Linux or Colab, timings shown are recorded"
+    )
 
 
 if MODE == INTERPRETER:

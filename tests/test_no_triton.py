@@ -58,6 +58,7 @@ def test_without_triton_the_package_imports_and_a_kernel_says_what_it_needs(no_t
         from fusionlab import runtime
         from fusionlab._no_triton import TritonUnavailable
         assert not runtime.HAS_TRITON and fusionlab.info().triton is None
+        assert runtime.MODE == "interpreter" and "Triton is not installed" in runtime.REASON
         for m in pkgutil.walk_packages(fusionlab.lessons.__path__, "fusionlab.lessons."):
             importlib.import_module(m.name)  # every lesson's modules import
         from fusionlab.kernels.cos import cos_cos
