@@ -659,3 +659,20 @@ def test_both_trip_panels_draw_the_l2_floor_between_the_chip_and_hbm():
         labels = ("on chip", "L2 cache", "HBM")
         ys = {label: float(re.search(rf'y="([\d.]+)"[^>]*>{label}', panel)[1]) for label in labels}
         assert ys["on chip"] < ys["L2 cache"] < ys["HBM"], ys
+
+
+def test_a_table_is_html_in_a_notebook_and_aligned_text_elsewhere():
+    from fusionlab.viz import Table
+
+    t = Table([("eager cos().cos()", "2.00x", "50%"), ("fused", "1.00x", "100%")], header=("schedule", "time", "copy"))
+    text = str(t).splitlines()
+    assert text[0].startswith("schedule") and set(text[1]) <= {"-", " "}
+    assert text[2].endswith(" 50%") and text[3].endswith("100%")  # numbers right-aligned, columns padded
+    assert len({len(line) for line in text[2:]}) == 1
+    page = t._repr_html_()
+    # a number never breaks across lines, however narrow the output
+    assert page.count("white-space:nowrap") == 9 and "<th" in page and "&lt;" not in page
+    assert "text-align:right" in page and "text-align:left" in page
+    assert "&lt;b&gt;" in Table([("<b>", "1")])._repr_html_()  # cells are text, never markup
+    with pytest.raises(ValueError, match="same number of cells"):
+        Table([("a", "1"), ("b",)])
