@@ -18,7 +18,7 @@ PKG = ROOT / "fusionlab"
 
 #: the layers, lowest first; a module may import only from its own layer or those before it
 LAYERS = [
-    {"fusionlab._exercise", "fusionlab._triton", "fusionlab.runtime"},
+    {"fusionlab._exercise", "fusionlab._no_triton", "fusionlab._triton", "fusionlab.runtime"},
     {"fusionlab.ledger"},
     {"fusionlab.kernels"},
     {"fusionlab.bench", "fusionlab.instrument", "fusionlab.grading", "fusionlab.inductor", "fusionlab.measure"},
