@@ -22,6 +22,7 @@ from .. import runtime
 runtime.require_triton()
 
 from . import (  # noqa: E402
+    adamw,
     attention,
     bias_gelu,
     chain,
@@ -44,6 +45,7 @@ from ._tensors import TargetOutOfRange  # noqa: E402
 __all__ = [
     "KernelInputError",
     "TargetOutOfRange",
+    "adamw",
     "attention",
     "bias_gelu",
     "chain",

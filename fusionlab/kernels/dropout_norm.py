@@ -72,7 +72,6 @@ from ._launch import (
     check_block,
     check_choice,
     check_tensor,
-    element_size,
     launch_kwargs,
     next_pow2,
     sm_count,
@@ -178,7 +177,11 @@ def dropout_norm_ledger(rows: int, n: int, dtype, *, norm="layernorm", backward:
         led = Ledger(dtype_bytes=dtype, sizes=sizes, outputs=("h", "y", "mean", "rstd"))
         led.op("dropout", reads={"x": rn}, writes={"xd": rn, "mask": rn})
         led.op("add", reads={"xd": rn, "residual": rn}, writes={"h": rn})
-        led.op(norm, reads={"h": rn, "w": n, "b": n if norm == "layernorm" else 0}, writes={"y": rn, "mean": rows, "rstd": rows})
+        led.op(
+            norm,
+            reads={"h": rn, "w": n, "b": n if norm == "layernorm" else 0},
+            writes={"y": rn, "mean": rows, "rstd": rows},
+        )
         return led
     led = Ledger(dtype_bytes=dtype, sizes=sizes, outputs=("dh", "dx"), recomputed=("mask",))
     led.op(f"{norm}_bwd", reads={"dy": rn, "h": rn, "w": n, "mean": rows, "rstd": rows}, writes={"dh": rn})
