@@ -161,7 +161,9 @@ def dropout_norm_eager(x, residual, weight, bias=None, p: float = 0.1, *, norm="
     return F.layer_norm(h, (h.shape[-1],), weight, bias, eps), h
 
 
-def dropout_norm_ledger(rows: int, n: int, dtype, *, norm="layernorm", backward: bool = False) -> Ledger:
+def dropout_norm_ledger(
+    rows: int, n: int, dtype, *, norm="layernorm", backward: bool = False, grad_h: bool = True
+) -> Ledger:
     """Trips of a training step's residual + dropout + norm, eager and fused (w, b: ``n`` each).
 
     Eager forward: dropout reads x, writes its output and the keep mask (1 byte); the add reads it and
@@ -169,7 +171,8 @@ def dropout_norm_ledger(rows: int, n: int, dtype, *, norm="layernorm", backward:
     kernels counted as one here, a lower bound). Fused: read x, residual; write h, y, and fp32 mean
     and rstd a row. Backward, eager: the norm's backward reads dy, h, writes dh; dropout's backward
     reads dh and the mask, writes dx (dresidual is dh itself). Fused: read dy, h, mean, rstd; write
-    dresidual, dx — the mask regenerated, never read."""
+    dresidual, dx — the mask regenerated, never read. ``grad_h``: h feeds the next block too (the
+    residual stream), so its own gradient arrives and is added to dh (eager: one more add kernel)."""
     rows, n = int(rows), int(n)
     rn = rows * n
     sizes = {"mask": 1, "mean": 4, "rstd": 4}
@@ -183,9 +186,12 @@ def dropout_norm_ledger(rows: int, n: int, dtype, *, norm="layernorm", backward:
             writes={"y": rn, "mean": rows, "rstd": rows},
         )
         return led
-    led = Ledger(dtype_bytes=dtype, sizes=sizes, outputs=("dh", "dx"), recomputed=("mask",))
+    out = "dh2" if grad_h else "dh"
+    led = Ledger(dtype_bytes=dtype, sizes=sizes, outputs=(out, "dx"), recomputed=("mask",))
     led.op(f"{norm}_bwd", reads={"dy": rn, "h": rn, "w": n, "mean": rows, "rstd": rows}, writes={"dh": rn})
-    led.op("dropout_bwd", reads={"dh": rn, "mask": rn}, writes={"dx": rn})
+    if grad_h:
+        led.op("add grad_h", reads={"dh": rn, "grad_h": rn}, writes={"dh2": rn})
+    led.op("dropout_bwd", reads={out: rn, "mask": rn}, writes={"dx": rn})
     return led
 
 
