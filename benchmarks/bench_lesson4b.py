@@ -168,9 +168,31 @@ def sec_graph(copy, budget):
            graph_pct_copy=100 * bench.gbps(nbytes, graph_ms) / copy)  # fmt: skip
 
 
+def sec_sweep(copy, budget):
+    """The backward's row pipelining and programs an SM, LayerNorm bf16: what the defaults rest on."""
+    for rows, n in ((32768, 4096), (32768, 8192)):
+        x, r, gy, gh = (torch.randn(rows, n, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        w, b = (torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        ins = [t.requires_grad_() for t in (x, r, w, b)]
+        nbytes = dropout_norm_ledger(rows, n, torch.bfloat16, backward=True).fused_bytes
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for stages in (1, 2, 3):
+            for per_sm in (1, 2, 4):
+                if left(budget) < 15:
+                    return
+                cfg = {"row_stages": stages, "programs": sms * per_sm}
+                try:
+                    fn = lambda *a, cfg=cfg: dropout_norm(*a, 0.1, bwd_config=cfg)  # noqa: E731
+                    ms = bench.queued_ms(_bwd_timer(fn, ins, gy, gh), calls=10)
+                    pct = 100 * bench.gbps(nbytes, ms) / copy
+                    record("sweep", rows=rows, n=n, row_stages=stages, programs_per_sm=per_sm, bwd_ms=ms, pct_copy=pct)
+                except Exception as e:  # a configuration that does not fit: say so, go on
+                    record("sweep", rows=rows, n=n, row_stages=stages, programs_per_sm=per_sm, error=str(e)[:200])
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sections", default="norm,adamw,graph")
+    ap.add_argument("--sections", default="norm,adamw,graph,sweep")
     ap.add_argument("--budget", type=float, default=300)
     ap.add_argument("--shapes", default="all", help="all, or small: 4096x4096 and 32768x8192 only")
     args = ap.parse_args()
@@ -186,6 +208,8 @@ def main():
             sec_adamw(copy, args.budget, loop_for={"gpt2-small"})
         if "graph" in sections and left(args.budget) > 20:
             sec_graph(copy, args.budget)
+        if "sweep" in sections:
+            sec_sweep(copy, args.budget)
         if "norm" in sections:
             sec_norm(copy, args.budget, shapes, compile_shapes={(4096, 4096), (32768, 8192), (32768, 4096)})
     finally:

@@ -17,10 +17,12 @@ param, as torch's ``capturable``), so ``step()`` can be recorded in a CUDA graph
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .kernels import KernelInputError
-from .kernels.adamw import multi_tensor_adamw
+from .kernels.adamw import make_plan, multi_tensor_adamw, run_plan
 
 
 class AdamW(torch.optim.Optimizer):
@@ -82,6 +84,13 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
+            grads = [p.grad for p in group["params"]]
+            fast = group.get("_fast")
+            if fast is not None and fast.run(grads, group):
+                continue
+            if fast is not None:  # off the fast path: its host count back into each param's state first
+                self._flush_group(group)
+            group["_fast"] = None
             by_dtype: dict = {}
             for p in group["params"]:
                 if p.grad is None:
@@ -93,6 +102,8 @@ class AdamW(torch.optim.Optimizer):
                 by_dtype.setdefault(p.dtype, []).append(p)
             for dtype, ps in by_dtype.items():
                 self._step_group(group, ps, dtype)
+            if len(by_dtype) == 1 and all(g is not None for g in grads):
+                group["_fast"] = _Fast.make(self, group)
         return loss
 
     def _step_group(self, group: dict, ps: list, dtype: torch.dtype) -> None:
@@ -142,9 +153,88 @@ class AdamW(torch.optim.Optimizer):
             group["_ticket"] = torch.tensor([0, len(ps)], dtype=torch.int32, device=ps[0].device)
         return group["_steps"]
 
+    def _flush_group(self, group):
+        """Write the fast path's host count into each param's ``step`` (it skips the per-tensor update)."""
+        fast = group.get("_fast")
+        if fast is not None and fast.count is not None:
+            for p in fast.params:
+                self.state[p]["step"] = torch.tensor(float(fast.count), dtype=torch.float32)
+
+    def _flush_steps(self):
+        for group in self.param_groups:
+            self._flush_group(group)
+
     def state_dict(self):
+        self._flush_steps()
         sd = super().state_dict()
         for g in sd["param_groups"]:
-            for k in ("_steps", "_steps_key", "_ticket"):
+            for k in ("_steps", "_steps_key", "_ticket", "_fast"):
                 g.pop(k, None)
         return sd
+
+    def load_state_dict(self, state_dict):
+        for group in self.param_groups:
+            group["_fast"] = None
+        super().load_state_dict(state_dict)
+
+
+class _Fast:
+    """A param group's step once it has run the checked path: every param has a contiguous gradient of
+    its dtype, and (not capturable) one shared step count, kept here on the host. A step then costs
+    the host a list of the gradients' addresses (the table is cached by them) and one launch."""
+
+    def __init__(self, params, m, v, masters, count, steps, ticket):
+        self.params, self.m, self.v, self.masters = params, m, v, masters
+        self.count, self.steps, self.ticket = count, steps, ticket
+        self.plans: dict = {}
+
+    @staticmethod
+    def make(opt, group):
+        ps = group["params"]
+        states = [opt.state[p] for p in ps]
+        if any(g.dtype != p.dtype or not g.is_contiguous() or g.is_neg() for p, g in ((p, p.grad) for p in ps)):
+            return None
+        if any(p.numel() == 0 for p in ps):
+            return None
+        master = group["master_weights"] and ps[0].dtype != torch.float32
+        if group["capturable"]:
+            count, steps, ticket = None, group["_steps"], group["_ticket"]
+        else:
+            counts = {float(s["step"]) for s in states}
+            if len(counts) != 1:
+                return None
+            count, steps, ticket = int(counts.pop()), None, None
+        return _Fast(
+            ps, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+            [s["master"] for s in states] if master else None, count, steps, ticket,
+        )  # fmt: skip
+
+    def run(self, grads, group) -> bool:
+        """One step, or False (nothing done) when the group no longer fits the fast path."""
+        if group["params"] is not self.params and list(group["params"]) != self.params:
+            return False
+        try:
+            key = tuple(g.data_ptr() for g in grads)
+        except AttributeError:  # a param without a gradient this step
+            return False
+        plan = self.plans.get(key)
+        if plan is None:
+            if any(
+                g.dtype != p.dtype or not g.is_contiguous() or g.is_neg()
+                for p, g in zip(self.params, grads, strict=True)
+            ):
+                return False
+            if len(self.plans) > 8:
+                self.plans.clear()
+            plan = self.plans[key] = make_plan(self.params, grads, self.m, self.v, self.masters)
+        beta1, beta2 = group["betas"]
+        lr = float(group["lr"])
+        if self.steps is not None:
+            step_size = inv = 0.0
+        else:
+            self.count += 1
+            step_size = lr / (1 - beta1**self.count)
+            inv = 1 / math.sqrt(1 - beta2**self.count)
+        run_plan(plan, self.steps, self.ticket, lr, beta1, beta2, group["eps"], group["weight_decay"],
+                 group["maximize"], step_size, inv)  # fmt: skip
+        return True

@@ -141,3 +141,22 @@ def test_ledger_counts_seven_trips_fused():
     led = adamw_ledger([1000, 24])
     assert led.fused_bytes == 7 * 1024 * 4
     assert led.unfused_bytes > 2.5 * led.fused_bytes  # the loop's temporaries and re-reads
+
+
+def test_fast_path_leaves_and_rejoins_with_the_right_count():
+    """After the first step a group's step skips the per-tensor work; a param without a gradient sends
+    it back to the checked path, whose bias correction must still see every step taken."""
+    ours, theirs = _params(), _params()
+    o, t = AdamW(ours, **HP), torch.optim.AdamW(theirs, **HP)
+    g = torch.Generator().manual_seed(4)
+    for i in range(6):
+        for a, b in zip(ours, theirs, strict=True):
+            grad = torch.randn(a.shape, generator=g).to(DEV)
+            a.grad, b.grad = grad.clone(), grad.clone()
+        if i == 3:  # no gradient for one tensor this step: both skip it
+            ours[1].grad = theirs[1].grad = None
+        o.step()
+        t.step()
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert float(o.state_dict()["state"][0]["step"]) == 6.0 and float(o.state_dict()["state"][1]["step"]) == 5.0

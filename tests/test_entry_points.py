@@ -67,6 +67,8 @@ NOT_ENTRY_POINTS = {
     "SoftmaxStats": "a named tuple",
     "new_seed": "draws a seed from torch's generator",
     "philox_counters": "arithmetic on a shape",
+    "make_plan": "multi_tensor_adamw's device tables, after its checks (fusionlab.optim's path)",
+    "run_plan": "multi_tensor_adamw's launch, after its checks (fusionlab.optim's path; tests/test_adamw.py)",
 }
 
 

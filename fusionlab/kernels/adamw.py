@@ -268,20 +268,39 @@ def multi_tensor_adamw(
             raise KernelInputError(f"{op}: step={step!r} must be a whole number >= 1 (the count after this step).")
         step_size = lr / (1 - beta1**step)
         inv_sqrt_bc2 = 1 / math.sqrt(1 - beta2**step)
+    plan = make_plan(
+        [params[i] for i in live], [grads[i] for i in live], [exp_avgs[i] for i in live],
+        [exp_avg_sqs[i] for i in live], [masters[i] for i in live] if masters is not None else None,
+    )  # fmt: skip
+    run_plan(plan, step if capturable else None, ticket, lr, beta1, beta2, eps, weight_decay, maximize,
+             step_size, inv_sqrt_bc2)  # fmt: skip
+
+
+def make_plan(params, grads, exp_avgs, exp_avg_sqs, masters=None) -> _Plan:
+    """The device tables for these (checked, non-empty) tensors, cached by their addresses."""
     cfg = adamw_config()
     rows = []
-    for i in live:
+    for i in range(len(params)):
         r = [params[i].data_ptr(), grads[i].data_ptr(), exp_avgs[i].data_ptr(), exp_avg_sqs[i].data_ptr()]
         if masters is not None:
             r.append(masters[i].data_ptr())
         rows.append(r)
-    plan = _plan(rows, [params[i].numel() for i in live], cfg["CHUNK"], params[0].device)
+    plan = _plan(rows, [p.numel() for p in params], cfg["CHUNK"], params[0].device)
+    plan.p_dtype, plan.g_dtype, plan.master = _TL[params[0].dtype], _TL[grads[0].dtype], masters is not None
+    return plan
+
+
+def run_plan(plan, steps, ticket, lr, beta1, beta2, eps, weight_decay, maximize, step_size, inv_sqrt_bc2) -> None:
+    """The one launch: ``steps`` (capturable: the device counts, with ``ticket``) or None (the host's
+    corrections ``step_size`` and ``inv_sqrt_bc2``)."""
+    cfg = adamw_config()
     dummy = plan.table
+    capturable = steps is not None
     _launch(
         (plan.n_programs,),
-        plan.table, plan.chunks, step if capturable else dummy, ticket if capturable else dummy,
+        plan.table, plan.chunks, steps if capturable else dummy, ticket if capturable else dummy,
         lr, beta1, beta2, eps, weight_decay, step_size, inv_sqrt_bc2,
-        CHUNK=cfg["CHUNK"], BLOCK=min(cfg["BLOCK"], cfg["CHUNK"]), COLS=plan.cols, MASTER=masters is not None,
-        CAPTURABLE=capturable, MAXIMIZE=bool(maximize), P_DTYPE=_TL[params[0].dtype], G_DTYPE=_TL[grads[0].dtype],
+        CHUNK=cfg["CHUNK"], BLOCK=min(cfg["BLOCK"], cfg["CHUNK"]), COLS=plan.cols, MASTER=plan.master,
+        CAPTURABLE=capturable, MAXIMIZE=bool(maximize), P_DTYPE=plan.p_dtype, G_DTYPE=plan.g_dtype,
         **launch_kwargs(cfg["num_warps"]),
     )  # fmt: skip

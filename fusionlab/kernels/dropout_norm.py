@@ -68,10 +68,12 @@ from ._launch import (
     INT32_LIMIT,
     KernelInputError,
     Launcher,
+    _key,
     cdiv,
     check_block,
     check_choice,
     check_tensor,
+    element_size,
     launch_kwargs,
     next_pow2,
     sm_count,
@@ -197,9 +199,18 @@ def dropout_norm_ledger(
 
 # -- launch configuration ----------------------------------------------------------------------------------
 #: GPU: a row of up to ``max_single`` elements is held in one tile; ``per_thread`` elements a thread
-#: set the warps; the backward runs ``programs_per_sm`` persistent programs an SM, each summing dw over
-#: its block of rows. Interpreter: few large programs (each costs milliseconds of Python).
-GPU_TUNING = {"max_single": 16384, "wide_block": 4096, "per_thread": 16, "programs_per_sm": 2}
+#: set the warps; the backward runs ``warps_per_sm // num_warps`` persistent programs an SM (at least
+#: one), each summing dw over its block of rows, its row loop software-pipelined ``row_stages`` deep
+#: where the staged rows (dy, h, grad_h) fit ``stage_bytes`` of shared memory (rmsnorm.py's rule).
+#: Interpreter: few large programs (each costs milliseconds of Python).
+GPU_TUNING = {
+    "max_single": 16384,
+    "wide_block": 4096,
+    "per_thread": 16,
+    "warps_per_sm": 16,
+    "row_stages": 3,
+    "stage_bytes": 163840,
+}
 INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 1024, "tile": 16384, "programs": 4}
 
 
@@ -218,8 +229,12 @@ def dropout_norm_config(n_rows: int, n_cols: int, dtype: torch.dtype, *, backwar
         num_warps = 4
     cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SINGLE_TILE": single, "num_warps": num_warps}
     if backward:
-        cap = sm_count() * t["programs_per_sm"] if gpu else t["programs"]
+        cap = sm_count() * max(1, t["warps_per_sm"] // num_warps) if gpu else t["programs"]
         cfg["programs"] = max(1, min(cdiv(max(n_rows, 1), block_m), cap))
+        stages = t.get("row_stages", 1) if single else 1
+        while stages > 1 and 3 * block_m * block_n * element_size(dtype) * (stages - 1) > t.get("stage_bytes", 0):
+            stages -= 1
+        cfg["row_stages"] = stages
     return cfg
 
 
@@ -258,7 +273,7 @@ def _h_tile(x_ptr, r_ptr, h_ptr, rows3, cols, mask, ctr, lane, stride_x, stride_
     return h.to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "offset"])  # a fresh seed every call: never a recompile
 def _dropout_norm_fwd_kernel(
     x_ptr, r_ptr, w_ptr, b_ptr, h_ptr, y_ptr, mean_ptr, rstd_ptr,
     n_rows, n_cols, stride_x, stride_r, seed, offset, threshold, scale, eps,
@@ -323,12 +338,12 @@ def _dropout_norm_fwd_kernel(
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "offset"])
 def _dropout_norm_bwd_kernel(
     dy_ptr, gh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, part_ptr,
     n_rows, n_cols, rows_per_program, stride_dy, stride_gh, seed, offset, threshold, scale,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SINGLE_TILE: tl.constexpr, RMS: tl.constexpr,
-    HAS_GH: tl.constexpr, DROPOUT: tl.constexpr, INT64: tl.constexpr,
+    HAS_GH: tl.constexpr, DROPOUT: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
@@ -342,7 +357,8 @@ def _dropout_norm_bwd_kernel(
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         dw = tl.zeros([BLOCK_M, BLOCK_Q, 4], dtype=tl.float32)
         db = tl.zeros([BLOCK_M, BLOCK_Q, 4], dtype=tl.float32)
-        for m0 in range(row_start, row_end, BLOCK_M):
+        # NUM_STAGES > 1: the next rows' dy, h (and grad_h) are loaded while this row computes
+        for m0 in tl.range(row_start, row_end, BLOCK_M, num_stages=NUM_STAGES):
             rows = m0 + tl.arange(0, BLOCK_M)
             row_ok = rows < row_end
             cols, ctr, lane = _tile(rows, 0, n_cols, n_q, offset, BLOCK_Q, INT64)
@@ -443,6 +459,16 @@ def _needs_int64(n_rows: int, n_cols: int, offset: int, *strides: int) -> bool:
     return last >= INT32_LIMIT or offset + n_rows * cdiv(n_cols, 4) >= INT32_LIMIT
 
 
+def _call(launcher, grid, args, seed_at, kwargs):
+    """Launch with a cache key that ignores the seed's and offset's values (``args[seed_at]``,
+    ``args[seed_at + 1]``) but not their width (int32 or int64): a fresh seed every call must hit the
+    compiled kernel."""
+    rep = list(args)
+    for i in (seed_at, seed_at + 1):
+        rep[i] = 2**40 if args[i] >= 2**31 else 2
+    launcher(grid, *args, key=(_key(rep), tuple(kwargs.items())), **kwargs)
+
+
 def _forward(x2, r2, weight, bias, p, norm, eps, dropout, seed, offset, cfg):
     n_rows, n_cols = x2.shape
     h = torch.empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
@@ -451,15 +477,17 @@ def _forward(x2, r2, weight, bias, p, norm, eps, dropout, seed, offset, cfg):
     rstd = torch.empty_like(mean)
     if h.numel() == 0:
         return y, h, mean, rstd
-    _launch_fwd(
-        (cdiv(n_rows, cfg["BLOCK_M"]),),
+    args = (
         x2, r2, weight, bias if bias is not None else weight, h, y, mean, rstd,
         n_rows, n_cols, x2.stride(0), r2.stride(0), seed, offset, _threshold(p), 1.0 / (1.0 - p), eps,
+    )  # fmt: skip
+    kwargs = dict(
         BLOCK_M=cfg["BLOCK_M"], BLOCK_Q=cfg["BLOCK_N"] // 4, SINGLE_TILE=cfg["SINGLE_TILE"],
         RMS=norm == "rmsnorm", HAS_BIAS=bias is not None, DROPOUT=dropout,
         INT64=_needs_int64(n_rows, n_cols, offset, x2.stride(0), r2.stride(0)),
         **launch_kwargs(cfg["num_warps"]),
     )  # fmt: skip
+    _call(_launch_fwd, (cdiv(n_rows, cfg["BLOCK_M"]),), args, 12, kwargs)
     return y, h, mean, rstd
 
 
@@ -481,16 +509,19 @@ def _backward(dy, gh, h, weight, mean, rstd, p, norm, dropout, seed, offset, cfg
     programs = cdiv(n_rows, rows_per_program)
     alloc = torch.empty if cfg["SINGLE_TILE"] else torch.zeros  # the wide path adds into its rows
     part = alloc((2, programs, n_cols), dtype=torch.float32, device=h.device)
-    _launch_bwd(
-        (programs,),
+    args = (
         dy2, gh2 if gh2 is not None else dy2, h, weight, mean, rstd, dr, dx, part,
         n_rows, n_cols, rows_per_program, dy2.stride(0), gh2.stride(0) if gh2 is not None else 0,
         seed, offset, _threshold(p), 1.0 / (1.0 - p),
+    )  # fmt: skip
+    kwargs = dict(
         BLOCK_M=bm, BLOCK_Q=cfg["BLOCK_N"] // 4, SINGLE_TILE=cfg["SINGLE_TILE"], RMS=norm == "rmsnorm",
         HAS_GH=gh2 is not None, DROPOUT=dropout,
         INT64=_needs_int64(n_rows, n_cols, offset, dy2.stride(0), n_cols),
+        NUM_STAGES=cfg.get("row_stages", 1) if runtime.is_gpu() else 1,
         **launch_kwargs(cfg["num_warps"]),
     )  # fmt: skip
+    _call(_launch_bwd, (programs,), args, 14, kwargs)
     sums = sum_partials(part if has_bias else part[:1], weight.dtype, checked=True)
     return dx, dr, sums[0], (sums[1] if has_bias else None)
 
@@ -620,12 +651,14 @@ def _with_overrides(cfg: dict, override, n_cols: int, op: str) -> dict:
     for key, value in override.items():
         if key in ("BLOCK_M", "BLOCK_N"):
             cfg[key] = check_block(value, key, op)
-        elif key == "programs":
+        elif key in ("programs", "row_stages"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise KernelInputError(f"{op}: programs={value!r} must be a whole number >= 1.")
             cfg[key] = value
         else:
-            raise KernelInputError(f"{op}: unknown configuration key {key!r}; use BLOCK_M, BLOCK_N, programs.")
+            raise KernelInputError(
+                f"{op}: unknown configuration key {key!r}; use BLOCK_M, BLOCK_N, programs, row_stages."
+            )
     if cfg["BLOCK_N"] < 4:
         raise KernelInputError(f"{op}: BLOCK_N={cfg['BLOCK_N']} must be at least 4 (a Philox call serves four).")
     cfg["SINGLE_TILE"] = n_cols <= cfg["BLOCK_N"]
