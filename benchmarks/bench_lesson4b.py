@@ -22,6 +22,7 @@ import fusionlab  # noqa: F401  (decides the mode before any kernel is defined)
 from fusionlab import bench
 from fusionlab.kernels.adamw import adamw_ledger
 from fusionlab.kernels.dropout_norm import dropout_norm, dropout_norm_eager, dropout_norm_ledger
+from fusionlab.lessons.l4b.suite import gpt2_small_shapes, llama_1b_shapes
 from fusionlab.optim import AdamW
 
 OUT = os.environ.get("OUT", "/tmp/bench_lesson4b")
@@ -89,22 +90,6 @@ def sec_norm(copy, budget, shapes, compile_shapes):
 
 
 # -- AdamW -------------------------------------------------------------------------------------------------
-def gpt2_small_shapes():
-    d, v, t, layers = 768, 50257, 1024, 12
-    s = [(v, d), (t, d)]
-    for _ in range(layers):
-        s += [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,), (d,), (d,), (d, 4 * d), (4 * d,), (4 * d, d), (d,)]
-    return s + [(d,), (d,)]
-
-
-def llama_1b_shapes():
-    d, kv, f, v, layers = 2048, 512, 8192, 128256, 16
-    s = [(v, d)]
-    for _ in range(layers):
-        s += [(d, d), (kv, d), (kv, d), (d, d), (f, d), (f, d), (d, f), (d,), (d,)]
-    return s + [(d,)]
-
-
 def _opt_params(shapes):
     ps = [torch.nn.Parameter(torch.randn(s, device="cuda") * 0.02) for s in shapes]
     for p in ps:
