@@ -67,6 +67,9 @@ def sec_norm(copy, budget, shapes, compile_shapes):
             def eager(x, r, w, b=None, norm=norm):
                 return dropout_norm_eager(x, r, w, b, 0.1, norm=norm)
 
+            # a fresh Dynamo cache a shape: each loop makes new functions of one code object, and past
+            # Dynamo's recompile limit a compiled call silently runs eager
+            torch._dynamo.reset()
             fns = {"fused": ours, "eager": eager}
             if (rows, n) in compile_shapes:
                 fns["compiled"] = torch.compile(eager, dynamic=False)
