@@ -54,6 +54,7 @@ References: Salmon et al. (above); Triton tutorial 04 (low-memory dropout); flas
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -215,9 +216,15 @@ INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 1024, "tile": 16384, "pr
 
 
 def dropout_norm_config(n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu=None) -> dict:
-    """``{"BLOCK_M", "BLOCK_N", "SINGLE_TILE", "num_warps"(, "programs")}``. BLOCK_N is a multiple of 4
-    (four elements share a Philox call)."""
+    """``{"BLOCK_M", "BLOCK_N", "SINGLE_TILE", "num_warps"(, "programs", "row_stages")}``. BLOCK_N is a
+    multiple of 4 (four elements share a Philox call). A copy of a cached answer: a call's host time
+    is part of a small call's cost."""
     gpu = runtime.is_gpu() if gpu is None else gpu
+    return dict(_config(int(n_rows), int(n_cols), dtype, bool(backward), gpu))
+
+
+@functools.lru_cache(maxsize=1024)
+def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool) -> dict:
     t = GPU_TUNING if gpu else INTERPRETER_TUNING
     single = n_cols <= t["max_single"]
     block_n = max(16, next_pow2(n_cols)) if single else t["wide_block"]

@@ -33,7 +33,9 @@ P_VALUES = (0.1, 0.5)
 
 
 def _inputs(shape, gen):
+    """x at least 0.5 from zero (a kept element always changes h, a dropped one never does), r any."""
     x = grading.randn(shape, gen=gen)
+    x = torch.where(x >= 0, x + 0.5, x - 0.5)
     r = grading.randn(shape, gen=gen)
     return x, r
 
@@ -51,7 +53,6 @@ def check_dropout_add(fn) -> Passed:
         for shape in DROPOUT_SHAPES:
             for p in P_VALUES:
                 x, r = _inputs(shape, grading.fresh_generator())
-                x = torch.where(x == 0, torch.ones_like(x), x)
                 s = seed % 2**31 + checks
                 where = f"{name}, shape {shape}, p={p}"
                 with grading.Sandbox() as box:
@@ -125,7 +126,6 @@ def check_dropout_backward(forward, backward) -> Passed:
                 if len(box.launches) != 1:
                     raise fail(f"{where}: {len(box.launches)} Triton launches; the backward is one kernel.", seed)
                 x, r = _inputs(shape, grading.fresh_generator())
-                x = torch.where(x == 0, torch.ones_like(x), x)
                 h = call_learner(forward, x, r, p, s, name="dropout_add", where=where, seed=seed)
                 keep = _kept(h, r)
                 if not torch.equal(dx != 0, keep):
