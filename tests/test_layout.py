@@ -21,7 +21,7 @@ LAYERS = [
     {"fusionlab._exercise", "fusionlab._triton", "fusionlab.runtime"},
     {"fusionlab.ledger"},
     {"fusionlab.kernels"},
-    {"fusionlab.bench", "fusionlab.instrument", "fusionlab.grading", "fusionlab.inductor"},
+    {"fusionlab.bench", "fusionlab.instrument", "fusionlab.grading", "fusionlab.inductor", "fusionlab.optim"},
     {"fusionlab.viz"},
     {"fusionlab.lessons", "fusionlab.record"},
 ]
