@@ -194,7 +194,7 @@ def _mistake(p, g, m, v, step, kind):
     """The answer a known mistake gives (float64)."""
     p, g, m, v = (t.double() for t in (p, g, m, v))
     lr, b1, b2, eps, wd = HP["lr"], HP["beta1"], HP["beta2"], HP["eps"], HP["weight_decay"]
-    if kind == "l2":
+    if kind.startswith("weight decay added"):
         g = g + wd * p
         wd = 0.0
     p = p * (1 - lr * wd)
@@ -233,8 +233,11 @@ def check_adamw(fn) -> Passed:
                 p0, g0, m0, v0 = before[i]
                 for kind, advice in (
                     ("no bias correction", "divide m by 1 - beta1**step and v by 1 - beta2**step (bias correction)"),
-                    ("l2", "decay the parameter itself, p *= 1 - lr * weight_decay, not the gradient (that is "
-                           "Adam's L2, which the moments then rescale)"),
+                    (
+                        "weight decay added to the gradient (Adam's L2)",
+                        "decay the parameter itself, p *= 1 - lr * weight_decay, not the gradient (that is Adam's "
+                        "L2, which the moments then rescale)",
+                    ),
                 ):  # fmt: skip
                     if torch.allclose(p.double().cpu(), _mistake(p0, g0, m0, v0, step, kind).cpu(), atol=1e-5):
                         raise fail(f"{where}: tensor {i} matches AdamW with {kind}: {advice}.", seed)
