@@ -5,7 +5,8 @@
   ``F.layer_norm``), compiled, fused. ``nbytes``: the fused ledger (:func:`dropout_norm_ledger`);
   ``predicted_ms``: the bytes each schedule moves over the copy bandwidth.
 - AdamW, one step, fp32, over GPT-2 small's 148 tensors and a Llama-style 1B's 146: a per-tensor loop
-  (``foreach=False``, GPT-2 only), ``foreach``, ``fused=True`` and fusionlab's one launch.
+  (``foreach=False``, GPT-2 only; case "loop"), ``foreach``, ``fused=True`` (case "torch kernel") and
+  fusionlab's one launch (case "ours").
   ``nbytes``: the fused ledger's 7 trips an element (:func:`adamw_ledger`).
 
 Memory: about 45 GB of GPU memory at the largest moment (the 1B list: p, g, m, v in fp32).
@@ -100,9 +101,11 @@ def adamw_cases(copy_GBps: float | None = None, device="cuda", models=MODELS) ->
         for p in ps:
             p.grad = 1e-3 * torch.randn(p.shape, device=device, generator=gen)
         led = adamw_ledger([p.numel() for p in ps])
+        # names: "ours" is fusionlab's one launch; "torch kernel" is torch's fused=True (one CUDA kernel a
+        # group of tensors), not called "fused" here because the suite's tests read that word as ours
         ways = {
-            "fusionlab": AdamW(ps, **HP),
-            "fused": torch.optim.AdamW(ps, fused=True, **HP),
+            "ours": AdamW(ps, **HP),
+            "torch kernel": torch.optim.AdamW(ps, fused=True, **HP),
             "foreach": torch.optim.AdamW(ps, foreach=True, **HP),
         }
         if model == "gpt2-small":
@@ -111,7 +114,7 @@ def adamw_cases(copy_GBps: float | None = None, device="cuda", models=MODELS) ->
             opt.step()  # state allocated, kernels compiled
             out.append(
                 Case(f"adamw {model} {name}", opt.step, led.fused_bytes, group=f"adamw {model}",
-                     predicted_ms=_predict(led, copy_GBps, name != "loop"))
+                     predicted_ms=_predict(led, copy_GBps, fused=name != "loop"))
             )  # fmt: skip
     return out
 
@@ -130,13 +133,13 @@ def bars(results) -> list[tuple[str, bool, str]]:
         out.append((f"dropout+ln {d} >= 90% of copy", f.frac_copy >= 0.90, f"{f.frac_copy:.1%}"))
         out.append((f"dropout+ln {d} >= 1.0x compiled", c.ms >= f.ms, f"{c.ms / f.ms:.2f}x"))
     for model in MODELS:
-        ours = r.get(f"adamw {model} fusionlab")
+        ours = r.get(f"adamw {model} ours")
         if ours is None:
             continue
-        for other, want in (("fused", 1.0), ("foreach", 1.5)):
+        for other, label, want in (("torch kernel", "fused=True", 1.0), ("foreach", "foreach", 1.5)):
             o = r[f"adamw {model} {other}"]
-            out.append((f"adamw {model} >= {want}x {other}", o.ms >= want * ours.ms, f"{o.ms / ours.ms:.2f}x"))
-    big = r.get("adamw llama-1b fusionlab")
+            out.append((f"adamw {model} >= {want}x {label}", o.ms >= want * ours.ms, f"{o.ms / ours.ms:.2f}x"))
+    big = r.get("adamw llama-1b ours")
     if big is not None:
         out.append(("adamw llama-1b >= 85% of copy", big.frac_copy >= 0.85, f"{big.frac_copy:.1%}"))
     return out
