@@ -25,11 +25,13 @@ raises ``TritonUnavailable``). Call an op through its module:
 
 from .. import runtime  # noqa: F401  (first: it decides the mode before any kernel is defined)
 from . import (
+    adamw,
     attention,
     bias_gelu,
     chain,
     cos,
     cross_entropy,
+    dropout_norm,
     fma_chain,
     layernorm,
     linear,
@@ -46,11 +48,13 @@ from ._tensors import TargetOutOfRange
 __all__ = [
     "KernelInputError",
     "TargetOutOfRange",
+    "adamw",
     "attention",
     "bias_gelu",
     "chain",
     "cos",
     "cross_entropy",
+    "dropout_norm",
     "fma_chain",
     "layernorm",
     "linear",
