@@ -11,6 +11,7 @@ import torch
 from fusionlab import _triton, runtime
 from fusionlab.kernels import KernelInputError
 from fusionlab.kernels.adamw import adamw_ledger, adamw_reference, multi_tensor_adamw
+from fusionlab.lessons.l4b import suite as l4b_suite
 from fusionlab.optim import AdamW
 
 DEV = runtime.DEVICE
@@ -160,3 +161,12 @@ def test_fast_path_leaves_and_rejoins_with_the_right_count():
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert float(o.state_dict()["state"][0]["step"]) == 6.0 and float(o.state_dict()["state"][1]["step"]) == 5.0
+
+
+def test_the_lessons_suite_builds_its_adamw_cases():
+    # the suite's models are shape lists made on demand (a 1B list is gigabytes): built and stepped here on
+    # a tiny one, so a GPU recording is not where a broken case is first found
+    cases = l4b_suite.adamw_cases(None, runtime.DEVICE, models={"tiny": lambda: [(4, 3), (5,)]})
+    assert [c.name for c in cases] == ["adamw tiny ours", "adamw tiny torch kernel", "adamw tiny foreach"]
+    for c in cases:
+        c.fn()

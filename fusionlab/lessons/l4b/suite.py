@@ -97,7 +97,7 @@ def adamw_cases(copy_GBps: float | None = None, device="cuda", models=MODELS) ->
     out = []
     for model, shapes in models.items():
         gen = torch.Generator(device=device).manual_seed(1)
-        ps = [torch.nn.Parameter(0.02 * torch.randn(s, device=device, generator=gen)) for s in shapes]
+        ps = [torch.nn.Parameter(0.02 * torch.randn(s, device=device, generator=gen)) for s in shapes()]
         for p in ps:
             p.grad = 1e-3 * torch.randn(p.shape, device=device, generator=gen)
         led = adamw_ledger([p.numel() for p in ps])
