@@ -62,7 +62,8 @@ def time_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 
 
 def wall_s(fn: Callable[[], object], calls: int) -> float:
     """Wall seconds of ``calls`` back-to-back calls of ``fn()``, the GPU queue drained at both ends
-    (host and GPU together: whichever is slower sets it)."""
+    (host and GPU together: whichever is slower sets it). GPU only."""
+    _require_gpu("wall_s")
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(calls):

@@ -114,9 +114,14 @@ class Ledger:
 
     @classmethod
     def chain(cls, names, n: int, dtype=torch.float32, x: str = "x") -> Ledger:
-        """k same-shape element-wise ops, each taking the previous one's output: ``x -> t1 -> ... -> y``."""
+        """k same-shape element-wise ops, each taking the previous one's output: ``x -> t1 -> ... -> y``.
+        ``names``: the ops' names in order (a list); one name alone (a string) is a chain of one op."""
         led = cls(dtype_bytes=dtype_bytes(dtype))
+        if isinstance(names, str):
+            names = [names]  # list("cos") would be three ops named "c", "o", "s"
         names = list(names)
+        if not all(isinstance(name, str) for name in names):
+            raise ValueError(f"a chain's ops are named by strings, got {names!r}")
         if not names:
             raise ValueError("a chain needs at least one op")
         _elements(n, "the chain's tensor")

@@ -97,3 +97,51 @@ def test_block_sizes_are_checked(bad):
         chain(x, 2, block_size=bad)
     with pytest.raises(KernelInputError):
         bias_gelu(x, torch.zeros(64, device=DEV), block_m=bad)
+
+
+# -- arguments that used to fail far inside, with a raw Python error ------------------------------------
+@pytest.mark.parametrize("bad", [[], {}, None, 1, "exact", torch.ones(1)], ids=repr)
+def test_a_bad_choice_gets_the_courses_error(bad):
+    from fusionlab.kernels.linear import linear
+    from fusionlab.kernels.matmul import gemm
+
+    x = torch.randn(4, 64, device=DEV)
+    with pytest.raises(KernelInputError, match="approximate"):
+        bias_gelu(x, torch.zeros(64, device=DEV), approximate=bad)  # [] was "unhashable type: 'list'"
+    with pytest.raises(KernelInputError, match="activation"):
+        linear(x, torch.randn(16, 64, device=DEV), activation=bad if bad is not None else "relu")
+    with pytest.raises(KernelInputError, match="activation"):
+        gemm(x, torch.randn(64, 16, device=DEV), activation=9 if bad in (None, 1) else bad)  # 1 is a code
+
+
+@pytest.mark.parametrize("bad", ["BLOCK_N=1024", ["BLOCK_N"], 3], ids=repr)
+def test_a_configuration_override_that_is_not_a_dict_is_refused(bad):
+    from fusionlab.kernels.layernorm import layernorm
+    from fusionlab.kernels.rmsnorm import rmsnorm
+
+    x, w = torch.randn(4, 64, device=DEV), torch.ones(64, device=DEV)
+    for call in (
+        lambda: rmsnorm(x, w, fwd_config=bad),  # a string was "AttributeError: 'str' object has no attribute 'items'"
+        lambda: rmsnorm(x, w, bwd_config=bad),
+        lambda: layernorm(x, w, None, fwd_config=bad),
+    ):
+        with pytest.raises(KernelInputError, match="must be a dict"):
+            call()
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="the refusal is for a machine without a GPU")
+def test_wall_s_without_a_gpu_is_the_courses_refusal():
+    from fusionlab import bench
+
+    with pytest.raises(bench.NotOnGPU, match="wall_s"):  # was torch's "Torch not compiled with CUDA" assertion
+        bench.wall_s(lambda: None, 3)
+
+
+def test_a_chain_of_one_named_op():
+    from fusionlab.ledger import Ledger
+
+    one = Ledger.chain("cos", 10)  # list("cos") would be three ops, "c", "o", "s"
+    assert [op.name for op in one.ops] == ["cos"]
+    assert one.unfused_bytes == Ledger.chain(["cos"], 10).unfused_bytes == 2 * 10 * 4
+    with pytest.raises(ValueError, match="named by strings"):
+        Ledger.chain([1, 2], 10)

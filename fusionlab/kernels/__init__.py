@@ -38,9 +38,11 @@ from . import (  # noqa: E402
     swiglu,
 )
 from ._launch import KernelInputError, pdl_supported  # noqa: E402
+from ._tensors import TargetOutOfRange  # noqa: E402
 
 __all__ = [
     "KernelInputError",
+    "TargetOutOfRange",
     "attention",
     "bias_gelu",
     "chain",

@@ -151,6 +151,31 @@ def check_tensor(
     return x
 
 
+def check_choice(value, choices, name: str, *, op: str):
+    """``choices[value]`` (a dict) or ``value`` (a sequence) when ``value`` is one of ``choices``, else a
+    clear error: an unhashable value (``[]``) would make a dict lookup raise torch-free TypeError, and a
+    tensor an ambiguous truth value, both far from the mistake."""
+    try:
+        ok = any(value is c or (type(value) is type(c) and value == c) for c in choices)
+    except (TypeError, RuntimeError):  # a tensor compared with a string, an object without ==
+        ok = False
+    if not ok:
+        raise KernelInputError(f"{op}: {name}={value!r}; choose one of {', '.join(map(repr, choices))}.")
+    return choices[value] if isinstance(choices, dict) else value
+
+
+def check_overrides(override, name: str, *, op: str) -> dict:
+    """A tuning run's configuration override: None or a dict (a string would fail far inside)."""
+    if override is None:
+        return {}
+    if not isinstance(override, dict):
+        raise KernelInputError(
+            f"{op}: {name} must be a dict of configuration overrides (e.g. {{'BLOCK_N': 1024}}) or None, "
+            f"got {type(override).__name__} {override!r}."
+        )
+    return override
+
+
 def check_same(a: torch.Tensor, b: torch.Tensor, names: str, *, op: str, shape: bool = True) -> None:
     if a.dtype != b.dtype:
         raise KernelInputError(

@@ -628,6 +628,11 @@ def _attention_kernel(
 
     # one division per row, at the end; lse back from base-2 units to natural log
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+    # a score of +inf (an inf in Q or K) makes the max +inf and p = exp2(inf - inf) NaN, so l is NaN; the
+    # log-sum-exp is +inf all the same (float64's answer; O is NaN in both). One select a row. (A row
+    # whose every score is -inf keeps NaN where float64 says -inf: l is NaN there too, and a NaN score,
+    # whose answer is NaN, leaves the same trace, so the epilogue cannot tell them apart.)
+    lse = tl.where(m_i == float("inf"), m_i, lse)
     o = acc / l_i[:, None]
     row_ok = offs_m < n_q
     if TMA_STORE:  # BLOCK_M divides N_q: the tile is whole rows of O seen as (B H N_q, D)

@@ -41,6 +41,7 @@ from ._launch import (
     Launcher,
     cdiv,
     check_block,
+    check_choice,
     check_same,
     check_tensor,
     check_tile,
@@ -64,11 +65,7 @@ _NEG_HALF_LOG2E = tl.constexpr(-0.5 * 1.4426950408889634)  # exp(-v^2 / 2) = exp
 
 
 def _check_approximate(approximate, op: str) -> int:
-    if approximate not in APPROXIMATIONS:
-        raise KernelInputError(
-            f"{op}: approximate={approximate!r}; choose one of {', '.join(map(repr, APPROXIMATIONS))}."
-        )
-    return APPROXIMATIONS[approximate]
+    return check_choice(approximate, APPROXIMATIONS, "approximate", op=op)
 
 
 @answer_key

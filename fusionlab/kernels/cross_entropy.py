@@ -51,8 +51,10 @@ benchmarks/notes_lesson5.md, eighteenth session).
 Numerics: fp32 arithmetic for any storage dtype, a reference subtracted (logits of 1e4 do not overflow),
 padded lanes masked to −inf (never counted as probability mass), 64-bit row offsets (T × V past
 2**31 elements is fine), any V ≥ 1 (no block-size limit: the row is tiled). A target outside
-[0, V) that is not ``ignore_index`` gives a NaN loss and a NaN gradient row (never a read out of
-bounds; torch raises instead, and on a GPU that needs a host sync we avoid).
+[0, V) that is not ``ignore_index`` is refused by the launcher where that is free (the interpreter:
+``TargetOutOfRange``, as torch raises); the kernel itself gives such a row a NaN loss and a NaN
+gradient (never a read out of bounds), which is what a GPU call returns unless ``check_target=True``
+asks for the check's host sync.
 
 References: Milakov & Gimelshein, "Online normalizer calculation for softmax" (2018); Liger-Kernel's
 ``cross_entropy`` (Hsu et al., 2024), whose in-place gradient this follows.
@@ -83,6 +85,7 @@ from ._launch import (
     row_config,
     sm_count,
 )
+from ._tensors import check_targets, check_writable, output_like, upstream_grad
 from .softmax import _split_merge, _split_ticket, _split_wait
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -1303,11 +1306,8 @@ class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, ignore_index, reduction, label_smoothing, inplace_grad, cfg):
         # the gradient gets the logits' row stride, so both split a row at the same 16-byte boundaries
-        grad = (
-            logits
-            if inplace_grad
-            else torch.empty_strided(logits.shape, logits.stride(), dtype=logits.dtype, device=logits.device)
-        )
+        # (contiguous where the logits' rows overlap: expanded logits would have every row write one)
+        grad = logits if inplace_grad else output_like(logits)
         loss = _loss(logits, target, grad, ignore_index, reduction, label_smoothing, cfg)
         if inplace_grad:
             _increment_version(logits)
@@ -1325,6 +1325,8 @@ class CrossEntropyFunction(torch.autograd.Function):
             )
         ctx.used = True
         grad, target = ctx.saved_tensors
+        # a negated view resolved, not read raw; any stride kept (the kernel takes it: 0 is the shared path)
+        grad_output = upstream_grad(grad_output, grad.dtype, unit_last=False)
         _launch_backward(grad, target, grad_output, ctx.ignore_index)
         return grad, None, None, None, None, None, None
 
@@ -1337,6 +1339,7 @@ def cross_entropy(
     label_smoothing: float = 0.0,
     *,
     inplace_grad: bool = False,
+    check_target: bool | None = None,
     head_n: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
@@ -1345,9 +1348,13 @@ def cross_entropy(
 
     ``logits``: ``(T, V)``, fp32/bf16/fp16 (math in fp32), rows may be strided (last dim contiguous);
     ``target``: ``(T,)`` int64 class indices, or ``ignore_index`` (zero loss, zero gradient, not in the
-    mean's denominator). ``reduction``: "mean" (all rows ignored: NaN, as torch), "sum" or "none"
-    (per row). ``label_smoothing`` in [0, 1], never applied to ignored rows. Returns the loss in the
-    logits' dtype, differentiable when ``logits.requires_grad``.
+    mean's denominator). A target outside ``[0, V)`` raises ``fusionlab.kernels.TargetOutOfRange`` (an
+    ``IndexError`` and a ``ValueError``) where the check is free, in the interpreter; on a GPU the check
+    would cost a host sync a call, so there it gives that row a NaN loss and gradient unless ``check_target=True``
+    (``False``: NaN rows everywhere; see :func:`fusionlab.kernels._tensors.check_targets`).
+    ``reduction``: "mean" (all rows ignored: NaN, as torch), "sum" or "none" (per row).
+    ``label_smoothing`` in [0, 1], never applied to ignored rows. Returns the loss in the logits' dtype,
+    differentiable when ``logits.requires_grad``.
 
     With autograd on, the forward also writes the gradient (trips: read the logits, write the
     gradient; a row wider than the on-chip head is read twice, see the module docstring). It is
@@ -1364,6 +1371,7 @@ def cross_entropy(
     label_smoothing = _check_args(ignore_index, reduction, label_smoothing, op)
     _check_inputs(logits, target, op)
     n_cols = logits.shape[1]
+    check_targets(target, n_cols, ignore_index, op=op, check=check_target)
     need_grad = torch.is_grad_enabled() and logits.requires_grad
     cfg = cross_entropy_config(n_cols, logits.dtype, stride=logits.stride(0), grad=need_grad)
     if head_n is not None or block_n is not None or num_warps is not None:
@@ -1377,6 +1385,8 @@ def cross_entropy(
         if cfg["HEAD"] < cfg["VEC"]:
             raise KernelInputError(f"{op}: head_n={cfg['HEAD']} is below the alignment window of {cfg['VEC']}.")
     if need_grad:
+        if inplace_grad:
+            check_writable(logits, "logits", op=op)
         return CrossEntropyFunction.apply(logits, target, ignore_index, reduction, label_smoothing, inplace_grad, cfg)
     return _loss(logits, target, None, ignore_index, reduction, label_smoothing, cfg)
 

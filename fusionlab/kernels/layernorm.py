@@ -248,6 +248,19 @@ def _ln_tile_centred(xs, d, offs, mask_m, n_cols, EVEN: tl.constexpr):
 
 
 @triton.jit
+def _ln_rstd(m2, d, n_cols, eps):
+    """1 / sqrt(variance + eps) from the rows' centred sums of squares m2. A row of finite values whose
+    m2 overflows fp32 (values near 1e19 and past, e.g. one 1e38 among zeros) would get rstd = 0 and a
+    row of zeros — silently wrong. Its variance cannot be formed in fp32, so it gets NaN, as eager's
+    fp32 LayerNorm gives (a second, rescaled pass would cost every row a reduction for inputs no model
+    makes). A row with inf or NaN in it has a non-finite d and is left to IEEE arithmetic, as eager.
+    One compare a row, after the reductions: nothing in the loop over the elements."""
+    rstd = tl.math.rsqrt(m2 / n_cols + eps)
+    overflow = (m2 == float("inf")) & (tl.abs(d) < float("inf"))
+    return tl.where(overflow, float("nan"), rstd)
+
+
+@triton.jit
 def _ln_tile_y(y_rows, w_ptr, b_ptr, offs, mask_m, n_cols, xc, rstd, EVEN: tl.constexpr, HAS_BIAS: tl.constexpr):
     """y = xc rstd w (+ b) on one tile of the rows. w and b are loaded only now: a row of 16384 is 16
     fp32 registers a thread at 32 warps, and x, its centred copy and w live at once would not fit."""
@@ -323,7 +336,7 @@ def _layernorm_kernel(
         if TAIL_N > 0:
             xc_t = _ln_tile_centred(xs_t, d, offs_t, mask_m, n_cols, False)
             m2 += tl.sum(xc_t * xc_t, axis=1)
-        rstd = tl.math.rsqrt(m2 / n_cols + eps)
+        rstd = _ln_rstd(m2, d, n_cols, eps)
         # (padding lanes of xs - d are never stored)
         _ln_tile_y(y_rows, w_ptr, b_ptr, offs_n, mask_m, n_cols, xs - d[:, None], rstd, EVEN, HAS_BIAS)
         if TAIL_N > 0:
@@ -348,7 +361,7 @@ def _layernorm_kernel(
             n_ab = n_a + n_b
             d += delta * (n_b / n_ab)
             m2 += m2_b + delta * delta * (n_a * n_b / n_ab)
-        rstd = tl.math.rsqrt(m2 / n_cols + eps)
+        rstd = _ln_rstd(m2, d, n_cols, eps)
         for start in range(0, n_cols, BLOCK_N):  # pass 2: re-read x, write y
             offs = start + offs_n
             mask_n = offs < n_cols
@@ -628,7 +641,7 @@ def _backward(dy, x, layout, weight, mean, rstd, cfg, need_dx, need_dw, need_db)
     )
     dw = db = None
     if k:
-        sums = sum_partials(part, weight.dtype, pdl=True)
+        sums = sum_partials(part, weight.dtype, pdl=True, checked=True)
         dw = sums[0] if need_dw else None
         db = sums[k - 1] if need_db else None
     return dx, dw, db

@@ -201,6 +201,7 @@ def linear(
         config=config,
         input_precision=input_precision,
         op=op,
+        checked=True,
     )
     return y.view(out_shape)
 

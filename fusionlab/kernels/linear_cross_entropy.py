@@ -29,6 +29,7 @@ import torch
 
 from .. import runtime
 from ._launch import KernelInputError, check_tensor, element_size
+from ._tensors import check_targets, upstream_grad
 from .cross_entropy import _check_args, _launch_backward, _launch_forward, _prologue, _reduce, cross_entropy_config
 
 
@@ -175,6 +176,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.args = (ignore_index, reduction, label_smoothing, chunk, accum_dtype)
         ctx.used = False
+        ctx.dtype = h.dtype  # the loss's, and so grad_output's
         if reduction == "none":  # gradients in the backward, once grad_output is known
             loss_rows, _ = _forward_chunks(
                 h,
@@ -217,6 +219,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                 "gradients are stored once and scaled in place. Run the forward again instead."
             )
         ctx.used = True
+        grad_output = upstream_grad(grad_output, ctx.dtype, unit_last=False)  # a negated view resolved
         ignore_index, reduction, label_smoothing, chunk, accum_dtype = ctx.args
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if reduction == "none":
@@ -257,12 +260,14 @@ def linear_cross_entropy(
     chunk: int | None = None,
     *,
     accum_dtype: torch.dtype | None = None,
+    check_target: bool | None = None,
 ) -> torch.Tensor:
     """``F.cross_entropy(h @ weight.T, target, ...)`` chunked over tokens: the (T, V) logits never exist.
 
     ``h``: (T, D); ``weight``: (V, D) (``F.linear``'s layout), same dtype; ``target``: (T,) int64.
-    ``ignore_index``, ``reduction``, ``label_smoothing``: as ``F.cross_entropy``. ``chunk``: rows per
-    chunk (default :func:`linear_cross_entropy_chunk`). ``accum_dtype``: the dtype grad_W is
+    ``ignore_index``, ``reduction``, ``label_smoothing``: as ``F.cross_entropy``; ``check_target``: an
+    out-of-range target's error, as in :func:`fusionlab.kernels.cross_entropy.cross_entropy`.
+    ``chunk``: rows per chunk (default :func:`linear_cross_entropy_chunk`). ``accum_dtype``: the dtype grad_W is
     accumulated in across chunks. Each chunk's product is formed in fp32 by cuBLAS either way; the
     default (``None``) adds it to grad_W in the weight's dtype, one rounding per chunk (8 by default),
     as Liger-Kernel does. ``torch.float32`` keeps an fp32 accumulator: one rounding in all, at the
@@ -294,6 +299,7 @@ def linear_cross_entropy(
         )
     if weight.shape[0] < 1:
         raise KernelInputError(f"{op}: weight has no rows (an empty vocabulary).")
+    check_targets(target, weight.shape[0], ignore_index, op=op, check=check_target)
     if chunk is None:
         chunk = linear_cross_entropy_chunk(n_rows, weight.shape[0], h.shape[1])
     elif isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:

@@ -55,6 +55,8 @@ from ._launch import (
     Launcher,
     cdiv,
     check_block,
+    check_choice,
+    check_same,
     check_tensor,
     check_tile,
     dtype_name,
@@ -70,6 +72,8 @@ except ImportError:  # pragma: no cover - older triton: the plain kernel only
 
 #: activation name -> the constexpr code the kernels switch on
 ACTIVATIONS = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}
+#: the codes gemm takes: ACTIVATIONS' and 4, exact GELU through libdevice's erf (the benchmarks' comparison)
+ACTIVATION_CODES = (0, 1, 2, 3, 4)
 #: exact GELU through libdevice's erf instead of A&S 7.1.26: a code the benchmarks compare (not public)
 _GELU_LIBDEVICE = 4
 #: tl.dot's fp32 modes the launcher accepts
@@ -80,10 +84,7 @@ _TANH_GELU_2C = 1.5957691216057308  # 2 sqrt(2/pi): 0.5 (1 + tanh z) = sigmoid(2
 
 
 def _check_activation(activation, op: str) -> int:
-    if activation not in ACTIVATIONS:
-        names = ", ".join(repr(a) for a in ACTIVATIONS)
-        raise KernelInputError(f"{op}: activation={activation!r}; choose one of {names}.")
-    return ACTIVATIONS[activation]
+    return check_choice(activation, ACTIVATIONS, "activation", op=op)
 
 
 # -- the spec -------------------------------------------------------------------------------------
@@ -180,8 +181,10 @@ def _epilogue(
         # the A&S coefficients a1..a5 halved (the 1/2 of GELU's 0.5 v folded in), Horner form
         poly = t * (0.127414796 + t * (-0.142248368 + t * (0.7107068705 + t * (-0.7265760135 + t * 0.5307027145))))
         half_q = poly * tl.exp2(acc * acc * -0.7213475204444817)  # erfc(|v| / sqrt 2) / 2
-        s = acc * half_q
-        acc = tl.where(acc >= 0, acc - s, s)  # v (1 - q/2) for v >= 0, v q/2 below: no cancellation
+        # v (1 - q/2) for v >= 0, v q/2 below: no cancellation (q/2 <= 1/2). Written as v times a factor,
+        # not v - v q/2: at v = +inf, q = 0 and v q/2 is inf * 0 = NaN, where GELU(inf) = inf; the
+        # same three operations an element
+        acc = acc * tl.where(acc >= 0, 1.0 - half_q, half_q)
     elif ACTIVATION == 2:  # tanh GELU, as v sigmoid(2z): no cancellation for v << 0
         acc = acc * tl.sigmoid(1.5957691216057308 * (acc + 0.044715 * acc * acc * acc))
     elif ACTIVATION == 3:  # SiLU
@@ -513,14 +516,19 @@ def gemm(
     config: dict | None = None,
     input_precision: str | None = None,
     op: str = "matmul",
+    checked: bool = False,
 ) -> torch.Tensor:
-    """``act(row_scale[:, None] * (a @ b) + bias) + residual`` in one launch; inputs already checked.
+    """``act(row_scale[:, None] * (a @ b) + bias) + residual`` in one launch. ``checked=True``: the
+    caller (:func:`matmul`, ``linear``, ``rmsnorm_linear``) has checked the inputs; a direct call
+    (a benchmark's) is checked here, as every public entry point is.
 
     ``a``: (M, K); ``b``: (K, N), any strides (pass ``weight.t()`` for F.linear's (N, K) weight);
     ``bias`` (N,) contiguous; ``residual`` (M, N) any strides; ``row_scale`` (M,) fp32 contiguous;
     ``activation``: a code from :data:`ACTIVATIONS`. The launcher behind :func:`matmul`,
     :func:`fusionlab.kernels.linear.linear` and :func:`fusionlab.kernels.rmsnorm_linear.rmsnorm_linear`.
     """
+    if not checked:
+        _check_gemm_args(a, b, bias, activation, residual, row_scale, op)
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
@@ -634,6 +642,33 @@ def gemm(
     return c
 
 
+def _check_gemm_args(a, b, bias, activation, residual, row_scale, op: str) -> None:
+    """:func:`gemm`'s inputs, for a direct call: what :func:`matmul` and ``linear`` check before theirs."""
+    check_operand(a, "a", op)
+    check_operand(b, "b", op)
+    check_same(a, b, "a and b", op=op, shape=False)
+    if a.shape[1] != b.shape[0]:
+        raise KernelInputError(
+            f"{op}: a is {tuple(a.shape)} and b is {tuple(b.shape)}: a's columns must equal b's rows."
+        )
+    check_choice(activation, ACTIVATION_CODES, "activation (a code)", op=op)
+    M, N = a.shape[0], b.shape[1]
+    if bias is not None:
+        check_tensor(bias, "bias", op=op, ndim=1)
+        check_same(a, bias, "a and bias", op=op, shape=False)
+        if bias.shape[0] != N:
+            raise KernelInputError(f"{op}: bias has {bias.shape[0]} elements; the output has N={N} columns.")
+    if residual is not None:
+        check_operand(residual, "residual", op)
+        check_same(a, residual, "a and residual", op=op, shape=False)
+        if tuple(residual.shape) != (M, N):
+            raise KernelInputError(f"{op}: residual is {tuple(residual.shape)}; the output is {(M, N)}.")
+    if row_scale is not None:
+        check_tensor(row_scale, "row_scale", op=op, dtypes=(torch.float32,), ndim=1)
+        if row_scale.shape[0] != M or row_scale.device != a.device:
+            raise KernelInputError(f"{op}: row_scale must be ({M},) fp32 on {a.device}, got {tuple(row_scale.shape)}.")
+
+
 def check_operand(t, name: str, op: str, dtypes=None) -> torch.Tensor:
     """A 2-D matmul operand: device, dtype, no lazy negation, no grad. Row-major or column-major
     (a transposed view such as ``w.t()``) strides; the launcher picks the TMA path only for row-major
@@ -680,4 +715,4 @@ def matmul(
             f"{op}: a is {tuple(a.shape)} and b is {tuple(b.shape)}: a's columns (K) must equal b's rows. "
             "For F.linear's (N, K) weight pass weight.t(), or use fusionlab.kernels.linear.linear."
         )
-    return gemm(a, b, variant=variant, config=config, input_precision=input_precision, op=op)
+    return gemm(a, b, variant=variant, config=config, input_precision=input_precision, op=op, checked=True)

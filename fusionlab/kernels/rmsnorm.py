@@ -94,6 +94,7 @@ from ._launch import (  # noqa: F401  (DEFAULT_SMS, sm_count: lesson 4 and the b
     Launcher,
     cdiv,
     check_block,
+    check_overrides,
     check_tensor,
     check_tile,
     element_size,
@@ -104,6 +105,7 @@ from ._launch import (  # noqa: F401  (DEFAULT_SMS, sm_count: lesson 4 and the b
     sm_count,
     tail_warps,
 )
+from ._tensors import resolved
 
 OP = "rmsnorm"
 
@@ -789,12 +791,17 @@ def reduce_config(n_parts: int, n_cols: int, gpu: bool) -> tuple[int, int, int |
 _launch_sum = Launcher(_sum_partials_kernel)
 
 
-def sum_partials(part: torch.Tensor, dtype: torch.dtype, *, pdl: bool = False) -> torch.Tensor:
+def sum_partials(part: torch.Tensor, dtype: torch.dtype, *, pdl: bool = False, checked: bool = False) -> torch.Tensor:
     """``part.sum(1)`` for a ``(K, P, N)`` fp32 buffer of partial sums, as a ``(K, N)`` tensor of
     ``dtype``, by :func:`_sum_partials_kernel` (a fixed order: deterministic). ``pdl``: the kernel that
     wrote ``part`` was the stream's last and lets this one be placed early (``gdc_launch_dependents``):
     LayerNorm's backward, 0.4-1 us a call on an H200; RMSNorm's gained nothing (-0.7 to +1.8 us, so it
-    does not; benchmarks/notes_norms.md, eighteenth session)."""
+    does not; benchmarks/notes_norms.md, eighteenth session). ``checked=True``: a norm's backward, which
+    allocated ``part`` itself, skips the checks a direct call gets (host time on a small backward's path)."""
+    if not checked:
+        check_tensor(part, "part", op="sum_partials", dtypes=(torch.float32,), ndim=3, max_numel=None)
+        if dtype not in runtime.DTYPES:
+            raise KernelInputError(f"sum_partials: dtype={dtype!r}; choose one of {runtime.DTYPES}.")
     k, p, n = part.shape
     out = torch.empty((k, n), dtype=dtype, device=part.device)
     if out.numel() == 0:
@@ -865,9 +872,8 @@ def row_layouts(*tensors: torch.Tensor) -> tuple[Rows, ...] | None:
 def grad_rows(g: torch.Tensor) -> tuple[torch.Tensor, int]:
     """A gradient as ``(tensor, row stride)`` with unit column stride and one row stride, copying it
     when autograd handed over another layout (an expanded ``y.sum()`` gradient, a transposed view)."""
-    if g.dim() == 0 or g.is_neg() or g.is_conj():
-        g = g.resolve_neg().resolve_conj().contiguous()
-    if g.shape[-1] > 1 and g.stride(-1) != 1:
+    g = resolved(g)  # a negated view (what autograd hands over for -y) made real
+    if g.dim() == 0 or (g.shape[-1] > 1 and g.stride(-1) != 1):
         g = g.contiguous()
     lv = _levels(g.shape, g.stride())
     if lv is None or len(lv) == 2:
@@ -881,7 +887,7 @@ def apply_overrides(cfg: dict, override: dict | None, n_cols: int, op: str) -> d
     """A configuration with a tuning run's (or a test's) overrides: any of ``BLOCK_M``, ``BLOCK_N``,
     ``num_warps``, ``programs`` (backward), ``num_stages``. A ``BLOCK_N`` below the row width forces
     the two-pass path."""
-    if not override:
+    if not check_overrides(override, "fwd_config/bwd_config", op=op):
         return cfg
     cfg = dict(cfg)
     for key, value in override.items():
@@ -1037,7 +1043,7 @@ def _backward(dy, grad_h, h, layout_h, weight, rstd, cfg, need_dx, need_dw):
         REREAD=bool(cfg.get("REREAD")) and cfg["SINGLE_TILE"],
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     )
-    dw = sum_partials(part, weight.dtype)[0] if need_dw else None
+    dw = sum_partials(part, weight.dtype, checked=True)[0] if need_dw else None
     return dx, dw
 
 

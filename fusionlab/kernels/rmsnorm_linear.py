@@ -274,5 +274,6 @@ def rmsnorm_linear(
         config=config,
         input_precision=input_precision,
         op=op,
+        checked=True,
     )
     return y.view(*x.shape[:-1], N)

@@ -91,6 +91,7 @@ from ._launch import (
     sm_count,
     tail_warps,
 )
+from ._tensors import upstream_grad
 from .rmsnorm import _row_offsets
 
 OP = "softmax"
@@ -408,6 +409,15 @@ def _fragments(rows, n_rows, n_cols, VEC: tl.constexpr):
 
 
 @triton.jit
+def _nan_max(m, l):
+    """The row max as torch's ``amax`` gives it: NaN when the row holds a NaN. Triton's max drops a NaN
+    (``fmax``), but the NaN reaches l through exp, so a NaN l with a max below +inf (+inf alone also
+    makes l NaN: exp(inf - inf)) marks the row; a row with both +inf and NaN keeps +inf. One select a
+    row when the stats are written: the loop's max stays the one-instruction fmax."""
+    return tl.where((l != l) & (m < float("inf")), l, m)
+
+
+@triton.jit
 def _softmax_kernel(
     x_ptr,
     y_ptr,
@@ -499,7 +509,7 @@ def _softmax_kernel(
                     y_ptrs = y_ptr + rows[:, None] * stride_ym + offs_n[None, :]
                     _store_tile(y_ptrs, y, row_ok, col_ok, EVEN_M, EVEN_N)
             if WRITE_STATS:
-                tl.store(m_ptr + rows, m, mask=row_ok)
+                tl.store(m_ptr + rows, _nan_max(m, l), mask=row_ok)
                 tl.store(l_ptr + rows, l, mask=row_ok)
     else:  # online softmax: pass 1 finds (m, l) in one sweep, pass 2 re-reads x and writes y
         rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # (BLOCK_M,)
@@ -526,7 +536,7 @@ def _softmax_kernel(
                 y = tl.exp(x - m[:, None]) * inv_l[:, None]
                 _store_tile(y_rows[:, None] + offs[None, :], y, row_ok, col_ok, EVEN_M, EVEN_N)
         if WRITE_STATS:
-            tl.store(m_ptr + rows, m, mask=row_ok)
+            tl.store(m_ptr + rows, _nan_max(m, l), mask=row_ok)
             tl.store(l_ptr + rows, l, mask=row_ok)
 
 
@@ -893,11 +903,10 @@ def _forward_split(x: torch.Tensor, y: torch.Tensor, r: _Rows, cfg: dict) -> tor
 
 
 def _backward(y: torch.Tensor, dy: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
-    if dy.dtype != y.dtype:
-        dy = dy.to(y.dtype)
-    layout = _rows(dy) if (dy.dim() == 0 or dy.shape[-1] == 1 or dy.stride(-1) == 1) else None
-    if layout is None or dy.is_neg() or dy.is_conj():  # e.g. an expanded gradient (stride 0 everywhere)
-        dy = dy.resolve_neg().resolve_conj().contiguous()
+    dy = upstream_grad(dy, y.dtype)  # dtype, a negated view resolved, last stride 1
+    layout = _rows(dy)
+    if layout is None:  # e.g. an expanded gradient (stride 0 everywhere)
+        dy = dy.contiguous()
         layout = _rows(dy)
     dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
     if y.numel() == 0:

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from ..ledger import Ledger
 from ._launch import INT32_LIMIT, KernelInputError, cdiv, check_same, check_tensor, elementwise_config, launch_kwargs
+from ._tensors import upstream_grad
 
 
 # -- spec, eager, ledger, flops -----------------------------------------------------------------------
@@ -224,8 +225,6 @@ def _swiglu_forward(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def _swiglu_backward(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(dg, du)`` from one kernel: reads dh, g, u; writes dg, du."""
     op = "swiglu backward"
-    if dh.dim() and dh.shape[-1] > 1 and dh.stride(-1) != 1:
-        dh = dh.contiguous()  # an unusual upstream gradient (e.g. a transposed view): one copy
     try:
         dh2 = _rows(dh, "dh", op)
     except KernelInputError:
@@ -272,8 +271,7 @@ class SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dh):
         g, u = ctx.saved_tensors
-        if dh.dtype != g.dtype:
-            dh = dh.to(g.dtype)
+        dh = upstream_grad(dh, g.dtype)  # a negated view resolved, a transposed one copied
         dg, du = _swiglu_backward(dh, g, u)
         return dg, du
 
