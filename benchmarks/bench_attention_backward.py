@@ -40,10 +40,11 @@ def _t(bm1, bn1, w1, s1, bm2, bn2, w2, s2):
 
 #: the dK/dV pass's tiles: (BLOCK_M1 queries streamed, BLOCK_N1 keys held, warps, stages)
 SWEEP_DKDV = [(32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3),
-              (16, 128, 4, 4), (32, 128, 4, 2)]  # fmt: skip
+              (16, 128, 4, 4), (32, 128, 4, 2), (64, 128, 4, 2), (32, 64, 4, 2), (64, 64, 4, 2),
+              (16, 64, 4, 3)]  # fmt: skip
 #: the dQ pass's tiles: (BLOCK_M2 queries held, BLOCK_N2 keys streamed, warps, stages)
 SWEEP_DQ = [(128, 32, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (128, 32, 8, 3),
-            (128, 128, 8, 2)]  # fmt: skip
+            (128, 128, 8, 2), (64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 4, 2)]  # fmt: skip
 
 
 def qkv_do(n, d, dtype, seed=0, B=None, H=16):
@@ -56,7 +57,9 @@ def rel_err(y, ref) -> float:
     y, ref = y.double(), ref.double()
     if not torch.isfinite(y).all():
         return float("inf")
-    return ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    # floored at 1% of an O(1) gradient's norm: where the true gradient is 0 (one key: dS = 0) the error
+    # is rounding, not a relative error
+    return ((y - ref).norm() / ref.norm().clamp_min(1e-2 * ref.numel() ** 0.5)).item()
 
 
 def _compile_worker(tasks):

@@ -155,6 +155,10 @@ def _check_config(overrides: dict | None) -> dict:
     if unknown:
         raise KernelInputError(f"{OP}: unknown config key(s) {sorted(unknown)}; known: {', '.join(_CONFIG_KEYS)}.")
     for name, value in overrides.items():
+        if name.startswith("num_stages"):  # any count of pipeline stages; tiles and warps: powers of two
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
+                raise KernelInputError(f"{OP}: {name}={value!r}; pass 1 to 8 pipeline stages.")
+            continue
         check_block(value, name, OP, max_value=256)
         if name.startswith("BLOCK") and value < 16:
             raise KernelInputError(f"{OP}: {name}={value}; tl.dot needs tiles of at least 16.")
