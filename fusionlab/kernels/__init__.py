@@ -23,6 +23,7 @@ runtime.require_triton()
 
 from . import (  # noqa: E402
     attention,
+    attention_backward,
     bias_gelu,
     chain,
     cos,
@@ -44,6 +45,7 @@ __all__ = [
     "KernelInputError",
     "TargetOutOfRange",
     "attention",
+    "attention_backward",
     "bias_gelu",
     "chain",
     "cos",
