@@ -263,18 +263,21 @@ def main():
     print(meta, flush=True)
 
     # the tiles each (head dim, causal) will use: the default, or the sweep's fastest
-    default = {d: attention_backward_config(4096, 4096, d) for d in ds}
-    base = {d: _t(*(default[d][k] for k in ("BLOCK_M1", "BLOCK_N1", "num_warps1", "num_stages1", "BLOCK_M2",
-                                             "BLOCK_N2", "num_warps2", "num_stages2"))) for d in ds}  # fmt: skip
+    base = {}
+    for d in ds:
+        for causal in (False, True):
+            cfg = attention_backward_config(d, causal)
+            base[(d, causal)] = {k: cfg[k] for k in _t(*range(8))}
     k1 = ("BLOCK_M1", "BLOCK_N1", "num_warps1", "num_stages1")
     k2 = ("BLOCK_M2", "BLOCK_N2", "num_warps2", "num_stages2")
     candidates = {}  # (d, causal) -> [(which half it varies, tiles)]
     for d in ds:
         for causal in (False, True):
-            cands = [("base", base[d])]
+            b = base[(d, causal)]
+            cands = [("base", b)]
             if a.sweep:
-                cands += [("dkdv", {**base[d], **dict(zip(k1, t, strict=True))}) for t in SWEEP_DKDV]
-                cands += [("dq", {**base[d], **dict(zip(k2, t, strict=True))}) for t in SWEEP_DQ]
+                cands += [("dkdv", {**b, **dict(zip(k1, t, strict=True))}) for t in SWEEP_DKDV]
+                cands += [("dq", {**b, **dict(zip(k2, t, strict=True))}) for t in SWEEP_DQ]
             candidates[(d, causal)] = cands
     failed = set()
     if a.workers:
@@ -284,7 +287,7 @@ def main():
                 tasks.append((d, causal, "bf16", 1024, True, c))
             for dname in dnames:
                 for det in (True, False):
-                    tasks.append((d, causal, dname, 1024, det, base[d]))
+                    tasks.append((d, causal, dname, 1024, det, base[(d, causal)]))
         failed = precompile(tasks, a.workers)
 
     meta["correct"] = correctness(log)
@@ -341,7 +344,7 @@ def main():
                         except Exception as e:  # noqa: BLE001
                             row["error"] = f"{type(e).__name__}: {e}"[:300]
                             # the chosen pair does not compile at this dtype: the base tiles
-                            cfg = base[d]
+                            cfg = base[(d, causal)]
                             ms, both, errs = time_ours(inputs, causal, cfg, True, ref, fwd_bwd=True)
                             row.update(cfg=cfg, bwd_ms=ms, fwd_bwd_ms=both, rel_err_vs_flash=errs,
                                        bwd_tflops=fl / ms * 1e-9)  # fmt: skip

@@ -207,7 +207,7 @@ def test_flops_ledger_and_config():
     assert led.fused_bytes < led.unfused_bytes / 4  # no N x N matrix: far fewer bytes
     ideal = attention_backward_ledger(1, 4, 1024, 1024, 64, h_kv=2)
     assert ideal.fused_bytes >= attention_backward_bytes(1, 4, 1024, 1024, 64, h_kv=2)
-    cfg = attention_backward_config(1000, 1000, 80)
+    cfg = attention_backward_config(80, causal=True)
     assert cfg["BLOCK_D"] == 128 and cfg["BLOCK_N1"] % cfg["BLOCK_M1"] == 0 and cfg["BLOCK_M2"] % cfg["BLOCK_N2"] == 0
 
 

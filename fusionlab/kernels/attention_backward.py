@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -65,7 +66,16 @@ from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
 from . import attention as fwd
-from ._launch import KernelInputError, cdiv, check_block, check_tensor, element_size, launch_kwargs, next_pow2
+from ._launch import (
+    KernelInputError,
+    Launcher,
+    cdiv,
+    check_block,
+    check_tensor,
+    element_size,
+    launch_kwargs,
+    next_pow2,
+)
 from ._tensors import upstream_grad
 
 OP = "attention_backward"
@@ -113,15 +123,18 @@ def attention_backward_reference(q, k, v, o, lse, do, causal=False, scale=None, 
 
 
 # -- the configuration ----------------------------------------------------------------------------
-#: (BLOCK_M1, BLOCK_N1, warps1, stages1, BLOCK_M2, BLOCK_N2, warps2, stages2) by head-dim class: pass 2
-#: (dK/dV: BLOCK_N1 keys held, BLOCK_M1 queries streamed) and pass 3 (dQ: BLOCK_M2 queries held,
+#: (BLOCK_M1, BLOCK_N1, warps1, stages1, BLOCK_M2, BLOCK_N2, warps2, stages2) by (head-dim class, causal):
+#: pass 2 (dK/dV: BLOCK_N1 keys held, BLOCK_M1 queries streamed) and pass 3 (dQ: BLOCK_M2 queries held,
 #: BLOCK_N2 keys streamed). The causal split needs BLOCK_N1 a multiple of BLOCK_M1 and BLOCK_M2 a
-#: multiple of BLOCK_N2. Starting points from Triton's tutorial (32, 128 / 128, 32); the sweep in
-#: benchmarks/bench_attention_backward.py picks the rows (benchmarks/notes_attention_backward.md).
+#: multiple of BLOCK_N2. Each row is the fastest of a sweep of each pass's tiles (the other pass fixed)
+#: summed over N = 1k, 4k, 16k at 16k x 16 token-heads, bf16, on an H200
+#: (benchmarks/notes_attention_backward.md, 2026-11-26, backward tiles). Head dim 32 takes 64's rows
+#: (not swept).
 GPU_TABLE = {
-    32: (32, 128, 4, 3, 128, 32, 4, 3),
-    64: (32, 128, 4, 3, 128, 32, 4, 3),
-    128: (32, 64, 4, 3, 64, 32, 4, 3),
+    (64, False): (32, 128, 8, 3, 128, 64, 8, 3),
+    (64, True): (64, 64, 4, 3, 64, 64, 4, 3),
+    (128, False): (64, 128, 8, 3, 128, 64, 8, 3),
+    (128, True): (64, 64, 4, 2, 128, 64, 8, 3),
 }
 #: the interpreter: every program is Python, so few of them; still small enough that the tests' short
 #: sequences reach a causal diagonal of several blocks and a partial last block
@@ -131,19 +144,19 @@ _CONFIG_KEYS = ("BLOCK_M1", "BLOCK_N1", "num_warps1", "num_stages1", "BLOCK_M2",
 
 
 @functools.lru_cache(maxsize=1024)
-def _config(n_q: int, n_k: int, d: int, gpu: bool) -> dict:
+def _config(d: int, causal: bool, gpu: bool) -> dict:
     block_d = max(16, next_pow2(d))
-    row = GPU_TABLE[max(32, block_d)] if gpu else INTERPRETER_TABLE
+    row = GPU_TABLE[(max(64, block_d), causal)] if gpu else INTERPRETER_TABLE
     cfg = dict(zip(_CONFIG_KEYS, row, strict=True))
     cfg["BLOCK_D"] = block_d
     return cfg
 
 
-def attention_backward_config(N_q: int, N_k: int, D: int) -> dict:
+def attention_backward_config(D: int, causal: bool = False) -> dict:
     """The tiles the launcher picks: ``BLOCK_M1``/``BLOCK_N1`` (queries streamed / keys held by a dK,
     dV program), ``BLOCK_M2``/``BLOCK_N2`` (queries held / keys streamed by a dQ program), their
     ``num_warps*``/``num_stages*``, and ``BLOCK_D`` (the head dim rounded up to a power of two)."""
-    return dict(_config(int(N_q), int(N_k), int(D), runtime.is_gpu()))
+    return dict(_config(int(D), bool(causal), runtime.is_gpu()))
 
 
 def _check_config(overrides: dict | None) -> dict:
@@ -244,7 +257,7 @@ def _dkdv_inner(
         dk = tl.dot(ds_t, q, dk)
         if ATOMIC_DQ:
             dq = tl.dot(tl.trans(ds_t), k) * scale  # (BLOCK_M, BLOCK_D) fp32
-            ptrs = dq_base + offs_m.to(tl.int64)[:, None] * BLOCK_D + offs_d[None, :]
+            ptrs = dq_base + offs_m.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
             tl.atomic_add(ptrs, dq, mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
     return dk, dv
 
@@ -258,7 +271,7 @@ def _bwd_dkdv_kernel(
     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):  # fmt: skip
     # grid: (K/V tiles, H_kv, B). dk, dv: contiguous (B, H_kv, N_k, D); lse, delta: (B, H_q, N_q)
-    # fp32; dq (atomic schedule only): fp32 (B, H_q, N_q, BLOCK_D), zeroed by the launcher.
+    # fp32; dq (atomic schedule only): fp32 (B, H_q, N_q, D), zeroed by the launcher.
     pid_n = tl.program_id(0)
     off_hk = tl.program_id(1)
     off_b = tl.program_id(2)
@@ -286,7 +299,7 @@ def _bwd_dkdv_kernel(
         q_base = q_ptr + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
         do_base = do_ptr + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
         row = (off_b.to(tl.int64) * h_q + off_h) * n_q
-        dq_base = dq_ptr + row * BLOCK_D
+        dq_base = dq_ptr + row * HEAD_DIM
         if CAUSAL:
             dk, dv = _dkdv_inner(
                 dk, dv, k, v, q_base, do_base, lse_ptr + row, delta_ptr + row, dq_base, stride_qm, stride_dom,
@@ -390,6 +403,46 @@ def _check_saved(q, k, v, o, lse, do, dlse) -> None:
         raise KernelInputError(f"{OP}: head dim {D}; the backward takes {MIN_HEAD_DIM} to {MAX_HEAD_DIM}.")
 
 
+_launch_preprocess = Launcher(_bwd_preprocess_kernel)
+_launch_dkdv = Launcher(_bwd_dkdv_kernel)
+_launch_dq = Launcher(_bwd_dq_kernel)
+
+
+class _Plan(NamedTuple):
+    """What a launch derives from shapes and options, computed once per combination (:func:`_plan`)."""
+
+    grids: tuple  # preprocess, dK/dV, dQ
+    metas: tuple  # their constexprs and launch options
+    block_d: int
+
+
+def _config_key(config: dict | None) -> tuple:
+    overrides = _check_config(config)
+    return tuple(sorted(overrides.items()))
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, config_key) -> _Plan:
+    gpu = runtime.is_gpu()
+    cfg = {**_config(D, causal, gpu), **dict(config_key)}
+    bm1, bn1, bm2, bn2, bd = cfg["BLOCK_M1"], cfg["BLOCK_N1"], cfg["BLOCK_M2"], cfg["BLOCK_N2"], cfg["BLOCK_D"]
+    if causal and (bn1 % bm1 or bm2 % bn2):
+        raise KernelInputError(
+            f"{OP}: causal needs BLOCK_N1 ({bn1}) a multiple of BLOCK_M1 ({bm1}) and BLOCK_M2 ({bm2}) one of "
+            f"BLOCK_N2 ({bn2})."
+        )
+    bmp = 64 if gpu else 128  # the preprocess: a row sum per query, memory-bound
+    grids = ((cdiv(N_q, bmp), H, B), (cdiv(N_k, bn1), H_kv, B), (cdiv(N_q, bm2), H, B))
+    metas = (
+        {"HEAD_DIM": D, "BLOCK_D": bd, "BLOCK_M": bmp, **launch_kwargs(4)},
+        {"HEAD_DIM": D, "BLOCK_D": bd, "BLOCK_M": bm1, "BLOCK_N": bn1, "CAUSAL": causal, "EVEN_M": N_q % bm1 == 0,
+         "ATOMIC_DQ": not deterministic, **launch_kwargs(cfg["num_warps1"], cfg["num_stages1"])},
+        {"HEAD_DIM": D, "BLOCK_D": bd, "BLOCK_M": bm2, "BLOCK_N": bn2, "CAUSAL": causal,
+         **launch_kwargs(cfg["num_warps2"], cfg["num_stages2"])},
+    )  # fmt: skip
+    return _Plan(grids, metas, bd)
+
+
 def attention_backward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -427,49 +480,35 @@ def attention_backward(
     _check_saved(q, k, v, o, lse, do, dlse)
     if not isinstance(deterministic, bool):
         raise KernelInputError(f"{OP}: deterministic must be True or False, got {deterministic!r}.")
-    overrides = _check_config(config)
     B, H, N_q, D = q.shape
     H_kv, N_k = k.shape[1], k.shape[2]
-    scale = _default_scale(D, scale)
-    dk = torch.zeros((B, H_kv, N_k, D), dtype=k.dtype, device=q.device)
-    dv = torch.zeros((B, H_kv, N_k, D), dtype=v.dtype, device=q.device)
     if N_q == 0 or N_k == 0 or B == 0 or H == 0:  # no pair of a query and a key: no gradient flows
-        return torch.zeros_like(q, memory_format=torch.contiguous_format), dk, dv
-    cfg = {**_config(N_q, N_k, D, runtime.is_gpu()), **overrides}
-    bm1, bn1, bm2, bn2, bd = cfg["BLOCK_M1"], cfg["BLOCK_N1"], cfg["BLOCK_M2"], cfg["BLOCK_N2"], cfg["BLOCK_D"]
-    if causal and (bn1 % bm1 or bm2 % bn2):
-        raise KernelInputError(
-            f"{OP}: causal needs BLOCK_N1 ({bn1}) a multiple of BLOCK_M1 ({bm1}) and BLOCK_M2 ({bm2}) one of "
-            f"BLOCK_N2 ({bn2})."
-        )
+        dk = torch.zeros((B, H_kv, N_k, D), dtype=k.dtype, device=q.device)
+        return torch.zeros((B, H, N_q, D), dtype=q.dtype, device=q.device), dk, torch.zeros_like(dk)
+    plan = _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, _config_key(config))
+    scale = _default_scale(D, scale)
+    # every row of dK and dV is written (a K/V tile no query sees stores zeros): no memset
+    dk = torch.empty((B, H_kv, N_k, D), dtype=k.dtype, device=q.device)
+    dv = torch.empty((B, H_kv, N_k, D), dtype=v.dtype, device=q.device)
     delta = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
-    bmp = 64 if runtime.is_gpu() else 128
-    _bwd_preprocess_kernel[(cdiv(N_q, bmp), H, B)](
-        o, do, dlse if dlse is not None else delta, delta, N_q, *o.stride()[:3], *do.stride()[:3],
-        HEAD_DIM=D, BLOCK_D=bd, BLOCK_M=bmp, HAS_DLSE=dlse is not None, **launch_kwargs(4),
-    )  # fmt: skip
-    lse = lse.contiguous()
+    _launch_preprocess(plan.grids[0], o, do, delta if dlse is None else dlse, delta, N_q, *o.stride()[:3],
+                       *do.stride()[:3], **plan.metas[0], HAS_DLSE=dlse is not None)  # fmt: skip
+    if lse.stride(-1) != 1 or not lse.is_contiguous():
+        lse = lse.contiguous()
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
-    group = H // H_kv
-    qk_scale = scale * LOG2E
+    ints = (H // H_kv, N_q, N_k)
     if deterministic:
-        dq_acc = delta  # unused placeholder
+        dq_acc = delta  # a placeholder: the kernel never touches it
     else:
-        dq_acc = torch.zeros((B, H, N_q, bd), dtype=torch.float32, device=q.device)
-    _bwd_dkdv_kernel[(cdiv(N_k, bn1), H_kv, B)](
-        q, k, v, do, lse, delta, dk, dv, dq_acc, *strides, group, N_q, N_k, qk_scale, scale,
-        HEAD_DIM=D, BLOCK_D=bd, BLOCK_M=bm1, BLOCK_N=bn1, CAUSAL=causal, EVEN_M=N_q % bm1 == 0,
-        ATOMIC_DQ=not deterministic, **launch_kwargs(cfg["num_warps1"], cfg["num_stages1"]),
-    )  # fmt: skip
+        dq_acc = torch.zeros((B, H, N_q, D), dtype=torch.float32, device=q.device)
+    _launch_dkdv(plan.grids[1], q, k, v, do, lse, delta, dk, dv, dq_acc, *strides, *ints, scale * LOG2E, scale,
+                 **plan.metas[1])  # fmt: skip
     if deterministic:
         dq = torch.empty((B, H, N_q, D), dtype=q.dtype, device=q.device)
-        _bwd_dq_kernel[(cdiv(N_q, bm2), H, B)](
-            q, k, v, do, lse, delta, dq, *strides, group, N_q, N_k, qk_scale, scale,
-            HEAD_DIM=D, BLOCK_D=bd, BLOCK_M=bm2, BLOCK_N=bn2, CAUSAL=causal,
-            **launch_kwargs(cfg["num_warps2"], cfg["num_stages2"]),
-        )  # fmt: skip
+        _launch_dq(plan.grids[2], q, k, v, do, lse, delta, dq, *strides, *ints, scale * LOG2E, scale,
+                   **plan.metas[2])  # fmt: skip
     else:
-        dq = dq_acc[..., :D].to(q.dtype).contiguous()
+        dq = dq_acc.to(q.dtype)
     return dq, dk, dv
 
 
