@@ -78,6 +78,11 @@ from ._launch import (
 )
 from ._tensors import upstream_grad
 
+try:  # host-side TMA descriptors: triton >= 3.4 (the GPU machine and Colab have 3.6)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton: pointer atomics only
+    TensorDescriptor = None
+
 OP = "attention_backward"
 LOG2E = 1.4426950408889634
 #: the head dims the backward takes (powers of two are tested; others are padded on chip)
@@ -140,15 +145,21 @@ GPU_TABLE = {
 #: sequences reach a causal diagonal of several blocks and a partial last block
 INTERPRETER_TABLE = (16, 32, 4, 1, 32, 16, 4, 1)
 _CONFIG_KEYS = ("BLOCK_M1", "BLOCK_N1", "num_warps1", "num_stages1", "BLOCK_M2", "BLOCK_N2", "num_warps2",
-                "num_stages2")  # fmt: skip
+                "num_stages2", "TMA_REDUCE")  # fmt: skip
+
+
+@functools.cache
+def _hopper() -> bool:
+    return runtime.is_gpu() and torch.cuda.get_device_capability() >= (9, 0)
 
 
 @functools.lru_cache(maxsize=1024)
 def _config(d: int, causal: bool, gpu: bool) -> dict:
     block_d = max(16, next_pow2(d))
     row = GPU_TABLE[(max(64, block_d), causal)] if gpu else INTERPRETER_TABLE
-    cfg = dict(zip(_CONFIG_KEYS, row, strict=True))
+    cfg = dict(zip(_CONFIG_KEYS, row, strict=False))
     cfg["BLOCK_D"] = block_d
+    cfg["TMA_REDUCE"] = False
     return cfg
 
 
@@ -168,6 +179,10 @@ def _check_config(overrides: dict | None) -> dict:
     if unknown:
         raise KernelInputError(f"{OP}: unknown config key(s) {sorted(unknown)}; known: {', '.join(_CONFIG_KEYS)}.")
     for name, value in overrides.items():
+        if name == "TMA_REDUCE":
+            if value not in (False, True):
+                raise KernelInputError(f"{OP}: TMA_REDUCE={value!r}; pass True or False.")
+            continue
         if name.startswith("num_stages"):  # any count of pipeline stages; tiles and warps: powers of two
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
                 raise KernelInputError(f"{OP}: {name}={value!r}; pass 1 to 8 pipeline stages.")
@@ -224,7 +239,7 @@ def _bwd_preprocess_kernel(
 
 @triton.jit
 def _dkdv_inner(
-    dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dom,
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, dq_row, stride_qm, stride_dom,
     offs_n, offs_d, n_q, qk_scale, scale, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, EVEN_M: tl.constexpr, ATOMIC_DQ: tl.constexpr,
@@ -255,10 +270,15 @@ def _dkdv_inner(
             di = tl.load(delta_base + offs_m, mask=offs_m < n_q, other=0.0)
         ds_t = (p_t * (dp_t - di[None, :])).to(q.dtype)
         dk = tl.dot(ds_t, q, dk)
-        if ATOMIC_DQ:
+        if ATOMIC_DQ == 1:
             dq = tl.dot(tl.trans(ds_t), k) * scale  # (BLOCK_M, BLOCK_D) fp32
             ptrs = dq_base + offs_m.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
             tl.atomic_add(ptrs, dq, mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
+        elif ATOMIC_DQ == 2:
+            # one bulk reduce-add of the tile by the copy engine (TMA); rows past n_q belong to the next
+            # head in the (B H N_q, D) view, and add exactly 0 there (their dS is 0)
+            dq = tl.dot(tl.trans(ds_t), k) * scale
+            dq_base.atomic_add([(dq_row + start_m).to(tl.int32), 0], dq)
     return dk, dv
 
 
@@ -299,15 +319,18 @@ def _bwd_dkdv_kernel(
         q_base = q_ptr + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
         do_base = do_ptr + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
         row = (off_b.to(tl.int64) * h_q + off_h) * n_q
-        dq_base = dq_ptr + row * HEAD_DIM
+        if ATOMIC_DQ == 2:
+            dq_base = dq_ptr  # a descriptor over dQ's rows, (B H N_q, D)
+        else:
+            dq_base = dq_ptr + row * HEAD_DIM
         if CAUSAL:
             dk, dv = _dkdv_inner(
-                dk, dv, k, v, q_base, do_base, lse_ptr + row, delta_ptr + row, dq_base, stride_qm, stride_dom,
+                dk, dv, k, v, q_base, do_base, lse_ptr + row, delta_ptr + row, dq_base, row, stride_qm, stride_dom,
                 offs_n, offs_d, n_q, qk_scale, scale, lo, mid,
                 HEAD_DIM, BLOCK_D, BLOCK_M, True, EVEN_M, ATOMIC_DQ,
             )  # fmt: skip
         dk, dv = _dkdv_inner(
-            dk, dv, k, v, q_base, do_base, lse_ptr + row, delta_ptr + row, dq_base, stride_qm, stride_dom,
+            dk, dv, k, v, q_base, do_base, lse_ptr + row, delta_ptr + row, dq_base, row, stride_qm, stride_dom,
             offs_n, offs_d, n_q, qk_scale, scale, mid, n_q,
             HEAD_DIM, BLOCK_D, BLOCK_M, False, EVEN_M, ATOMIC_DQ,
         )  # fmt: skip
@@ -413,7 +436,7 @@ class _Plan(NamedTuple):
 
     grids: tuple  # preprocess, dK/dV, dQ
     metas: tuple  # their constexprs and launch options
-    block_d: int
+    dq_desc: tuple | None  # (shape, strides, block) of the atomic dQ's descriptor, or None: pointer atomics
 
 
 def _config_key(config: dict | None) -> tuple:
@@ -431,16 +454,23 @@ def _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, config_key) -> _Plan:
             f"{OP}: causal needs BLOCK_N1 ({bn1}) a multiple of BLOCK_M1 ({bm1}) and BLOCK_M2 ({bm2}) one of "
             f"BLOCK_N2 ({bn2})."
         )
+    # the atomic schedule's dQ by the copy engine's reduce-add: Hopper only (the interpreter has no bulk
+    # reduce; elsewhere pointer atomics), a head dim that is a power of two, int32 row coordinates
+    tma_reduce = (
+        not deterministic and bool(cfg["TMA_REDUCE"]) and TensorDescriptor is not None and D == bd
+        and _hopper() and B * H * N_q + bm1 < 2**31
+    )  # fmt: skip
     bmp = 64 if gpu else 128  # the preprocess: a row sum per query, memory-bound
     grids = ((cdiv(N_q, bmp), H, B), (cdiv(N_k, bn1), H_kv, B), (cdiv(N_q, bm2), H, B))
     metas = (
         {"HEAD_DIM": D, "BLOCK_D": bd, "BLOCK_M": bmp, **launch_kwargs(4)},
         {"HEAD_DIM": D, "BLOCK_D": bd, "BLOCK_M": bm1, "BLOCK_N": bn1, "CAUSAL": causal, "EVEN_M": N_q % bm1 == 0,
-         "ATOMIC_DQ": not deterministic, **launch_kwargs(cfg["num_warps1"], cfg["num_stages1"])},
+         "ATOMIC_DQ": 0 if deterministic else (2 if tma_reduce else 1),
+         **launch_kwargs(cfg["num_warps1"], cfg["num_stages1"])},
         {"HEAD_DIM": D, "BLOCK_D": bd, "BLOCK_M": bm2, "BLOCK_N": bn2, "CAUSAL": causal,
          **launch_kwargs(cfg["num_warps2"], cfg["num_stages2"])},
     )  # fmt: skip
-    return _Plan(grids, metas, bd)
+    return _Plan(grids, metas, ([B * H * N_q, D], [D, 1], [bm1, bd]) if tma_reduce else None)
 
 
 def attention_backward(
@@ -501,7 +531,8 @@ def attention_backward(
         dq_acc = delta  # a placeholder: the kernel never touches it
     else:
         dq_acc = torch.zeros((B, H, N_q, D), dtype=torch.float32, device=q.device)
-    _launch_dkdv(plan.grids[1], q, k, v, do, lse, delta, dk, dv, dq_acc, *strides, *ints, scale * LOG2E, scale,
+    dq_arg = dq_acc if plan.dq_desc is None else TensorDescriptor(dq_acc.view(-1, D), *plan.dq_desc)
+    _launch_dkdv(plan.grids[1], q, k, v, do, lse, delta, dk, dv, dq_arg, *strides, *ints, scale * LOG2E, scale,
                  **plan.metas[1])  # fmt: skip
     if deterministic:
         dq = torch.empty((B, H, N_q, D), dtype=q.dtype, device=q.device)
