@@ -47,6 +47,18 @@ SWEEP_DQ = [(128, 32, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (
             (128, 128, 8, 2), (64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 4, 2)]  # fmt: skip
 
 
+#: the package's schedules, by name: (deterministic, config overrides on top of the chosen tiles, timed
+#: forward + backward too). "det": the default; "atomic": dQ by pointer atomics; "+reduce": dQ by the copy
+#: engine's reduce-add; "tma": Q/dO and K/V loads through tensor descriptors
+VARIANTS = {
+    "det": (True, {}, True),
+    "atomic": (False, {}, False),
+    "atomic+reduce": (False, {"TMA_REDUCE": True}, False),
+    "tma": (True, {"TMA": True}, True),
+    "tma+atomic+reduce": (False, {"TMA": True, "TMA_REDUCE": True}, True),
+}
+
+
 def qkv_do(n, d, dtype, seed=0, B=None, H=16):
     B = max(1, 16384 // n) if B is None else B
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -106,7 +118,7 @@ def correctness(log):
     for B, H, H_kv, N_q, N_k, D in cases:
         for causal in (False, True):
             for dname, dtype in DTYPES.items():
-                for det, cfg in ((True, None), (False, None), (False, {"TMA_REDUCE": True})):
+                for det, cfg, _ in VARIANTS.values():
                     g = torch.Generator(device="cuda").manual_seed(1)
                     q = torch.randn(B, H, N_q, D, device="cuda", generator=g).to(dtype)
                     k, v = (torch.randn(B, H_kv, N_k, D, device="cuda", generator=g).to(dtype) for _ in range(2))
@@ -286,9 +298,8 @@ def main():
             for _, c in cands:
                 tasks.append((d, causal, "bf16", 1024, True, c))
             for dname in dnames:
-                for det in (True, False):
-                    tasks.append((d, causal, dname, 1024, det, base[(d, causal)]))
-                tasks.append((d, causal, dname, 1024, False, {**base[(d, causal)], "TMA_REDUCE": True}))
+                for det, extra, _ in VARIANTS.values():
+                    tasks.append((d, causal, dname, 1024, det, {**base[(d, causal)], **extra}))
         failed = precompile(tasks, a.workers)
 
     meta["correct"] = correctness(log)
@@ -323,8 +334,8 @@ def main():
              "best_dkdv_ms": full.get(best1), "best_dq_ms": full.get(best2)})  # fmt: skip
         save()
     if a.sweep and a.workers:  # the chosen pairs at every dtype and schedule, compiled before the timings
-        precompile([(d, c, dn, 1024, det, cfg) for (d, c), cfg in chosen.items() for dn in dnames
-                    for det in (True, False)], a.workers)  # fmt: skip
+        precompile([(d, c, dn, 1024, det, {**cfg, **extra}) for (d, c), cfg in chosen.items() for dn in dnames
+                    for det, extra, _ in VARIANTS.values()], a.workers)  # fmt: skip
 
     # the final table: backends, ours (both schedules) at the chosen tiles, every dtype
     for d in ds:
@@ -349,17 +360,14 @@ def main():
                             ms, both, errs = time_ours(inputs, causal, cfg, True, ref, fwd_bwd=True)
                             row.update(cfg=cfg, bwd_ms=ms, fwd_bwd_ms=both, rel_err_vs_flash=errs,
                                        bwd_tflops=fl / ms * 1e-9)  # fmt: skip
-                        try:
-                            ms_a, _, errs_a = time_ours(inputs, causal, cfg, False, ref)
-                            row.update(atomic_bwd_ms=ms_a, atomic_rel_err_vs_flash=errs_a)
-                        except Exception as e:  # noqa: BLE001
-                            row["atomic_error"] = f"{type(e).__name__}: {e}"[:300]
-                        try:  # the atomic schedule with dQ added by the copy engine (TMA reduce-add)
-                            tcfg = {**cfg, "TMA_REDUCE": True}
-                            ms_t, both_t, errs_t = time_ours(inputs, causal, tcfg, False, ref, fwd_bwd=True)
-                            row.update(tma_bwd_ms=ms_t, tma_fwd_bwd_ms=both_t, tma_rel_err_vs_flash=errs_t)
-                        except Exception as e:  # noqa: BLE001
-                            row["tma_error"] = f"{type(e).__name__}: {e}"[:300]
+                        for vname, (det, extra, fb) in VARIANTS.items():
+                            if vname == "det":
+                                continue
+                            try:
+                                ms_v, both_v, errs_v = time_ours(inputs, causal, {**cfg, **extra}, det, ref, fwd_bwd=fb)
+                                row[vname] = {"bwd_ms": ms_v, "fwd_bwd_ms": both_v, "rel_err_vs_flash": errs_v}
+                            except Exception as e:  # noqa: BLE001
+                                row[vname] = {"error": f"{type(e).__name__}: {e}"[:300]}
                         for name in ("flash", "cudnn", "math"):
                             if name in be:
                                 row[f"vs_{name}_bwd"] = be[name]["bwd_ms"] / row["bwd_ms"]
@@ -382,23 +390,33 @@ def main():
 
 
 def table(rows) -> str:
-    lines = [
-        "d   causal dtype     n  TF/s  xflash xcudnn xeager  fb:xflash  atomic/det  tma/det  tma:xcudnn "
-        "err(dq,dk,dv) vs flash; tma's"
-    ]
+    """Per shape: the default's TFLOP/s and its ratios to the backends (backward; forward + backward),
+    then each other schedule's speed against the default and against cuDNN, and the worst error."""
+    names = [n for n in VARIANTS if n != "det"]
+    head = "d   causal dtype     n  TF/s  xflash xcudnn xeager  fb:xflash  " + "  ".join(
+        f"{n}:/det,xcudnn,fb:xflash" for n in names
+    )
+    lines = [head]
+    nan = float("nan")
     for r in rows:
         if r.get("kind") != "ours" or "bwd_ms" not in r:
             continue
-        err = ",".join(f"{e:.1e}" for e in r.get("rel_err_vs_flash") or [])
-        lines.append(
+        line = (
             f"{r['d']:<4}{'yes' if r['causal'] else 'no':<7}{r['dtype']:<6}{r['n']:>6} {r['bwd_tflops']:5.0f}"
-            f"  {r.get('vs_flash_bwd', float('nan')):5.2f}  {r.get('vs_cudnn_bwd', float('nan')):5.2f}"
-            f"  {r.get('vs_math_bwd', float('nan')):5.2f}   {r.get('vs_flash_fwd_bwd', float('nan')):5.2f}"
-            f"      {r['bwd_ms'] / r['atomic_bwd_ms'] if r.get('atomic_bwd_ms') else float('nan'):5.2f}"
-            f"    {r['bwd_ms'] / r['tma_bwd_ms'] if r.get('tma_bwd_ms') else float('nan'):5.2f}"
-            f"    {r.get('vs_cudnn_bwd', float('nan')) * r['bwd_ms'] / r.get('tma_bwd_ms', float('nan')):5.2f}"
-            f"   {err}; {','.join(f'{e:.1e}' for e in r.get('tma_rel_err_vs_flash') or [])}"
+            f"  {r.get('vs_flash_bwd', nan):5.2f}  {r.get('vs_cudnn_bwd', nan):5.2f}"
+            f"  {r.get('vs_math_bwd', nan):5.2f}   {r.get('vs_flash_fwd_bwd', nan):5.2f}    "
         )
+        cudnn_ms = r["bwd_ms"] * r.get("vs_cudnn_bwd", nan)
+        flash_fb = (r.get("fwd_bwd_ms") or nan) * r.get("vs_flash_fwd_bwd", nan)
+        for n in names:
+            v = r.get(n) or {}
+            if "bwd_ms" not in v:
+                line += f"  {'-':>24}"
+                continue
+            err = max(v.get("rel_err_vs_flash") or [nan])
+            line += (f"  {r['bwd_ms'] / v['bwd_ms']:4.2f},{cudnn_ms / v['bwd_ms']:4.2f},"
+                     f"{flash_fb / v['fwd_bwd_ms'] if v.get('fwd_bwd_ms') else nan:4.2f} e{err:.0e}")  # fmt: skip
+        lines.append(line + f"  err {max(r.get('rel_err_vs_flash') or [nan]):.0e}")
     for r in rows:
         if r.get("kind") in ("memory", "chosen"):
             lines.append(json.dumps(r))

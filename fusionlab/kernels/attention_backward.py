@@ -145,7 +145,7 @@ GPU_TABLE = {
 #: sequences reach a causal diagonal of several blocks and a partial last block
 INTERPRETER_TABLE = (16, 32, 4, 1, 32, 16, 4, 1)
 _CONFIG_KEYS = ("BLOCK_M1", "BLOCK_N1", "num_warps1", "num_stages1", "BLOCK_M2", "BLOCK_N2", "num_warps2",
-                "num_stages2", "TMA_REDUCE")  # fmt: skip
+                "num_stages2", "TMA_REDUCE", "TMA")  # fmt: skip
 
 
 @functools.cache
@@ -160,6 +160,7 @@ def _config(d: int, causal: bool, gpu: bool) -> dict:
     cfg = dict(zip(_CONFIG_KEYS, row, strict=False))
     cfg["BLOCK_D"] = block_d
     cfg["TMA_REDUCE"] = False
+    cfg["TMA"] = False
     return cfg
 
 
@@ -179,9 +180,9 @@ def _check_config(overrides: dict | None) -> dict:
     if unknown:
         raise KernelInputError(f"{OP}: unknown config key(s) {sorted(unknown)}; known: {', '.join(_CONFIG_KEYS)}.")
     for name, value in overrides.items():
-        if name == "TMA_REDUCE":
+        if name in ("TMA_REDUCE", "TMA"):
             if value not in (False, True):
-                raise KernelInputError(f"{OP}: TMA_REDUCE={value!r}; pass True or False.")
+                raise KernelInputError(f"{OP}: {name}={value!r}; pass True or False.")
             continue
         if name.startswith("num_stages"):  # any count of pipeline stages; tiles and warps: powers of two
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
@@ -239,19 +240,23 @@ def _bwd_preprocess_kernel(
 
 @triton.jit
 def _dkdv_inner(
-    dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, dq_row, stride_qm, stride_dom,
+    dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base, dq_base, row, stride_qm, stride_dom,
     offs_n, offs_d, n_q, qk_scale, scale, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    MASKED: tl.constexpr, EVEN_M: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    MASKED: tl.constexpr, EVEN_M: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     """Query blocks ``[lo, hi)`` against one K/V tile: the transposed tiles ``S^T``, ``P^T``, ``dP^T``,
     ``dS^T`` (keys by queries), so that dV and dK accumulate as ``P^T dO`` and ``dS^T Q`` with no
-    transpose of an accumulator. ``MASKED``: the causal diagonal (query i sees key j <= i)."""
+    transpose of an accumulator. ``MASKED``: the causal diagonal (query i sees key j <= i). ``TMA``: Q and
+    dO tiles through descriptors over the (B H N_q, D) rows, whole blocks only (``EVEN_M`` holds)."""
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in tl.range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + offs_m0
-        q = _load_rows(q_base, offs_m, stride_qm, offs_d, n_q, HEAD_DIM, BLOCK_D, EVEN_M)
+        if TMA:
+            q = q_desc.load([(row + start_m).to(tl.int32), 0])
+        else:
+            q = _load_rows(q_base, offs_m, stride_qm, offs_d, n_q, HEAD_DIM, BLOCK_D, EVEN_M)
         # rows past n_q: lse = +inf makes their P exactly 0 (and their Q, dO are zeros)
         if EVEN_M:
             lse2 = tl.load(lse_base + offs_m) * 1.4426950408889634
@@ -261,7 +266,10 @@ def _dkdv_inner(
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
             p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
-        do = _load_rows(do_base, offs_m, stride_dom, offs_d, n_q, HEAD_DIM, BLOCK_D, EVEN_M)
+        if TMA:
+            do = do_desc.load([(row + start_m).to(tl.int32), 0])
+        else:
+            do = _load_rows(do_base, offs_m, stride_dom, offs_d, n_q, HEAD_DIM, BLOCK_D, EVEN_M)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         dp_t = tl.dot(v, tl.trans(do))  # (BLOCK_N, BLOCK_M)
         if EVEN_M:
@@ -278,17 +286,49 @@ def _dkdv_inner(
             # one bulk reduce-add of the tile by the copy engine (TMA); rows past n_q belong to the next
             # head in the (B H N_q, D) view, and add exactly 0 there (their dS is 0)
             dq = tl.dot(tl.trans(ds_t), k) * scale
-            dq_base.atomic_add([(dq_row + start_m).to(tl.int32), 0], dq)
+            dq_base.atomic_add([(row + start_m).to(tl.int32), 0], dq)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_range(
+    dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base, dq_base, row, stride_qm, stride_dom,
+    offs_n, offs_d, n_q, qk_scale, scale, lo, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr, EVEN_M: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """Query blocks ``[lo, hi)``: with ``TMA``, the whole blocks through the descriptors and a partial
+    last block (rows past n_q, which the descriptors would read from the next head) through masked
+    pointer loads."""
+    if TMA:
+        m_full = (n_q // BLOCK_M) * BLOCK_M
+        dk, dv = _dkdv_inner(
+            dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base, dq_base, row, stride_qm,
+            stride_dom, offs_n, offs_d, n_q, qk_scale, scale, lo, tl.minimum(hi, m_full),
+            HEAD_DIM, BLOCK_D, BLOCK_M, MASKED, True, ATOMIC_DQ, True,
+        )  # fmt: skip
+        if not EVEN_M:
+            dk, dv = _dkdv_inner(
+                dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base, dq_base, row, stride_qm,
+                stride_dom, offs_n, offs_d, n_q, qk_scale, scale, tl.maximum(lo, m_full), hi,
+                HEAD_DIM, BLOCK_D, BLOCK_M, MASKED, False, ATOMIC_DQ, False,
+            )  # fmt: skip
+    else:
+        dk, dv = _dkdv_inner(
+            dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base, dq_base, row, stride_qm,
+            stride_dom, offs_n, offs_d, n_q, qk_scale, scale, lo, hi,
+            HEAD_DIM, BLOCK_D, BLOCK_M, MASKED, EVEN_M, ATOMIC_DQ, False,
+        )  # fmt: skip
     return dk, dv
 
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, q_desc, do_desc,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom, kv_group, n_q, n_k, qk_scale, scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     # grid: (K/V tiles, H_kv, B). dk, dv: contiguous (B, H_kv, N_k, D); lse, delta: (B, H_q, N_q)
     # fp32; dq (atomic schedule only): fp32 (B, H_q, N_q, D), zeroed by the launcher.
@@ -324,15 +364,15 @@ def _bwd_dkdv_kernel(
         else:
             dq_base = dq_ptr + row * HEAD_DIM
         if CAUSAL:
-            dk, dv = _dkdv_inner(
-                dk, dv, k, v, q_base, do_base, lse_ptr + row, delta_ptr + row, dq_base, row, stride_qm, stride_dom,
-                offs_n, offs_d, n_q, qk_scale, scale, lo, mid,
-                HEAD_DIM, BLOCK_D, BLOCK_M, True, EVEN_M, ATOMIC_DQ,
+            dk, dv = _dkdv_range(
+                dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_ptr + row, delta_ptr + row, dq_base, row,
+                stride_qm, stride_dom, offs_n, offs_d, n_q, qk_scale, scale, lo, mid,
+                HEAD_DIM, BLOCK_D, BLOCK_M, True, EVEN_M, ATOMIC_DQ, TMA,
             )  # fmt: skip
-        dk, dv = _dkdv_inner(
-            dk, dv, k, v, q_base, do_base, lse_ptr + row, delta_ptr + row, dq_base, row, stride_qm, stride_dom,
-            offs_n, offs_d, n_q, qk_scale, scale, mid, n_q,
-            HEAD_DIM, BLOCK_D, BLOCK_M, False, EVEN_M, ATOMIC_DQ,
+        dk, dv = _dkdv_range(
+            dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_ptr + row, delta_ptr + row, dq_base, row,
+            stride_qm, stride_dom, offs_n, offs_d, n_q, qk_scale, scale, mid, n_q,
+            HEAD_DIM, BLOCK_D, BLOCK_M, False, EVEN_M, ATOMIC_DQ, TMA,
         )  # fmt: skip
     out = (off_b.to(tl.int64) * tl.num_programs(1) + off_hk) * n_k * HEAD_DIM
     _store_rows(dk_ptr + out, offs_n, HEAD_DIM, offs_d, n_k, dk * scale, HEAD_DIM, BLOCK_D)
@@ -341,18 +381,24 @@ def _bwd_dkdv_kernel(
 
 @triton.jit
 def _dq_inner(
-    dq, q, do, lse2, di, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, n_k, qk_scale, lo, hi,
+    dq, q, do, lse2, di, k_base, v_base, k_desc, v_desc, k_row, stride_kn, stride_vn, offs_m, offs_d, n_k,
+    qk_scale, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    CAUSAL: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     """Key blocks ``[lo, hi)`` for one query tile: ``dQ += dS K``. ``MASKED``: the causal diagonal and
-    the partial last block (keys past n_k: their P is forced to 0, whatever the zero K row gave)."""
+    the partial last block (keys past n_k: their P is forced to 0, whatever the zero K row gave).
+    ``TMA`` (unmasked blocks only): K and V through descriptors over the (B H_kv N_k, D) rows."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
-        k = _load_rows(k_base, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, BLOCK_D, not MASKED)
-        v = _load_rows(v_base, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, BLOCK_D, not MASKED)
+        if TMA:
+            k = k_desc.load([(k_row + start_n).to(tl.int32), 0])
+            v = v_desc.load([(k_row + start_n).to(tl.int32), 0])
+        else:
+            k = _load_rows(k_base, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, BLOCK_D, not MASKED)
+            v = _load_rows(v_base, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, BLOCK_D, not MASKED)
         s = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N)
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
@@ -368,11 +414,11 @@ def _dq_inner(
 
 @triton.jit
 def _bwd_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, k_desc, v_desc,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom, kv_group, n_q, n_k, qk_scale, scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    CAUSAL: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     # grid: (query tiles, H_q, B); dq contiguous (B, H_q, N_q, D). Query tiles from the last, as the
     # forward: a causal head's longest tiles start first
@@ -400,10 +446,11 @@ def _bwd_dq_kernel(
     else:
         lo_mask = n_full
         hi = n_k
-    dq = _dq_inner(dq, q, do, lse2, di, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, n_k, qk_scale,
-                   0, lo_mask, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL)  # fmt: skip
-    dq = _dq_inner(dq, q, do, lse2, di, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, n_k, qk_scale,
-                   lo_mask, hi, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL)  # fmt: skip
+    k_row = (off_b * (tl.num_programs(1) // kv_group) + off_hk) * n_k  # the head's first row in (B H_kv N_k, D)
+    dq = _dq_inner(dq, q, do, lse2, di, k_base, v_base, k_desc, v_desc, k_row, stride_kn, stride_vn, offs_m, offs_d,
+                   n_k, qk_scale, 0, lo_mask, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA)  # fmt: skip
+    dq = _dq_inner(dq, q, do, lse2, di, k_base, v_base, k_desc, v_desc, k_row, stride_kn, stride_vn, offs_m, offs_d,
+                   n_k, qk_scale, lo_mask, hi, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, False)  # fmt: skip
     dq_base = dq_ptr + row * HEAD_DIM
     _store_rows(dq_base, offs_m, HEAD_DIM, offs_d, n_q, dq * scale, HEAD_DIM, BLOCK_D)
 
@@ -437,6 +484,7 @@ class _Plan(NamedTuple):
     grids: tuple  # preprocess, dK/dV, dQ
     metas: tuple  # their constexprs and launch options
     dq_desc: tuple | None  # (shape, strides, block) of the atomic dQ's descriptor, or None: pointer atomics
+    loads: tuple | None  # (shape, strides, block) of the Q/dO and the K/V descriptors, or None: pointer loads
 
 
 def _config_key(config: dict | None) -> tuple:
@@ -470,7 +518,14 @@ def _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, config_key) -> _Plan:
         {"HEAD_DIM": D, "BLOCK_D": bd, "BLOCK_M": bm2, "BLOCK_N": bn2, "CAUSAL": causal,
          **launch_kwargs(cfg["num_warps2"], cfg["num_stages2"])},
     )  # fmt: skip
-    return _Plan(grids, metas, ([B * H * N_q, D], [D, 1], [bm1, bd]) if tma_reduce else None)
+    # TMA loads (config TMA): Q and dO in the dK/dV loop, K and V in the dQ loop, through descriptors over
+    # the (B H N, D) rows of contiguous tensors (the launcher checks contiguity and alignment per call)
+    tma = (
+        bool(cfg["TMA"]) and TensorDescriptor is not None and D == bd and (_hopper() or not gpu)
+        and B * H * N_q + bm1 < 2**31 and B * H_kv * N_k + bn2 < 2**31
+    )  # fmt: skip
+    loads = (([B * H * N_q, D], [D, 1], [bm1, bd]), ([B * H_kv * N_k, D], [D, 1], [bn2, bd])) if tma else None
+    return _Plan(grids, metas, ([B * H * N_q, D], [D, 1], [bm1, bd]) if tma_reduce else None, loads)
 
 
 def attention_backward(
@@ -527,17 +582,30 @@ def attention_backward(
         lse = lse.contiguous()
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
     ints = (H // H_kv, N_q, N_k)
+    tma = (
+        plan.loads is not None and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+        and do.is_contiguous() and (q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr()) % 16 == 0
+    )  # fmt: skip
+    if tma:
+        q_src, do_src = (TensorDescriptor(t.view(-1, D), *plan.loads[0]) for t in (q, do))
+        k_src, v_src = (TensorDescriptor(t.view(-1, D), *plan.loads[1]) for t in (k, v))
+    else:
+        q_src, do_src, k_src, v_src = q, do, k, v  # placeholders: the kernels read the pointers
     if deterministic:
         dq_acc = delta  # a placeholder: the kernel never touches it
     else:
         dq_acc = torch.zeros((B, H, N_q, D), dtype=torch.float32, device=q.device)
     dq_arg = dq_acc if plan.dq_desc is None else TensorDescriptor(dq_acc.view(-1, D), *plan.dq_desc)
-    _launch_dkdv(plan.grids[1], q, k, v, do, lse, delta, dk, dv, dq_arg, *strides, *ints, scale * LOG2E, scale,
-                 **plan.metas[1])  # fmt: skip
+    # descriptors go through Triton's own launch (the Launcher's cache keys on tensors and numbers)
+    direct = tma or plan.dq_desc is not None
+    launch = _bwd_dkdv_kernel[plan.grids[1]] if direct else functools.partial(_launch_dkdv, plan.grids[1])
+    launch(q, k, v, do, lse, delta, dk, dv, dq_arg, q_src, do_src, *strides, *ints, scale * LOG2E, scale,
+           **plan.metas[1], TMA=tma)  # fmt: skip
     if deterministic:
         dq = torch.empty((B, H, N_q, D), dtype=q.dtype, device=q.device)
-        _launch_dq(plan.grids[2], q, k, v, do, lse, delta, dq, *strides, *ints, scale * LOG2E, scale,
-                   **plan.metas[2])  # fmt: skip
+        launch = _bwd_dq_kernel[plan.grids[2]] if tma else functools.partial(_launch_dq, plan.grids[2])
+        launch(q, k, v, do, lse, delta, dq, k_src, v_src, *strides, *ints, scale * LOG2E, scale,
+               **plan.metas[2], TMA=tma)  # fmt: skip
     else:
         dq = dq_acc.to(q.dtype)
     return dq, dk, dv
