@@ -565,12 +565,18 @@ def attention_backward(
     _check_saved(q, k, v, o, lse, do, dlse)
     if not isinstance(deterministic, bool):
         raise KernelInputError(f"{OP}: deterministic must be True or False, got {deterministic!r}.")
+    return _backward(q, k, v, o, lse, do, causal, scale, dlse, deterministic, _config_key(config))
+
+
+def _backward(q, k, v, o, lse, do, causal, scale, dlse, deterministic, config_key):
+    """The launches, on checked inputs (``do`` and ``dlse`` readable as they are: last dimension
+    contiguous, no lazy negation)."""
     B, H, N_q, D = q.shape
     H_kv, N_k = k.shape[1], k.shape[2]
     if N_q == 0 or N_k == 0 or B == 0 or H == 0:  # no pair of a query and a key: no gradient flows
         dk = torch.zeros((B, H_kv, N_k, D), dtype=k.dtype, device=q.device)
         return torch.zeros((B, H, N_q, D), dtype=q.dtype, device=q.device), dk, torch.zeros_like(dk)
-    plan = _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, _config_key(config))
+    plan = _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, config_key)
     scale = _default_scale(D, scale)
     # every row of dK and dV is written (a K/V tile no query sees stores zeros): no memset
     dk = torch.empty((B, H_kv, N_k, D), dtype=k.dtype, device=q.device)
@@ -616,22 +622,22 @@ class AttentionFunction(torch.autograd.Function):
     q, k, v, O and lse (O(N d) memory, no N x N matrix); both outputs differentiable."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, deterministic, config):
+    def forward(ctx, q, k, v, causal, scale, deterministic, config_key):
         o, lse = fwd.attention(q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.deterministic, ctx.config = causal, scale, deterministic, config
+        ctx.causal, ctx.scale, ctx.deterministic, ctx.config_key = causal, scale, deterministic, config_key
         ctx.set_materialize_grads(False)  # an unused lse sends None, not an N_q tensor of zeros
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        if do is None:
-            do = torch.zeros_like(o)
-        dq, dk, dv = attention_backward(
-            q, k, v, o, lse, do, ctx.causal, ctx.scale,
-            dlse=dlse, deterministic=ctx.deterministic, config=ctx.config,
-        )  # fmt: skip
+        # the inputs were checked by the forward; the upstream gradients are autograd's: readable once
+        # a lazy negation is resolved and a transposed layout copied
+        do = torch.zeros_like(o) if do is None else upstream_grad(do, o.dtype)
+        if dlse is not None:
+            dlse = upstream_grad(dlse, torch.float32).contiguous()
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, dlse, ctx.deterministic, ctx.config_key)
         return dq, dk, dv, None, None, None, None
 
 
@@ -661,8 +667,7 @@ def attention_trainable(
             )
         if not isinstance(deterministic, bool):
             raise KernelInputError(f"{OP}: deterministic must be True or False, got {deterministic!r}.")
-        _check_config(config)
-        return AttentionFunction.apply(q, k, v, causal, scale, deterministic, config)
+        return AttentionFunction.apply(q, k, v, causal, scale, deterministic, _config_key(config))
     return fwd.attention(q, k, v, causal, scale)
 
 
