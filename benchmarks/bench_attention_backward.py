@@ -203,7 +203,7 @@ def time_ours(inputs, causal, cfg, det=True, ref_grads=None, fwd_bwd=False):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
 
         def step():
-            out, _ = attention_trainable(*leaves, causal=causal, deterministic=det, config=cfg)
+            out, _ = attention_trainable(*leaves, causal=causal, deterministic=det, backward_config=cfg)
             return torch.autograd.grad(out, leaves, do)
 
         both = bench(step)

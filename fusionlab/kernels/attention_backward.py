@@ -622,8 +622,8 @@ class AttentionFunction(torch.autograd.Function):
     q, k, v, O and lse (O(N d) memory, no N x N matrix); both outputs differentiable."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, deterministic, config_key):
-        o, lse = fwd.attention(q, k, v, causal, scale)
+    def forward(ctx, q, k, v, causal, scale, deterministic, config_key, forward_options):
+        o, lse = fwd.attention(q, k, v, causal, scale, **forward_options)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.deterministic, ctx.config_key = causal, scale, deterministic, config_key
         ctx.set_materialize_grads(False)  # an unused lse sends None, not an N_q tensor of zeros
@@ -638,7 +638,7 @@ class AttentionFunction(torch.autograd.Function):
         if dlse is not None:
             dlse = upstream_grad(dlse, torch.float32).contiguous()
         dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, dlse, ctx.deterministic, ctx.config_key)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def attention_trainable(
@@ -649,17 +649,20 @@ def attention_trainable(
     scale: float | None = None,
     *,
     deterministic: bool = True,
+    backward_config: dict | None = None,
+    variant: str | None = None,
     config: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`fusionlab.kernels.attention.attention` with autograd: ``(O, lse)``, gradients through both.
 
-    Takes what the forward takes, within the backward's head dims (16 to 128). ``deterministic`` and
-    ``config`` go to :func:`attention_backward`. Without grad (no input requires it, or autograd off)
-    it is the forward alone.
+    Takes what the forward takes (``variant`` and ``config`` are the forward's), within the backward's
+    head dims (16 to 128). ``deterministic`` and ``backward_config`` go to :func:`attention_backward`
+    (``config`` there). Without grad (no input requires it, or autograd off) it is the forward alone.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(t, name, op=OP, ndim=4, contiguous=False, grad=True, max_numel=None,
                      dtypes=runtime.DTYPES)  # fmt: skip
+    options = {"variant": variant, "config": config}
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         if not MIN_HEAD_DIM <= q.shape[-1] <= MAX_HEAD_DIM:
             raise KernelInputError(
@@ -667,8 +670,8 @@ def attention_trainable(
             )
         if not isinstance(deterministic, bool):
             raise KernelInputError(f"{OP}: deterministic must be True or False, got {deterministic!r}.")
-        return AttentionFunction.apply(q, k, v, causal, scale, deterministic, _config_key(config))
-    return fwd.attention(q, k, v, causal, scale)
+        return AttentionFunction.apply(q, k, v, causal, scale, deterministic, _config_key(backward_config), options)
+    return fwd.attention(q, k, v, causal, scale, **options)
 
 
 # -- the ledger -----------------------------------------------------------------------------------
