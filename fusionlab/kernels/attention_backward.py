@@ -47,6 +47,14 @@ sees keys j <= i (rows i >= N_k see every key); rows past N_q are loaded as zero
 (so their P is 0); keys past N_k are masked in the dQ pass and only ever touch their own, never
 stored, rows of dK and dV.
 
+Loads. Plain pointers with masks: any strides with the last dimension contiguous (q, k, v as the
+forward took them; dO as autograd hands it over). ``config={"TMA": True}`` (Hopper, and the interpreter):
+Q and dO in the dK/dV loop and K and V in the dQ loop through tensor descriptors over the (B H N, D)
+rows of contiguous tensors, a partial last block through the pointers. ``config={"TMA_REDUCE": True}``
+(Hopper, atomic schedule): dQ's tiles added by the copy engine's bulk reduce-add instead of one atomic
+per element. Both are off by default until measured faster (benchmarks/notes_attention_backward.md has
+every measurement behind the defaults and the tiles).
+
 Reference: Dao, "FlashAttention-2" (2023), algorithm 2; Triton's tutorial 06 (fused attention)
 backward, whose shape (a dK/dV loop over query blocks, then a dQ loop over key blocks) this follows,
 without its restrictions (causal only, N a multiple of 128, one head per K/V head).
