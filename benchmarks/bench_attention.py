@@ -1,7 +1,7 @@
 """Lesson 7 on a GPU: the FlashAttention forward against SDPA's flash and cuDNN backends, in one call.
 
     PYTHONPATH=. python3 benchmarks/bench_attention.py --out $OUT [--sweep | --final] [--rounds 3]
-        [--workers 10] [--tests] [--baselines] [--memory] [--plain] [--lazy] [--deadline EPOCH]
+        [--workers 10] [--tests] [--baselines] [--memory] [--plain] [--deadline EPOCH]
 
 (the three H100 calls of benchmarks/notes_attention.md: ``--sweep --workers 10 --tests --memory``;
 ``--sweep --plain --rounds 2 --baselines ...``; ``--final --rounds 3 --workers 10 --tests --memory``)
@@ -16,9 +16,7 @@ tests/test_attention.py (pytest -n 6) alongside the compiles. ``--baselines``: e
 manual attention) and ``torch.compile`` of it at a few shapes. ``--memory``: N = 131072, B = 1,
 H = 16, D = 128: extra memory and time. ``--plain``: the pointer path at the default tiles, to
 measure what the descriptors buy. ``--final``: the shipped defaults (and a few alternatives) against
-the backends in rounds whose order rotates. ``--lazy``: beside the default (and, with ``--final``, each
-alternative), the same tiles with FA4's conditional rescale (``LAZY_RESCALE``), checked and timed like
-the rest; a second table sets each against its twin without it. Timings: do_bench median, L2 flushed.
+the backends in rounds whose order rotates. Timings: do_bench median, L2 flushed.
 JSON goes to ``$OUT/attention.json``; a compact table is printed last.
 """
 
@@ -43,8 +41,8 @@ DS = (64, 128)
 DS_RUN = list(DS)  # --ds narrows the run
 
 
-def _cfg(bm, bn, w, s, ws=False):
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s, "WARP_SPECIALIZE": ws}
+def _cfg(bm, bn, w, s):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
 
 
 #: the sweep's configurations (sweep 1 also had 128x128 w8 s2, 128x64 w8 s3 and two warp-specialised
@@ -71,10 +69,6 @@ EXTRA = {
     "128x128 w8 s3 +store+ref": {"config": {**_cfg(128, 128, 8, 3), "TMA_STORE": True, "REF_MAX": 1}},
     "128x128 w8 s3 +store+ref2": {"config": {**_cfg(128, 128, 8, 3), "TMA_STORE": True, "REF_MAX": 2}},
     "128x64 w4 s3 +store+ref2": {"config": {**_cfg(128, 64, 4, 3), "TMA_STORE": True, "REF_MAX": 2}},
-    # sweep 8: half of P's exponentials on the FMA units (FlashAttention-4's trick, EXP_FMA)
-    "default+fma": {"config": {"EXP_FMA": True}},
-    "64x64 w4 s3 +store+ref+fma": {"config": {**_cfg(64, 64, 4, 3), "TMA_STORE": True, "REF_MAX": 1, "EXP_FMA": 1}},
-    "128x64 w4 s2 +store+ref2+fma": {"config": {**_cfg(128, 64, 4, 2), "TMA_STORE": True, "REF_MAX": 2, "EXP_FMA": 1}},
     # sweep 7 (head dim 128, N = 1k, the last shape under the cuDNN bar): with less work per score, do
     # other tiles win? Wider key blocks, fewer stages, and 8 warps sharing one K/V pipeline
     "64x128 w4 s3 +store+ref": {"config": {**_cfg(64, 128, 4, 3), "TMA_STORE": True, "REF_MAX": 1}},
@@ -95,16 +89,6 @@ EXTRA = {
     "128x64 w4 s2 -store": {"config": {**_cfg(128, 64, 4, 2), "TMA_STORE": False}},
     "128x64 w8 s2 +store": {"config": {**_cfg(128, 64, 8, 2), "TMA_STORE": True}},
     "128x64 w8 s2 -store": {"config": {**_cfg(128, 64, 8, 2), "TMA_STORE": False}},
-    # warp specialisation (a producer warp issues the TMA copies): with 4 warps Triton's pass splits the
-    # 128-row Q tile over two consumer warpgroups and fails on the descriptor's block; with 8, triton 3.9
-    # compiles it but 3.6 aborts the process in the pass (an MLIR assertion): name these only on a
-    # toolchain that compiles them, never in a --workers pool on 3.6 (a dead worker hangs it)
-    "128x128 w8 s2 ws": {"config": {**_cfg(128, 128, 8, 2, ws=True), "TMA_STORE": False}},
-    "128x128 w8 s3 ws": {"config": {**_cfg(128, 128, 8, 3, ws=True), "TMA_STORE": False}},
-    "128x64 w8 s2 ws": {"config": {**_cfg(128, 64, 8, 2, ws=True), "TMA_STORE": False}},
-    "128x64 w8 s3 ws": {"config": {**_cfg(128, 64, 8, 3, ws=True), "TMA_STORE": False}},
-    "128x128 w8 s2 ws +store": {"config": {**_cfg(128, 128, 8, 2, ws=True), "TMA_STORE": True}},
-    "128x128 w4 s2 ws": {"config": {**_cfg(128, 128, 4, 2, ws=True), "TMA_STORE": False}},
     "default+store": {"config": {"TMA_STORE": True}},
     "plain": {"variant": "plain"},
     "128x64 w4 s2 +store": {"config": {**_cfg(128, 64, 4, 2), "TMA_STORE": True}},
@@ -112,25 +96,11 @@ EXTRA = {
 }
 #: --final: the package's default against the backends, with alternatives where the sweeps were close
 FINAL_ALTERNATIVES = {64: ["64x64 w4 s3 +store+ref"], 128: ["64x64 w4 s3 +store+ref", "128x128 w8 s3 +store+ref2"]}
-#: --lazy: FA4's conditional rescale (threshold LAZY_TAU) on the default's tiles and, in --final, on each
-#: alternative's, each named after its twin without it (LAZY_TWINS, for the table). "default+lazy+store"
-#: is timed only where the default does not already store O through a descriptor (it would be the same
-#: kernel as "default+lazy")
-LAZY = {"LAZY_RESCALE": True}
-EXTRA["default+lazy"] = {"config": dict(LAZY)}
-EXTRA["default+lazy+store"] = {"config": {"TMA_STORE": True, **LAZY}}
-LAZY_TWINS = {"default+lazy": "default", "default+lazy+store": "default"}
-for _name in sorted({a for alts in FINAL_ALTERNATIVES.values() for a in alts}):
-    EXTRA[f"{_name}+lazy"] = {"config": {**EXTRA[_name]["config"], **LAZY}}
-    LAZY_TWINS[f"{_name}+lazy"] = _name
 
 
-def final_names(d: int, lazy: bool) -> list[str]:
+def final_names(d: int) -> list[str]:
     """What --final checks and times at head dim ``d`` (besides the backends)."""
-    names = ["default", *FINAL_ALTERNATIVES[d]]
-    if lazy:
-        names += ["default+lazy", "default+lazy+store", *(f"{a}+lazy" for a in FINAL_ALTERNATIVES[d])]
-    return names
+    return ["default", *FINAL_ALTERNATIVES[d]]
 
 
 def kwargs_of(name: str) -> dict:
@@ -241,11 +211,10 @@ def sweep(run: Run, names: list[str], rounds: int):
     run.save()
 
 
-def final(run: Run, rounds: int, lazy: bool = False):
+def final(run: Run, rounds: int):
     """Each shape: the backends, our default and its alternatives, in ``rounds`` rounds whose order
     rotates, so that no implementation always runs right after another's heat (an H100 timed right
-    after cuDNN measured ~8% slower in sweep 2 than the same kernel timed later). ``lazy``: also the
-    same tiles with the conditional rescale (:func:`final_names`), in the same rounds."""
+    after cuDNN measured ~8% slower in sweep 2 than the same kernel timed later)."""
     from torch.nn.attention import SDPBackend
 
     from fusionlab import bench
@@ -263,10 +232,7 @@ def final(run: Run, rounds: int, lazy: bool = False):
         ref = flash(q, k, v, causal)
         ref_lse = flash_lse(q, k, v, causal)
         fns = {"flash": lambda: flash(q, k, v, causal), "cudnn": lambda: cudnn(q, k, v, causal)}
-        stores = attention_config(B, H, n, n, d, q.dtype, causal)["TMA_STORE"]
-        for name in final_names(d, lazy):
-            if name == "default+lazy+store" and stores:
-                continue  # the default already stores through a descriptor: the same kernel as default+lazy
+        for name in final_names(d):
             kw = kwargs_of(name)
             o, lse = attention(q, k, v, causal=causal, **kw)
             err = rel_err(o, ref)
@@ -453,43 +419,10 @@ def table(run: Run) -> str:
             f" | {f(store)} {rt(store, fl)} {rt(store, cu)} | {f(best)} {rt(best, fl)} {rt(best, cu)} {bname:<14}|"
             f" {f(plain)}"
         )
-    lines += lazy_table(by)
     for r in run.rows:
         if r.get("impl") in ("eager", "compiled") or r.get("section") == "memory":
             lines.append(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}))
     return "\n".join(lines)
-
-
-def lazy_table(by: dict) -> list[str]:
-    """--lazy: per shape, each lazy configuration's TFLOP/s (best of its rounds), its ratio to its twin
-    without the conditional rescale (``/tw``: same run, same rounds) and to cuDNN. Empty without
-    --lazy rows."""
-    best = {}  # (shape, impl or config) -> best TFLOP/s of the rounds
-    for key, rows in by.items():
-        for r in rows:
-            if r.get("tflops"):
-                name = r["impl"] if r["impl"] in ("flash", "cudnn") else r.get("config")
-                best[key, name] = max(best.get((key, name), 0), r["tflops"])
-    names = [nm for nm in LAZY_TWINS if any(name == nm for _, name in best)]
-    if not names:
-        return []
-    f = lambda x: f"{x:5.0f}" if x else "    -"  # noqa: E731
-    rt = lambda a, b: f"{a / b:4.2f}" if a and b else "   -"  # noqa: E731
-    out = [
-        "",
-        "lazy rescale (LAZY_RESCALE=True); /tw: over the same configuration without it: "
-        + ", ".join(f"{i}: {nm} (twin: {LAZY_TWINS[nm]})" for i, nm in enumerate(names)),
-        f"{'D':>3} {'causal':>6} {'dt':>4} {'N':>6} |"
-        + "|".join(f" {f'[{i}]':>5} {'/tw':>4} {'/cu':>4} " for i in range(len(names))),
-    ]
-    for key in by:
-        cells = []
-        for nm in names:
-            t, tw, cu = best.get((key, nm)), best.get((key, LAZY_TWINS[nm])), best.get((key, "cudnn"))
-            cells.append(f" {f(t)} {rt(t, tw)} {rt(t, cu)} ")
-        d, causal, dt, n = key
-        out.append((f"{d:>3} {str(causal):>6} {dt:>4} {n:>6} |" + "|".join(cells)).rstrip())
-    return out
 
 
 def main(argv=None):
@@ -504,7 +437,6 @@ def main(argv=None):
     p.add_argument("--plain", action="store_true")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--final", action="store_true", help="the default against the backends, rotated rounds")
-    p.add_argument("--lazy", action="store_true", help="also the same tiles with LAZY_RESCALE (FA4's lazy rescale)")
     p.add_argument("--deadline", type=float, default=None)
     p.add_argument("--ds", default="", help="comma-separated head dims (default: 64,128)")
     p.add_argument("--occupancy", action="store_true", help="report each compiled kernel's registers and shared memory")
@@ -527,10 +459,9 @@ def main(argv=None):
     print(run.meta, flush=True)
     names = [s for s in a.configs.split(",") if s] or (list(SWEEP) if a.sweep else [])
     if a.final:
-        names = list(dict.fromkeys(nm for d in DS for nm in final_names(d, a.lazy)))
+        names = list(dict.fromkeys(nm for d in DS for nm in final_names(d)))
     else:
-        lazy = ["default+lazy", "default+lazy+store"] if a.lazy else []
-        names = ["default", "default+store", *(["plain"] if a.plain else []), *lazy, *names]
+        names = ["default", "default+store", *(["plain"] if a.plain else []), *names]
 
     tests = None
     if a.tests:
@@ -545,7 +476,7 @@ def main(argv=None):
         # one kernel per (D, causal, dtype, config): its three N go to one worker, which compiles once
         kernels = [(d, c, dn, nm) for d in DS_RUN for c in (False, True) for dn in DTYPES for nm in names]
         if a.final:
-            kernels = [kn for kn in kernels if kn[3] in final_names(kn[0], a.lazy)]
+            kernels = [kn for kn in kernels if kn[3] in final_names(kn[0])]
         groups = [[(d, c, dn, n, nm) for n in NS] for d, c, dn, nm in kernels]
         chunks = [[t for g in groups[i :: a.workers] for t in g] for i in range(a.workers)]
         with mp.get_context("spawn").Pool(a.workers) as pool:
@@ -564,7 +495,7 @@ def main(argv=None):
         if a.occupancy:
             occupancy(run, names)
         if a.final:
-            final(run, a.rounds, a.lazy)
+            final(run, a.rounds)
         else:
             sweep(run, names, a.rounds)
         if a.memory and run.ok(20):

@@ -215,7 +215,7 @@ def main():
                 continue
             rows = rows_for(n, dtype, args.mib)
             x = torch.randn(rows, n, device=runtime.DEVICE, dtype=dtype)
-            layout = S._rows(x)
+            layout = S._rows_of(x)
             ref = torch.softmax(x[:64].double(), -1)
 
             def check_fn(y, what, ref=ref):

@@ -200,7 +200,7 @@ def measure_vector_rate(n: int = 2**24, k: int = 2048) -> float:
 
 
 def ceilings(refresh: bool = False, copy_bytes: int = 2**30, matmul_n: int = 8192) -> Ceilings:
-    """Measured ceilings of this GPU (cached for the session); recorded ones under the interpreter."""
+    """Measured ceilings of this GPU (cached for the process); recorded ones under the interpreter."""
     global _CEILINGS
     if not runtime.is_gpu():
         return recorded().ceilings
@@ -351,7 +351,7 @@ def recorded_files() -> list[Path]:
 
 def recorded_runs() -> list[Recorded]:
     """Every recorded GPU run shipped with the package, oldest first. Files of one device and one day
-    are one run: a session that records its suites one process at a time (``benchmarks/gpu_run.sh``)
+    are one run: a recording of its suites one process at a time (``benchmarks/gpu_run.sh``)
     writes a file per suite, and they are read back together (suites merged; meta and ceilings from
     the file that holds the most suites, the first of them on a tie)."""
     groups: dict[tuple[str, str], list[Recorded]] = {}
@@ -389,6 +389,22 @@ def recorded(path: str | Path | None = None, *, device: str | None = None, suite
         most = max(len(r.suites) for r in runs)
         runs = [r for r in runs if len(r.suites) == most]
     return runs[-1]
+
+
+def recorded_suite_ceilings(suite: str) -> Ceilings:
+    """The ceilings recorded **with** suite ``suite``: those of the file that holds it, in the newest run
+    that holds it. A run recorded one suite a process keeps one set of ceilings a file, and
+    :func:`recorded_runs` lends the run one of them; a lesson's predictions must use the set its suite's
+    own predictions (``predicted_ms``) were made with."""
+    rec = recorded(suite=suite)
+    best = None
+    for p in recorded_files():
+        data = json.loads(p.read_text())
+        meta = data["meta"]
+        if suite in data["suites"] and (meta["device"], meta["date"]) == (rec.meta["device"], rec.meta["date"]):
+            if best is None or meta.get("time", "") >= best["meta"].get("time", ""):
+                best = data
+    return Ceilings(**best["ceilings"]) if best is not None else rec.ceilings
 
 
 #: the measurement notes kept beside the benchmark scripts (a clone of the repository has them)
@@ -574,4 +590,5 @@ def measure_suite(suite: str, make_cases: Callable[..., list[Case]], on_result=N
     for r in results:
         if on_result is not None:
             on_result(r)
-    return SuiteRun(suite, results, rec.ceilings, rec.label(), live=False, device=rec.meta["device"])
+    ceil = recorded_suite_ceilings(suite)  # the set its predictions were made with
+    return SuiteRun(suite, results, ceil, rec.label(), live=False, device=rec.meta["device"])

@@ -326,15 +326,21 @@ def recorded(suites, op, device: str | None) -> dict[str, dict]:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fusionlab bench", description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--lesson", type=int, default=None, help="one lesson's suite (default: every lesson)")
     ap.add_argument("--op", default=None, help="only cases whose name or group has these words (e.g. rmsnorm)")
     ap.add_argument("--ncu", action="store_true", help="also count DRAM bytes with Nsight Compute (GPU)")
     ap.add_argument("--recorded", action="store_true", help="show the recorded results even on a GPU")
     ap.add_argument("--device", default=None, help="recorded results of this device (e.g. H100)")
     ap.add_argument("--out", type=Path, default=Path("."), help="folder for the JSON and the roofline PNG")
-    a = ap.parse_args(argv)
+
+
+def main(a: argparse.Namespace | list[str] | None = None) -> int:
+    """``python -m fusionlab bench``: parsed arguments from the command line, or a list to parse."""
+    if not isinstance(a, argparse.Namespace):
+        ap = argparse.ArgumentParser(prog="python -m fusionlab bench", description=__doc__.splitlines()[0])
+        add_arguments(ap)
+        a = ap.parse_args(a)
     suites = suites_for(a.lesson)
     if runtime.is_gpu() and not a.recorded:
         results = live(suites, a.op, a.ncu)

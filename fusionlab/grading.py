@@ -9,16 +9,21 @@ Each kernel check, on every call:
   fills each new tensor with a NaN *bit pattern* and puts a poisoned **guard zone** behind it, so an
   element never written and a store past the end are both seen by bit comparison (a kernel that
   writes NaN does not look unwritten; one that writes past the end does not hide behind a NaN);
-- gives inputs room behind them (loads past the end read zeros, never fault) and compares every input
-  **bit for bit** after the call: an answer that writes into its input is caught;
-- uses sizes that are not block multiples, one size **large enough to need many programs** at any
-  block size the GPU or the interpreter would use, and one size **tried twice** with fresh values (an
-  answer that caches by shape is caught);
+- gives inputs room behind them, filled with NaN (a load past the end never faults, and an unmasked
+  one shows in the result, where zeros would add nothing to a sum), and compares every input **bit for
+  bit** after the call: an answer that writes into its input is caught;
+- uses sizes that are not block multiples, lengths **drawn afresh** at a block boundary (n equal to
+  the block included), one size **large enough to need many programs** at any block size the GPU or
+  the interpreter would use, and one size **tried twice** with fresh values (an answer that caches by
+  shape is caught); computes the reference only **after** the answer ran, so no answer finds it on the
+  stack;
 - where fusion is asked: counts **Triton launches** (one logical launch per call, autotuned kernels
   included), **torch compute ops** and **torch passes** (copies and casts of tensor data), requires
-  the launched kernel to receive the inputs and the output itself (so numpy, or torch with dispatch
-  switched off, followed by a copy kernel, is not "one Triton kernel"), and refuses the package's own
-  kernels and the checkers' answer keys inside the answer;
+  the launched kernel to receive the inputs and the output itself (so numpy followed by a copy kernel is
+  not "one Triton kernel"), sees torch run inside a launch (a heuristics function, a pre-run hook) and
+  torch run with dispatch switched off (the profiler records it), and refuses the package's own kernels
+  and the checkers' answer keys inside the answer. :func:`run_answer` is that sequence, in one place,
+  for every lesson's checkers;
 - turns any exception the learner's code raises into a short message (what, where to look, seed).
 
 Checkers return a :class:`Passed`, printed once when the check passes and displayed as nothing, so
@@ -38,10 +43,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from . import _exercise, runtime
-from .instrument import LaunchCounter, op_name
+from ._triton import Launch, quiet_stderr  # noqa: F401  (Launch: the grading command rebuilds launches with it)
+from .instrument import FREE, PASSES, LaunchCounter, op_name
 from .ledger import Ledger, human_bytes
+
+# the comparisons the checks make, bound once at import: an answer that rebinds torch.isclose or
+# torch.equal while it runs cannot change what a check compares with (the grading command goes further:
+# its references and comparisons live in another process, see fusionlab.grade)
+_isclose, _equal, _nonzero = torch.isclose, torch.equal, torch.Tensor.nonzero
 
 #: (atol, rtol) per dtype — a few units in the last place of each, since kernel and reference may
 #: round in a different order. The one table: tests import it too.
@@ -169,6 +181,16 @@ _POISON_BITS = {
 }
 
 
+#: the NaN behind an input: another payload than the poison's, so a kernel that copies it unmasked past the
+#: end of its output does not leave the guard looking untouched
+_PAD_BITS = {
+    torch.float64: (torch.int64, 0x7FF4B4B4B4B4B4B4),
+    torch.float32: (torch.int32, 0x7FB4B4B4),
+    torch.float16: (torch.int16, 0x7CB4),
+    torch.bfloat16: (torch.int16, 0x7FB4),
+}
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """``t``'s raw bits as integers (a copy on the CPU, contiguous)."""
     t = t.detach()
@@ -213,24 +235,72 @@ def first_unwritten(unwritten: torch.Tensor, cols: int) -> tuple[int, str]:
 
 
 _ALLOC_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+#: the sandboxes entered now, innermost last (the grading command's remote answer reports into the top one)
+ACTIVE: list[Sandbox] = []
+
+
+def _on_gpu(args) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in tree_leaves(args))
 
 
 class Sandbox(LaunchCounter):
     """Where a learner's answer runs: every allocation poisoned and guarded, every launch, torch op and
-    pass counted (see :class:`fusionlab.instrument.LaunchCounter`)."""
+    pass counted (see :class:`fusionlab.instrument.LaunchCounter`).
+
+    Two more ways torch can do the work are seen here: torch run *inside* a launch (by a
+    ``@triton.heuristics`` function or a pre-run hook: the launch counter leaves ops inside launches
+    to the interpreter, which copies with torch; compute ops are counted there too), and torch run with
+    Python dispatch switched off (``torch._C._DisableTorchDispatch()``), which no dispatch mode sees:
+    the profiler, below dispatch, still records those ops (:attr:`hidden_ops`)."""
 
     def __init__(self, guard: bool = True):
         super().__init__()
         self.guard = guard
         self.guards: list[torch.Tensor] = []
         self.allocations: list[torch.Tensor] = []
+        #: every aten op the dispatch mode saw, at any depth (what the profiler may also list)
+        self.seen: set[str] = set()
+        #: compute ops the profiler recorded that no dispatch mode saw: torch with dispatch switched off
+        self.hidden_ops: list[str] = []
+        self._prof = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if (self._state is None or self._state.depth == 0) and op_name(func) in _ALLOC_OPS:
+        name = op_name(func)
+        self.seen.add(name)
+        if (self._state is None or self._state.depth == 0) and name in _ALLOC_OPS:
             out = func(*args, **kwargs)
             return self._guarded(out)
+        if self._state is not None and self._state.depth > 0 and name not in FREE and name not in PASSES:
+            # torch computing inside a launch is the answer's (a heuristics function, a pre-run hook):
+            # the interpreter only copies there; on a GPU the autotuner's timing runs on CPU tensors
+            if not runtime.is_gpu() or _on_gpu((args, kwargs)):
+                self.torch_ops.append(name)
         return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def __enter__(self):
+        ACTIVE.append(self)
+        try:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._prof = profile(activities=[ProfilerActivity.CPU])
+            with _quiet_stderr():
+                self._prof.__enter__()
+        except Exception:  # a profiler already running (the learner's own): dispatch counting alone
+            self._prof = None
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            ACTIVE.remove(self)
+            if self._prof is not None:
+                with _quiet_stderr():
+                    self._prof.__exit__(None, None, None)
+                if not getattr(self, "remote", False):  # a remote answer's ops were profiled where it ran
+                    self.hidden_ops += sorted(_unseen_compute(self._prof.events(), self.seen))
+                self._prof = None
 
     def _guarded(self, out: torch.Tensor) -> torch.Tensor:
         # A dense layout (any order of strides) is the front of a longer buffer whose poisoned tail is
@@ -248,18 +318,92 @@ class Sandbox(LaunchCounter):
 
     def writes_past_the_end(self) -> tuple[int, int] | None:
         """``(count, first)``: guard elements overwritten and how far past the end the first one is."""
+        if getattr(self, "_remote_past", None) is not None:
+            return self._remote_past
         for g in self.guards:
             hit = ~poisoned(g)
             if hit.any():
                 return int(hit.sum()), int(hit.nonzero()[0][0])
         return None
 
+    def remote_spec(self) -> dict:
+        """The keyword arguments that build this sandbox again in the learner's process."""
+        return {"guard": self.guard}
+
+    def take_report(self, report: dict) -> None:
+        """Fill this sandbox from a :func:`report` made in another process (the grading command's learner
+        process): the launches (their tensors already mapped to this process's), ops, passes,
+        allocations (as meta tensors of their shapes) and the guards' verdict."""
+        self.launches += report["launches"]
+        self.torch_ops += report["torch_ops"]
+        self.passes += report["passes"]
+        self.hidden_ops += report["hidden_ops"]
+        self.allocations += [torch.empty(s, dtype=d, device="meta") for s, d in report["allocations"]]
+        self._remote_past = report["past"]
+        self.remote = True
+
+    def report(self) -> dict:
+        """What :meth:`take_report` takes (launch tensors left for the caller to map)."""
+        return {
+            "torch_ops": list(self.torch_ops),
+            "passes": list(self.passes),
+            "hidden_ops": list(self.hidden_ops),
+            "allocations": [(tuple(a.shape), a.dtype) for a in self.allocations],
+            "past": self.writes_past_the_end(),
+        }
+
+
+def _aten(event) -> str:
+    return event.name.removeprefix("aten::") if event.name.startswith("aten::") else ""
+
+
+def _unseen_compute(events, seen: set[str]) -> set[str]:
+    """The outermost compute ops the profiler recorded that the dispatch mode never saw. A composite op
+    (softmax) reaches a dispatch mode as what it decomposes into (_softmax): seen if a compute op under
+    it was; the ops an op's own code calls (mean's sum and div_) never reach it: not counted."""
+
+    def computes(name: str) -> bool:
+        return bool(name) and name not in FREE and name not in PASSES
+
+    def seen_below(e) -> bool:  # item() reaches it as _local_scalar_dense: below it, seen, no compute
+        return any(
+            (_aten(c) in seen and _aten(c) not in _ALLOC_OPS and _aten(c) not in PASSES) or seen_below(c)
+            for c in e.cpu_children
+        )
+
+    def outermost(e) -> bool:  # an op another op runs inside its own code never meets a dispatch mode
+        p = e.cpu_parent
+        while p is not None:
+            if _aten(p):
+                return False
+            p = p.cpu_parent
+        return True
+
+    return {
+        _aten(e) for e in events if computes(_aten(e)) and _aten(e) not in seen and outermost(e) and not seen_below(e)
+    }
+
+
+def _quiet_stderr():
+    # the profiler's start and stop print a line from C++ on some torch versions (not the learner's)
+    try:
+        return quiet_stderr()
+    except Exception:  # pragma: no cover - no file descriptor 2
+        return contextlib.nullcontext()
+
 
 def with_room_after(t: torch.Tensor) -> torch.Tensor:
-    """``t`` copied to the front of a longer buffer of zeros: a load past its end (a missing load mask)
-    reads finite zeros, not whatever memory follows, and cannot fault."""
+    """``t`` copied to the front of a longer buffer: a load past its end (a missing load mask) cannot
+    fault, and reads NaN, not zeros. Floats are padded with a NaN (:data:`_PAD_BITS`), so an unmasked
+    load shows up as NaN in the result (zeros would pass for a sum, a matmul, an add: they add nothing);
+    integers with zeros, a valid index wherever an unmasked load of them is used as one."""
     n = t.numel()
-    big = torch.zeros(n + max(n, GUARD_MIN), dtype=t.dtype, device=t.device)
+    big = torch.empty(n + max(n, GUARD_MIN), dtype=t.dtype, device=t.device)
+    if t.dtype in _PAD_BITS:
+        itype, bits = _PAD_BITS[t.dtype]
+        big.view(itype).fill_(bits)
+    else:
+        big.zero_()
     big[:n] = t.reshape(-1)
     return big[:n].view(t.shape)
 
@@ -311,7 +455,7 @@ def call_learner(fn: Callable, *args, name: str, where: str = "", seed: int | No
         stub = stub_hint(e)
         if stub is not None:
             raise CheckFailed(f"{name}: not done yet — {stub}") from None
-        line = _learner_frame(e.__traceback__)
+        line = getattr(e, "learner_line", None) or _learner_frame(e.__traceback__)
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         msg = f"{where or name}: your code raised {type(e).__name__}: {first}"
         if line:
@@ -359,7 +503,7 @@ def assert_close(
     atol, rtol = tolerance(expected.dtype)
     a = actual.detach().double().cpu().flatten()
     e = expected.detach().double().cpu().flatten()
-    bad = ~torch.isclose(a, e, atol=atol, rtol=rtol, equal_nan=True)
+    bad = ~_isclose(a, e, atol=atol, rtol=rtol, equal_nan=True)
     if bad.any():
         idx = bad.nonzero().flatten()
         i = idx[0].item()
@@ -371,13 +515,27 @@ def assert_close(
         )
 
 
+def nearer_to(actual: torch.Tensor, want: torch.Tensor, alt: torch.Tensor, share: float = 0.75) -> bool:
+    """Whether ``actual`` is systematically the rounding of ``alt`` rather than of ``want`` (both float64):
+    on the elements where the two round to different values in ``actual``'s dtype, ``actual`` sits
+    nearer ``alt`` at least ``share`` of the time. A different function can hide inside a 16-bit
+    tolerance (the tanh GELU for the exact one); it cannot hide from this, given enough such elements."""
+    a = actual.detach().double().cpu().flatten()
+    w, x = want.double().cpu().flatten(), alt.double().cpu().flatten()
+    differ = w.to(actual.dtype) != x.to(actual.dtype)
+    if int(differ.sum()) < 16:
+        return False
+    nearer = (a[differ] - x[differ]).abs() < (a[differ] - w[differ]).abs()
+    return float(nearer.double().mean()) >= share
+
+
 def _snapshot(inputs) -> list:
     return [_bits(t).clone() if isinstance(t, torch.Tensor) else None for t in inputs]
 
 
 def _changed_input(inputs, before) -> int | None:
     for i, (t, b) in enumerate(zip(inputs, before, strict=True)):
-        if b is not None and not torch.equal(_bits(t), b):
+        if b is not None and not _equal(_bits(t), b):
             return i
     return None
 
@@ -400,22 +558,25 @@ def check_function(
     allow_torch_ops: bool = False,
     hint: str = "",
     quiet: bool = False,
+    draw: bool = True,
 ) -> Passed:
     """Run ``student(*inputs)`` against ``reference(*inputs)`` on fresh inputs of every size and dtype.
 
     ``sizes``: what ``make_inputs(size, dtype, gen)`` takes (lengths or shapes); ``many``: one more
     size, large enough to need many programs (checked in the first dtype); the last of ``sizes`` is
-    tried a second time with fresh values. ``launches``: the Triton launches the answer must make (1
-    for a fused answer; None: not counted). ``allow_torch_ops=False``: no torch compute and no torch
-    passes over tensor data.
+    tried a second time with fresh values. With ``draw``, the sizes are not all fixed: lengths get one
+    drawn afresh at a block boundary for each dtype, in place of the second to last (:func:`drawn_sizes`),
+    and under the grading command shapes get one drawn more (:func:`drawn_shape`). ``launches``: the
+    Triton launches the answer must make (1 for a fused answer; None: not counted).
+    ``allow_torch_ops=False``: no torch compute and no torch passes over tensor data.
     """
     dtypes = list(dtypes) if dtypes is not None else [torch.float32, runtime.HALF]
     seed = new_seed()
-    plan = [(d, s) for d in dtypes for s in sizes]
-    if many is not None:
-        plan.append((dtypes[0], many))
-    plan.append((dtypes[-1], sizes[-1]))  # the same size again, fresh values: no caching by shape
     with seeded(seed):
+        plan = [(d, s) for d in dtypes for s in _with_drawn(sizes, draw)]
+        if many is not None:
+            plan.append((dtypes[0], many))
+        plan.append((dtypes[-1], sizes[-1]))  # the same size again, fresh values: no caching by shape
         for dtype, size in plan:
             _check_once(student, reference, make_inputs, name, size, dtype, launches, allow_torch_ops, hint, seed)
     desc = (
@@ -439,19 +600,56 @@ def _size_text(size) -> str:
     return f"shape {tuple(size)}" if isinstance(size, (tuple, list)) else f"size {size}"
 
 
-def _check_once(student, reference, make_inputs, name, size, dtype, launches, allow_torch_ops, hint, seed):
-    gen = fresh_generator()
-    inputs = make_inputs(size, dtype, gen)
-    where = f"{name}, {_size_text(size)}, {dtype_name(dtype)}"
-    expected = reference(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
-    before = _snapshot(inputs)
-    with Sandbox() as box:
-        actual = call_learner(student, *inputs, name=name, where=where, seed=seed)
-    changed = _changed_input(inputs, before)
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 kernel``, ``2 kernels`` (``many``: the plural when it is not ``word + "s"``)."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+#: the advice for a store past the end, unless a lesson has words of its own
+_STORE_HINT = (
+    "Mask every store: offs < n for a 1-D block, (offs_m[:, None] < n_rows) & (offs_n[None, :] < n_cols) for "
+    "a 2-D tile."
+)
+
+
+def run_answer(
+    fn: Callable,
+    args: Sequence,
+    *,
+    name: str,
+    where: str,
+    seed: int,
+    kwargs: dict | None = None,
+    box: Sandbox | None = None,
+    allow_torch_ops: bool = False,
+    store_hint: str = _STORE_HINT,
+    torch_hint: str = "",
+    torch_message: Callable[[str], str] | None = None,
+    before_torch: Callable[[Sandbox, object], None] | None = None,
+):
+    """The sequence every kernel check runs, in one place: call ``fn(*args, **kwargs)`` in a
+    :class:`Sandbox` (``box``: a subclass), then refuse, each with its own message, an answer that
+
+    1. changed one of its inputs (compared bit for bit);
+    2. wrote past the end of a tensor it allocated (a guard zone overwritten, on a GPU as on a CPU);
+    3. launched one of the package's own kernels;
+    4. computed or moved tensor data with torch (unless ``allow_torch_ops``): ops seen outside
+       launches, inside them (a heuristics function, a pre-run hook), and with dispatch switched off.
+
+    ``before_torch(box, output)``: a lesson's own check, run before the torch check (a more pointed message for
+    some ops); ``torch_message(ops)``: a lesson's own words for torch doing the work.
+    Returns ``(output, box)``; the reference is the caller's to compute *after* this returns,
+    so nothing the answer runs can find it on the stack."""
+    kwargs = kwargs or {}
+    before = _snapshot(args)
+    box = box if box is not None else Sandbox()
+    with box:
+        out = call_learner(lambda: fn(*args, **kwargs), name=name, where=where, seed=seed)
+    changed = _changed_input(args, before)
     if changed is not None:
         raise fail(
             f"{where}: your code changed input {changed} (argument {changed + 1}). A kernel reads its "
-            "inputs and writes only its own output: check which pointer each tl.store writes to.",
+            "inputs and writes only its own outputs: check which pointer each tl.store writes to.",
             seed,
         )
     past = box.writes_past_the_end()
@@ -459,15 +657,24 @@ def _check_once(student, reference, make_inputs, name, size, dtype, launches, al
         count, first = past
         start = "right after the end" if first == 0 else f"{first} elements after the end"
         raise fail(
-            f"{where}: the kernel wrote {count} elements past the end of its output (the first {start}). "
-            "Mask every store: offs < n for a 1-D block, (offs_m[:, None] < n_rows) & (offs_n[None, :] < "
-            "n_cols) for a 2-D tile.",
+            f"{where}: the kernel wrote {plural(count, 'element')} past the end of a tensor it allocated (the "
+            f"first {start}). {store_hint}",
             seed,
         )
     refuse_own_kernels(box, where, seed, "Write the kernel yourself: that is the exercise.")
+    if before_torch is not None:
+        before_torch(box, out)
+    if box.hidden_ops:
+        raise fail(
+            f"{where}: torch computes with dispatch switched off ({', '.join(box.hidden_ops)}). Computing "
+            "outside the kernel and copying the result in is not fused: do the work in your kernel.",
+            seed,
+        )
     if not allow_torch_ops and (box.torch_ops or box.passes):
         ops = ", ".join(sorted(set(box.torch_ops))) or ""
         moves = ", ".join(sorted(set(box.passes))) or ""
+        if torch_message is not None:
+            raise fail(f"{where}: {torch_message(', '.join(sorted(set(box.torch_ops) | set(box.passes))))}", seed)
         if ops:
             msg = (
                 f"{where}: the answer computes with torch ({ops}). The result may be right, but the "
@@ -479,29 +686,133 @@ def _check_once(student, reference, make_inputs, name, size, dtype, launches, al
                 "pass through memory of its own. Load in the input's dtype and cast inside the kernel "
                 "(x.to(tl.float32)); allocate the output with torch.empty_like, in the output's dtype."
             )
-        raise fail(msg, seed)
-    if launches is not None:
-        got = len(box.launches)
-        if got != launches:
-            what = ", ".join(box.names) or "none"
-            msg = (
-                f"{where}: expected {launches} Triton kernel launch{'es' if launches != 1 else ''}, saw {got} ({what})."
-            )
-            if got > launches:
-                msg += " Each launch is a round trip through HBM: fuse them into one kernel."
-            raise fail(msg, seed)
-        if launches and isinstance(actual, torch.Tensor):
-            given = {_storage(t) for la in box.launches for t in la.tensors}
-            missing = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and _storage(t) not in given]
-            if missing or _storage(actual) not in given:
-                what = f"input {missing[0]}" if missing else "the tensor you return"
-                raise fail(
-                    f"{where}: {what} is not passed to your kernel. The kernel itself must read the "
-                    "inputs and write the output (computing elsewhere and copying is not fused).",
-                    seed,
+        raise fail(f"{msg} {torch_hint}".rstrip(), seed)
+    return out, box
+
+
+def _tensors_of(out) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def require_launches(box: Sandbox, out, inputs: Sequence, where: str, seed: int, *, launches: int = 1, why: str = ""):
+    """Refuse an answer that did not make exactly ``launches`` Triton launches, or whose kernels were not
+    handed every input and every tensor it returns (computed elsewhere and copied in is not fused).
+    ``why``: the lesson's words on why the work belongs in one kernel."""
+    got = len(box.launches)
+    if got != launches:
+        what = ", ".join(box.names) or "none"
+        want = plural(launches, "Triton kernel launch", "Triton kernel launches")
+        msg = f"{where}: expected {want}, saw {got} ({what})."
+        own = {_storage(a) for a in box.allocations if a.device.type != "meta"}
+        if got == 0 and _tensors_of(out):
+            if not any(_storage(t) in own for t in _tensors_of(out) if t.device.type != "meta"):
+                msg = (
+                    f"{where}: your function returned without launching a kernel in this call, a tensor it did "
+                    "not allocate in this call: a result kept from an earlier call? Each call must compute "
+                    "on the inputs it is given (the checker tries the same shape twice, with fresh values)."
                 )
+        elif got > launches:
+            msg += f" {why or 'Each launch is a round trip through HBM: fuse them into one kernel.'}"
+        raise fail(msg, seed)
+    if launches:
+        given = {_storage(t) for la in box.launches for t in la.tensors}
+        missing = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and _storage(t) not in given]
+        unlaunched = [t for t in _tensors_of(out) if _storage(t) not in given]
+        if missing or unlaunched:
+            what = f"input {missing[0]}" if missing else "the tensor you return"
+            raise fail(
+                f"{where}: {what} is not passed to your kernel. The kernel itself must read the "
+                "inputs and write the output (computing elsewhere and copying is not fused).",
+                seed,
+            )
+
+
+#: set by the grading command (fusionlab.grade): checkers add cases drawn afresh that the notebook's
+#: stored messages do not count (a notebook's ✓ line stays the same from run to run)
+GRADING = [False]
+
+
+def _with_drawn(sizes: Sequence, draw: bool) -> list:
+    sizes = list(sizes)
+    if not draw:
+        return sizes
+    if all(isinstance(s, int) for s in sizes) and len(sizes) >= 3:
+        sizes[-2] = drawn_sizes(1)[0] if _CURRENT[-1].random() < 0.5 else drawn_sizes(2)[1]
+    elif GRADING[0] and all(isinstance(s, tuple) and len(s) == 2 for s in sizes):
+        sizes.append(drawn_shape())
+    return sizes
+
+
+def drawn_sizes(count: int = 2, lo: int = 4, hi: int = 12) -> list[int]:
+    """Lengths drawn at random on every call (from the running check's seed) at a block boundary: a power
+    of two 2**k (k from ``lo`` to ``hi``), the block itself, then one either side of another. An answer
+    cannot special-case them, and a mask off by one at n equal to the block shows."""
+    rng = _CURRENT[-1] if _CURRENT else random.Random(new_seed())
+    out = [2 ** rng.randint(lo, hi)]
+    while len(out) < count:
+        out.append(2 ** rng.randint(lo, hi) + rng.choice((-1, 1)))
+    return out
+
+
+def drawn_length(lo: int = 4, hi: int = 11) -> int:
+    """A length drawn on every call at a block boundary: 2**k (k from ``lo`` to ``hi``) or one either side."""
+    rng = _CURRENT[-1] if _CURRENT else random.Random(new_seed())
+    return 2 ** rng.randint(lo, hi) + rng.choice((-1, 0, 0, 1))
+
+
+def drawn_shape(rows_max: int = 70, lo: int = 4, hi: int = 11) -> tuple[int, int]:
+    """A ``(rows, cols)`` drawn on every call: ``cols`` a :func:`drawn_length`, ``rows`` from 1 to
+    ``rows_max``."""
+    rng = _CURRENT[-1] if _CURRENT else random.Random(new_seed())
+    return rng.randint(1, rows_max), drawn_length(lo, hi)
+
+
+def _check_once(student, reference, make_inputs, name, size, dtype, launches, allow_torch_ops, hint, seed):
+    gen = fresh_generator()
+    inputs = make_inputs(size, dtype, gen)
+    where = f"{name}, {_size_text(size)}, {dtype_name(dtype)}"
+    actual, box = run_answer(student, inputs, name=name, where=where, seed=seed, allow_torch_ops=allow_torch_ops)
+    if launches is not None:
+        require_launches(box, actual, inputs, where, seed, launches=launches)
+    # the reference only now: nothing the answer ran could read it off this frame
+    expected = reference(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
     unwritten = poisoned(actual) if isinstance(actual, torch.Tensor) else None
     assert_close(actual, expected, what=where, hint=hint, seed=seed, unwritten=unwritten)
+
+
+def check_function_pair(
+    student: Callable,
+    reference: Callable,
+    make_inputs: Callable[[object, torch.dtype, torch.Generator], tuple],
+    *,
+    name: str,
+    parts: tuple[str, str],
+    hints: tuple[str, str],
+    **kwargs,
+) -> int:
+    """:func:`check_function` for an answer that returns a pair of tensors from one kernel (a backward's two
+    gradients): each of ``parts`` in turn, against the same element of ``reference``'s pair, every check of
+    the one (fresh inputs, poison, inputs unchanged, the launch count, the launch handed the output) for each.
+    Returns the number of checks run."""
+    checks = 0
+    for index, part in enumerate(parts):
+
+        def one(*args, index=index):
+            out = student(*args)
+            if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                raise CheckFailed(f"{name}: return ({', '.join(parts)}), a pair of tensors; got {type(out).__name__}.")
+            return out[index]
+
+        checks += check_function(
+            one,
+            lambda *args, index=index: reference(*args)[index],
+            make_inputs,
+            name=f"{name} ({part})",
+            hint=hints[index],
+            quiet=True,
+            **kwargs,
+        ).checks
+    return checks
 
 
 # -- numbers and ledgers -----------------------------------------------------------------------------

@@ -81,7 +81,7 @@ def compile_with_code(
     generated for it (C++ kernels on a CPU, Triton kernels on a GPU).
 
     Inductor caches compiled graphs, so the code is only generated (and seen) on a fresh compile:
-    this calls ``torch._dynamo.reset()`` first, and every function compiled earlier in the session
+    this calls ``torch._dynamo.reset()`` first, and every function compiled earlier in the process
     recompiles on its next call (keep that out of a timing: warm up again; Inductor's on-disk cache
     makes the recompile quick). Several graphs (graph breaks) come back joined by a
     ``# ---- next compiled graph ----`` line. ``compile_kwargs`` go to ``torch.compile`` (e.g.

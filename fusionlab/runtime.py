@@ -65,21 +65,41 @@ def decide_mode(requested: str, capability: tuple[int, int] | None, triton_env: 
         return INTERPRETER, (
             f"this GPU has compute capability {capability[0]}.{capability[1]}; Triton supports "
             f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} and newer. Triton kernels run in the interpreter "
-            "(correct, slow) and the lessons show recorded GPU timings. Set FUSIONLAB_MODE=gpu to try Triton "
-            "on this GPU anyway (element-wise kernels often work; tl.dot is slow or fails)."
+            "(correct, slow) and the lessons show recorded GPU timings. To try Triton on this GPU anyway "
+            "(element-wise kernels often work; tl.dot is slow or fails), set FUSIONLAB_MODE=gpu before "
+            "`import fusionlab`, in a fresh kernel (Jupyter: `%env FUSIONLAB_MODE=gpu` as the first cell)."
         )
     return GPU, f"CUDA GPU with compute capability {capability[0]}.{capability[1]}"
 
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+def _has_triton() -> bool:
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # an import hook that refuses it, or a module without a spec
+        return False
+
+
+#: whether a real Triton is importable; without one (macOS, Windows) the stand-ins of
+#: ``fusionlab._no_triton`` take its place, so the torch cells run and the Triton cells say what they need
+HAS_TRITON = _has_triton()
+if not HAS_TRITON:
+    from . import _no_triton
+
+    _no_triton.install()
 CAPABILITY = _cuda_capability()
 MODE, REASON = decide_mode(os.environ.get("FUSIONLAB_MODE", "auto"), CAPABILITY, os.environ.get("TRITON_INTERPRET"))
+if not HAS_TRITON:  # no kernel can run, on a GPU or not: the lessons take their CPU sizes and recorded timings
+    MODE = INTERPRETER
+    REASON = (
+        "Triton is not installed (Triton publishes wheels for Linux only): torch cells run on the CPU, "
+        "Triton cells say they need Linux or Colab, timings shown are recorded"
+    )
 
 
 if MODE == INTERPRETER:
     # Must happen before any @triton.jit below (or in a notebook) is decorated.
     os.environ["TRITON_INTERPRET"] = "1"
-    if "triton.language" in sys.modules:  # imported before us: mend what it already compiled
+    if HAS_TRITON and "triton.language" in sys.modules:  # imported before us: mend what it already compiled
         _triton.reinterpret_helpers()
 
 #: where Triton kernels' tensors live
@@ -101,14 +121,6 @@ def is_interpreter() -> bool:
 def pick(*, gpu, interpreter):
     """The value for this mode: full sizes on a GPU, small ones for the interpreter."""
     return gpu if MODE == GPU else interpreter
-
-
-def require_triton() -> None:
-    if not HAS_TRITON:
-        raise ImportError(
-            f"Triton is not installed for {platform.system()}: Triton publishes wheels for Linux only. "
-            "The torch cells of this lesson still run; for the Triton cells use Linux or Colab."
-        )
 
 
 def version(mod: str) -> str | None:

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Lesson 1 in headless Chromium: JupyterLab 4 + ipywidgets 8 (the course's .venv), then classic
-# Notebook 6.5 + ipywidgets 7.7.1 + widgetsnbextension 3.6 (Colab's widget versions, in its own venv).
+# The lessons in headless Chromium: every core lesson in JupyterLab 4 + ipywidgets 8 (the course's .venv),
+# after START_HERE opened from the address the lab prints; then lessons 1, 4 and 7 in classic Notebook 6.5
+# + ipywidgets 7.7.1 + widgetsnbextension 3.6 (Colab's widget versions, in its own venv). Each lesson: Run
+# All, no error, every trip animation steps, every timing-bar image loads at its drawn size.
 #
 #   bash scripts/browser_test.sh                      # both; screenshots and result.json in out/browser/
 #   bash scripts/browser_test.sh --frontends lab      # arguments go to scripts/browser_test.py
+#   bash scripts/browser_test.sh --lab-lessons notebooks/01_the_warehouse.ipynb   # one lesson
 #
 # Installs what it needs, never into .venv: Debian's chromium (apt-get, as root), a venv with the
 # playwright package (its driver only: the browser is Debian's, no browser download), and the classic

@@ -34,7 +34,7 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DIRS = ("notebooks", "solutions")
+DEFAULT_DIRS = ("notebooks", "notebooks/deep", "solutions")  # deep: the lessons' optional deep dives
 
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 #: notebook-level metadata keys that change on every run or save and carry nothing for the course
@@ -123,7 +123,8 @@ def write_if_changed(path: str | Path, text: str) -> bool:
 
 
 def default_notebooks(root: Path = ROOT) -> list[Path]:
-    """The notebooks an instructor maintains by hand: ``notebooks/*.ipynb`` and ``solutions/*.ipynb``."""
+    """The notebooks an instructor maintains by hand: ``notebooks/*.ipynb``, ``notebooks/deep/*.ipynb`` and
+    ``solutions/*.ipynb``."""
     return [p for d in DEFAULT_DIRS for p in sorted((root / d).glob("*.ipynb"))]
 
 

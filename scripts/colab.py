@@ -2,7 +2,10 @@
 
 One repository URL serves every badge and every set-up cell: :data:`REPO_URL`, overridden by the
 environment variable ``FUSIONLAB_REPO`` (and the branch by ``FUSIONLAB_BRANCH``, default ``main``).
-Change it here, rerun this script on the notebooks, commit.
+To publish the course under another address, one command sets it here and rewrites every badge, every
+set-up cell and START_HERE.ipynb; then commit (a test checks that every notebook agrees with it)::
+
+    python scripts/colab.py --set-repo https://github.com/<owner>/<name>
 
 What it adds to a notebook (idempotent: a second run changes nothing; a changed URL is updated in place):
 
@@ -30,6 +33,8 @@ Usage::
     python scripts/colab.py --check notebooks/*.ipynb exercises/*.ipynb solutions/*.ipynb  # exit 1 if stale
     python scripts/colab.py --landing           # (re)write START_HERE.ipynb from the notebooks present
     python scripts/colab.py --check --landing   # exit 1 if START_HERE.ipynb is stale
+    python scripts/colab.py --all               # every notebook of the course, and START_HERE.ipynb
+    python scripts/colab.py --set-repo URL      # REPO_URL := URL in this file, then --all
     python scripts/colab.py --install DIR       # on Colab (the set-up cell calls install()): install DIR
 
 For ``exercises/``, which ``make_exercises.py`` generates from ``solutions/``, call :func:`apply` on each
@@ -120,7 +125,15 @@ if "google.colab" in sys.modules:
 
     repo, clone = "{repo_url()}", "{CLONE_DIR}"
     if not os.path.isdir(clone):
-        subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", "{branch()}", repo, clone], check=True)
+        cmd = ["git", "clone", "--quiet", "--depth", "1", "--branch", "{branch()}", repo, clone]
+        got = subprocess.run(cmd, capture_output=True, text=True)
+        if got.returncode != 0:
+            raise SystemExit(
+                f"Could not fetch the course from {{repo}} (git said: {{got.stderr.strip()}}).\\n"
+                "Either it is not published at that address, or this runtime has no network. If you have the "
+                "course as a folder or a zip, upload it to /content/fusionlab (Files panel, or copy it from "
+                "Google Drive) and run this cell again."
+            )
     runpy.run_path(f"{{clone}}/scripts/colab.py")["install"](clone)  # pip --no-deps; prints what runs live
     sys.path.insert(0, clone)  # fusionlab importable now, without restarting the runtime
     os.chdir(f"{cd}")  # this notebook's folder, as when it runs locally'''
@@ -261,32 +274,22 @@ to compare."""
 - **A GPU Triton supports** (compute capability 8.0 or newer: A100, L4, H100, H200): full sizes,
   live timings, the roofline of your own GPU.
 - **Colab**: the badge on each lesson opens it there, and its first code cell installs the course
-  beside Colab's own torch, triton and ipywidgets (it replaces none of them). On a T4 (sm_75, which
-  Triton does not support) the Triton cells run in the interpreter and the timings are the recorded
-  ones, labelled; the cell says what runs live on your runtime.
+  beside Colab's own torch, triton and ipywidgets (it replaces none of them), then says what runs
+  live on your runtime. On a T4 (sm_75, which Triton does not support) the Triton cells run in the
+  interpreter and the torch cells on the CPU beside them (a lesson compares a kernel with torch on one
+  device); the timings are the recorded GPU ones, labelled. To try Triton on the T4 itself: restart
+  the session, run `%env FUSIONLAB_MODE=gpu` first, then Run all.
 - macOS and Windows have no Triton wheels: the torch cells run, the Triton cells say they need Linux
   or Colab.
 
-`import fusionlab` decides where kernels run, once, and `fusionlab.info()` says what it decided
-(override with `FUSIONLAB_MODE=gpu` or `FUSIONLAB_MODE=interpreter`, set before the import)."""
+`import fusionlab` decides where kernels run, once, and `fusionlab.info()` says what it decided.
+To override it, set `FUSIONLAB_MODE=gpu` or `FUSIONLAB_MODE=interpreter` before that import: in a
+fresh kernel, `%env FUSIONLAB_MODE=gpu` as the first cell."""
 
-    commands = """## Commands
-
-From the repository's root, in a terminal:
-
-| command | what it does |
-|---|---|
-| `bash scripts/setup.sh lab` | set up `.venv` and open this page in JupyterLab |
-| `bash scripts/setup.sh test` | the unit tests, then strict nbval on every lesson and solution (what CI runs) |
-| `bash scripts/setup.sh nbval` | strict nbval only, on this machine's CPU or GPU |
-| `bash scripts/setup.sh record` | on a GPU: record every lesson's benchmarks into `fusionlab/recorded/` |
-| `bash scripts/setup.sh exercises` | regenerate `exercises/` from `solutions/` |
-| `bash scripts/browser_test.sh` | lesson 1 in headless Chromium, JupyterLab and classic Notebook |
-
-Instructors: `INSTRUCTORS.md` has what each lesson teaches, how long it takes, where learners stumble
-and how to grade. This page is generated by `python scripts/colab.py --landing` from the notebooks
-present."""
-    return [intro, table, where, commands]
+    more = """Instructors and maintainers: `INSTRUCTORS.md` has what each lesson teaches, how long it takes,
+where learners stumble and how to grade; `README.md` lists the commands (tests, nbval, recording,
+the browser test). This page is generated by `python scripts/colab.py --landing`."""
+    return [intro, table, where, more]
 
 
 def landing_notebook(root: Path = ROOT):
@@ -367,8 +370,9 @@ def _requirements(clone: Path) -> list[str]:
 def live_summary(
     mode: str, device: str, capability: tuple[int, int] | None, gpu_name: str | None, recorded: str | None
 ) -> str:
-    """What runs live on this runtime, in a few lines (pure: tested on any machine)."""
-    where = f"recorded on {recorded}" if recorded else "recorded on a GPU"
+    """What runs live on this runtime, in a few lines (pure: tested on any machine). ``recorded`` is the
+    label of the recording the lessons show (``fusionlab.bench.recorded().label()``, which says itself
+    that it is recorded)."""
     lines = []
     if capability is None:
         lines.append("No GPU in this runtime (Runtime > Change runtime type > T4 GPU gives one).")
@@ -381,13 +385,14 @@ def live_summary(
             lines.append("Triton supports sm_80 and newer, so on this GPU:")
         lines += [
             "  Triton kernels: in Triton's interpreter on the CPU (correct, slow, small sizes)",
-            f"  torch cells:    on {device}",
-            f"  timings shown:  {where}, and labelled so",
+            f"  torch cells:    on {device}, beside them (each lesson compares a kernel with torch on one device)",
+            f"  timings shown:  {recorded or 'recorded on a GPU, and labelled so'}",
         ]
         if capability is not None:
             lines.append(
-                "FUSIONLAB_MODE=gpu, set before `import fusionlab`, tries Triton on this GPU anyway "
-                "(element-wise kernels often work; tl.dot is slow or fails)."
+                "To try Triton on this GPU anyway (element-wise kernels often work; tl.dot is slow or fails): "
+                "Runtime > Restart session, run `%env FUSIONLAB_MODE=gpu` in a new first cell, then Run all. "
+                "The mode is decided once, at `import fusionlab` (this cell imported it)."
             )
     return "\n".join(lines)
 
@@ -437,6 +442,29 @@ def install(clone: str | Path = CLONE_DIR) -> None:
         print(f"(could not summarise what runs live here: {e!r}; `fusionlab.info()` in the next cell says)")
 
 
+def course_notebooks(root: Path = ROOT) -> list[Path]:
+    """Every notebook that carries a badge and a set-up cell: lessons, exercises, solutions."""
+    return [p for folder in ("notebooks", "exercises", "solutions") for p in sorted((root / folder).glob("*.ipynb"))]
+
+
+_REPO_LINE = re.compile(r'^REPO_URL = "[^"]*"$', re.M)
+
+
+def set_repo(url: str, root: Path = ROOT) -> None:
+    """Make ``url`` the course's address: the :data:`REPO_URL` line of ``root``'s copy of this script,
+    and this process's value (``FUSIONLAB_REPO`` set in the environment would still win)."""
+    global REPO_URL
+    url = url.strip().rstrip("/").removesuffix(".git")
+    if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url):
+        raise ValueError(f"{url!r}: Colab opens notebooks from GitHub only; give https://github.com/<owner>/<name>")
+    script = root / "scripts" / "colab.py"
+    text = script.read_text(encoding="utf-8")
+    if len(_REPO_LINE.findall(text)) != 1:
+        raise ValueError(f'{script} has no single `REPO_URL = "..."` line to rewrite')
+    script.write_text(_REPO_LINE.sub(f'REPO_URL = "{url}"', text), encoding="utf-8")
+    REPO_URL = url
+
+
 # -- the command line -------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -445,13 +473,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--landing", action="store_true", help=f"also write (or check) {LANDING}")
     parser.add_argument("--root", type=Path, default=ROOT, help="the repository root (default: this checkout)")
     parser.add_argument("--install", metavar="DIR", help="install the course at DIR here (what Colab runs)")
+    parser.add_argument("--all", action="store_true", help="every notebook of the course, and the landing page")
+    parser.add_argument("--set-repo", metavar="URL", help="set REPO_URL in this script to URL, then --all")
     args = parser.parse_args(argv)
 
     if args.install:
         install(args.install)
         return 0
+    if args.set_repo:
+        if args.check:
+            parser.error("--set-repo writes; check with --all --check")
+        try:
+            set_repo(args.set_repo, args.root)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        args.all = True
+    if args.all:
+        args.paths = [*args.paths, *course_notebooks(args.root)]
+        args.landing = True
     if not args.paths and not args.landing:
-        parser.error("nothing to do: give notebooks, --landing, or both")
+        parser.error("nothing to do: give notebooks, --landing, --all or --set-repo")
 
     clean = _clean()
     try:

@@ -247,7 +247,8 @@ def _analyse(source: str, from_line: int | None) -> tuple[set[str], set[str], se
 # -- the generator ----------------------------------------------------------------------------------
 #: the import of a lesson's checkers, after which the exercise switches on short messages
 CHECKERS_IMPORT = re.compile(r"^from fusionlab\.lessons\.l\d+ import checkers as ex\s*$", re.M)
-SHORT_MESSAGES = "fl.grading.install_notebook_messages(exercise=True)  # a blank not yet filled: one short message"
+#: (the semicolon: the call returns whether it installed them, which the cell would otherwise show as `True`)
+SHORT_MESSAGES = "fl.grading.install_notebook_messages(exercise=True);  # a blank not yet filled: one short message"
 
 
 def make_exercise(solution: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:

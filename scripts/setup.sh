@@ -12,8 +12,10 @@
 # `exercises --check`. FUSIONLAB_DRY_RUN=1 prints the command instead of setting up and running it.
 #
 # torch: if the Python that makes the venv already has torch (a GPU box, a conda env), the venv
-# sees it and keeps it. Otherwise it installs torch==2.13.0 (on the course's CPU machines a CPU
-# wheel is on disk; an unpinned torch would pull gigabytes of CUDA packages).
+# sees it and keeps it. Otherwise it installs torch==2.13.0: with an NVIDIA GPU (nvidia-smi lists one)
+# or on macOS, PyPI's build (on Linux the CUDA one, several GB); with no GPU, PyTorch's CPU build from
+# its CPU index (a few hundred MB) when that index answers, else PyPI's torch==2.13.0 as pip finds it
+# (an offline machine's local wheel cache). FUSIONLAB_TORCH=cpu|cuda forces the choice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -31,8 +33,10 @@ case "$cmd" in
   lab)
     extra=()
     [ "$(id -u)" = 0 ] && extra+=(--allow-root)  # containers and cloud boxes often run as root
-    # the repository root, so notebooks/, exercises/ and solutions/ are all one click away
-    run=(.venv/bin/jupyter lab "${extra[@]}" --ServerApp.root_dir="$PWD" START_HERE.ipynb "$@") ;;
+    # the repository root, so notebooks/, exercises/ and solutions/ are all one click away; the lab's
+    # default URL is START_HERE.ipynb, so the address it prints (what a remote box, a container or WSL
+    # copies into a browser) lands there too, not only the local redirect page it opens itself
+    run=(.venv/bin/jupyter lab "${extra[@]}" --ServerApp.root_dir="$PWD" --LabApp.default_url=/lab/tree/START_HERE.ipynb "$@") ;;
   test)
     # Unit tests, then every lesson and solution notebook under strict nbval (outputs compared,
     # except cells tagged nbval-ignore-output because they depend on the device). pytest-xdist runs
@@ -52,7 +56,28 @@ case "$cmd" in
   *) usage ;;
 esac
 
+TORCH=torch==2.13.0
+CPU_INDEX=https://download.pytorch.org/whl/cpu
+torch_build() {  # cuda: PyPI's torch; cpu: PyTorch's CPU index
+  case "${FUSIONLAB_TORCH:-auto}" in
+    cpu|cuda) echo "$FUSIONLAB_TORCH" ;;
+    auto)
+      if [ "$(uname -s)" = Darwin ] || { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
+        echo cuda  # macOS: PyPI's torch is its CPU build anyway
+      else
+        echo cpu
+      fi ;;
+  esac
+}
+case "${FUSIONLAB_TORCH:-auto}" in
+  cpu|cuda|auto) ;;
+  *) echo "FUSIONLAB_TORCH=$FUSIONLAB_TORCH: give cpu, cuda or leave it unset" >&2; exit 2 ;;
+esac
+torch_args=("$TORCH")
+[ "$(torch_build)" = cpu ] && torch_args+=(--index-url "$CPU_INDEX")
+
 if [ -n "${FUSIONLAB_DRY_RUN:-}" ]; then
+  echo "torch, if the venv has none: pip install ${torch_args[*]}" >&2
   [ ${#run[@]} -gt 0 ] && printf '%s\n' "${run[@]}"
   exit 0
 fi
@@ -65,7 +90,13 @@ if [ ! -x "$VPY" ]; then
   fi
 fi
 "$VPY" -m pip install -q --upgrade pip
-"$VPY" -c "import torch" 2>/dev/null || "$VPY" -m pip install -q "torch==2.13.0"
+if ! "$VPY" -c "import torch" 2>/dev/null; then
+  if [ ${#torch_args[@]} -gt 1 ] && ! "$VPY" -c "import urllib.request as u; u.urlopen('$CPU_INDEX/', timeout=5)" 2>/dev/null; then
+    echo "setup: PyTorch's CPU index ($CPU_INDEX) does not answer; installing $TORCH as pip finds it" >&2
+    torch_args=("$TORCH")  # offline: a local wheel cache (pip's find-links) serves it
+  fi
+  "$VPY" -m pip install -q "${torch_args[@]}"
+fi
 "$VPY" -m pip install -q -e ".[course,test,dev]"
 "$VPY" -c "import fusionlab; print(fusionlab.info())"
 

@@ -10,8 +10,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from conftest import gpu_only
 
 from fusionlab import runtime
@@ -22,7 +20,6 @@ from fusionlab.kernels.attention import (
     TMA_MIN_FLOPS,
     TMA_TABLE,
     _config,
-    _exp2_fma,
     attention,
     attention_bytes,
     attention_config,
@@ -126,9 +123,9 @@ def test_even_keys_and_descriptor_store(shape, variant):
         assert_attention(o, lse, *attention_reference(q, k, v, causal), 1e-2, 2e-3)
 
 
-# -- FA4's conditional rescale (LAZY_RESCALE) -----------------------------------------------------
+# -- scores that climb along the keys ------------------------------------------------------------
 LOG2E = 1.4426950408889634
-LAZY_TILE = {"BLOCK_M": 32, "BLOCK_N": 16}  # fixed, so _lazy_events replays the kernel's blocks
+FIXED_TILE = {"BLOCK_M": 32, "BLOCK_N": 16}  # fixed, so the blocks a row's max climbs over are known
 
 
 def _rising_qkv(B, H, H_kv, N_q, N_k, D, dtype, seed=0):
@@ -136,11 +133,9 @@ def _rising_qkv(B, H, H_kv, N_q, N_k, D, dtype, seed=0):
 
     Key j carries ``j / 8`` along the first dimension and query row i a component that turns it into
     ``rate_i * j`` (plus unit-variance noise from the other dimensions, ~1.4 in these units). Head 0
-    mixes rows in every Q tile: fast (+1 per key: 16 per key block, past TAU = 8 every block), slow
-    (+0.2), flat and falling (their max never moves after the first block), so a tile rescales while
-    most of its rows keep a stale max. Other heads: slow rows only (+0.15 to +0.3, 2.4 to 4.8 per
-    block), so blocks where every max rose by less than TAU are skipped and the next rescale catches
-    them up."""
+    mixes rows in every Q tile: fast (+1 per key: 16 per key block), slow (+0.2), flat and falling
+    (their max never moves after the first block). Other heads: slow rows only (+0.15 to +0.3, 2.4
+    to 4.8 per block)."""
     g = torch.Generator().manual_seed(seed)
     scale = 1.0 / math.sqrt(D)
     q = torch.randn(B, H, N_q, D, generator=g)
@@ -156,39 +151,8 @@ def _rising_qkv(B, H, H_kv, N_q, N_k, D, dtype, seed=0):
     return q.to(DEV, dtype), k.to(DEV, dtype), v.to(DEV, dtype)
 
 
-def _lazy_events(q, k, causal, tau=8.0, block_m=32, block_n=16):
-    """Replays the kernel's decisions from the float64 scores (base-2 units) of the real rows, to show
-    that the inputs reach every branch: blocks the tiles rescale, blocks skipped although some row's
-    max rose (its stale max is then used), rescales that move only some rows' max, and the most
-    rescales one row went through."""
-    group = q.shape[1] // k.shape[1]
-    s = q.double() @ k.double().repeat_interleave(group, 1).transpose(-2, -1) * (LOG2E / math.sqrt(q.shape[-1]))
-    n_q, n_k = s.shape[-2:]
-    if causal:
-        s = s.masked_fill(~torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).tril(), float("-inf"))
-    ev = {"rescale": 0, "skip_with_rise": 0, "partial": 0, "most_per_row": 0}
-    for m0 in range(0, n_q, block_m):
-        tile = s[..., m0 : m0 + block_m, :]  # (B, H, rows, N_k)
-        hi = min(m0 + block_m, n_k) if causal else n_k
-        m = torch.full(tile.shape[:-1], float("-inf"), dtype=torch.float64, device=s.device)
-        count = torch.zeros_like(m)
-        for start in range(0, hi, block_n):
-            new = torch.maximum(m, tile[..., start : start + block_n].amax(-1))
-            need = new > m + tau
-            for b, h in ((b, h) for b in range(s.shape[0]) for h in range(s.shape[1])):
-                if need[b, h].any():
-                    ev["rescale"] += 1
-                    ev["partial"] += int(not need[b, h].all())
-                elif (new[b, h] > m[b, h]).any():
-                    ev["skip_with_rise"] += 1
-            count += need.double()
-            m = torch.where(need, new, m)
-        ev["most_per_row"] = max(ev["most_per_row"], int(count.max()))
-    return ev
-
-
 # (B, H_q, H_kv, N_q, N_k, D), each with the code path it adds (tiles 32 x 16)
-LAZY_SHAPES = [
+RISING_SHAPES = [
     (1, 2, 1, 70, 100, 32),  # N_q < N_k, neither a block multiple; GQA 2:1; a partial last Q tile
     (1, 2, 2, 100, 45, 64),  # N_q > N_k: causal rows past N_k see every key, the partial block last
     (1, 2, 1, 64, 112, 32),  # blocks divide N (EVEN_N): causal masks only the diagonal
@@ -196,89 +160,9 @@ LAZY_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dtype,tol,lse_tol", DTYPES)
-@pytest.mark.parametrize("shape", LAZY_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_lazy_rescale_with_rising_scores(shape, dtype, tol, lse_tol, causal, variant):
-    # scores that climb along the keys: row maxima pass TAU many times, in some rows of a tile and
-    # not others; a rescale skipped wrongly (acc or l not rescaled, a row's max moved without its
-    # alpha, the stale max not the one p is taken against) is off by 2**(a few to 100) in those rows
-    q, k, v = _rising_qkv(*shape, dtype, seed=sum(shape))
-    ev = _lazy_events(q, k, causal)
-    assert ev["rescale"] > 0 and ev["skip_with_rise"] > 0 and ev["partial"] > 0, ev
-    # some row's max passed TAU again after the first block (3 to 7 times in the longer rows here)
-    assert ev["most_per_row"] >= 2, ev
-    ref_o, ref_lse = attention_reference(q, k, v, causal)
-    # lse reaches ~80 here, where one fp32 ulp is 7.6e-6: a few ulps of it on top of the tolerance
-    lse_tol = lse_tol + 2e-7 * ref_lse.abs().max().item()
-    (o, lse), box = _run(q, k, v, causal=causal, variant=variant, config={**LAZY_TILE, "LAZY_RESCALE": True})
-    assert_attention(o, lse, ref_o, ref_lse, tol, lse_tol)
-    assert box.names == ["_attention_kernel"]
-    # the eager rescale on the same inputs: the two agree to rounding
-    o_eager, lse_eager = attention(q, k, v, causal=causal, variant=variant, config=LAZY_TILE)
-    assert rel_err(o, o_eager) < tol and (lse - lse_eager).abs().max().item() < lse_tol
-
-
-@pytest.mark.parametrize("tau", [0.5, 2.0, 15.0])
-def test_lazy_rescale_thresholds(tau):
-    # TAU = 15: P reaches 2**15 before the fp16 cast (fp16 holds 65504); TAU = 0.5: a rescale
-    # at every block here. Either way O and lse are the same
-    q, k, v = _rising_qkv(1, 2, 1, 70, 100, 32, torch.float16, seed=3)
-    assert _lazy_events(q, k, False, tau=tau)["rescale"] > 0
-    for causal in (False, True):
-        ref_o, ref_lse = attention_reference(q, k, v, causal)
-        o, lse = attention(q, k, v, causal=causal, config={**LAZY_TILE, "LAZY_RESCALE": tau})
-        assert_attention(o, lse, ref_o, ref_lse, 1e-2, 2e-3)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dtype,tol,lse_tol", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_lazy_rescale_on_every_shape(shape, dtype, tol, lse_tol, causal, variant):
-    # random scores: the first block rescales (m = -inf before it) and later ones mostly not; the
-    # shapes of the main test, with the launcher's own tiles, so every mask and padding path runs
-    q, k, v = _qkv(*shape, dtype, seed=14)
-    (o, lse), _ = _run(q, k, v, causal=causal, variant=variant, config={"LAZY_RESCALE": True})
-    assert_attention(o, lse, *attention_reference(q, k, v, causal), tol, lse_tol)
-
-
 # -- REF_MAX: every block against block 0's row max, no running max ------------------------------
 #: REF_MAX's two ways to sum P: a tile reduced once (1), a row sum a block (2)
 REF_SUMS = pytest.mark.parametrize("ref", [1, 2], ids=["tile_sum", "row_sum"])
-#: half of P's exponentials on the FMA units (EXP_FMA), or all on the special-function unit
-EXP_UNITS = pytest.mark.parametrize("exp_fma", [False, True], ids=["sfu", "fma"])
-
-
-def _exp_tols(exp_fma: bool, tol: float, lse_tol: float) -> tuple[float, float]:
-    """EXP_FMA's cubic puts each P off by up to 2.2e-4: more than fp32's tolerance, far below fp16's."""
-    return (max(tol, 1e-4), max(lse_tol, 1e-4)) if exp_fma else (tol, lse_tol)
-
-
-@triton.jit
-def _exp2_fma_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y_ptr + offs, _exp2_fma(tl.load(x_ptr + offs, mask=offs < n)), mask=offs < n)
-
-
-def test_exp2_on_the_fma_units():
-    # the normal range to 2.5e-4 (fp16 rounds P by up to 2.4e-4); below it, 0 for every purpose; past
-    # 2**128.5 non-finite, as exp2 overflows, so REF_MAX's check still sees it; NaN stays NaN
-    x = torch.cat([torch.linspace(-140.0, 140.0, 50001), torch.rand(20000) * 250 - 125])
-    x = torch.cat([x, torch.tensor([float("-inf"), float("inf"), float("nan"), 0.0, -126.0, 127.9, 128.5, 129.0])])
-    gpu_nan = torch.tensor([0x7FFFFFFF, -1], dtype=torch.int32).view(torch.float32)  # every mantissa bit set
-    x = torch.cat([x, gpu_nan]).to(DEV)
-    y = torch.empty_like(x)
-    _exp2_fma_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
-    x, y = x.cpu(), y.cpu()
-    exact = torch.exp2(x.double())
-    normal = (x >= -125) & (x < 127.9)
-    assert ((y[normal].double() / exact[normal] - 1).abs().max() < 2.5e-4).item()
-    low = x < -125
-    assert ((y[low] >= 0) & (y[low] < 2**-124)).all().item()
-    assert (~torch.isfinite(y[x >= 128.5])).all().item() and torch.isnan(y[x.isnan()]).all().item()
-    assert (y[x == 0] == pytest.approx(1.0, rel=2.5e-4)) and (y[x == float("-inf")] < 2**-124).all().item()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -286,12 +170,10 @@ def test_exp2_on_the_fma_units():
 @pytest.mark.parametrize("dtype,tol,lse_tol", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @REF_SUMS
-@EXP_UNITS
-def test_ref_max_on_every_shape(exp_fma, ref, shape, dtype, tol, lse_tol, causal, variant):
+def test_ref_max_on_every_shape(ref, shape, dtype, tol, lse_tol, causal, variant):
     # block 0 under the general mask (diagonal, partial, or a whole row of keys), then both loops
     q, k, v = _qkv(*shape, dtype, seed=15)
-    cfg = {"REF_MAX": ref, "EXP_FMA": exp_fma}
-    tol, lse_tol = _exp_tols(exp_fma, tol, lse_tol)
+    cfg = {"REF_MAX": ref}
     (o, lse), box = _run(q, k, v, causal=causal, variant=variant, config=cfg)
     assert_attention(o, lse, *attention_reference(q, k, v, causal), tol, lse_tol)
     assert box.names == ["_attention_kernel"]
@@ -300,18 +182,16 @@ def test_ref_max_on_every_shape(exp_fma, ref, shape, dtype, tol, lse_tol, causal
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype,tol,lse_tol", DTYPES)
-@pytest.mark.parametrize("shape", LAZY_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", RISING_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @REF_SUMS
-@EXP_UNITS
-def test_ref_max_with_rising_scores(exp_fma, ref, shape, dtype, tol, lse_tol, causal, variant):
+def test_ref_max_with_rising_scores(ref, shape, dtype, tol, lse_tol, causal, variant):
     # scores that climb to ~80 above block 0's: p = exp(s - m_ref) reaches 2**115. In fp32 that is
     # still exact (the fixed reference holds); a 16-bit P overflows, and the tile must fall back to
     # the online loop: a tile that kept its overflowed sums is inf or NaN in those rows
     q, k, v = _rising_qkv(*shape, dtype, seed=sum(shape))
     ref_o, ref_lse = attention_reference(q, k, v, causal)
     lse_tol = lse_tol + 2e-7 * ref_lse.abs().max().item()
-    cfg = {**LAZY_TILE, "REF_MAX": ref, "EXP_FMA": exp_fma}
-    tol, lse_tol = _exp_tols(exp_fma, tol, lse_tol)
+    cfg = {**FIXED_TILE, "REF_MAX": ref}
     (o, lse), box = _run(q, k, v, causal=causal, variant=variant, config=cfg)
     assert_attention(o, lse, ref_o, ref_lse, tol, lse_tol)
     assert box.names == ["_attention_kernel"]
@@ -320,8 +200,7 @@ def test_ref_max_with_rising_scores(exp_fma, ref, shape, dtype, tol, lse_tol, ca
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @REF_SUMS
-@EXP_UNITS
-def test_ref_max_falls_back_past_fp32(exp_fma, ref, variant, causal):
+def test_ref_max_falls_back_past_fp32(ref, variant, causal):
     # one key scores ~226 above the rest: exp(226) is inf even in fp32, so p = inf for the rows that
     # see it; softmax there is one-hot on that key, O its V row, lse its score
     D = 32
@@ -329,7 +208,7 @@ def test_ref_max_falls_back_past_fp32(exp_fma, ref, variant, causal):
     k = (0.1 * torch.randn(1, 2, 50, D, device=DEV)).to(runtime.HALF)
     k[:, :, 40] = 40.0
     v = torch.randn(1, 2, 50, D, device=DEV, dtype=runtime.HALF)
-    cfg = {**LAZY_TILE, "REF_MAX": ref, "EXP_FMA": exp_fma}
+    cfg = {**FIXED_TILE, "REF_MAX": ref}
     (o, lse), _ = _run(q, k, v, causal=causal, variant=variant, config=cfg)
     ref_o, ref_lse = attention_reference(q, k, v, causal)
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
@@ -459,14 +338,11 @@ NUMPY_NAN_WARNINGS = [  # the interpreter's numpy meets the NaN and inf on purpo
 ]
 
 
-#: the online loop, FA4's conditional rescale, and the fixed reference (its fallback runs on such inputs)
+#: the online loop and the fixed reference (its fallback runs on such inputs)
 MODES = {
     "eager": {},
-    "lazy": {"LAZY_RESCALE": True},
     "ref": {"REF_MAX": 1},
     "ref_rows": {"REF_MAX": 2},
-    "fma": {"EXP_FMA": True},
-    "ref_rows_fma": {"REF_MAX": 2, "EXP_FMA": True},
 }
 
 
@@ -475,8 +351,8 @@ MODES = {
 @NUMPY_NAN_WARNINGS[0]
 @NUMPY_NAN_WARNINGS[1]
 def test_non_finite_inputs(variant, mode):
-    # lazy: a NaN row's max compares false against the threshold, and must stay NaN, not poison the
-    # tile's other rows through the shared rescale decision
+    # REF_MAX: a NaN row fails the overflow check and sends its tile through the online loop, which
+    # must keep the NaN in that row and out of the tile's others
     q, k, v = _qkv(1, 2, 2, 40, 40, 32, torch.float16, seed=9)
     q[0, 0, 3] = float("nan")  # one query row: only that row is NaN
     k[0, 1, 20] = float("nan")  # one key: causal rows < 20 never see it (masked or never loaded)
@@ -553,7 +429,6 @@ def test_config():
     assert cfg["BLOCK_D"] == 128 and cfg["BLOCK_M"] % cfg["BLOCK_N"] == 0
     tiny = attention_config(1, 1, 5, 3, 32, torch.float16)
     assert tiny["BLOCK_M"] == 16 and tiny["BLOCK_N"] == 16
-    assert cfg["LAZY_RESCALE"] is False  # measured slower: opt-in
     # REF_MAX from the Hopper table on the TMA path; the interpreter and the pointer path run the online loop
     assert cfg["REF_MAX"] == (TMA_TABLE[(128, True, True)][5] if cfg["variant"] == "tma" else 0)
 
@@ -612,11 +487,8 @@ def _bad_inputs():
         ("bad config key", ok, {"config": {"BLOCK_X": 16}}, "config"),
         ("tiny block", ok, {"config": {"BLOCK_N": 8}}, "16"),
         ("causal block ratio", ok, {"causal": True, "config": {"BLOCK_M": 16, "BLOCK_N": 32}}, "multiple"),
-        ("lazy threshold too high", ok, {"config": {"LAZY_RESCALE": 16.0}}, "LAZY_RESCALE"),
-        ("lazy threshold zero", ok, {"config": {"LAZY_RESCALE": 0}}, "LAZY_RESCALE"),
         ("ref max out of range", ok, {"config": {"REF_MAX": 3}}, "REF_MAX"),
         ("ref max not a number", ok, {"config": {"REF_MAX": "rows"}}, "REF_MAX"),
-        ("exp on the FMA units, not a bool", ok, {"config": {"EXP_FMA": "half"}}, "EXP_FMA"),
     ]
     if GPU:
         cases.append(("fp32 on GPU", lambda: tuple(t.float() for t in ok()), {}, "float32"))

@@ -113,14 +113,26 @@ def _full_tiles_only_kernel(
 
 @triton.jit
 def _no_row_mask_kernel(
-    x_ptr, bias_ptr, y_ptr, n_rows, n_cols, stride_xm, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+    x_ptr,
+    bias_ptr,
+    y_ptr,
+    n_rows,
+    n_cols,
+    stride_xm,
+    stride_ym,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    OFF_BY_ONE: tl.constexpr = False,
 ):
     # masks the columns but not the rows: the last row block stores past the end of y
     pid = tl.program_id(axis=0)
     n_tiles_n = tl.cdiv(n_cols, BLOCK_N)
     offs_m = (pid // n_tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = (pid % n_tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] >= 0) & (offs_n[None, :] < n_cols)
+    if OFF_BY_ONE:  # held out: the row mask lets one row too many through
+        mask = (offs_m[:, None] <= n_rows) & (offs_n[None, :] < n_cols)
+    else:
+        mask = (offs_m[:, None] >= 0) & (offs_n[None, :] < n_cols)
     b = tl.load(bias_ptr + offs_n, mask=offs_n < n_cols).to(tl.float32)
     v = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_n[None, :], mask=mask).to(tl.float32) + b[None, :]
     y = 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
@@ -165,6 +177,21 @@ def test_bias_gelu_rejects_unwritten_tails():
 def test_bias_gelu_rejects_writes_past_the_end():
     with pytest.raises(CheckFailed, match=r"shape \(1, 1\), float32: the kernel wrote \d+ elements past the end"):
         ex.check_bias_gelu(lambda x, b: _launch(_no_row_mask_kernel, x, b, 64, 256))
+
+
+def test_bias_gelu_rejects_a_row_mask_off_by_one():
+    # a guard zone behind every output, on a GPU as in the interpreter (runtime.DEVICE); with one row per
+    # program (the GPU solution's BLOCK_M = 1) this mistake writes nothing out of place, so 16 rows here
+    def off_by_one(x, b):
+        n_rows, n_cols = x.shape
+        y = torch.empty_like(x)
+        grid = (triton.cdiv(n_rows, 16) * triton.cdiv(n_cols, 256),)
+        _no_row_mask_kernel[grid](x, b, y, n_rows, n_cols, x.stride(0), y.stride(0), BLOCK_M=16, BLOCK_N=256,
+                                  OFF_BY_ONE=True)  # fmt: skip
+        return y
+
+    with pytest.raises(CheckFailed, match=r"the kernel wrote \d+ elements? past the end"):
+        ex.check_bias_gelu(off_by_one)
 
 
 def gelu_without_bias(x, bias):

@@ -72,7 +72,8 @@ def solution_add_rmsnorm(x, r, w, eps):
 @triton.jit
 def _wrong_rms_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps, BLOCK_N: tl.constexpr, MISTAKE: tl.constexpr):
     # MISTAKE: 1 normalises x, 2 never stores h, 3 eps on the rms, 4 eps on rsqrt, 5 stats of one tile,
-    # 6 one tile hard-coded (launched with a tile of 16384 and no loop: right for rows up to 16384)
+    # 6 one tile hard-coded (launched with a tile of 16384 and no loop: right for rows up to 16384),
+    # 7 h² formed in the input's dtype (held out: right in fp32, inside fp16's tolerance on rows near 0)
     row = tl.program_id(axis=0).to(tl.int64)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     end = n_cols if MISTAKE != 6 else 1
@@ -85,11 +86,14 @@ def _wrong_rms_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps, BLOCK_N: t
         if MISTAKE != 2:
             tl.store(h_ptr + row * n_cols + offs, h, mask=mask)
         hf = x if MISTAKE == 1 else h.to(tl.float32)
+        sq = hf * hf
+        if MISTAKE == 7:  # the square in the input's dtype: no fp32 upcast before it
+            sq = (h * h).to(tl.float32)
         if MISTAKE == 5:
             if start == 0:
-                acc += hf * hf
+                acc += sq
         else:
-            acc += hf * hf
+            acc += sq
     denom = n_cols if MISTAKE != 5 else tl.minimum(n_cols, BLOCK_N)
     ms = tl.sum(acc, axis=0) / denom
     if MISTAKE == 3:
@@ -282,7 +286,8 @@ def solution_softmax(x):
 
 @triton.jit
 def _wrong_softmax_kernel(x_ptr, y_ptr, n_cols, stride_xm, stride_ym, BLOCK_N: tl.constexpr, MISTAKE: tl.constexpr):
-    # MISTAKE: 1 no max subtraction, 2 tail loaded as 0, 3 no masks at all, 4 a block of 1024 hard-coded
+    # MISTAKE: 1 no max subtraction, 2 tail loaded as 0, 3 no masks at all, 4 a block of 1024 hard-coded,
+    # 5 x - x[0] for x - max(x)
     row = tl.program_id(axis=0).to(tl.int64)
     if MISTAKE == 4:
         offs = tl.arange(0, 1024)
@@ -297,6 +302,8 @@ def _wrong_softmax_kernel(x_ptr, y_ptr, n_cols, stride_xm, stride_ym, BLOCK_N: t
         x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=float("-inf")).to(tl.float32)
     if MISTAKE == 1:
         e = tl.exp(x)
+    elif MISTAKE == 5:  # shifted by the row's first logit, not its max (held out)
+        e = tl.exp(x - tl.sum(tl.where(offs == 0, x, 0.0), axis=0))
     else:
         e = tl.exp(x - tl.max(x, axis=0))
     y = e / tl.sum(e, axis=0)
@@ -431,3 +438,93 @@ def test_the_bars_read_a_run_and_can_fail():
         assert [b for b, met, _ in suite.bars(run) if not met] == ["softmax n=32768 >= 90% of copy (read x + write y)"]
     slow = [res(r.name, r.ms * (2 if r.name == suite.sm_fwd("fused", *suite.SOFTMAX_WIDE) else 1)) for r in good]
     assert [b for b, met, _ in suite.bars(slow) if not met] == ["softmax wide >= 0.8x the narrow rate per element"]
+
+
+# -- exercise 4: the cliff prediction ---------------------------------------------------------------------
+def test_cliff_prediction_accepts_a_reasoning_from_l2_and_rejects_no_l2():
+    measured, fits, _ = ex.cliff_measured()
+    assert fits == {65536: True, 262144: False}  # the recorded GPU: 132 SMs of 128 KiB rows fit its L2
+    reasoned = {w: 1.0 if fits[w] else 1.5 for w in ex.CLIFF_WIDTHS}
+    assert ex.check_cliff_prediction(reasoned).checks == 2
+    with pytest.raises(CheckFailed, match="fit in L2"):
+        ex.check_cliff_prediction({w: 1.5 for w in ex.CLIFF_WIDTHS})  # the ledger alone, no L2
+    with pytest.raises(CheckFailed, match="do not fit"):
+        ex.check_cliff_prediction({w: 1.0 for w in ex.CLIFF_WIDTHS})  # L2 hides everything
+    with pytest.raises(CheckFailed, match="a dict"):
+        ex.check_cliff_prediction({65536: 1.0})
+
+
+# -- exercise 5: LayerNorm's dγ and dβ -------------------------------------------------------------------
+@triton.jit
+def _dwdb_kernel(
+    x_ptr,
+    dy_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dw_ptr,
+    db_ptr,
+    n_rows,
+    n_cols,
+    stride_m,
+    PLAIN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    cols = tl.program_id(axis=0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_rows, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        row_mask = rows < n_rows
+        mask = row_mask[:, None] & col_mask[None, :]
+        offs = rows[:, None].to(tl.int64) * stride_m + cols[None, :]
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        xhat = x if PLAIN else (x - mean[:, None]) * rstd[:, None]  # PLAIN: the mistake of summing dy * x
+        dw += tl.sum(dy * xhat, axis=0)
+        db += tl.sum(dy, axis=0)
+    tl.store(dw_ptr + cols, dw.to(dw_ptr.dtype.element_ty), mask=col_mask)
+    tl.store(db_ptr + cols, db.to(db_ptr.dtype.element_ty), mask=col_mask)
+
+
+def _dwdb(x, dy, mean, rstd, plain=False, launches=1):
+    n_rows, n_cols = x.shape
+    dw, db = torch.empty(n_cols, dtype=x.dtype, device=x.device), torch.empty(n_cols, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(n_cols, 64),)
+    for _ in range(launches):  # launches=2: the same work twice, as an answer of two kernels would launch
+        _dwdb_kernel[grid](x, dy, mean, rstd, dw, db, n_rows, n_cols, x.stride(0), plain, BLOCK_M=32, BLOCK_N=64)
+    return dw, db
+
+
+def test_layernorm_dwdb_accepts_the_solution():
+    assert ex.check_layernorm_dwdb(_dwdb).checks == 2 * (2 * len(ex.DWDB_SHAPES) + 2)  # dw, then db
+
+
+def test_layernorm_dwdb_rejects_dy_times_x():
+    with pytest.raises(CheckFailed, match="normalised"):
+        ex.check_layernorm_dwdb(lambda *a: _dwdb(*a, plain=True))
+
+
+def test_layernorm_dwdb_rejects_two_kernels_and_torch():
+    with pytest.raises(CheckFailed, match="expected 1 Triton kernel launch"):
+        ex.check_layernorm_dwdb(lambda *a: _dwdb(*a, launches=2))
+    with pytest.raises(CheckFailed, match="torch"):
+        ex.check_layernorm_dwdb(
+            lambda x, dy, mean, rstd: ((dy * ((x - mean[:, None]) * rstd[:, None])).sum(0), dy.sum(0))
+        )
+
+
+# -- held out: mistakes the checks once let through ---------------------------------------------------------
+def test_softmax_rejects_a_shift_by_the_first_logit():
+    # logits near 1e4 with each row's first one 100 below the rest: exp(x - x[0]) overflows
+    with pytest.raises(CheckFailed, match=r"logits near 10000: inf or NaN.*Subtract the row's maximum"):
+        ex.check_softmax(lambda x: _launch_softmax(_wrong_softmax_kernel, x, MISTAKE=5))
+
+
+def test_add_rmsnorm_rejects_squares_in_fp16():
+    # right in fp32; in fp16 the rows sit near 300, whose square overflows fp16
+    with pytest.raises(CheckFailed, match=r"float16.*(inf|differ)"):
+        ex.check_add_rmsnorm(_wrong_rms(7))

@@ -240,6 +240,9 @@ def _ce_ignore_kernel(
     NO_MAX: tl.constexpr = False,
     NO_MEAN: tl.constexpr = False,
     FIXED_BLOCK: tl.constexpr = False,
+    FIRST_NOT_MAX: tl.constexpr = False,
+    BLOCK_MEAN: tl.constexpr = False,
+    ZERO_BY_PRODUCT: tl.constexpr = False,
 ):
     row = tl.program_id(axis=0)
     if FIXED_BLOCK:  # a block hard-coded in the kernel: right for rows up to 1024, wrong past them
@@ -252,15 +255,21 @@ def _ce_ignore_kernel(
     valid = y != ignore_index
     if NO_MAX:
         m = 0.0
+    elif FIRST_NOT_MAX:  # held out: shifted by the row's first logit
+        m = tl.sum(tl.where(offs == 0, x, 0.0), axis=0)
     else:
         m = tl.max(x, axis=0)
     e = tl.exp(x - m)
     d = tl.sum(e, axis=0)
     lse = tl.log(d) + m
     x_y = tl.sum(tl.where(offs == y, x, 0.0), axis=0)
-    mean_x = tl.sum(tl.where(mask, x, 0.0), axis=0) / n_cols
+    if BLOCK_MEAN:  # held out: the smoothing term averaged over the block, not the row
+        mean_x = tl.sum(tl.where(mask, x, 0.0), axis=0) / BLOCK_V
+        grad = e / d - (1.0 - smoothing) * tl.where(offs == y, 1.0, 0.0) - smoothing / BLOCK_V
+    else:
+        mean_x = tl.sum(tl.where(mask, x, 0.0), axis=0) / n_cols
+        grad = e / d - (1.0 - smoothing) * tl.where(offs == y, 1.0, 0.0) - smoothing / n_cols
     loss = (1.0 - smoothing) * (lse - x_y) + smoothing * (lse - mean_x)
-    grad = e / d - (1.0 - smoothing) * tl.where(offs == y, 1.0, 0.0) - smoothing / n_cols
     if DENOM_ALL:
         n = tl.num_programs(axis=0).to(tl.float32)
     else:
@@ -270,6 +279,10 @@ def _ce_ignore_kernel(
     if SMOOTH_IGNORED:  # the peers' bug: the smoothing term survives on ignored rows
         loss = tl.where(valid, loss, smoothing * (lse - mean_x))
         grad = tl.where(valid, grad, smoothing * (e / d - 1.0 / n_cols) / n)
+    elif ZERO_BY_PRODUCT:  # held out: zeroed by a product, and 0 * NaN (every row ignored: 0 / 0) is NaN
+        keep = valid.to(tl.float32)
+        loss = loss * keep
+        grad = grad * keep
     else:
         loss = tl.where(valid, loss, 0.0)
         grad = tl.where(valid, grad, 0.0)
@@ -534,3 +547,106 @@ def test_peak_memory_cases_round_trip_through_results():
         if p.variant in suite.PEAK_VARIANTS
     )
     assert suite.peaks_from([]) == []
+
+
+# -- exercise 4: the GeGLU prediction ---------------------------------------------------------------------
+def test_geglu_prediction_accepts_the_trips_and_rejects_other_counts():
+    assert ex.check_geglu_prediction({"forward": 5 / 3, "backward": 1.8}).checks == 2
+    with pytest.raises(CheckFailed, match="Both inputs"):
+        ex.check_geglu_prediction({"forward": 2.0, "backward": 1.8})  # one input forgotten
+    with pytest.raises(CheckFailed, match="three kernels"):
+        ex.check_geglu_prediction({"forward": 5 / 3, "backward": 5 / 3})
+    with pytest.raises(CheckFailed, match="a dict"):
+        ex.check_geglu_prediction(1.67)
+
+
+# -- exercise 5: GeGLU forward and backward kernels ----------------------------------------------------------
+@triton.jit
+def _geglu_kernel(g_ptr, u_ptr, h_ptr, n, TANH: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(axis=0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask).to(tl.float32)
+    if TANH:  # the tanh approximation: not the exact GELU the exercise asks for
+        t = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        gelu = 0.5 * g * (1.0 + (2.0 / (1.0 + tl.exp(-2.0 * t)) - 1.0))
+    else:
+        gelu = g * 0.5 * (1.0 + tl.math.erf(g * 0.7071067811865476))
+    tl.store(h_ptr + offs, (gelu * u).to(h_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _geglu_bwd_kernel(dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n, WHICH: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(axis=0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    dh = tl.load(dh_ptr + offs, mask=mask).to(tl.float32)
+    g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask).to(tl.float32)
+    cdf = 0.5 * (1.0 + tl.math.erf(g * 0.7071067811865476))
+    pdf = tl.exp(-0.5 * g * g) * 0.3989422804014327
+    if WHICH != 1:  # 0: both; 2: du only (a second kernel writes dg)
+        tl.store(du_ptr + offs, (dh * g * cdf).to(du_ptr.dtype.element_ty), mask=mask)
+    if WHICH != 2:
+        tl.store(dg_ptr + offs, (dh * u * (cdf + g * pdf)).to(dg_ptr.dtype.element_ty), mask=mask)
+
+
+def _geglu(g, u, tanh=False):
+    h = torch.empty_like(g)
+    _geglu_kernel[(triton.cdiv(g.numel(), 1024),)](g, u, h, g.numel(), tanh, BLOCK=1024)
+    return h
+
+
+def _geglu_bwd(dh, g, u, split=False):
+    dg, du = torch.empty_like(g), torch.empty_like(u)
+    grid = (triton.cdiv(g.numel(), 1024),)
+    for which in (2, 1) if split else (0,):
+        _geglu_bwd_kernel[grid](dh, g, u, dg, du, g.numel(), which, BLOCK=1024)
+    return dg, du
+
+
+def test_geglu_accepts_the_solution_and_rejects_the_tanh_approximation():
+    assert ex.check_geglu(_geglu).checks == 2 * len(ex.GEGLU_SHAPES) + 2
+    with pytest.raises(CheckFailed, match="differ"):
+        ex.check_geglu(lambda g, u: _geglu(g, u, tanh=True))
+
+
+def test_geglu_backward_accepts_the_solution_and_rejects_two_kernels_and_torch():
+    assert ex.check_geglu_backward(_geglu_bwd).checks == 2 * (2 * len(ex.GEGLU_SHAPES) + 2)  # dg, then du
+    with pytest.raises(CheckFailed, match="expected 1 Triton kernel launch"):
+        ex.check_geglu_backward(lambda dh, g, u: _geglu_bwd(dh, g, u, split=True))
+    with pytest.raises(CheckFailed, match="torch"):
+        ex.check_geglu_backward(lambda dh, g, u: (dh * u, dh * F.gelu(g)))
+
+
+def test_geglu_backward_asks_for_the_pair():
+    with pytest.raises(CheckFailed, match="a pair of tensors"):
+        ex.check_geglu_backward(lambda dh, g, u: _geglu_bwd(dh, g, u)[0])
+
+
+# -- held out: mistakes and cheats the checks once let through ----------------------------------------------
+def test_cross_entropy_rejects_a_shift_by_the_first_logit():
+    with pytest.raises(CheckFailed, match=r"logits near 10000.*the loss or the gradient is inf/NaN.*maximum"):
+        ex.check_cross_entropy_ignore(lambda x, t, ii: _ce_ignore(x, t, ii, FIRST_NOT_MAX=True))
+
+
+def test_cross_entropy_rejects_smoothing_averaged_over_the_block():
+    with pytest.raises(CheckFailed, match=r"label_smoothing=0.1.*(loss|differ)"):
+        ex.check_cross_entropy_ignore(lambda x, t, ii, label_smoothing=0.0: _ce_ignore(x, t, ii, label_smoothing,
+                                                                                       BLOCK_MEAN=True))  # fmt: skip
+
+
+def test_cross_entropy_names_nan_on_ignored_rows_not_an_overflow():
+    with pytest.raises(CheckFailed, match=r"on every row: .*ignored rows have an inf/NaN gradient.*0 \* NaN"):
+        ex.check_cross_entropy_ignore(lambda x, t, ii: _ce_ignore(x, t, ii, ZERO_BY_PRODUCT=True))
+
+
+def torch_a_row_at_a_time(logits, target):
+    """The loss from torch, one row at a time (no op the size of the logits), the gradient from a kernel."""
+    _, grad = solution_cross_entropy(logits, target)
+    rows = [torch.logsumexp(logits[i].float(), 0) - logits[i, target[i]].float() for i in range(logits.shape[0])]
+    return torch.stack(rows).mean(), grad
+
+
+def test_cross_entropy_rejects_torch_on_pieces_of_the_logits():
+    with pytest.raises(CheckFailed, match=r"torch reads \d+ elements in all .*a piece at a time"):
+        ex.check_cross_entropy(torch_a_row_at_a_time)

@@ -162,7 +162,7 @@ def solution_flash_causal(q, k, v):
 
 
 # -- wrong answers: one kernel, a constexpr picks the mistake ---------------------------------------------
-NO_RESCALE, L_NOT_ACC, M_ZERO, STRICT, LATE, NO_MAX, BASE2, ONE_BLOCK = range(1, 9)
+NO_RESCALE, L_NOT_ACC, M_ZERO, STRICT, LATE, NO_MAX, BASE2, ONE_BLOCK, BEFORE_DIAGONAL = range(1, 10)
 #: ONE_BLOCK: every key in one block of this many, no loop (right while N_k fits it)
 ONE_BLOCK_N = 256
 
@@ -189,6 +189,8 @@ def _buggy_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, n_q, n_k, scale,
         hi = tl.minimum(n_k, (pid_m + 2) * BLOCK_M)
     if BUG == 8:  # ONE_BLOCK: launched with BLOCK_N = ONE_BLOCK_N, one trip round the loop
         hi = 1
+    if BUG == 9:  # BEFORE_DIAGONAL (held out): the causal loop stops where the query tile starts
+        hi = tl.minimum(n_k, pid_m * BLOCK_M)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n[:, None] < n_k) & d_mask
@@ -444,3 +446,86 @@ def test_suite_bars_and_peaks_read_a_run():
         ("naive", 65536, None),
     ]
     assert max(len(r.name) for r in results) <= 34  # bench.table's name column
+
+
+# -- held out: mistakes the checks once let through, or named wrongly ----------------------------------------
+def update_in_float32(m, l, acc, s, v):  # noqa: E741
+    m32, l32, a32, s32, v32 = (t.float() for t in (m, l, acc, s, v))
+    m_new = torch.maximum(m32, s32.max(dim=1).values)
+    alpha = torch.exp(m32 - m_new)
+    p = torch.exp(s32 - m_new[:, None])
+    return m_new, l32 * alpha + p.sum(dim=1), a32 * alpha[:, None] + p @ v32
+
+
+def test_online_update_names_float32_precision():
+    with pytest.raises(CheckFailed, match=r"m, l, acc are float32.*works in float64"):
+        ex.check_online_update(update_in_float32)
+
+
+def test_causal_flash_names_a_loop_that_stops_before_the_diagonal():
+    with pytest.raises(CheckFailed, match=r"stops before the diagonal block"):
+        ex.check_flash_forward_causal(buggy(BEFORE_DIAGONAL, causal=True))
+
+
+@triton.jit
+def _renormalise(acc, l_old, alpha, pv, l_new):
+    return (acc * (l_old * alpha)[:, None] + pv) / l_new[:, None]
+
+
+@triton.jit
+def _divide_in_helper_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, n_q, n_k, scale,
+                             stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_om,
+                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):  # fmt: skip
+    """The division per key block moved into a jit helper: the kernel still divides in its loop."""
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d[None, :] < HEAD_DIM
+    q = tl.load(q_ptr + bh * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=(offs_m[:, None] < n_q) & d_mask, other=0.0)  # fmt: skip
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, n_k, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = (offs_n[:, None] < n_k) & d_mask
+        k = tl.load(k_ptr + bh * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + bh * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.where(offs_n[None, :] < n_k, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_new = l_i * alpha + tl.sum(p, 1)
+        acc = _renormalise(acc, l_i, alpha, tl.dot(p.to(v.dtype), v), l_new)
+        l_i = l_new
+        m_i = m_new
+    row_mask = offs_m < n_q
+    tl.store(o_ptr + bh * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+             acc.to(o_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask)  # fmt: skip
+    tl.store(lse_ptr + bh * n_q + offs_m, m_i + tl.log(l_i), mask=row_mask)
+
+
+def test_flash_rejects_a_division_moved_into_a_helper():
+    with pytest.raises(CheckFailed, match=r"divides inside its key loop \(_renormalise\(\): "):
+        ex.check_flash_forward(lambda q, k, v: _launch(_divide_in_helper_kernel, q, k, v, False))
+
+
+def test_a_helper_that_divides_by_a_constant_is_no_division_per_block():
+    sources = ex._KernelSources(lambda: None, [])
+    sources.sources = {
+        "kern": "def kern(x, n):\n    for i in range(n):\n        x = scale(x, 4)\n    return x\n",
+        "scale": "def scale(x, d):\n    return x / d\n",
+    }
+    assert sources.divisions_in_loops() == []
+
+
+def test_kernel_sources_sent_by_the_grading_command_are_read():
+    # under `python -m fusionlab grade` the answer lives in another process, which sends its jit sources
+    class Remote:
+        kernel_sources = {
+            "kern": "def kern(acc, l, n):\n    for i in range(n):\n        l = l + 1\n        acc = norm(acc, l)\n",
+            "norm": "def norm(a, d):\n    return a / d\n",
+        }
+
+    assert ex._KernelSources(Remote(), ["kern"]).divisions_in_loops() == ["norm(): a / d"]

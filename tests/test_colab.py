@@ -10,6 +10,7 @@ import copy
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -181,7 +182,9 @@ def test_on_colab_the_cell_clones_installs_and_moves_to_the_notebooks_folder(mon
 
     calls = []
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(("run", cmd)))
+    monkeypatch.setattr(
+        subprocess, "run", lambda cmd, **kw: calls.append(("run", cmd)) or subprocess.CompletedProcess(cmd, 0, "", "")
+    )
     monkeypatch.setattr(runpy, "run_path", lambda p: {"install": lambda clone: calls.append(("install", p, clone))})
     monkeypatch.setattr(os, "chdir", lambda d: calls.append(("chdir", d)))
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -194,6 +197,50 @@ def test_on_colab_the_cell_clones_installs_and_moves_to_the_notebooks_folder(mon
         ("chdir", f"{clone}/exercises"),
     ]
     assert sys.path[0] == clone
+
+
+def test_on_colab_a_failed_clone_says_what_to_do(monkeypatch, tmp_path):
+    import types
+
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    failed = subprocess.CompletedProcess([], 128, "", "fatal: repository 'https://github.com/x/y/' not found")
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: failed)
+    monkeypatch.setattr(colab, "CLONE_DIR", str(tmp_path / "absent"))
+    with pytest.raises(SystemExit) as stop:
+        _run_cell(colab.setup_source("notebooks/" + FAKE))
+    message = str(stop.value)
+    assert colab.REPO_URL in message and "not found" in message  # where, and what git said
+    assert "upload it to /content/fusionlab" in message and "run this cell again" in message
+
+
+def test_set_repo_rewrites_the_one_url_and_every_notebook(course, monkeypatch):
+    (course / "scripts").mkdir()
+    shutil.copy2(ROOT / "scripts" / "colab.py", course / "scripts" / "colab.py")
+    monkeypatch.setattr(colab, "REPO_URL", colab.REPO_URL)  # set_repo sets it in this process too
+    assert _cli(course) == 0
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert colab.main(["--set-repo", "https://github.com/someone/published.git", "--root", str(course)]) == 0
+    assert 'REPO_URL = "https://github.com/someone/published"' in (course / "scripts" / "colab.py").read_text()
+    for p in [*_paths(course), course / colab.LANDING]:
+        text = p.read_text()
+        assert (
+            "fusionlab-course" not in text and "colab.research.google.com/github/someone/published/blob/main/" in text
+        )
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert colab.main(["--all", "--check", "--root", str(course)]) == 0
+        assert colab.main(["--set-repo", "https://gitlab.com/a/b", "--root", str(course)]) == 2
+
+
+def test_every_badge_and_set_up_cell_uses_the_one_url():
+    """What --set-repo keeps true: no notebook names another repository than REPO_URL."""
+    owner_name = colab.REPO_URL.removeprefix("https://github.com/")
+    for p in [*_paths(ROOT), ROOT / colab.LANDING]:
+        text = p.read_text(encoding="utf-8")
+        colab_links = re.findall(r"colab\.research\.google\.com/github/([\w.-]+/[\w.-]+)/", text)
+        clones = re.findall(r'repo, clone = \\"(https://github\.com/[\w.-]+/[\w.-]+)\\"', text)
+        assert set(colab_links) <= {owner_name} and set(clones) <= {colab.REPO_URL}, p.name
+        if colab.TAG_SETUP in text:
+            assert clones == [colab.REPO_URL], p.name
 
 
 def test_strict_nbval_passes_on_the_cell_off_colab(tmp_path):
@@ -229,10 +276,15 @@ def test_install_plan_never_installs_what_colab_provides():
 
 
 def test_live_summary_on_a_t4_says_what_runs_where():
-    text = colab.live_summary("interpreter", "cpu", (7, 5), "Tesla T4", "NVIDIA H100 · 2026-11-22")
+    import fusionlab
+
+    recorded = fusionlab.bench.recorded().label()  # the label the set-up cell passes, as it reads
+    text = colab.live_summary("interpreter", "cpu", (7, 5), "Tesla T4", recorded)
     assert "Tesla T4 (sm_75)" in text and "sm_80" in text
     assert "interpreter" in text and "torch cells:    on cpu" in text
-    assert "recorded on NVIDIA H100 · 2026-11-22" in text and "FUSIONLAB_MODE=gpu" in text
+    assert f"timings shown:  {recorded}" in text and text.lower().count("recorded on") == 1
+    # the way to try Triton on the GPU is one a learner can follow: a fresh runtime, the variable first
+    assert "Restart session" in text and "%env FUSIONLAB_MODE=gpu" in text
     assert "No GPU" in colab.live_summary("interpreter", "cpu", None, None, None)
     assert "live timings" in colab.live_summary("gpu", "cuda", (9, 0), "NVIDIA H100", None)
 

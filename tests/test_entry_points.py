@@ -68,6 +68,10 @@ NOT_ENTRY_POINTS = {
 }
 
 
+#: kernel launchers defined in a private helper module of fusionlab.kernels and offered by an op module
+SHARED_LAUNCHERS = {"sum_partials"}  # kernels._norms: RMSNorm's and LayerNorm's partial sums
+
+
 def _public_entry_points() -> set[str]:
     found = set()
     for modname in K.__all__:
@@ -75,7 +79,10 @@ def _public_entry_points() -> set[str]:
         if not inspect.ismodule(mod):
             continue
         for name, obj in vars(mod).items():
-            if name.startswith("_") or getattr(obj, "__module__", None) != mod.__name__:
+            home = getattr(obj, "__module__", None)
+            # defined in this op module, or a launcher that lives in a private helper module (shared by two
+            # ops) and is offered from here: the helper modules' other names are checks, not entry points
+            if name.startswith("_") or not (home == mod.__name__ or name in SHARED_LAUNCHERS):
                 continue
             if inspect.isclass(obj) and issubclass(obj, torch.autograd.Function):
                 continue  # reached through its launcher, whose backward every case below runs

@@ -269,3 +269,18 @@ def test_an_exercise_run_top_to_bottom_shows_one_short_message_per_blank(name):
                 assert len(out.text.strip().splitlines()) <= 5, f"cell {i}: {out.text}"
                 assert "Traceback" not in out.text and "fusionlab/" not in out.text
     assert blanks >= 3
+
+
+def test_the_short_messages_line_displays_nothing():
+    """The line the generator appends ends the cell: without its semicolon IPython would show the call's
+    return value (a stray `True`) under the learner's imports."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    shell = InteractiveShell.instance()
+    shell.user_ns["fl"] = type(
+        "fl", (), {"grading": type("g", (), {"install_notebook_messages": staticmethod(lambda **k: True)})}
+    )
+    with capture_output() as shown:
+        shell.run_cell("x = 1\n" + mx.SHORT_MESSAGES, store_history=True)
+    assert shown.stdout == "", shown.stdout

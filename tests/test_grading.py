@@ -1,6 +1,8 @@
 """The grading machinery: each class of wrong answer is rejected with a short, useful message, and a
 right answer is accepted. The wrong answers here are our own; a held-out set is run elsewhere."""
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -150,8 +152,8 @@ def raises(x):
         (fixed_grid, r"never written"),
         (caches_by_shape, r"the tensor you return is not passed to your kernel|elements differ"),
         (numpy_then_copy, r"input 0 is not passed to your kernel|moves tensor data with torch"),
-        (no_dispatch_then_copy, r"input 0 is not passed to your kernel"),
-        (one_past_the_end, r"wrote 1 elements past the end .*right after the end"),
+        (no_dispatch_then_copy, r"torch computes with dispatch switched off \(cos\)"),
+        (one_past_the_end, r"wrote 1 element past the end .*right after the end"),
         (unmasked_tail, r"never written"),
         (lambda x: cos_cos(x), r"fusionlab's own kernel \(_cos_kernel\)"),
         (lambda x: cos_cos_reference(x), r"answer keys"),
@@ -281,3 +283,142 @@ def test_ledgers_are_compared_trip_by_trip():
     ):
         grading.compare_ledgers(wrong, want, "ledger")
     grading.compare_ledgers(want, want, "ledger")
+
+
+# -- held out: cheats and mistakes the checks were once blind to ---------------------------------------
+def _torch_cos_cos(args):
+    # a heuristics function runs inside the launch, before the kernel: torch does the work there
+    x, y = args["x_ptr"], args["y_ptr"]
+    y.copy_(x.float().cos().cos().to(y.dtype))
+    return 0
+
+
+@triton.heuristics({"UNUSED": _torch_cos_cos})
+@triton.jit
+def _does_nothing(x_ptr, y_ptr, n, BLOCK: tl.constexpr, UNUSED: tl.constexpr):
+    pass
+
+
+def torch_inside_the_launch(x):
+    y = torch.empty_like(x)
+    _does_nothing[(1,)](x, y, x.numel(), BLOCK=16)
+    return y
+
+
+def reads_the_expected_values(x):
+    """Looks for the reference on the checker's frames and copies it in with one kernel."""
+    f = sys._getframe(1)
+    while f is not None:
+        for v in list(f.f_locals.values()):
+            if isinstance(v, torch.Tensor) and v.shape == x.shape and v.data_ptr() != x.data_ptr():
+                y = torch.empty_like(x)
+                _copy_kernel[(triton.cdiv(x.numel(), 1024),)](v, y, x.numel(), BLOCK=1024)
+                return y
+        f = f.f_back
+    return launch(x, torch.empty_like(x), what=1)  # found nothing: a wrong answer
+
+
+def knows_the_sizes(x):
+    """Right on the sizes a fixed list would use, wrong anywhere else."""
+    return launch(x, torch.empty_like(x), what=2 if x.numel() in (1, 1000, 4097, 70_001) else 1)
+
+
+_SEEN = {}
+
+
+def cached_without_launch(x):
+    key = (tuple(x.shape), x.dtype)
+    if key not in _SEEN:
+        _SEEN[key] = launch(x, torch.empty_like(x))
+    return _SEEN[key]
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (torch_inside_the_launch, r"computes with torch \(.*cos"),
+        (reads_the_expected_values, r"elements differ"),
+        (knows_the_sizes, r"elements differ"),
+        (cached_without_launch, r"returned without launching a kernel in this call.*kept from an earlier call"),
+    ],
+    ids=lambda v: getattr(v, "__name__", None) if callable(v) else "",
+)
+def test_held_out_wrong_answers_are_rejected(wrong, message):
+    _SEEN.clear()
+    with pytest.raises(CheckFailed, match=message):
+        with grading.replay(20261126):  # the drawn sizes of this seed: none of the fixed ones
+            run(wrong)
+
+
+def test_a_patched_comparison_changes_nothing(monkeypatch):
+    # the answer rebinds torch's comparisons as it runs: the checks keep the ones bound at import
+    def patches_then_wrong(x):
+        monkeypatch.setattr(torch, "isclose", lambda a, b, **k: torch.ones_like(a, dtype=torch.bool))
+        monkeypatch.setattr(torch, "equal", lambda a, b: True)
+        return launch(x, torch.empty_like(x), what=1)
+
+    with pytest.raises(CheckFailed, match="elements differ"):
+        run(patches_then_wrong)
+
+
+def test_inputs_are_padded_with_poison_floats_and_zero_integers():
+    x = grading.with_room_after(torch.ones(5))
+    room = x.untyped_storage().nbytes() // 4
+    behind = torch.empty(0).set_(x.untyped_storage(), 5, (room - 5,))
+    assert torch.isnan(behind).all() and not grading.poisoned(behind).any() and (x == 1).all()
+    t = grading.with_room_after(torch.arange(5))
+    assert (torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 5, (10,)) == 0).all()
+
+
+def test_a_different_function_inside_the_fp16_tolerance_is_told_apart():
+    import torch.nn.functional as F
+
+    v = torch.linspace(-4, 4, 4001, dtype=torch.float64)
+    exact, tanh = F.gelu(v), F.gelu(v, approximate="tanh")
+    assert grading.nearer_to(tanh.half(), exact, tanh)  # the tanh GELU, rounded to fp16
+    assert not grading.nearer_to(exact.half(), exact, tanh)  # the exact one
+    atol, rtol = grading.tolerance(torch.float16)
+    assert torch.allclose(tanh.half().double(), exact, atol=atol, rtol=rtol)  # why a tolerance cannot
+
+
+def test_a_store_past_the_end_is_caught_on_this_device():
+    # on a GPU too (runtime.DEVICE): the answer's output is the front of a poisoned buffer, its tail a guard
+    def sixteen_past(x):
+        y = torch.empty_like(x)
+        n = x.numel()
+        _cc[(triton.cdiv(n + 16, 1024),)](x, y, n + 16, BLOCK=1024)
+        return y
+
+    with pytest.raises(CheckFailed, match=r"wrote 16 elements past the end"):
+        run(sixteen_past)
+
+
+def test_messages_count_in_the_singular():
+    assert grading.plural(1, "kernel") == "1 kernel" and grading.plural(2, "kernel") == "2 kernels"
+    assert grading.plural(1, "launch", "launches") == "1 launch"
+
+
+@triton.jit
+def _hooked_nothing(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    pass
+
+
+def test_torch_in_a_pre_run_hook_is_counted():
+    if not hasattr(_hooked_nothing, "add_pre_run_hook"):
+        pytest.skip("this Triton has no pre-run hooks")
+
+    def hook(x_ptr, y_ptr, n, *rest, **kw):  # runs inside the launch, before the kernel
+        y_ptr.copy_(x_ptr.float().cos().cos().to(y_ptr.dtype))
+
+    _hooked_nothing.add_pre_run_hook(hook)
+
+    def torch_in_the_hook(x):
+        y = torch.empty_like(x)
+        _hooked_nothing[(1,)](x, y, x.numel(), BLOCK=16)
+        return y
+
+    try:
+        with pytest.raises(CheckFailed, match=r"computes with torch \(.*cos"):
+            run(torch_in_the_hook)
+    finally:
+        _hooked_nothing.pre_run_hooks.clear()

@@ -14,6 +14,66 @@ from fusionlab.kernels.cos import cos_cos, cos_cos_reference
 DEV = runtime.DEVICE
 
 
+def _tritons_specialisation(arg):
+    """What the installed Triton specialises a kernel argument on: ``(type, key)`` from its own
+    specialiser (C++ from Triton 3.5, ``create_specialize_impl`` in Python before), as its launch path
+    calls it for a plain parameter."""
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime import jit
+
+    native = getattr(jit, "native_specialize_impl", None)
+    if native is not None:
+        return native(BaseBackend, arg, False, True, True)
+
+    def extra(a, kind, align=True):
+        spec = BaseBackend.get_int_specialization if kind == "int" else BaseBackend.get_tensor_specialization
+        return spec(a, align=align)
+
+    return jit.create_specialize_impl(extra)(arg, False, True, True)
+
+
+def _arguments():
+    """Kernel arguments on either side of every line Triton draws: ints 1, multiples of 16, the 32-,
+    63- and 64-bit bounds; floats and bools; tensors of several dtypes at every 16-byte alignment."""
+    ints = [0, 1, 2, 3, 15, 16, 17, 32, 48, -1, -16, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16, -(2**31), -(2**31) - 16]
+    ints += [2**62, 2**63 - 16, 2**63, 2**63 + 16, 2**64 - 16]
+    base = torch.zeros(256, dtype=torch.float32)  # CPU memory: only data_ptr and dtype are read
+    tensors = [base[i:] for i in (0, 1, 2, 3, 4)] + [base.half()[i:] for i in (0, 1, 8)]
+    tensors += [base.to(torch.int64)[i:] for i in (0, 1, 2)] + [base.bool(), base.to(torch.int8)[3:]]
+    return ints + [0.5, 1.0, 2.0, True, False, None] + tensors
+
+
+def test_key_is_never_coarser_than_tritons_specialisation():
+    # The Launcher reuses a compiled kernel for every call whose key matches: two arguments that
+    # Triton compiles differently must never share a key, or the wrong kernel runs silently (a
+    # multiple-of-16 hint on an odd stride, an int32 offset on a 64-bit value, a dtype's loads).
+    # Checked against the installed Triton's own specialiser (3.6 on the GPUs, 3.9 here).
+    args = _arguments()
+    ours = {i: _launch._key((a,)) for i, a in enumerate(args)}
+    theirs = {i: _tritons_specialisation(a) for i, a in enumerate(args)}
+    clashes = [
+        (args[i], args[j], theirs[i], theirs[j])
+        for i in ours
+        for j in ours
+        if i < j and ours[i] == ours[j] and theirs[i] != theirs[j]
+    ]
+    assert not clashes, clashes[:5]
+    # argument lists, not only single arguments: kinds side by side must not run together into one key
+    few = [1, 16, 17, 2**31, 1.0, True, None, args[-9], args[-8]]
+    pairs = [(a, b) for a in few for b in few]
+    ours = [_launch._key(p) for p in pairs]
+    theirs = [tuple(_tritons_specialisation(x) for x in p) for p in pairs]
+    clashes = [
+        (pairs[i], pairs[j])
+        for i in range(len(pairs))
+        for j in range(i)
+        if ours[i] == ours[j] and theirs[i] != theirs[j]
+    ]
+    assert not clashes, clashes[:5]
+    # and the key is not trivially fine: values Triton treats alike share a key here too
+    assert _launch._key((16,)) == _launch._key((48,)) and _launch._key((3,)) != _launch._key((16,))
+
+
 def test_key_tells_apart_what_triton_specialises_on():
     x = torch.zeros(64, device=DEV)
     assert _launch._key((x, 16)) == _launch._key((torch.ones(64, device=DEV), 32))  # both multiples of 16
@@ -66,3 +126,17 @@ def test_dependent_launch_only_where_the_gpu_has_it(monkeypatch, gpu, capability
     assert _launch.pdl_supported() is want
     assert _launch.launch_kwargs(4, pdl=True).get("launch_pdl", False) is want
     assert "launch_pdl" not in _launch.launch_kwargs(4)
+
+
+@gpu_only
+def test_the_drivers_bandwidth_agrees_with_the_table_of_named_gpus():
+    # configurations choose by DRAM bandwidth (the driver's memory clock x bus width); a lesson on a
+    # CPU asks by name (DRAM_GBPS): on the GPUs both know, they must make the same choice
+    from fusionlab.kernels.cross_entropy import ROWS_MIN_DRAM_GBPS
+
+    name = torch.cuda.get_device_name()
+    if not any(k in name for k in _launch.DRAM_GBPS):
+        pytest.skip(f"{name} is not in DRAM_GBPS: nothing to compare with")
+    measured, table = _launch.dram_gbps(), _launch.dram_gbps(name)
+    assert abs(measured - table) < 0.1 * table, (name, measured, table)
+    assert (measured >= ROWS_MIN_DRAM_GBPS) == (table >= ROWS_MIN_DRAM_GBPS), (name, measured, table)

@@ -397,7 +397,8 @@ def test_dependent_launch_changes_no_bits(monkeypatch, shape, bias):
     dy = torch.randn(shape, generator=g).to(runtime.DEVICE, torch.bfloat16)
     got = {}
     for flag in (False, True):
-        monkeypatch.setattr(_launch, "PDL", flag)
+        # without it the GPU launches as one before Hopper does (pdl_supported reads the capability)
+        monkeypatch.setattr(runtime, "CAPABILITY", runtime.CAPABILITY if flag else (8, 0))
         leaves = [t.clone().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
         y = layernorm(leaves[0], leaves[1], leaves[2] if bias else None)
         got[flag] = torch.autograd.grad(y, leaves, dy)

@@ -18,12 +18,12 @@ PKG = ROOT / "fusionlab"
 
 #: the layers, lowest first; a module may import only from its own layer or those before it
 LAYERS = [
-    {"fusionlab._exercise", "fusionlab._triton", "fusionlab.runtime"},
+    {"fusionlab._exercise", "fusionlab._no_triton", "fusionlab._triton", "fusionlab.runtime"},
     {"fusionlab.ledger"},
     {"fusionlab.kernels"},
     {"fusionlab.bench", "fusionlab.instrument", "fusionlab.grading", "fusionlab.inductor", "fusionlab.measure"},
     {"fusionlab.viz"},
-    {"fusionlab.lessons", "fusionlab.record", "fusionlab.benchcli"},
+    {"fusionlab.lessons", "fusionlab.record", "fusionlab.benchcli", "fusionlab.grade", "fusionlab.__main__"},
 ]
 #: third-party modules a function may import lazily: optional dependencies, never fusionlab itself
 LAZY_OK = ("triton", "IPython", "importlib", "numpy", "subprocess", "matplotlib")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from conftest import gpu_only
+from conftest import cross_entropy_by_hand, gpu_only
 
 from fusionlab import runtime
 from fusionlab.instrument import LaunchCounter
@@ -135,8 +134,13 @@ def test_logits_never_exist_whole():
 
 
 def test_eager_and_reference():
+    # eager: the whole logits, then log_softmax and nll_loss; against the loss by hand in float64
     h, w, t = _inputs(6, 4, 9)
-    torch.testing.assert_close(linear_cross_entropy_eager(h, w, t), F.cross_entropy(h @ w.T, t))
+    with LaunchCounter() as counter:
+        got = linear_cross_entropy_eager(h, w, t)
+    assert counter.torch_ops == ["mm", "_log_softmax", "nll_loss_forward"], counter.torch_ops
+    want = cross_entropy_by_hand(h.double() @ w.double().T, t)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
 def test_memory_model_and_default_chunk(monkeypatch):

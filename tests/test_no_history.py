@@ -69,25 +69,6 @@ def hits(text: str) -> list[tuple[str, str]]:
     return found
 
 
-#: Files owned by other open branches of issue 36 that are being rewritten there; each is expected to
-#: fail until that branch is merged. Delete an entry (and, when empty, this list and its test) once the
-#: file is clean: a clean file then passes, and leaving it here hides nothing (xfail is not strict),
-#: but the list is meant to end up empty.
-PENDING_UNTIL_MERGE = {
-    # fusionlab/kernels/* and fusionlab/*.py: the tuning history moves to the topic notes in benchmarks/
-    "fusionlab/bench.py": "h37",
-    "fusionlab/inductor.py": "h37",
-    "fusionlab/kernels/_launch.py": "h37",
-    "fusionlab/kernels/cross_entropy.py": "h37",
-    "fusionlab/kernels/layernorm.py": "h37",
-    "fusionlab/kernels/rmsnorm.py": "h37",
-    "fusionlab/kernels/softmax.py": "h37",
-    # lessons 4-7, second edition
-    "notebooks/04_fused_reductions.ipynb": "h36a/h36b",
-    "notebooks/05_gates_and_losses.ipynb": "h36a/h36b",
-}
-
-
 def tracked_text_files() -> dict[str, str]:
     """Every tracked file that decodes as UTF-8 text, by its path from the repository root."""
     try:
@@ -114,20 +95,9 @@ FILES = tracked_text_files()
 
 
 def test_no_tracked_file_dates_the_work_by_its_history():
-    bad = {p: h for p, text in FILES.items() if p != THIS and p not in PENDING_UNTIL_MERGE and (h := hits(text))}
+    bad = {p: h for p, text in FILES.items() if p != THIS and (h := hits(text))}
     report = "\n".join(f"{p}: {len(h)} lines, e.g. [{h[0][0]}] {h[0][1]!r}" for p, h in sorted(bad.items()))
     assert not bad, f"name a measurement by its date and topic, not its place in the work:\n{report}"
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(p, marks=pytest.mark.xfail(strict=False, reason=f"pending until {who}'s branch is merged"))
-        for p, who in sorted(PENDING_UNTIL_MERGE.items())
-    ],
-)
-def test_pending_files(path):
-    assert not hits(FILES.get(path, "")), hits(FILES.get(path, ""))[:3]
 
 
 # The patterns themselves: what must be caught and what must not.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import gpu_only
+from conftest import assert_close_rel, gpu_only
 
 from fusionlab import runtime
 from fusionlab.grading import Sandbox
@@ -52,16 +52,6 @@ def _inputs(M, K, N, dtype, seed=0, gamma="random"):
         gm = torch.rand(K, generator=g) + 0.5
     to = lambda t: t.to(runtime.DEVICE, dtype)  # noqa: E731
     return to(x), to(gm), to(w), to(b)
-
-
-def assert_close_rel(y, ref, norm_tol, elem_tol):
-    assert y.shape == ref.shape and y.dtype == ref.dtype and y.device == ref.device
-    yd, rd = y.double(), ref.double()
-    assert not torch.isnan(yd).any(), f"{int(torch.isnan(yd).sum())} elements NaN (never written?)"
-    scale = rd.abs().max().clamp_min(1e-30)
-    err = ((yd - rd).norm() / rd.norm().clamp_min(1e-30)).item()
-    worst = ((yd - rd).abs().max() / scale).item()
-    assert err <= norm_tol and worst <= elem_tol, f"relative error {err:.2e} (norm), {worst:.2e} (max element)"
 
 
 @pytest.mark.parametrize("activation", [None, "gelu"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import socket
 import subprocess
 import sys
@@ -77,6 +76,35 @@ def test_record_and_exercises():
     assert (ROOT / "scripts" / "make_exercises.py").is_file()
 
 
+def _torch_line(tmp_path: Path, gpu: bool | None, forced: str | None = None) -> str:
+    """What the dry run says it would install for torch, with a stand-in ``nvidia-smi`` first on PATH that
+    lists a GPU (``gpu=True``) or fails (``False``)."""
+    bin_dir = tmp_path / f"bin-{gpu}"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + ("echo 'GPU 0: NVIDIA H100'\n" if gpu else "exit 9\n"))
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "FUSIONLAB_DRY_RUN": "1", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("FUSIONLAB_TORCH", None)
+    if forced:
+        env["FUSIONLAB_TORCH"] = forced
+    out = subprocess.run(["bash", str(SETUP)], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return next(line for line in out.stderr.splitlines() if line.startswith("torch"))
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="macOS takes PyPI's torch, a CPU build, either way")
+def test_without_a_gpu_torch_comes_from_the_cpu_index_and_with_one_from_pypi(tmp_path):
+    cpu = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    assert _torch_line(tmp_path, gpu=False).endswith(cpu)  # not gigabytes of CUDA wheels on a laptop
+    assert _torch_line(tmp_path, gpu=True).endswith("pip install torch==2.13.0")
+    assert _torch_line(tmp_path, gpu=True, forced="cpu").endswith(cpu)
+    assert _torch_line(tmp_path, gpu=False, forced="cuda").endswith("pip install torch==2.13.0")
+    bad = subprocess.run(
+        ["bash", str(SETUP)], env={**os.environ, "FUSIONLAB_TORCH": "rocm"}, capture_output=True, text=True, timeout=30
+    )
+    assert bad.returncode == 2 and "FUSIONLAB_TORCH=rocm" in bad.stderr
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -88,47 +116,43 @@ def _get(url: str):
         return r.status, r.read()
 
 
+LANDING_URL = "--LabApp.default_url=/lab/tree/START_HERE.ipynb"
+
+
+def _printed_urls(log: str) -> list[urllib.parse.ParseResult]:
+    """The addresses the lab prints for a learner to open (with the token), as parsed URLs."""
+    return [urllib.parse.urlparse(u) for u in re.findall(r"(http://127\.0\.0\.1:\d+/\S*\?token=\S+)", log)]
+
+
 @pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "jupyter").exists(), reason="needs .venv with JupyterLab")
-def test_lab_opens_the_course_root_on_the_landing_page(tmp_path):
+def test_lab_prints_an_address_that_opens_the_landing_page(tmp_path):
     argv = dry_run("lab")
-    assert argv[:2] == [".venv/bin/jupyter", "lab"] and argv[-1] == "START_HERE.ipynb"
+    assert argv[:2] == [".venv/bin/jupyter", "lab"] and LANDING_URL in argv
     assert f"--ServerApp.root_dir={ROOT}" in argv
-    port, token = _free_port(), "t0ken"
-    opened = tmp_path / "opened.txt"
-    # the "browser" writes down the address the lab would open
-    browser = f"{shlex.quote(sys.executable)} -c \"import sys; open({str(opened)!r}, 'w').write(sys.argv[1])\" %s"
+    port = _free_port()
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path)}
-    cmd = [
-        *argv[:-1],
-        "--ServerApp.ip=127.0.0.1",
-        f"--ServerApp.port={port}",
-        f"--IdentityProvider.token={token}",
-        f"--ServerApp.browser={browser}",
-        "--ServerApp.open_browser=True",
-        argv[-1],
-    ]
+    # the token is the lab's own (one given on the command line is printed as "..."): the printed address carries it
+    cmd = [*argv, "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}"]
     if "--allow-root" not in cmd:
         cmd.insert(2, "--allow-root")  # harmless when not root; the dry run adds it only as root
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
+    log = tmp_path / "lab.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                _get(f"{base}/api/status?token={token}")
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-                assert time.monotonic() < deadline, "JupyterLab did not start in 60 s"
-                time.sleep(0.5)
-        while not opened.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        # what the browser is given: a local page that redirects to the lab's address for the file
-        page = Path(urllib.parse.urlparse(opened.read_text()).path).read_text()
-        target = urllib.parse.urlparse(re.search(r'url=([^"]+)"', page).group(1))
-        assert target.path == "/lab/tree/START_HERE.ipynb", page
+        while not _printed_urls(log.read_text()):
+            assert proc.poll() is None, log.read_text()[-2000:]
+            assert time.monotonic() < deadline, "JupyterLab printed no address in 60 s"
+            time.sleep(0.5)
+        # the address a learner copies from the terminal (not the redirect page a local browser gets)
+        url = _printed_urls(log.read_text())[0]
+        assert url.path == "/lab/tree/START_HERE.ipynb", url
+        token = urllib.parse.parse_qs(url.query)["token"][0]
+        status, page = _get(url.geturl())
+        # the lab's page for that address opens START_HERE.ipynb: its page config names it as the tree path
+        config = json.loads(re.search(rb'id="jupyter-config-data"[^>]*>(.*?)</script>', page, re.S).group(1))
+        assert status == 200 and config.get("treePath") == "START_HERE.ipynb", config.get("treePath")
         top = {c["name"] for c in json.loads(_get(f"{base}/api/contents?token={token}")[1])["content"]}
         assert {"notebooks", "exercises", "solutions", "START_HERE.ipynb"} <= top
         for folder in ("notebooks", "exercises", "solutions"):

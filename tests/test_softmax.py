@@ -3,7 +3,6 @@ online two-pass), backward against torch autograd, strided rows read in place, c
 
 from __future__ import annotations
 
-import functools
 import math
 
 import pytest
@@ -472,11 +471,9 @@ def test_configs_are_legal(rows, n, backward, gpu):
     assert cfg["BLOCK_M"] * cfg["BLOCK_N"] <= 2**20 and cfg["num_warps"] <= 32
     assert cfg["BLOCK_M"] <= max(1, 2 * rows)
     tuning = (GPU_TUNING["backward" if backward else "forward"]) if gpu else INTERPRETER_TUNING
-    vec = cfg.get("VEC", 1)  # packed rows off 16-byte boundaries: a body of n - n % VEC, and fragments
-    assert vec == 1 or (cfg["SINGLE_TILE"] and n % vec and not backward)
-    assert cfg["SINGLE_TILE"] == (n - n % vec <= tuning["max_single"])
+    assert cfg["SINGLE_TILE"] == (n <= tuning["max_single"])
     if cfg["SINGLE_TILE"]:
-        assert n - n % vec <= cfg["BLOCK_N"]  # the whole row (its body) in one tile
+        assert n <= cfg["BLOCK_N"] + cfg.get("TAIL_N", 0)  # the whole row in one tile (or a head and a tail)
     # (the online path may also use one tile: the backward's second pass then re-reads it from L2)
 
 
@@ -490,7 +487,8 @@ def test_gpu_online_path_keeps_the_row_in_l2_for_its_second_pass():
 
 def test_kernels_take_the_eviction_hints():
     # the interpreter ignores the hints, but it checks that the kernels accept them on every path
-    from fusionlab.kernels.softmax import _backward, _forward, _rows
+    from fusionlab.kernels.softmax import _backward, _forward
+    from fusionlab.kernels.softmax import _rows_of as _rows
 
     x = _x((3, 300), seed=23)
     cfg = {**softmax_config(3, 300, torch.float32), "BLOCK_N": 64, "SINGLE_TILE": False}
@@ -542,7 +540,7 @@ def test_gpu_padded_rows_are_split_where_parts_fit_better():
 
 
 def test_sixteen_byte_unit():
-    from fusionlab.kernels.softmax import _unit
+    from fusionlab.kernels._rows import unit_of as _unit
 
     assert _unit(torch.bfloat16, 17000, 17000) == 8 and _unit(torch.float32, 1000, 1000, 0) == 4
     assert _unit(torch.float16, 1000, 1008) == 8  # a stride of 16 with a row of 8: still 8
@@ -555,7 +553,8 @@ def test_sixteen_byte_unit():
 def test_sixteen_byte_rows_forward_and_backward(layout, dtype):
     """Rows of 1000 elements (a multiple of 8 and 4, not 16): the launchers pass lengths and strides
     divided by the 16-byte unit and the kernels multiply them back; right against float64 both ways."""
-    from fusionlab.kernels.softmax import _rows, _unit
+    from fusionlab.kernels._rows import unit_of as _unit
+    from fusionlab.kernels.softmax import _rows_of as _rows
 
     base = _x((6, 4, 1008), dtype, seed=51)
     x = {"contiguous": base[..., :1000].contiguous(), "strided": base[:, 1, :1000], "two-level": base[:, :3, :1000]}[
@@ -574,31 +573,6 @@ def test_sixteen_byte_rows_forward_and_backward(layout, dtype):
 
 
 @pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
-@pytest.mark.parametrize("rows, n", [(1, 2049), (37, 2051), (5, 4097), (3, 4099)])
-def test_odd_rows_read_through_fragments(rows, n, dtype, atol, rtol):
-    """Packed rows whose width is not a multiple of 16 bytes: a 16-byte body and two fragments a row
-    (VEC), the tile the body's. Every element against float64, the output poisoned first, one kernel,
-    the input unchanged; the row maximum and -inf in the fragments, a row of only -inf (NaN, as
-    torch), 1e4 beside -1e4."""
-    from fusionlab.kernels.softmax import _forward, _rows
-
-    cfg = softmax_config(rows, n, dtype, fragments=True)  # opt-in: the default is a head and a tail
-    assert cfg.get("VEC") == 16 // dtype.itemsize
-    x = _x((rows, n), dtype, seed=61, scale=5.0)
-    x[0, 0] = 1e4  # the maximum in row 0's first element: a fragment or the body, by the row's offset
-    x[-1, -1] = 1e4  # and in the last row's last element
-    x[-1, 0] = -1e4
-    if rows > 2:
-        x[1] = float("-inf")
-        x[2, :3] = float("-inf")
-    before = x.clone()
-    y, box = _sandboxed(_forward, x, _rows(x), cfg)
-    _expect_close(y, _softmax64(x), atol, rtol)
-    assert box.names == [KERNEL] and box.passes == []
-    assert torch.equal(x, before), "the input was modified"
-
-
-@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
 @pytest.mark.parametrize("rows, n", [(1, 2500), (37, 3000), (5, 2064)])
 def test_head_and_tail_rows(rows, n, layout, dtype, atol, rtol):
@@ -607,7 +581,7 @@ def test_head_and_tail_rows(rows, n, layout, dtype, atol, rtol):
     the tail, -inf rows and a tail of only -inf."""
     base = _x((rows, n + 40), dtype, seed=64, scale=5.0)
     x = base[:, :n] if layout == "strided" else base[:, :n].contiguous()
-    cfg = softmax_config(rows, n, dtype, packed=x.is_contiguous())
+    cfg = softmax_config(rows, n, dtype)
     assert cfg["SINGLE_TILE"] and cfg["TAIL_N"] and cfg["BLOCK_N"] < n <= cfg["BLOCK_N"] + cfg["TAIL_N"]
     x[0, -1] = 1e4  # row 0's maximum in its tail
     if rows > 2:
@@ -648,33 +622,6 @@ def sm_ledger_reads(n: int) -> int:
 
     led = sm_ledger(4096, n)
     return round(led.fused_bytes / (4096 * n * 2)) - 1  # reads of x, less y's write
-
-
-def test_fragments_only_where_asked_rows_are_packed_and_forward():
-    frag = functools.partial(softmax_config, gpu=True, fragments=True)
-    gpu_cfg = frag(4096, 4097, torch.bfloat16)
-    assert gpu_cfg["VEC"] == 8 and gpu_cfg["BLOCK_N"] == 4096 and gpu_cfg["SINGLE_TILE"]  # the body's tile
-    default = softmax_config(4096, 4097, torch.bfloat16, gpu=True)  # a head and a tail, no fragments
-    assert "VEC" not in default and (default["BLOCK_N"], default.get("TAIL_N")) == (4096, 16)
-    assert "VEC" not in frag(4096, 4097, torch.bfloat16, packed=False)
-    assert "VEC" not in frag(4096, 4097, torch.bfloat16, backward=True)
-    assert "VEC" not in frag(4096, 4096, torch.bfloat16)  # 16-byte rows already
-    assert "VEC" not in frag(4096, 1025, torch.float32)  # under FRAGMENT_MIN
-    for n in (5001, 8191, 12289):  # the body's tile is the row's: the plain path was faster
-        assert "VEC" not in frag(4096, n, torch.bfloat16)
-    assert "VEC" not in frag(64, 16385, torch.bfloat16)  # split, faster from 16384
-    assert "VEC" not in frag(64, 50257, torch.bfloat16)  # split: its own fragments
-    # a fragments configuration given rows that are not packed is refused, not read wrongly
-    from fusionlab.kernels.softmax import _forward, _rows
-
-    x = _x((6, 2050), torch.float16, seed=62)[:, :2049]
-    with pytest.raises(RuntimeError, match="not packed"):
-        _forward(x, _rows(x), softmax_config(6, 2049, torch.float16, fragments=True))
-    # the same values off a 16-byte boundary or strided: no fragments, the same answer
-    x = _x((6, 2049), torch.float32, seed=62)
-    for y in (torch.cat([x.new_zeros(1), x.flatten()])[1:].view(6, 2049), _x((6, 2050), seed=62)[:, :2049]):
-        y.copy_(x)
-        _expect_close(softmax(y), _softmax64(x), *TOLERANCES[torch.float32])
 
 
 def test_split_false_is_the_online_path_with_its_tuning():
@@ -721,7 +668,8 @@ def test_ledger_counts_the_trips(dtype):
     [((64, 256), (True, True)), ((2, 8192), (True, True)), ((37, 129), (False, False)), ((65537, 3), (False, False))],
 )
 def test_unmasked_paths_only_when_tiles_divide(shape, even):
-    from fusionlab.kernels.softmax import _launch_flags, _rows
+    from fusionlab.kernels.softmax import _launch_flags
+    from fusionlab.kernels.softmax import _rows_of as _rows
 
     x = _x(shape)
     flags = _launch_flags(_rows(x), softmax_config(*shape, torch.float32))
@@ -824,18 +772,13 @@ def test_gpu_split_rows_strided_and_two_level(width):
 @pytest.mark.gpu
 @gpu_only
 @pytest.mark.parametrize("rows, n", [(300, 8193), (997, 2055), (524289, 4097)], ids=["8193", "2055", "2**31"])
-def test_gpu_fragment_rows(rows, n):
-    """Odd packed rows on the GPU through the opt-in fragments: one tile of the body (8192 for 8193,
-    2048 for 2055: the fragment after the body 7 wide), and rows x width past 2**31 (row starts in
-    int64); rows against float64."""
-    from fusionlab.kernels.softmax import _forward, _rows
-
+def test_gpu_odd_rows(rows, n):
+    """Rows off 16-byte boundaries on the GPU (a head and a tail where the row fits three quarters of
+    its tile), and rows x width past 2**31 (row starts in int64); rows against float64."""
     x = _x((rows, n), torch.bfloat16, seed=63, scale=10.0) if rows < 10**5 else None
     if x is None:
         x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
-    cfg = softmax_config(rows, n, x.dtype, fragments=True)
-    assert cfg["VEC"] == 8
-    y = _forward(x, _rows(x), cfg)
+    y = softmax(x)
     for r in sorted({0, 1, rows // 2, rows - 2, rows - 1}):
         _expect_close(y[r], _softmax64(x[r]), *TOLERANCES[torch.bfloat16])
 

@@ -596,6 +596,23 @@ def test_the_animation_takes_rereads_and_written_out_schedules():
     assert anim.bytes_moved(fused=True) == norm.fused_bytes and "rstd" in anim.html(fused=True)
 
 
+def test_a_written_out_schedule_labels_each_trip_with_its_own_step():
+    from fusionlab.kernels.attention import attention_ledger
+
+    led = attention_ledger(1, 2, 64, 64, 16, dtype=2, block_m=16)
+    anim = TripAnimation(led)
+    steps = [t.op for t in led.trips(fused=True)]
+    for frame in range(1, len(steps) + 1):
+        anim.frame = frame
+        fused = anim.html(fused=True)
+        assert f"trip {frame} of {len(steps)} · {steps[frame - 1]}" in fused, (frame, steps[frame - 1])
+        assert "QK^T" not in fused.split("trip ")[1][:80]  # the eager op the first fallback named
+    # a rule-based fused schedule still names its ops by number
+    anim = TripAnimation(cos_cos())
+    anim.frame = 2
+    assert "op 2 of 2: cos" in anim.html(fused=True)
+
+
 def same_height(svg: str) -> str:
     return svg.replace("0 0 460 358", "0 0 460 336").replace('height="358"', 'height="336"')
 
@@ -642,3 +659,20 @@ def test_both_trip_panels_draw_the_l2_floor_between_the_chip_and_hbm():
         labels = ("on chip", "L2 cache", "HBM")
         ys = {label: float(re.search(rf'y="([\d.]+)"[^>]*>{label}', panel)[1]) for label in labels}
         assert ys["on chip"] < ys["L2 cache"] < ys["HBM"], ys
+
+
+def test_a_table_is_html_in_a_notebook_and_aligned_text_elsewhere():
+    from fusionlab.viz import Table
+
+    t = Table([("eager cos().cos()", "2.00x", "50%"), ("fused", "1.00x", "100%")], header=("schedule", "time", "copy"))
+    text = str(t).splitlines()
+    assert text[0].startswith("schedule") and set(text[1]) <= {"-", " "}
+    assert text[2].endswith(" 50%") and text[3].endswith("100%")  # numbers right-aligned, columns padded
+    assert len({len(line) for line in text[2:]}) == 1
+    page = t._repr_html_()
+    # a number never breaks across lines, however narrow the output
+    assert page.count("white-space:nowrap") == 9 and "<th" in page and "&lt;" not in page
+    assert "text-align:right" in page and "text-align:left" in page
+    assert "&lt;b&gt;" in Table([("<b>", "1")])._repr_html_()  # cells are text, never markup
+    with pytest.raises(ValueError, match="same number of cells"):
+        Table([("a", "1"), ("b",)])

@@ -12,16 +12,19 @@
 - ``<op>(...)``: the launcher and public entry: checks its inputs, allocates, launches (an
   ``autograd.Function`` where the op has a backward).
 
-Importing this package needs Triton (Linux); ``fusionlab.runtime`` has already decided GPU or
-interpreter before any kernel below is defined. Call an op through its module:
+What several ops share lives in private modules: ``_launch`` (input checks, launch options, the
+direct launch path), ``_rows`` (row layouts, the 16-byte unit, a row's body and fragments, split
+rows' synchronisation) and ``_norms`` (what RMSNorm and LayerNorm share). One op is built on
+another's kernel: ``linear_cross_entropy`` launches ``cross_entropy``'s, chunk by chunk.
+
+``fusionlab.runtime`` has already decided GPU or interpreter before any kernel below is defined (and,
+without Triton, put ``fusionlab._no_triton``'s stand-ins in its place: the modules import, a launch
+raises ``TritonUnavailable``). Call an op through its module:
 ``from fusionlab.kernels.bias_gelu import bias_gelu``.
 """
 
-from .. import runtime
-
-runtime.require_triton()
-
-from . import (  # noqa: E402
+from .. import runtime  # noqa: F401  (first: it decides the mode before any kernel is defined)
+from . import (
     attention,
     attention_backward,
     bias_gelu,
@@ -38,8 +41,8 @@ from . import (  # noqa: E402
     softmax,
     swiglu,
 )
-from ._launch import KernelInputError, pdl_supported  # noqa: E402
-from ._tensors import TargetOutOfRange  # noqa: E402
+from ._launch import KernelInputError, pdl_supported
+from ._tensors import TargetOutOfRange
 
 __all__ = [
     "KernelInputError",

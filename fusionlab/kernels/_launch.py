@@ -66,6 +66,29 @@ def device_name() -> str:
     return _device_name(current_device()) if _IS_CUDA else ""
 
 
+#: peak DRAM bandwidth in GB/s of GPUs a configuration may be asked for by name (their spec sheets: an
+#: H100 SXM, an H200); a name not here, or a GPU configuration asked for without a GPU, gets an H100's
+DRAM_GBPS = {"H200": 4800.0, "H100": 3350.0}
+DEFAULT_DRAM_GBPS = DRAM_GBPS["H100"]
+
+
+@functools.cache
+def _dram_gbps(index: int) -> float:
+    from triton.testing import get_dram_gbps  # memory clock x bus width, as the driver reports them
+
+    return float(get_dram_gbps(index))
+
+
+def dram_gbps(device: str | None = None) -> float:
+    """Peak DRAM bandwidth in GB/s: this GPU's, from its driver (``device=None``), or that of the GPU
+    named ``device`` (:data:`DRAM_GBPS`), so a lesson on a CPU can ask what a given GPU's kernel does.
+    For the few configurations measured to differ between GPUs: chosen by what the GPU can do, not by
+    its name."""
+    if device is None:
+        return _dram_gbps(current_device()) if _IS_CUDA else DEFAULT_DRAM_GBPS
+    return next((v for name, v in DRAM_GBPS.items() if name in device), DEFAULT_DRAM_GBPS)
+
+
 def dtype_name(d: torch.dtype) -> str:
     return str(d).replace("torch.", "")
 
@@ -207,10 +230,6 @@ def check_tile(*blocks: int, op: str) -> None:
         )
 
 
-#: programmatic dependent launch where the GPU has it (a switch for probes and tests)
-PDL = True
-
-
 def pdl_supported() -> bool:
     """Programmatic dependent launch: on Hopper (sm_90) and later a kernel launched with it may be placed
     on the SMs while the kernel before it in the stream still runs, and waits (``gdc_wait``) only where it
@@ -218,7 +237,7 @@ def pdl_supported() -> bool:
     Used between a call's own kernels (a loss's prologue, kernel and finish; a backward's partial sums);
     a call's first kernel takes it only where it waits before its first read (cross-entropy's prologue
     and backward), so that nothing but its launch overlaps what came before it."""
-    return PDL and runtime.is_gpu() and runtime.CAPABILITY is not None and runtime.CAPABILITY >= (9, 0)
+    return runtime.is_gpu() and runtime.CAPABILITY is not None and runtime.CAPABILITY >= (9, 0)
 
 
 def launch_kwargs(
@@ -277,8 +296,9 @@ def tail_warps(num_warps: int, head: int, tail: int, dtype: torch.dtype) -> int:
     """The warps of a head and a tail: no more than give each thread 16 bytes of the tail (one vector
     load); with more, the tail's loads split into 8- or 4-byte pieces. LayerNorm's forward, bf16,
     32768 x 5120 (a head of 4096 and a tail of 1024) on an H200: 62% of copy at 8 warps, 96% at 4
-    (benchmarks/notes_norms.md, eleventh session). A tail under a quarter of the head (4097: 4096 + 16,
-    9000: 8192 + 1024) is too short to set the warps: fewer would crowd the head's registers."""
+    (benchmarks/notes_norms.md, 2026-11-24, LayerNorm's forward at 5120 and 11008). A tail under a
+    quarter of the head (4097: 4096 + 16, 9000: 8192 + 1024) is too short to set the warps: fewer would
+    crowd the head's registers."""
     if tail * 4 < head:
         return num_warps
     return max(1, min(num_warps, tail * element_size(dtype) // (16 * 32)))
@@ -309,8 +329,12 @@ def row_config(n_cols: int, dtype: torch.dtype, *, max_block: int | None = None,
 
 
 def _key(args) -> tuple:
-    """What Triton specialises a launch on, per argument: a tensor's dtype and 16-byte alignment; an
-    int's being 1, a multiple of 16, or too large for 32 bits. (A plain loop: this runs every call.)"""
+    """What Triton specialises a launch on, per argument, or finer: a tensor's dtype and 16-byte
+    alignment; an int's being 1, a multiple of 16, and its type (i32, i64, or u64 from 2**63); any
+    other argument's type and value. Each argument's first entry tells its kind (a dtype, a bool, a
+    type), so two argument lists never run together into one key. Never coarser:
+    ``tests/test_launch.py`` checks it against the installed Triton's own specialiser. (A plain loop:
+    this runs every call.)"""
     key = []
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -320,7 +344,9 @@ def _key(args) -> tuple:
             key.append(a == 1)
             key.append(a & 15)
             key.append(a >= 2**31 or a < -(2**31))
-        else:
+            key.append(a >= 2**63)
+        else:  # its type too: 1.0 == True, but Triton compiles a float and a bool differently
+            key.append(type(a))
             key.append(a)
     return tuple(key)
 

@@ -37,10 +37,7 @@ softmax is exact against *any* reference, so block 0's row max is taken once and
 16 base-2 units, 11 nats, above block 0's best), fp32's past 2**128. The tile checks at the end
 (``l > 0``, ``sum |acc| + l`` finite, NaN failing both) and reruns from scratch through the online
 loop if any row fails: always correct, twice the work for such a tile. The interpreter and
-pre-Hopper GPUs run the online loop. Another option, off by default (``config={"LAZY_RESCALE": True}``, FA4's
-conditional rescale), lets ``m`` lag a row's true max by up to ``LAZY_TAU`` and skips the rescale of
-``acc`` and ``l`` on every block where no row's max gets further ahead than that
-(:func:`_attention_inner`). Non-finite inputs: a NaN or inf in Q or K gives what the float64
+pre-Hopper GPUs run the online loop. Non-finite inputs: a NaN or inf in Q or K gives what the float64
 reference gives (masked scores become -inf whatever they held); a NaN or inf in V reaches the rows of
 the tiles that load its key (``0 * inf`` is NaN), where the dense reference spreads it to every row.
 
@@ -58,18 +55,15 @@ Two ways to load the tiles, one kernel (``TMA`` constexpr):
 - plain pointers with masks: any strides (last dimension contiguous), any head dim; the
   interpreter's path and the fallback on GPUs before Hopper;
 - Hopper tensor descriptors (TMA: the copy engine moves whole tiles into shared memory, and the
-  loop is software-pipelined ``num_stages`` deep; optionally warp-specialised, a producer warp
-  issuing the copies): each of Q, K, V is seen as a 2-D (rows, columns) matrix in which every
-  head's tokens are whole rows, so contiguous (B, H, N, D) tensors and (B, N, H, D) layouts
+  loop is software-pipelined ``num_stages`` deep): each of Q, K, V is seen as a 2-D (rows, columns)
+  matrix in which every head's tokens are whole rows, so contiguous (B, H, N, D) tensors and (B, N, H, D) layouts
   transposed to (B, H, N, D) both qualify (:func:`_row_layout`). A tile that hangs past a head's
   last token reads the next head's rows: those keys are masked to ``-inf`` and their V rows zeroed
   (an inf there would otherwise make ``0 * inf = NaN``), and those query rows are never stored.
   Head dims that are not a power of two are padded to one by the descriptor's zero fill.
 
-Measured (H100 and H200, bf16/fp16, 16k x 16 token-heads, ``benchmarks/notes_attention.md``, final run
-of 2026-11-24): 1.40-1.78x SDPA's flash backend at all 24 shapes; against its cuDNN backend 0.93-1.15x
-at head dim 64, 0.87-0.96x causal at 128 and 0.79-0.89x non-causal at 128; N = 131072 (16 heads of
-128) in 0.51 GiB beyond the inputs, at 562-587 TFLOP/s.
+Measured against SDPA's flash and cuDNN backends: lesson 7's recording (``fusionlab/recorded/``)
+and ``benchmarks/notes_attention.md``.
 
 Reference: Dao et al., "FlashAttention" (NeurIPS 2022) and "FlashAttention-2" (2023); Milakov &
 Gimelshein, "Online normalizer calculation for softmax" (2018); Triton's tutorial 06 (fused
@@ -267,6 +261,151 @@ def attention_ledger(
     return led
 
 
+def attention_bytes(
+    B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, *, h_kv: int | None = None
+) -> int:
+    """The fewest bytes any attention forward moves: Q, K, V read once, O and lse written once."""
+    h_kv = H if h_kv is None else h_kv
+    es = element_size(dtype)
+    return (2 * B * H * N_q * D + 2 * B * h_kv * N_k * D) * es + 4 * B * H * N_q
+
+
+# -- configuration --------------------------------------------------------------------------------
+@functools.cache
+def _hopper() -> bool:
+    return runtime.is_gpu() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+#: the Hopper (TMA) path's tiles, (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA_STORE, REF_MAX), by
+#: (head-dim class, causal, long sequence: N_q > LONG): benchmarks/notes_attention.md has the H100 and
+#: H200 sweeps behind each row. Short sequences take 64-row tiles: a program streams few key blocks, and more, smaller
+#: programs per SM hide each one's prologue (the Q load, the pipeline's fill) and epilogue behind the
+#: others' loops. TMA_STORE: O leaves through a descriptor (one bulk copy per tile, where BLOCK_M
+#: divides N_q), which measured faster at head dim 128 and for long non-causal runs at 64. REF_MAX
+#: (sweeps 5 and 6): every block against block 0's row max, no running max and no rescale of the
+#: accumulator; 1 sums P as a tile, 2 a row sum per block (long non-causal rows). +3-25% at head dims
+#: 64 and 128 on an H100, once block 0 was peeled inside the loop (before, its own tiles cost 32 KiB of
+#: shared memory and head dim 128 dropped to one program per SM); with it, causal head dim 128 moved to
+#: 64-row tiles (the 128 x 64 tile spills registers there). Head dim 256: not measured, off.
+TMA_TABLE = {
+    (64, False, False): (64, 64, 4, 3, False, 1),
+    (64, False, True): (128, 64, 4, 3, True, 2),
+    (64, True, False): (64, 64, 4, 3, False, 1),
+    (64, True, True): (128, 64, 4, 3, True, 2),
+    (128, False, False): (64, 64, 4, 3, True, 1),
+    (128, False, True): (128, 64, 4, 2, True, 2),
+    (128, True, False): (64, 32, 4, 3, True, 1),
+    (128, True, True): (64, 64, 4, 3, True, 1),
+    (256, False, False): (64, 64, 4, 2, False, 0),
+    (256, False, True): (64, 64, 4, 2, False, 0),
+    (256, True, False): (64, 64, 4, 2, False, 0),
+    (256, True, True): (64, 64, 4, 2, False, 0),
+}
+#: "long" starts past this many queries
+LONG = 2048
+#: below this many FLOPs a call takes the pointer path even on Hopper. The descriptors cost the host
+#: 30-40 µs a call (three built in Python, then encoded by the driver) on top of 50-90 µs for the rest
+#: of the call, and below ~30 GFLOP the kernel is shorter than that host work, so the call is host-bound
+#: either way: back to back on an H100, 53-93 µs a call on the pointer path against 82-135 µs with
+#: descriptors (``benchmarks/small_attention.py``, two machines). Lesson 7's shapes start at 34 GFLOP
+TMA_MIN_FLOPS = 32e9
+
+
+def _tma_by_default(B: int, H: int, N_q: int, N_k: int, D: int, causal: bool) -> bool:
+    """Whether a call takes the descriptors when no variant is asked for: on a Hopper GPU, with at
+    least :data:`TMA_MIN_FLOPS` of work (the layout and the dtype are the caller's to check)."""
+    return _hopper() and attention_flops(B, H, N_q, N_k, D, causal) >= TMA_MIN_FLOPS
+
+
+#: the pointer path on a GPU (pre-Hopper, or a layout the descriptors cannot take); REF_MAX off: not
+#: measured on that path
+PLAIN_TABLE = {
+    64: (128, 64, 4, 3),
+    128: (128, 64, 8, 3),
+    256: (64, 32, 8, 2),
+}
+#: the interpreter: every program is Python, so few of them; 32 x 16 tiles still give a causal tile
+#: two diagonal blocks, so small tests reach every code path
+INTERPRETER_TILE = (32, 16)
+
+
+def _d_class(block_d: int) -> int:
+    return 64 if block_d <= 64 else (128 if block_d <= 128 else 256)
+
+
+@functools.lru_cache(maxsize=4096)
+def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> dict:
+    block_d = max(16, next_pow2(d))
+    store, ref = False, 0
+    if not gpu:
+        bm, bn = INTERPRETER_TILE
+        nw, ns = 4, 1
+    elif tma:
+        bm, bn, nw, ns, store, ref = TMA_TABLE[(_d_class(block_d), causal, n_q > LONG)]
+    else:
+        bm, bn, nw, ns = PLAIN_TABLE[_d_class(block_d)]
+    # short sequences: no tile longer than the sequence (tl.dot needs 16)
+    bm = min(bm, max(16, next_pow2(n_q)))
+    bn = min(bn, max(16, next_pow2(n_k)))
+    if causal and bn > bm:
+        bn = bm  # the causal split needs BLOCK_M to be a multiple of BLOCK_N
+    return {
+        "variant": "tma" if tma else "plain",
+        "BLOCK_M": bm,
+        "BLOCK_N": bn,
+        "BLOCK_D": block_d,
+        "num_warps": nw,
+        "num_stages": ns,
+        "TMA_STORE": tma and store,
+        "REF_MAX": ref,
+    }
+
+
+def attention_config(
+    B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, causal: bool = False, *, tma: bool | None = None
+) -> dict:
+    """The launch configuration the launcher picks: ``{"variant", "BLOCK_M", "BLOCK_N", "BLOCK_D",
+    "num_warps", "num_stages", "TMA_STORE", "REF_MAX"}``.
+
+    ``BLOCK_D`` is the head dim rounded up to a power of two (at least 16). On a Hopper GPU with
+    fp16/bf16 inputs in a descriptor-friendly layout (``tma=None`` assumes one) and at least
+    :data:`TMA_MIN_FLOPS` of work, the TMA path with the tile of ``TMA_TABLE``; elsewhere on a GPU the
+    pointer path (``PLAIN_TABLE``); in the interpreter
+    32 x 16 tiles. Tiles shrink to short sequences. B and H do not change the tile (the grid grows).
+    ``REF_MAX`` (0, 1 or 2) comes from ``TMA_TABLE`` on the TMA path and is 0 elsewhere: the interpreter
+    runs the online loop the lesson teaches.
+    """
+    if tma is None:
+        tma = (
+            TensorDescriptor is not None
+            and dtype in (torch.float16, torch.bfloat16)
+            and D % 8 == 0
+            and _tma_by_default(B, H, N_q, N_k, D, causal)
+        )
+    return dict(_config(int(N_q), int(N_k), int(D), bool(causal), bool(tma), runtime.is_gpu()))
+
+
+_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA_STORE", "REF_MAX")
+
+
+def _check_config(config: dict, causal: bool) -> dict:
+    unknown = set(config) - set(_CONFIG_KEYS)
+    if unknown:
+        raise KernelInputError(f"{OP}: unknown config key(s) {sorted(unknown)}; known: {', '.join(_CONFIG_KEYS)}.")
+    for name in ("BLOCK_M", "BLOCK_N"):
+        if name in config:
+            check_block(config[name], name, OP, max_value=256)
+            if config[name] < 16:
+                raise KernelInputError(f"{OP}: {name}={config[name]}; tl.dot needs tiles of at least 16.")
+    if "num_warps" in config:
+        check_block(config["num_warps"], "num_warps", OP, max_value=16)
+    if "REF_MAX" in config and config["REF_MAX"] not in (0, 1, 2):  # False and True count as 0 and 1
+        raise KernelInputError(
+            f"{OP}: REF_MAX={config['REF_MAX']!r}; 0 (the online loop), 1 (P summed as a tile) or 2 (row sums)."
+        )
+    return dict(config)
+
+
 # -- the kernel -----------------------------------------------------------------------------------
 @triton.jit
 def _kv_tile(
@@ -319,73 +458,22 @@ def _block_max(
 
 
 @triton.jit
-def _exp2_fma(x):
-    """``2**x`` on the FMA units instead of the special-function unit (FlashAttention-4's trick): round x to
-    an integer j with the 1.5 * 2**23 shifter (two adds), 2**f for f = x - j in [-0.5, 0.5] by a cubic
-    (relative error 2.2e-4, below fp16's rounding of P), then j added to the exponent bits. x is clamped
-    to [-126, 129] first: -inf (a masked score) gives a subnormal ~2**-127 (0 for every purpose here), a
-    score 128.5 or more above the reference gives a non-finite value, as ``exp2`` would, so REF_MAX's
-    overflow check still sees it; NaN stays NaN. Measured slower than ``exp2`` alone (sweep 8 in
-    benchmarks/notes_attention.md): off by default."""
-    c = tl.clamp(x, -126.0, 129.0)
-    t = c + 12582912.0
-    f = c - (t - 12582912.0)
-    p = ((0.05286743564474655 * f + 0.2421518896953722) * f + 0.6935867468539509) * f + 0.9999627562463347
-    bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)
-    # NaN by a select: the bit arithmetic turns a GPU's NaN (all mantissa bits set) into 3.4e38
-    return tl.where(x == x, bits.to(tl.float32, bitcast=True), x)
-
-
-@triton.jit
-def _block_p(qk, m_ij, qk_scale, MASKED: tl.constexpr, EXP_FMA: tl.constexpr = False):
-    """``P = exp(s - m)``, base 2 with log2(e) folded into ``qk_scale``. ``EXP_FMA``: the odd columns'
-    exponentials on the FMA units (:func:`_exp2_fma`), the even ones' on the special-function unit,
-    which alone does 16 a clock per SM against 128 FMAs: the two halves run side by side. (A thread
-    holds adjacent column pairs of an MMA result, so the split moves no data between threads.)"""
+def _block_p(qk, m_ij, qk_scale, MASKED: tl.constexpr):
+    """``P = exp(s - m)``, base 2 with log2(e) folded into ``qk_scale``."""
     if MASKED:
         qk = qk - m_ij[:, None]
     else:
         qk = qk * qk_scale - m_ij[:, None]
-    if EXP_FMA:
-        BM: tl.constexpr = qk.shape[0]
-        BN: tl.constexpr = qk.shape[1]
-        even, odd = tl.split(tl.reshape(qk, (BM, BN // 2, 2)))
-        return tl.reshape(tl.join(tl.math.exp2(even), _exp2_fma(odd)), (BM, BN))
     return tl.math.exp2(qk)
 
 
 @triton.jit
 def _attention_inner(
-    acc,
-    l_i,
-    m_i,
-    q,
-    k_src,
-    v_src,
-    k_row,
-    k_col,
-    v_row,
-    v_col,
-    stride_kn,
-    stride_vn,
-    offs_m,
-    offs_d,
-    n_k,
-    qk_scale,
-    lo,
-    hi,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    SCALE_NEG: tl.constexpr,
-    TMA: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr,
-    RESCALE_TAU: tl.constexpr,
-    EXP_FMA: tl.constexpr = False,
-):
+    acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k, qk_scale,
+    lo, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr,
+):  # fmt: skip
     """Key blocks ``[lo, hi)`` of one Q tile: the online-softmax update, block by block.
 
     ``MASKED``: the diagonal and the partial last block (the key bound, and the causal mask when
@@ -393,40 +481,18 @@ def _attention_inner(
     token (``k_row``/``k_col`` unused); TMA path: they are descriptors and the tile starts at row
     ``k_row + start_n``, column ``k_col``. ``EVEN_N``: BLOCK_N divides N_k, so no block hangs past the
     last key and the masked blocks need only the causal mask.
-
-    ``LAZY_RESCALE`` (FA4's conditional rescale): ``m`` may lag the true running max by up to
-    ``RESCALE_TAU`` (base-2 units), so ``p = exp2(s - m) <= 2**RESCALE_TAU``. A block moves the max
-    of only the rows whose block max exceeds ``m`` by more than that, and only when one does does the
-    tile pay for ``acc * alpha`` and ``l * alpha``; ``l`` and ``acc`` always sum against the same
-    (possibly stale) ``m``, so ``acc / l`` and ``m + log2(l)`` are exact whatever ``m`` is.
     """
     offs_n0 = tl.arange(0, BLOCK_N)
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
         k = _kv_tile(k_src, k_row, k_col, start_n, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, False)
         qk = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) fp32, unscaled
         qk, m_ij = _block_max(qk, m_i, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
-        if LAZY_RESCALE:
-            # rows whose max rose by more than TAU (all rows on the first block: m = -inf there, and
-            # -inf + TAU stays -inf); a NaN row compares false and stays NaN through p
-            need = m_ij > m_i + RESCALE_TAU
-            # one decision for the whole program (a cross-warp reduction of BLOCK_M flags): Triton
-            # has no per-warp branch, and the multiply it skips is over the whole tile
-            if tl.max(need.to(tl.int32), 0) > 0:
-                m_ij = tl.where(need, m_ij, m_i)  # the rest keep their stale max: alpha = 1 exactly
-                alpha = tl.math.exp2(m_i - m_ij)  # 0 on the first block (acc and l are 0 there)
-                l_i = l_i * alpha
-                acc = acc * alpha[:, None]
-            else:
-                m_ij = m_i
-        p = _block_p(qk, m_ij, qk_scale, MASKED, EXP_FMA)
-        if LAZY_RESCALE:
-            l_i = l_i + tl.sum(p, 1)  # p <= 2**TAU: the sum and the P cast below stay in range
-        else:
-            alpha = tl.math.exp2(m_i - m_ij)  # rescales what was summed against the old max (0 at first)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
+        p = _block_p(qk, m_ij, qk_scale, MASKED)
+        alpha = tl.math.exp2(m_i - m_ij)  # rescales what was summed against the old max (0 at first)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
         v = _kv_tile(v_src, v_row, v_col, start_n, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, True)
         acc = tl.dot(p.to(v.dtype), v, acc)  # P cast down to the input dtype: the tensor cores' operand
         m_i = m_ij
@@ -438,22 +504,20 @@ def _attention_online(
     acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
     offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NEG: tl.constexpr,
-    TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EVEN_N: tl.constexpr, LAZY_RESCALE: tl.constexpr,
-    RESCALE_TAU: tl.constexpr, EXP_FMA: tl.constexpr = False,
+    TMA: tl.constexpr, EVEN_N: tl.constexpr,
 ):  # fmt: skip
     """The online softmax over a Q tile's key blocks: ``[0, lo_mask)`` unmasked, then ``[lo_mask, hi)``
     masked (the diagonal and the partial last block)."""
     acc, l_i, m_i = _attention_inner(
         acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
         offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
-        HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU, EXP_FMA,
+        HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, EVEN_N,
     )  # fmt: skip
     if CAUSAL or not EVEN_N:  # non-causal with BLOCK_N dividing N_k: no masked block, no second loop
         acc, l_i, m_i = _attention_inner(
             acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
             offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-            HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU,
-            EXP_FMA,
+            HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N,
         )  # fmt: skip
     return acc, l_i, m_i
 
@@ -464,7 +528,6 @@ def _attention_inner_ref(
     offs_m, offs_d, n_k, qk_scale, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, ROW_SUM: tl.constexpr,
-    EXP_FMA: tl.constexpr = False,
 ):  # fmt: skip
     """Key blocks ``[lo, hi)`` against a fixed reference ``m_ref`` (``REF_MAX``): block 0's row max,
     taken when the loop that holds block 0 reaches it (``m_ref`` is -inf until then). After that,
@@ -488,7 +551,7 @@ def _attention_inner_ref(
         else:
             if start_n == 0:
                 _, m_ref = _block_max(qk, m_ref, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
-        p = _block_p(qk, m_ref, qk_scale, MASKED, EXP_FMA)
+        p = _block_p(qk, m_ref, qk_scale, MASKED)
         if ROW_SUM:  # l_t is (BLOCK_M,): one cross-thread sum a block, no tile of partial sums to keep
             l_t += tl.sum(p, 1)
         else:
@@ -500,49 +563,12 @@ def _attention_inner_ref(
 
 @triton.jit
 def _attention_kernel(
-    q_src,
-    k_src,
-    v_src,
-    o_ptr,
-    o_desc,
-    lse_ptr,
-    kv_group,
-    n_q,
-    n_k,
-    qk_scale,
-    q_rb,
-    q_rh,
-    q_cb,
-    q_ch,
-    stride_qm,
-    k_rb,
-    k_rh,
-    k_cb,
-    k_ch,
-    stride_kn,
-    v_rb,
-    v_rh,
-    v_cb,
-    v_ch,
-    stride_vn,
-    stride_ob,
-    stride_oh,
-    stride_om,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    SCALE_NEG: tl.constexpr,
-    TMA: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    TMA_STORE: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr,
-    RESCALE_TAU: tl.constexpr,
+    q_src, k_src, v_src, o_ptr, o_desc, lse_ptr, kv_group, n_q, n_k, qk_scale, q_rb, q_rh, q_cb, q_ch, stride_qm,
+    k_rb, k_rh, k_cb, k_ch, stride_kn, v_rb, v_rh, v_cb, v_ch, stride_vn, stride_ob, stride_oh, stride_om,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, TMA_STORE: tl.constexpr,
     REF_MAX: tl.constexpr = 0,
-    EXP_FMA: tl.constexpr = False,
-):
+):  # fmt: skip
     # q: (B, H, N_q, D), k/v: (B, H_kv, N_k, D), o: (B, H, N_q, D), lse: (B, H, N_q) fp32.
     # Each of q, k, v is addressed as rows of a 2-D matrix: head (b, h) starts at row
     # b * rb + h * rh, column b * cb + h * ch, and its tokens are consecutive rows (stride_*m/n
@@ -595,13 +621,13 @@ def _attention_kernel(
         acc, l_t, m_ref = _attention_inner_ref(
             acc, l_t, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
             offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
-            HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2, EXP_FMA,
+            HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2,
         )  # fmt: skip
         if CAUSAL or not EVEN_N:
             acc, l_t, m_ref = _attention_inner_ref(
                 acc, l_t, m_ref, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
                 offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-                HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2, EXP_FMA,
+                HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2,
             )  # fmt: skip
         l_i = l_t if REF_MAX == 2 else tl.sum(l_t, 1)
         # exact unless something overflowed: a later score 2**127 above the reference (p = inf), P past
@@ -615,7 +641,7 @@ def _attention_kernel(
             acc, l_i, m_i = _attention_online(
                 acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
                 offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-                HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU, EXP_FMA,
+                HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, EVEN_N,
             )  # fmt: skip
         else:
             m_i = m_ref
@@ -623,7 +649,7 @@ def _attention_kernel(
         acc, l_i, m_i = _attention_online(
             acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
             offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-            HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, WARP_SPECIALIZE, EVEN_N, LAZY_RESCALE, RESCALE_TAU, EXP_FMA,
+            HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, EVEN_N,
         )  # fmt: skip
 
     # one division per row, at the end; lse back from base-2 units to natural log
@@ -643,187 +669,6 @@ def _attention_kernel(
         tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_mask)
     lse_base = lse_ptr + (off_b.to(tl.int64) * tl.num_programs(1) + off_h) * n_q
     tl.store(lse_base + offs_m, lse, mask=row_ok)
-
-
-# -- configuration --------------------------------------------------------------------------------
-@functools.cache
-def _hopper() -> bool:
-    return runtime.is_gpu() and torch.cuda.get_device_capability() >= (9, 0)
-
-
-#: the Hopper (TMA) path's tiles, (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA_STORE, REF_MAX), by
-#: (head-dim class, causal, long sequence: N_q > LONG): benchmarks/notes_attention.md has the H100 and
-#: H200 sweeps behind each row. Short sequences take 64-row tiles: a program streams few key blocks, and more, smaller
-#: programs per SM hide each one's prologue (the Q load, the pipeline's fill) and epilogue behind the
-#: others' loops. TMA_STORE: O leaves through a descriptor (one bulk copy per tile, where BLOCK_M
-#: divides N_q), which measured faster at head dim 128 and for long non-causal runs at 64. REF_MAX
-#: (sweeps 5 and 6): every block against block 0's row max, no running max and no rescale of the
-#: accumulator; 1 sums P as a tile, 2 a row sum per block (long non-causal rows). +3-25% at head dims
-#: 64 and 128 on an H100, once block 0 was peeled inside the loop (before, its own tiles cost 32 KiB of
-#: shared memory and head dim 128 dropped to one program per SM); with it, causal head dim 128 moved to
-#: 64-row tiles (the 128 x 64 tile spills registers there). Head dim 256: not measured, off.
-#: Warp specialisation (``tl.range(..., warp_specialize=True)``) did not compile for this kernel on
-#: triton 3.6 (Hopper) in any tile tried; the launcher keeps the switch for later versions.
-TMA_TABLE = {
-    (64, False, False): (64, 64, 4, 3, False, 1),
-    (64, False, True): (128, 64, 4, 3, True, 2),
-    (64, True, False): (64, 64, 4, 3, False, 1),
-    (64, True, True): (128, 64, 4, 3, True, 2),
-    (128, False, False): (64, 64, 4, 3, True, 1),
-    (128, False, True): (128, 64, 4, 2, True, 2),
-    (128, True, False): (64, 32, 4, 3, True, 1),
-    (128, True, True): (64, 64, 4, 3, True, 1),
-    (256, False, False): (64, 64, 4, 2, False, 0),
-    (256, False, True): (64, 64, 4, 2, False, 0),
-    (256, True, False): (64, 64, 4, 2, False, 0),
-    (256, True, True): (64, 64, 4, 2, False, 0),
-}
-#: "long" starts past this many queries
-LONG = 2048
-#: below this many FLOPs a call takes the pointer path even on Hopper. The descriptors cost the host
-#: 30-40 µs a call (three built in Python, then encoded by the driver) on top of 50-90 µs for the rest
-#: of the call, and below ~30 GFLOP the kernel is shorter than that host work, so the call is host-bound
-#: either way: back to back on an H100, 53-93 µs a call on the pointer path against 82-135 µs with
-#: descriptors (``benchmarks/small_attention.py``, two machines). Lesson 7's shapes start at 34 GFLOP
-TMA_MIN_FLOPS = 32e9
-
-
-def _tma_by_default(B: int, H: int, N_q: int, N_k: int, D: int, causal: bool) -> bool:
-    """Whether a call takes the descriptors when no variant is asked for: on a Hopper GPU, with at
-    least :data:`TMA_MIN_FLOPS` of work (the layout and the dtype are the caller's to check)."""
-    return _hopper() and attention_flops(B, H, N_q, N_k, D, causal) >= TMA_MIN_FLOPS
-
-
-#: the pointer path on a GPU (pre-Hopper, or a layout the descriptors cannot take); REF_MAX off: not
-#: measured on that path
-PLAIN_TABLE = {
-    64: (128, 64, 4, 3),
-    128: (128, 64, 8, 3),
-    256: (64, 32, 8, 2),
-}
-#: the interpreter: every program is Python, so few of them; 32 x 16 tiles still give a causal tile
-#: two diagonal blocks, so small tests reach every code path
-INTERPRETER_TILE = (32, 16)
-#: ``LAZY_RESCALE=True``'s threshold (FA4's conditional rescale, base-2 units): the running max of a
-#: row moves only when a block's max passes it by more than this, and the tile rescales ``acc`` and
-#: ``l`` only when some row's does. P is then at most 2**8 = 256 instead of 1: fp16/bf16 round 256 as
-#: finely (relatively) as 1, and it is far from their overflow; l <= 2**8 N_k in fp32. Off by default:
-#: 0.87-1.04x of the same tiles without it on an H100 (the per-block decision is a cross-warp reduction)
-LAZY_TAU = 8.0
-#: fp16's largest finite value is 65504 < 2**16: P <= 2**15 still casts
-MAX_LAZY_TAU = 15.0
-
-
-def _d_class(block_d: int) -> int:
-    return 64 if block_d <= 64 else (128 if block_d <= 128 else 256)
-
-
-@functools.lru_cache(maxsize=4096)
-def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> dict:
-    block_d = max(16, next_pow2(d))
-    store, ref = False, 0
-    if not gpu:
-        bm, bn = INTERPRETER_TILE
-        nw, ns, ws = 4, 1, False
-    elif tma:
-        bm, bn, nw, ns, store, ref = TMA_TABLE[(_d_class(block_d), causal, n_q > LONG)]
-        ws = False
-    else:
-        bm, bn, nw, ns = PLAIN_TABLE[_d_class(block_d)]
-        ws = False
-    # short sequences: no tile longer than the sequence (tl.dot needs 16)
-    bm = min(bm, max(16, next_pow2(n_q)))
-    bn = min(bn, max(16, next_pow2(n_k)))
-    if causal and bn > bm:
-        bn = bm  # the causal split needs BLOCK_M to be a multiple of BLOCK_N
-    return {
-        "variant": "tma" if tma else "plain",
-        "BLOCK_M": bm,
-        "BLOCK_N": bn,
-        "BLOCK_D": block_d,
-        "num_warps": nw,
-        "num_stages": ns,
-        "WARP_SPECIALIZE": ws,
-        "TMA_STORE": tma and store,
-        "LAZY_RESCALE": False,
-        "REF_MAX": ref,
-        "EXP_FMA": False,
-    }
-
-
-def attention_config(
-    B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, causal: bool = False, *, tma: bool | None = None
-) -> dict:
-    """The launch configuration the launcher picks: ``{"variant", "BLOCK_M", "BLOCK_N", "BLOCK_D",
-    "num_warps", "num_stages", "WARP_SPECIALIZE", "TMA_STORE", "LAZY_RESCALE", "REF_MAX"}``.
-
-    ``BLOCK_D`` is the head dim rounded up to a power of two (at least 16). On a Hopper GPU with
-    fp16/bf16 inputs in a descriptor-friendly layout (``tma=None`` assumes one) and at least
-    :data:`TMA_MIN_FLOPS` of work, the TMA path with the tile of ``TMA_TABLE``; elsewhere on a GPU the
-    pointer path (``PLAIN_TABLE``); in the interpreter
-    32 x 16 tiles. Tiles shrink to short sequences. B and H do not change the tile (the grid grows).
-    ``LAZY_RESCALE`` is off everywhere (it measured 0.87-1.04x of the default, :data:`LAZY_TAU`).
-    ``REF_MAX`` (0, 1 or 2) comes from ``TMA_TABLE`` on the TMA path and is 0 elsewhere: the interpreter
-    runs the online loop the lesson teaches.
-    """
-    if tma is None:
-        tma = (
-            TensorDescriptor is not None
-            and dtype in (torch.float16, torch.bfloat16)
-            and D % 8 == 0
-            and _tma_by_default(B, H, N_q, N_k, D, causal)
-        )
-    return dict(_config(int(N_q), int(N_k), int(D), bool(causal), bool(tma), runtime.is_gpu()))
-
-
-_CONFIG_KEYS = (
-    "BLOCK_M",
-    "BLOCK_N",
-    "num_warps",
-    "num_stages",
-    "WARP_SPECIALIZE",
-    "TMA_STORE",
-    "LAZY_RESCALE",
-    "REF_MAX",
-    "EXP_FMA",
-)
-
-
-def _rescale_tau(lazy) -> float:
-    """``LAZY_RESCALE`` as the kernel's threshold: 0.0 off (False), :data:`LAZY_TAU` for True, else
-    the number given (base-2 units, in ``(0, MAX_LAZY_TAU]``)."""
-    if lazy is False:
-        return 0.0
-    if lazy is True:
-        return LAZY_TAU
-    if isinstance(lazy, (int, float)) and 0 < lazy <= MAX_LAZY_TAU:
-        return float(lazy)
-    raise KernelInputError(
-        f"{OP}: LAZY_RESCALE={lazy!r}; pass False, True (threshold {LAZY_TAU}) or a threshold in "
-        f"(0, {MAX_LAZY_TAU}] (base-2 units: P may reach 2**threshold before the fp16 cast)."
-    )
-
-
-def _check_config(config: dict, causal: bool) -> dict:
-    unknown = set(config) - set(_CONFIG_KEYS)
-    if unknown:
-        raise KernelInputError(f"{OP}: unknown config key(s) {sorted(unknown)}; known: {', '.join(_CONFIG_KEYS)}.")
-    for name in ("BLOCK_M", "BLOCK_N"):
-        if name in config:
-            check_block(config[name], name, OP, max_value=256)
-            if config[name] < 16:
-                raise KernelInputError(f"{OP}: {name}={config[name]}; tl.dot needs tiles of at least 16.")
-    if "num_warps" in config:
-        check_block(config["num_warps"], "num_warps", OP, max_value=16)
-    if "LAZY_RESCALE" in config:
-        _rescale_tau(config["LAZY_RESCALE"])
-    if "REF_MAX" in config and config["REF_MAX"] not in (0, 1, 2):  # False and True count as 0 and 1
-        raise KernelInputError(
-            f"{OP}: REF_MAX={config['REF_MAX']!r}; 0 (the online loop), 1 (P summed as a tile) or 2 (row sums)."
-        )
-    if "EXP_FMA" in config and config["EXP_FMA"] not in (False, True):  # 0 and 1 count as False and True
-        raise KernelInputError(f"{OP}: EXP_FMA={config['EXP_FMA']!r}; pass True or False.")
-    return dict(config)
 
 
 # -- layouts --------------------------------------------------------------------------------------
@@ -925,65 +770,6 @@ def _check_inputs(q, k, v, causal, scale) -> None:
         raise KernelInputError(f"{OP}: scale must be a finite number (or None for 1/sqrt(D)), got {scale!r}.")
 
 
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool = False,
-    scale: float | None = None,
-    *,
-    variant: str | None = None,
-    config: dict | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlashAttention forward: ``(O, lse)`` in one launch, the N x N scores never in HBM.
-
-    ``O = softmax(Q K^T * scale + mask) V``, ``lse = logsumexp(Q K^T * scale + mask)`` per row.
-    ``q``: (B, H_q, N_q, D); ``k``, ``v``: (B, H_kv, N_k, D) with H_q a multiple of H_kv (query head h
-    reads key/value head ``h // (H_q // H_kv)``). fp16/bf16 on a GPU, fp32/fp16 in the interpreter.
-    Head dims 1 to 256 (padded on chip to a power of two; 32, 64, 80, 96, 128 and 256 are tested). Any
-    N_q, N_k. Any strides with the last dimension contiguous (``x.view(B, N, H, D).transpose(1, 2)`` is
-    read in place). ``causal``: top-left aligned, query i sees keys j <= i, as
-    ``F.scaled_dot_product_attention(is_causal=True)``. ``scale``: default ``1 / sqrt(D)``.
-
-    Returns O (B, H_q, N_q, D), contiguous, in q's dtype, and lse (B, H_q, N_q), fp32, natural log.
-    N_k = 0 gives O = 0 and lse = -inf. No backward yet (lesson 8): inputs that require grad are
-    refused. ``variant``: ``"tma"`` or ``"plain"`` forces a load path (None picks: TMA on Hopper where
-    the layout allows and the call has :data:`TMA_MIN_FLOPS` of work). ``config``:
-    tile overrides for a sweep (``BLOCK_M``, ``BLOCK_N``, ``num_warps``,
-    ``num_stages``, ``WARP_SPECIALIZE``, ``TMA_STORE``, ``LAZY_RESCALE``: False, True or a threshold, FA4's
-    conditional rescale of the accumulator, the same results to rounding; ``REF_MAX``: 0, 1 or 2, every
-    block against block 0's row max with a fallback to the online loop on overflow, the Hopper default
-    for head dims up to 128).
-    Trips: :func:`attention_ledger`; FLOPs: :func:`attention_flops`; reference: :func:`attention_reference`.
-    """
-    _check_inputs(q, k, v, causal, scale)
-    if variant not in VARIANTS:
-        raise KernelInputError(f"{OP}: variant={variant!r}; choose one of {VARIANTS}.")
-    B, H, N_q, D = q.shape
-    scale = _default_scale(D, scale)
-    o = torch.empty((B, H, N_q, D), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
-    if o.numel() == 0:
-        return o, lse
-    if k.shape[2] == 0:  # a softmax over no keys: SDPA's math path gives 0, and log(0) = -inf
-        return o.zero_(), lse.fill_(float("-inf"))
-
-    plan = _plan(q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, causal, variant, _config_key(config))
-    srcs, o_desc = (q, k, v), o
-    if plan.descs is not None:
-        if (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0:  # TMA needs 16-byte aligned bases
-            srcs = [TensorDescriptor(t, *spec) for t, spec in zip(srcs, plan.descs, strict=True)]
-            if plan.store is not None:
-                o_desc = TensorDescriptor(o, *plan.store)
-        elif variant == "tma":
-            raise KernelInputError(f"{OP}: variant='tma' needs q, k and v to start on 16-byte boundaries.")
-        else:  # an odd view's base: the pointer path
-            plan = _plan(q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, causal, "plain", plan.key)
-    _attention_kernel[plan.grid](*srcs, o, o_desc, lse, *plan.ints[:3], scale * LOG2E, *plan.ints[3:],
-                                 SCALE_NEG=scale < 0, **plan.meta)  # fmt: skip
-    return o, lse
-
-
 class _Plan(NamedTuple):
     """Everything a launch derives from shapes, strides, dtype and options: computed once per
     combination (:func:`_plan`), so a call does only its checks, two allocations and the launch."""
@@ -1040,8 +826,6 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
         else:  # a layout the descriptors cannot take: the pointer path reads any strides
             tma, descs = False, None
             cfg = {**_config(N_q, N_k, D, causal, False, gpu), **overrides}
-    if not tma:
-        cfg["WARP_SPECIALIZE"] = False  # warp specialisation works on the descriptors' async copies
     bm, bn, bd = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_D"]
     if causal and bm % bn:
         raise KernelInputError(f"{OP}: causal needs BLOCK_M ({bm}) to be a multiple of BLOCK_N ({bn}).")
@@ -1057,22 +841,67 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
         "BLOCK_N": bn,
         "CAUSAL": causal,
         "TMA": tma,
-        "WARP_SPECIALIZE": bool(cfg["WARP_SPECIALIZE"]),
         "EVEN_N": N_k % bn == 0,
         "TMA_STORE": store is not None,
-        "LAZY_RESCALE": _rescale_tau(cfg["LAZY_RESCALE"]) > 0,
-        "RESCALE_TAU": _rescale_tau(cfg["LAZY_RESCALE"]),  # 0.0 when off: one compiled kernel, not one per TAU
         "REF_MAX": int(cfg["REF_MAX"]),  # 0 off; 1: P summed as a tile, reduced once; 2: a row sum a block
-        "EXP_FMA": bool(cfg["EXP_FMA"]),
         **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
     }
     return _Plan(ints, meta, (cdiv(N_q, bm), H, B), descs, store, config_key)
 
 
-def attention_bytes(
-    B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, *, h_kv: int | None = None
-) -> int:
-    """The fewest bytes any attention forward moves: Q, K, V read once, O and lse written once."""
-    h_kv = H if h_kv is None else h_kv
-    es = element_size(dtype)
-    return (2 * B * H * N_q * D + 2 * B * h_kv * N_k * D) * es + 4 * B * H * N_q
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    *,
+    variant: str | None = None,
+    config: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention forward: ``(O, lse)`` in one launch, the N x N scores never in HBM.
+
+    ``O = softmax(Q K^T * scale + mask) V``, ``lse = logsumexp(Q K^T * scale + mask)`` per row.
+    ``q``: (B, H_q, N_q, D); ``k``, ``v``: (B, H_kv, N_k, D) with H_q a multiple of H_kv (query head h
+    reads key/value head ``h // (H_q // H_kv)``). fp16/bf16 on a GPU, fp32/fp16 in the interpreter.
+    Head dims 1 to 256 (padded on chip to a power of two; 32, 64, 80, 96, 128 and 256 are tested). Any
+    N_q, N_k. Any strides with the last dimension contiguous (``x.view(B, N, H, D).transpose(1, 2)`` is
+    read in place). ``causal``: top-left aligned, query i sees keys j <= i, as
+    ``F.scaled_dot_product_attention(is_causal=True)``. ``scale``: default ``1 / sqrt(D)``.
+
+    Returns O (B, H_q, N_q, D), contiguous, in q's dtype, and lse (B, H_q, N_q), fp32, natural log.
+    N_k = 0 gives O = 0 and lse = -inf. No backward yet (lesson 8): inputs that require grad are
+    refused. ``variant``: ``"tma"`` or ``"plain"`` forces a load path (None picks: TMA on Hopper where
+    the layout allows and the call has :data:`TMA_MIN_FLOPS` of work). ``config``:
+    tile overrides for a sweep (``BLOCK_M``, ``BLOCK_N``, ``num_warps``,
+    ``num_stages``, ``TMA_STORE``, ``REF_MAX``: 0, 1 or 2, every
+    block against block 0's row max with a fallback to the online loop on overflow, the Hopper default
+    for head dims up to 128).
+    Trips: :func:`attention_ledger`; FLOPs: :func:`attention_flops`; reference: :func:`attention_reference`.
+    """
+    _check_inputs(q, k, v, causal, scale)
+    if variant not in VARIANTS:
+        raise KernelInputError(f"{OP}: variant={variant!r}; choose one of {VARIANTS}.")
+    B, H, N_q, D = q.shape
+    scale = _default_scale(D, scale)
+    o = torch.empty((B, H, N_q, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
+    if o.numel() == 0:
+        return o, lse
+    if k.shape[2] == 0:  # a softmax over no keys: SDPA's math path gives 0, and log(0) = -inf
+        return o.zero_(), lse.fill_(float("-inf"))
+
+    plan = _plan(q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, causal, variant, _config_key(config))
+    srcs, o_desc = (q, k, v), o
+    if plan.descs is not None:
+        if (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0:  # TMA needs 16-byte aligned bases
+            srcs = [TensorDescriptor(t, *spec) for t, spec in zip(srcs, plan.descs, strict=True)]
+            if plan.store is not None:
+                o_desc = TensorDescriptor(o, *plan.store)
+        elif variant == "tma":
+            raise KernelInputError(f"{OP}: variant='tma' needs q, k and v to start on 16-byte boundaries.")
+        else:  # an odd view's base: the pointer path
+            plan = _plan(q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, causal, "plain", plan.key)
+    _attention_kernel[plan.grid](*srcs, o, o_desc, lse, *plan.ints[:3], scale * LOG2E, *plan.ints[3:],
+                                 SCALE_NEG=scale < 0, **plan.meta)  # fmt: skip
+    return o, lse

@@ -31,9 +31,10 @@ once; a wider row's other tiles are read again, newest first, so that the second
 read last still in L2 (the ledger counts the re-read honestly, as ``rereads``); on a GPU, with a
 gradient, 16-bit rows of 28000 logits and more (fp32 rows past 65536) are instead split across
 programs that hold 32 KiB of the row each and swap their sums (lesson 4's split softmax), read once;
-but on an H200 aligned 16-bit rows of 28673-32767 logits (Llama 2's 32000) go to persistent programs
+but aligned 16-bit rows of 28673-32767 logits (Llama 2's 32000) may go to persistent programs
 that hold whole rows, the next rows' loads in flight while one is written (lesson 4's persistent
-softmax, ``_cross_entropy_rows_kernel``), read once too. A row whose
+softmax, ``_cross_entropy_rows_kernel``), read once too: on a GPU of at least ``ROWS_MIN_DRAM_GBPS``
+of DRAM bandwidth (an H200; an H100's head of 8192 is faster). A row whose
 start or length is not a multiple of 16 bytes (V = 50257) is split at its 16-byte boundaries so its
 body still moves in 16-byte accesses. The
 backward of the autograd function only multiplies the stored gradient by grad_output — and skips
@@ -45,8 +46,8 @@ rows' losses in a fixed order, divides and casts. Before, torch's compare, sum, 
 were five kernels and five host calls around every call. On Hopper each kernel is launched dependent on
 the one before (programmatic dependent launch): it is placed on the SMs while that one still runs and
 waits on the SM, just before it first reads what that one wrote (the prologue and the backward, whose
-kernel before is not ours: before any read), instead of being launched when it ends (1.5-8 us a call;
-benchmarks/notes_lesson5.md, eighteenth session).
+kernel before is not ours: before any read), instead of being launched when it ends
+(benchmarks/notes_lesson5.md, 2026-11-25, programmatic dependent launch).
 
 Numerics: fp32 arithmetic for any storage dtype, a reference subtracted (logits of 1e4 do not overflow),
 padded lanes masked to −inf (never counted as probability mass), 64-bit row offsets (T × V past
@@ -77,7 +78,7 @@ from ._launch import (
     cdiv,
     check_block,
     check_tensor,
-    device_name,
+    dram_gbps,
     element_size,
     launch_kwargs,
     next_pow2,
@@ -85,8 +86,8 @@ from ._launch import (
     row_config,
     sm_count,
 )
+from ._rows import _fragments, _row_body, _split_merge, _split_ticket, _split_wait
 from ._tensors import check_targets, check_writable, output_like, upstream_grad
-from .softmax import _split_merge, _split_ticket, _split_wait
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -189,83 +190,34 @@ def cross_entropy_flops(tokens: int, vocab: int, *, backward: bool = True) -> in
 
 
 # -- configuration ------------------------------------------------------------------------------------------
-#: from sweeps on an H100 and an H200 (bf16 fwd+bwd, benchmarks/notes_lesson5.md): rows up to 32 Ki
-#: elements (and 32-bit rows up to 64 Ki) run fastest in small programs (8 warps, a head of 8192,
-#: tiles of 4096: several programs per SM overlap one's loads with another's arithmetic), sweep 1's
-#: tail pipelined by Triton three tiles deep through shared memory and sweep 2's next tile loaded
-#: ahead into registers; wider rows in one 32-warp program per SM with a 64 KiB head, which keeps
-#: fewer rows in flight. Both with L2 hints
-#: (evict-last on the tiles sweep 2 reads again, evict-first on the rest), so that sweep 2 finds its
-#: tiles still in L2, and sums against the target's logit (REF_TARGET: no running maximum).
+# From sweeps on an H100 and an H200 (fwd+bwd bf16); what each constant chooses and the measurements
+# behind its value: benchmarks/notes_lesson5.md ("2026-11-26: cross-entropy's configuration, constant
+# by constant"). Rows up to NARROW_MAX run in small programs (8 warps, a head of 8192, tiles of 4096,
+# sweep 1 pipelined three tiles deep, sweep 2's next tile loaded ahead), wider rows in one 32-warp
+# program per SM with a 64 KiB head; both with L2 hints and the target's logit as the reference.
 NARROW_MAX = 65536
-#: 16-bit rows from here to NARROW_MAX are held whole in one tile of 65536 (32 warps, 128 KiB), the
-#: head loaded before the branch on the target (``EARLY_HEAD``: its latency overlaps the target's
-#: load). fwd+bwd bf16, 8192 tokens, share of copy on the GPU clock, against the head of 8192:
-#: H100 50257 78.7% -> 87.2%, 65536 80.2% -> 92.4%; H200 72.3% -> 74.7%, 75.5% -> 83.7%. At 32000 a
-#: tile of 32768 lost (H100 90.8% -> 89.9%, H200 81.9% -> 70.7%; benchmarks/notes_lesson5.md, eighth
-#: session). An ignored row then reads its logits for nothing (eager reads them too). Since the
-#: sixteenth session the split kernel takes these rows on a GPU whenever there is a gradient (it is
-#: faster, see SPLIT_MIN_16): this is the head-and-tail configuration under the split's, which a
-#: tuning call (``head_n``...) runs.
-ONE_TILE_MIN = 32769
-#: wider rows (with autograd) are split across programs, 32 KiB of row each (4 warps),
-#: which swap their statistics and write their part of the gradient: each row read once. Each part's
-#: load is issued before its target's (SPLIT_EARLY: the two latencies overlap). Ninth session, the
-#: first split (each part's own maximum, its part in fp32 across the wait): fwd+bwd bf16, GPU clock,
-#: share of copy, against the head-and-tail kernel: H100 8192 x 128256 87.4% -> 92.3%, 151936 85.2% ->
-#: 89.5%; H200 74.7% -> 79.2%, 72.9% -> 74.6%.
+#: with a gradient, rows from SPLIT_MIN (fp32) or SPLIT_MIN_16 (16-bit) columns are split across
+#: programs, SPLIT_BYTES of row each (4 warps), at most MAX_SPLIT a row; each part's load is issued before
+#: its target's (SPLIT_EARLY), and a 16-bit part's registers are capped at SPLIT_MAXNREG a thread
 SPLIT_MIN = NARROW_MAX + 1
 SPLIT_BYTES = 32768
 MAX_SPLIT = 64
-#: Sixteenth session: the split sums against the target's logit and keeps only the 16-bit part across
-#: its wait (see the kernel), its registers capped at SPLIT_MAXNREG a thread (128 -> 96: five programs a
-#: SM in place of four). fwd+bwd bf16 "mean", GPU clock, share of copy, the first split -> this one
-#: (benchmarks/notes_lesson5.md, probe_ce_split_tune.py --caps): H200 8192 x 128256 80.4% -> 87.5%,
-#: 4096 x 262144 80.0% -> 87.5%, 8192 x 65552 73.5% -> 82.3%; H100 93.1% -> 96.5%, 93.7% -> 97.3%,
-#: 87.3% -> 93.1%. It now also beats the one-tile kernel, so 16-bit rows are split from SPLIT_MIN_16:
-#: 8192 x 65536 H200 83.7% -> 88.6%, H100 91.8% -> 96.7%; 49152 75.4% -> 87.3%, 91.6% -> 95.9%; 32768
-#: (against the head of 8192) 81.8% -> 85.2%, 91.4% -> 94.1%; 28000 77.4% -> 80.6%, 88.0% -> 92.2%; at
-#: 24576 and narrower the head stays ahead on both (1-5 points). The H200's rows kernel (28673-32767)
-#: keeps its rows: at 32000 it beats two parts there (87.9% against 84.5%). fp32 keeps its part in fp32
-#: (no cap: 128 registers would spill) and its threshold: 4096 x 128256 on an H100 97.6% -> 96.9%.
-#: Seventeenth session: the cap from 104 to 96. At 104 a part with a fragment (65552) compiled to 101
-#: registers, four programs a SM; at 96, 94-96 with no spills, five: H200 4096 x 65552 83.2% -> 86.1%,
-#: 8192 86.1% -> 89.7%, 16384 87.2% -> 90.7%, 8192 x 49168 85.3% -> 88.8%, fp16 65552 85.4% -> 88.4%;
-#: whole parts no fragment 88.0% -> 88.3% (128256), 88.8% either way (98311).
 SPLIT_MIN_16 = 28000
 SPLIT_MAXNREG = 96
-#: a remainder of at most this many columns past the last whole part goes to the last part's fragment
-#: (a second, small tile: 128 lanes at most) instead of a program of its own. H200, bf16, 8192 x 65552
-#: (four parts and 16 columns): 82.7% -> 85.4% of copy; a remainder of 1105 columns (50257 in three
-#: parts) made a fragment of 2048 lanes, which spilled (47-50%: its columns are gathered, 64-bit
-#: addresses a lane), hence the extra tiles below for larger remainders.
+#: a remainder of at most SPLIT_TAIL columns past the last whole part goes to the last part's fragment; a
+#: larger one (16-bit) is shared by the whole parts, in extra tiles of up to SPLIT_EXTRA lanes each
 SPLIT_TAIL = 64
-#: a larger remainder (16-bit rows) is shared by the whole parts: each holds a tile of SPLIT_BLOCK and an
-#: extra tile of up to SPLIT_EXTRA lanes (SPLIT_PART columns in all), in place of one more program with
-#: little to hold, whose slot on its SM would hold few bytes in flight. With the part's own pointers the
-#: extra tile costs no registers (92-96 a thread at the cap: five programs a SM). fwd+bwd bf16 "mean",
-#: GPU clock, share of copy, one more part -> extra tiles (benchmarks/notes_lesson5.md, seventeenth
-#: session): H200 4096 x 50257 78.4% -> 84.2%, 8192 81.2% -> 87.3%, 16384 82.6% -> 89.2%, 8192 x 66000
-#: 83.6% -> 89.1%, 100000 85.5% -> 89.0%, 151936 87.3% -> 88.6%, 4096 x 40000 (two parts of 20000, extra
-#: tiles of 4096) 80.1% -> 83.1%.
 SPLIT_EXTRA = 4096
-#: the loss alone (no gradient: evaluation) keeps nothing for a second sweep, so it needs neither a large
-#: head nor the L2 hints: rows wider than this walk tiles of this many elements, 8 warps, Triton's
-#: pipeliner keeping three tiles in flight. bf16, share of copy by one read, GPU clock, against the
-#: fused kernel's configuration: H200 8192 x 32000 84.7% -> 92.5%, 50257 68% -> 93%, 128256 75% ->
-#: 103.5%, 4096 x 262144 80% -> 103% (a read alone runs above copy's rate; benchmarks/notes_lesson5.md,
-#: ninth session, probe_ce_forward.py).
+#: the loss alone (no gradient) keeps nothing for a second sweep: rows wider than FORWARD_TILE walk tiles
+#: of that many elements, 8 warps, three tiles in flight
 FORWARD_TILE = 4096
-#: 16-bit rows of ROWS_MIN to ROWS_MAX logits, with a gradient and no label smoothing, on the GPUs named
-#: in ROWS_GPUS: persistent programs (one a SM, 16 warps) walk rows pid, pid + P, ... whole in one
-#: tile, Triton's pipeliner keeping the next two rows' loads in flight through shared memory while this
-#: one reduces and writes (lesson 4's softmax schedule; each row read once). fwd+bwd bf16 "mean", GPU
-#: clock, share of copy, against the head of 8192 (benchmarks/notes_lesson5.md, fourteenth session,
-#: probe_ce_persistent.py): H200 8192 x 32000 84.3% -> 90.6%, 4096 x 32000 81.0% -> 85.4%, 16384 x
-#: 32000 86.2% -> 92.6%, 8192 x 30000 79.0% -> 84.2%; 28000 a tie; 24592 and 32768 lose (77% -> 71%,
-#: 84% -> 82%). On an H100 the head of 8192 stays ahead at every width (8192 x 32000: 92.4% against
-#: 86.9%), so the schedule is the H200's alone.
-ROWS_GPUS = ("H200",)
+#: 16-bit rows of ROWS_MIN to ROWS_MAX logits, with a gradient and no label smoothing, on a GPU of at least
+#: ROWS_MIN_DRAM_GBPS of DRAM bandwidth: persistent programs (one a SM, 16 warps) walk whole rows, the next
+#: two rows' loads in flight through shared memory (lesson 4's persistent softmax; each row read once).
+#: Measured faster on an H200 (4.8 TB/s) and slower on an H100 (3.35 TB/s) than the head of 8192
+#: (benchmarks/notes_lesson5.md, 2026-11-24, the H200's rows kernel). Both have 132 SMs and 50 MB of L2:
+#: DRAM bandwidth is what tells them apart; a GPU between the two is not measured.
+ROWS_MIN_DRAM_GBPS = 4000.0
 ROWS_MIN = 28673  # past 7/8 of the tile of 32768
 ROWS_MAX = 32767
 #: at most this many rows a program (its targets, target logits and losses are vectors of this size):
@@ -283,15 +235,12 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True, rows:
     if not grad and n_cols > FORWARD_TILE:
         return {**cfg, "HEAD": FORWARD_TILE, "BLOCK_N": FORWARD_TILE, "num_warps": 8, "LOOP_STAGES": 4}
     sixteen = element_size(dtype) == 2
-    if sixteen and ONE_TILE_MIN <= n_cols <= NARROW_MAX:
-        # the whole row in registers (up to 128 KiB), loaded before the branch on the target
-        cfg = {**cfg, "HEAD": NARROW_MAX, "BLOCK_N": 4096, "num_warps": 32, "EVICT": True, "EARLY_HEAD": True}
-    elif n_cols <= NARROW_MAX:
+    if n_cols <= NARROW_MAX:
         head = row_config(n_cols, dtype, max_block=8192, gpu=True)["BLOCK_N"]
         narrow = {"num_warps": 8, "LOOP_STAGES": 3, "PREFETCH2": True, "EVICT": True}
         cfg = {**cfg, "HEAD": head, "BLOCK_N": min(head, 4096), **narrow}
         if rows and grad and sixteen and ROWS_MIN <= n_cols <= ROWS_MAX:
-            cfg.update(ROWS=True, ROWS_WARPS=16, ROW_STAGES=3)  # persistent whole rows (see ROWS_GPUS)
+            cfg.update(ROWS=True, ROWS_WARPS=16, ROW_STAGES=3)  # persistent whole rows (ROWS_MIN_DRAM_GBPS)
     else:
         head = row_config(n_cols, dtype, gpu=True)["BLOCK_N"]  # 64 KiB of row, the largest single tile
         vec = 16 // element_size(dtype)
@@ -329,9 +278,9 @@ def cross_entropy_config(
     in BLOCK_N tiles (PREFETCH, PREFETCH2: sweep 1's, sweep 2's next tile loaded before this one is used;
     LOOP_STAGES: sweep 1's tiles pipelined that deep by Triton through shared memory; EVICT: L2 eviction
     hints, evict-last for tiles read again, evict-first for the rest; REF_TARGET: sums against the target's
-    logit instead of a running maximum; EARLY_HEAD, where set: the head loaded before the branch on the
-    target). VEC > 1 when the row length or stride is not a multiple of 16 elements: each row is then split
-    at its 16-byte boundaries (see the kernels) so that its body still moves in 16-byte accesses. On a GPU,
+    logit instead of a running maximum). VEC > 1 when the row length or stride is not a multiple of 16
+    elements: each row is then split at its 16-byte boundaries (see the kernels) so that its body still
+    moves in 16-byte accesses. On a GPU,
     with a gradient, rows from ``SPLIT_MIN_16`` columns (16-bit) or ``SPLIT_MIN`` (fp32) also get ``SPLIT``
     (parts of ``SPLIT_BLOCK`` columns, ``SPLIT_WARPS`` warps each, ``SPLIT_EARLY``: the part loaded before
     the target; 16-bit: ``SPLIT_MAXNREG``, a cap on the registers a thread; a remainder of up to
@@ -341,7 +290,8 @@ def cross_entropy_config(
     one program a part, each row read once. ``grad=False``: the configuration of the loss alone (no
     gradient), which walks rows wider than ``FORWARD_TILE`` in small pipelined tiles. ``gpu``: the GPU's
     configuration (default: this mode's), so that a lesson on a CPU can ask what the GPU kernel does.
-    ``device``: the GPU's name (default: this one's); on the GPUs of ``ROWS_GPUS``, aligned 16-bit rows of
+    ``device``: a GPU's name (default: this GPU); on a GPU of at least ``ROWS_MIN_DRAM_GBPS`` of DRAM
+    bandwidth (:func:`~fusionlab.kernels._launch.dram_gbps`), aligned 16-bit rows of
     ``ROWS_MIN``-``ROWS_MAX`` logits with a gradient also get ``ROWS`` (``ROWS_WARPS``, ``ROW_STAGES``):
     persistent programs walking whole rows, the loss and gradient from the rows kernel unless label
     smoothing is asked for.
@@ -350,8 +300,7 @@ def cross_entropy_config(
     vec = 16 // element_size(dtype)
     split = (stride % 16 != 0 or n_cols % 16 != 0) and vec > 1
     gpu = runtime.is_gpu() if gpu is None else gpu
-    device = device_name() if device is None else device
-    rows = bool(gpu) and any(name in device for name in ROWS_GPUS)
+    rows = bool(gpu) and dram_gbps(device) >= ROWS_MIN_DRAM_GBPS
     cfg = dict(_config(int(n_cols), dtype, bool(gpu), bool(grad), rows))
     cfg["VEC"] = vec if split else 1
     if split:  # the rows kernel does not cut rows at 16 bytes (the split and head-and-tail kernels do)
@@ -420,7 +369,7 @@ def _cross_entropy_finish_kernel(loss_ptr, out_ptr, sync_ptr, n_rows, MEAN: tl.c
     # ignored gives 0 / 0 = NaN, as torch) and cast to the logits' dtype; replaces torch's sum, divide
     # and cast. A kernel of its own, not the loss kernel's last program: that needs each program to
     # count its row with release semantics, which waits until the program's stores are visible, and
-    # cost 1-17% on an H100 (benchmarks/notes_lesson5.md, eighth session).
+    # cost 1-17% on an H100 (benchmarks/notes_lesson5.md, 2026-11-24, the small kernels around the fused call).
     if PDL:  # launched while the loss kernel ran: its losses are visible after the wait
         gdc_wait()
     acc = tl.zeros([4096], tl.float32)
@@ -435,32 +384,12 @@ def _cross_entropy_finish_kernel(loss_ptr, out_ptr, sync_ptr, n_rows, MEAN: tl.c
 
 @triton.jit
 def _cross_entropy_fwd_kernel(
-    x_ptr,
-    target_ptr,
-    grad_ptr,
-    loss_ptr,
-    sync_ptr,
-    n_cols,
-    stride_xm,
-    stride_gm,
-    ignore_index,
-    label_smoothing,
-    HEAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    VEC: tl.constexpr,
-    WRITE_GRAD: tl.constexpr,
-    MEAN: tl.constexpr,
-    SMOOTH: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    SINGLE: tl.constexpr = False,
-    KEEP: tl.constexpr = "",
-    DROP: tl.constexpr = "",
-    REF_TARGET: tl.constexpr = False,
-    LOOP_STAGES: tl.constexpr = 1,
-    PREFETCH2: tl.constexpr = False,
-    EARLY_HEAD: tl.constexpr = False,
-    PDL: tl.constexpr = False,
-):
+    x_ptr, target_ptr, grad_ptr, loss_ptr, sync_ptr, n_cols, stride_xm, stride_gm, ignore_index, label_smoothing,
+    HEAD: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr, WRITE_GRAD: tl.constexpr, MEAN: tl.constexpr,
+    SMOOTH: tl.constexpr, PREFETCH: tl.constexpr, SINGLE: tl.constexpr = False, KEEP: tl.constexpr = "",
+    DROP: tl.constexpr = "", REF_TARGET: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 1,
+    PREFETCH2: tl.constexpr = False, PDL: tl.constexpr = False,
+):  # fmt: skip
     # exp(v) is computed as exp2(v log2 e): one multiply and one MUFU ex2. Differences x - max are
     # formed in natural units first: they are exact for logits near the max, also at 1e4 (multiplying
     # by log2 e first would round each logit, an error of 1e-3 at that size).
@@ -475,15 +404,11 @@ def _cross_entropy_fwd_kernel(
         # over each VEC group), and fewer than VEC elements after it. The two fragments share one
         # tiny tile of 2 VEC lanes. The gradient has the logits' row stride (the launcher sees to it).
         x_start = row * stride_xm
-        lo = ((VEC - x_start % VEC) % VEC).to(tl.int32)
-        lo = tl.minimum(lo, n_cols)
-        body_len = tl.multiple_of(((n_cols - lo) // VEC) * VEC, VEC)
+        lo, body_len = _row_body(x_start, n_cols, VEC)
+        body_len = tl.multiple_of(body_len, VEC)
         x_body = x_ptr + tl.multiple_of(x_start + lo, VEC)
         g_body = grad_ptr + tl.multiple_of(row * stride_gm + lo, VEC)
-        lane = tl.arange(0, 2 * VEC)
-        hi = lane >= VEC
-        col_f = tl.where(hi, lo + body_len + lane - VEC, lane)
-        mask_f = tl.where(hi, col_f < n_cols, lane < lo)
+        col_f, mask_f = _fragments(lo, body_len, n_cols, VEC)
     else:
         lo = 0
         body_len = n_cols
@@ -492,10 +417,6 @@ def _cross_entropy_fwd_kernel(
 
     offs_h = tl.arange(0, HEAD)
     mask_h = offs_h < body_len
-    if EARLY_HEAD:
-        # the head's load before the branch on the target: its latency overlaps the target's load
-        # instead of following it (an ignored row then reads its head for nothing)
-        x_h_early = tl.load(x_body + offs_h, mask=mask_h, other=float("-inf"), eviction_policy=DROP)
     if PDL:
         # launched while the prologue ran (the mean's count: sync[0]); every program waits, so that this
         # kernel's end is also the prologue's (the finish kernel waits on this one only)
@@ -518,10 +439,7 @@ def _cross_entropy_fwd_kernel(
         # -- sweep 1: the log-sum-exp. The head tile stays in registers (storage dtype) for sweep 2.
         # (the head is never read again: DROP may mark it evict-first in L2; streamed tiles are read
         # again in sweep 2: KEEP may mark them evict-last)
-        if EARLY_HEAD:
-            x_h_raw = x_h_early
-        else:
-            x_h_raw = tl.load(x_body + offs_h, mask=mask_h, other=float("-inf"), eviction_policy=DROP)
+        x_h_raw = tl.load(x_body + offs_h, mask=mask_h, other=float("-inf"), eviction_policy=DROP)
         n_tail = tl.maximum(tl.cdiv(body_len - HEAD, BLOCK_N), 0)
         if PREFETCH:  # the first streamed tile's load before the head's reduction: two tiles in flight
             if not SINGLE:
@@ -703,40 +621,23 @@ def _widen_by_bits(x, WIDEN: tl.constexpr):
 
 @triton.jit
 def _cross_entropy_split_kernel(
-    x_ptr,
-    target_ptr,
-    grad_ptr,
-    loss_ptr,
-    sync_ptr,
-    part_ptr,
-    n_cols,
-    stride_xm,
-    stride_gm,
-    ignore_index,
+    x_ptr, target_ptr, grad_ptr, loss_ptr, sync_ptr, part_ptr, n_cols, stride_xm, stride_gm, ignore_index,
     label_smoothing,
-    SPLIT: tl.constexpr,
-    SPLIT_P2: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MEAN: tl.constexpr,
-    SMOOTH: tl.constexpr,
-    EARLY: tl.constexpr = False,
-    WIDEN: tl.constexpr = "",
-    AGAIN_N: tl.constexpr = 1024,
-    VEC: tl.constexpr = 1,
-    FRAG: tl.constexpr = 0,
-    EXTRA: tl.constexpr = 0,
+    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, BLOCK_N: tl.constexpr, MEAN: tl.constexpr, SMOOTH: tl.constexpr,
+    EARLY: tl.constexpr = False, WIDEN: tl.constexpr = "", AGAIN_N: tl.constexpr = 1024, VEC: tl.constexpr = 1,
+    FRAG: tl.constexpr = 0, EXTRA: tl.constexpr = 0,
     PART_N=0,
     PDL: tl.constexpr = False,
-):
+):  # fmt: skip
     # The loss and gradient of a row held by SPLIT programs, BLOCK_N logits each in registers (the
-    # softmax's split schedule, _softmax_split_kernel, which says why the wait cannot hang): each part
+    # softmax's split schedule; _rows.py says why the wait cannot hang): each part
     # publishes its sum of exp(x - x_y) against the target's logit (and, label smoothing, its sum of
     # x), waits for the row's other parts, adds their sums into the row's lse and writes its part of
     # the gradient. One read, one write, no re-read. GPU only (SPLIT = 1 also in the interpreter).
     #
     # What limits it is the registers a program holds across the wait: the part, nothing else, or
-    # fewer programs fit a SM and fewer bytes are in flight (benchmarks/notes_lesson5.md, fifteenth
-    # session). Hence the target's logit as the reference (one for the whole row, known before the part
+    # fewer programs fit a SM and fewer bytes are in flight (benchmarks/notes_lesson5.md, 2026-11-25,
+    # bytes in flight). Hence the target's logit as the reference (one for the whole row, known before the part
     # is read: no maximum, which made the compiler keep an fp32 copy of the part), and, for 16-bit
     # logits (WIDEN), the gradient's fp32 logits made after the wait from the 16-bit part by integer
     # operations on its bits (_widen_by_bits): an expression the compiler cannot merge with the first
@@ -763,8 +664,8 @@ def _cross_entropy_split_kernel(
         part_n = BLOCK_N
     if VEC > 1:
         x_start = row * stride_xm
-        lo = tl.minimum(((VEC - x_start % VEC) % VEC).to(tl.int32), n_cols)
-        body = tl.multiple_of(tl.minimum(((n_cols - lo) // VEC) * VEC, SPLIT * part_n), VEC)
+        lo, body = _row_body(x_start, n_cols, VEC)
+        body = tl.multiple_of(tl.minimum(body, SPLIT * part_n), VEC)
         x_body = x_ptr + tl.multiple_of(x_start + lo, VEC)
         g_body = grad_ptr + tl.multiple_of(row * stride_gm + lo, VEC)
     else:
@@ -922,22 +823,10 @@ def _cross_entropy_split_kernel(
 
 @triton.jit
 def _cross_entropy_rows_kernel(
-    x_ptr,
-    target_ptr,
-    grad_ptr,
-    loss_ptr,
-    sync_ptr,
-    n_rows,
-    n_cols,
-    stride_xm,
-    stride_gm,
-    ignore_index,
-    BLOCK_N: tl.constexpr,
-    MAX_ROWS: tl.constexpr,
-    ROW_STAGES: tl.constexpr,
-    MEAN: tl.constexpr,
+    x_ptr, target_ptr, grad_ptr, loss_ptr, sync_ptr, n_rows, n_cols, stride_xm, stride_gm, ignore_index,
+    BLOCK_N: tl.constexpr, MAX_ROWS: tl.constexpr, ROW_STAGES: tl.constexpr, MEAN: tl.constexpr,
     PDL: tl.constexpr = False,
-):
+):  # fmt: skip
     # Persistent programs, each taking rows pid, pid + P, pid + 2P, ... (at most MAX_ROWS) whole in one
     # tile. tl.range pipelines the loop: the next rows' loads are in flight through shared memory while
     # this row reduces and writes. No label smoothing (the fwd kernel takes it). GPU or interpreter.
@@ -962,7 +851,8 @@ def _cross_entropy_rows_kernel(
     if PDL:
         # launched while the prologue ran; the wait before the loop, not in it: the pipeliner would
         # prefetch sync's load for the first rows ahead of a wait in the loop, before the prologue wrote
-        # it (tried: different bits once in six shapes; benchmarks/notes_lesson5.md, eighteenth session)
+        # it (tried: different bits once in six shapes; benchmarks/notes_lesson5.md, 2026-11-25,
+        # programmatic dependent launch)
         gdc_wait()
         gdc_launch_dependents()
     if MEAN:
@@ -995,24 +885,15 @@ def _cross_entropy_rows_kernel(
 
 @triton.jit
 def _cross_entropy_bwd_kernel(
-    grad_ptr,
-    target_ptr,
-    grad_out_ptr,
-    n_rows,
-    n_cols,
-    stride_gm,
-    stride_go,
-    ignore_index,
-    BLOCK_N: tl.constexpr,
-    SHARED: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
+    grad_ptr, target_ptr, grad_out_ptr, n_rows, n_cols, stride_gm, stride_go, ignore_index,
+    BLOCK_N: tl.constexpr, SHARED: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
     # grad *= grad_output in place, row by row, skipping rows whose grad_output is exactly 1 (a loss
     # that is the last op: the common case costs one launch and no pass) and ignored rows (their
     # gradient is 0 whatever grad_output is; 0 * inf would be NaN). SHARED: one grad_output for every
     # row ("mean", "sum", or "none" summed: a stride of 0), read once by each of a few programs that
     # walk rows pid, pid + P, ... (a launch of one program a row cost 3.7 us at 4096 rows and 6.2 us
-    # at 8192 on an H200 only to find 1.0; benchmarks/notes_lesson5.md, seventeenth session);
+    # at 8192 on an H200 only to find 1.0; benchmarks/notes_lesson5.md, 2026-11-25, the time beside the kernel);
     # otherwise one program a row, each reading its own. PDL: launched dependent on whatever kernel
     # came before (autograd's ones for grad_output), so it waits before it reads anything.
     if PDL:
@@ -1081,16 +962,10 @@ def _prologue(target, ignore_index, *, count, n_rows_split=None):
     n_sync = 1 if n_rows_split is None else 2 + n_rows_split
     sync = torch.empty(n_sync, dtype=torch.int32, device=target.device)
     _cross_entropy_prologue_kernel[(1,)](
-        target,
-        sync,
-        target.shape[0],
-        n_sync,
-        ignore_index,
-        COUNT=count,
-        BLOCK=min(_COUNT_BLOCK, max(COUNT_BLOCK_MIN, next_pow2(max(target.shape[0], n_sync)))),
-        PDL=pdl_supported(),
-        **launch_kwargs(16, pdl=True),
-    )
+        target, sync, target.shape[0], n_sync, ignore_index,
+        COUNT=count, BLOCK=min(_COUNT_BLOCK, max(COUNT_BLOCK_MIN, next_pow2(max(target.shape[0], n_sync)))),
+        PDL=pdl_supported(), **launch_kwargs(16, pdl=True),
+    )  # fmt: skip
     return sync
 
 
@@ -1111,33 +986,15 @@ def _launch_forward(
         return _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, cfg, mean, pdl)
     g = logits if grad is None else grad
     return _cross_entropy_fwd_kernel[(n_rows,)](
-        logits,
-        target,
-        g,
-        loss_rows,
-        target if sync is None else sync,
-        n_cols,
-        logits.stride(0),
-        g.stride(0),
-        ignore_index,
-        label_smoothing,
-        HEAD=cfg["HEAD"],
-        BLOCK_N=cfg["BLOCK_N"],
-        VEC=cfg["VEC"],
-        WRITE_GRAD=grad is not None,
-        MEAN=mean,
-        SMOOTH=label_smoothing != 0.0,
-        PREFETCH=cfg["PREFETCH"],
-        SINGLE=n_cols <= cfg["HEAD"],
-        KEEP="evict_last" if cfg.get("EVICT") else "",
-        DROP="evict_first" if cfg.get("EVICT") else "",
-        REF_TARGET=cfg.get("REF_TARGET", False),
-        LOOP_STAGES=cfg.get("LOOP_STAGES", 1),
-        PREFETCH2=cfg.get("PREFETCH2", cfg["PREFETCH"]),
-        EARLY_HEAD=cfg.get("EARLY_HEAD", False),
-        PDL=pdl,
+        logits, target, g, loss_rows, target if sync is None else sync, n_cols, logits.stride(0), g.stride(0),
+        ignore_index, label_smoothing,
+        HEAD=cfg["HEAD"], BLOCK_N=cfg["BLOCK_N"], VEC=cfg["VEC"], WRITE_GRAD=grad is not None, MEAN=mean,
+        SMOOTH=label_smoothing != 0.0, PREFETCH=cfg["PREFETCH"], SINGLE=n_cols <= cfg["HEAD"],
+        KEEP="evict_last" if cfg.get("EVICT") else "", DROP="evict_first" if cfg.get("EVICT") else "",
+        REF_TARGET=cfg.get("REF_TARGET", False), LOOP_STAGES=cfg.get("LOOP_STAGES", 1),
+        PREFETCH2=cfg.get("PREFETCH2", cfg["PREFETCH"]), PDL=pdl,
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages"), pdl=pdl),
-    )
+    )  # fmt: skip
 
 
 def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg, mean, pdl=False):
@@ -1151,32 +1008,14 @@ def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smo
     # room for those after the parts (fewer than VEC, or the remainder past SPLIT whole parts)
     frag = 0 if vec == 1 and parts * part_n >= n_cols else next_pow2(vec + max(vec, n_cols - parts * part_n))
     return _cross_entropy_split_kernel[(n_rows * parts,)](
-        logits,
-        target,
-        grad,
-        loss_rows,
-        sync,
-        stats,
-        n_cols,
-        logits.stride(0),
-        grad.stride(0),
-        ignore_index,
+        logits, target, grad, loss_rows, sync, stats, n_cols, logits.stride(0), grad.stride(0), ignore_index,
         label_smoothing,
-        SPLIT=parts,
-        SPLIT_P2=next_pow2(parts),
-        BLOCK_N=block,
-        MEAN=mean,
-        SMOOTH=label_smoothing != 0.0,
+        SPLIT=parts, SPLIT_P2=next_pow2(parts), BLOCK_N=block, MEAN=mean, SMOOTH=label_smoothing != 0.0,
         EARLY=cfg.get("SPLIT_EARLY", False),
-        WIDEN={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(logits.dtype, ""),
-        AGAIN_N=min(1024, block),
-        VEC=vec,
-        FRAG=frag,
-        EXTRA=next_pow2(part_n - block) if part_n > block else 0,
-        PART_N=part_n,
-        PDL=pdl,
+        WIDEN={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(logits.dtype, ""), AGAIN_N=min(1024, block),
+        VEC=vec, FRAG=frag, EXTRA=next_pow2(part_n - block) if part_n > block else 0, PART_N=part_n, PDL=pdl,
         **launch_kwargs(cfg["SPLIT_WARPS"], maxnreg=cfg.get("SPLIT_MAXNREG"), pdl=pdl),
-    )
+    )  # fmt: skip
 
 
 def _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, cfg, mean, pdl=False):
@@ -1186,23 +1025,11 @@ def _launch_rows(logits, target, grad, loss_rows, sync, ignore_index, cfg, mean,
     programs = cfg.get("ROWS_PROGRAMS") or max(sm_count(), cdiv(n_rows, ROWS_PER_PROGRAM))
     programs = min(programs, n_rows)
     return _cross_entropy_rows_kernel[(programs,)](
-        logits,
-        target,
-        grad,
-        loss_rows,
-        target if sync is None else sync,
-        n_rows,
-        n_cols,
-        logits.stride(0),
-        grad.stride(0),
-        ignore_index,
-        BLOCK_N=next_pow2(n_cols),
-        MAX_ROWS=next_pow2(cdiv(n_rows, programs)),
-        ROW_STAGES=cfg["ROW_STAGES"],
-        MEAN=mean,
-        PDL=pdl,
-        **launch_kwargs(cfg["ROWS_WARPS"], pdl=pdl),
-    )
+        logits, target, grad, loss_rows, target if sync is None else sync, n_rows, n_cols, logits.stride(0),
+        grad.stride(0), ignore_index,
+        BLOCK_N=next_pow2(n_cols), MAX_ROWS=next_pow2(cdiv(n_rows, programs)), ROW_STAGES=cfg["ROW_STAGES"],
+        MEAN=mean, PDL=pdl, **launch_kwargs(cfg["ROWS_WARPS"], pdl=pdl),
+    )  # fmt: skip
 
 
 def _loss(logits, target, grad, ignore_index, reduction, label_smoothing, cfg):
@@ -1225,17 +1052,9 @@ def _loss(logits, target, grad, ignore_index, reduction, label_smoothing, cfg):
         return out
     loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
     _launch_forward(
-        logits,
-        target,
-        grad,
-        loss_rows,
-        sync,
-        ignore_index,
-        label_smoothing,
-        cfg,
-        mean=mean,
-        after_prologue=True,
-    )
+        logits, target, grad, loss_rows, sync, ignore_index, label_smoothing, cfg,
+        mean=mean, after_prologue=True,
+    )  # fmt: skip
     return _reduce(loss_rows, sync, reduction, logits.dtype, after_loss=True)
 
 
@@ -1253,19 +1072,10 @@ def _launch_backward(grad, target, grad_output, ignore_index):
     cfg = _config(n_cols, grad.dtype, runtime.is_gpu())
     programs = min(n_rows, BWD_PROGRAMS_PER_SM * sm_count()) if shared else n_rows
     _cross_entropy_bwd_kernel[(programs,)](
-        grad,
-        target,
-        grad_output,
-        n_rows,
-        n_cols,
-        grad.stride(0),
-        stride_go,
-        ignore_index,
-        BLOCK_N=cfg["BLOCK_N"],
-        SHARED=shared,
-        PDL=pdl_supported(),
+        grad, target, grad_output, n_rows, n_cols, grad.stride(0), stride_go, ignore_index,
+        BLOCK_N=cfg["BLOCK_N"], SHARED=shared, PDL=pdl_supported(),
         **launch_kwargs(min(cfg["num_warps"], 8), pdl=True),
-    )
+    )  # fmt: skip
 
 
 def _reduce(loss_rows, sync, reduction, dtype, *, after_loss=False):

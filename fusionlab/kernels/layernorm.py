@@ -39,89 +39,29 @@ Chan, Golub & LeVeque, "Algorithms for computing the sample variance" (1983); We
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents  # PDL (sm_90): see pdl_supported
 
-from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
 from ._launch import KernelInputError, Launcher, cdiv, check_tensor, launch_kwargs, pdl_supported
-from .rmsnorm import (
-    DEFAULT_SMS,
-    _row_offsets,
-    apply_overrides,
+from ._norms import INTERPRETER_TUNING as NORM_INTERPRETER_TUNING
+from ._norms import (
+    backward_blocks,
+    backward_flags,
+    cached_config,
     check_eps,
-    check_rows,
-    grad_rows,
-    norm_config,
-    sm_count,
+    configs_with_overrides,
+    forward_flags,
+    gpu_and_sms,
     sum_partials,
 )
-from .rmsnorm import INTERPRETER_TUNING as RMS_INTERPRETER_TUNING
+from ._rows import _row_offsets, check_rows, grad_rows
 
 OP = "layernorm"
-
-#: GPU tuning, as :data:`fusionlab.kernels.rmsnorm.GPU_TUNING` (benchmarks/notes_norms.md). The
-#: backward's row prefetch is off: at 32768 x 4096 bf16 on an H100 it measured 0.336 ms with it and
-#: 0.321 ms without (LayerNorm's backward loads two row tensors, RMSNorm's three).
-#: ``warps_by_tile``: tiles of these sizes (elements) take this many warps, whatever ``per_thread``
-#: says; ``max_single`` (backward): the widest row in one tile, in elements. Both from 2026-11-24 on an
-#: H100 (benchmarks/tune_layernorm.py): a 16384-element forward tile at 32 warps streamed at 53-74% of
-#: copy (hidden 11008, 16384), at 16 warps 82-100%; the backward of rows wider than 8192 in one tile ran
-#: at 25-33%, on the two-pass path (4096-element tiles, x and dy read twice) 67-79% by its own ledger,
-#: 1.4-1.7x faster. ``tail_*`` (backward): rows of 4097-6144 as a head of 4096 and a tail, 4 warps, 2
-#: programs an SM, the next row one stage ahead (H200, bf16, GPU clock: 32768 x 5120 55% -> 73% of copy,
-#: 4096 x 5120 49% -> 61%, 6144 a tie at 62-63%; 3072 stays one tile, 65% against the head and tail's 62%;
-#: benchmarks/probe_ln_bwd.py, notes_norms.md eleventh session).
-GPU_TUNING = {
-    "forward": {
-        "max_single_bytes": 65536,
-        "wide_block": 4096,
-        "tile": 2048,
-        "per_thread": 16,
-        "warps_by_tile": {8192: 8, 16384: 16},
-        "tail_from": 2048,
-        "tail_max": 16384,
-        "tail_warps": 8,
-    },
-    "backward": {
-        "max_single": 8192,
-        "wide_block": 4096,
-        "tile": 2048,
-        "per_thread": 16,
-        "warps_per_sm": 16,
-        "prefetch_tile": 0,
-        "tail_from": 4096,
-        "tail_max": 8192,
-        "tail_warps": 4,
-        "tail_per_sm": 2,
-        "tail_stages": 2,
-        "stage_bytes": 65536,
-    },
-}
-#: the interpreter's tiles are RMSNorm's (its backward has no halves read twice: no ``reread_tile``)
-INTERPRETER_TUNING = {k: v for k, v in RMS_INTERPRETER_TUNING.items() if not k.startswith("reread")}
-
-
-@functools.lru_cache(maxsize=4096)
-def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
-    t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
-    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms)
-
-
-def layernorm_config(
-    n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu: bool | None = None
-) -> dict:
-    """The launch configuration, as :func:`fusionlab.kernels.rmsnorm.rmsnorm_config`:
-    ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}`` (backward: and ``"programs"``)."""
-    gpu = runtime.is_gpu() if gpu is None else bool(gpu)
-    sms = sm_count() if gpu and runtime.is_gpu() else DEFAULT_SMS
-    return dict(_config(int(n_rows), int(n_cols), dtype, bool(backward), gpu, sms))
 
 
 # -- spec, eager, ledger, flops ------------------------------------------------------------------------
@@ -226,6 +166,53 @@ def layernorm_flops(rows: int, n: int, *, backward: bool = False) -> int:
     return (12 if backward else 8) * int(rows) * int(n)
 
 
+# -- launch configuration ----------------------------------------------------------------------------
+#: GPU tuning, as :data:`fusionlab.kernels.rmsnorm.GPU_TUNING`; the measurements behind each value:
+#: benchmarks/notes_norms.md ("2026-11-26: the norms' tuning tables, key by key"). The backward's row
+#: prefetch is off (``prefetch_tile`` 0); ``warps_by_tile``: tiles of these sizes (elements) take this
+#: many warps; ``max_single`` (backward): the widest row in one tile, in elements.
+GPU_TUNING = {
+    "forward": {
+        "max_single_bytes": 65536,
+        "wide_block": 4096,
+        "tile": 2048,
+        "per_thread": 16,
+        "warps_by_tile": {8192: 8, 16384: 16},
+        "tail_from": 2048,
+        "tail_max": 16384,
+        "tail_warps": 8,
+    },
+    "backward": {
+        "max_single": 8192,
+        "wide_block": 4096,
+        "tile": 2048,
+        "per_thread": 16,
+        "warps_per_sm": 16,
+        "prefetch_tile": 0,
+        "tail_from": 4096,
+        "tail_max": 8192,
+        "tail_warps": 4,
+        "tail_per_sm": 2,
+        "tail_stages": 2,
+        "stage_bytes": 65536,
+    },
+}
+#: the interpreter's tiles are RMSNorm's (its backward has no halves read twice: no ``reread_tile``)
+INTERPRETER_TUNING = {k: v for k, v in NORM_INTERPRETER_TUNING.items() if not k.startswith("reread")}
+
+
+_config = cached_config(GPU_TUNING, INTERPRETER_TUNING)
+
+
+def layernorm_config(
+    n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu: bool | None = None
+) -> dict:
+    """The launch configuration, as :func:`fusionlab.kernels.rmsnorm.rmsnorm_config`:
+    ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}`` (backward: and ``"programs"``)."""
+    gpu, sms = gpu_and_sms(gpu)
+    return dict(_config(int(n_rows), int(n_cols), dtype, bool(backward), gpu, sms))
+
+
 # -- kernels --------------------------------------------------------------------------------------------
 @triton.jit
 def _ln_tile_shifted(x_rows, offs, mask_m, n_cols, k, EVEN: tl.constexpr):
@@ -283,27 +270,10 @@ def _ln_tile_y(y_rows, w_ptr, b_ptr, offs, mask_m, n_cols, xc, rstd, EVEN: tl.co
 
 @triton.jit
 def _layernorm_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    y_ptr,
-    dmean_ptr,
-    rstd_ptr,
-    n_rows,
-    n_cols,
-    n_inner,
-    stride_xb,
-    stride_xm,
-    eps,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SINGLE_TILE: tl.constexpr,
-    EVEN: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    STORE_STATS: tl.constexpr,
-    TAIL_N: tl.constexpr = 0,
-):
+    x_ptr, w_ptr, b_ptr, y_ptr, dmean_ptr, rstd_ptr, n_rows, n_cols, n_inner, stride_xb, stride_xm, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_TILE: tl.constexpr, EVEN: tl.constexpr,
+    TWO_LEVEL: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr, TAIL_N: tl.constexpr = 0,
+):  # fmt: skip
     # One program per BLOCK_M rows; y is contiguous (rows, N), x is read through its strides.
     pid = tl.program_id(axis=0)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -319,7 +289,7 @@ def _layernorm_kernel(
         k = tl.load(x_rows, mask=mask_m, other=0.0).to(tl.float32)
         # both loads issued before the first reduction: a load written after one waits for its barrier,
         # so the tail's trip to memory would follow the head's (H200, 32768 x 11008 bf16: 75% of copy
-        # that way, 94% this way; benchmarks/notes_norms.md, eleventh session)
+        # that way, 94% this way; benchmarks/notes_norms.md, 2026-11-24, LayerNorm's forward at 5120 and 11008)
         xs = _ln_tile_shifted(x_rows, offs_n, mask_m, n_cols, k, EVEN)
         if TAIL_N > 0:
             offs_t = BLOCK_N + tl.arange(0, TAIL_N)
@@ -330,7 +300,7 @@ def _layernorm_kernel(
         d = s / n_cols
         # (tried: both sums, of x - x0 and its square, in one pass, rows whose x0 lies far from their
         # mean summed again centred: behind these two passes at every padded width, 5120 74% of copy
-        # against 96%, H200 32768 rows bf16; benchmarks/notes_norms.md eleventh session)
+        # against 96%, H200 32768 rows bf16; benchmarks/notes_norms.md, 2026-11-24, LayerNorm's forward)
         xc = _ln_tile_centred(xs, d, offs_n, mask_m, n_cols, EVEN)
         m2 = tl.sum(xc * xc, axis=1)
         if TAIL_N > 0:
@@ -398,34 +368,12 @@ def _ln_bwd_store_dx(dx_ptr, rows, offs, mask_m, mask_n, g, xhat, c1, c2, rstd, 
 
 @triton.jit
 def _layernorm_bwd_kernel(
-    dy_ptr,
-    x_ptr,
-    w_ptr,
-    dmean_ptr,
-    rstd_ptr,
-    dx_ptr,
-    part_ptr,
-    c_ptr,
-    n_rows,
-    n_cols,
-    n_inner,
-    rows_per_program,
-    n_programs,
-    stride_dym,
-    stride_xb,
-    stride_xm,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SINGLE_TILE: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
-    COMPUTE_DX: tl.constexpr,
-    COMPUTE_DW: tl.constexpr,
-    COMPUTE_DB: tl.constexpr,
-    DB_SLOT: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    TAIL_N: tl.constexpr = 0,
-    PDL: tl.constexpr = False,
-):
+    dy_ptr, x_ptr, w_ptr, dmean_ptr, rstd_ptr, dx_ptr, part_ptr, c_ptr, n_rows, n_cols, n_inner, rows_per_program,
+    n_programs, stride_dym, stride_xb, stride_xm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_TILE: tl.constexpr, TWO_LEVEL: tl.constexpr,
+    COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr, DB_SLOT: tl.constexpr,
+    NUM_STAGES: tl.constexpr, TAIL_N: tl.constexpr = 0, PDL: tl.constexpr = False,
+):  # fmt: skip
     # Program pid walks rows [row_start, row_end); partial sums go to part[slot, pid, :] (slot 0: dw,
     # slot DB_SLOT: db), fp32, summed later by _sum_partials_kernel (PDL: which may be placed now; it
     # waits for this kernel before it reads them).
@@ -563,31 +511,14 @@ def _forward(x, weight, bias, eps, layout, cfg, store_stats):
     mean, rstd = (stats[0], stats[1]) if stats is not None else (None, None)
     if x.numel() == 0:
         return y, mean, rstd
-    even = cfg["SINGLE_TILE"] and n_cols == cfg["BLOCK_N"] and layout.n_rows % cfg["BLOCK_M"] == 0
     _launch_fwd(
-        (cdiv(layout.n_rows, cfg["BLOCK_M"]),),
-        x,
-        weight,
-        bias if bias is not None else weight,
-        y,
-        mean if mean is not None else y,
-        rstd if rstd is not None else y,
-        layout.n_rows,
-        n_cols,
-        layout.n_inner,
-        layout.stride_b,
-        layout.stride_m,
-        eps,
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"],
-        SINGLE_TILE=cfg["SINGLE_TILE"],
-        EVEN=even,
-        TWO_LEVEL=layout.two_level,
-        HAS_BIAS=bias is not None,
-        STORE_STATS=store_stats,
-        TAIL_N=cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
+        (cdiv(layout.n_rows, cfg["BLOCK_M"]),), x, weight, bias if bias is not None else weight, y,
+        mean if mean is not None else y, rstd if rstd is not None else y, layout.n_rows, n_cols, layout.n_inner,
+        layout.stride_b, layout.stride_m, eps,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=layout.two_level,
+        HAS_BIAS=bias is not None, STORE_STATS=store_stats, **forward_flags(cfg, layout.n_rows, n_cols),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
-    )
+    )  # fmt: skip
     return y, mean, rstd
 
 
@@ -602,43 +533,18 @@ def _backward(dy, x, layout, weight, mean, rstd, cfg, need_dx, need_dw, need_db)
     if cfg is None:
         cfg = layernorm_config(n_rows, n_cols, x.dtype, backward=True)
     dy, stride_dy = grad_rows(dy.to(x.dtype))
-    bm = cfg["BLOCK_M"]
-    programs = max(1, min(cfg["programs"], cdiv(n_rows, bm)))
-    rows_per_program = cdiv(cdiv(n_rows, programs), bm) * bm
-    programs = cdiv(n_rows, rows_per_program)
+    programs, rows_per_program = backward_blocks(cfg, n_rows)
     part = torch.empty((k, programs, n_cols), dtype=torch.float32, device=x.device) if k else None
     c = torch.empty(2 * n_rows, dtype=torch.float32, device=x.device) if (need_dx and not cfg["SINGLE_TILE"]) else None
     _launch_bwd(
-        (programs,),
-        dy,
-        x,
-        weight,
-        mean,
-        rstd,
-        dx if dx is not None else rstd,
-        part if part is not None else rstd,
-        c if c is not None else rstd,
-        n_rows,
-        n_cols,
-        layout.n_inner,
-        rows_per_program,
-        programs,
-        stride_dy,
-        layout.stride_b,
-        layout.stride_m,
-        BLOCK_M=bm,
-        BLOCK_N=cfg["BLOCK_N"],
-        SINGLE_TILE=cfg["SINGLE_TILE"],
-        TWO_LEVEL=layout.two_level,
-        COMPUTE_DX=need_dx,
-        COMPUTE_DW=need_dw,
-        COMPUTE_DB=need_db,
-        DB_SLOT=1 if need_dw else 0,
-        NUM_STAGES=cfg.get("row_stages", 1) if runtime.is_gpu() else 1,
-        TAIL_N=cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
-        PDL=bool(k) and pdl_supported(),
+        (programs,), dy, x, weight, mean, rstd, dx if dx is not None else rstd, part if part is not None else rstd,
+        c if c is not None else rstd, n_rows, n_cols, layout.n_inner, rows_per_program, programs, stride_dy,
+        layout.stride_b, layout.stride_m,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=layout.two_level,
+        COMPUTE_DX=need_dx, COMPUTE_DW=need_dw, COMPUTE_DB=need_db, DB_SLOT=1 if need_dw else 0,
+        **backward_flags(cfg), PDL=bool(k) and pdl_supported(),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
-    )
+    )  # fmt: skip
     dw = db = None
     if k:
         sums = sum_partials(part, weight.dtype, pdl=True, checked=True)
@@ -704,11 +610,7 @@ def layernorm(
         )
     if weight.device != x.device:
         raise KernelInputError(f"{op}: x and weight must be on the same device, got {x.device} and {weight.device}.")
-    fwd_cfg = apply_overrides(layernorm_config(n_rows, n_cols, x.dtype), fwd_config, n_cols, op)
-    bwd_cfg = None
-    if bwd_config:
-        base = layernorm_config(n_rows, n_cols, x.dtype, backward=True)
-        bwd_cfg = apply_overrides(base, bwd_config, n_cols, op)
+    fwd_cfg, bwd_cfg = configs_with_overrides(layernorm_config, n_rows, n_cols, x.dtype, fwd_config, bwd_config, op)
     needs_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     if needs_grad and torch.is_grad_enabled():
         return LayerNormFunction.apply(x, weight, bias, eps, layout, fwd_cfg, bwd_cfg)

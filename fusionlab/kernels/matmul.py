@@ -72,10 +72,10 @@ except ImportError:  # pragma: no cover - older triton: the plain kernel only
 
 #: activation name -> the constexpr code the kernels switch on
 ACTIVATIONS = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}
-#: the codes gemm takes: ACTIVATIONS' and 4, exact GELU through libdevice's erf (the benchmarks' comparison)
-ACTIVATION_CODES = (0, 1, 2, 3, 4)
 #: exact GELU through libdevice's erf instead of A&S 7.1.26: a code the benchmarks compare (not public)
 _GELU_LIBDEVICE = 4
+#: the codes gemm takes
+ACTIVATION_CODES = (*ACTIVATIONS.values(), _GELU_LIBDEVICE)
 #: tl.dot's fp32 modes the launcher accepts
 INPUT_PRECISIONS = ("tf32", "tf32x3", "ieee")
 VARIANTS = (None, "auto", "plain", "tma")

@@ -62,11 +62,9 @@ contiguous tensors.
 **Few rows**: one program per row (block of rows) is the schedule; 1–64 rows of 16k leave most of a
 132-SM GPU idle. Such a call moves at most a few MiB and is launch-bound (a launch costs more than the
 bytes at copy speed), so we keep one program per row and give it the most warps its tile allows
-(more loads in flight per row) — a known limit, not a fix. Measured on an H100 (bf16, residual,
-do_bench medians; ``benchmarks/notes_norms.md``): 1, 8, 64, 256 rows x 16384 took 19, 19, 40, 18 µs
-(eager 55, 75, 44, 80; compiled 97, 55, 28, 112): at this size every version is launch-bound and
-the spread is noise of the launch path, not bytes. Splitting a row over programs would need a second
-kernel (or a grid-wide sync) to combine the partial sums.
+(more loads in flight per row) — a known limit, not a fix: at this size every version is
+launch-bound (``benchmarks/notes_norms.md`` has the times). Splitting a row over programs would need
+a second kernel (or a grid-wide sync) to combine the partial sums.
 
 References: Zhang & Sennrich, "Root Mean Square Layer Normalization" (2019); Hugging Face
 ``LlamaRMSNorm``; Triton tutorial 05 (layer norm, partial-sum dw); Liger-Kernel ``ops/rms_norm.py``
@@ -75,202 +73,40 @@ References: Zhang & Sennrich, "Root Mean Square Layer Normalization" (2019); Hug
 
 from __future__ import annotations
 
-import functools
-import math
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait  # PDL (sm_90): see pdl_supported
 
-from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger, dtype_bytes
-from ._launch import (  # noqa: F401  (DEFAULT_SMS, sm_count: lesson 4 and the benchmarks read them here)
+from ._launch import (  # noqa: F401  (DEFAULT_SMS, sm_count, next_pow2: lesson 4 and the benchmarks read them here)
     DEFAULT_SMS,
-    INT32_LIMIT,
     KernelInputError,
     Launcher,
     cdiv,
-    check_block,
-    check_overrides,
     check_tensor,
-    check_tile,
-    element_size,
-    head_and_tail,
     launch_kwargs,
     next_pow2,
-    pdl_supported,
     sm_count,
-    tail_warps,
 )
-from ._tensors import resolved
+from ._norms import (  # noqa: F401  (INTERPRETER_TUNING, sum_partials: the tests and benchmarks read them here)
+    INTERPRETER_TUNING,
+    STAGED_TILE,
+    apply_overrides,
+    backward_blocks,
+    backward_flags,
+    cached_config,
+    check_eps,
+    configs_with_overrides,
+    forward_flags,
+    gpu_and_sms,
+    sum_partials,
+)
+from ._rows import _row_offsets, check_rows, grad_rows, row_layouts
 
 OP = "rmsnorm"
 
-# -- launch configuration ----------------------------------------------------------------------------
-#: GPU tuning (benchmarks/bench_norms.py; the sweep is in benchmarks/notes_norms.md).
-#: ``max_single_bytes``: the widest row held in one tile, in bytes of the storage dtype;
-#: ``wide_block``: the tile width (elements) of the two-pass path; ``tile``: elements a program takes
-#: when rows are narrow (BLOCK_M rows of BLOCK_N); ``per_thread``: elements a thread holds (sets
-#: num_warps); ``warps_per_sm``: the backward launches ``SMs * warps_per_sm // num_warps`` programs
-#: (at least one a SM), each walking a contiguous block of rows; ``prefetch_tile``: up to this many
-#: elements a row block, the backward's row loop is software-pipelined (``tl.range(num_stages=2)``:
-#: the next rows' dy, h, grad_h are loaded while this row computes; on an H100 that took 32768 x 4096
-#: from 81% to 95% of copy). A 16384-element tile would need ~192 KiB of shared memory for it.
-#: ``row_stages``: three (two row blocks in flight, within ``stage_bytes`` of shared memory) where two
-#: were: GPU clock, bf16, H200 32768 x 5120 66% -> 93% of copy, 4096 x 5120 58% -> 78%, 32768 x 8192
-#: 84% -> 97%; H100 81% -> 98%, 65% -> 77%, 96% -> 99%; the rest within a point or better
-#: (benchmarks/tune_rms_bwd.py --stages, notes_norms.md ninth session).
-#: ``tail_from``: a one-tile row wider than this tile (up to a tile of ``tail_max``) that fits three
-#: quarters of its tile (8193-12288: 11008) is held as a head of half the tile and a tail of a quarter
-#: (12288 lanes in place of 16384), ``tail_warps`` warps; the backward with ``tail_stages`` row stages
-#: where they fit ``stage_bytes`` (16-bit rows). GPU clock, bf16 (tune_rms_bwd.py --wide,
-#: probe_rms_tail.py; notes_norms.md tenth session): backward 32768 x 11008, one 16384 tile against
-#: head and tail: H100 77.2% -> 91.5% of copy, H200 66.7% -> 81.3%; forward, H200 92.0% -> 98.1%
-#: (compiled 95.8%). A forward row of 20000 (a tile of 32768) ran at 99% in one tile and 80-90% as a
-#: head and a tail: hence ``tail_max``.
-#: Thirteenth session (probe_rms_bwd_reread.py --tail-stages, GPU clock, bf16): the backward's head and
-#: tail with 8 warps and three row stages (147 KiB of shared memory staged: ``stage_bytes`` 160 KiB,
-#: which moves no other tile) where it had 16 warps and two: H200 32768 x 11008 82.0% -> 91.4%,
-#: 4096 x 11008 74.6% -> 83.8%, 32768 x 9216 81.0% -> 96.7%, 32768 x 12288 83.8% -> 95.4%.
-#: ``reread_tile``: a backward row of 12289-16384 (16-bit) filled the 16384 tile's registers (32 warps,
-#: 64 a thread: no row stage without spilling); walked as two halves of 8192, each loaded twice (the
-#: second time from L2), 16 warps and a row stage: GPU clock, bf16, H200 32768 x 16384 73.3% -> 86.6% of
-#: copy, 4096 x 16384 67.9% -> 81.5% (benchmarks/probe_rms_bwd_reread.py, notes_norms.md thirteenth
-#: session). At 11008 (a head and a tail already) it lost: 81.3% -> 73-75%.
-GPU_TUNING = {
-    "forward": {
-        "max_single_bytes": 65536,
-        "wide_block": 4096,
-        "tile": 2048,
-        "per_thread": 16,
-        "tail_from": 8192,
-        "tail_max": 16384,
-        "tail_warps": 8,
-    },
-    "backward": {
-        "max_single_bytes": 32768,
-        "wide_block": 4096,
-        "tile": 2048,
-        "per_thread": 16,
-        "warps_per_sm": 16,
-        "prefetch_tile": 8192,
-        "row_stages": 3,
-        "stage_bytes": 163840,
-        "tail_from": 8192,
-        "tail_warps": 8,
-        "tail_stages": 3,
-        "reread_tile": 16384,
-        "reread_warps": 16,
-        "reread_stages": 2,
-    },
-}
-#: the interpreter: every program costs milliseconds of Python, so tiles are large (64 Ki elements)
-#: and few backward programs; rows past 4096 elements take the two-pass path.
-INTERPRETER_TUNING = {
-    "max_single": 4096,
-    "wide_block": 4096,
-    "tile": 65536,
-    "programs": 4,
-    "tail_from": 2048,
-    "reread_tile": 4096,
-}
-#: the partial-sum reduction: about ``reduce_programs`` column blocks (enough to spread over the SMs
-#: when N is small), each adding at most ``reduce_tile`` fp32 elements a step
-REDUCE = {"reduce_programs": 256, "reduce_tile": 8192, "num_warps": 4}
 
-
-def norm_config(t: dict, n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
-    """A row normalisation's launch configuration read off its tuning table ``t`` (this module's
-    :data:`GPU_TUNING` or :data:`INTERPRETER_TUNING` entry, or LayerNorm's): the one rule RMSNorm and
-    LayerNorm share. ``max_single`` (elements) or ``max_single_bytes`` bound the one-tile row;
-    ``warps_by_tile`` (optional) overrides the warps of given tile sizes. ``tail_from`` (optional, with
-    ``tail_max``, ``tail_warps``, ``tail_stages``, ``tail_per_sm``: the backward's programs an SM) asks
-    for a one-tile row held as a head and a tail (``TAIL_N``); ``reread_tile`` (optional, backward,
-    with ``reread_warps`` and ``reread_stages``) for a row of that tile past three quarters of it held
-    as two halves, each read twice (``REREAD``)."""
-    if gpu:
-        max_single = t.get("max_single") or max(16, t["max_single_bytes"] // element_size(dtype))
-    else:
-        max_single = t["max_single"]
-    single = n_cols <= next_pow2(max_single)
-    block_n = max(16, next_pow2(n_cols) if single else min(next_pow2(t["wide_block"]), next_pow2(max_single)))
-    # narrow rows: several rows a program, so each program still moves a useful amount
-    block_m = max(1, min(t["tile"] // block_n, next_pow2(max(n_rows, 1))))
-    if gpu:
-        num_warps = max(1, min(32, next_pow2(block_m * block_n // t["per_thread"]) // 32))
-        num_warps = t.get("warps_by_tile", {}).get(block_m * block_n, num_warps)
-        if cdiv(max(n_rows, 1), block_m) < sms:  # few rows: the GPU idles; more loads in flight a row
-            block_m = 1
-            num_warps = max(num_warps, min(32, max(4, block_n // 256)))
-    else:
-        num_warps = 4
-    cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "SINGLE_TILE": single}
-    if backward:
-        blocks = cdiv(max(n_rows, 1), block_m)
-        per_sm = max(1, t["warps_per_sm"] // num_warps) if gpu else 0
-        cfg["programs"] = max(1, min(blocks, sms * per_sm if gpu else t["programs"]))
-        if gpu and single and block_m * block_n <= t["prefetch_tile"]:
-            # the next rows' loads in flight while this row computes: row_stages - 1 row blocks of dy,
-            # h and grad_h in shared memory, as deep as stage_bytes allows (fp32 rows of 8192: 2)
-            stages = t.get("row_stages", 2)
-            staged = block_m * block_n * element_size(dtype) * 3
-            while stages > 2 and staged * (stages - 1) > t.get("stage_bytes", 0):
-                stages -= 1
-            cfg["row_stages"] = stages
-    tail_from = t.get("tail_from")
-    # (the interpreter's blocks of rows take tails too: the kernels are written for any BLOCK_M, and
-    # the CPU tests then check them so; on a GPU a tail was only ever measured against one-row blocks)
-    if tail_from and single and (block_m == 1 or not gpu) and tail_from < block_n <= t.get("tail_max", 2**20):
-        split_tile = head_and_tail(n_cols, block_n)
-        if split_tile:
-            cfg.update(BLOCK_N=split_tile[0], TAIL_N=split_tile[1])
-            if gpu:
-                warps = t.get("tail_warps", cfg["num_warps"])
-                cfg["num_warps"] = tail_warps(warps, *split_tile, dtype)
-            if gpu and backward and t.get("tail_per_sm"):
-                cfg["programs"] = max(1, min(blocks, sms * t["tail_per_sm"]))
-            if gpu and backward and t.get("tail_stages"):  # the next row in flight where its stage fits
-                # (three row tensors, as above: RMSNorm's dy, h and grad_h; LayerNorm's two, dy and x,
-                # counted as three, an upper bound)
-                staged = sum(split_tile) * element_size(dtype) * 3 * (t["tail_stages"] - 1)
-                if staged <= t["stage_bytes"]:
-                    cfg["row_stages"] = t["tail_stages"]
-        elif backward and block_n == t.get("reread_tile"):
-            # a backward row that fills more than three quarters of its tile, walked as two halves read
-            # twice (the kernel's REREAD): the first read sums g h, the second (from L2) writes dx
-            half = block_n // 2
-            cfg.update(BLOCK_N=half, TAIL_N=max(16, next_pow2(n_cols - half)), REREAD=True)
-            if gpu:
-                cfg.update(num_warps=t["reread_warps"], row_stages=t["reread_stages"])
-    return cfg
-
-
-@functools.lru_cache(maxsize=4096)
-def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, sms: int) -> dict:
-    t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
-    return norm_config(t, n_rows, n_cols, dtype, backward, gpu, sms)
-
-
-def rmsnorm_config(
-    n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu: bool | None = None
-) -> dict:
-    """The launch configuration: ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}`` (backward:
-    and ``"programs"``, the number of programs P, each walking a contiguous block of rows).
-
-    ``SINGLE_TILE``: the row fits one ``BLOCK_N`` tile and is read once; otherwise the two-pass path
-    walks it in ``BLOCK_N`` tiles. ``BLOCK_M`` rows share a program when rows are narrow. ``gpu``: the
-    GPU's configuration (default: this mode's), so a lesson on a CPU can ask what the GPU kernel does
-    (with :data:`DEFAULT_SMS` SMs there). Tuned on an H100 (``benchmarks/notes_norms.md``).
-    """
-    gpu = runtime.is_gpu() if gpu is None else bool(gpu)
-    sms = sm_count() if gpu and runtime.is_gpu() else DEFAULT_SMS
-    return dict(_config(int(n_rows), int(n_cols), dtype, bool(backward), gpu, sms))
-
-
-# -- a ledger for reductions -----------------------------------------------------------------------------
 # -- spec, eager, ledger, flops ------------------------------------------------------------------------
 @answer_key
 def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
@@ -452,17 +288,63 @@ def rmsnorm_flops(rows: int, n: int, residual: bool = True, *, backward: bool = 
     return per * int(rows) * int(n)
 
 
+# -- launch configuration ----------------------------------------------------------------------------
+#: GPU tuning, measured with benchmarks/bench_norms.py, tune_rms_bwd.py and the probes; what each key
+#: means and the measurements behind its value: benchmarks/notes_norms.md ("2026-11-26: the norms'
+#: tuning tables, key by key"). ``max_single_bytes``: the widest row held in one tile; ``wide_block``:
+#: the two-pass path's tile; ``tile``: elements a program takes when rows are narrow; ``per_thread``:
+#: elements a thread holds (sets num_warps); ``warps_per_sm``: the backward's programs an SM;
+#: ``prefetch_tile``, ``row_stages``, ``stage_bytes``: the backward's next rows staged in shared
+#: memory; ``tail_*``: a row that fits three quarters of its tile held as a head and a tail;
+#: ``reread_*``: a backward row of 12289-16384 (16-bit) walked as two halves, each read twice.
+GPU_TUNING = {
+    "forward": {
+        "max_single_bytes": 65536,
+        "wide_block": 4096,
+        "tile": 2048,
+        "per_thread": 16,
+        "tail_from": 8192,
+        "tail_max": 16384,
+        "tail_warps": 8,
+    },
+    "backward": {
+        "max_single_bytes": 32768,
+        "wide_block": 4096,
+        "tile": 2048,
+        "per_thread": 16,
+        "warps_per_sm": 16,
+        "prefetch_tile": STAGED_TILE,
+        "row_stages": 3,
+        "stage_bytes": 163840,
+        "tail_from": 8192,
+        "tail_warps": 8,
+        "tail_stages": 3,
+        "reread_tile": 16384,
+        "reread_warps": 16,
+        "reread_stages": 2,
+    },
+}
+
+
+_config = cached_config(GPU_TUNING, INTERPRETER_TUNING)
+
+
+def rmsnorm_config(
+    n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu: bool | None = None
+) -> dict:
+    """The launch configuration: ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}`` (backward:
+    and ``"programs"``, the number of programs P, each walking a contiguous block of rows).
+
+    ``SINGLE_TILE``: the row fits one ``BLOCK_N`` tile and is read once; otherwise the two-pass path
+    walks it in ``BLOCK_N`` tiles. ``BLOCK_M`` rows share a program when rows are narrow. ``gpu``: the
+    GPU's configuration (default: this mode's), so a lesson on a CPU can ask what the GPU kernel does
+    (with :data:`DEFAULT_SMS` SMs there). Tuned on an H100 (``benchmarks/notes_norms.md``).
+    """
+    gpu, sms = gpu_and_sms(gpu)
+    return dict(_config(int(n_rows), int(n_cols), dtype, bool(backward), gpu, sms))
+
+
 # -- kernels --------------------------------------------------------------------------------------------
-@triton.jit
-def _row_offsets(rows, n_inner, stride_b, stride_m, TWO_LEVEL: tl.constexpr):
-    # rows: int64. Row r starts at (r // n_inner) * stride_b + (r % n_inner) * stride_m (two levels of
-    # leading dimensions), or r * stride_m when they merge into one stride.
-    if TWO_LEVEL:
-        return (rows // n_inner) * stride_b + (rows % n_inner) * stride_m
-    else:
-        return rows * stride_m
-
-
 @triton.jit
 def _fwd_tile_h(x_rows, r_rows, h_rows, offs, mask_m, n_cols, EVEN: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     """One tile of the forward's rows: h = x + r (rounded to h's dtype, stored), returned in fp32.
@@ -508,29 +390,11 @@ def _fwd_tile_y(y_rows, w_ptr, offs, mask_m, n_cols, hf, rstd, EVEN: tl.constexp
 
 @triton.jit
 def _rmsnorm_kernel(
-    x_ptr,
-    r_ptr,
-    w_ptr,
-    h_ptr,
-    y_ptr,
-    rstd_ptr,
-    n_rows,
-    n_cols,
-    n_inner,
-    stride_xb,
-    stride_xm,
-    stride_rb,
-    stride_rm,
-    eps,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SINGLE_TILE: tl.constexpr,
-    EVEN: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    STORE_RSTD: tl.constexpr,
-    TAIL_N: tl.constexpr = 0,
-):
+    x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, rstd_ptr, n_rows, n_cols, n_inner, stride_xb, stride_xm, stride_rb,
+    stride_rm, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_TILE: tl.constexpr, EVEN: tl.constexpr,
+    TWO_LEVEL: tl.constexpr, HAS_RESIDUAL: tl.constexpr, STORE_RSTD: tl.constexpr, TAIL_N: tl.constexpr = 0,
+):  # fmt: skip
     # One program per BLOCK_M rows. h and y are contiguous (rows, N); x and r are read through strides.
     pid = tl.program_id(axis=0)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
@@ -613,33 +477,12 @@ def _bwd_store_dx(dx_ptr, dh_ptr, rows, offs, mask_m, mask_n, g, hf, rstd, c, n_
 
 @triton.jit
 def _rmsnorm_bwd_kernel(
-    dy_ptr,
-    h_ptr,
-    w_ptr,
-    rstd_ptr,
-    dh_ptr,
-    dx_ptr,
-    dwp_ptr,
-    c_ptr,
-    n_rows,
-    n_cols,
-    n_inner,
-    rows_per_program,
-    stride_dym,
-    stride_hb,
-    stride_hm,
-    stride_dhm,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SINGLE_TILE: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
-    HAS_DH: tl.constexpr,
-    COMPUTE_DX: tl.constexpr,
-    COMPUTE_DW: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    TAIL_N: tl.constexpr = 0,
-    REREAD: tl.constexpr = False,
-):
+    dy_ptr, h_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, dwp_ptr, c_ptr, n_rows, n_cols, n_inner, rows_per_program,
+    stride_dym, stride_hb, stride_hm, stride_dhm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_TILE: tl.constexpr, TWO_LEVEL: tl.constexpr,
+    HAS_DH: tl.constexpr, COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, NUM_STAGES: tl.constexpr,
+    TAIL_N: tl.constexpr = 0, REREAD: tl.constexpr = False,
+):  # fmt: skip
     # Program pid walks rows [row_start, row_end) in steps of BLOCK_M and writes one (N,) fp32 row of
     # dw partial sums: dw_partial[pid] = sum over its rows of dy * round(h * rstd).
     # dy, grad_h (dh) and dx are (rows, N) with one row stride; h may have two levels.
@@ -747,198 +590,7 @@ def _rmsnorm_bwd_kernel(
                 tl.store(dwp_ptr + pid.to(tl.int64) * n_cols + offs, tl.sum(acc, axis=0), mask=mask_n)
 
 
-@triton.jit
-def _sum_partials_kernel(
-    part_ptr,
-    out_ptr,
-    n_parts,
-    n_cols,
-    BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    # part: (K, P, N) fp32 partial sums; out: (K, N). Program (column block, k) adds the P rows of its
-    # columns in a fixed order: the same bits on every call (no atomics, see the module docstring).
-    # PDL: placed while the backward kernel that wrote `part` still runs; waits for it before any read.
-    if PDL:
-        gdc_wait()
-    pid_n = tl.program_id(axis=0)
-    k = tl.program_id(axis=1).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < n_cols
-    base = part_ptr + k * n_parts * n_cols
-    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    for p0 in range(0, n_parts, BLOCK_P):
-        offs_p = p0 + tl.arange(0, BLOCK_P)
-        mask = (offs_p < n_parts)[:, None] & mask_n[None, :]
-        acc += tl.load(base + offs_p.to(tl.int64)[:, None] * n_cols + offs_n[None, :], mask=mask, other=0.0)
-    tl.store(out_ptr + k * n_cols + offs_n, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=mask_n)
-
-
-@functools.lru_cache(maxsize=4096)
-def reduce_config(n_parts: int, n_cols: int, gpu: bool) -> tuple[int, int, int | None]:
-    """``(BLOCK_P, BLOCK_N, num_warps)`` for :func:`_sum_partials_kernel`. On a GPU, narrow column
-    blocks when N is small (N = 1024 in blocks of 16: 64 programs instead of 8), and as many partial
-    rows a step as fit ``reduce_tile`` (usually all of them: one round of loads). The interpreter:
-    one program a column block of up to 4096, all partial rows at once."""
-    if not gpu:
-        return next_pow2(n_parts), min(4096, max(16, next_pow2(n_cols))), None
-    bn = max(16, min(256, next_pow2(cdiv(n_cols, REDUCE["reduce_programs"]))))
-    bp = max(1, min(next_pow2(n_parts), REDUCE["reduce_tile"] // bn))
-    return bp, bn, REDUCE["num_warps"]
-
-
-_launch_sum = Launcher(_sum_partials_kernel)
-
-
-def sum_partials(part: torch.Tensor, dtype: torch.dtype, *, pdl: bool = False, checked: bool = False) -> torch.Tensor:
-    """``part.sum(1)`` for a ``(K, P, N)`` fp32 buffer of partial sums, as a ``(K, N)`` tensor of
-    ``dtype``, by :func:`_sum_partials_kernel` (a fixed order: deterministic). ``pdl``: the kernel that
-    wrote ``part`` was the stream's last and lets this one be placed early (``gdc_launch_dependents``):
-    LayerNorm's backward, 0.4-1 us a call on an H200; RMSNorm's gained nothing (-0.7 to +1.8 us, so it
-    does not; benchmarks/notes_norms.md, eighteenth session). ``checked=True``: a norm's backward, which
-    allocated ``part`` itself, skips the checks a direct call gets (host time on a small backward's path)."""
-    if not checked:
-        check_tensor(part, "part", op="sum_partials", dtypes=(torch.float32,), ndim=3, max_numel=None)
-        if dtype not in runtime.DTYPES:
-            raise KernelInputError(f"sum_partials: dtype={dtype!r}; choose one of {runtime.DTYPES}.")
-    k, p, n = part.shape
-    out = torch.empty((k, n), dtype=dtype, device=part.device)
-    if out.numel() == 0:
-        return out
-    if p == 0:
-        return out.zero_()
-    bp, bn, nw = reduce_config(p, n, runtime.is_gpu())
-    pdl = pdl and pdl_supported()
-    _launch_sum((cdiv(n, bn), k), part, out, p, n, BLOCK_P=bp, BLOCK_N=bn, PDL=pdl, **launch_kwargs(nw, pdl=pdl))
-    return out
-
-
-# -- layouts ------------------------------------------------------------------------------------------
-class Rows(NamedTuple):
-    """Where a tensor's rows are: row r starts at ``(r // n_inner) * stride_b + (r % n_inner) * stride_m``."""
-
-    n_rows: int
-    n_cols: int
-    n_inner: int
-    stride_b: int
-    stride_m: int
-    two_level: bool
-
-
-def _levels(shape, stride) -> list[list[int]] | None:
-    """The leading dimensions merged into (size, stride) levels, innermost first; None for more than two."""
-    levels: list[list[int]] = []
-    for size, st in zip(reversed(shape[:-1]), reversed(stride[:-1]), strict=True):
-        if size == 1:
-            continue  # a size-1 dim has no stride worth keeping
-        if levels and st == levels[-1][0] * levels[-1][1]:
-            levels[-1][0] *= size  # this dim steps over the whole level inside it: one level
-        else:
-            levels.append([size, st])
-    return levels if len(levels) <= 2 else None
-
-
-@functools.lru_cache(maxsize=4096)
-def _layouts(shape: tuple, strides: tuple) -> tuple[Rows, ...] | None:
-    n_cols = shape[-1] if shape else 1
-    n_rows = math.prod(shape[:-1])
-    levels = [_levels(shape, st) for st in strides]
-    if any(lv is None for lv in levels):
-        return None
-    inner = {lv[0][0] for lv in levels if len(lv) == 2}
-    if len(inner) > 1:
-        return None
-    if not inner:  # one stride each
-        return tuple(Rows(n_rows, n_cols, max(n_rows, 1), 0, lv[0][1] if lv else n_cols, False) for lv in levels)
-    (n_inner,) = inner
-    out = []
-    for lv in levels:
-        if len(lv) == 2:
-            out.append(Rows(n_rows, n_cols, n_inner, lv[1][1], lv[0][1], True))
-        else:
-            st = lv[0][1] if lv else n_cols
-            out.append(Rows(n_rows, n_cols, n_inner, n_inner * st, st, True))
-    return tuple(out)
-
-
-def row_layouts(*tensors: torch.Tensor) -> tuple[Rows, ...] | None:
-    """One :class:`Rows` per tensor (all of one shape ``(..., N)``), sharing ``n_inner`` so that one
-    kernel can walk them together; None if a tensor needs three strides or two need different splits.
-    Cached by shape and strides: a launcher works it out once per layout."""
-    return _layouts(tuple(tensors[0].shape), tuple(tuple(t.stride()) for t in tensors))
-
-
-def grad_rows(g: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """A gradient as ``(tensor, row stride)`` with unit column stride and one row stride, copying it
-    when autograd handed over another layout (an expanded ``y.sum()`` gradient, a transposed view)."""
-    g = resolved(g)  # a negated view (what autograd hands over for -y) made real
-    if g.dim() == 0 or (g.shape[-1] > 1 and g.stride(-1) != 1):
-        g = g.contiguous()
-    lv = _levels(g.shape, g.stride())
-    if lv is None or len(lv) == 2:
-        g = g.contiguous()
-        lv = _levels(g.shape, g.stride())
-    return g, (lv[0][1] if lv else g.shape[-1])
-
-
 # -- launchers ------------------------------------------------------------------------------------------
-def apply_overrides(cfg: dict, override: dict | None, n_cols: int, op: str) -> dict:
-    """A configuration with a tuning run's (or a test's) overrides: any of ``BLOCK_M``, ``BLOCK_N``,
-    ``num_warps``, ``programs`` (backward), ``num_stages``. A ``BLOCK_N`` below the row width forces
-    the two-pass path."""
-    if not check_overrides(override, "fwd_config/bwd_config", op=op):
-        return cfg
-    cfg = dict(cfg)
-    for key, value in override.items():
-        if key in ("BLOCK_M", "BLOCK_N"):
-            cfg[key] = check_block(value, key, op)
-        elif key == "num_warps":
-            cfg[key] = check_block(value, key, op, max_value=32)
-        elif key in ("programs", "num_stages", "row_stages"):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise KernelInputError(f"{op}: {key}={value!r} must be a whole number >= 1.")
-            cfg[key] = value
-        else:
-            raise KernelInputError(
-                f"{op}: unknown configuration key {key!r}; use BLOCK_M, BLOCK_N, num_warps, programs, "
-                "num_stages, row_stages."
-            )
-    if "BLOCK_N" in override:
-        cfg.pop("TAIL_N", None)  # a tile asked for is the whole tile
-        cfg.pop("REREAD", None)
-    cfg["SINGLE_TILE"] = n_cols <= cfg["BLOCK_N"] + cfg.get("TAIL_N", 0)
-    if "row_stages" not in override and cfg["BLOCK_M"] * cfg["BLOCK_N"] > GPU_TUNING["backward"]["prefetch_tile"]:
-        cfg.pop("row_stages", None)  # a larger tile than the default's: no prefetch unless asked
-    check_tile(cfg["BLOCK_M"], cfg["BLOCK_N"], op=op)
-    return cfg
-
-
-def check_eps(eps, op: str) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise KernelInputError(f"{op}: eps={eps!r} must be a finite number >= 0.")
-    return float(eps)
-
-
-def check_rows(x: torch.Tensor, name: str, others: dict, op: str) -> tuple[Rows, ...]:
-    """Validate the layout of ``x`` and same-shaped ``others`` ({name: tensor}); their Rows."""
-    if x.dim() < 1:
-        raise KernelInputError(f"{op}: {name} must have at least one dimension (..., N), got a scalar.")
-    if x.shape[-1] >= INT32_LIMIT:
-        raise KernelInputError(f"{op}: rows of {x.shape[-1]} elements; the kernel takes rows of fewer than 2**31.")
-    layouts = row_layouts(x, *others.values())
-    if layouts is None:
-        names = " and ".join([name, *others])
-        raise KernelInputError(
-            f"{op}: the leading dimensions of {names} (shape {tuple(x.shape)}, strides "
-            f"{[tuple(t.stride()) for t in (x, *others.values())]}) do not merge into the (at most two, shared) "
-            f"row strides the kernel takes. Pass .contiguous()."
-        )
-    if layouts[0].n_rows >= INT32_LIMIT:
-        raise KernelInputError(f"{op}: {layouts[0].n_rows} rows; the kernel numbers rows in int32 (fewer than 2**31).")
-    return layouts
-
-
 _launch_fwd = Launcher(_rmsnorm_kernel)
 _launch_bwd = Launcher(_rmsnorm_bwd_kernel)
 
@@ -953,33 +605,14 @@ def _forward(x, weight, residual, eps, layouts, cfg, store_rstd):
     if x.numel() == 0:
         return y, h, rstd
     lr = layouts[1] if residual is not None else lx
-    even = cfg["SINGLE_TILE"] and n_cols == cfg["BLOCK_N"] and lx.n_rows % cfg["BLOCK_M"] == 0
     _launch_fwd(
-        (cdiv(lx.n_rows, cfg["BLOCK_M"]),),
-        x,
-        residual if residual is not None else x,
-        weight,
-        h if h is not None else y,
-        y,
-        rstd if rstd is not None else y,
-        lx.n_rows,
-        n_cols,
-        lx.n_inner,
-        lx.stride_b,
-        lx.stride_m,
-        lr.stride_b,
-        lr.stride_m,
-        eps,
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"],
-        SINGLE_TILE=cfg["SINGLE_TILE"],
-        EVEN=even,
-        TWO_LEVEL=lx.two_level,
-        HAS_RESIDUAL=residual is not None,
-        STORE_RSTD=store_rstd,
-        TAIL_N=cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
+        (cdiv(lx.n_rows, cfg["BLOCK_M"]),), x, residual if residual is not None else x, weight,
+        h if h is not None else y, y, rstd if rstd is not None else y, lx.n_rows, n_cols, lx.n_inner, lx.stride_b,
+        lx.stride_m, lr.stride_b, lr.stride_m, eps,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=lx.two_level,
+        HAS_RESIDUAL=residual is not None, STORE_RSTD=store_rstd, **forward_flags(cfg, lx.n_rows, n_cols),
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
-    )
+    )  # fmt: skip
     return y, h, rstd
 
 
@@ -1006,43 +639,19 @@ def _backward(dy, grad_h, h, layout_h, weight, rstd, cfg, need_dx, need_dw):
         grad_h, stride_dh = grad_rows(grad_h.to(dtype))
     else:
         stride_dh = 0
-    bm = cfg["BLOCK_M"]
-    programs = max(1, min(cfg["programs"], cdiv(n_rows, bm)))
-    rows_per_program = cdiv(cdiv(n_rows, programs), bm) * bm
-    programs = cdiv(n_rows, rows_per_program)
+    programs, rows_per_program = backward_blocks(cfg, n_rows)
     part = torch.empty((1, programs, n_cols), dtype=torch.float32, device=h.device) if need_dw else None
     c = torch.empty(n_rows, dtype=torch.float32, device=h.device) if (need_dx and not cfg["SINGLE_TILE"]) else None
     dummy = rstd
     _launch_bwd(
-        (programs,),
-        dy,
-        h,
-        weight,
-        rstd,
-        grad_h if has_dh else dy,
-        dx if dx is not None else dummy,
-        part if part is not None else dummy,
-        c if c is not None else dummy,
-        n_rows,
-        n_cols,
-        layout_h.n_inner,
-        rows_per_program,
-        stride_dy,
-        layout_h.stride_b,
-        layout_h.stride_m,
-        stride_dh,
-        BLOCK_M=bm,
-        BLOCK_N=cfg["BLOCK_N"],
-        SINGLE_TILE=cfg["SINGLE_TILE"],
-        TWO_LEVEL=layout_h.two_level,
-        HAS_DH=has_dh,
-        COMPUTE_DX=need_dx,
-        COMPUTE_DW=need_dw,
-        NUM_STAGES=cfg.get("row_stages", 1) if runtime.is_gpu() else 1,
-        TAIL_N=cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
+        (programs,), dy, h, weight, rstd, grad_h if has_dh else dy, dx if dx is not None else dummy,
+        part if part is not None else dummy, c if c is not None else dummy, n_rows, n_cols, layout_h.n_inner,
+        rows_per_program, stride_dy, layout_h.stride_b, layout_h.stride_m, stride_dh,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"],
+        TWO_LEVEL=layout_h.two_level, HAS_DH=has_dh, COMPUTE_DX=need_dx, COMPUTE_DW=need_dw, **backward_flags(cfg),
         REREAD=bool(cfg.get("REREAD")) and cfg["SINGLE_TILE"],
         **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
-    )
+    )  # fmt: skip
     dw = sum_partials(part, weight.dtype, checked=True)[0] if need_dw else None
     return dx, dw
 
@@ -1119,10 +728,7 @@ def rmsnorm(
         )
     if weight.device != x.device:
         raise KernelInputError(f"{op}: x and weight must be on the same device, got {x.device} and {weight.device}.")
-    fwd_cfg = apply_overrides(rmsnorm_config(n_rows, n_cols, x.dtype), fwd_config, n_cols, op)
-    bwd_cfg = None
-    if bwd_config:
-        bwd_cfg = apply_overrides(rmsnorm_config(n_rows, n_cols, x.dtype, backward=True), bwd_config, n_cols, op)
+    fwd_cfg, bwd_cfg = configs_with_overrides(rmsnorm_config, n_rows, n_cols, x.dtype, fwd_config, bwd_config, op)
     needs_grad = x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)
     if needs_grad and torch.is_grad_enabled():
         return RMSNormFunction.apply(x, weight, residual, eps, layouts, fwd_cfg, bwd_cfg)

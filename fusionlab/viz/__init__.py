@@ -10,16 +10,19 @@ widget plus that same picture (``image/png`` or ``text/html``) and a short, dete
     bars = fl.viz.TimingBars(title, label=...); bars.show(); bench.run(cases, on_result=bars.add_result)
     fl.viz.show(fl.viz.roofline_figure(copy_GBps, [(name, TFLOP/s), ...], points, device_label))
     fl.viz.show(fl.viz.line_chart({name: (xs, ys)}, x_label, y_label, title, label))
+    fl.viz.Table(rows, header=(...))                    # a printed table: HTML in a notebook, text elsewhere
 """
 
 from ._style import COUNTED_LABEL, show
 from .bars import TimingBars
 from .lines import line_chart, regimes_chart
 from .roofline import roofline_figure
+from .tables import Table
 from .trips import TripAnimation, trips_figure
 
 __all__ = [
     "COUNTED_LABEL",
+    "Table",
     "TimingBars",
     "TripAnimation",
     "line_chart",

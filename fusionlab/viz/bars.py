@@ -77,7 +77,11 @@ class TimingBars:
         self.label = label if label is not None else bench.source_label()
         self._values: dict[str, float] = {}
         self._predicted: dict[str, float] = {}
-        self._image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", height="auto"))
+        # shown at the size it is drawn (a front end would otherwise stretch it to the output's width, blurred),
+        # narrower only where the output is
+        self._image = widgets.Image(
+            format="png", layout=widgets.Layout(width=f"{_WIDTH_IN * DPI:.0f}px", max_width="100%", height="auto")
+        )
         self._waiting = widgets.HTML(
             f'<span style="color:{MUTED}">{esc(title)}: waiting for the first measurement…</span>'
         )

@@ -258,7 +258,9 @@ def _status(tl: _Timeline, ledger: Ledger, shown: int, fused: bool, frame: int) 
         return f"ready: {plural(n, 'trip')} in {plural(kernels, 'kernel')}"
     if frame > n:  # the fused panel has finished while the unfused one is still moving bytes
         return f"done: {plural(n, 'trip')} in 1 kernel"
-    i = tl.op_index[shown - 1]
+    i, step = tl.op_index[shown - 1], tl.trips[shown - 1].op
+    if fused and step != ledger.ops[i].name:  # a step of a written-out schedule ("write O, lse"): its own name
+        return f"trip {shown} of {n} · {step}"
     where = f"op {i + 1} of {len(ledger.ops)}" if fused else f"kernel {i + 1} of {kernels}"
     return f"trip {shown} of {n} · {where}: {ledger.ops[i].name}"
 

@@ -103,8 +103,8 @@ def check_what_it_fused(fn, inputs, *, n_eager, n_generated, n_library) -> gradi
         )
     launches = want["n_generated"] + want["n_library"]
     msg = (
-        f"✓ {name}: eager runs {want['n_eager']} kernels; compiled, {want['n_generated']} generated + "
-        f"{want['n_library']} library = {launches} launch{'es' if launches != 1 else ''}"
+        f"✓ {name}: eager runs {grading.plural(want['n_eager'], 'kernel')}; compiled, {want['n_generated']} "
+        f"generated + {want['n_library']} library = {launches} launch{'es' if launches != 1 else ''}"
     )
     return grading.passed(msg)
 

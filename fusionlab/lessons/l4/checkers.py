@@ -15,56 +15,42 @@ from __future__ import annotations
 
 import torch
 
-from ... import grading, runtime
+from ... import bench, grading, runtime
 from ...grading import CheckFailed, call_learner, fail, number
-from ...kernels.rmsnorm import rmsnorm_ledger, rmsnorm_reference
+from ...kernels.rmsnorm import DEFAULT_SMS, rmsnorm_ledger, rmsnorm_reference
 from ...kernels.softmax import softmax_reference
 from ...ledger import dtype_bytes, human_bytes
+from ..l1 import regimes
+from .suite import SWEEP_ELEMENTS, sweep_name
 
 Passed, _passed = grading.Passed, grading.passed
 
 
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
-
-
 def _run(fn, args, name, where, seed):
     """Call the answer in the sandbox; refuse what no fused answer does (whatever the numbers)."""
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    before = [grading._bits(t).clone() for t in tensors]
-    with grading.Sandbox() as box:
-        out = call_learner(fn, *args, name=name, where=where, seed=seed)
-    for t, b in zip(tensors, before, strict=True):
-        if not torch.equal(grading._bits(t), b):
-            raise fail(f"{where}: your code changed an input. A kernel writes only its own outputs.", seed)
-    past = box.writes_past_the_end()
-    if past is not None:
-        raise fail(
-            f"{where}: the kernel wrote {past[0]} elements past the end of a tensor it allocated. Mask every "
-            "store (offs < n_cols): the last block of a row hangs over its end.",
-            seed,
-        )
-    grading.refuse_own_kernels(box, where, seed)
-    if box.torch_ops or box.passes:
-        ops = ", ".join(sorted(set(box.torch_ops) | set(box.passes)))
-        raise fail(
-            f"{where}: torch does part of the work ({ops}). Each torch op is a pass through memory of its own: "
-            "do it inside your kernel, and allocate outputs with torch.empty_like.",
-            seed,
-        )
-    return out, box
+    return grading.run_answer(
+        fn,
+        args,
+        name=name,
+        where=where,
+        seed=seed,
+        store_hint="Mask every store (offs < n_cols): the last block of a row hangs over its end.",
+        torch_message=lambda ops: (
+            f"torch does part of the work ({ops}). Each torch op is a pass through memory "
+            "of its own: do it inside your kernel, and allocate outputs with torch.empty_like."
+        ),
+    )
 
 
-def _one_launch(box, where, seed, needed, what: str) -> None:
-    if len(box.launches) != 1:
-        names = ", ".join(box.names) or "none"
-        msg = f"{where}: expected 1 Triton kernel launch, saw {len(box.launches)} ({names})."
-        if len(box.launches) > 1:
-            msg += f" {what} Each extra kernel is another round trip through HBM: fuse them into one."
-        raise fail(msg, seed)
-    given = {_storage(t) for t in box.launches[0].tensors}
-    if any(_storage(t) not in given for t in needed):
-        raise fail(f"{where}: the kernel itself must read the inputs and write the outputs you return.", seed)
+def _one_launch(box, out, where, seed, needed, what: str) -> None:
+    grading.require_launches(
+        box,
+        out,
+        needed,
+        where,
+        seed,
+        why=f"{what} Each extra kernel is another round trip through HBM: fuse them into one.",
+    )
 
 
 def _tensor(out, like, what, where, seed) -> torch.Tensor:
@@ -80,7 +66,7 @@ def _tensor(out, like, what, where, seed) -> torch.Tensor:
 
 def _close(a: torch.Tensor, b: torch.Tensor, dtype) -> bool:
     atol, rtol = grading.tolerance(dtype)
-    return bool(torch.isclose(a.double().cpu(), b.double().cpu(), atol=atol, rtol=rtol, equal_nan=True).all())
+    return bool(grading._isclose(a.double().cpu(), b.double().cpu(), atol=atol, rtol=rtol, equal_nan=True).all())
 
 
 # -- exercise 1: residual + RMSNorm, one kernel ---------------------------------------------------------
@@ -95,10 +81,16 @@ RMS_MANY = (1031, 64)
 BIG_EPS = 0.25
 
 
-def rms_inputs(shape, dtype, gen, scale: float = 3.0):
-    """``x, r, w``: rows of ``scale`` N(0, 1) (their sum's mean square about 2 scale²), w = 1 + N(0, 1)/2."""
+#: the mean of x in the fp16 cases: h² near 300² overflows fp16 (65504), so a sum of squares formed in
+#: the input's dtype instead of fp32 shows, where N(0, 9) rows would leave it inside fp16's tolerance
+FP16_MEAN = 300.0
+
+
+def rms_inputs(shape, dtype, gen, scale: float = 3.0, mean: float = 0.0):
+    """``x, r, w``: rows of ``scale`` N(0, 1) (their sum's mean square about 2 scale²), x shifted by ``mean``,
+    w = 1 + N(0, 1)/2."""
     rows, n = shape
-    x = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=scale))
+    x = grading.with_room_after((grading.randn(shape, torch.float32, gen=gen, scale=scale) + mean).to(dtype))
     r = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=scale))
     w = grading.with_room_after((1 + 0.5 * torch.randn(n, generator=gen)).to(device=runtime.DEVICE, dtype=dtype))
     return x, r, w
@@ -130,21 +122,23 @@ _RMS_TIPS = {
 
 def _rms_case(fn, name, shape, dtype, eps, seed, *, narrow_passed: bool = False):
     gen = grading.fresh_generator()
-    x, r, w = rms_inputs(shape, dtype, gen, scale=1.0 if eps >= BIG_EPS else 3.0)
+    mean = FP16_MEAN if dtype == torch.float16 else 0.0
+    x, r, w = rms_inputs(shape, dtype, gen, scale=1.0 if eps >= BIG_EPS else 3.0, mean=mean)
     where = f"{name}, shape {shape}, {grading.dtype_name(dtype)}, eps={eps:g}"
-    y_ref, h_ref = rmsnorm_reference(x, w, eps, residual=r)
     out, box = _run(fn, (x, r, w, eps), name, where, seed)
+    y_ref, h_ref = rmsnorm_reference(x, w, eps, residual=r)  # only now: the answer cannot read it
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
         raise fail(f"{where}: return (y, h), a pair: the normalised output and the residual sum.", seed)
     y = _tensor(out[0], x, "y (the first of the pair)", where, seed)
     h = _tensor(out[1], x, "h (the second of the pair)", where, seed)
-    if _storage(h) in {_storage(x), _storage(r)}:
+    if grading._storage(h) in {grading._storage(x), grading._storage(r)}:
         raise fail(f"{where}: h is one of the inputs. Write h = x + r into a tensor of its own.", seed)
     _one_launch(
         box,
+        out,
         where,
         seed,
-        (x, r, w, y, h),
+        (x, r, w),
         "The residual add and the norm read and write the same rows: one kernel can add, write h, and keep "
         "h on chip for its statistics.",
     )
@@ -197,6 +191,8 @@ def check_add_rmsnorm(fn) -> Passed:
         _rms_case(fn, name, (37, 129), torch.float32, BIG_EPS, seed)  # where eps sits shows here
         plan = [(s, d, 1e-6) for d in (torch.float32, half) for s in RMS_NARROW]
         plan.append((RMS_MANY, torch.float32, 1e-6))
+        if grading.GRADING[0]:  # the grading command: a shape no list fixed, each dtype
+            plan += [(grading.drawn_shape(lo=4, hi=13), d, 1e-6) for d in (torch.float32, half)]
         for s, d, eps in plan:
             _rms_case(fn, name, s, d, eps, seed)
         wide = [(s, d, 1e-5) for d in (torch.float32, half) for s in RMS_WIDE]
@@ -220,10 +216,13 @@ BIG_LOGITS = 1e4
 
 
 def softmax_inputs(shape, dtype, gen, *, shift=0.0, masked=0.0, fully_masked=False):
-    """Logits ``3 N(0, 1) + shift``; a share ``masked`` of the entries set to -inf (each row keeps one), and
+    """Logits ``3 N(0, 1) + shift`` (with a shift, each row's first logit 100 lower); a share ``masked``
+    of the entries set to -inf (each row keeps one), and
     with ``fully_masked`` every other row entirely -inf."""
     rows, n = shape
     x = torch.randn(shape, generator=gen) * 3 + shift
+    if shift:  # the first logit of every row far below the rest: a shift by x[0] instead of the max overflows
+        x[:, 0] -= 100
     if masked:
         drop = torch.rand(shape, generator=gen) < masked
         drop[:, 0] = False
@@ -244,10 +243,10 @@ def _softmax_case(fn, name, shape, dtype, seed, *, shift=0.0, masked=0.0, fully_
     if fully_masked:
         parts.append("every other row entirely -inf")
     where = ", ".join(parts)
-    ref = softmax_reference(x).double().cpu()
     out, box = _run(fn, (x,), name, where, seed)
+    ref = softmax_reference(x).double().cpu()  # only now: the answer cannot read it
     y = _tensor(out, x, "the result", where, seed)
-    _one_launch(box, where, seed, (x, y), "A row's max, its sum and its outputs come from the same pass.")
+    _one_launch(box, y, where, seed, (x,), "A row's max, its sum and its outputs come from the same pass.")
     unwritten = grading.poisoned(y)
     if unwritten.any():
         row, tip = grading.first_unwritten(unwritten, shape[1])
@@ -314,6 +313,8 @@ def check_softmax(fn) -> Passed:
     plan.append(dict(shape=(8, 100), dtype=half, masked=0.3, fully_masked=True))
     plan.append(dict(shape=SM_SHAPES[-1], dtype=half))  # the same size again, fresh values
     with grading.seeded(seed):
+        if grading.GRADING[0]:  # the grading command: a shape no list fixed, each dtype
+            plan += [dict(shape=grading.drawn_shape(lo=4, hi=12), dtype=d) for d in (torch.float32, half)]
         for case in plan:
             _softmax_case(fn, name, case.pop("shape"), case.pop("dtype"), seed, **case)
     return _passed(
@@ -374,4 +375,104 @@ def check_fused_bytes(fn) -> Passed:
         f"✓ fused_bytes: {len(BYTES_CASES)} shapes agree with the ledger (read x, r, w; write h, y; rows wider "
         "than the block re-read h)",
         len(BYTES_CASES),
+    )
+
+
+# -- exercise 4: predict the re-read cliff, before the measurement ------------------------------------------
+#: the widths whose online-path time per element (against the narrow rows') the learner predicts
+CLIFF_WIDTHS = (65536, 262144)
+#: how far above (or, past the cliff, below) the measured ratio a prediction may sit: the ratios of one
+#: GPU's rounds differ by a few hundredths, an H100's and an H200's by up to a quarter at one width
+CLIFF_BAND = 0.2
+
+
+def cliff_measured(run=None) -> tuple[dict[int, float], dict[int, bool], str]:
+    """From ``run`` (a :class:`fusionlab.bench.SuiteRun`; default: the recording of this GPU if there is one,
+    else the newest recording of lesson 4): the online softmax's time per element at each width of
+    :data:`CLIFF_WIDTHS` over the narrow rows' (the sweep's 4096); whether that width's rows in flight
+    (one program an SM) fit the GPU's L2; and the run's label."""
+    if run is None:
+        device = runtime.info().device_name if runtime.is_gpu() else None
+        try:
+            rec = bench.recorded(device=device, suite="lesson4")
+        except FileNotFoundError:  # no recording of this GPU: the newest of any
+            rec = bench.recorded(suite="lesson4")
+        ms, device, label = {r.name: r.ms for r in rec.results("lesson4")}, rec.meta["device"], rec.label()
+    else:
+        ms, device, label = {r.name: r.ms for r in run.results}, run.device, run.label
+    l2 = regimes.recorded_sweep(device)["L2_bytes"]
+    narrow = ms[sweep_name(4096)] / SWEEP_ELEMENTS
+    ratio = {w: ms[sweep_name(w, online=True)] / SWEEP_ELEMENTS / narrow for w in CLIFF_WIDTHS}
+    fits = {w: DEFAULT_SMS * w * 2 <= l2 for w in CLIFF_WIDTHS}
+    return ratio, fits, label
+
+
+def check_cliff_prediction(predicted, run=None) -> Passed:
+    """Exercise 4: ``predicted`` is ``{width: ratio}``, the online path's time per element at each width of
+    :data:`CLIFF_WIDTHS` over the narrow rows', written **before** the measurement is shown. The band: up to
+    :data:`CLIFF_BAND` above the measured ratio; below it, down to the narrow rows' own rate where the rows
+    in flight fit L2 (a GPU may hide the whole re-read there), :data:`CLIFF_BAND` where they do not."""
+    name = "cliff prediction"
+    if not isinstance(predicted, dict) or sorted(predicted) != sorted(CLIFF_WIDTHS):
+        raise CheckFailed(f"{name}: a dict {{width: ratio}} with the widths {list(CLIFF_WIDTHS)}, got {predicted!r}.")
+    measured, fits, label = cliff_measured(run)
+    lines = []
+    for w in CLIFF_WIDTHS:
+        got = number(predicted[w], f"{name}[{w}]", "x")
+        low = 1.0 - CLIFF_BAND / 2 if fits[w] else measured[w] - CLIFF_BAND
+        if not low <= got <= measured[w] + CLIFF_BAND:
+            raise CheckFailed(
+                f"{name}: at rows of {w} you predicted {got:.2f}x, the GPU measured {measured[w]:.2f}x ({label}). "
+                f"The ledger says 1.50x for any width past one tile: a second read. Here the rows in flight (one "
+                f"program an SM, each on a row of {human_bytes(2 * w)}) {'fit' if fits[w] else 'do not fit'} in "
+                "L2: does the second read reach HBM?"
+            )
+        lines.append(f"{w}: you {got:.2f}x, measured {measured[w]:.2f}x")
+    return _passed(f"✓ {name}: both widths within the band of the measurement ({'; '.join(lines)}; {label})", 2)
+
+
+# -- exercise 5: LayerNorm's dγ and dβ, one kernel --------------------------------------------------------------
+#: (rows, N): one element; widths around a block of 64 columns; rows around a block of 32; many programs
+DWDB_SHAPES = ((1, 1), (7, 63), (33, 64), (129, 65), (100, 300))
+#: many programs: one a block of columns
+DWDB_MANY = (40, 2000)
+
+
+def dwdb_inputs(shape, dtype, gen):
+    """``x, dy`` in ``dtype`` and the forward's saved ``mean, rstd`` (fp32, one a row), rows with an offset."""
+    rows, n = shape
+    x = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=2.0) + 0.5)
+    dy = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=1.0))
+    xf = x.float()
+    mean = grading.with_room_after(xf.mean(-1))
+    rstd = grading.with_room_after(torch.rsqrt(xf.var(-1, unbiased=False) + 1e-5))
+    return x, dy, mean, rstd
+
+
+def dwdb_reference(x, dy, mean, rstd):
+    """``(dγ, dβ)``: ``dγ = Σ_rows dy · x̂`` and ``dβ = Σ_rows dy``, ``x̂ = (x − mean) · rstd``, summed in
+    float64 and stored in the activations' dtype."""
+    xhat = (x.double() - mean.double()[:, None]) * rstd.double()[:, None]
+    return (dy.double() * xhat).sum(0).to(x.dtype), dy.double().sum(0).to(x.dtype)
+
+
+def check_layernorm_dwdb(fn) -> Passed:
+    """Exercise 5: ``fn(x, dy, mean, rstd)`` -> ``(dw, db)``, LayerNorm's weight and bias gradients
+    ``dw = Σ_rows dy · (x − mean) · rstd`` and ``db = Σ_rows dy`` for ``(rows, N)`` x and dy (``mean`` and
+    ``rstd``: fp32, one a row, as the forward saved them), in x's dtype, from **one** Triton kernel."""
+    name = "layernorm_dwdb"
+    if not callable(fn):
+        raise CheckFailed(f"{name}: pass your function, got {type(fn).__name__}.")
+    hints = (
+        "dw sums dy · x̂ over the rows, x̂ = (x − mean) · rstd with each row's own mean and rstd (the normalised "
+        "x the weight multiplied in the forward, not x itself); accumulate over every block of rows in fp32.",
+        "db sums dy over every row: a loop over blocks of rows, accumulated in fp32.",
+    )
+    checks = grading.check_function_pair(
+        fn, dwdb_reference, dwdb_inputs, name=name, parts=("dw", "db"), hints=hints, sizes=DWDB_SHAPES, many=DWDB_MANY
+    )
+    return _passed(
+        f"✓ {name}: {checks} checks passed (dw and db; shapes {', '.join(map(str, DWDB_SHAPES))} × 2 dtypes, "
+        f"{DWDB_MANY}, one repeated; against float64, poisoned outputs, inputs unchanged, 1 launch each)",
+        checks,
     )

@@ -126,6 +126,8 @@ CE_MANY = (300, 77)
 #: logits this large overflow exp() in fp32 (e^88 is its largest) unless the row max is subtracted
 BIG_LOGITS = 1e4
 SMOOTHING = 0.1
+#: the logits' mean in the label-smoothing cases
+SMOOTHING_MEAN = 20.0
 
 
 def ce_inputs(shape, dtype, gen, *, shift=0.0, ignore_frac=0.0, ignore_index=-100, all_ignored=False):
@@ -133,7 +135,10 @@ def ce_inputs(shape, dtype, gen, *, shift=0.0, ignore_frac=0.0, ignore_index=-10
     ``ignore_frac`` of them set to ``ignore_index`` (at least one row kept and, with two rows or more,
     one ignored); every row ignored with ``all_ignored``."""
     rows, cols = shape
-    logits = (torch.randn(shape, generator=gen) * 3 + shift).to(device=runtime.DEVICE, dtype=dtype)
+    logits = torch.randn(shape, generator=gen) * 3 + shift
+    if shift >= 1000:  # each row's first logit far below the rest: shifting by x[0], not the max, overflows
+        logits[:, 0] -= 100
+    logits = logits.to(device=runtime.DEVICE, dtype=dtype)
     target = torch.randint(0, cols, (rows,), generator=gen)
     if all_ignored:
         target[:] = ignore_index
@@ -157,12 +162,18 @@ def ce_reference(logits, target, ignore_index=-100, label_smoothing=0.0, reducti
 
 class _Watch(grading.Sandbox):
     """The grading sandbox, also noting every torch op at the top level whose output is at least
-    ``big`` elements (the logits' size): a (T, V) tensor computed or filled by torch."""
+    ``big`` elements (the logits' size): a (T, V) tensor computed or filled by torch; and how many
+    elements torch's ops read in all (``touched``): torch run on pieces of the logits, a row or a chunk
+    at a time, reads as many elements as the logits hold, where the per-row losses and the targets
+    (what an answer may sum or compare in torch) are a few times the rows."""
 
-    def __init__(self, big: int):
+    def __init__(self, big: int, rows: int = 0):
         super().__init__()
         self.big = big
+        self.rows = rows
         self.big_ops: list[str] = []
+        self.touched = 0
+        self.touched_ops: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -170,7 +181,26 @@ class _Watch(grading.Sandbox):
         if (self._state is None or self._state.depth == 0) and name not in _ALLOCS and name not in FREE:
             if any(isinstance(t, torch.Tensor) and t.numel() >= self.big for t in tree_leaves(out)):
                 self.big_ops.append(name)
+            self.touched += sum(t.numel() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+            self.touched_ops.append(name)
         return out
+
+    def torch_on_pieces(self) -> bool:
+        """Whether torch's ops read, in all, as many elements as the logits hold (and more than a few
+        vectors of one number a row)."""
+        return self.touched >= self.big and self.touched > 8 * max(self.rows, 1)
+
+    def remote_spec(self) -> dict:
+        return {"big": self.big, "rows": self.rows}
+
+    def take_report(self, report: dict) -> None:
+        super().take_report(report)
+        self.big_ops += report.get("big_ops", [])
+        self.touched += report.get("touched", 0)
+        self.touched_ops += report.get("touched_ops", [])
+
+    def report(self) -> dict:
+        return {**super().report(), "big_ops": self.big_ops, "touched": self.touched, "touched_ops": self.touched_ops}
 
 
 def _takes(fn, param: str) -> bool:
@@ -212,10 +242,18 @@ def _ce_case(fn, name, shape, dtype, seed, *, shift=0.0, ignore=False, all_ignor
     where = ", ".join(parts)
     args = (logits, target, ii) if ignore else (logits, target)
     kwargs = {"label_smoothing": smoothing} if smoothing else {}
-    ref_loss, ref_grad = ce_reference(logits, target, ii, smoothing)
-    before = [grading._bits(logits).clone(), grading._bits(target).clone()]
-    with _Watch(logits.numel()) as box:
-        out = call_learner(lambda: fn(*args, **kwargs), name=name, where=where, seed=seed)
+    out, box = grading.run_answer(
+        fn,
+        args,
+        kwargs=kwargs,
+        name=name,
+        where=where,
+        seed=seed,
+        box=_Watch(logits.numel(), rows),
+        allow_torch_ops=True,  # on the per-row losses and the targets; the logits' work is checked below
+        store_hint="Mask every store (offs < n_cols) and check the grid: one program per row.",
+    )
+    ref_loss, ref_grad = ce_reference(logits, target, ii, smoothing)  # only now: the answer cannot read it
 
     # -- what came back, and what the answer did to get it
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
@@ -224,16 +262,6 @@ def _ce_case(fn, name, shape, dtype, seed, *, shift=0.0, ignore=False, all_ignor
     if not isinstance(grad, torch.Tensor) or grad.shape != logits.shape or grad.dtype != logits.dtype:
         got = f"{tuple(grad.shape)} {grading.dtype_name(grad.dtype)}" if isinstance(grad, torch.Tensor) else type(grad)
         raise fail(f"{where}: the gradient should be a tensor like the logits ({shape}, {dtype}), got {got}.", seed)
-    grading.refuse_own_kernels(box, where, seed)
-    if not torch.equal(grading._bits(logits), before[0]) or not torch.equal(grading._bits(target), before[1]):
-        raise fail(f"{where}: your code changed its inputs. Write the gradient into a tensor of its own.", seed)
-    past = box.writes_past_the_end()
-    if past is not None:
-        raise fail(
-            f"{where}: the kernel wrote {past[0]} elements past the end of a tensor it allocated. Mask every store "
-            "(offs < n_cols) and check the grid: one program per row.",
-            seed,
-        )
     if cols > 1:
         big = [a for a in box.allocations if a.numel() >= logits.numel()]
         if len(big) > 1:
@@ -251,6 +279,13 @@ def _ce_case(fn, name, shape, dtype, seed, *, shift=0.0, ignore=False, all_ignor
                 "gradient with torch.empty_like.",
                 seed,
             )
+    if box.torch_on_pieces():
+        raise fail(
+            f"{where}: torch reads {box.touched} elements in all ({', '.join(sorted(set(box.touched_ops)))}), as "
+            f"many as the logits hold ({logits.numel()}): the logits' work done by torch a piece at a time. Only "
+            "the per-row losses (and the targets) may meet torch; the rows themselves belong to your kernel.",
+            seed,
+        )
     if len(box.launches) != 1:
         what = ", ".join(box.names) or "none"
         raise fail(
@@ -279,7 +314,22 @@ def _ce_case(fn, name, shape, dtype, seed, *, shift=0.0, ignore=False, all_ignor
     valid = (target != ii).cpu()
     n_valid = int(valid.sum())
     finite_ref = torch.isfinite(want)
-    if (~torch.isfinite(g) & finite_ref).any() or (math.isfinite(loss_want) and not math.isfinite(got_loss)):
+    bad_rows = (~torch.isfinite(g) & finite_ref).any(dim=1)
+    loss_blew = math.isfinite(loss_want) and not math.isfinite(got_loss)
+    if ignore and not valid.all() and (bad_rows.any() or loss_blew) and not bad_rows[valid].any():
+        # only the ignored rows are not finite: no overflow, a target that is no column was used
+        raise fail(
+            f"{where}: "
+            + (
+                f"{int(bad_rows.sum())} ignored rows have an inf/NaN gradient"
+                if bad_rows.any()
+                else "the loss is inf/NaN"
+            )
+            + f" while every row that counts is finite. An ignored row's target ({ii}) is no column: do not "
+            "load or index with it, and keep its results out with tl.where(valid, ..., 0.0) (0 * NaN is still NaN).",
+            seed,
+        )
+    if bad_rows.any() or loss_blew:
         tip = (
             f" The logits are near {shift:g}: exp() of them overflows fp32 (e^88 is the largest). Subtract the row's "
             "maximum before exp(): softmax and logsumexp do not change, and every exponent is then <= 0."
@@ -359,8 +409,10 @@ def _plan(ignore: bool, smoothing: bool) -> list[dict]:
     if ignore:
         plan += [dict(shape=(7, 5), dtype=torch.float32, all_ignored=True), dict(shape=(37, 129), dtype=half, ii=-1)]
         if smoothing:
+            # logits with a large mean: the smoothing term's mean over the row is then large too, so a mean
+            # taken over the block (1024 lanes for 1000 classes) instead of the row is far off
             plan += [
-                dict(shape=s, dtype=d, smoothing=SMOOTHING)
+                dict(shape=s, dtype=d, smoothing=SMOOTHING, shift=SMOOTHING_MEAN)
                 for s, d in (((37, 129), torch.float32), ((130, 1000), half))
             ]
     plan.append(dict(shape=CE_SHAPES[-1], dtype=half))  # the same size again, fresh values
@@ -374,6 +426,8 @@ def _check_ce(fn, name: str, ignore: bool) -> tuple[int, bool]:
     seed = grading.new_seed()
     plan = _plan(ignore, smoothing)
     with grading.seeded(seed):
+        if grading.GRADING[0]:  # the grading command: a shape no list fixed, each dtype
+            plan += [dict(shape=grading.drawn_shape(lo=2, hi=12), dtype=d) for d in (torch.float32, runtime.HALF)]
         for case in plan:
             _ce_case(fn, name, case.pop("shape"), case.pop("dtype"), seed, ignore=ignore, **case)
     return len(plan), smoothing
@@ -439,3 +493,112 @@ def check_eager_peak_gib(peak_gib) -> Passed:
     }
     tip = grading.memory_answer_tip(got, want, logits / GIB, tips, PEAK_DTYPE_BYTES)
     raise CheckFailed(f"my_eager_peak_gib = {got:.4g}, expected about {want:.2f} GiB.{tip}")
+
+
+# -- exercise 4: GeGLU, a prediction before any kernel ------------------------------------------------------
+#: how far a predicted speedup may sit from the ledger's: the ledger is a count, the band only rounding
+GEGLU_BAND = 0.05
+
+
+def geglu_ledger_speedups() -> dict[str, float]:
+    """The ledger's speedups of a fused GeGLU, ``gelu(g) * u``: forward, eager two kernels (gelu: read g,
+    write s; mul: read s, u, write h: five trips) against one (read g, u, write h: three); backward, eager
+    three kernels (du = dh * s; ds = dh * u; dg = gelu_backward(ds, g): nine trips) against one that
+    recomputes gelu(g) (read dh, g, u; write dg, du: five)."""
+    return {"forward": 5 / 3, "backward": 9 / 5}
+
+
+def check_geglu_prediction(predicted) -> Passed:
+    """Exercise 4: ``predicted`` is ``{"forward": x, "backward": y}``, the speedups of a fused GeGLU over
+    eager PyTorch, written before any kernel; each within :data:`GEGLU_BAND` of the ledger's count."""
+    name = "geglu prediction"
+    want = geglu_ledger_speedups()
+    if not isinstance(predicted, dict) or sorted(predicted) != sorted(want):
+        raise CheckFailed(f"{name}: a dict {{'forward': ..., 'backward': ...}}, got {predicted!r}.")
+    tips = {
+        "forward": "Eager: gelu reads g and writes s; mul reads s and u and writes h. Fused: read g and u, "
+        "write h. Both inputs must still be read.",
+        "backward": "Eager autograd saves s = gelu(g) and runs three kernels: du = dh * s, ds = dh * u, "
+        "dg = gelu_backward(ds, g); count each read and write. Fused: read dh, g, u; write dg, du "
+        "(gelu(g) recomputed in registers).",
+    }
+    for key in ("forward", "backward"):
+        got = number(predicted[key], f"{name}[{key!r}]", "x")
+        if abs(got - want[key]) > GEGLU_BAND:
+            raise CheckFailed(f"{name}: {key} {got:.2f}x; the trips give {want[key]:.2f}x. {tips[key]}")
+    return _passed(f"✓ {name}: forward {want['forward']:.2f}x, backward {want['backward']:.2f}x, as the trips count", 2)
+
+
+# -- exercise 5: GeGLU forward and backward kernels ---------------------------------------------------------
+#: (rows, F): one element, sizes around a block of 1024, more rows than a block
+GEGLU_SHAPES = ((1, 1), (3, 1023), (2, 1025), (37, 129))
+GEGLU_MANY = (257, 1000)
+
+
+def geglu_inputs(shape, dtype, gen):
+    """``g, u``: contiguous ``(rows, F)``, spread enough to reach GELU's bend and both tails."""
+    g = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=3.0))
+    u = grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=2.0))
+    return g, u
+
+
+def geglu_reference(g, u):
+    """``gelu(g) * u`` with the exact (erf) GELU, in float64, stored in g's dtype."""
+    return (F.gelu(g.double()) * u.double()).to(g.dtype)
+
+
+def geglu_bwd_reference(dh, g, u):
+    """``(dg, du)``: ``du = dh · gelu(g)``, ``dg = dh · u · gelu'(g)``, ``gelu'(g) = Φ(g) + g · φ(g)``."""
+    gd = g.double()
+    cdf = 0.5 * (1 + torch.erf(gd / math.sqrt(2)))
+    pdf = torch.exp(-0.5 * gd * gd) / math.sqrt(2 * math.pi)
+    dhd, ud = dh.double(), u.double()
+    return (dhd * ud * (cdf + gd * pdf)).to(g.dtype), (dhd * gd * cdf).to(g.dtype)
+
+
+def check_geglu(geglu_fn) -> Passed:
+    """Exercise 5a: ``geglu_fn(g, u)`` -> ``gelu(g) * u`` (exact GELU, fp32 inside, g's dtype), one kernel."""
+    if not callable(geglu_fn):
+        raise CheckFailed(f"geglu: pass your function, got {type(geglu_fn).__name__}.")
+    return grading.check_function(
+        geglu_fn,
+        geglu_reference,
+        geglu_inputs,
+        name="geglu",
+        sizes=GEGLU_SHAPES,
+        many=GEGLU_MANY,
+        hint="h = gelu(g) * u with the exact GELU: g * 0.5 * (1 + erf(g / sqrt(2))), in fp32.",
+    )
+
+
+def _geglu_bwd_inputs(shape, dtype, gen):
+    g, u = geglu_inputs(shape, dtype, gen)
+    return grading.with_room_after(grading.randn(shape, dtype, gen=gen, scale=1.0)), g, u
+
+
+def check_geglu_backward(bwd_fn) -> Passed:
+    """Exercise 5b: ``bwd_fn(dh, g, u)`` -> ``(dg, du)`` of ``h = gelu(g) * u`` (exact GELU), from one kernel
+    that recomputes ``gelu(g)`` instead of reading a saved one."""
+    name = "geglu_backward"
+    if not callable(bwd_fn):
+        raise CheckFailed(f"{name}: pass your function, got {type(bwd_fn).__name__}.")
+    hints = (
+        "dg = dh * u * gelu'(g), gelu'(g) = Phi(g) + g * phi(g) (Phi the normal CDF, phi its density), in fp32; "
+        "dg and du from the same kernel, gelu(g) recomputed in registers.",
+        "du = dh * gelu(g), in fp32; dg and du from the same kernel.",
+    )
+    checks = grading.check_function_pair(
+        bwd_fn,
+        geglu_bwd_reference,
+        _geglu_bwd_inputs,
+        name=name,
+        parts=("dg", "du"),
+        hints=hints,
+        sizes=GEGLU_SHAPES,
+        many=GEGLU_MANY,
+    )
+    return _passed(
+        f"✓ {name}: {checks} checks passed (dg and du; shapes {', '.join(map(str, GEGLU_SHAPES))} × 2 dtypes, "
+        f"{GEGLU_MANY}, one repeated; against float64, poisoned outputs, inputs unchanged, 1 launch each)",
+        checks,
+    )

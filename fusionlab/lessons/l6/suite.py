@@ -9,6 +9,9 @@ Three parts:
   (bias in cuBLAS's epilogue) then GELU, cuBLASLt's own GELU epilogue
   (``torch._addmm_activation(b, x, w.t(), use_gelu=True)``), ``torch.compile`` (default mode) of the
   eager layer, and our fused ``linear(x, w, b, "gelu")``.
+- **The epilogue's cost** at the same shapes: our kernel with the epilogue grown step by step, ``x W^T``
+  alone (``linear(x, w)``) and ``+ b`` (``linear(x, w, b)``); ``+ b, GELU`` is the layer's ``ours fused``.
+  Same FLOPs and nearly the same bytes, so what separates them is the epilogue's arithmetic.
 - **The RMSNorm prologue** ``RMSNorm(x) W^T`` (no bias) at the same shapes: our
   ``rmsnorm_linear`` (rstd pre-pass, gamma folded into W, row scale in the epilogue) against
   ``torch.compile``'d RMSNorm then cuBLAS, and lesson 4's RMSNorm kernel then cuBLAS.
@@ -24,7 +27,7 @@ memory pass that runs after it at the copy bandwidth.
 
 ``torch.compile(mode="max-autotune")`` is left out by default: its compile took 12.5-15 s per shape on
 our H100 (``benchmarks/notes_lesson6.md``), more than the rest of the suite's GPU time. ``cases(...,
-max_autotune=True)`` adds it. 42 cases; about 3 GB of GPU memory. GPU time, estimated (not yet measured
+max_autotune=True)`` adds it. 46 cases; about 3 GB of GPU memory. GPU time, estimated (not yet measured
 as a whole): 60-90 s for ``python -m fusionlab.record --suites lesson6`` (three rounds), most of it compiling
 (Inductor twice per shape, the TMA kernel's autotuner for three epilogues).
 """
@@ -63,6 +66,8 @@ LAYER = {
     "max_autotune": "max-autotune",
     "fused": "ours fused",
 }
+#: case labels of the epilogue steps (group "epilogue <tag>"); the full epilogue is LAYER["fused"]
+EPILOGUE = {"none": "ours x Wᵀ", "bias": "ours + bias"}
 #: case labels of the RMSNorm prologue
 RMSNORM = {"prologue": "rmsnorm: ours", "compiled": "rmsnorm: compiled+cuBLAS", "lesson4": "rmsnorm: L4 + cuBLAS"}
 #: case labels of the M sweep (after "M=<m> ")
@@ -83,6 +88,11 @@ SCHEDULE = {
 
 def layer_name(tag: str, key: str) -> str:
     return f"{tag} {LAYER[key]}"
+
+
+def epilogue_name(tag: str, key: str) -> str:
+    """The case of one epilogue step; ``"gelu"`` (bias and GELU) is the layer's fused case."""
+    return layer_name(tag, "fused") if key == "gelu" else f"{tag} {EPILOGUE[key]}"
 
 
 def rmsnorm_name(tag: str, key: str) -> str:
@@ -208,6 +218,17 @@ def _layer_cases(tag, M, K, N, device, copy_GBps, matmul_TFLOPs, max_autotune) -
     return out
 
 
+def _epilogue_cases(tag, M, K, N, device, copy_GBps, matmul_TFLOPs) -> list[Case]:
+    x, w, b = _inputs(M, K, N, device, seed=0)  # the layer's inputs
+    thunks = {"none": lambda: linear(x, w), "bias": lambda: linear(x, w, b)}
+    _warm(thunks.values())
+    flops = 2 * M * N * K
+    nbytes = linear_ledger(M, K, N, DTYPE).fused_bytes
+    pred = predict_ms("fused", M, K, N, copy_GBps, matmul_TFLOPs) if copy_GBps and matmul_TFLOPs else None
+    return [Case(epilogue_name(tag, k), fn, nbytes, flops, group=f"epilogue {tag}", predicted_ms=pred)
+            for k, fn in thunks.items()]  # fmt: skip
+
+
 def _rmsnorm_cases(tag, M, K, N, device, copy_GBps, matmul_TFLOPs) -> list[Case]:
     x, w, _ = _inputs(M, K, N, device, seed=1)
     g = torch.Generator(device=device).manual_seed(2)
@@ -266,6 +287,8 @@ def cases(
     out = []
     for tag, (M, K, N) in SHAPES.items():
         out += _layer_cases(tag, M, K, N, device, copy_GBps, matmul_TFLOPs, max_autotune)
+    for tag, (M, K, N) in SHAPES.items():
+        out += _epilogue_cases(tag, M, K, N, device, copy_GBps, matmul_TFLOPs)
     for tag, (M, K, N) in SHAPES.items():
         out += _rmsnorm_cases(tag, M, K, N, device, copy_GBps, matmul_TFLOPs)
     out += _sweep_cases(device, copy_GBps, matmul_TFLOPs)

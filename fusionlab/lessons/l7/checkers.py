@@ -44,6 +44,8 @@ def _update_inputs(gen, shift: float = 0.0, rising: bool = False):
     row has a finite score in its first block; a few later scores are -inf (masked keys)."""
     n = UPDATE_BLOCK * UPDATE_BLOCKS
     s = torch.randn(UPDATE_ROWS, n, generator=gen, dtype=torch.float64) * 2 + shift
+    if shift > 0:  # each row's first score far below the rest: the first score taken for the max overflows
+        s[:, 0] -= 800
     if rising:
         s = s + torch.arange(n, dtype=torch.float64) * 0.7
     s[1, UPDATE_BLOCK + 1] = float("-inf")
@@ -107,8 +109,27 @@ def _compare_state(where, got, want, seed):
     for name, g, w in zip(names, got, want, strict=True):
         if g.shape != w.shape:
             raise fail(f"{where}: {name} has shape {tuple(g.shape)}, expected {tuple(w.shape)}.", seed)
+    low = [name for name, g in zip(names, got, strict=True) if g.dtype != torch.float64]
     m, l, acc = (t.detach().double() for t in got)  # noqa: E741
     wm, wl, wacc = want
+    near = [
+        n
+        for n, g, w in zip(names, (m, l, acc), want, strict=True)
+        if not torch.allclose(g, w, atol=1e-12, rtol=1e-12) and torch.allclose(g, w, atol=1e-5, rtol=1e-5)
+    ]
+    if low or near:
+        # right to a float32's precision, not to float64's: a precision slip, not a wrong formula
+        if low:
+            dtype = grading.dtype_name(got[names.index(low[0])].dtype)
+            what = f"{', '.join(low)} {'are' if len(low) > 1 else 'is'} {dtype}"
+        else:
+            what = f"{', '.join(near)} {'agree' if len(near) > 1 else 'agrees'} to about 1e-6 only"
+        raise fail(
+            f"{where}: {what}"
+            + ": the state is computed in float32 somewhere. The exercise works in float64 (its check asks "
+            "1e-12): keep the dtype of what you are given (torch.full(..., dtype=s.dtype), no .float()).",
+            seed,
+        )
     if not torch.allclose(m, wm, atol=1e-12, rtol=1e-12):
         raise fail(
             f"{where}: m is not the max of every score so far. m_new = max(m_old, the block's row max): the old "
@@ -195,6 +216,8 @@ def flash_inputs(shape, dtype, gen, shift: float = 0.0, max_first: bool = False)
     if shift:
         q, k = q * 0.5, k * 0.5
         q[..., 0], k[..., 0] = abs(shift), shift
+        if shift > 0:  # key 0's score far below the rest: a kernel that takes it for the max overflows
+            k[:, :, 0, 0] = shift / 2
     if max_first:
         q = q * 0.3
         q[..., 0] = 2 + torch.rand(B, H, n_q, generator=gen) * 2
@@ -231,6 +254,16 @@ class _KernelSources:
 
     def __init__(self, fn, names):
         self.sources: dict[str, str] = {}
+        remote = getattr(fn, "kernel_sources", None)  # an answer graded in another process sends them
+        if remote is not None:
+            todo = list(names)
+            while todo:
+                name = todo.pop()
+                if name in self.sources or name not in remote:
+                    continue
+                self.sources[name] = remote[name]
+                todo += [n.id for n in ast.walk(ast.parse(remote[name])) if isinstance(n, ast.Name)]
+            return
         scope = dict(getattr(fn, "__globals__", {}))
         closure = getattr(fn, "__closure__", None) or ()
         code = getattr(fn, "__code__", None)
@@ -251,9 +284,49 @@ class _KernelSources:
             scope.update(base.__globals__)
             todo += [n.id for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Name) and n.id not in self.sources]
 
+    @staticmethod
+    def _divisions(tree: ast.AST, src: str, names: set[str]) -> list[str]:
+        """The divisions in ``tree`` whose divisor reads one of ``names``."""
+        out = []
+        for node in ast.walk(tree):
+            divisor = None
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                divisor = node.right
+            elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div):
+                divisor = node.value
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("fdiv", "div_rn"):
+                divisor = node.args[1] if len(node.args) > 1 else None
+            if divisor is not None and {n.id for n in ast.walk(divisor) if isinstance(n, ast.Name)} & names:
+                out.append(ast.get_source_segment(src, node) or "a division")
+        return out
+
+    def _helper_divisions(self, call: ast.Call, tainted: set[str], seen: frozenset = frozenset()) -> list[str]:
+        """The divisions a jit helper called as ``call`` makes by a value derived from its arguments that
+        read ``tainted`` names, in it or in the helpers it calls: what the kernel it is inlined into
+        computes (Triton inlines every helper)."""
+        name = getattr(call.func, "id", None) or getattr(call.func, "attr", None)
+        src = self.sources.get(name)
+        if src is None or name in seen:
+            return []
+        fn = next((n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.FunctionDef)), None)
+        if fn is None:
+            return []
+        reads = lambda e: {n.id for n in ast.walk(e) if isinstance(n, ast.Name)}  # noqa: E731
+        params = [a.arg for a in fn.args.args]
+        bound = dict(zip(params, call.args, strict=False)) | {k.arg: k.value for k in call.keywords if k.arg}
+        hot = {p for p, e in bound.items() if reads(e) & tainted}
+        for node in ast.walk(fn):  # what the helper computes from them is hot too (one pass, in order)
+            if isinstance(node, ast.Assign) and reads(node.value) & hot:
+                hot |= {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        out = [f"{name}(): {d}" for d in self._divisions(fn, src, hot)]
+        for inner in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+            out += self._helper_divisions(inner, hot, seen | {name})
+        return out
+
     def divisions_in_loops(self) -> list[str]:
         """Lines that divide by a value the loop itself updates (``acc / l_i``, ``1 / l_new``) inside a
-        ``for`` or ``while`` loop: a normalisation per key block."""
+        ``for`` or ``while`` loop: a normalisation per key block; also a jit helper called in such a loop
+        with a value the loop updates that divides by its parameter (the same division, moved)."""
         out = []
         for src in self.sources.values():
             tree = ast.parse(src)
@@ -265,17 +338,15 @@ class _KernelSources:
                         targets = [node.target]
                     for t in targets:
                         assigned |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
-                for node in ast.walk(loop):
-                    divisor = None
-                    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
-                        divisor = node.right
-                    elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div):
-                        divisor = node.value
-                    elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("fdiv", "div_rn"):
-                        divisor = node.args[1] if len(node.args) > 1 else None
-                    if divisor is not None and {n.id for n in ast.walk(divisor) if isinstance(n, ast.Name)} & assigned:
-                        out.append(ast.get_source_segment(src, node) or "a division")
+                out += self._divisions(loop, src, assigned)
+                for call in (n for n in ast.walk(loop) if isinstance(n, ast.Call)):
+                    out += self._helper_divisions(call, assigned)
         return out
+
+
+def _a_pair(out, where, seed) -> None:
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise fail(f"{where}: return (O, lse), a pair; got {type(out).__name__}.", seed)
 
 
 def _run_kernel(fn, name, shape, dtype, seed, *, causal, shift=0.0, max_first=False, first=False):
@@ -287,17 +358,18 @@ def _run_kernel(fn, name, shape, dtype, seed, *, causal, shift=0.0, max_first=Fa
     where = f"{name}, (B, H, N_q, N_k, D) = {shape}, {grading.dtype_name(dtype)}"
     if shift:
         where += f", every score near {shift * abs(shift) / math.sqrt(d):+g}"
-    ref_o, ref_lse = attention_reference(q, k, v, causal)
-    before = [grading._bits(t).clone() for t in (q, k, v)]
-    with grading.Sandbox() as box:
-        out = call_learner(fn, q, k, v, name=name, where=where, seed=seed)
-    if not (isinstance(out, (tuple, list)) and len(out) == 2):
-        raise fail(f"{where}: return (O, lse), a pair; got {type(out).__name__}.", seed)
+    out, box = grading.run_answer(
+        fn,
+        (q, k, v),
+        name=name,
+        where=where,
+        seed=seed,
+        store_hint="Mask the stores of O and lse with offs_m < N_q (and the head dim).",
+        torch_message=lambda ops: f"the answer computes or copies with torch ({ops}); do the work in your kernel.",
+        before_torch=lambda box, out: _a_pair(out, where, seed),
+    )
+    ref_o, ref_lse = attention_reference(q, k, v, causal)  # only now: the answer cannot read it
     o, lse = out
-    grading.refuse_own_kernels(box, where, seed)
-    if box.torch_ops or box.passes:
-        ops = ", ".join(sorted(set(box.torch_ops) | set(box.passes)))
-        raise fail(f"{where}: the answer computes or copies with torch ({ops}); do the work in your kernel.", seed)
     if not isinstance(o, torch.Tensor) or o.shape != q.shape or o.dtype != q.dtype:
         got = f"{tuple(o.shape)} {grading.dtype_name(o.dtype)}" if isinstance(o, torch.Tensor) else type(o).__name__
         raise fail(f"{where}: O should be like q, {tuple(q.shape)} {grading.dtype_name(dtype)}; got {got}.", seed)
@@ -308,15 +380,6 @@ def _run_kernel(fn, name, shape, dtype, seed, *, causal, shift=0.0, max_first=Fa
             else type(lse).__name__
         )
         raise fail(f"{where}: lse should be ({B}, {H}, {n_q}) float32, one number per query row; got {got}.", seed)
-    if any(not torch.equal(grading._bits(t), b) for t, b in zip((q, k, v), before, strict=True)):
-        raise fail(f"{where}: your code changed q, k or v. Write only O and lse.", seed)
-    past = box.writes_past_the_end()
-    if past is not None:
-        raise fail(
-            f"{where}: the kernel wrote {past[0]} elements past the end of a tensor it allocated. Mask the stores "
-            "of O and lse with offs_m < N_q (and the head dim).",
-            seed,
-        )
     scores = B * H * n_q * n_k
     if n_k > d:  # then the scores outnumber O's elements: an allocation that large can only hold them
         big = [tuple(a.shape) for a in box.allocations if a.numel() >= scores]
@@ -327,15 +390,14 @@ def _run_kernel(fn, name, shape, dtype, seed, *, causal, shift=0.0, max_first=Fa
                 "BLOCK_M x BLOCK_N tile of them in registers at a time, and allocate only O and lse.",
                 seed,
             )
-    if len(box.launches) != 1:
-        raise fail(
-            f"{where}: expected 1 Triton kernel launch, saw {len(box.launches)} ({', '.join(box.names) or 'none'}). "
-            "The scores, the softmax and P V all happen in one kernel: that is what keeps S and P on chip.",
-            seed,
-        )
-    given = {grading._storage(t) for t in box.launches[0].tensors}
-    if any(grading._storage(t) not in given for t in (q, k, v, o, lse)):
-        raise fail(f"{where}: the kernel itself must read q, k, v and write the O and lse you return.", seed)
+    grading.require_launches(
+        box,
+        out,
+        (q, k, v),
+        where,
+        seed,
+        why="The scores, the softmax and P V all happen in one kernel: that is what keeps S and P on chip.",
+    )
     if first:
         divs = _KernelSources(fn, box.names).divisions_in_loops()
         if divs:
@@ -367,6 +429,13 @@ def _run_kernel(fn, name, shape, dtype, seed, *, causal, shift=0.0, max_first=Fa
             msg = (
                 f"{where}: O or lse is NaN or inf. Every score of these rows is far below 0: exp(s - m) must "
                 "reach 1 at the row's max, so m must start at -inf (not 0) and be the max of the scores seen."
+            )
+        elif causal and not torch.isfinite(o.detach().double().cpu()[..., 0, :]).all():
+            msg = (
+                f"{where}: O or lse is inf or NaN on the first query row, which sees key 0 alone: your key loop "
+                "stops before the diagonal block, so a query tile's first rows get no key at all (l = 0). Run "
+                "the causal loop up to and including the diagonal block, to (start_m + 1) * BLOCK_M, and mask "
+                "inside it (j <= i)."
             )
         else:
             msg = f"{where}: O or lse is inf or NaN where the answer is finite."
@@ -430,6 +499,11 @@ def _check_kernel(fn, name: str, causal: bool) -> int:
     plan.append(dict(shape=shapes[-1], dtype=dtypes[-1]))  # the same shape again, fresh values
     plan.append(dict(shape=LONG_CAUSAL if causal else LONG, dtype=dtypes[0]))  # last: the cases above keep their seeds
     with grading.seeded(seed):
+        if grading.GRADING[0]:  # the grading command: lengths no list fixed, at block boundaries
+            drawn = [(1, 2, grading.drawn_length(2, 7), grading.drawn_length(2, 7), 16) for _ in dtypes]
+            if causal:
+                drawn = [(b, h, n_q, n_q, d) for b, h, n_q, _, d in drawn]
+            plan[-1:-1] = [dict(shape=s, dtype=d) for s, d in zip(drawn, dtypes, strict=True)]
         for i, case in enumerate(plan):
             res = _run_kernel(fn, name, case["shape"], case["dtype"], seed, causal=causal,
                               shift=case.get("shift", 0.0), first=i == 0)  # fmt: skip
@@ -505,3 +579,172 @@ def check_naive_peak_gib(peak_gib) -> Passed:
     }
     tip = grading.memory_answer_tip(got, want, one, tips, PEAK_DTYPE_BYTES)
     raise CheckFailed(f"my_naive_peak_gib = {got:.4g}, expected about {want:.2f} GiB.{tip}")
+
+
+# -- exercise 5: sliding-window causal attention, the blocks outside the window skipped --------------------
+#: (B, H, N, D, window): one token; a window of one key (each row sees itself); windows shorter than,
+#: equal to and longer than a tile; a window as long as the sequence (plain causal); N not a multiple of a tile
+WINDOW_CASES = (
+    (1, 1, 1, 16, 1),
+    (1, 2, 100, 32, 1),
+    (1, 2, 100, 16, 7),
+    (2, 1, 130, 16, 33),
+    (1, 1, 70, 24, 64),
+    (1, 1, 64, 16, 64),
+    (1, 3, 200, 16, 200),
+)
+#: the skip probes: N keys, a short window, NaN in the first or the last POISON_KEYS keys. A kernel with
+#: tiles up to 128 x 128 that starts each Q tile's loop at its window and stops it at its diagonal never
+#: loads key 0 for rows >= 2 * 128 + WINDOW_PROBE, nor the last keys for rows < N - 2 * 128 - POISON_KEYS
+#: (a NaN key it loads and masks still turns P V into NaN: 0 * NaN); rows in between may be anything
+SKIP_N, WINDOW_PROBE, POISON_KEYS, SKIP_TILE = 600, 8, 8, 128
+
+
+@answer_key
+def window_reference(q, k, v, window: int):
+    """O and lse in float64 of causal attention in a window: query i sees keys i - window < j <= i."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    s = (q.double() @ k.double().transpose(-2, -1)) * scale
+    n_q, n_k = s.shape[-2:]
+    i = torch.arange(n_q, device=s.device)[:, None]
+    j = torch.arange(n_k, device=s.device)[None, :]
+    s = s.masked_fill(~((j <= i) & (j > i - window)), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v.double(), torch.logsumexp(s, dim=-1)
+
+
+def _window_call(fn, q, k, v, window, where, seed):
+    """Call the answer in the sandbox with every structural check; returns (o, lse)."""
+    B, H, n, d = q.shape
+    before = [grading._bits(t).clone() for t in (q, k, v)]
+    with grading.Sandbox() as box:
+        out = call_learner(fn, q, k, v, window, name="sliding_window", where=where, seed=seed)
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise fail(f"{where}: return (O, lse), a pair; got {type(out).__name__}.", seed)
+    o, lse = out
+    grading.refuse_own_kernels(box, where, seed)
+    if box.torch_ops or box.passes:
+        ops = ", ".join(sorted(set(box.torch_ops) | set(box.passes)))
+        raise fail(f"{where}: the answer computes or copies with torch ({ops}); do the work in your kernel.", seed)
+    ok_o = isinstance(o, torch.Tensor) and o.shape == q.shape and o.dtype == q.dtype
+    ok_lse = isinstance(lse, torch.Tensor) and lse.shape == (B, H, n) and lse.dtype == torch.float32
+    if not (ok_o and ok_lse):
+        raise fail(f"{where}: return O like q {tuple(q.shape)} and lse ({B}, {H}, {n}) float32.", seed)
+    if any(not torch.equal(grading._bits(t), b) for t, b in zip((q, k, v), before, strict=True)):
+        raise fail(f"{where}: your code changed q, k or v. Write only O and lse.", seed)
+    past = box.writes_past_the_end()
+    if past is not None:
+        raise fail(f"{where}: the kernel wrote {past[0]} elements past the end of O or lse: mask the stores.", seed)
+    if n > d and any(a.numel() >= B * H * n * n for a in box.allocations):
+        raise fail(f"{where}: your code allocates a tensor the size of the N x N scores; keep them on chip.", seed)
+    if len(box.launches) != 1:
+        raise fail(f"{where}: expected 1 Triton kernel launch, saw {len(box.launches)} ({', '.join(box.names)}).", seed)
+    for t, what in ((o, "O"), (lse, "lse")):
+        if grading.poisoned(t).any():
+            raise fail(f"{where}: {int(grading.poisoned(t).sum())} elements of {what} were never written.", seed)
+    return o, lse
+
+
+def _window_values(o, lse, q, k, v, window, rows, where, seed, dtype, hint, skip_probe=False):
+    """O and lse of query ``rows`` (a slice) against float64. ``hint`` is said where O holds NaN in a skip
+    probe (a NaN key was loaded); finite but wrong values get the mask's hint."""
+    ref_o, ref_lse = window_reference(q, k, v, window)
+    err = _row_err(o[:, :, rows], ref_o[:, :, rows])
+    lse_ok = _close_lse(lse[:, :, rows], ref_lse[:, :, rows])
+    if err.max() <= O_TOL[dtype] and lse_ok.all():
+        return
+    bad = int((err > O_TOL[dtype]).sum()) + int((~lse_ok).sum())
+    if torch.isfinite(o[:, :, rows].detach().double()).all():
+        hint = "Mask keys j > i (the future) and j <= i - window (out of the window) with -inf."
+    elif not skip_probe:
+        hint = (
+            "O holds NaN: in a block where a row has no key in its window yet, m stays -inf and "
+            "exp(-inf - (-inf)) is NaN. Subtract 0 instead where m is still -inf (exp(-inf - 0) = 0)."
+        )
+    raise fail(
+        f"{where}: {bad} rows of O or lse differ from float64 (query i sees keys i - window < j <= i). {hint}", seed
+    )
+
+
+def check_sliding_window(window_fn) -> Passed:
+    """``window_fn(q, k, v, window) -> (O, lse)``: causal attention in which query i sees only the
+    ``window`` keys ``i - window < j <= i``, for q, k, v (B, H, N, D), N_q = N_k. Checked on fresh inputs
+    of awkward sizes in the dtypes of the mode, one launch, poisoned outputs, inputs unchanged, nothing
+    of the scores' size; then the skip probes: NaN in keys the kernel must never load (those before
+    every window of a far-away Q tile, and those after the diagonal of an early one)."""
+    seed = grading.new_seed()
+    checks = 0
+    with grading.seeded(seed):
+        for dtype in _dtypes():
+            for B, H, n, d, window in WINDOW_CASES:
+                gen = grading.fresh_generator()
+                q, k, v = flash_inputs((B, H, n, n, d), dtype, gen)
+                where = f"sliding_window, (B, H, N, D) = {(B, H, n, d)}, window {window}, {grading.dtype_name(dtype)}"
+                o, lse = _window_call(window_fn, q, k, v, window, where, seed)
+                _window_values(o, lse, q, k, v, window, slice(None), where, seed, dtype, "")
+                checks += 1
+            if dtype == _dtypes()[0]:  # the skip probes once, between the dtypes: a kernel that loads
+                checks += _window_probes(window_fn, seed, dtype)  # every block fails before the second dtype
+    return _passed(
+        f"✓ sliding_window: {checks} checks passed ({len(WINDOW_CASES)} awkward shapes and windows x "
+        f"{len(_dtypes())} dtypes, fresh inputs, poisoned outputs, inputs unchanged, one launch; and two skip "
+        "probes: keys outside every window of a tile are never loaded)",
+        checks,
+    )
+
+
+def _window_probes(window_fn, seed, dtype) -> int:
+    """NaN in the first keys, then in the last: rows whose tiles never need them must stay right."""
+    checks = 0
+    for side in ("start", "end"):
+        gen = grading.fresh_generator()
+        q, k, v = flash_inputs((1, 2, SKIP_N, SKIP_N, 16), dtype, gen)
+        clean = [t.clone() for t in (q, k, v)]
+        keys = slice(0, POISON_KEYS) if side == "start" else slice(SKIP_N - POISON_KEYS, SKIP_N)
+        for t in (k, v):
+            t[:, :, keys] = float("nan")
+        where = (
+            f"sliding_window skip probe, N = {SKIP_N}, window {WINDOW_PROBE}, NaN in keys {keys.start}..{keys.stop - 1}"
+        )
+        o, lse = _window_call(window_fn, q, k, v, WINDOW_PROBE, where, seed)
+        if side == "start":
+            rows = slice(2 * SKIP_TILE + WINDOW_PROBE, SKIP_N)
+            hint = (
+                "Those rows' windows end far from key 0, yet your kernel read it: start each Q tile's key "
+                "loop at its window, lo = max(0, start_m - window + 1) rounded down to a BLOCK_N boundary."
+            )
+        else:
+            rows = slice(0, SKIP_N - 2 * SKIP_TILE - POISON_KEYS)
+            hint = "Stop each Q tile's key loop after its last row's key, as causal attention does."
+        _window_values(o, lse, *clean, WINDOW_PROBE, rows, where, seed, dtype, hint, skip_probe=True)
+        checks += 1
+    return checks
+
+
+#: the block count the prediction of exercise 5 is checked against: N, window, BLOCK_M, BLOCK_N
+WINDOW_PREDICTION = (16384, 1024, 128, 64)
+
+
+def window_block_fraction(n: int, window: int, block_m: int, block_n: int) -> float:
+    """Key blocks a sliding-window kernel computes (each Q tile from its window's first block to its
+    diagonal) over the blocks full attention computes."""
+    done = 0
+    for start_m in range(0, n, block_m):
+        lo = max(0, start_m - window + 1) // block_n * block_n
+        hi = min(n, start_m + block_m)
+        done += -(-(hi - lo) // block_n)
+    return done / (-(-n // block_m) * -(-n // block_n))
+
+
+def check_window_prediction(fraction) -> Passed:
+    """The learner's predicted fraction of key blocks computed at :data:`WINDOW_PREDICTION`, within 2% of
+    the count (the count is exact; 2% leaves room for rounding the diagonal's share by hand)."""
+    got = number(fraction, "my_window_fraction")
+    want = window_block_fraction(*WINDOW_PREDICTION)
+    n, window, bm, bn = WINDOW_PREDICTION
+    if abs(got - want) > 0.02 * want:
+        raise fail(
+            f"my_window_fraction = {got:.4g}; the block count at N = {n}, window {window}, tiles {bm} x {bn} "
+            f"gives a different fraction of full attention's blocks. Count per Q tile: the blocks from the "
+            "one holding its first row's first key to the one holding its last row's diagonal."
+        )
+    return _passed(f"✓ your prediction {got:.4g} matches the block count ({want:.4f} of full attention's blocks)")

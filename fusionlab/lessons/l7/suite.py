@@ -3,12 +3,15 @@ All in bf16, heads of 16, 16k x 16 token-heads per timing shape (N = 1k: B = 16;
 
 - **Timing** at head dims 64 and 128, N = 1k, 4k, 16k, causal and full: our ``attention`` (the package
   kernel), ``F.scaled_dot_product_attention`` pinned to its flash backend and to its cuDNN backend, and
-  naive eager attention (:func:`~fusionlab.kernels.attention.attention_eager`) where it fits in a
-  moment (N = 1k and 4k). ``flops`` = ``4 N^2 D`` per head, half that causal
+  naive eager attention (:func:`~fusionlab.kernels.attention.attention_eager`) and the FA1 schedule
+  (:func:`~fusionlab.kernels.attention_fa1.attention_fa1`: K/V in the outer loop, the running O, m, l
+  through HBM, one program per head) where they take a moment (N = 1k and 4k). ``flops`` = ``4 N^2 D``
+  per head, half that causal
   (:func:`~fusionlab.kernels.attention.attention_flops`), the same for every schedule, so TFLOP/s
   compare them; ``nbytes`` = the fewest bytes any forward moves (Q, K, V read, O and lse written).
   ``predicted_ms`` (with the measured ceilings): the roofline time, max(FLOPs / matmul rate,
-  bytes / copy bandwidth), for the fused schedules; naive's adds its ledger's trips of S and P
+  bytes / copy bandwidth), for the fused schedules (FA1's bytes from its own ledger,
+  :func:`~fusionlab.kernels.attention_fa1.attention_fa1_ledger`); naive's adds its ledger's trips of S and P
   at the copy bandwidth to the FLOPs at the matmul rate.
 - **Peak memory** through the cases of group :data:`PEAK_GROUP` (as lesson 5): B = 1, H = 16, D = 128,
   full attention at N = 1k ... 128k, naive and ours. For those, ``nbytes`` is not traffic but the peak
@@ -34,16 +37,27 @@ import torch.nn.functional as F
 
 from ...bench import Case, peak_bytes
 from ...kernels.attention import attention, attention_bytes, attention_eager, attention_flops, attention_ledger
+from ...kernels.attention_fa1 import attention_fa1, attention_fa1_ledger
 
 DTYPE = torch.bfloat16
 HEADS = 16
 TOKEN_HEADS = 16384 * 16  # B * N per head: every timing shape does the same number of query rows
 HEAD_DIMS = (64, 128)
 NS = (1024, 4096, 16384)
-#: naive eager is timed at these N only (at 16k it takes tens of ms and 16 GiB)
+#: naive eager and the FA1 schedule are timed at these N only (at 16k naive takes tens of ms and 16 GiB,
+#: and FA1's one program per head leaves most SMs idle)
 NAIVE_NS = (1024, 4096)
-#: schedule -> case label (after the shape tag)
-IMPLS = {"ours": "ours", "flash": "sdpa flash", "cudnn": "sdpa cudnn", "naive": "naive eager"}
+#: schedule -> case label (after the shape tag). "flash" is SDPA's FlashAttention-2 backend (written for
+#: Ampere), "cudnn" its cuDNN backend (tuned for Hopper): a ratio names which one it is against.
+IMPLS = {
+    "ours": "ours",
+    "flash": "sdpa flash",
+    "cudnn": "sdpa cudnn",
+    "naive": "naive eager",
+    "fa1": "fa1 schedule",
+}
+#: the schedules timed only at NAIVE_NS
+SHORT_ONLY = ("naive", "fa1")
 #: the peak-memory sweep: B = 1, H = 16, D = 128, full attention
 PEAK_D = 128
 PEAK_NS = (1024, 4096, 16384, 32768, 65536, 131072)
@@ -103,6 +117,7 @@ def _schedules() -> dict[str, Callable]:
         "flash": _sdpa(SDPBackend.FLASH_ATTENTION),
         "cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
         "naive": attention_eager,
+        "fa1": lambda q, k, v, c: attention_fa1(q, k, v, causal=c),
     }
 
 
@@ -128,7 +143,7 @@ def timing_cases(copy_GBps=None, matmul_TFLOPs=None, device="cuda", dims=HEAD_DI
                 nbytes = attention_bytes(B, HEADS, n, n, d, DTYPE)
                 led = attention_ledger(B, HEADS, n, n, d, DTYPE, causal)
                 for impl, fn in schedules.items():
-                    if impl == "naive" and n not in NAIVE_NS:
+                    if impl in SHORT_ONLY and n not in NAIVE_NS:
                         continue
                     thunk = functools.partial(fn, q, k, v, causal)
                     if not _works(thunk):
@@ -138,6 +153,9 @@ def timing_cases(copy_GBps=None, matmul_TFLOPs=None, device="cuda", dims=HEAD_DI
                         mm = flops / (matmul_TFLOPs * 1e12) * 1e3
                         if impl == "naive":
                             predicted = mm + led.predict_ms(copy_GBps, fused=False)
+                        elif impl == "fa1":
+                            fa1 = attention_fa1_ledger(B, HEADS, n, n, d, DTYPE, causal)
+                            predicted = max(mm, fa1.predict_ms(copy_GBps, fused=True))
                         else:
                             predicted = max(mm, nbytes / (copy_GBps * 1e9) * 1e3)
                     group = shape_tag(d, n, causal)
