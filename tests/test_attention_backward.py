@@ -22,6 +22,8 @@ from fusionlab.kernels.attention_backward import (
     attention_backward_reference,
     attention_trainable,
 )
+from fusionlab.measure.compare import against_ledger
+from fusionlab.measure.interpreter import interpreter_trips
 
 pytestmark = pytest.mark.lesson8
 
@@ -213,6 +215,30 @@ def test_head_dim_outside_the_backward_is_refused_by_the_entry():
     q, k, v, _ = _inputs(1, 1, 1, 8, 8, 8)
     with pytest.raises(KernelInputError, match="head dim"):
         attention_trainable(q.requires_grad_(), k, v)
+
+
+@pytest.mark.skipif(GPU, reason="counts the interpreter's loads and stores")
+@pytest.mark.parametrize("deterministic", [True, False], ids=["dq-pass", "dq-atomic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_ledger_is_the_interpreter_count(causal, deterministic):
+    """Every tensor's bytes, read and written by the three kernels, as the ledger predicts them at the
+    launcher's tiles (the atomic schedule's zeroing and cast of dQ are torch ops, not counted here)."""
+    B, H, H_kv, N, D = 1, 4, 2, 64, 32
+    q, k, v, do = _inputs(B, H, H_kv, N, N, D)
+    o, lse = attention(q, k, v, causal)
+    cfg = attention_backward_config(D, causal)
+    _, trips = interpreter_trips(attention_backward, q, k, v, o, lse, do, causal, deterministic=deterministic)
+    led = attention_backward_ledger(B, H, N, N, D, DTYPE, causal, h_kv=H_kv, block_m2=cfg["BLOCK_M2"],
+                                    block_n1=cfg["BLOCK_N1"], deterministic=deterministic)  # fmt: skip
+    names = {"o_ptr": "O", "do_ptr": "dO", "q_ptr": "Q", "k_ptr": "K", "v_ptr": "V", "lse_ptr": "lse",
+             "delta_ptr": "D", "dk_ptr": "dK", "dv_ptr": "dV"}  # fmt: skip
+    names["dq_ptr"] = "dQ" if deterministic else "dQ_acc"
+    torch_ops = {("dQ_acc", "read"): B * H * N * D * 4, ("dQ_acc", "write"): B * H * N * D * 4,
+                 ("dQ", "write"): B * H * N * D * 4} if not deterministic else {}  # fmt: skip
+    checks = against_ledger(trips.by_tensor(names), led)
+    got = {(c.tensor, c.direction): c.measured for c in checks if c.measured}
+    want = {(c.tensor, c.direction): c.predicted - torch_ops.get((c.tensor, c.direction), 0) for c in checks}
+    assert got == {key: n for key, n in want.items() if n}
 
 
 def test_flops_ledger_and_config():

@@ -718,7 +718,7 @@ def attention_backward_ledger(
     causal: only the rows at or below each tile). The dQ programs read Q, dO, lse, D once and K, V once
     per query tile (``ceil(N_q / block_m2)``), and write dQ. ``None`` blocks: the ideal, each read once.
     The atomic schedule has no dQ pass; its dK/dV programs add into an fp32 dQ instead (a read and a
-    write per K/V tile) and a last copy casts it.
+    write per K/V tile), zeroed before (``torch.zeros``) and cast after (``.to``): two torch ops.
     """
     h_kv = H if h_kv is None else h_kv
     if h_kv < 1 or H % h_kv:
@@ -763,6 +763,7 @@ def attention_backward_ledger(
         led.fused("dQ", reads={"Q": q_n, "dO": q_n, "lse": rows, "D": rows, "K": kv_reads, "V": kv_reads},
                   writes={"dQ": q_n})  # fmt: skip
     else:
+        led.fused("dQ zeroed", writes={"dQ_acc": q_n})  # torch.zeros: the atomics need a zero to add to
         led.fused("dQ atomics", reads={"dQ_acc": q_side(q_rows) * D}, writes={"dQ_acc": q_side(q_rows) * D})
         led.fused("dQ cast", reads={"dQ_acc": q_n}, writes={"dQ": q_n})
     return led
