@@ -29,8 +29,8 @@ The schedule (FlashAttention-2, section 3.1.2). Three launches:
    fixed order: the result is bit-identical from run to run (``deterministic=True``, the default).
 
 ``deterministic=False`` drops pass 3: the dK/dV programs, which hold ``dS^T`` anyway, add
-``dS K * scale`` into an fp32 dQ with atomic adds. That saves recomputing P and dP (two of the five
-matmuls of pass 3) but the adds land in whatever order the programs run, so dQ changes in its last
+``dS K * scale`` into an fp32 dQ with atomic adds. That saves recomputing P and dP (two of pass 3's
+three matmuls) but the adds land in whatever order the programs run, so dQ changes in its last
 bits from run to run, and the atomics' traffic goes through L2.
 
 FLOPs (:func:`attention_backward_flops`): five matmuls of ``2 N_q N_k D`` each against the forward's
@@ -133,6 +133,101 @@ def attention_backward_reference(q, k, v, o, lse, do, causal=False, scale=None, 
     dk = dk.view(B, H_kv, group, N_k, D).sum(2)  # GQA: the query heads of a group summed
     dv = dv.view(B, H_kv, group, N_k, D).sum(2)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+# -- the ledger -----------------------------------------------------------------------------------
+def attention_backward_flops(B: int, H: int, N_q: int, N_k: int, D: int, causal: bool = False) -> int:
+    """``2.5x`` the forward's (:func:`fusionlab.kernels.attention.attention_flops`): five matmuls
+    (``S``, ``dV``, ``dP``, ``dQ``, ``dK``) of ``2 N_q N_k D`` each, against its two. The recomputation
+    in the deterministic schedule's dQ pass (``S`` and ``dP`` again) is not counted, as in every
+    FlashAttention benchmark."""
+    return fwd.attention_flops(B, H, N_q, N_k, D, causal) * 5 // 2
+
+
+@answer_key
+def attention_backward_ledger(
+    B: int,
+    H: int,
+    N_q: int,
+    N_k: int,
+    D: int,
+    dtype=torch.bfloat16,
+    causal: bool = False,
+    *,
+    h_kv: int | None = None,
+    block_m2: int | None = None,
+    block_n1: int | None = None,
+    deterministic: bool = True,
+) -> Ledger:
+    """The backward's trips through HBM: eager's autograd of :func:`~fusionlab.kernels.attention.
+    attention_eager` op by op, and the fused schedule.
+
+    Eager (per head, ``s_n = N_q N_k``): ``P V``'s backward reads dO, P, V and writes dP and dV;
+    softmax's backward reads P and dP, writes dS; the scale's backward reads and writes dS (the causal
+    mask's too); ``Q K^T``'s backward reads dS, Q, K and writes dQ and dK. P was saved by the forward.
+
+    Fused: the preprocess reads O and dO, writes D (fp32). The dK/dV programs read K and V once and
+    write dK and dV once, and read Q, dO, lse and D once per K/V tile (``ceil(N_k / block_n1)`` times;
+    causal: only the rows at or below each tile). The dQ programs read Q, dO, lse, D once and K, V once
+    per query tile (``ceil(N_q / block_m2)``), and write dQ. ``None`` blocks: the ideal, each read once.
+    The atomic schedule has no dQ pass; its dK/dV programs add into an fp32 dQ instead (a read and a
+    write per K/V tile), zeroed before (``torch.zeros``) and cast after (``.to``): two torch ops.
+    """
+    h_kv = H if h_kv is None else h_kv
+    if h_kv < 1 or H % h_kv:
+        raise ValueError(f"H={H} must be a multiple of h_kv={h_kv}")
+    q_n = B * H * N_q * D
+    kv_n = B * h_kv * N_k * D
+    rep_n = B * H * N_k * D
+    s_n = B * H * N_q * N_k
+    rows = B * H * N_q
+    led = Ledger(dtype_bytes=dtype, outputs=("dQ", "dK", "dV"), sizes={"lse": 4, "D": 4, "dQ_acc": 4})
+    led.op("PV backward", reads={"dO": q_n, "P": s_n, "V_rep": rep_n}, writes={"dP": s_n, "dV_rep": rep_n})
+    led.op("softmax backward", reads={"P": s_n, "dP": s_n}, writes={"dS": s_n})
+    if causal:
+        led.op("mask backward", reads={"dS": s_n}, writes={"dS_masked": s_n})
+    led.op("scale backward", reads={"dS": s_n}, writes={"dS_scaled": s_n})
+    led.op("QK^T backward", reads={"dS_scaled": s_n, "Q": q_n, "K_rep": rep_n}, writes={"dQ": q_n, "dK_rep": rep_n})
+    if h_kv != H:
+        led.op("sum over the group", reads={"dK_rep": rep_n, "dV_rep": rep_n}, writes={"dK": kv_n, "dV": kv_n})
+
+    def q_side(tiles_rows: int) -> int:  # query rows the dK/dV programs read, summed over K/V tiles
+        return B * H * tiles_rows
+
+    if block_n1 is None:
+        q_rows = N_q
+    else:
+        tiles = cdiv(N_k, block_n1)
+        q_rows = sum(max(0, N_q - t * block_n1) if causal else N_q for t in range(tiles))
+    led.fused("D = rowsum(dO * O)", reads={"O": q_n, "dO": q_n}, writes={"D": rows})
+    led.fused(
+        "dK, dV",
+        reads={"K": kv_n, "V": kv_n, "Q": q_side(q_rows) * D, "dO": q_side(q_rows) * D, "lse": q_side(q_rows),
+               "D": q_side(q_rows)},
+        writes={"dK": kv_n, "dV": kv_n},
+    )  # fmt: skip
+    if deterministic:
+        if block_m2 is None:
+            kv_reads = B * H * N_k * D
+        else:
+            tiles = cdiv(N_q, block_m2)  # a causal tile reads the keys up to its last row
+            keys = sum(min((i + 1) * block_m2, N_k) for i in range(tiles)) if causal else tiles * N_k
+            kv_reads = B * H * keys * D
+        led.fused("dQ", reads={"Q": q_n, "dO": q_n, "lse": rows, "D": rows, "K": kv_reads, "V": kv_reads},
+                  writes={"dQ": q_n})  # fmt: skip
+    else:
+        led.fused("dQ zeroed", writes={"dQ_acc": q_n})  # torch.zeros: the atomics need a zero to add to
+        led.fused("dQ atomics", reads={"dQ_acc": q_side(q_rows) * D}, writes={"dQ_acc": q_side(q_rows) * D})
+        led.fused("dQ cast", reads={"dQ_acc": q_n}, writes={"dQ": q_n})
+    return led
+
+
+def attention_backward_bytes(B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, *, h_kv=None) -> int:
+    """The fewest bytes any attention backward moves: Q, K, V, O, dO, lse read once; dQ, dK, dV
+    written once."""
+    h_kv = H if h_kv is None else h_kv
+    es = element_size(dtype)
+    return (5 * B * H * N_q * D + 4 * B * h_kv * N_k * D) * es + 4 * B * H * N_q
 
 
 # -- the configuration ----------------------------------------------------------------------------
@@ -680,98 +775,3 @@ def attention_trainable(
             raise KernelInputError(f"{OP}: deterministic must be True or False, got {deterministic!r}.")
         return AttentionFunction.apply(q, k, v, causal, scale, deterministic, _config_key(backward_config), options)
     return fwd.attention(q, k, v, causal, scale, **options)
-
-
-# -- the ledger -----------------------------------------------------------------------------------
-def attention_backward_flops(B: int, H: int, N_q: int, N_k: int, D: int, causal: bool = False) -> int:
-    """``2.5x`` the forward's (:func:`fusionlab.kernels.attention.attention_flops`): five matmuls
-    (``S``, ``dV``, ``dP``, ``dQ``, ``dK``) of ``2 N_q N_k D`` each, against its two. The recomputation
-    in the deterministic schedule's dQ pass (``S`` and ``dP`` again) is not counted, as in every
-    FlashAttention benchmark."""
-    return fwd.attention_flops(B, H, N_q, N_k, D, causal) * 5 // 2
-
-
-@answer_key
-def attention_backward_ledger(
-    B: int,
-    H: int,
-    N_q: int,
-    N_k: int,
-    D: int,
-    dtype=torch.bfloat16,
-    causal: bool = False,
-    *,
-    h_kv: int | None = None,
-    block_m2: int | None = None,
-    block_n1: int | None = None,
-    deterministic: bool = True,
-) -> Ledger:
-    """The backward's trips through HBM: eager's autograd of :func:`~fusionlab.kernels.attention.
-    attention_eager` op by op, and the fused schedule.
-
-    Eager (per head, ``s_n = N_q N_k``): ``P V``'s backward reads dO, P, V and writes dP and dV;
-    softmax's backward reads P and dP, writes dS; the scale's backward reads and writes dS (the causal
-    mask's too); ``Q K^T``'s backward reads dS, Q, K and writes dQ and dK. P was saved by the forward.
-
-    Fused: the preprocess reads O and dO, writes D (fp32). The dK/dV programs read K and V once and
-    write dK and dV once, and read Q, dO, lse and D once per K/V tile (``ceil(N_k / block_n1)`` times;
-    causal: only the rows at or below each tile). The dQ programs read Q, dO, lse, D once and K, V once
-    per query tile (``ceil(N_q / block_m2)``), and write dQ. ``None`` blocks: the ideal, each read once.
-    The atomic schedule has no dQ pass; its dK/dV programs add into an fp32 dQ instead (a read and a
-    write per K/V tile), zeroed before (``torch.zeros``) and cast after (``.to``): two torch ops.
-    """
-    h_kv = H if h_kv is None else h_kv
-    if h_kv < 1 or H % h_kv:
-        raise ValueError(f"H={H} must be a multiple of h_kv={h_kv}")
-    q_n = B * H * N_q * D
-    kv_n = B * h_kv * N_k * D
-    rep_n = B * H * N_k * D
-    s_n = B * H * N_q * N_k
-    rows = B * H * N_q
-    led = Ledger(dtype_bytes=dtype, outputs=("dQ", "dK", "dV"), sizes={"lse": 4, "D": 4, "dQ_acc": 4})
-    led.op("PV backward", reads={"dO": q_n, "P": s_n, "V_rep": rep_n}, writes={"dP": s_n, "dV_rep": rep_n})
-    led.op("softmax backward", reads={"P": s_n, "dP": s_n}, writes={"dS": s_n})
-    if causal:
-        led.op("mask backward", reads={"dS": s_n}, writes={"dS_masked": s_n})
-    led.op("scale backward", reads={"dS": s_n}, writes={"dS_scaled": s_n})
-    led.op("QK^T backward", reads={"dS_scaled": s_n, "Q": q_n, "K_rep": rep_n}, writes={"dQ": q_n, "dK_rep": rep_n})
-    if h_kv != H:
-        led.op("sum over the group", reads={"dK_rep": rep_n, "dV_rep": rep_n}, writes={"dK": kv_n, "dV": kv_n})
-
-    def q_side(tiles_rows: int) -> int:  # query rows the dK/dV programs read, summed over K/V tiles
-        return B * H * tiles_rows
-
-    if block_n1 is None:
-        q_rows = N_q
-    else:
-        tiles = cdiv(N_k, block_n1)
-        q_rows = sum(max(0, N_q - t * block_n1) if causal else N_q for t in range(tiles))
-    led.fused("D = rowsum(dO * O)", reads={"O": q_n, "dO": q_n}, writes={"D": rows})
-    led.fused(
-        "dK, dV",
-        reads={"K": kv_n, "V": kv_n, "Q": q_side(q_rows) * D, "dO": q_side(q_rows) * D, "lse": q_side(q_rows),
-               "D": q_side(q_rows)},
-        writes={"dK": kv_n, "dV": kv_n},
-    )  # fmt: skip
-    if deterministic:
-        if block_m2 is None:
-            kv_reads = B * H * N_k * D
-        else:
-            tiles = cdiv(N_q, block_m2)  # a causal tile reads the keys up to its last row
-            keys = sum(min((i + 1) * block_m2, N_k) for i in range(tiles)) if causal else tiles * N_k
-            kv_reads = B * H * keys * D
-        led.fused("dQ", reads={"Q": q_n, "dO": q_n, "lse": rows, "D": rows, "K": kv_reads, "V": kv_reads},
-                  writes={"dQ": q_n})  # fmt: skip
-    else:
-        led.fused("dQ zeroed", writes={"dQ_acc": q_n})  # torch.zeros: the atomics need a zero to add to
-        led.fused("dQ atomics", reads={"dQ_acc": q_side(q_rows) * D}, writes={"dQ_acc": q_side(q_rows) * D})
-        led.fused("dQ cast", reads={"dQ_acc": q_n}, writes={"dQ": q_n})
-    return led
-
-
-def attention_backward_bytes(B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, *, h_kv=None) -> int:
-    """The fewest bytes any attention backward moves: Q, K, V, O, dO, lse read once; dQ, dK, dV
-    written once."""
-    h_kv = H if h_kv is None else h_kv
-    es = element_size(dtype)
-    return (5 * B * H * N_q * D + 4 * B * h_kv * N_k * D) * es + 4 * B * H * N_q
