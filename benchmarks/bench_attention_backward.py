@@ -47,6 +47,10 @@ SWEEP_DQ = [(128, 32, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (
             (128, 128, 8, 2), (64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 4, 2)]  # fmt: skip
 
 
+#: --tma-sweep: tiles tried with TMA loads (each half against the chosen other half)
+TMA_DKDV = [(64, 128, 8, 2), (64, 128, 8, 3), (64, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 2)]
+TMA_DQ = [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2)]
+
 #: the package's schedules, by name: (deterministic, config overrides on top of the chosen tiles, timed
 #: forward + backward too). "det": the default; "atomic": dQ by pointer atomics; "+reduce": dQ by the copy
 #: engine's reduce-add; "tma": Q/dO and K/V loads through tensor descriptors
@@ -245,6 +249,7 @@ def main():
     p.add_argument("--ns", default="1024,4096,16384")
     p.add_argument("--dtypes", default="bf16,fp16")
     p.add_argument("--memory", action="store_true")
+    p.add_argument("--tma-sweep", action="store_true", help="a few tiles with TMA loads, bf16, N = 4k and 16k")
     p.add_argument("--eager-max-n", type=int, default=4096)
     p.add_argument("--deadline", type=float, default=None, help="seconds from start after which to stop timing")
     a = p.parse_args()
@@ -342,6 +347,31 @@ def main():
         precompile([(d, c, dn, 1024, det, {**cfg, **extra}) for (d, c), cfg in chosen.items() for dn in dnames
                     for det, extra, _ in VARIANTS.values()], a.workers)  # fmt: skip
 
+    if a.tma_sweep:
+        tcands = {}
+        for (d, causal), cfg in chosen.items():
+            c = [{**cfg, "TMA": True}]
+            c += [{**cfg, **dict(zip(k1, t, strict=True)), "TMA": True} for t in TMA_DKDV]
+            c += [{**cfg, **dict(zip(k2, t, strict=True)), "TMA": True} for t in TMA_DQ]
+            tcands[(d, causal)] = c
+        if a.workers:
+            precompile([(d, c, "bf16", 1024, True, x) for (d, c), xs in tcands.items() for x in xs], a.workers)
+        for (d, causal), xs in tcands.items():
+            for n in [n for n in ns if n >= 4096]:
+                if late(90):
+                    break
+                inputs = qkv_do(n, d, torch.bfloat16)
+                base_ms = time_ours(inputs, causal, chosen[(d, causal)])[0]
+                for x in xs:
+                    try:
+                        ms = time_ours(inputs, causal, x)[0]
+                        log({"kind": "tma_sweep", "d": d, "causal": causal, "n": n, "cfg": x, "bwd_ms": ms,
+                             "pointer_ms": base_ms})  # fmt: skip
+                    except Exception as e:  # noqa: BLE001
+                        log({"kind": "tma_sweep", "d": d, "causal": causal, "n": n, "cfg": x, "error": str(e)[:200]})
+                del inputs
+        save()
+
     # the final table: backends, ours (both schedules) at the chosen tiles, every dtype
     for d in ds:
         for causal in (False, True):
@@ -422,6 +452,13 @@ def table(rows) -> str:
             line += (f"  {r['bwd_ms'] / v['bwd_ms']:4.2f},{cudnn_ms / v['bwd_ms']:4.2f},"
                      f"{flash_fb / v['fwd_bwd_ms'] if v.get('fwd_bwd_ms') else nan:4.2f} e{err:.0e}")  # fmt: skip
         lines.append(line + f"  err {max(r.get('rel_err_vs_flash') or [nan]):.0e}")
+    for r in rows:
+        if r.get("kind") == "tma_sweep" and "bwd_ms" in r:
+            c = r["cfg"]
+            tiles = (f"{c['BLOCK_M1']}x{c['BLOCK_N1']} w{c['num_warps1']} s{c['num_stages1']} / "
+                     f"{c['BLOCK_M2']}x{c['BLOCK_N2']} w{c['num_warps2']} s{c['num_stages2']}")  # fmt: skip
+            lines.append(f"tma {r['d']} {'causal' if r['causal'] else 'full'} {r['n']}: {tiles}: "
+                         f"{r['pointer_ms'] / r['bwd_ms']:.3f}x the pointer default")  # fmt: skip
     for r in rows:
         if r.get("kind") in ("memory", "chosen"):
             lines.append(json.dumps(r))
