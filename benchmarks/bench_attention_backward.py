@@ -347,31 +347,6 @@ def main():
         precompile([(d, c, dn, 1024, det, {**cfg, **extra}) for (d, c), cfg in chosen.items() for dn in dnames
                     for det, extra, _ in VARIANTS.values()], a.workers)  # fmt: skip
 
-    if a.tma_sweep:
-        tcands = {}
-        for (d, causal), cfg in chosen.items():
-            c = [{**cfg, "TMA": True}]
-            c += [{**cfg, **dict(zip(k1, t, strict=True)), "TMA": True} for t in TMA_DKDV]
-            c += [{**cfg, **dict(zip(k2, t, strict=True)), "TMA": True} for t in TMA_DQ]
-            tcands[(d, causal)] = c
-        if a.workers:
-            precompile([(d, c, "bf16", 1024, True, x) for (d, c), xs in tcands.items() for x in xs], a.workers)
-        for (d, causal), xs in tcands.items():
-            for n in [n for n in ns if n >= 4096]:
-                if late(90):
-                    break
-                inputs = qkv_do(n, d, torch.bfloat16)
-                base_ms = time_ours(inputs, causal, chosen[(d, causal)])[0]
-                for x in xs:
-                    try:
-                        ms = time_ours(inputs, causal, x)[0]
-                        log({"kind": "tma_sweep", "d": d, "causal": causal, "n": n, "cfg": x, "bwd_ms": ms,
-                             "pointer_ms": base_ms})  # fmt: skip
-                    except Exception as e:  # noqa: BLE001
-                        log({"kind": "tma_sweep", "d": d, "causal": causal, "n": n, "cfg": x, "error": str(e)[:200]})
-                del inputs
-        save()
-
     # the final table: backends, ours (both schedules) at the chosen tiles, every dtype
     for d in ds:
         for causal in (False, True):
@@ -420,6 +395,31 @@ def main():
             memory_case(log)
         except Exception:  # noqa: BLE001
             log({"kind": "memory", "trace": traceback.format_exc()[-800:]})
+    if a.tma_sweep and not late(60):
+        tcands = {}
+        for (d, causal), cfg in chosen.items():
+            c = [{**cfg, "TMA": True}]
+            c += [{**cfg, **dict(zip(k1, t, strict=True)), "TMA": True} for t in TMA_DKDV]
+            c += [{**cfg, **dict(zip(k2, t, strict=True)), "TMA": True} for t in TMA_DQ]
+            tcands[(d, causal)] = c
+        if a.workers:
+            precompile([(d, c, "bf16", 1024, True, x) for (d, c), xs in tcands.items() for x in xs], a.workers)
+        for (d, causal), xs in tcands.items():
+            for n in [n for n in ns if n >= 4096]:
+                if late(10):
+                    break
+                inputs = qkv_do(n, d, torch.bfloat16)
+                base_ms = time_ours(inputs, causal, chosen[(d, causal)])[0]
+                for x in xs:
+                    try:
+                        ms = time_ours(inputs, causal, x)[0]
+                        log({"kind": "tma_sweep", "d": d, "causal": causal, "n": n, "cfg": x, "bwd_ms": ms,
+                             "pointer_ms": base_ms})  # fmt: skip
+                    except Exception as e:  # noqa: BLE001
+                        log({"kind": "tma_sweep", "d": d, "causal": causal, "n": n, "cfg": x, "error": str(e)[:200]})
+                del inputs
+        save()
+
     save()
     print(table(rows), flush=True)
 
