@@ -278,7 +278,7 @@ to compare."""
   live on your runtime. On a T4 (sm_75, which Triton does not support) the Triton cells run in the
   interpreter and the torch cells on the CPU beside them (a lesson compares a kernel with torch on one
   device); the timings are the recorded GPU ones, labelled. To try Triton on the T4 itself: restart
-  the session, run `%env FUSIONLAB_MODE=gpu` first, then Run all.
+  the runtime (Runtime → Restart), run `%env FUSIONLAB_MODE=gpu` first, then Run all.
 - macOS and Windows have no Triton wheels: the torch cells run, the Triton cells say they need Linux
   or Colab.
 

@@ -18,7 +18,8 @@ from fusionlab.kernels.attention_fa1 import attention_fa1, attention_fa1_ledger
 pytestmark = pytest.mark.lesson7
 
 DEV = runtime.DEVICE
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+# fp32: exact in the interpreter; on a GPU Triton's fp32 dot is tf32 (10-bit mantissa), ~1e-3 relative
+TOL = {torch.float32: 3e-3 if runtime.is_gpu() else 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def _rel(x, ref) -> float:

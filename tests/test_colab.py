@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+import fusionlab
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -354,7 +356,7 @@ def _colab_like(tmp_path: Path, dependencies: list[str]) -> tuple[Path, Path]:
     (proj / "fusionlab" / "__init__.py").write_text("")
     (proj / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools>=77"]\nbuild-backend = "setuptools.build_meta"\n'
-        f'[project]\nname = "fusionlab"\nversion = "{project["version"]}"\n'
+        f'[project]\nname = "fusionlab"\nversion = "{fusionlab.__version__}"\n'
         f"requires-python = {json.dumps(project['requires-python'])}\ndependencies = {json.dumps(dependencies)}\n"
     )
     return env, proj

@@ -952,10 +952,10 @@ def test_dependent_launch_changes_no_bits(monkeypatch, kernel, reduction, ignore
     x, t = _inputs(53, vocab, torch.bfloat16, seed=71, ignored=ignored)
     if ignored == 1.0:
         t.fill_(-100)
-    got = {}
+    got, hopper = {}, runtime.CAPABILITY
     for flag in (False, True):
         # without it the GPU launches as one before Hopper does (pdl_supported reads the capability)
-        monkeypatch.setattr(runtime, "CAPABILITY", runtime.CAPABILITY if flag else (8, 0))
+        monkeypatch.setattr(runtime, "CAPABILITY", hopper if flag else (8, 0))
         xl = x.clone().requires_grad_()
         loss = CrossEntropyFunction.apply(xl, t, -100, reduction, 0.0, False, cfg)
         loss.sum().backward()

@@ -25,12 +25,14 @@ from fusionlab import kernels as K
 from fusionlab import runtime
 from fusionlab.kernels import KernelInputError
 from fusionlab.kernels._tensors import overlaps
+from fusionlab.kernels.adamw import adamw_reference, multi_tensor_adamw
 from fusionlab.kernels.attention import attention, attention_reference
 from fusionlab.kernels.attention_backward import attention_trainable
 from fusionlab.kernels.bias_gelu import bias_gelu, bias_gelu_reference
 from fusionlab.kernels.chain import chain, chain_reference
 from fusionlab.kernels.cos import cos, cos_cos, cos_cos_reference
 from fusionlab.kernels.cross_entropy import cross_entropy, cross_entropy_reference
+from fusionlab.kernels.dropout_norm import dropout_norm, dropout_norm_reference
 from fusionlab.kernels.fma_chain import fma_chain, fma_chain_reference
 from fusionlab.kernels.layernorm import layernorm, layernorm_reference
 from fusionlab.kernels.linear import linear, linear_reference
@@ -65,6 +67,10 @@ NOT_ENTRY_POINTS = {
     "Rows": "a named tuple",
     "attention_backward": "attention's backward launcher: every backward case of attention_trainable runs it",
     "SoftmaxStats": "a named tuple",
+    "new_seed": "draws a seed from torch's generator",
+    "philox_counters": "arithmetic on a shape",
+    "make_plan": "multi_tensor_adamw's device tables, after its checks (fusionlab.optim's path)",
+    "run_plan": "multi_tensor_adamw's launch, after its checks (fusionlab.optim's path; tests/test_adamw.py)",
 }
 
 
@@ -176,6 +182,21 @@ def _target(n, v):
     return t
 
 
+ADAMW_HP = dict(lr=0.01, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1)
+
+
+def _adamw_case(p, g, m, v):
+    """multi_tensor_adamw updates in place: it runs on fresh copies of p, m, v (a Case's inputs must be
+    left as they were); g, read only, goes in as given, in every layout."""
+    p, m, v = (_plain(t) if isinstance(t, torch.Tensor) else t for t in (p, m, v))
+    multi_tensor_adamw([p], [g], [m], [v], step=3, **ADAMW_HP)
+    return p, m, v
+
+
+def _adamw_ref(p, g, m, v):
+    return adamw_reference(p, g, m, v, step=3, **ADAMW_HP)
+
+
 def _ref_stats(x):
     s = online_softmax_reference_blocks(x, 16)
     return (s.m, s.l)
@@ -193,6 +214,23 @@ CASES = {
         "online_softmax_stats", lambda x: tuple(online_softmax_stats(x, 16)), _ref_stats, lambda: [_r(4, 32)]
     ),
     "layernorm": Case("layernorm", layernorm, layernorm_reference, lambda: [_r(4, 32), _r(32), _r(32)], grad=(0, 1, 2)),
+    "dropout_norm": Case(
+        "dropout_norm",
+        lambda x, r, w, b: dropout_norm(x, r, w, b, 0.3, seed=11),
+        lambda x, r, w, b: dropout_norm_reference(x, r, w, b, 0.3, seed=11),
+        lambda: [_r(4, 32), _r(4, 32), _r(32), _r(32)],
+        grad=(0, 1, 2, 3),
+    ),
+    "dropout_norm rmsnorm": Case(
+        "dropout_norm",
+        lambda x, r, w: dropout_norm(x, r, w, None, 0.3, norm="rmsnorm", seed=11),
+        lambda x, r, w: dropout_norm_reference(x, r, w, None, 0.3, norm="rmsnorm", seed=11),
+        lambda: [_r(4, 32), _r(4, 32), _r(32)],
+        grad=(0, 1, 2),
+    ),
+    "multi_tensor_adamw": Case(
+        "multi_tensor_adamw", _adamw_case, _adamw_ref, lambda: [_r(4, 32), _r(4, 32), _r(4, 32), _r(4, 32).abs()]
+    ),
     "rmsnorm": Case("rmsnorm", rmsnorm, rmsnorm_reference, lambda: [_r(4, 32), _r(32)], grad=(0, 1)),
     "rmsnorm residual": Case(
         "rmsnorm",
@@ -582,6 +620,11 @@ KNOWN_DIFFERENT = {
     ("rmsnorm residual", "one_huge"): "as rmsnorm",
     ("rmsnorm_linear", "huge"): "as rmsnorm",
     ("rmsnorm_linear", "one_huge"): "as rmsnorm",
+    # dropout_norm.py: statistics in fp32 from h; a square past fp32 gives rstd 0 and y = b (or 0)
+    ("dropout_norm", "huge"): "variance past fp32 -> rstd 0 -> y = b; float64 is finite",
+    ("dropout_norm", "one_huge"): "as dropout_norm huge",
+    ("dropout_norm rmsnorm", "huge"): "mean square past fp32 -> rstd 0 -> y 0; float64 is finite",
+    ("dropout_norm rmsnorm", "one_huge"): "as dropout_norm rmsnorm huge",
 }
 KINDS = ("nan", "inf", "huge", "one_huge", "tiny", "constant")
 

@@ -395,10 +395,10 @@ def test_dependent_launch_changes_no_bits(monkeypatch, shape, bias):
     w = torch.randn(shape[1], generator=g).to(runtime.DEVICE, torch.bfloat16)
     b = torch.randn(shape[1], generator=g).to(runtime.DEVICE, torch.bfloat16) if bias else None
     dy = torch.randn(shape, generator=g).to(runtime.DEVICE, torch.bfloat16)
-    got = {}
+    got, hopper = {}, runtime.CAPABILITY
     for flag in (False, True):
         # without it the GPU launches as one before Hopper does (pdl_supported reads the capability)
-        monkeypatch.setattr(runtime, "CAPABILITY", runtime.CAPABILITY if flag else (8, 0))
+        monkeypatch.setattr(runtime, "CAPABILITY", hopper if flag else (8, 0))
         leaves = [t.clone().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
         y = layernorm(leaves[0], leaves[1], leaves[2] if bias else None)
         got[flag] = torch.autograd.grad(y, leaves, dy)

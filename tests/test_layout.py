@@ -21,7 +21,14 @@ LAYERS = [
     {"fusionlab._exercise", "fusionlab._no_triton", "fusionlab._triton", "fusionlab.runtime"},
     {"fusionlab.ledger"},
     {"fusionlab.kernels"},
-    {"fusionlab.bench", "fusionlab.instrument", "fusionlab.grading", "fusionlab.inductor", "fusionlab.measure"},
+    {
+        "fusionlab.bench",
+        "fusionlab.grading",
+        "fusionlab.inductor",
+        "fusionlab.instrument",
+        "fusionlab.measure",
+        "fusionlab.optim",
+    },
     {"fusionlab.viz"},
     {"fusionlab.lessons", "fusionlab.record", "fusionlab.benchcli", "fusionlab.grade", "fusionlab.__main__"},
 ]

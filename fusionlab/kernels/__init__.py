@@ -25,12 +25,14 @@ raises ``TritonUnavailable``). Call an op through its module:
 
 from .. import runtime  # noqa: F401  (first: it decides the mode before any kernel is defined)
 from . import (
+    adamw,
     attention,
     attention_backward,
     bias_gelu,
     chain,
     cos,
     cross_entropy,
+    dropout_norm,
     fma_chain,
     layernorm,
     linear,
@@ -47,12 +49,14 @@ from ._tensors import TargetOutOfRange
 __all__ = [
     "KernelInputError",
     "TargetOutOfRange",
+    "adamw",
     "attention",
     "attention_backward",
     "bias_gelu",
     "chain",
     "cos",
     "cross_entropy",
+    "dropout_norm",
     "fma_chain",
     "layernorm",
     "linear",

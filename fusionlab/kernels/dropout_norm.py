@@ -1,0 +1,674 @@
+"""Lesson 4b: residual + dropout + LayerNorm (or RMSNorm) in one kernel, the mask never stored.
+
+A transformer block ends each sub-layer with::
+
+    h = residual + dropout(x, p)      # the new residual stream (an output: the next block adds to it)
+    y = norm(h) * w (+ b)             # LayerNorm or RMSNorm: the next sub-layer's input
+
+Eager PyTorch runs dropout as its own kernel that draws random numbers, **writes the keep mask** (one
+byte an element) beside its output, and reads the mask again in the backward; then an add, then the
+norm: three kernels and two intermediates. Fused, a row costs read x, residual; write h, y — the mask
+is made in registers and never leaves the chip.
+
+**Randomness without memory.** Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1,
+2, 3", SC 2011) is a counter-based generator: ``philox(seed, counter)`` is a pure function, ten rounds
+of multiply-and-xor on the counter keyed by the seed. Any element's random number can be computed by
+whichever program holds it, in any order, as often as wanted — so the backward *regenerates* the mask
+instead of reading it. Triton's ``tl.randint4x(seed, counter)`` gives four 32-bit numbers a call; we
+use all four, one for each of four neighbouring elements (a quarter of the arithmetic of one call an
+element, which matters: ten Philox rounds an element would cost as much time as the bytes on an H100).
+
+**The stream.** Element ``(row, col)`` of a call takes lane ``col % 4`` of counter::
+
+    offset + row * ceil(N / 4) + col // 4
+
+so its mask depends on the seed, the offset and its position alone — never on the block size, the
+grid or the program that computed it. It is kept when ``(bits >> 1) >= round(p * 2**31)`` (an integer
+compare: p = 0 keeps everything, exactly) and scaled by ``1 / (1 - p)``. A call uses
+:func:`philox_counters` counters from ``offset``. Two layers (or two steps) must not share a stream,
+or their masks are the same: with ``seed=None`` each call draws a fresh 62-bit seed from torch's CPU
+generator (``torch.manual_seed`` makes a run repeatable; no GPU sync); with an explicit seed, give each
+layer its own ``offset`` (advance it by :func:`philox_counters`) or its own seed.
+:func:`philox_reference` is Philox written in numpy, the independent spec the tests compare with.
+
+**Numerics.** h is rounded to x's dtype (it is stored, and eager adds in that dtype); statistics are
+fp32 from the rounded h; ``y = (h - mean) * rstd * w + b`` (RMSNorm: ``h * rstd * w``, mean-square
+inside the square root, ``eps`` added to it) in fp32, rounded once to x's dtype. In eval
+(``training=False``) or with ``p = 0`` no random number is drawn and h = residual + x exactly.
+
+**Backward** (saved: h, w, and one fp32 mean and rstd a row; ``n̂ = (h - mean) rstd``, ``g = dy w``)::
+
+    dh = rstd (g - mean(g) - n̂ mean(g n̂))   (RMSNorm: rstd (g - n̂ mean(g n̂)))  (+ grad_h)
+    dresidual = dh;   dx = dh * keep / (1 - p)   (keep regenerated from the seed)
+    dw = sum over rows of dy n̂;   db = sum over rows of dy
+
+one kernel reads dy, h (and grad_h) and writes dresidual and dx; dw and db are per-program partial
+sums added in a fixed order by :func:`fusionlab.kernels.rmsnorm.sum_partials` (deterministic, no
+atomics). Rows wider than one tile (:func:`dropout_norm_config`) are walked in tiles: the forward
+re-reads h twice (variance, then y), the backward re-reads dy and h once and adds its dw partials in
+its own fp32 buffer row.
+
+References: Salmon et al. (above); Triton tutorial 04 (low-memory dropout); flash-attention's
+``dropout_add_layer_norm``; apex ``FusedLayerNorm``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .. import runtime
+from ..ledger import Ledger
+from ._launch import (
+    INT32_LIMIT,
+    KernelInputError,
+    Launcher,
+    _key,
+    cdiv,
+    check_block,
+    check_choice,
+    check_tensor,
+    element_size,
+    launch_kwargs,
+    next_pow2,
+    sm_count,
+)
+from ._tensors import upstream_grad
+from .rmsnorm import sum_partials
+
+OP = "dropout_norm"
+NORMS = ("layernorm", "rmsnorm")
+
+
+# -- spec ----------------------------------------------------------------------------------------------
+def philox_counters(shape) -> int:
+    """Philox counters one call on a tensor of ``shape`` uses: ``rows * ceil(N / 4)``. The next layer's
+    stream starts that far on (its ``offset``) when the seed is shared."""
+    shape = tuple(shape)
+    n = shape[-1] if shape else 1
+    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+    return rows * cdiv(n, 4)
+
+
+def _threshold(p: float) -> int:
+    return min(int(round(p * 2**31)), 2**31 - 1)
+
+
+_M32 = np.uint64(0xFFFFFFFF)
+
+
+def philox_reference(seed: int, counters: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Philox-4x32-10 in numpy (uint64 arithmetic, so every product is exact): the four 32-bit words
+    for each counter (a uint64 array), as ``tl.randint4x(seed, counter)`` computes them."""
+    c = np.asarray(counters, dtype=np.uint64)
+    c0, c1 = c & _M32, c >> np.uint64(32)
+    c2 = np.zeros_like(c0)
+    c3 = np.zeros_like(c0)
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
+    ra, rb = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+    for _ in range(10):
+        pa, pb = ra * c0, rb * c2  # < 2**64: exact
+        c0, c1, c2, c3 = (pb >> np.uint64(32)) ^ c1 ^ k0, pb & _M32, (pa >> np.uint64(32)) ^ c3 ^ k1, pa & _M32
+        k0 = (k0 + np.uint64(0x9E3779B9)) & _M32
+        k1 = (k1 + np.uint64(0xBB67AE85)) & _M32
+    return c0, c1, c2, c3
+
+
+def dropout_keep_reference(shape, p: float, seed: int, offset: int = 0) -> torch.Tensor:
+    """The keep mask (bool, ``shape``) the kernel makes for ``(seed, offset)``, from :func:`philox_reference`."""
+    shape = tuple(shape)
+    n = shape[-1]
+    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+    nq = cdiv(n, 4)
+    col = np.arange(n)
+    ctr = offset + np.arange(rows)[:, None] * nq + (col // 4)[None, :]
+    words = philox_reference(seed, ctr.astype(np.uint64))
+    bits = np.choose(np.broadcast_to(col % 4, ctr.shape), words)
+    keep = (bits >> np.uint64(1)).astype(np.int64) >= _threshold(p)
+    return torch.from_numpy(keep.reshape(shape))
+
+
+def dropout_norm_reference(
+    x, residual, weight, bias=None, p: float = 0.1, *, norm="layernorm", eps=1e-5, training=True, seed=0, offset=0
+):
+    """The spec in fp32 (float64 for float64 inputs): ``(y, h)`` with the kernel's mask for ``seed``."""
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf, rf = x.to(wide), residual.to(wide)
+    if training and p > 0:
+        keep = dropout_keep_reference(x.shape, p, seed, offset).to(x.device)
+        xf = torch.where(keep, xf / (1 - p), torch.zeros((), dtype=wide, device=x.device))
+    h = (rf + xf).to(x.dtype)
+    hf = h.to(wide)
+    if norm == "rmsnorm":
+        y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * weight.to(wide)
+    else:
+        b = bias.to(wide) if bias is not None else None
+        y = F.layer_norm(hf, (x.shape[-1],), weight.to(wide), b, eps)
+    return y.to(x.dtype), h
+
+
+def dropout_norm_eager(x, residual, weight, bias=None, p: float = 0.1, *, norm="layernorm", eps=1e-5, training=True):
+    """What eager PyTorch runs: ``F.dropout`` (a kernel that writes the mask), an add, then the norm
+    (``F.layer_norm``, or the op-by-op RMSNorm of Hugging Face's ``LlamaRMSNorm``)."""
+    h = residual + F.dropout(x, p, training)
+    if norm == "rmsnorm":
+        hf = h.float()
+        y = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype) * weight
+        return y.to(h.dtype), h
+    return F.layer_norm(h, (h.shape[-1],), weight, bias, eps), h
+
+
+def dropout_norm_ledger(
+    rows: int, n: int, dtype, *, norm="layernorm", backward: bool = False, grad_h: bool = True
+) -> Ledger:
+    """Trips of a training step's residual + dropout + norm, eager and fused (w, b: ``n`` each).
+
+    Eager forward: dropout reads x, writes its output and the keep mask (1 byte); the add reads it and
+    the residual, writes h; the norm reads h, writes y (LayerNorm one kernel; RMSNorm's op-by-op
+    kernels counted as one here, a lower bound). Fused: read x, residual; write h, y, and fp32 mean
+    and rstd a row. Backward, eager: the norm's backward reads dy, h, writes dh; dropout's backward
+    reads dh and the mask, writes dx (dresidual is dh itself). Fused: read dy, h, mean, rstd; write
+    dresidual, dx — the mask regenerated, never read. ``grad_h``: h feeds the next block too (the
+    residual stream), so its own gradient arrives and is added to dh (eager: one more add kernel)."""
+    rows, n = int(rows), int(n)
+    rn = rows * n
+    sizes = {"mask": 1, "mean": 4, "rstd": 4}
+    if not backward:
+        led = Ledger(dtype_bytes=dtype, sizes=sizes, outputs=("h", "y", "mean", "rstd"))
+        led.op("dropout", reads={"x": rn}, writes={"xd": rn, "mask": rn})
+        led.op("add", reads={"xd": rn, "residual": rn}, writes={"h": rn})
+        led.op(
+            norm,
+            reads={"h": rn, "w": n, "b": n if norm == "layernorm" else 0},
+            writes={"y": rn, "mean": rows, "rstd": rows},
+        )
+        return led
+    out = "dh2" if grad_h else "dh"
+    led = Ledger(dtype_bytes=dtype, sizes=sizes, outputs=(out, "dx"), recomputed=("mask",))
+    led.op(f"{norm}_bwd", reads={"dy": rn, "h": rn, "w": n, "mean": rows, "rstd": rows}, writes={"dh": rn})
+    if grad_h:
+        led.op("add grad_h", reads={"dh": rn, "grad_h": rn}, writes={"dh2": rn})
+    led.op("dropout_bwd", reads={out: rn, "mask": rn}, writes={"dx": rn})
+    return led
+
+
+# -- launch configuration ----------------------------------------------------------------------------------
+#: GPU: a row of up to ``max_single`` elements is held in one tile; ``per_thread`` elements a thread
+#: set the warps; the backward runs ``warps_per_sm // num_warps`` persistent programs an SM (at least
+#: one), each summing dw over its block of rows, its row loop software-pipelined ``row_stages`` deep
+#: where the staged rows (dy, h, grad_h) fit ``stage_bytes`` of shared memory (rmsnorm.py's rule).
+#: Interpreter: few large programs (each costs milliseconds of Python).
+GPU_TUNING = {
+    "max_single": 16384,
+    "wide_block": 4096,
+    "per_thread": 16,
+    "warps_per_sm": 16,
+    "row_stages": 3,
+    "stage_bytes": 163840,
+}
+INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 1024, "tile": 16384, "programs": 4}
+
+
+def dropout_norm_config(n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu=None) -> dict:
+    """``{"BLOCK_M", "BLOCK_N", "SINGLE_TILE", "num_warps"(, "programs", "row_stages")}``. BLOCK_N is a
+    multiple of 4 (four elements share a Philox call). A copy of a cached answer: a call's host time
+    is part of a small call's cost."""
+    gpu = runtime.is_gpu() if gpu is None else gpu
+    return dict(_config(int(n_rows), int(n_cols), dtype, bool(backward), gpu))
+
+
+@functools.lru_cache(maxsize=1024)
+def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool) -> dict:
+    t = GPU_TUNING if gpu else INTERPRETER_TUNING
+    single = n_cols <= t["max_single"]
+    block_n = max(16, next_pow2(n_cols)) if single else t["wide_block"]
+    if gpu:
+        block_m = 1
+        num_warps = max(1, min(32, next_pow2(block_n // t["per_thread"]) // 32))
+    else:
+        block_m = max(1, min(t["tile"] // block_n, next_pow2(max(n_rows, 1)))) if single else 1
+        num_warps = 4
+    cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SINGLE_TILE": single, "num_warps": num_warps}
+    if backward:
+        cap = sm_count() * max(1, t["warps_per_sm"] // num_warps) if gpu else t["programs"]
+        cfg["programs"] = max(1, min(cdiv(max(n_rows, 1), block_m), cap))
+        stages = t.get("row_stages", 1) if single else 1
+        while stages > 1 and 3 * block_m * block_n * element_size(dtype) * (stages - 1) > t.get("stage_bytes", 0):
+            stages -= 1
+        cfg["row_stages"] = stages
+    return cfg
+
+
+# -- kernels -------------------------------------------------------------------------------------------------
+@triton.jit
+def _keep(seed, ctr, lane, threshold):
+    # four 32-bit words a counter, one for each of four neighbouring elements (lane = col % 4)
+    r0, r1, r2, r3 = tl.randint4x(seed, ctr)
+    r = tl.where(lane == 0, r0, tl.where(lane == 1, r1, tl.where(lane == 2, r2, r3)))
+    return (r >> 1).to(tl.int32) >= threshold  # 31 bits against round(p 2**31): p = 0 keeps all
+
+
+@triton.jit
+def _tile(pid_rows, start_q, n_cols, n_q, offset, BLOCK_Q: tl.constexpr, INT64: tl.constexpr):
+    """A [BLOCK_M, BLOCK_Q, 4] tile of rows ``pid_rows`` from quad ``start_q``: column indices, Philox
+    counters (one a quad) and the lane of each element."""
+    q = start_q + tl.arange(0, BLOCK_Q)[None, :, None]
+    lane = tl.arange(0, 4)[None, None, :]
+    cols = q * 4 + lane
+    rows = pid_rows[:, None, None]
+    if INT64:
+        rows = rows.to(tl.int64)
+    ctr = offset + rows * n_q + q
+    return cols, ctr, lane
+
+
+@triton.jit
+def _h_tile(x_ptr, r_ptr, h_ptr, rows3, cols, mask, ctr, lane, stride_x, stride_r, stride_h, seed, threshold, scale,
+            DROPOUT: tl.constexpr):  # fmt: skip
+    x = tl.load(x_ptr + rows3 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + rows3 * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+    if DROPOUT:
+        x = tl.where(_keep(seed, ctr, lane, threshold), x * scale, 0.0)
+    h = (r + x).to(h_ptr.dtype.element_ty)  # h is stored: statistics come from the rounded value
+    tl.store(h_ptr + rows3 * stride_h + cols, h, mask=mask)
+    return h.to(tl.float32)
+
+
+@triton.jit(do_not_specialize=["seed", "offset"])  # a fresh seed every call: never a recompile
+def _dropout_norm_fwd_kernel(
+    x_ptr, r_ptr, w_ptr, b_ptr, h_ptr, y_ptr, mean_ptr, rstd_ptr,
+    n_rows, n_cols, stride_x, stride_r, seed, offset, threshold, scale, eps,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SINGLE_TILE: tl.constexpr, RMS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr, INT64: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_rows
+    rows3 = rows[:, None, None]
+    if INT64:
+        rows3 = rows3.to(tl.int64)
+    n_q = (n_cols + 3) // 4
+    if SINGLE_TILE:
+        cols, ctr, lane = _tile(rows, 0, n_cols, n_q, offset, BLOCK_Q, INT64)
+        mask = row_ok[:, None, None] & (cols < n_cols)
+        h = _h_tile(x_ptr, r_ptr, h_ptr, rows3, cols, mask, ctr, lane, stride_x, stride_r, n_cols, seed,
+                    threshold, scale, DROPOUT)  # fmt: skip
+        if RMS:
+            mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+            d = h
+        else:
+            mean = tl.sum(tl.sum(h, axis=2), axis=1) / n_cols
+            d = tl.where(mask, h - mean[:, None, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(tl.sum(d * d, axis=2), axis=1) / n_cols + eps)
+        w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        y = d * rstd[:, None, None] * w
+        if HAS_BIAS:
+            y += tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        tl.store(y_ptr + rows3 * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        # a row wider than a tile: pass 1 writes h and sums it; pass 2 re-reads h for the variance
+        # (two passes, not E[h²] - mean²: no cancellation); pass 3 re-reads h and writes y
+        acc = tl.zeros([BLOCK_M, BLOCK_Q, 4], dtype=tl.float32)
+        for start_q in range(0, n_q, BLOCK_Q):
+            cols, ctr, lane = _tile(rows, start_q, n_cols, n_q, offset, BLOCK_Q, INT64)
+            mask = row_ok[:, None, None] & (cols < n_cols)
+            acc += _h_tile(x_ptr, r_ptr, h_ptr, rows3, cols, mask, ctr, lane, stride_x, stride_r, n_cols, seed,
+                           threshold, scale, DROPOUT)  # fmt: skip
+        if RMS:
+            mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+        else:
+            mean = tl.sum(tl.sum(acc, axis=2), axis=1) / n_cols
+        acc = tl.zeros([BLOCK_M, BLOCK_Q, 4], dtype=tl.float32)
+        for start_q in range(0, n_q, BLOCK_Q):
+            cols = (start_q + tl.arange(0, BLOCK_Q)[None, :, None]) * 4 + tl.arange(0, 4)[None, None, :]
+            mask = row_ok[:, None, None] & (cols < n_cols)
+            h = tl.load(h_ptr + rows3 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+            d = tl.where(mask, h - mean[:, None, None], 0.0)
+            acc += d * d
+        rstd = tl.rsqrt(tl.sum(tl.sum(acc, axis=2), axis=1) / n_cols + eps)
+        for start_q in range(0, n_q, BLOCK_Q):
+            cols = (start_q + tl.arange(0, BLOCK_Q)[None, :, None]) * 4 + tl.arange(0, 4)[None, None, :]
+            mask = row_ok[:, None, None] & (cols < n_cols)
+            h = tl.load(h_ptr + rows3 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+            y = (h - mean[:, None, None]) * rstd[:, None, None] * w
+            if HAS_BIAS:
+                y += tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+            tl.store(y_ptr + rows3 * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + rows, mean, mask=row_ok)
+    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["seed", "offset"])
+def _dropout_norm_bwd_kernel(
+    dy_ptr, gh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, part_ptr,
+    n_rows, n_cols, rows_per_program, stride_dy, stride_gh, seed, offset, threshold, scale,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SINGLE_TILE: tl.constexpr, RMS: tl.constexpr,
+    HAS_GH: tl.constexpr, DROPOUT: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    row_start = pid * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, n_rows)
+    n_q = (n_cols + 3) // 4
+    if SINGLE_TILE:
+        q = tl.arange(0, BLOCK_Q)[None, :, None]
+        cols = q * 4 + tl.arange(0, 4)[None, None, :]
+        col_ok = cols < n_cols
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        dw = tl.zeros([BLOCK_M, BLOCK_Q, 4], dtype=tl.float32)
+        db = tl.zeros([BLOCK_M, BLOCK_Q, 4], dtype=tl.float32)
+        # NUM_STAGES > 1: the next rows' dy, h (and grad_h) are loaded while this row computes
+        for m0 in tl.range(row_start, row_end, BLOCK_M, num_stages=NUM_STAGES):
+            rows = m0 + tl.arange(0, BLOCK_M)
+            row_ok = rows < row_end
+            cols, ctr, lane = _tile(rows, 0, n_cols, n_q, offset, BLOCK_Q, INT64)
+            rows3 = rows[:, None, None]
+            if INT64:
+                rows3 = rows3.to(tl.int64)
+            mask = row_ok[:, None, None] & col_ok
+            dy = tl.load(dy_ptr + rows3 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+            h = tl.load(h_ptr + rows3 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+            mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)[:, None, None]
+            rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)[:, None, None]
+            nh = tl.where(mask, (h - mean) * rstd, 0.0)
+            g = dy * w
+            c1 = (tl.sum(tl.sum(g * nh, axis=2), axis=1) / n_cols)[:, None, None]
+            if RMS:
+                dh = rstd * (g - nh * c1)
+            else:
+                c2 = (tl.sum(tl.sum(g, axis=2), axis=1) / n_cols)[:, None, None]
+                dh = rstd * (g - c2 - nh * c1)
+            if HAS_GH:
+                dh += tl.load(gh_ptr + rows3 * stride_gh + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(dr_ptr + rows3 * n_cols + cols, dh.to(dr_ptr.dtype.element_ty), mask=mask)
+            if DROPOUT:  # the forward's mask, regenerated from (seed, offset, position): never read
+                dh = tl.where(_keep(seed, ctr, lane, threshold), dh * scale, 0.0)
+            tl.store(dx_ptr + rows3 * n_cols + cols, dh.to(dx_ptr.dtype.element_ty), mask=mask)
+            dw += dy * nh
+            db += dy
+        dw_row = tl.sum(dw, axis=0)
+        db_row = tl.sum(db, axis=0)
+        cols2 = tl.arange(0, BLOCK_Q)[:, None] * 4 + tl.arange(0, 4)[None, :]
+        tl.store(part_ptr + pid * n_cols + cols2, dw_row, mask=cols2 < n_cols)
+        tl.store(part_ptr + (n_programs + pid) * n_cols + cols2, db_row, mask=cols2 < n_cols)
+    else:
+        # rows wider than a tile, one at a time: pass 1 sums g n̂ (and g), pass 2 writes dh and dx and
+        # adds dy n̂, dy into this program's own (zeroed) rows of the partial-sum buffer
+        for row in range(row_start, row_end):
+            rows = row + tl.arange(0, 1)
+            rows3 = rows[:, None, None]
+            if INT64:
+                rows3 = rows3.to(tl.int64)
+            mean = tl.load(mean_ptr + rows)[:, None, None]
+            rstd = tl.load(rstd_ptr + rows)[:, None, None]
+            a1 = tl.zeros([1, BLOCK_Q, 4], dtype=tl.float32)
+            a2 = tl.zeros([1, BLOCK_Q, 4], dtype=tl.float32)
+            for start_q in range(0, n_q, BLOCK_Q):
+                cols = (start_q + tl.arange(0, BLOCK_Q)[None, :, None]) * 4 + tl.arange(0, 4)[None, None, :]
+                mask = cols < n_cols
+                dy = tl.load(dy_ptr + rows3 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                h = tl.load(h_ptr + rows3 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+                g = dy * w
+                a1 += g * tl.where(mask, (h - mean) * rstd, 0.0)
+                a2 += g
+            c1 = (tl.sum(tl.sum(a1, axis=2), axis=1) / n_cols)[:, None, None]
+            c2 = (tl.sum(tl.sum(a2, axis=2), axis=1) / n_cols)[:, None, None]
+            for start_q in range(0, n_q, BLOCK_Q):
+                cols, ctr, lane = _tile(rows, start_q, n_cols, n_q, offset, BLOCK_Q, INT64)
+                mask = cols < n_cols
+                dy = tl.load(dy_ptr + rows3 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                h = tl.load(h_ptr + rows3 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+                nh = tl.where(mask, (h - mean) * rstd, 0.0)
+                g = dy * w
+                if RMS:
+                    dh = rstd * (g - nh * c1)
+                else:
+                    dh = rstd * (g - c2 - nh * c1)
+                if HAS_GH:
+                    dh += tl.load(gh_ptr + rows3 * stride_gh + cols, mask=mask, other=0.0).to(tl.float32)
+                tl.store(dr_ptr + rows3 * n_cols + cols, dh.to(dr_ptr.dtype.element_ty), mask=mask)
+                if DROPOUT:
+                    dh = tl.where(_keep(seed, ctr, lane, threshold), dh * scale, 0.0)
+                tl.store(dx_ptr + rows3 * n_cols + cols, dh.to(dx_ptr.dtype.element_ty), mask=mask)
+                pw = part_ptr + pid * n_cols + cols
+                pb = part_ptr + (n_programs + pid) * n_cols + cols
+                tl.store(pw, tl.load(pw, mask=mask, other=0.0) + dy * nh, mask=mask)
+                tl.store(pb, tl.load(pb, mask=mask, other=0.0) + dy, mask=mask)
+
+
+# -- launchers ----------------------------------------------------------------------------------------------
+_launch_fwd = Launcher(_dropout_norm_fwd_kernel)
+_launch_bwd = Launcher(_dropout_norm_bwd_kernel)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t as (rows, N) with unit column stride: a view where one exists (row-strided, expanded), else a copy."""
+    n = t.shape[-1]
+    if t.dim() and n > 1 and t.stride(-1) != 1:
+        t = t.contiguous()
+    try:
+        return t.view(-1, n) if t.dim() != 2 else t
+    except RuntimeError:
+        return t.contiguous().view(-1, n)
+
+
+def _needs_int64(n_rows: int, n_cols: int, offset: int, *strides: int) -> bool:
+    last = max([n_cols, *[s for s in strides]]) * max(n_rows, 1) + n_cols
+    return last >= INT32_LIMIT or offset + n_rows * cdiv(n_cols, 4) >= INT32_LIMIT
+
+
+def _call(launcher, grid, args, seed_at, kwargs):
+    """Launch with a cache key that ignores the seed's and offset's values (``args[seed_at]``,
+    ``args[seed_at + 1]``) but not their width (int32 or int64): a fresh seed every call must hit the
+    compiled kernel."""
+    rep = list(args)
+    for i in (seed_at, seed_at + 1):
+        rep[i] = 2**40 if args[i] >= 2**31 else 2
+    launcher(grid, *args, key=(_key(rep), tuple(kwargs.items())), **kwargs)
+
+
+def _forward(x2, r2, weight, bias, p, norm, eps, dropout, seed, offset, cfg):
+    n_rows, n_cols = x2.shape
+    h = torch.empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
+    y = torch.empty_like(h)
+    mean = torch.empty(n_rows, dtype=torch.float32, device=x2.device)
+    rstd = torch.empty_like(mean)
+    if h.numel() == 0:
+        return y, h, mean, rstd
+    args = (
+        x2, r2, weight, bias if bias is not None else weight, h, y, mean, rstd,
+        n_rows, n_cols, x2.stride(0), r2.stride(0), seed, offset, _threshold(p), 1.0 / (1.0 - p), eps,
+    )  # fmt: skip
+    kwargs = dict(
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_Q=cfg["BLOCK_N"] // 4, SINGLE_TILE=cfg["SINGLE_TILE"],
+        RMS=norm == "rmsnorm", HAS_BIAS=bias is not None, DROPOUT=dropout,
+        INT64=_needs_int64(n_rows, n_cols, offset, x2.stride(0), r2.stride(0)),
+        **launch_kwargs(cfg["num_warps"]),
+    )  # fmt: skip
+    _call(_launch_fwd, (cdiv(n_rows, cfg["BLOCK_M"]),), args, 12, kwargs)
+    return y, h, mean, rstd
+
+
+def _backward(dy, gh, h, weight, mean, rstd, p, norm, dropout, seed, offset, cfg, has_bias):
+    n_rows, n_cols = h.shape
+    dr = torch.empty_like(h)
+    dx = torch.empty_like(h)
+    if h.numel() == 0:
+        z = torch.zeros(n_cols, dtype=weight.dtype, device=h.device)
+        return dx, dr, z, z.clone()
+    if dy is None:  # only h was used: y contributes nothing
+        dy2 = torch.zeros((1, n_cols), dtype=h.dtype, device=h.device).expand(n_rows, n_cols)
+    else:
+        dy2 = _rows(upstream_grad(dy, h.dtype))
+    gh2 = _rows(upstream_grad(gh, h.dtype)) if gh is not None else None
+    programs = cfg["programs"]
+    bm = cfg["BLOCK_M"]
+    rows_per_program = cdiv(cdiv(n_rows, programs), bm) * bm
+    programs = cdiv(n_rows, rows_per_program)
+    alloc = torch.empty if cfg["SINGLE_TILE"] else torch.zeros  # the wide path adds into its rows
+    part = alloc((2, programs, n_cols), dtype=torch.float32, device=h.device)
+    args = (
+        dy2, gh2 if gh2 is not None else dy2, h, weight, mean, rstd, dr, dx, part,
+        n_rows, n_cols, rows_per_program, dy2.stride(0), gh2.stride(0) if gh2 is not None else 0,
+        seed, offset, _threshold(p), 1.0 / (1.0 - p),
+    )  # fmt: skip
+    kwargs = dict(
+        BLOCK_M=bm, BLOCK_Q=cfg["BLOCK_N"] // 4, SINGLE_TILE=cfg["SINGLE_TILE"], RMS=norm == "rmsnorm",
+        HAS_GH=gh2 is not None, DROPOUT=dropout,
+        INT64=_needs_int64(n_rows, n_cols, offset, dy2.stride(0), n_cols),
+        NUM_STAGES=cfg.get("row_stages", 1) if runtime.is_gpu() else 1,
+        **launch_kwargs(cfg["num_warps"]),
+    )  # fmt: skip
+    _call(_launch_bwd, (programs,), args, 14, kwargs)
+    sums = sum_partials(part if has_bias else part[:1], weight.dtype, checked=True)
+    return dx, dr, sums[0], (sums[1] if has_bias else None)
+
+
+class DropoutNormFunction(torch.autograd.Function):
+    """Saves h, w, mean and rstd, and the seed and offset: the mask is regenerated, never saved."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, args):
+        p, norm, eps, dropout, seed, offset, cfg, bwd_cfg = args
+        x2, r2 = _rows(x), _rows(residual)
+        y, h, mean, rstd = _forward(x2, r2, weight, bias, p, norm, eps, dropout, seed, offset, cfg)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(h, weight, mean, rstd)
+        ctx.args = (p, norm, dropout, seed, offset, bwd_cfg, bias is not None, x.shape)
+        return y.view(x.shape), h.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy, gh):
+        h, weight, mean, rstd = ctx.saved_tensors
+        p, norm, dropout, seed, offset, bwd_cfg, has_bias, shape = ctx.args
+        if dy is None and gh is None:
+            return None, None, None, None, None
+        dx, dr, dw, db = _backward(dy, gh, h, weight, mean, rstd, p, norm, dropout, seed, offset, bwd_cfg, has_bias)
+        return dx.view(shape), dr.view(shape), dw, db, None
+
+
+def _check_p(p, op: str) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or not 0 <= p < 1:
+        raise KernelInputError(
+            f"{op}: p={p!r} must be a number in [0, 1): the probability of dropping an element (p = 1 would "
+            "drop everything and scale by 1 / 0)."
+        )
+    return float(p)
+
+
+def _check_int(v, name: str, op: str, limit: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < limit:
+        raise KernelInputError(f"{op}: {name}={v!r} must be a whole number in [0, {limit}).")
+    return v
+
+
+def new_seed() -> int:
+    """A fresh 62-bit Philox seed from torch's default CPU generator (repeatable under ``torch.manual_seed``;
+    no GPU sync)."""
+    return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
+
+
+def dropout_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    p: float = 0.1,
+    *,
+    norm: str = "layernorm",
+    eps: float = 1e-5,
+    training: bool = True,
+    seed: int | None = None,
+    offset: int = 0,
+    fwd_config: dict | None = None,
+    bwd_config: dict | None = None,
+):
+    """``h = residual + dropout(x, p)``, ``y = norm(h) * w (+ b)`` in one kernel; returns ``(y, h)``.
+
+    ``x``, ``residual``: the same shape ``(..., N)`` and dtype (fp32/fp16/bf16; no bf16 in the
+    interpreter), last dimension of stride 1. ``weight`` (and ``bias``, LayerNorm only): ``(N,)``.
+    ``norm``: ``"layernorm"`` or ``"rmsnorm"``. ``p`` in [0, 1). ``training=False`` (or p = 0): no
+    dropout, ``h = residual + x``. ``seed=None`` draws a fresh stream (:func:`new_seed`); pass
+    ``seed``/``offset`` to choose it (the module docstring says how streams are laid out and how to keep
+    two layers apart). Differentiable in x, residual, weight, bias; the backward regenerates the mask.
+    ``fwd_config``/``bwd_config``: overrides of :func:`dropout_norm_config` (``BLOCK_M``, ``BLOCK_N``,
+    ``programs``) for tests and tuning; the mask does not depend on them.
+    """
+    op = OP
+    norm = check_choice(norm, NORMS, "norm", op=op)
+    p = _check_p(p, op)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise KernelInputError(f"{op}: eps={eps!r} must be a finite number >= 0.")
+    if not isinstance(training, bool):
+        raise KernelInputError(f"{op}: training={training!r} must be True or False.")
+    check_tensor(x, "x", op=op, contiguous=False, grad=True, max_numel=None)
+    check_tensor(residual, "residual", op=op, contiguous=False, grad=True, max_numel=None)
+    check_tensor(weight, "weight", op=op, ndim=1, contiguous=False, grad=True, max_numel=None)
+    if x.dim() < 1:
+        raise KernelInputError(f"{op}: x must have at least one dimension (..., N), got a scalar.")
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise KernelInputError(
+            f"{op}: residual must have x's shape and dtype, got {tuple(residual.shape)} {residual.dtype} for x "
+            f"{tuple(x.shape)} {x.dtype}."
+        )
+    n = x.shape[-1]
+    if weight.shape[0] != n:
+        raise KernelInputError(f"{op}: weight has {weight.shape[0]} elements; x's rows have {n}.")
+    if bias is not None:
+        if norm == "rmsnorm":
+            raise KernelInputError(f"{op}: RMSNorm takes no bias.")
+        check_tensor(bias, "bias", op=op, ndim=1, contiguous=False, grad=True, max_numel=None)
+        if bias.shape[0] != n:
+            raise KernelInputError(f"{op}: bias has {bias.shape[0]} elements; x's rows have {n}.")
+    dropout = training and p > 0
+    seed = new_seed() if seed is None else _check_int(seed, "seed", op, 2**63)
+    offset = _check_int(offset, "offset", op, 2**62)
+    n_rows = x.numel() // n if n else 0
+    if n == 0:
+        e = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        return e, e.clone()
+    cfg = _with_overrides(dropout_norm_config(n_rows, n, x.dtype), fwd_config, n, op)
+    bwd_cfg = _with_overrides(dropout_norm_config(n_rows, n, x.dtype, backward=True), bwd_config, n, op)
+    # the kernels index vectors with unit stride: a strided weight or bias is copied (N elements)
+    weight_c = weight if weight.is_contiguous() else weight.contiguous()
+    bias_c = bias if bias is None or bias.is_contiguous() else bias.contiguous()
+    args = (p, norm, float(eps), dropout, seed, offset, cfg, bwd_cfg)
+    grads = any(t is not None and t.requires_grad for t in (x, residual, weight, bias))
+    if grads and torch.is_grad_enabled():
+        return DropoutNormFunction.apply(x, residual, weight_c, bias_c, args)
+    y, h, _, _ = _forward(_rows(x), _rows(residual), weight_c, bias_c, p, norm, float(eps), dropout, seed, offset, cfg)
+    return y.view(x.shape), h.view(x.shape)
+
+
+def _with_overrides(cfg: dict, override, n_cols: int, op: str) -> dict:
+    if override is None:
+        return cfg
+    if not isinstance(override, dict):
+        raise KernelInputError(f"{op}: a configuration override must be a dict, got {type(override).__name__}.")
+    cfg = dict(cfg)
+    for key, value in override.items():
+        if key in ("BLOCK_M", "BLOCK_N"):
+            cfg[key] = check_block(value, key, op)
+        elif key in ("programs", "row_stages"):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise KernelInputError(f"{op}: programs={value!r} must be a whole number >= 1.")
+            cfg[key] = value
+        else:
+            raise KernelInputError(
+                f"{op}: unknown configuration key {key!r}; use BLOCK_M, BLOCK_N, programs, row_stages."
+            )
+    if cfg["BLOCK_N"] < 4:
+        raise KernelInputError(f"{op}: BLOCK_N={cfg['BLOCK_N']} must be at least 4 (a Philox call serves four).")
+    cfg["SINGLE_TILE"] = n_cols <= cfg["BLOCK_N"]
+    if not cfg["SINGLE_TILE"]:
+        cfg["BLOCK_M"] = 1  # the wide path walks one row at a time
+    return cfg

@@ -1,0 +1,256 @@
+"""Checkers for lesson 4b's exercises (solutions/04b_randomness_and_many_tensors.ipynb).
+
+1. ``check_dropout_add``: ``h = residual + dropout(x, p)`` in one Triton kernel, the random numbers made
+   in registers from ``(seed, position)``. Rejects: a missing ``1/(1 - p)``, a keep rate outside the
+   binomial bounds, a result that changes between two calls with one seed (or does not change with
+   the seed), and a mask stored beside h (any allocation but h itself).
+2. ``check_dropout_backward``: ``dx = dh * keep / (1 - p)`` with the mask **regenerated** from the seed.
+   Rejects a backward whose zeros are not the forward's (not regenerated identically), and one that
+   only works after the forward ran with that seed (a mask stashed and re-read): the backward is
+   called first, for a seed the forward has never seen.
+3. ``check_streams``: ``stream_for(step, layer) -> (seed, offset)`` for a model whose every dropout call
+   uses ``counters`` Philox counters from its offset. Rejects two (step, layer) pairs whose streams
+   overlap (the same mask in two layers, or in two steps).
+4. ``check_adamw``: one AdamW step for a list of tensors, in place, in **one** launch. Rejects one launch
+   per tensor, a missing bias correction, and weight decay added to the gradient (Adam's L2) in place
+   of decoupled decay — each named when the answer matches that mistake.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ... import grading, runtime
+from ...grading import call_learner, fail
+from ...kernels.adamw import adamw_reference
+
+Passed, _passed = grading.Passed, grading.passed
+
+DROPOUT_SHAPES = ((1, 1), (7, 37), (64, 515))
+P_VALUES = (0.1, 0.5)
+
+
+def _inputs(shape, gen):
+    """x at least 0.5 from zero (a kept element always changes h, a dropped one never does), r any."""
+    x = grading.randn(shape, gen=gen)
+    x = torch.where(x >= 0, x + 0.5, x - 0.5)
+    r = grading.randn(shape, gen=gen)
+    return x, r
+
+
+def _kept(h, r):
+    return h != r  # x is never exactly 0 in these inputs, so h == r only where x was dropped
+
+
+def check_dropout_add(fn) -> Passed:
+    """``fn(x, residual, p, seed)`` returns ``residual + dropout(x, p)``: kept elements ``x / (1 - p)``."""
+    name = "dropout_add"
+    seed = grading.new_seed()
+    checks = 0
+    with grading.seeded(seed):
+        for shape in DROPOUT_SHAPES:
+            for p in P_VALUES:
+                x, r = _inputs(shape, grading.fresh_generator())
+                s = seed % 2**31 + checks
+                where = f"{name}, shape {shape}, p={p}"
+                with grading.Sandbox() as box:
+                    h = call_learner(fn, x, r, p, s, name=name, where=where, seed=seed)
+                if not isinstance(h, torch.Tensor) or h.shape == () or h.shape != x.shape:
+                    raise fail(f"{where}: return h, a tensor of x's shape.", seed)
+                if len(box.launches) != 1:
+                    raise fail(f"{where}: {len(box.launches)} Triton launches; the dropout and the add are one.", seed)
+                big = [a for a in box.allocations if a.numel() >= x.numel() and a.data_ptr() != h.data_ptr()]
+                if big:
+                    raise fail(
+                        f"{where}: your answer allocates a {tuple(big[0].shape)} {big[0].dtype} tensor beside h: a "
+                        "mask stored in memory. Make the random numbers in registers (tl.rand(seed, offsets)) and keep "
+                        "the decision there; the backward makes them again from the seed.",
+                        seed,
+                    )
+                keep = _kept(h, r)
+                want = torch.where(keep, r + x / (1 - p), r)
+                if not torch.allclose(h, want, atol=1e-5, rtol=1e-5):
+                    if torch.allclose(h, torch.where(keep, r + x, r), atol=1e-5, rtol=1e-5):
+                        raise fail(
+                            f"{where}: kept elements are x, not x / (1 - p). Without the 1/(1 - p) scaling the "
+                            "expected value of dropout(x) is (1 - p) x, and eval mode (no dropout) would see a "
+                            "different scale than training.",
+                            seed,
+                        )
+                    raise fail(f"{where}: h is neither residual nor residual + x / (1 - p) somewhere.", seed)
+                n = x.numel()
+                if n >= 1000:
+                    kept = int(keep.sum())
+                    sd = math.sqrt(n * p * (1 - p))
+                    if abs(kept - n * (1 - p)) > 5 * sd:
+                        raise fail(
+                            f"{where}: {kept} of {n} kept; a keep probability of 1 - p = {1 - p} gives "
+                            f"{n * (1 - p):.0f} ± {5 * sd:.0f} (5 standard deviations). Keep where rand >= p.",
+                            seed,
+                        )
+                again = call_learner(fn, x, r, p, s, name=name, where=where, seed=seed)
+                if not torch.equal(again, h):
+                    raise fail(f"{where}: two calls with the same seed gave different masks.", seed)
+                if n >= 1000:
+                    other = call_learner(fn, x, r, p, s + 1, name=name, where=where, seed=seed)
+                    if torch.equal(other, h):
+                        raise fail(f"{where}: seed {s} and seed {s + 1} gave the same mask: use the seed.", seed)
+                checks += 1
+    return _passed(
+        f"✓ {name}: {checks} checks passed (shapes {', '.join(map(str, DROPOUT_SHAPES))} × p in {P_VALUES}: the "
+        "1/(1 - p) scaling, keep rate within 5 sigma, same seed same mask, another seed another, nothing stored, "
+        "1 launch each)",
+        checks,
+    )
+
+
+def check_dropout_backward(forward, backward) -> Passed:
+    """``backward(dh, p, seed)`` returns ``dh * keep / (1 - p)`` with ``keep`` the mask ``forward(x, r, p,
+    seed)`` applied: regenerated from the seed, not read from memory."""
+    name = "dropout_add backward"
+    seed = grading.new_seed()
+    checks = 0
+    with grading.seeded(seed):
+        for shape in DROPOUT_SHAPES[1:]:
+            for p in P_VALUES:
+                s = (seed + 7919 * (checks + 1)) % 2**31  # a seed no forward has used yet
+                where = f"{name}, shape {shape}, p={p}"
+                dh = grading.randn(shape, gen=grading.fresh_generator())
+                dh = torch.where(dh == 0, torch.ones_like(dh), dh)
+                with grading.Sandbox() as box:  # the backward first: nothing can have been stashed for s
+                    dx = call_learner(backward, dh, p, s, name=name, where=where, seed=seed)
+                if not isinstance(dx, torch.Tensor) or dx.shape != dh.shape:
+                    raise fail(f"{where}: return dx, a tensor of dh's shape.", seed)
+                if len(box.launches) != 1:
+                    raise fail(f"{where}: {len(box.launches)} Triton launches; the backward is one kernel.", seed)
+                x, r = _inputs(shape, grading.fresh_generator())
+                h = call_learner(forward, x, r, p, s, name="dropout_add", where=where, seed=seed)
+                keep = _kept(h, r)
+                if not torch.equal(dx != 0, keep):
+                    differ = int((dx != 0).ne(keep).sum())
+                    raise fail(
+                        f"{where}: called before any forward with seed {s}, your backward's mask differs from the "
+                        f"forward's in {differ} of {dh.numel()} places. The backward must make the very same random "
+                        "numbers: the same seed and the same offsets (each element's position), the same rule "
+                        "(keep where rand >= p). A mask saved by the forward and read back is not available here.",
+                        seed,
+                    )
+                want = torch.where(keep, dh / (1 - p), torch.zeros_like(dh))
+                if not torch.allclose(dx, want, atol=1e-5, rtol=1e-5):
+                    raise fail(f"{where}: kept elements of dx must be dh / (1 - p), the forward's scaling.", seed)
+                checks += 1
+    return _passed(
+        f"✓ {name}: {checks} checks passed (the backward called first for an unseen seed; its mask the "
+        "forward's, element for element; the 1/(1 - p) scaling; 1 launch each)",
+        checks,
+    )
+
+
+def check_streams(stream_for, counters: int, steps: int = 4, layers: int = 6) -> Passed:
+    """``stream_for(step, layer)`` gives ``(seed, offset)``; each call uses ``counters`` counters from the
+    offset. No two (step, layer) pairs may share a counter under one seed."""
+    name = "stream_for"
+    spans = {}
+    for step in range(steps):
+        for layer in range(layers):
+            got = call_learner(stream_for, step, layer, name=name, where=f"{name}({step}, {layer})")
+            if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(v, int) for v in got)):
+                raise fail(f"{name}({step}, {layer}): return (seed, offset), two ints; got {got!r}.")
+            spans[(step, layer)] = got
+    by_seed: dict = {}
+    for key, (s, off) in spans.items():
+        by_seed.setdefault(s, []).append((off, key))
+    for s, items in by_seed.items():
+        items.sort()
+        for (o1, k1), (o2, k2) in zip(items, items[1:], strict=False):
+            if o2 < o1 + counters:
+                what = "two layers" if k1[0] == k2[0] else ("two steps" if k1[1] == k2[1] else "two calls")
+                raise fail(
+                    f"{name}: step {k1[0]} layer {k1[1]} and step {k2[0]} layer {k2[1]} share seed {s} and their "
+                    f"counters overlap (offsets {o1} and {o2}, {counters} counters a call): {what} would drop the "
+                    "same elements. Give each (step, layer) its own seed, or offsets at least a call's counters apart."
+                )
+    n = steps * layers
+    return _passed(f"✓ {name}: {n} (step, layer) streams, no two sharing a counter", n)
+
+
+# -- AdamW ---------------------------------------------------------------------------------------------------
+ADAMW_SHAPES = ((3,), (17, 9), (1000,), (130, 33))
+HP = dict(lr=0.05, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.2)
+
+
+def _adamw_state(gen, shapes=ADAMW_SHAPES):
+    dev = runtime.DEVICE
+    ps = [torch.randn(s, generator=gen).to(dev) for s in shapes]
+    gs = [torch.randn(s, generator=gen).to(dev) for s in shapes]
+    ms = [0.1 * torch.randn(s, generator=gen).to(dev) for s in shapes]
+    vs = [0.1 * torch.rand(s, generator=gen).to(dev) for s in shapes]
+    return ps, gs, ms, vs
+
+
+def _mistake(p, g, m, v, step, kind):
+    """The answer a known mistake gives (float64)."""
+    p, g, m, v = (t.double() for t in (p, g, m, v))
+    lr, b1, b2, eps, wd = HP["lr"], HP["beta1"], HP["beta2"], HP["eps"], HP["weight_decay"]
+    if kind.startswith("weight decay added"):
+        g = g + wd * p
+        wd = 0.0
+    p = p * (1 - lr * wd)
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    bc1, bc2 = (1.0, 1.0) if kind == "no bias correction" else (1 - b1**step, 1 - b2**step)
+    return p - (lr / bc1) * m / (v.sqrt() / math.sqrt(bc2) + eps)
+
+
+def check_adamw(fn) -> Passed:
+    """``fn(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay)`` updates the
+    lists in place (step: the count after this step), one launch for all tensors."""
+    name = "adamw_step"
+    seed = grading.new_seed()
+    checks = 0
+    with grading.seeded(seed):
+        for step in (1, 2, 10):
+            ps, gs, ms, vs = _adamw_state(grading.fresh_generator())
+            want = [adamw_reference(p, g, m, v, step=step, **HP) for p, g, m, v in zip(ps, gs, ms, vs, strict=True)]
+            before = [(p.clone(), g.clone(), m.clone(), v.clone()) for p, g, m, v in zip(ps, gs, ms, vs, strict=True)]
+            where = f"{name}, {len(ps)} tensors, step {step}"
+            with grading.Sandbox(guard=False) as box:
+                call_learner(fn, ps, gs, ms, vs, step, *HP.values(), name=name, where=where, seed=seed)
+            n = len(box.launches)
+            if n == len(ps) and n > 1:
+                raise fail(
+                    f"{where}: {n} Triton launches, one a tensor. One launch was asked: pass a table of the "
+                    "tensors' addresses (an int64 tensor of data_ptr()s) and sizes, and map programs to chunks.",
+                    seed,
+                )
+            if n != 1:
+                raise fail(f"{where}: {n} Triton launches; one for all tensors was asked.", seed)
+            for i, (p, (wp, _, _)) in enumerate(zip(ps, want, strict=True)):
+                if torch.allclose(p.double().cpu(), wp.cpu(), atol=1e-5, rtol=1e-5):
+                    continue
+                p0, g0, m0, v0 = before[i]
+                for kind, advice in (
+                    ("no bias correction", "divide m by 1 - beta1**step and v by 1 - beta2**step (bias correction)"),
+                    (
+                        "weight decay added to the gradient (Adam's L2)",
+                        "decay the parameter itself, p *= 1 - lr * weight_decay, not the gradient (that is Adam's "
+                        "L2, which the moments then rescale)",
+                    ),
+                ):  # fmt: skip
+                    if torch.allclose(p.double().cpu(), _mistake(p0, g0, m0, v0, step, kind).cpu(), atol=1e-5):
+                        raise fail(f"{where}: tensor {i} matches AdamW with {kind}: {advice}.", seed)
+                raise fail(f"{where}: tensor {i}'s parameters differ from AdamW's.", seed)
+            for i, (m, v, (_, wm, wv)) in enumerate(zip(ms, vs, want, strict=True)):
+                if not (
+                    torch.allclose(m.double().cpu(), wm.cpu(), atol=1e-6)
+                    and torch.allclose(v.double().cpu(), wv.cpu(), atol=1e-6)
+                ):
+                    raise fail(f"{where}: tensor {i}'s exp_avg or exp_avg_sq differs from AdamW's.", seed)
+            checks += 1
+    return _passed(
+        f"✓ {name}: {checks} steps checked ({len(ADAMW_SHAPES)} tensors each, steps 1, 2, 10: bias correction, "
+        "decoupled weight decay, the moments, 1 launch for all tensors)",
+        checks,
+    )
