@@ -200,7 +200,7 @@ def time_backends(d, causal, dname, n, log, eager_max_n):
 
 def time_ours(inputs, causal, cfg, det=True, ref_grads=None, fwd_bwd=False):
     from fusionlab.kernels.attention import attention
-    from fusionlab.kernels.attention_backward import attention_backward, attention_trainable
+    from fusionlab.kernels.attention_backward import attention_backward
 
     q, k, v, do = inputs
     o, lse = attention(q, k, v, causal)
@@ -212,7 +212,7 @@ def time_ours(inputs, causal, cfg, det=True, ref_grads=None, fwd_bwd=False):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
 
         def step():
-            out, _ = attention_trainable(*leaves, causal=causal, deterministic=det, backward_config=cfg)
+            out, _ = attention(*leaves, causal=causal, deterministic=det, backward_config=cfg)
             return torch.autograd.grad(out, leaves, do)
 
         both = bench(step)
@@ -220,7 +220,7 @@ def time_ours(inputs, causal, cfg, det=True, ref_grads=None, fwd_bwd=False):
 
 
 def memory_case(log):
-    from fusionlab.kernels.attention_backward import attention_trainable
+    from fusionlab.kernels.attention import attention
 
     B, H, N, D = 1, 16, 131072, 128
     q, k, v, do = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -229,7 +229,7 @@ def memory_case(log):
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
-    o, _ = attention_trainable(*leaves, causal=True)
+    o, _ = attention(*leaves, causal=True)
     grads = torch.autograd.grad(o, leaves, do)
     torch.cuda.synchronize()
     sec = time.time() - t0

@@ -20,7 +20,6 @@ from fusionlab.kernels.attention_backward import (
     attention_backward_flops,
     attention_backward_ledger,
     attention_backward_reference,
-    attention_trainable,
 )
 from fusionlab.measure.compare import against_ledger
 from fusionlab.measure.interpreter import interpreter_trips
@@ -159,19 +158,19 @@ def test_strided_inputs_read_in_place():
 
 
 def test_autograd_entry_point():
-    """:func:`attention_trainable`: O and lse both differentiable, gradients to the leaves, the forward
-    alone without grad."""
+    """:func:`attention` with inputs that require grad: O and lse both differentiable, gradients to
+    the leaves; the forward alone without grad."""
     q, k, v, do = _inputs(1, 4, 2, 30, 45, 64)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    o, lse = attention_trainable(*leaves, causal=True)
+    o, lse = attention(*leaves, causal=True)
     dlse = torch.randn_like(lse)
     got = torch.autograd.grad([o, lse], leaves, [do, dlse])
     _close(got, _grads(q, k, v, do, True, None, dlse), TOL, "autograd")
-    (o_only,) = torch.autograd.grad(attention_trainable(*leaves, causal=False)[0].sum(), [leaves[0]])
+    (o_only,) = torch.autograd.grad(attention(*leaves, causal=False)[0].sum(), [leaves[0]])
     want = _grads(q, k, v, torch.ones_like(do), False, None, None)[0]
     torch.testing.assert_close(o_only.double(), want, atol=TOL * (want.abs().max().item() + 1), rtol=TOL)
     with torch.no_grad():
-        o2, _ = attention_trainable(*leaves, causal=True)
+        o2, _ = attention(*leaves, causal=True)
     assert torch.equal(o2, o.detach())
 
 
@@ -214,7 +213,7 @@ def test_bad_inputs_raise(change, match):
 def test_head_dim_outside_the_backward_is_refused_by_the_entry():
     q, k, v, _ = _inputs(1, 1, 1, 8, 8, 8)
     with pytest.raises(KernelInputError, match="head dim"):
-        attention_trainable(q.requires_grad_(), k, v)
+        attention(q.requires_grad_(), k, v)
 
 
 @pytest.mark.skipif(GPU, reason="counts the interpreter's loads and stores")
@@ -281,7 +280,7 @@ def test_gpu_n131072_forward_backward_in_under_2gib_extra():
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    o, _ = attention_trainable(*leaves, causal=True)
+    o, _ = attention(*leaves, causal=True)
     grads = torch.autograd.grad(o, leaves, do)
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base

@@ -27,7 +27,6 @@ from fusionlab.kernels import KernelInputError
 from fusionlab.kernels._tensors import overlaps
 from fusionlab.kernels.adamw import adamw_reference, multi_tensor_adamw
 from fusionlab.kernels.attention import attention, attention_reference
-from fusionlab.kernels.attention_backward import attention_trainable
 from fusionlab.kernels.bias_gelu import bias_gelu, bias_gelu_reference
 from fusionlab.kernels.chain import chain, chain_reference
 from fusionlab.kernels.cos import cos, cos_cos, cos_cos_reference
@@ -65,7 +64,8 @@ NOT_ENTRY_POINTS = {
     "check_eps": "argument checks",
     "check_rows": "argument checks",
     "Rows": "a named tuple",
-    "attention_backward": "attention's backward launcher: every backward case of attention_trainable runs it",
+    "attention_backward": "attention's backward launcher: the attention case's backward runs it",
+    "attention_trainable": "attention's autograd path: the attention case's backward runs it",
     "SoftmaxStats": "a named tuple",
     "new_seed": "draws a seed from torch's generator",
     "philox_counters": "arithmetic on a shape",
@@ -266,13 +266,6 @@ CASES = {
     "attention": Case(
         "attention",
         lambda q, k, v: attention(q, k, v, causal=True),
-        lambda q, k, v: attention_reference(q, k, v, causal=True),
-        _qkv,
-        tol=MM_TOL,
-    ),
-    "attention_trainable": Case(
-        "attention_trainable",
-        lambda q, k, v: attention_trainable(q, k, v, causal=True),
         lambda q, k, v: attention_reference(q, k, v, causal=True),
         _qkv,
         grad=(0, 1, 2),
@@ -610,9 +603,9 @@ def _inject(t: torch.Tensor, kind: str) -> torch.Tensor:
 #: eager's fp32 RMSNorm, where float64 gives a finite answer (not changed here: rmsnorm.py)
 #: attention: a row whose every visible score is -inf (an inf in Q against keys of the other sign) has
 #: lse NaN where float64 says -inf (attention.py's epilogue says why); its O is NaN in both
-NAN_BY_CHOICE = {("layernorm", "one_huge"), ("layernorm", "huge"), ("attention", "inf"), ("attention_trainable", "inf")}
+NAN_BY_CHOICE = {("layernorm", "one_huge"), ("layernorm", "huge"), ("attention", "inf")}
 if ATTN_DTYPE == torch.float16:  # on a GPU: huge values are inf in fp16, as above
-    NAN_BY_CHOICE |= {(a, kind) for a in ("attention", "attention_trainable") for kind in ("huge", "one_huge")}
+    NAN_BY_CHOICE |= {("attention", "huge"), ("attention", "one_huge")}
 KNOWN_DIFFERENT = {
     ("rmsnorm", "huge"): "sum of squares past fp32 -> rstd 0 -> y 0 (eager's fp32 answer); float64 is finite",
     ("rmsnorm residual", "huge"): "as rmsnorm",
