@@ -442,14 +442,17 @@ def test_the_bars_read_a_run_and_can_fail():
 
 # -- exercise 4: the cliff prediction ---------------------------------------------------------------------
 def test_cliff_prediction_accepts_a_reasoning_from_l2_and_rejects_no_l2():
+    # the band is around the recording the checker reads (the newest: its GPU decides how much of the
+    # re-read L2 hides), so the cases are drawn from that measurement, not from one GPU's numbers
     measured, fits, _ = ex.cliff_measured()
-    assert fits == {65536: True, 262144: False}  # the recorded GPU: 132 SMs of 128 KiB rows fit its L2
-    reasoned = {w: 1.0 if fits[w] else 1.5 for w in ex.CLIFF_WIDTHS}
-    assert ex.check_cliff_prediction(reasoned).checks == 2
+    assert fits == {65536: True, 262144: False}  # 132 SMs of 128 KiB rows fit a 50 MB L2; of 512 KiB, not
+    assert ex.check_cliff_prediction(dict(measured)).checks == 2
+    assert ex.check_cliff_prediction({65536: 1.0, 262144: measured[262144]}).checks == 2  # L2 hides it all
+    past = ex.CLIFF_BAND + 0.05
     with pytest.raises(CheckFailed, match="fit in L2"):
-        ex.check_cliff_prediction({w: 1.5 for w in ex.CLIFF_WIDTHS})  # the ledger alone, no L2
+        ex.check_cliff_prediction({65536: measured[65536] + past, 262144: measured[262144]})
     with pytest.raises(CheckFailed, match="do not fit"):
-        ex.check_cliff_prediction({w: 1.0 for w in ex.CLIFF_WIDTHS})  # L2 hides everything
+        ex.check_cliff_prediction({65536: measured[65536], 262144: measured[262144] - past})
     with pytest.raises(CheckFailed, match="a dict"):
         ex.check_cliff_prediction({65536: 1.0})
 
