@@ -34,7 +34,7 @@ def _check(B, H, n_q, n_k, d, dtype, causal, seed=0):
     ref_o, ref_lse = attention_reference(q, k, v, causal=causal)
     assert o.dtype == dtype and lse.dtype == torch.float32
     assert _rel(o, ref_o) < TOL[dtype]
-    assert (lse - ref_lse).abs().max().item() < 1e-3
+    assert (lse - ref_lse).abs().max().item() < (5e-3 if dtype == torch.float32 and runtime.is_gpu() else 1e-3)  # tf32
     assert all(torch.equal(a, b) for a, b in zip((q, k, v), before, strict=True))
 
 

@@ -64,6 +64,8 @@ NOT_ENTRY_POINTS = {
     "check_eps": "argument checks",
     "check_rows": "argument checks",
     "Rows": "a named tuple",
+    "attention_backward": "attention's backward launcher: the attention case's backward runs it",
+    "attention_trainable": "attention's autograd path: the attention case's backward runs it",
     "SoftmaxStats": "a named tuple",
     "new_seed": "draws a seed from torch's generator",
     "philox_counters": "arithmetic on a shape",
@@ -266,6 +268,7 @@ CASES = {
         lambda q, k, v: attention(q, k, v, causal=True),
         lambda q, k, v: attention_reference(q, k, v, causal=True),
         _qkv,
+        grad=(0, 1, 2),
         tol=MM_TOL,
     ),
     "cross_entropy": Case(

@@ -27,6 +27,7 @@ from .. import runtime  # noqa: F401  (first: it decides the mode before any ker
 from . import (
     adamw,
     attention,
+    attention_backward,
     bias_gelu,
     chain,
     cos,
@@ -50,6 +51,7 @@ __all__ = [
     "TargetOutOfRange",
     "adamw",
     "attention",
+    "attention_backward",
     "bias_gelu",
     "chain",
     "cos",

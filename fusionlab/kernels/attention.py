@@ -718,11 +718,6 @@ def _descriptor(shape, layout, es: int, block_rows: int, block_d: int):
 def _check_inputs(q, k, v, causal, scale) -> None:
     dtypes = tuple(d for d in runtime.DTYPES if d != torch.float32) if runtime.is_gpu() else runtime.DTYPES
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
-            raise KernelInputError(
-                f"{OP}: {name} requires grad, but this kernel has no backward yet (the backward pass comes in "
-                f"lesson 8). Call it under torch.no_grad(), or pass {name}.detach()."
-            )
         if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and runtime.is_gpu():
             raise KernelInputError(
                 f"{OP}: {name} is float32; on a GPU the kernel takes fp16 or bf16 (the tensor cores' inputs). "
@@ -858,8 +853,10 @@ def attention(
     *,
     variant: str | None = None,
     config: dict | None = None,
+    deterministic: bool = True,
+    backward_config: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlashAttention forward: ``(O, lse)`` in one launch, the N x N scores never in HBM.
+    """FlashAttention forward: ``(O, lse)`` in one launch, the N x N scores never in HBM; differentiable.
 
     ``O = softmax(Q K^T * scale + mask) V``, ``lse = logsumexp(Q K^T * scale + mask)`` per row.
     ``q``: (B, H_q, N_q, D); ``k``, ``v``: (B, H_kv, N_k, D) with H_q a multiple of H_kv (query head h
@@ -870,8 +867,11 @@ def attention(
     ``F.scaled_dot_product_attention(is_causal=True)``. ``scale``: default ``1 / sqrt(D)``.
 
     Returns O (B, H_q, N_q, D), contiguous, in q's dtype, and lse (B, H_q, N_q), fp32, natural log.
-    N_k = 0 gives O = 0 and lse = -inf. No backward yet (lesson 8): inputs that require grad are
-    refused. ``variant``: ``"tma"`` or ``"plain"`` forces a load path (None picks: TMA on Hopper where
+    N_k = 0 gives O = 0 and lse = -inf. Inputs that require grad (autograd on) go through
+    :class:`~fusionlab.kernels.attention_backward.AttentionFunction`: O and lse both differentiable, the
+    backward of lesson 8 (head dims 16 to 128; ``deterministic``: dQ in a pass of its own, bit-identical
+    from run to run, or by atomics; ``backward_config``: its tiles). ``variant``: ``"tma"`` or
+    ``"plain"`` forces a load path (None picks: TMA on Hopper where
     the layout allows and the call has :data:`TMA_MIN_FLOPS` of work). ``config``:
     tile overrides for a sweep (``BLOCK_M``, ``BLOCK_N``, ``num_warps``,
     ``num_stages``, ``TMA_STORE``, ``REF_MAX``: 0, 1 or 2, every
@@ -879,6 +879,11 @@ def attention(
     for head dims up to 128).
     Trips: :func:`attention_ledger`; FLOPs: :func:`attention_flops`; reference: :func:`attention_reference`.
     """
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
+        return attention_backward.attention_trainable(
+            q, k, v, causal, scale, deterministic=deterministic, backward_config=backward_config,
+            variant=variant, config=config,
+        )  # fmt: skip
     _check_inputs(q, k, v, causal, scale)
     if variant not in VARIANTS:
         raise KernelInputError(f"{OP}: variant={variant!r}; choose one of {VARIANTS}.")
@@ -905,3 +910,8 @@ def attention(
     _attention_kernel[plan.grid](*srcs, o, o_desc, lse, *plan.ints[:3], scale * LOG2E, *plan.ints[3:],
                                  SCALE_NEG=scale < 0, **plan.meta)  # fmt: skip
     return o, lse
+
+
+# the backward builds on this module's launcher (its autograd Function runs attention() for the forward),
+# so it is imported last, once everything above exists
+from . import attention_backward  # noqa: E402
