@@ -14,7 +14,6 @@ import datetime as _dt
 import inspect
 import json
 import math
-import re
 import textwrap
 import time
 from collections.abc import Callable, Iterable
@@ -405,88 +404,6 @@ def recorded_suite_ceilings(suite: str) -> Ceilings:
             if best is None or meta.get("time", "") >= best["meta"].get("time", ""):
                 best = data
     return Ceilings(**best["ceilings"]) if best is not None else rec.ceilings
-
-
-#: the measurement notes kept beside the benchmark scripts (a clone of the repository has them)
-NOTES_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _notes(notes: str) -> tuple[Path, str]:
-    path = NOTES_DIR / f"{notes}.md"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} is not here: the notes ship with a clone of the repository, not with the package"
-        )
-    return path, path.read_text()
-
-
-def notes_label(notes: str, heading: str | None = None) -> str:
-    """Where the numbers of ``benchmarks/<notes>.md`` come from: device, date and versions as the file's
-    own text gives them (the first of each it names), and the section when ``heading`` is given."""
-    path, text = _notes(notes)
-    patterns = (r"NVIDIA [A-Z0-9][\w ]*?(?=\*| \(|,)", r"torch ([\w.+]+)", r"triton ([\d.]+)", r"\d{4}-\d{2}-\d{2}")
-    device, torch_v, triton_v, date = (
-        (m.group(m.re.groups) if m else "?") for m in (re.search(p, text) for p in patterns)
-    )
-    where = f"benchmarks/{path.name}" + (f", '{heading}'" if heading else "")
-    return (
-        f"RECORDED by hand on {device}, {date}, torch {torch_v}, triton {triton_v} ({where})"
-        " — not measured on this machine"
-    )
-
-
-def notes_section(notes: str, heading: str) -> str:
-    """A section of a measurement notes file, ``benchmarks/<notes>.md``, under the heading ``heading``
-    (any level), after a first line that says where it comes from (:func:`notes_label`). For a lesson
-    whose suite is not recorded yet, these hand-run GPU measurements are what a learner without a GPU
-    can read; they stay in that one file."""
-    path, text = _notes(notes)
-    lines = text.splitlines()
-    starts = [i for i, line in enumerate(lines) if re.match(rf"#+\s+{re.escape(heading)}\s*$", line)]
-    if not starts:
-        have = [line.lstrip("#").strip() for line in lines if line.startswith("#")]
-        raise ValueError(f"no heading {heading!r} in {path.name}; have: {have}")
-    i = starts[0]
-    level = len(lines[i]) - len(lines[i].lstrip("#"))
-    end = next(
-        (
-            j
-            for j in range(i + 1, len(lines))
-            if lines[j].startswith("#") and len(lines[j]) - len(lines[j].lstrip("#")) <= level
-        ),
-        len(lines),
-    )
-    return "\n".join([notes_label(notes, heading), *lines[i + 1 : end]]).strip()
-
-
-def notes_table(notes: str, heading: str, index: int = 0) -> dict[str, dict[str, float | str]]:
-    """The ``index``-th markdown table of a notes section (:func:`notes_section`), as ``{row label:
-    {column header: value}}``: each cell's first number (``"0.191 (1.000)"`` is 0.191), or its text where
-    it holds none. Labels lose their ``**`` and backticks. A lesson that cites hand-run numbers reads
-    them here, so they are written once, in the notes."""
-    tables: list[list[list[str]]] = []
-    in_table = False
-    for line in notes_section(notes, heading).splitlines():
-        if not line.startswith("|"):
-            in_table = False
-            continue
-        if not in_table:  # a table starts after any line that is not one of its rows
-            tables.append([])
-            in_table = True
-        if set(line) <= set("|-: "):
-            continue  # the header's underline
-        tables[-1].append([re.sub(r"[*`]", "", c).strip() for c in line.strip().strip("|").split("|")])
-    tables = [t for t in tables if len(t) > 1]  # a header and at least one row
-    if index >= len(tables):
-        raise ValueError(f"{notes}.md, '{heading}': {len(tables)} table(s), no table {index}")
-    header, *data = tables[index]
-
-    def value(cell: str) -> float | str:
-        m = re.match(r"[-+]?\d+(?:\.\d+)?", cell)
-        return float(m.group()) if m else cell
-
-    # a row may have fewer cells than the header (a note that spans it): the missing cells are absent
-    return {row[0]: {h: value(c) for h, c in zip(header[1:], row[1:], strict=False)} for row in data}
 
 
 def metadata() -> dict:

@@ -244,6 +244,8 @@ def landing_markdown(root: Path = ROOT) -> list[str]:
             twin = root / folder / path.name
             cols.append(f"[{folder[:-1]}]({folder}/{path.name})" if twin.exists() else "—")
         cols.append(f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(f'notebooks/{path.name}')})")
+        deep = root / "notebooks" / "deep" / f"{path.stem}_deep.ipynb"  # the optional tuning notebook
+        cols.append(f"[deep dive](notebooks/deep/{deep.name})" if deep.exists() else "—")
         rows.append(f"| {n} | " + " | ".join(cols) + " |")
     have = {n for n, _ in present}
     coming = [f"{n} — {title}" for n, (_, title) in PLAN.items() if n not in have]
@@ -260,9 +262,8 @@ Each lesson is a notebook in `notebooks/` (45–90 minutes), with an exercise no
 with the answers in `solutions/`. Take the lesson first, then its exercises; open the solution only
 to compare."""
 
-    table = "## The lessons\n\n| # | lesson | exercises | solutions | Colab |\n|---|---|---|---|---|\n" + "\n".join(
-        rows
-    )
+    head = "| # | lesson | exercises | solutions | Colab | optional |\n|---|---|---|---|---|---|\n"
+    table = "## The lessons\n\n" + head + "\n".join(rows)
     if coming:
         table += "\n\nComing: " + "; ".join(coming) + "."
 

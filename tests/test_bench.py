@@ -224,38 +224,6 @@ def test_a_regimes_sweep_on_an_unrecorded_device_is_refused_by_name():
         regimes.measure("T4")
 
 
-@pytest.mark.parametrize("notes", sorted(p.stem for p in bench.NOTES_DIR.glob("notes_*.md")))
-def test_notes_sections_say_where_they_were_measured(notes):
-    path = bench.NOTES_DIR / f"{notes}.md"
-    heading = next(line.lstrip("#").strip() for line in path.read_text().splitlines() if line.startswith("## "))
-    text = bench.notes_section(notes, heading)
-    first = text.splitlines()[0]
-    assert first.startswith("RECORDED by hand on NVIDIA ") and "?" not in first, first
-    assert "not measured on this machine" in first and f"benchmarks/{notes}.md" in first
-
-
-def test_notes_section_refuses_what_is_not_there():
-    with pytest.raises(ValueError, match="no heading 'Nowhere'.*have:"):
-        bench.notes_section("notes_lesson5", "Nowhere")
-    with pytest.raises(FileNotFoundError, match="notes_none.md"):
-        bench.notes_section("notes_none", "Bars")
-
-
-def test_notes_tables_read_numbers_and_keep_notes():
-    heading = "Linear + bias + GELU (base: cuBLAS matmul alone, `x @ w.T`)"
-    first, second = bench.notes_table("notes_lesson6", heading), bench.notes_table("notes_lesson6", heading, index=1)
-    col = "bf16 8192×4096→16384"
-    # "1.647 (**1.016**)" is 1.647; labels lose their markup
-    assert isinstance(first["cuBLAS matmul alone"][col], float) and 'ours linear(x, w, b, "gelu")' in first
-    assert "torch.compile max-autotune" in second and "torch.compile max-autotune" not in first
-    sweep = bench.notes_table(
-        "notes_lesson6", "Call 1 — config sweep of the Hopper kernel (TMA descriptors, persistent, grouped order)"
-    )
-    assert any(isinstance(v, str) and "compile error" in v for row in sweep.values() for v in row.values())
-    with pytest.raises(ValueError, match="no table 2"):
-        bench.notes_table("notes_lesson6", heading, index=2)
-
-
 def test_a_runs_per_suite_files_read_as_one_run_and_a_partial_run_lends_no_label(tmp_path, monkeypatch):
     base = bench.recorded(bench.recorded_files()[0]).to_json()
 
