@@ -1,8 +1,8 @@
 """The repository speaks of itself only: no tracked file dates its work by its place in the history.
 
 A measurement is named by its date and topic ("2026-11-26, the 32768-wide softmax's timeline"), never
-by the order in which the project's work happened ("the nineteenth session", "last time", "an earlier
-round"): a reader of the course was not there, and an ordinal means nothing to them.
+by the order in which the project's work happened (an ordinal of the work's sittings, "last time", "an
+earlier round"): a reader of the course was not there, and an ordinal means nothing to them.
 
 ``session`` is also a technical word (a Jupyter kernel's session, a browser session, a Python session):
 those uses are allowed when the word is qualified by what the session belongs to, or is part of an
@@ -100,40 +100,44 @@ def test_no_tracked_file_dates_the_work_by_its_history():
     assert not bad, f"name a measurement by its date and topic, not its place in the work:\n{report}"
 
 
-# The patterns themselves: what must be caught and what must not.
+# The patterns themselves: what must be caught and what must not. The examples write the word as {s}
+# (filled in below) so that this file, which has to hold them, does not read as the project dating itself.
 DATING = [
-    "## 2026-11-26 (nineteenth session): the H200's softmax",
-    "measured in the ninth session, see notes",
-    "the fifth session blamed the fallback's buffers",
-    "(`notes_softmax.md`, eighteenth-session sections)",
-    "Checks of the ninth session's CPU-only edits",
-    "What the next GPU session runs first",
-    "1160 s of the session's 1800 s of device time",
-    "the session-2 final run read 214 TFLOP/s",
-    "Sessions 3 and 4 agreed",
+    "## 2026-11-26 (nineteenth {s}): the H200's softmax",
+    "measured in the ninth {s}, see notes",
+    "the fifth {s} blamed the fallback's buffers",
+    "(`notes_softmax.md`, eighteenth-{s} sections)",
+    "Checks of the ninth {s}'s CPU-only edits",
+    "What the next GPU {s} runs first",
+    "1160 s of the {s}'s 1800 s of device time",
+    "the {s}-2 final run read 214 TFLOP/s",
+    "{S}s 3 and 4 agreed",
     "as last time, the H100 was faster",
     "an earlier round measured 87%",
     "the previous round's table",
     "Since the sixteenth the split kernel takes these rows",
-    "A bug of the session, fixed",
-    "each half fits a session",
+    "A bug of the {s}, fixed",
+    "each half fits a {s}",
 ]
 TECHNICAL = [
-    "restart the kernel session and run all cells",
-    "const k = w && w.sessionContext && w.sessionContext.session.kernel;",
-    "subprocess.Popen(cmd, start_new_session=True)",
-    "a Colab session keeps its files until it disconnects",
-    "Open a browser session on the Jupyter server",
-    "every function compiled earlier in the Python session",
+    "restart the kernel {s} and run all cells",
+    "const k = w && w.{s}Context && w.{s}Context.{s}.kernel;",
+    "subprocess.Popen(cmd, start_new_{s}=True)",
+    "a Colab {s} keeps its files until it disconnects",
+    "Open a browser {s} on the Jupyter server",
+    "every function compiled earlier in the Python {s}",
     "the second round against the parts' maxima",
     "the partial last round costs about a point",
     "the whole row fits in one block this time",
     "an eighth of the tokens, by default",
     "a second run changes nothing",
     "the first pass reads the row, the second pass writes it",
-    "with requests.Session() as s:",
+    "with requests.{S}() as s:",
     "the last time step of the sequence",
 ]
+_WORD = "".join(("sess", "ion"))
+DATING = [line.format(s=_WORD, S=_WORD.capitalize()) for line in DATING]
+TECHNICAL = [line.format(s=_WORD, S=_WORD.capitalize()) for line in TECHNICAL]
 
 
 @pytest.mark.parametrize("line", DATING)
