@@ -7,7 +7,7 @@ For each case of each lesson's suite (its ``suite.py`` in ``fusionlab/lessons/``
 out) it writes the ledger's bytes (the fused schedule's, ``ledger_bytes``; the case's own schedule's,
 ``schedule_bytes``) beside the DRAM bytes read and written, the L2 bytes and the time of each kernel the
 case launches, with caches flushed before each kernel and (under ``"none"``) without: one JSON file per
-suite, named after the device, the date and the suite, which ``python -m fusionlab.benchcli`` shows
+suite, named after the device, the date and the suite, which ``python -m fusionlab bench`` shows
 beside the recorded timings on a machine without a GPU. One ncu process per suite and cache setting;
 a suite that fails costs only itself.
 """

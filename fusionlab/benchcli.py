@@ -1,8 +1,8 @@
 """``python -m fusionlab bench``: every kernel of the course against its peers, on this GPU or as recorded.
 
-    python -m fusionlab.benchcli                      # every lesson
-    python -m fusionlab.benchcli --lesson 4 --op rmsnorm
-    python -m fusionlab.benchcli --lesson 1 --ncu     # also DRAM bytes from Nsight Compute's counters
+    python -m fusionlab bench                         # every lesson
+    python -m fusionlab bench --lesson 4 --op rmsnorm
+    python -m fusionlab bench --lesson 1 --ncu            # also DRAM bytes from Nsight Compute's counters
 
 On a GPU Triton supports, each lesson's suite (its ``suite.py`` in ``fusionlab/lessons/``: the cases
 the lesson times: eager, ``torch.compile``, cuBLAS/SDPA where the lesson has them, and the course's kernels) is
@@ -335,12 +335,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", type=Path, default=Path("."), help="folder for the JSON and the roofline PNG")
 
 
-def main(a: argparse.Namespace | list[str] | None = None) -> int:
-    """``python -m fusionlab bench``: parsed arguments from the command line, or a list to parse."""
-    if not isinstance(a, argparse.Namespace):
-        ap = argparse.ArgumentParser(prog="python -m fusionlab bench", description=__doc__.splitlines()[0])
-        add_arguments(ap)
-        a = ap.parse_args(a)
+def main(a: argparse.Namespace) -> int:
+    """``python -m fusionlab bench``, with the arguments :func:`add_arguments` declares."""
     suites = suites_for(a.lesson)
     if runtime.is_gpu() and not a.recorded:
         results = live(suites, a.op, a.ncu)
@@ -365,7 +361,3 @@ def main(a: argparse.Namespace | list[str] | None = None) -> int:
         if drawn := roofline_png(r["rows"], r["ceilings"], f"{suite}, " + r["label"].split(" — ")[0], path):
             print(f"wrote {path} ({drawn} cases on this GPU's two ceilings)")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
