@@ -490,6 +490,11 @@ def ceiling_kwargs(make_cases: Callable, ceil: Ceilings) -> dict:
     return {k: v for k, v in have.items() if k in params}
 
 
+#: rounds of a suite, live or recorded: the lessons report the spread of ``Result.ms_rounds``, so a live
+#: run times as many rounds as the recording it stands in for
+ROUNDS = 3
+
+
 def measure_suite(suite: str, make_cases: Callable[..., list[Case]], on_result=None, **case_kwargs) -> SuiteRun:
     """Time ``make_cases()`` here if this is a GPU Triton supports; otherwise load suite ``suite`` of the
     recorded run. ``on_result`` is called per result either way, so live bars fill as numbers arrive
@@ -497,7 +502,7 @@ def measure_suite(suite: str, make_cases: Callable[..., list[Case]], on_result=N
     if runtime.is_gpu():
         ceil = ceilings()
         cases = make_cases(**{**ceiling_kwargs(make_cases, ceil), **case_kwargs})
-        results = run(cases, ceil=ceil, on_result=on_result)
+        results = run(cases, ceil=ceil, on_result=on_result, rounds=ROUNDS)
         return SuiteRun(suite, results, ceil, source_label(), live=True, device=runtime.info().device_name)
     try:
         rec = recorded(suite=suite)

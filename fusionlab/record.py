@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=bench.ROUNDS)
     args = ap.parse_args(argv)
     if not runtime.is_gpu():
         print(f"fusionlab.record needs a GPU Triton supports ({runtime.REASON}).", file=sys.stderr)
