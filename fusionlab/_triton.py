@@ -226,6 +226,15 @@ def quiet_stderr():
         os.close(devnull)
 
 
+@contextlib.contextmanager
+def one_profiler_cycle():
+    """Silence torch's warning (2.11, on a GPU) that a profiler "clears events at the end of each cycle":
+    the profilers here run one cycle, and the warning would show in every notebook cell that uses one."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events", category=UserWarning)
+        yield
+
+
 def compile_for(kernel, signature: dict, constexprs: dict, *, num_warps: int, arch: int = 90) -> dict:
     """Compile ``kernel`` for an NVIDIA GPU of compute capability ``arch`` (90: Hopper) **without one**:
     Triton's compiler and its bundled ``ptxas`` run on any Linux machine, also in interpreter mode.

@@ -46,7 +46,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from . import _exercise, runtime
-from ._triton import Launch, quiet_stderr  # noqa: F401  (Launch: the grading command rebuilds launches with it)
+from ._triton import Launch, one_profiler_cycle, quiet_stderr  # noqa: F401  (Launch: the grading command rebuilds launches with it)
 from .instrument import FREE, PASSES, LaunchCounter, op_name
 from .ledger import Ledger, human_bytes
 
@@ -283,8 +283,8 @@ class Sandbox(LaunchCounter):
         try:
             from torch.profiler import ProfilerActivity, profile
 
-            self._prof = profile(activities=[ProfilerActivity.CPU])
-            with _quiet_stderr():
+            with _quiet_stderr(), one_profiler_cycle():
+                self._prof = profile(activities=[ProfilerActivity.CPU])
                 self._prof.__enter__()
         except Exception:  # a profiler already running (the learner's own): dispatch counting alone
             self._prof = None
@@ -296,10 +296,11 @@ class Sandbox(LaunchCounter):
         finally:
             ACTIVE.remove(self)
             if self._prof is not None:
-                with _quiet_stderr():
+                with _quiet_stderr(), one_profiler_cycle():
                     self._prof.__exit__(None, None, None)
+                    events = self._prof.events()
                 if not getattr(self, "remote", False):  # a remote answer's ops were profiled where it ran
-                    self.hidden_ops += sorted(_unseen_compute(self._prof.events(), self.seen))
+                    self.hidden_ops += sorted(_unseen_compute(events, self.seen))
                 self._prof = None
 
     def _guarded(self, out: torch.Tensor) -> torch.Tensor:

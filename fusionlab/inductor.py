@@ -30,7 +30,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from ._triton import quiet_stderr
+from ._triton import one_profiler_cycle, quiet_stderr
 from .instrument import FREE, PASSES, LaunchCounter
 
 #: aten ops that do not compute: allocations, views, copies and fills
@@ -275,10 +275,7 @@ def profiled_kernels(fn: Callable, *inputs, warmup: bool = True) -> list[str]:
     with contextlib.ExitStack() as stack:
         if not cuda:
             stack.enter_context(quiet_stderr())
-        # torch 2.11 warns on a GPU that a profiler "clears events at the end of each cycle": this one
-        # runs one cycle, so the warning only clutters the notebook
-        stack.enter_context(warnings.catch_warnings())
-        warnings.filterwarnings("ignore", message=".*Profiler clears events", category=UserWarning)
+        stack.enter_context(one_profiler_cycle())
         prof = stack.enter_context(profile(activities=activities))
         fn(*inputs)
         if cuda:
