@@ -55,7 +55,11 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     controls = ("all",) if a.flushed_only else ncu.CACHE_CONTROLS
     cmd = "python benchmarks/record_trips.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    path = benchcli.record_trips(a.parts, a.out, budget_s=a.budget, cache_controls=controls, command=cmd.strip())
+    try:
+        path = benchcli.record_trips(a.parts, a.out, budget_s=a.budget, cache_controls=controls, command=cmd.strip())
+    except ncu.NcuUnavailable as e:
+        print(e, file=sys.stderr)
+        return 2
     data = benchcli.read_trips(path)
     for part, cases in data["parts"].items():
         print(f"\n[{part}]\n{benchcli.trips_table(cases)}")

@@ -438,8 +438,12 @@ def record_trips(
         except subprocess.TimeoutExpired:
             data["missing"][f"{part} {cc}"] = f"ncu ran past the {left:.0f} s left of the budget"
             got = {}
-        except ncu.NcuFailed as e:
-            data["missing"][f"{part} {cc}"] = str(e)[-1500:]
+        except ncu.NcuUnavailable as e:  # no counters on this machine at all: nothing else will run
+            data["missing"]["everything"] = str(e)
+            save()
+            raise
+        except Exception as e:  # noqa: BLE001 - ncu failed, or its output did not fit: this run's loss only
+            data["missing"][f"{part} {cc}"] = f"{type(e).__name__}: {e}"[-1500:]
             got = {}
         cases = data["parts"].setdefault(part, {})
         for name, entry in got.items():
