@@ -44,6 +44,7 @@ from .ledger import human_bytes
 from .lessons import SUITES, suite_module
 from .lessons.l4 import suite as l4
 from .measure import ncu
+from .measure import recorded as trips_files
 from .viz import roofline_figure
 from .viz._style import png
 
@@ -51,8 +52,8 @@ from .viz._style import png
 NOT_TRAFFIC = frozenset({"peak memory"})
 #: words of a case's name or group that put it under the tensor cores' roof (else the vector units')
 TENSOR_CORE_WORDS = ("matmul", "linear", "cublas", "gemm", "attention", "sdpa", "flash", "cudnn", "layer", "lce")
-#: recorded counters, one file per device, day and suite (a folder of its own: recorded/*.json are timings)
-TRIPS_DIR = bench.RECORDED_DIR / "trips"
+#: recorded counters, one file a run (a folder of its own: recorded/*.json are timings)
+TRIPS_DIR = trips_files.TRIPS_DIR
 
 
 # -- choosing cases ------------------------------------------------------------------------------------
@@ -180,8 +181,8 @@ def roofline_png(rows: list[dict], ceil: bench.Ceilings, label: str, path: Path)
 
 
 # -- the counters: the trips suite --------------------------------------------------------------------
-#: the recorded counters' format (one file per device and day: :func:`record_trips`)
-TRIPS_SCHEMA = 2
+#: the recorded counters' format (:mod:`fusionlab.measure.recorded` reads it)
+TRIPS_SCHEMA = trips_files.SCHEMA
 
 
 def schedule_kwargs(make_cases) -> dict:
@@ -269,7 +270,7 @@ REGIME_LOG2 = (20, 22, 23, 24, 26, 28)
 
 
 #: the group of the cases that only empty the L2 (readers leave them out)
-FLUSH = "flush"
+FLUSH = trips_files.FLUSH
 
 
 def trips_regimes():
@@ -454,26 +455,30 @@ def record_trips(
     return path
 
 
-def read_trips(path: Path) -> dict:
-    """A recorded trips file, checked for its schema."""
-    data = json.loads(Path(path).read_text())
-    if data.get("schema") != TRIPS_SCHEMA:
-        raise ValueError(f"{path}: trips schema {data.get('schema')}, this fusionlab reads {TRIPS_SCHEMA}")
-    return data
+read_trips = trips_files.read
+
+
+def counters_here_or_recorded(part: str, device: str | None = None, controls=("all",)) -> trips_files.Part | None:
+    """A part's counters (caches flushed, and not if ``controls`` says so) measured here where ncu can
+    read this GPU's counters (a minute or two a part), else the newest recording on ``device`` (None
+    while there is none); a lesson shows either with its :attr:`~fusionlab.measure.recorded.Part.label`."""
+    if runtime.is_gpu():
+        try:
+            target, args = target_of(part)
+            cases = ncu.measure_cases(target, *args, cache_controls=controls, timeout=300)
+            return trips_files.Part(part, trips_meta("fusionlab.benchcli.counters_here_or_recorded"), cases, True)
+        except ncu.NcuUnavailable as e:
+            print(f"No counters on this machine ({str(e).split(':')[0]}); reading the recording.", file=sys.stderr)
+        except (ncu.NcuFailed, subprocess.TimeoutExpired) as e:
+            print(f"ncu could not count {part!r} here ({type(e).__name__}); reading the recording.", file=sys.stderr)
+    return trips_files.newest(part, device, TRIPS_DIR)
 
 
 def recorded_trips(part: str, device: str | None = None) -> tuple[dict, dict] | None:
     """The newest recorded counters of a part (a lesson's suite or an experiment) on a device whose
     name contains ``device``: ``(meta, cases)``, or None where none is recorded."""
-    found = []
-    for p in sorted(TRIPS_DIR.glob("*.json")):
-        data = read_trips(p)
-        if part in data["parts"] and (device is None or device.lower() in data["meta"]["device"].lower()):
-            found.append(data)
-    if not found:
-        return None
-    newest = max(found, key=lambda d: (d["meta"]["date"], d["meta"].get("time", "")))
-    return newest["meta"], newest["parts"][part]
+    found = trips_files.newest(part, device, TRIPS_DIR)
+    return None if found is None else (found.meta, found.cases)
 
 
 def trips_table(cases: dict) -> str:

@@ -563,7 +563,7 @@ def _difference(predicted: float, measured: float) -> str:
     if measured == predicted:
         return "= ledger"
     sign = "+" if measured > predicted else "−"
-    pct = f" ({100 * (measured - predicted) / predicted:+.1f}%)" if predicted else ""
+    pct = f" ({sign}{100 * abs(measured - predicted) / predicted:.1f}%)" if predicted else ""
     return f"{sign}{human_bytes(abs(measured - predicted))}{pct}"
 
 
