@@ -138,7 +138,7 @@ def check_silu_trips(silu, silu_ledger) -> grading.Passed:
                 x = grading.randn(n, dtype)
                 counted = _counted(lambda x=x: silu(x))
             compare_with_count(led, counted, where, by_tensor=False)
-    note = _gpu_note() if runtime.is_gpu() else f" (counted in the interpreter at n = {', '.join(map(str, sizes))})"
+    note = _gpu_note() if runtime.is_gpu() else f" (counted in the interpreter, {len(sizes)} drawn sizes, 2 dtypes)"
     return grading.passed(f"✓ silu: correct in one launch, and your ledger is its trips{note}")
 
 
@@ -179,7 +179,7 @@ def check_row_var_trips(row_var, row_var_ledger) -> grading.Passed:
             counted = _counted(lambda x=x, block=block: row_var(x, block))
         compare_with_count(led, counted, where, by_tensor=False)
         checked.append(f"{n} wide")
-    note = _gpu_note() if runtime.is_gpu() else f" (counted in the interpreter, rows {', '.join(checked)})"
+    note = _gpu_note() if runtime.is_gpu() else f" (counted in the interpreter, {len(checked)} widths)"
     return grading.passed(f"✓ row_var: correct in one launch, and your ledger is its trips{note}")
 
 
@@ -213,7 +213,7 @@ def check_matmul_trips(my_ledger) -> grading.Passed:
             counted = _counted(lambda a=a, b=b, bm=block_m, bn=block_n: run_matmul(a, b, bm, bn), MATMUL_NAMES)
         compare_with_count(led, counted, where, by_tensor=True)
         shapes.append(f"{M}x{N}x{K}")
-    note = _gpu_note() if runtime.is_gpu() else f" (counted in the interpreter at {', '.join(shapes)})"
+    note = _gpu_note() if runtime.is_gpu() else f" (counted in the interpreter at {len(shapes)} shapes drawn afresh)"
     return grading.passed(
         f"✓ matmul ledger: A read once per column of tiles, B once per row of tiles, C written once{note}"
     )
@@ -250,5 +250,5 @@ def check_attention_trips(my_ledger) -> grading.Passed:
         compare_with_count(led, counted, where, by_tensor=True)
         shapes.append(f"N_q={N_q}, N_k={N_k}")
     tiles = "K and V read once per query tile, Q read and O written once"
-    note = _gpu_note() if runtime.is_gpu() else f" (counted in the interpreter at {'; '.join(shapes)})"
+    note = _gpu_note() if runtime.is_gpu() else f" (counted in the interpreter at {len(shapes)} shapes drawn afresh)"
     return grading.passed(f"✓ attention ledger: {tiles}{note}")
