@@ -63,6 +63,10 @@ def main(argv=None) -> int:
     data = benchcli.read_trips(path)
     for part, cases in data["parts"].items():
         print(f"\n[{part}]\n{benchcli.trips_table(cases)}")
+    if "large" in data["parts"]:
+        print(f"\nthe bar: DRAM bytes within {benchcli.LEDGER_BAR:.0%} of the ledger at >= 1 GiB (caches flushed)")
+        for name, met, ratio in benchcli.trips_bars(data["parts"]["large"]):
+            print(f"  {'MET ' if met else 'MISS'} {name:<44} {ratio}")
     for what, why in data["missing"].items():
         print(f"MISSING {what}: {why[-300:]}")
     print(f"\nwrote {path} in {time.perf_counter() - t0:.0f} s")

@@ -481,6 +481,22 @@ def recorded_trips(part: str, device: str | None = None) -> tuple[dict, dict] | 
     return None if found is None else (found.meta, found.cases)
 
 
+#: the bar at >= 1 GiB: a kernel's DRAM bytes (caches flushed) within this share of its schedule's ledger
+LEDGER_BAR = 0.02
+
+
+def trips_bars(cases: dict) -> list[tuple[str, bool, str]]:
+    """The ledger bar for each case of the ``large`` part: ``(case, met, DRAM over ledger)``. The writes may
+    fall short by what L2 still holds when the kernel ends (at most its size: under 2.5% of 2 GiB)."""
+    out = []
+    for name, c in cases.items():
+        if "error" in c or "all" not in c or not c.get("schedule_bytes"):
+            continue
+        r = (c["all"]["dram_read"] + c["all"]["dram_write"]) / c["schedule_bytes"]
+        out.append((name, abs(r - 1) <= LEDGER_BAR, f"{r:.4f}x"))
+    return out
+
+
 def trips_table(cases: dict) -> str:
     """Each case's ledger beside its DRAM bytes (flushed) and, not flushed, its DRAM and L2 bytes."""
     head = f"{'case':<44} {'schedule':>10} {'DRAM':>10} {'/sched':>7} {'L2':>10} | {'DRAM warm':>10} {'L2 warm':>10}"

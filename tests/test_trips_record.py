@@ -124,3 +124,28 @@ def test_an_unknown_part_is_refused_and_other_schemas_are_not_read(tmp_path):
     old.write_text(json.dumps({"schema": 1, "meta": {}, "cases": []}))
     with pytest.raises(ValueError, match="schema 1"):
         benchcli.read_trips(old)
+
+
+def test_the_ledger_bar_reads_the_large_parts_flushed_counters():
+    cases = {
+        "on": {"schedule_bytes": 1000, "all": {"dram_read": 500, "dram_write": 490}},
+        "off": {"schedule_bytes": 1000, "all": {"dram_read": 500, "dram_write": 470}},
+        "broken": {"schedule_bytes": 1000, "error": "no"},
+    }
+    assert benchcli.trips_bars(cases) == [("on", True, "0.9900x"), ("off", False, "0.9700x")]
+
+
+def test_gpu_the_large_kernels_move_their_ledger_through_dram(tmp_path):
+    """On a GPU with ncu: every >= 1 GiB element-wise and row-wise kernel within 2% of its ledger."""
+    from fusionlab import runtime
+
+    if not runtime.is_gpu():
+        pytest.skip("needs a GPU Triton supports, and ncu")
+    try:
+        ncu.find_ncu()
+    except ncu.NcuUnavailable as e:
+        pytest.skip(str(e).split(".")[0])
+    data = benchcli.read_trips(benchcli.record_trips(["large"], tmp_path, budget_s=300, cache_controls=("all",)))
+    assert not data["missing"], data["missing"]
+    bars = benchcli.trips_bars(data["parts"]["large"])
+    assert len(bars) >= 7 and all(met for _, met, _ in bars), bars
