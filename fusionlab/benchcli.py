@@ -74,9 +74,13 @@ def matches(name: str, group: str, op: str | None) -> bool:
     return all(w in text for w in op.lower().split())
 
 
-def on_tensor_cores(name: str, group: str) -> bool:
+#: suites whose every case with FLOPs is tensor-core work (lesson 7: attention, named by its shapes)
+TENSOR_CORE_SUITES = frozenset({"lesson7"})
+
+
+def on_tensor_cores(name: str, group: str, suite: str | None = None) -> bool:
     text = f"{name} {group}".lower()
-    return any(w in text for w in TENSOR_CORE_WORDS)
+    return suite in TENSOR_CORE_SUITES or any(w in text for w in TENSOR_CORE_WORDS)
 
 
 # -- a progress bar (stderr, one line redrawn) -----------------------------------------------------------
@@ -95,7 +99,7 @@ class Progress:
 
 
 # -- rows: one per case, whatever the source -------------------------------------------------------------
-def row(res: bench.Result, ceil: bench.Ceilings, trips: dict | None = None) -> dict:
+def row(res: bench.Result, ceil: bench.Ceilings, trips: dict | None = None, suite: str | None = None) -> dict:
     """A case's numbers as the bench shows them: time, % of copy, % of matmul peak, ledger vs counted."""
     traffic = res.group not in NOT_TRAFFIC
     out = {
@@ -107,10 +111,11 @@ def row(res: bench.Result, ceil: bench.Ceilings, trips: dict | None = None) -> d
         "TFLOPs": res.TFLOPs,
         # the matmul peak is the ceiling of tensor-core work only: element-wise FLOPs never reach it
         "pct_matmul": 100 * res.TFLOPs / ceil.matmul_TFLOPs
-        if res.TFLOPs and ceil.matmul_TFLOPs and on_tensor_cores(res.name, res.group)
+        if res.TFLOPs and ceil.matmul_TFLOPs and on_tensor_cores(res.name, res.group, suite)
         else None,
         "ledger_bytes": res.nbytes if traffic else None,
         "flops": res.flops,
+        "tensor_cores": on_tensor_cores(res.name, res.group, suite),
         "dram_bytes": None,
     }
     t = (trips or {}).get(res.name)
@@ -144,8 +149,11 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-#: a roofline with more points than this keeps the fastest case of each group (its labels stay legible)
+#: a roofline with more points than this keeps the fastest case of each group
 MAX_POINTS = 16
+#: past this many points, each is labelled by its number and named in a key under the chart: the names of
+#: a suite's cases, close together on the chart, cannot all sit beside their points without overlapping
+NAMED_POINTS = 4
 
 
 def roofline_points(rows: list[dict], roofs: list[tuple[str, float]]) -> list[tuple]:
@@ -157,7 +165,9 @@ def roofline_points(rows: list[dict], roofs: list[tuple[str, float]]) -> list[tu
         nbytes = r.get("dram_bytes") or r.get("ledger_bytes")
         if not r["flops"] or not nbytes or not r["TFLOPs"]:
             continue
-        roof = roofs[0][0] if on_tensor_cores(r["name"], r["group"]) or len(roofs) == 1 else roofs[1][0]
+        # a rate above the vector units' roof can only come from the tensor cores
+        tc = r.get("tensor_cores") or on_tensor_cores(r["name"], r["group"])
+        roof = roofs[0][0] if tc or len(roofs) == 1 or r["TFLOPs"] > roofs[1][1] else roofs[1][0]
         points.append((r["group"], (r["name"], r["flops"] / nbytes, r["TFLOPs"], roof)))
     if len(points) > MAX_POINTS:
         best: dict[str, tuple] = {}
@@ -176,7 +186,8 @@ def roofline_png(rows: list[dict], ceil: bench.Ceilings, label: str, path: Path)
         roofs.append(("vector units, fp32 FMA", ceil.vector_TFLOPs))
     points = roofline_points(rows, roofs)
     if points:
-        path.write_bytes(png(roofline_figure(ceil.copy_GBps, roofs, points, label)))
+        numbered = len(points) > NAMED_POINTS
+        path.write_bytes(png(roofline_figure(ceil.copy_GBps, roofs, points, label, numbered=numbered)))
     return len(points)
 
 
@@ -549,7 +560,7 @@ def live(suites, op, use_ncu: bool) -> dict[str, dict]:
                 use_ncu = False
             except (ncu.NcuFailed, subprocess.TimeoutExpired) as e:  # this suite's only
                 print(f"  no counters for {suite}: {e}", file=sys.stderr)
-        rows = [row(r, ceil, trips) for r in results]
+        rows = [row(r, ceil, trips, suite) for r in results]
         out[suite] = {"rows": rows, "ceilings": ceil, "label": label}
         print(f"\n[{suite}]\n{table(rows)}", flush=True)
     return out
@@ -565,7 +576,7 @@ def recorded(suites, op, device: str | None) -> dict[str, dict]:
             print(f"[{suite}] {e}", file=sys.stderr)
             continue
         trips = recorded_trips(suite, rec.meta["device"])
-        rows = [row(r, rec.ceilings, trips[1] if trips else None) for r in rec.results(suite)]
+        rows = [row(r, rec.ceilings, trips[1] if trips else None, suite) for r in rec.results(suite)]
         rows = [r for r in rows if matches(r["name"], r["group"], op)]
         if not rows:
             continue
@@ -580,13 +591,41 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--op", default=None, help="only cases whose name or group has these words (e.g. rmsnorm)")
     ap.add_argument("--ncu", action="store_true", help="also count DRAM bytes with Nsight Compute (GPU)")
     ap.add_argument("--recorded", action="store_true", help="show the recorded results even on a GPU")
+    ap.add_argument(
+        "--trips",
+        action="store_true",
+        help="the trips suite: ledger against DRAM and L2 bytes (recorded; with --ncu on a GPU, counted here)",
+    )
     ap.add_argument("--device", default=None, help="recorded results of this device (e.g. H100)")
     ap.add_argument("--out", type=Path, default=Path("."), help="folder for the JSON and the roofline PNG")
+
+
+def show_trips(parts, device: str | None, directory: Path | None = None) -> int:
+    """Each part's newest recorded counters (ledger against DRAM and L2 bytes), labelled; how many found."""
+    found = 0
+    for part in parts:
+        p = trips_files.newest(part, device, directory if directory is not None else TRIPS_DIR)
+        if p is None:
+            print(f"\n[{part}] {trips_files.missing_message(part, device)}")
+            continue
+        found += 1
+        print(f"\n[{part}] {p.label}\n{trips_table(p.cases)}")
+        if part == "large":
+            for name, met, ratio in trips_bars(p.cases):
+                print(f"  {'MET ' if met else 'MISS'} DRAM within {LEDGER_BAR:.0%} of the ledger: {name} {ratio}")
+    return found
 
 
 def main(a: argparse.Namespace) -> int:
     """``python -m fusionlab bench``, with the arguments :func:`add_arguments` declares."""
     suites = suites_for(a.lesson)
+    if a.trips:
+        parts = [*EXPERIMENTS, *suites] if a.lesson is None else suites
+        if a.ncu and runtime.is_gpu() and not a.recorded:
+            path = record_trips(parts, a.out, command="python -m fusionlab bench --trips --ncu")
+            print(f"wrote {path}")
+            return 0 if show_trips(parts, None, a.out) else 1
+        return 0 if show_trips(parts, a.device) else 1
     if runtime.is_gpu() and not a.recorded:
         results = live(suites, a.op, a.ncu)
         source = "measured"

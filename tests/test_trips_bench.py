@@ -137,3 +137,19 @@ def test_a_suites_counters_are_summed_case_by_case(monkeypatch):
     assert fused["none"]["dram_read"] == 2 and f["kernels"][0]["name"] == "f"
     assert e["dram_read"] + e["dram_write"] == eager["schedule_bytes"] == 16
     assert [k["name"] for k in e["kernels"]] == ["a", "b"] and "FUSIONLAB_NCU_CASES" not in os.environ
+
+
+def test_a_crowded_roofline_numbers_its_points_and_no_two_labels_overlap():
+    from fusionlab.viz import roofline_figure
+
+    roofs = [("tensor", 700.0), ("vector", 60.0)]
+    # twelve points, pairs of them on one spot, the pairs half a step apart on the x axis
+    points = [(f"case {i}", 200.0 * (1.5 ** (i // 2)), 300.0 + 10 * (i // 2), "tensor") for i in range(12)]
+    fig = roofline_figure(4000.0, roofs, points, "TEST GPU", numbered=True)
+    chart, key = fig.axes
+    assert [t.get_text() for t in key.texts][:2] == [" 1  case 0", " 2  case 1"]
+    labels = [t for t in chart.texts if t.get_text()[:1].isdigit() and "FLOP" not in t.get_text()]
+    assert "1, 2" in [t.get_text() for t in labels]  # one spot, one label
+    r = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(r) for t in labels]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])

@@ -192,3 +192,13 @@ def test_lesson1s_kernels_are_drawn_measured_beside_the_ledger(trips_dir):
     fig = measured_figure([], rows, "eager against fused", t.label)
     texts = [x.get_text() for ax in fig.axes for x in ax.texts]
     assert "−15.68 MiB (−49.0%)" in texts  # the second kernel: t1 from L2, not HBM
+
+
+def test_bench_trips_shows_each_recorded_part_labelled_and_says_which_are_missing(trips_dir, capsys):
+    from fusionlab import benchcli
+
+    assert benchcli.show_trips(["eager_softmax", "cliff", "lesson7"], None, trips_dir) == 2
+    out = capsys.readouterr().out
+    assert "[eager_softmax] RECORDED with Nsight Compute" in out and "torch.softmax 32768x4096" in out
+    assert "could not run: OutOfResources" in out
+    assert "[lesson7] The counters of 'lesson7' are not recorded yet" in out
