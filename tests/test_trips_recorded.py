@@ -202,3 +202,10 @@ def test_bench_trips_shows_each_recorded_part_labelled_and_says_which_are_missin
     assert "[eager_softmax] RECORDED with Nsight Compute" in out and "torch.softmax 32768x4096" in out
     assert "could not run: OutOfResources" in out
     assert "[lesson7] The counters of 'lesson7' are not recorded yet" in out
+
+
+def test_a_summary_puts_hbm_beside_l2_for_each_case_that_ran(trips_dir):
+    part = recorded.newest("eager_softmax", None, trips_dir)
+    text = part.summary(["torch.softmax 32768x4096", "softmax fused 32768x4096", "absent"])
+    assert "torch.softmax 32768x4096  HBM  0.96× its ledger, through L2  1.50×" in text
+    assert "absent" not in text and text.endswith(part.label)

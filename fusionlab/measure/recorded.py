@@ -98,6 +98,18 @@ class Part:
         this exceeds the DRAM ratio, the difference was served by (or left in) the L2."""
         return self._need(name, mode)["l2_bytes"] / self.case(name)["schedule_bytes"]
 
+    def summary(self, names, mode: str = FLUSHED) -> str:
+        """One line a case: HBM bytes and L2 bytes over its schedule's ledger, then the recording's label.
+        Where L2's ratio is far above HBM's, the kernel's re-reads were served by the L2."""
+        width = max(map(len, names), default=0)
+        lines = [
+            f"{n:<{width}}  HBM {self.over_schedule(n, mode):5.2f}× its ledger, "
+            f"through L2 {self.l2_over_schedule(n, mode):5.2f}×"
+            for n in names
+            if n in self.cases and self.counted(n, mode) is not None
+        ]
+        return "\n".join([*lines, self.label])
+
     def _need(self, name: str, mode: str) -> dict:
         c = self.counted(name, mode)
         if c is None:
