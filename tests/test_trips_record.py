@@ -18,11 +18,11 @@ import pytest
 from fusionlab import benchcli
 from fusionlab.measure import ncu
 
+# the details page, as ncu printed it on the lent H200 (2026-11-26): one row a metric a kernel
 HEADER = (
     '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
-    '"Device","CC","dram__bytes_read.sum","dram__bytes_write.sum","gpu__time_duration.sum","lts__t_bytes.sum"'
+    '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
 )
-UNITS = '"","","","","","","","","","","","byte","byte","nsecond","byte"'
 
 FAKE = r"""#!{python}
 import json, os, sys, time
@@ -48,18 +48,20 @@ warm = 0.5 if cc == "none" else 1.0
 rows = [("_fusionlab_case_marker", 0, 0, 10), ("_cos_kernel", 1000 * warm, 990, 4000),
         ("_fusionlab_case_marker", 0, 0, 10), ("vectorized_elementwise_kernel", 2000, 1980, 3000),
         ("vectorized_elementwise_kernel", 2000 * warm, 1980, 3000)]
+print("==PROF== Disconnected from process 1")
 print({header!r})
-print({units!r})
 for i, (name, r, w, l2) in enumerate(rows):
-    print(f'"{{i}}","1","python","h","{{name}}","1","7","(128, 1, 1)","(8, 1, 1)","0","9.0",'
-          f'"{{r:,.0f}}","{{w:,.0f}}","1,000","{{l2:,.0f}}"')
+    for metric, unit, v in (("dram__bytes_read.sum", "byte", r), ("dram__bytes_write.sum", "byte", w),
+                            ("gpu__time_duration.sum", "nsecond", 1000), ("lts__t_bytes.sum", "byte", l2)):
+        print(f'"{{i}}","1","python","h","{{name}}","1","7","(128, 1, 1)","(8, 1, 1)","0","9.0","Command line '
+              f'profiler metrics","{{metric}}","{{unit}}","{{v:,.0f}}"')
 """
 
 
 @pytest.fixture
 def fake_ncu(tmp_path, monkeypatch):
     path = tmp_path / "ncu"
-    path.write_text(FAKE.format(python=sys.executable, header=HEADER, units=UNITS))
+    path.write_text(FAKE.format(python=sys.executable, header=HEADER))
     path.chmod(0o755)
     monkeypatch.setenv("FUSIONLAB_NCU", str(path))
     monkeypatch.setattr(ncu, "_check_gpu", lambda: None)

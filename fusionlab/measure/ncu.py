@@ -267,9 +267,7 @@ def command(
         ncu or find_ncu(),
         "--metrics",
         ",".join(metrics),
-        "--csv",
-        "--page",
-        "raw",
+        "--csv",  # the details page: one row a metric a kernel, the layout seen on the lent H100 and H200
         "--print-units",
         "base",
         "--cache-control",
