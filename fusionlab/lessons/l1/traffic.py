@@ -26,6 +26,10 @@ class Traffic(_recorded.Part):
     def sizes(self) -> list[int]:
         return sorted({c["tensor_bytes"] for c in self.cases.values() if "tensor_bytes" in c})
 
+    def inside_l2(self) -> list[int]:
+        """The sizes at which eager's input and intermediate fit the L2 together (its L2 band)."""
+        return [b for b in self.sizes() if 2 * b <= self.meta["L2_bytes"]]
+
     def name_of(self, case: str, nbytes: int, call: str = "again") -> str:
         for name, c in self.cases.items():
             if c.get("group") == case and c.get("tensor_bytes") == nbytes and c.get("call") == call:
