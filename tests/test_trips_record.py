@@ -151,3 +151,16 @@ def test_gpu_the_large_kernels_move_their_ledger_through_dram(tmp_path):
     assert not data["missing"], data["missing"]
     bars = benchcli.trips_bars(data["parts"]["large"])
     assert len(bars) >= 7 and all(met for _, met, _ in bars), bars
+
+
+def test_a_case_that_cannot_run_is_left_out_of_the_thunk_with_its_error(tmp_path, monkeypatch):
+    side = tmp_path / "cases.json"
+    monkeypatch.setenv(ncu.CASES_ENV, str(side))
+    ran = []
+
+    def too_big():
+        raise MemoryError("2 GiB more")
+
+    ncu.cases_thunk([({"name": "ok"}, lambda: ran.append(1)), ({"name": "too big"}, too_big)])
+    infos = json.loads(side.read_text())
+    assert ran == [1] and infos[0] == {"name": "ok"} and infos[1]["error"] == "MemoryError: 2 GiB more"
