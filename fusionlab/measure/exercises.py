@@ -32,17 +32,11 @@ from .interpreter import InterpreterTrips
 
 # -- the comparison ---------------------------------------------------------------------------------------
 def _counted(run, rename: dict[str, str] | None = None) -> dict[tuple[str, str], int]:
-    """The bytes ``run()`` moves by ``(tensor, direction)``, counted in the interpreter; parameter names
-    renamed through ``rename`` (a name absent from it is kept)."""
+    """The bytes ``run()`` moves by ``(tensor, direction)``, counted in the interpreter, each kernel
+    parameter named through ``rename`` (:meth:`InterpreterTrips.by_tensor`)."""
     with InterpreterTrips() as t:
         run()
-    out: dict[tuple[str, str], int] = {}
-    for k in t.kernels:
-        for direction, by in ((READ, k.reads), (WRITE, k.writes)):
-            for name, n in by.items():
-                key = ((rename or {}).get(name, name), direction)
-                out[key] = out.get(key, 0) + n
-    return out
+    return t.by_tensor(rename)
 
 
 def _totals(by: dict[tuple[str, str], int]) -> tuple[int, int]:
