@@ -30,9 +30,12 @@ import sys
 import time
 from pathlib import Path
 
-from fusionlab import benchcli, runtime
-from fusionlab.lessons import SUITES
-from fusionlab.measure import ncu
+# this checkout's fusionlab, whatever is installed (ncu's child process gets the same: its PYTHONPATH)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fusionlab import benchcli, runtime  # noqa: E402
+from fusionlab.lessons import SUITES  # noqa: E402
+from fusionlab.measure import ncu  # noqa: E402
 
 
 def main(argv=None) -> int:

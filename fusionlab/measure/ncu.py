@@ -317,7 +317,10 @@ def profile(
     regular expression: only kernels whose name matches it are profiled."""
     _check_gpu()
     cmd = command(target, args, cache_control=cache_control, kernels=kernels)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    # the child imports this very fusionlab (the folder above the package), then the caller's own modules
+    here = str(Path(__file__).resolve().parents[2])
+    path = [here, os.getcwd(), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
     return parse_csv(run_ncu(cmd, timeout=timeout, env=env))
 
 
