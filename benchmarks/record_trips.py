@@ -1,36 +1,49 @@
-"""Record the trips suite: every lesson's cases under Nsight Compute's counters, on a GPU with ncu.
+"""Record the trips suite: the ledger's bytes beside the bytes the GPU moved, from Nsight Compute's counters.
 
-    python benchmarks/record_trips.py                          # every lesson, into fusionlab/recorded/trips/
-    python benchmarks/record_trips.py lesson1 lesson4 --out $OUT
+    python benchmarks/record_trips.py --out $OUT/trips            # everything, within 330 s
+    python benchmarks/record_trips.py cliff eager_softmax         # some parts
 
-For each case of each lesson's suite (its ``suite.py`` in ``fusionlab/lessons/``; peak-memory cases left
-out) it writes the ledger's bytes (the fused schedule's, ``ledger_bytes``; the case's own schedule's,
-``schedule_bytes``) beside the DRAM bytes read and written, the L2 bytes and the time of each kernel the
-case launches, with caches flushed before each kernel and (under ``"none"``) without: one JSON file per
-suite, named after the device, the date and the suite, which ``python -m fusionlab bench`` shows
-beside the recorded timings on a machine without a GPU. One ncu process per suite and cache setting;
-a suite that fails costs only itself.
+For each case it writes the bytes the ledger predicts (``ledger_bytes``: the fused schedule's;
+``schedule_bytes``: the case's own) beside, per kernel, the DRAM bytes read and written, the bytes
+through the L2 and the time, with caches flushed before each kernel (``"all"``) and, for lesson 1's
+regimes and the lessons' suites, without (``"none"``: the program replayed whole for each pass of the
+profiler, so each kernel meets the L2 as the kernel before it left it). The parts, most wanted first:
+
+- ``large``: element-wise and row-wise kernels of lessons 1, 2, 4 and 5 on tensors of 1 GiB and more
+  (the bar: DRAM bytes within 2% of the ledger);
+- ``eager_softmax``: what ``torch.softmax`` reads at lesson 4's two shapes, beside the fused kernel;
+- ``cliff``: lesson 4's re-read cliff, the online softmax (two reads a row) against the split one (one)
+  and RMSNorm's two-pass path, at row widths past what the L2 holds;
+- ``regimes``: lesson 1's sizes from 4 MiB (inside the L2) to 1 GiB, each case run twice in a row;
+- then each lesson's suite (``fusionlab/lessons/l*/suite.py``): every schedule the lessons time.
+
+One JSON file a run (``<device>-<date>-<time>.json``, schema ``benchcli.TRIPS_SCHEMA``, with
+device, date, torch/triton/CUDA/ncu versions and the L2's size), rewritten after every ncu run, so that a
+part that fails or a budget that runs out costs only what was left (listed under ``"missing"``). The
+lessons and ``python -m fusionlab bench`` read it from ``fusionlab/recorded/trips/``.
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from fusionlab import benchcli, runtime
-from fusionlab.lessons import SUITES
-from fusionlab.measure import ncu
+# this checkout's fusionlab, whatever is installed (ncu's child process gets the same: its PYTHONPATH)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fusionlab import benchcli, runtime  # noqa: E402
+from fusionlab.lessons import SUITES  # noqa: E402
+from fusionlab.measure import ncu  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("suites", nargs="*", default=list(SUITES))
+    ap.add_argument("parts", nargs="*", default=[*benchcli.EXPERIMENTS, *SUITES])
     ap.add_argument("--out", type=Path, default=benchcli.TRIPS_DIR)
-    ap.add_argument("--timeout", type=float, default=600, help="seconds per ncu run")
-    ap.add_argument("--flushed-only", action="store_true", help="skip the unflushed run (it replays the program)")
+    ap.add_argument("--budget", type=float, default=330, help="seconds for everything (default 330)")
+    ap.add_argument("--flushed-only", action="store_true", help="skip the runs without a flush")
     a = ap.parse_args(argv)
     if not runtime.is_gpu():
         print(f"record_trips needs a GPU Triton supports ({runtime.REASON}).", file=sys.stderr)
@@ -40,17 +53,27 @@ def main(argv=None) -> int:
     except ncu.NcuUnavailable as e:
         print(e, file=sys.stderr)
         return 2
-    failed = []
-    for suite in a.suites:
-        t0 = time.perf_counter()
-        try:
-            controls = ("all",) if a.flushed_only else ncu.CACHE_CONTROLS
-            benchcli.record_trips([suite], a.out, timeout=a.timeout, cache_controls=controls)
-        except (ncu.NcuFailed, subprocess.TimeoutExpired, OSError) as e:
-            print(f"{suite}: FAILED: {e}", file=sys.stderr, flush=True)
-            failed.append(suite)
-        print(f"{suite} took {time.perf_counter() - t0:.0f} s", flush=True)
-    return 1 if failed else 0
+    for p in a.parts:
+        benchcli.target_of(p)  # an unknown part fails here, before any run
+    t0 = time.perf_counter()
+    controls = ("all",) if a.flushed_only else ncu.CACHE_CONTROLS
+    cmd = "python benchmarks/record_trips.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    try:
+        path = benchcli.record_trips(a.parts, a.out, budget_s=a.budget, cache_controls=controls, command=cmd.strip())
+    except ncu.NcuUnavailable as e:
+        print(e, file=sys.stderr)
+        return 2
+    data = benchcli.read_trips(path)
+    for part, cases in data["parts"].items():
+        print(f"\n[{part}]\n{benchcli.trips_table(cases)}")
+    if "large" in data["parts"]:
+        print(f"\nthe bar: DRAM bytes within {benchcli.LEDGER_BAR:.0%} of the ledger at >= 1 GiB (caches flushed)")
+        for name, met, ratio in benchcli.trips_bars(data["parts"]["large"]):
+            print(f"  {'MET ' if met else 'MISS'} {name:<44} {ratio}")
+    for what, why in data["missing"].items():
+        print(f"MISSING {what}: {why[-300:]}")
+    print(f"\nwrote {path} in {time.perf_counter() - t0:.0f} s")
+    return 1 if data["missing"] else 0
 
 
 if __name__ == "__main__":

@@ -24,18 +24,27 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
 import re
 import subprocess
 import sys
-import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
 from . import bench, runtime
+from .kernels.bias_gelu import bias_gelu, bias_gelu_ledger
+from .kernels.cos import cos_cos, cos_cos_eager, cos_cos_ledger
+from .kernels.layernorm import layernorm, layernorm_ledger
+from .kernels.rmsnorm import rmsnorm, rmsnorm_ledger
+from .kernels.softmax import softmax, softmax_eager, softmax_ledger
+from .kernels.swiglu import swiglu, swiglu_ledger
 from .ledger import human_bytes
 from .lessons import SUITES, suite_module
+from .lessons.l4 import suite as l4
 from .measure import ncu
+from .measure import recorded as trips_files
 from .viz import roofline_figure
 from .viz._style import png
 
@@ -43,8 +52,8 @@ from .viz._style import png
 NOT_TRAFFIC = frozenset({"peak memory"})
 #: words of a case's name or group that put it under the tensor cores' roof (else the vector units')
 TENSOR_CORE_WORDS = ("matmul", "linear", "cublas", "gemm", "attention", "sdpa", "flash", "cudnn", "layer", "lce")
-#: recorded counters, one file per device, day and suite (a folder of its own: recorded/*.json are timings)
-TRIPS_DIR = bench.RECORDED_DIR / "trips"
+#: recorded counters, one file a run (a folder of its own: recorded/*.json are timings)
+TRIPS_DIR = trips_files.TRIPS_DIR
 
 
 # -- choosing cases ------------------------------------------------------------------------------------
@@ -65,9 +74,13 @@ def matches(name: str, group: str, op: str | None) -> bool:
     return all(w in text for w in op.lower().split())
 
 
-def on_tensor_cores(name: str, group: str) -> bool:
+#: suites whose every case with FLOPs is tensor-core work (lesson 7: attention, named by its shapes)
+TENSOR_CORE_SUITES = frozenset({"lesson7"})
+
+
+def on_tensor_cores(name: str, group: str, suite: str | None = None) -> bool:
     text = f"{name} {group}".lower()
-    return any(w in text for w in TENSOR_CORE_WORDS)
+    return suite in TENSOR_CORE_SUITES or any(w in text for w in TENSOR_CORE_WORDS)
 
 
 # -- a progress bar (stderr, one line redrawn) -----------------------------------------------------------
@@ -86,7 +99,7 @@ class Progress:
 
 
 # -- rows: one per case, whatever the source -------------------------------------------------------------
-def row(res: bench.Result, ceil: bench.Ceilings, trips: dict | None = None) -> dict:
+def row(res: bench.Result, ceil: bench.Ceilings, trips: dict | None = None, suite: str | None = None) -> dict:
     """A case's numbers as the bench shows them: time, % of copy, % of matmul peak, ledger vs counted."""
     traffic = res.group not in NOT_TRAFFIC
     out = {
@@ -98,15 +111,16 @@ def row(res: bench.Result, ceil: bench.Ceilings, trips: dict | None = None) -> d
         "TFLOPs": res.TFLOPs,
         # the matmul peak is the ceiling of tensor-core work only: element-wise FLOPs never reach it
         "pct_matmul": 100 * res.TFLOPs / ceil.matmul_TFLOPs
-        if res.TFLOPs and ceil.matmul_TFLOPs and on_tensor_cores(res.name, res.group)
+        if res.TFLOPs and ceil.matmul_TFLOPs and on_tensor_cores(res.name, res.group, suite)
         else None,
         "ledger_bytes": res.nbytes if traffic else None,
         "flops": res.flops,
+        "tensor_cores": on_tensor_cores(res.name, res.group, suite),
         "dram_bytes": None,
     }
     t = (trips or {}).get(res.name)
-    if t and traffic:
-        out["dram_bytes"] = t["dram_read"] + t["dram_write"]
+    if t and traffic and "all" in t:
+        out["dram_bytes"] = t["all"]["dram_read"] + t["all"]["dram_write"]
         out["schedule_bytes"] = t.get("schedule_bytes")
     return out
 
@@ -135,8 +149,11 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-#: a roofline with more points than this keeps the fastest case of each group (its labels stay legible)
+#: a roofline with more points than this keeps the fastest case of each group
 MAX_POINTS = 16
+#: past this many points, each is labelled by its number and named in a key under the chart: the names of
+#: a suite's cases, close together on the chart, cannot all sit beside their points without overlapping
+NAMED_POINTS = 4
 
 
 def roofline_points(rows: list[dict], roofs: list[tuple[str, float]]) -> list[tuple]:
@@ -148,7 +165,9 @@ def roofline_points(rows: list[dict], roofs: list[tuple[str, float]]) -> list[tu
         nbytes = r.get("dram_bytes") or r.get("ledger_bytes")
         if not r["flops"] or not nbytes or not r["TFLOPs"]:
             continue
-        roof = roofs[0][0] if on_tensor_cores(r["name"], r["group"]) or len(roofs) == 1 else roofs[1][0]
+        # a rate above the vector units' roof can only come from the tensor cores
+        tc = r.get("tensor_cores") or on_tensor_cores(r["name"], r["group"])
+        roof = roofs[0][0] if tc or len(roofs) == 1 or r["TFLOPs"] > roofs[1][1] else roofs[1][0]
         points.append((r["group"], (r["name"], r["flops"] / nbytes, r["TFLOPs"], roof)))
     if len(points) > MAX_POINTS:
         best: dict[str, tuple] = {}
@@ -167,11 +186,16 @@ def roofline_png(rows: list[dict], ceil: bench.Ceilings, label: str, path: Path)
         roofs.append(("vector units, fp32 FMA", ceil.vector_TFLOPs))
     points = roofline_points(rows, roofs)
     if points:
-        path.write_bytes(png(roofline_figure(ceil.copy_GBps, roofs, points, label)))
+        numbered = len(points) > NAMED_POINTS
+        path.write_bytes(png(roofline_figure(ceil.copy_GBps, roofs, points, label, numbered=numbered)))
     return len(points)
 
 
-# -- the counters: one ncu run per suite -----------------------------------------------------------------
+# -- the counters: the trips suite --------------------------------------------------------------------
+#: the recorded counters' format (:mod:`fusionlab.measure.recorded` reads it)
+TRIPS_SCHEMA = trips_files.SCHEMA
+
+
 def schedule_kwargs(make_cases) -> dict:
     """Ceilings that turn a case's ``predicted_ms`` into the bytes of its own schedule: the suites state
     those bytes only through the predicted time, so at 1 GB/s and with compute taken as free (1e12
@@ -180,102 +204,338 @@ def schedule_kwargs(make_cases) -> dict:
 
 
 def suite_thunk(suite: str, *names: str):
-    """The ncu target for a suite (:func:`fusionlab.measure.ncu.profile`): builds the suite's cases (those
-    named, or all but peak-memory ones), writes their names and schedule bytes to the file named by
-    ``FUSIONLAB_NCU_CASES``, and returns a thunk that runs each once after the marker kernel."""
+    """The ncu target for a suite (:func:`fusionlab.measure.ncu.measure_cases`): its cases (those named,
+    or all but peak-memory ones), each with the fused ledger's bytes and its own schedule's."""
     make_cases = suite_module(suite).cases
     cases = [c for c in make_cases(**schedule_kwargs(make_cases)) if c.group not in NOT_TRAFFIC]
     if names:
         cases = [c for c in cases if c.name in names]
-    info = [
-        {
-            "name": c.name,
-            "group": c.group,
-            "ledger_bytes": c.nbytes,
-            "schedule_bytes": c.predicted_ms * 1e6 if c.predicted_ms else None,
-        }
+    return ncu.cases_thunk(
+        (
+            {
+                "name": c.name,
+                "group": c.group,
+                "ledger_bytes": c.nbytes,
+                "schedule_bytes": c.predicted_ms * 1e6 if c.predicted_ms else None,
+            },
+            c.fn,
+        )
         for c in cases
+    )
+
+
+def _info(name: str, group: str, led, fused: bool = True, **extra) -> dict:
+    """A counter case's description: the fused ledger's bytes and those of the schedule it runs."""
+    return {"name": name, "group": group, "ledger_bytes": led.fused_bytes, "schedule_bytes": led.bytes(fused), **extra}
+
+
+def _no_grad(fn):
+    def run():
+        with torch.no_grad():
+            return fn()
+
+    return run
+
+
+#: elements of the ≥ 1 GiB cases: 2**28 fp32 or 2**29 bf16 elements a tensor
+GIB_ROWS_BF16 = (131072, 4096)
+
+
+def trips_large():
+    """Element-wise and row-wise kernels with every tensor of 1 GiB or more, where the L2 (50-60 MiB)
+    holds too little to matter: their DRAM bytes should be the ledger's (the bar: within 2%)."""
+
+    n = 2**28
+    x = torch.randn(n, device="cuda")
+    y = torch.empty_like(x)
+    cc = cos_cos_ledger(n, torch.float32)
+    out = [
+        (_info("cos_cos fused (lesson 1)", "element-wise", cc), lambda: cos_cos(x)),
+        (_info("eager cos (lesson 1)", "element-wise", cc), lambda: torch.cos(x, out=y)),
+        (_info("eager cos().cos() (lesson 1)", "element-wise", cc, fused=False), lambda: torch.cos(torch.cos(x))),
     ]
-    Path(os.environ["FUSIONLAB_NCU_CASES"]).write_text(json.dumps(info))
-
-    def thunk():
-        for c in cases:
-            ncu.marker()
-            c.fn()
-
-    return thunk
-
-
-def measure_trips(suite: str, names=(), cache_controls=("all",), timeout: float = 600) -> dict[str, dict]:
-    """Counters of each case of ``suite`` (those named, or all): ``{case: {"dram_read", "dram_write",
-    "l2_bytes", "time_ns", "ledger_bytes", "schedule_bytes", "kernels": [...]}}``, with a ``"none"``
-    entry of the same counters when ``cache_controls`` has it."""
-    out: dict[str, dict] = {}
-    for cc in cache_controls:
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-            side = f.name
-        os.environ["FUSIONLAB_NCU_CASES"] = side
-        try:
-            kernels = ncu.profile("fusionlab.benchcli:suite_thunk", suite, *names, cache_control=cc, timeout=timeout)
-            info = json.loads(Path(side).read_text())
-        finally:
-            os.environ.pop("FUSIONLAB_NCU_CASES", None)
-            Path(side).unlink(missing_ok=True)
-        by_case = ncu.split_cases(kernels, [c["name"] for c in info])
-        for c in info:
-            ks = [k for k in by_case if k.case == c["name"]]
-            counters = {
-                "dram_read": sum(k.dram_read for k in ks),
-                "dram_write": sum(k.dram_write for k in ks),
-                "l2_bytes": sum(k.l2_bytes for k in ks),
-                "time_ns": sum(k.time_ns for k in ks),
-                "kernels": [{**asdict(k), "name": ncu.short_name(k.name)} for k in ks],
-            }
-            entry = out.setdefault(c["name"], {**c})
-            if cc == "all":
-                entry.update(counters)
-            else:
-                entry[cc] = counters
+    m, k = 16384, 16384  # lesson 2's fp32 shape: 1 GiB
+    xb, b = torch.randn(m, k, device="cuda"), torch.randn(k, device="cuda")
+    out.append((_info("bias_gelu fused fp32 (lesson 2)", "element-wise", bias_gelu_ledger(m, k, torch.float32)),
+                lambda: bias_gelu(xb, b)))  # fmt: skip
+    rows, cols = GIB_ROWS_BF16
+    bf = torch.bfloat16
+    xs = (torch.randn(rows, cols, device="cuda") * 3).to(bf)
+    out.append((_info("softmax fused (lesson 4)", "row-wise", softmax_ledger(rows, cols, bf, block=cols)),
+                _no_grad(lambda: softmax(xs))))  # fmt: skip
+    xr, rr = torch.randn(rows, cols, device="cuda", dtype=bf), torch.randn(rows, cols, device="cuda", dtype=bf)
+    w = torch.ones(cols, device="cuda", dtype=bf)
+    out.append((_info("rmsnorm + residual fused (lesson 4)", "row-wise", rmsnorm_ledger(rows, cols, bf, residual=True)),
+                _no_grad(lambda: rmsnorm(xr, w, 1e-6, rr))))  # fmt: skip
+    out.append((_info("layernorm fused (lesson 4)", "row-wise", layernorm_ledger(rows, cols, bf)),
+                _no_grad(lambda: layernorm(xr, w, w))))  # fmt: skip
+    g, u = xr, rr  # swiglu(g, u): two 1 GiB inputs, one output
+    out.append((_info("swiglu fused (lesson 5)", "element-wise", swiglu_ledger(rows * cols, bf)),
+                _no_grad(lambda: swiglu(g, u))))  # fmt: skip
     return out
 
 
-def record_trips(
-    suites, out_dir: Path = TRIPS_DIR, timeout: float = 600, cache_controls=ncu.CACHE_CONTROLS
-) -> list[Path]:
-    """Counters of every case of each suite (caches flushed, and without a flush unless ``cache_controls``
-    leaves it out), written to ``out_dir`` one file a suite."""
-    meta = {**bench.metadata(), "command": "python benchmarks/record_trips.py"}
+#: lesson 1's sizes (fp32 elements): 4 MiB to 1 GiB; 16 and 32 MiB fit an H100's or H200's L2 (50 or 60 MiB)
+#: with eager's intermediate, 64 MiB and up do not
+REGIME_LOG2 = (20, 22, 23, 24, 26, 28)
+
+
+#: the group of the cases that only empty the L2 (readers leave them out)
+FLUSH = trips_files.FLUSH
+
+
+def trips_regimes():
+    """Lesson 1's regimes: eager ``x.cos().cos()``, the fused kernel and one eager cos from 4 MiB to
+    1 GiB, each run twice in a row ("first", "again") after a kernel that reads 256 MiB of something
+    else (a case of group :data:`FLUSH`: it leaves the L2 full of clean lines of its own, so "first"
+    starts cold even without ncu's flush, and pays no write-back of another case's output). The second
+    call is what a timing loop's every repetition meets: its input left in L2 by the first where it fits.
+    (A copy, ``y.copy_(x)``, is a copy-engine transfer, not a kernel: the counters do not see it.)"""
+    big = torch.ones(2**26, device="cuda")
+    flush = lambda: big.sum()  # noqa: E731
+    out = []
+    for log2 in REGIME_LOG2:
+        n = 2**log2
+        x = torch.randn(n, device="cuda")
+        y = torch.empty_like(x)
+        led = cos_cos_ledger(n, torch.float32)
+        size = human_bytes(4 * n)
+        fns = {
+            "eager cos().cos()": (lambda x=x: cos_cos_eager(x), False),
+            "fused cos_cos": (lambda x=x: cos_cos(x), True),
+            "eager cos": (lambda x=x, y=y: torch.cos(x, out=y), True),
+        }
+        for case, (fn, fused) in fns.items():
+            out.append(({"name": f"flush before {case} {size}", "group": FLUSH}, flush))
+            for when in ("first", "again"):
+                info = _info(f"{case} {size} {when}", case, led, fused, tensor_bytes=4 * n, call=when)
+                out.append((info, fn))
+    return out
+
+
+#: lesson 4's cliff: 256 MiB of bf16 at each width, rows ever wider until the rows in flight
+#: (one a program, a program or more an SM) hold more than the L2
+CLIFF_WIDTHS = (32768, 65536, 131072, 262144, 524288, 1048576)
+CLIFF_RMS_WIDTHS = (8192, 32768, 131072, 524288)
+
+
+def trips_cliff():
+    """Lesson 4's re-read cliff: the softmax on its one-program-a-row online path (reads each row twice:
+    the second read is served by L2 while the rows in flight fit it) against the split schedule (reads
+    once), and RMSNorm forced onto its two-pass path (tiles of 4096), at widths past what L2 holds."""
+    out = []
+    for n in CLIFF_WIDTHS:
+        rows = l4.sweep_rows(n)
+        x = (torch.randn(rows, n, device="cuda") * 3).to(l4.DTYPE)
+        row_bytes = n * l4.DTYPE.itemsize
+        for online in (True, False):
+            led = l4.sm_ledger(rows, n, split=not online)
+            name = f"softmax {'one program a row' if online else 'split rows'} n={n}"
+            info = _info(name, "softmax", led, rows=rows, n=n, row_bytes=row_bytes)
+            out.append((info, _no_grad(lambda x=x, online=online: softmax(x, split=not online))))
+    for n in CLIFF_RMS_WIDTHS:
+        rows = l4.SWEEP_ELEMENTS // n
+        x, r, _, _, w = l4.rms_inputs(rows, n)
+        led = l4.rms_fwd_ledger(rows, n, block=l4.TWO_PASS_BLOCK)
+        info = _info(f"rmsnorm two-pass n={n}", "rmsnorm", led, rows=rows, n=n, row_bytes=n * l4.DTYPE.itemsize)
+        cfg = {"BLOCK_N": l4.TWO_PASS_BLOCK}
+        out.append((info, _no_grad(lambda x=x, r=r, w=w, cfg=cfg: rmsnorm(x, w, l4.EPS, r, fwd_config=cfg))))
+    return out
+
+
+def trips_eager_softmax():
+    """What ``torch.softmax`` reads (lesson 4 times it against the fused ledger): PyTorch's kernel at
+    lesson 4's two shapes beside the package's, the L2 bytes counting every re-read of a row."""
+    out = []
+    for rows, n in (l4.SOFTMAX_NARROW, l4.SOFTMAX_WIDE):
+        x = (torch.randn(rows, n, device="cuda") * 3).to(l4.DTYPE)
+        led = l4.sm_ledger(rows, n)
+        shape = l4.shape_name(rows, n)
+        out.append((_info(f"torch.softmax {shape}", "eager", led), _no_grad(lambda x=x: softmax_eager(x))))
+        out.append((_info(f"softmax fused {shape}", "fused", led), _no_grad(lambda x=x: softmax(x))))
+    return out
+
+
+#: the trips suite's experiments beyond the lessons' own suites, most wanted first
+EXPERIMENTS = {
+    "large": trips_large,
+    "eager_softmax": trips_eager_softmax,
+    "cliff": trips_cliff,
+    "regimes": trips_regimes,
+}
+#: the cache settings each experiment is run under: only lesson 1's regimes ask what L2 keeps between
+#: kernels (the others' tensors are far larger than L2, or their question is within one kernel); each
+#: run without a flush replays the whole program once per pass of the profiler, so it is not spent where
+#: it answers nothing
+EXPERIMENT_CONTROLS = {"regimes": ncu.CACHE_CONTROLS}
+
+
+def experiment_thunk(name: str):
+    """The ncu target of one of :data:`EXPERIMENTS` (its cases, through :func:`ncu.cases_thunk`)."""
+    return ncu.cases_thunk(EXPERIMENTS[name]())
+
+
+def target_of(part: str) -> tuple[str, tuple[str, ...]]:
+    """The ncu target and arguments of a part of the trips suite: an experiment or a lesson's suite."""
+    if part in EXPERIMENTS:
+        return "fusionlab.benchcli:experiment_thunk", (part,)
+    if part in SUITES:
+        return "fusionlab.benchcli:suite_thunk", (part,)
+    raise SystemExit(f"no part {part!r}: the experiments {', '.join(EXPERIMENTS)}; the suites {', '.join(SUITES)}")
+
+
+def measure_trips(suite: str, names=(), cache_controls=("all",), timeout: float = 600) -> dict[str, dict]:
+    """Counters of each case of a lesson's suite (those named, or all): ``{case: {"ledger_bytes",
+    "schedule_bytes", cache_control: {"dram_read", "dram_write", "l2_bytes", "time_ns", "kernels"}}}``."""
+    return ncu.measure_cases(
+        "fusionlab.benchcli:suite_thunk", suite, *names, cache_controls=cache_controls, timeout=timeout
+    )
+
+
+def trips_meta(command: str) -> dict:
+    """What every recorded counter carries: device, date, versions, ncu's version, the L2's size."""
+    meta = {**bench.metadata(), "command": command}
+    try:
+        lines = subprocess.run([ncu.find_ncu(), "--version"], capture_output=True, text=True).stdout.split("\n")
+        meta["ncu"] = next((x for x in reversed(lines) if x.strip()), "?").strip()
+    except (ncu.NcuUnavailable, OSError):
+        meta["ncu"] = None
+    if torch.cuda.is_available():
+        meta["L2_bytes"] = torch.cuda.get_device_properties(0).L2_cache_size
+        meta["SMs"] = torch.cuda.get_device_properties(0).multi_processor_count
+    return meta
+
+
+def trips_path(out_dir: Path, meta: dict) -> Path:
+    """``<device>-<date>-<time>.json``: two runs of one day (some parts each) keep both files; a reader
+    takes each part from the newest file that holds it (:func:`recorded_trips`)."""
     slug = re.sub(r"[^a-z0-9]+", "-", meta["device"].lower()).strip("-")
+    return out_dir / f"{slug}-{meta['date']}-{meta['time'].replace(':', '').rstrip('Z')}.json"
+
+
+def record_trips(
+    parts, out_dir: Path = TRIPS_DIR, *, budget_s: float = 330, cache_controls=ncu.CACHE_CONTROLS, command: str = ""
+) -> Path:
+    """The trips suite: each part of :data:`EXPERIMENTS` under the cache settings
+    :data:`EXPERIMENT_CONTROLS` gives it, then every lesson's suite with caches flushed, then without,
+    while ``budget_s`` lasts; one JSON file (schema :data:`TRIPS_SCHEMA`, :func:`trips_path`), rewritten
+    after every run so that what was measured survives a part that fails or a budget that runs out (those
+    are listed under ``"missing"``)."""
+    t0 = time.perf_counter()
+    meta = trips_meta(command or "python benchmarks/record_trips.py")
+    path = trips_path(out_dir, meta)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for suite in suites:
-        trips = measure_trips(suite, cache_controls=cache_controls, timeout=timeout)
-        path = out_dir / f"{slug}-{meta['date']}-{suite}.json"
-        path.write_text(json.dumps({"meta": meta, "suite": suite, "cases": trips}, indent=1) + "\n")
-        print(f"wrote {path} ({len(trips)} cases)", flush=True)
-        paths.append(path)
-    return paths
+    data = {"schema": TRIPS_SCHEMA, "meta": meta, "metrics": list(ncu.METRICS), "parts": {}, "missing": {}}
+
+    def save():
+        meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
+        path.write_text(json.dumps(data, indent=1) + "\n")
+
+    # the experiments flushed and not, then every suite flushed, then every suite not: what the lessons
+    # cite first, should the budget run out
+    extra = [p for p in parts if p in EXPERIMENTS]
+    suites = [p for p in parts if p not in EXPERIMENTS]
+    runs = [(p, cc) for p in extra for cc in EXPERIMENT_CONTROLS.get(p, ("all",)) if cc in cache_controls]
+    runs += [(p, cc) for cc in cache_controls for p in suites]
+    for part, cc in runs:
+        left = budget_s - (time.perf_counter() - t0)
+        if left < 20:
+            data["missing"][f"{part} {cc}"] = f"the budget of {budget_s:.0f} s ran out"
+            save()
+            continue
+        target, args = target_of(part)
+        t1 = time.perf_counter()
+        try:
+            got = ncu.measure_cases(target, *args, cache_controls=(cc,), timeout=left)
+        except subprocess.TimeoutExpired:
+            data["missing"][f"{part} {cc}"] = f"ncu ran past the {left:.0f} s left of the budget"
+            got = {}
+        except ncu.NcuUnavailable as e:  # no counters on this machine at all: nothing else will run
+            data["missing"]["everything"] = str(e)
+            save()
+            raise
+        except Exception as e:  # noqa: BLE001 - ncu failed, or its output did not fit: this run's loss only
+            data["missing"][f"{part} {cc}"] = f"{type(e).__name__}: {e}"[-1500:]
+            got = {}
+        cases = data["parts"].setdefault(part, {})
+        for name, entry in got.items():
+            cases.setdefault(name, {}).update(entry)
+        print(f"{part} ({'flushed' if cc == 'all' else 'not flushed'}): {len(got)} cases, "
+              f"{time.perf_counter() - t1:.0f} s", flush=True)  # fmt: skip
+        save()
+    return path
 
 
-def recorded_trips(suite: str, device: str | None = None) -> tuple[dict, dict] | None:
-    """The newest recorded counters of ``suite`` (on a device whose name contains ``device``):
-    ``(meta, cases)``, or None where none is recorded."""
-    found = []
-    for p in sorted(TRIPS_DIR.glob("*.json")):
-        data = json.loads(p.read_text())
-        if data.get("suite") == suite and (device is None or device.lower() in data["meta"]["device"].lower()):
-            found.append(data)
-    if not found:
-        return None
-    newest = max(found, key=lambda d: (d["meta"]["date"], d["meta"].get("time", "")))
-    return newest["meta"], newest["cases"]
+read_trips = trips_files.read
+
+
+def counters_here_or_recorded(part: str, device: str | None = None, controls=("all",)) -> trips_files.Part | None:
+    """A part's counters (caches flushed, and not if ``controls`` says so) measured here where ncu can
+    read this GPU's counters (a minute or two a part), else the newest recording on ``device`` (None
+    while there is none); a lesson shows either with its :attr:`~fusionlab.measure.recorded.Part.label`."""
+    if runtime.is_gpu():
+        try:
+            target, args = target_of(part)
+            cases = ncu.measure_cases(target, *args, cache_controls=controls, timeout=300)
+            return trips_files.Part(part, trips_meta("fusionlab.benchcli.counters_here_or_recorded"), cases, True)
+        except ncu.NcuUnavailable as e:
+            print(f"No counters on this machine ({str(e).split(':')[0]}); reading the recording.", file=sys.stderr)
+        except (ncu.NcuFailed, subprocess.TimeoutExpired) as e:
+            print(f"ncu could not count {part!r} here ({type(e).__name__}); reading the recording.", file=sys.stderr)
+    return trips_files.newest(part, device, TRIPS_DIR)
+
+
+def recorded_trips(part: str, device: str | None = None) -> tuple[dict, dict] | None:
+    """The newest recorded counters of a part (a lesson's suite or an experiment) on a device whose
+    name contains ``device``: ``(meta, cases)``, or None where none is recorded."""
+    found = trips_files.newest(part, device, TRIPS_DIR)
+    return None if found is None else (found.meta, found.cases)
+
+
+#: the bar at >= 1 GiB: a kernel's DRAM bytes (caches flushed) within this share of its schedule's ledger
+LEDGER_BAR = 0.02
+
+
+def trips_bars(cases: dict) -> list[tuple[str, bool, str]]:
+    """The ledger bar for each case of the ``large`` part: ``(case, met, DRAM over ledger)``. The writes may
+    fall short by what L2 still holds when the kernel ends (at most its size: under 2.5% of 2 GiB)."""
+    out = []
+    for name, c in cases.items():
+        if "error" in c or "all" not in c or not c.get("schedule_bytes"):
+            continue
+        r = (c["all"]["dram_read"] + c["all"]["dram_write"]) / c["schedule_bytes"]
+        out.append((name, abs(r - 1) <= LEDGER_BAR, f"{r:.4f}x"))
+    return out
+
+
+def trips_table(cases: dict) -> str:
+    """Each case's ledger beside its DRAM bytes (flushed) and, not flushed, its DRAM and L2 bytes."""
+    head = f"{'case':<44} {'schedule':>10} {'DRAM':>10} {'/sched':>7} {'L2':>10} | {'DRAM warm':>10} {'L2 warm':>10}"
+    lines = [head]
+    for name, c in cases.items():
+        if c.get("group") == FLUSH:
+            continue
+        if "error" in c:
+            lines.append(f"{name[:44]:<44} could not run: {c['error'][:60]}")
+            continue
+        a, w = c.get("all"), c.get("none")
+        sched = c.get("schedule_bytes") or c.get("ledger_bytes")
+        cells = [f"{name[:44]:<44}", f"{human_bytes(sched):>10}" if sched else f"{'':10}"]
+        if a:
+            dram = a["dram_read"] + a["dram_write"]
+            cells += [f"{human_bytes(dram):>10}", f"{dram / sched:6.3f}x" if sched else f"{'':7}",
+                      f"{human_bytes(a['l2_bytes']):>10}"]  # fmt: skip
+        else:
+            cells += [f"{'':10}", f"{'':7}", f"{'':10}"]
+        if w:
+            cells += ["|", f"{human_bytes(w['dram_read'] + w['dram_write']):>10}", f"{human_bytes(w['l2_bytes']):>10}"]
+        lines.append(" ".join(cells))
+    return "\n".join(lines)
 
 
 # -- the two paths --------------------------------------------------------------------------------------
 def live(suites, op, use_ncu: bool) -> dict[str, dict]:
     """Each suite timed here: ``{suite: {"rows", "ceilings", "label"}}``."""
-    import torch
-
     ceil = bench.ceilings()
     label = bench.source_label()
     print(label, f"\ncopy {ceil.copy_GBps:.0f} GB/s, matmul {ceil.matmul_TFLOPs:.0f} TFLOP/s", flush=True)
@@ -300,7 +560,7 @@ def live(suites, op, use_ncu: bool) -> dict[str, dict]:
                 use_ncu = False
             except (ncu.NcuFailed, subprocess.TimeoutExpired) as e:  # this suite's only
                 print(f"  no counters for {suite}: {e}", file=sys.stderr)
-        rows = [row(r, ceil, trips) for r in results]
+        rows = [row(r, ceil, trips, suite) for r in results]
         out[suite] = {"rows": rows, "ceilings": ceil, "label": label}
         print(f"\n[{suite}]\n{table(rows)}", flush=True)
     return out
@@ -316,7 +576,7 @@ def recorded(suites, op, device: str | None) -> dict[str, dict]:
             print(f"[{suite}] {e}", file=sys.stderr)
             continue
         trips = recorded_trips(suite, rec.meta["device"])
-        rows = [row(r, rec.ceilings, trips[1] if trips else None) for r in rec.results(suite)]
+        rows = [row(r, rec.ceilings, trips[1] if trips else None, suite) for r in rec.results(suite)]
         rows = [r for r in rows if matches(r["name"], r["group"], op)]
         if not rows:
             continue
@@ -331,13 +591,41 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--op", default=None, help="only cases whose name or group has these words (e.g. rmsnorm)")
     ap.add_argument("--ncu", action="store_true", help="also count DRAM bytes with Nsight Compute (GPU)")
     ap.add_argument("--recorded", action="store_true", help="show the recorded results even on a GPU")
+    ap.add_argument(
+        "--trips",
+        action="store_true",
+        help="the trips suite: ledger against DRAM and L2 bytes (recorded; with --ncu on a GPU, counted here)",
+    )
     ap.add_argument("--device", default=None, help="recorded results of this device (e.g. H100)")
     ap.add_argument("--out", type=Path, default=Path("."), help="folder for the JSON and the roofline PNG")
+
+
+def show_trips(parts, device: str | None, directory: Path | None = None) -> int:
+    """Each part's newest recorded counters (ledger against DRAM and L2 bytes), labelled; how many found."""
+    found = 0
+    for part in parts:
+        p = trips_files.newest(part, device, directory if directory is not None else TRIPS_DIR)
+        if p is None:
+            print(f"\n[{part}] {trips_files.missing_message(part, device)}")
+            continue
+        found += 1
+        print(f"\n[{part}] {p.label}\n{trips_table(p.cases)}")
+        if part == "large":
+            for name, met, ratio in trips_bars(p.cases):
+                print(f"  {'MET ' if met else 'MISS'} DRAM within {LEDGER_BAR:.0%} of the ledger: {name} {ratio}")
+    return found
 
 
 def main(a: argparse.Namespace) -> int:
     """``python -m fusionlab bench``, with the arguments :func:`add_arguments` declares."""
     suites = suites_for(a.lesson)
+    if a.trips:
+        parts = [*EXPERIMENTS, *suites] if a.lesson is None else suites
+        if a.ncu and runtime.is_gpu() and not a.recorded:
+            path = record_trips(parts, a.out, command="python -m fusionlab bench --trips --ncu")
+            print(f"wrote {path}")
+            return 0 if show_trips(parts, None, a.out) else 1
+        return 0 if show_trips(parts, a.device) else 1
     if runtime.is_gpu() and not a.recorded:
         results = live(suites, a.op, a.ncu)
         source = "measured"

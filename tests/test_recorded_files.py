@@ -68,14 +68,16 @@ def test_a_superseded_run_is_found(tmp_path, monkeypatch):
     assert unread_files() == ["zz-superseded-2000-01-01.json"]
 
 
-def test_every_profiler_recording_is_read():
-    # lesson 1 reads the newest ncu recording of each device (fusionlab.lessons.l1.traffic.recorded)
-    from fusionlab.lessons.l1 import traffic
+def test_every_trips_recording_is_read():
+    # each recording of the trips suite holds a part that is the newest of its device (the readers take
+    # each part from the newest file that holds it: fusionlab.measure.recorded.newest)
+    from fusionlab.measure import recorded
 
-    files = sorted(traffic.TRAFFIC_DIR.glob("*.json")) if traffic.TRAFFIC_DIR.is_dir() else []
+    runs = recorded.runs()
     read = set()
-    for p in files:
-        device = json.loads(p.read_text())["meta"]["device"]
-        newest = traffic.recorded(device)
-        read |= {q for q in files if json.loads(q.read_text())["meta"] == newest.meta}
-    assert set(files) == read, f"superseded profiler recordings: {sorted(q.name for q in set(files) - read)}"
+    for d in runs:
+        for part in d["parts"]:
+            newest = recorded.newest(part, d["meta"]["device"])
+            read.add((newest.meta["device"], newest.meta["date"], newest.meta["time"]))
+    unread = [d["meta"] for d in runs if (d["meta"]["device"], d["meta"]["date"], d["meta"]["time"]) not in read]
+    assert not unread, f"superseded trips recordings (git history keeps them): {unread}"

@@ -44,7 +44,7 @@ def test_op_words_all_match_and_unknown_lessons_say_which_exist():
 
 def test_a_row_puts_counted_bytes_beside_the_ledger_and_leaves_peak_memory_alone():
     r = Result("fused", 1.0, nbytes=4e9, flops=2e12, group="linear", GBps=4000.0, TFLOPs=2.0)
-    row = benchcli.row(r, CEIL, {"fused": {"dram_read": 2.1e9, "dram_write": 1.9e9, "schedule_bytes": 4e9}})
+    row = benchcli.row(r, CEIL, {"fused": {"all": {"dram_read": 2.1e9, "dram_write": 1.9e9}, "schedule_bytes": 4e9}})
     assert row["pct_copy"] == pytest.approx(100) and row["pct_matmul"] == pytest.approx(100 * 2 / 700)
     assert row["dram_bytes"] == pytest.approx(4e9) and row["ledger_bytes"] == 4e9
     peak = benchcli.row(Result("peak ours", 1.0, nbytes=1e9, group="peak memory", GBps=1.0), CEIL)
@@ -71,12 +71,11 @@ def test_recorded_trips_are_read_newest_first(tmp_path, monkeypatch):
     monkeypatch.setattr(benchcli, "TRIPS_DIR", tmp_path)
     for date, dram in (("2026-11-20", 1.0), ("2026-11-26", 2.0)):
         meta = {"device": "NVIDIA H200", "date": date, "time": "00:00:00Z"}
-        cases = {"fused": {"dram_read": dram, "dram_write": 0.0}}
-        (tmp_path / f"h200-{date}-lesson1.json").write_text(
-            json.dumps({"meta": meta, "suite": "lesson1", "cases": cases})
-        )
+        cases = {"fused": {"all": {"dram_read": dram, "dram_write": 0.0}}}
+        data = {"schema": benchcli.TRIPS_SCHEMA, "meta": meta, "parts": {"lesson1": cases}, "missing": {}}
+        (tmp_path / f"h200-{date}.json").write_text(json.dumps(data))
     meta, cases = benchcli.recorded_trips("lesson1", "H200")
-    assert meta["date"] == "2026-11-26" and cases["fused"]["dram_read"] == 2.0
+    assert meta["date"] == "2026-11-26" and cases["fused"]["all"]["dram_read"] == 2.0
     assert benchcli.recorded_trips("lesson1", "H100") is None
     assert benchcli.recorded_trips("lesson2") is None
 
@@ -105,10 +104,11 @@ def test_gpu_lesson1_counters_match_each_schedules_ledger():
         pytest.skip(str(e).split(".")[0])
     trips = benchcli.measure_trips("lesson1", ["triton cos_cos (fused)", "eager cos().cos()"])
     fused, eager = trips["triton cos_cos (fused)"], trips["eager cos().cos()"]
-    assert fused["dram_read"] + fused["dram_write"] == pytest.approx(fused["schedule_bytes"], rel=0.03)
-    assert eager["dram_read"] + eager["dram_write"] == pytest.approx(eager["schedule_bytes"], rel=0.03)
+    f, e = fused["all"], eager["all"]
+    assert f["dram_read"] + f["dram_write"] == pytest.approx(fused["schedule_bytes"], rel=0.03)
+    assert e["dram_read"] + e["dram_write"] == pytest.approx(eager["schedule_bytes"], rel=0.03)
     assert eager["schedule_bytes"] == pytest.approx(2 * fused["schedule_bytes"])
-    assert len(eager["kernels"]) == 2 and len(fused["kernels"]) == 1
+    assert len(e["kernels"]) == 2 and len(f["kernels"]) == 1
     torch.cuda.empty_cache()
 
 
@@ -132,7 +132,24 @@ def test_a_suites_counters_are_summed_case_by_case(monkeypatch):
     trips = benchcli.measure_trips("lesson1", cache_controls=("all", "none"))
     assert [c[0] for c in calls] == ["fusionlab.benchcli:suite_thunk"] * 2 and calls[1][3] == "none"
     fused, eager = trips["fused"], trips["eager"]
-    assert (fused["dram_read"], fused["dram_write"], fused["time_ns"]) == (4, 4, 10)
-    assert fused["none"]["dram_read"] == 2 and fused["kernels"][0]["name"] == "f"
-    assert eager["dram_read"] + eager["dram_write"] == eager["schedule_bytes"] == 16
-    assert [k["name"] for k in eager["kernels"]] == ["a", "b"] and "FUSIONLAB_NCU_CASES" not in os.environ
+    f, e = fused["all"], eager["all"]
+    assert (f["dram_read"], f["dram_write"], f["time_ns"]) == (4, 4, 10)
+    assert fused["none"]["dram_read"] == 2 and f["kernels"][0]["name"] == "f"
+    assert e["dram_read"] + e["dram_write"] == eager["schedule_bytes"] == 16
+    assert [k["name"] for k in e["kernels"]] == ["a", "b"] and "FUSIONLAB_NCU_CASES" not in os.environ
+
+
+def test_a_crowded_roofline_numbers_its_points_and_no_two_labels_overlap():
+    from fusionlab.viz import roofline_figure
+
+    roofs = [("tensor", 700.0), ("vector", 60.0)]
+    # twelve points, pairs of them on one spot, the pairs half a step apart on the x axis
+    points = [(f"case {i}", 200.0 * (1.5 ** (i // 2)), 300.0 + 10 * (i // 2), "tensor") for i in range(12)]
+    fig = roofline_figure(4000.0, roofs, points, "TEST GPU", numbered=True)
+    chart, key = fig.axes
+    assert [t.get_text() for t in key.texts][:2] == [" 1  case 0", " 2  case 1"]
+    labels = [t for t in chart.texts if t.get_text()[:1].isdigit() and "FLOP" not in t.get_text()]
+    assert "1, 2" in [t.get_text() for t in labels]  # one spot, one label
+    r = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(r) for t in labels]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])

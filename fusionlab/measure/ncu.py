@@ -41,12 +41,15 @@ import argparse
 import csv
 import importlib
 import io
+import json
 import os
 import re
 import runpy
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -264,9 +267,7 @@ def command(
         ncu or find_ncu(),
         "--metrics",
         ",".join(metrics),
-        "--csv",
-        "--page",
-        "raw",
+        "--csv",  # the details page: one row a metric a kernel, the layout seen on the lent H100 and H200
         "--print-units",
         "base",
         "--cache-control",
@@ -288,8 +289,19 @@ def command(
 
 
 def run_ncu(cmd: list[str], *, timeout: float = 600, env: dict | None = None) -> str:
-    """Run an ncu command line; its stdout, or the error that says why there is none."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    """Run an ncu command line; its stdout, or the error that says why there is none. Past ``timeout``
+    seconds ncu and the program it profiles are killed together (a new process group: killing ncu alone
+    would leave its child holding the GPU) and :class:`subprocess.TimeoutExpired` is raised."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    proc = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     out = proc.stdout + "\n" + proc.stderr
     if "ERR_NVGPUCTRPERM" in out:
         raise NcuUnavailable(permission_message(out))
@@ -305,7 +317,10 @@ def profile(
     regular expression: only kernels whose name matches it are profiled."""
     _check_gpu()
     cmd = command(target, args, cache_control=cache_control, kernels=kernels)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    # the child imports this very fusionlab (the folder above the package), then the caller's own modules
+    here = str(Path(__file__).resolve().parents[2])
+    path = [here, os.getcwd(), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
     return parse_csv(run_ncu(cmd, timeout=timeout, env=env))
 
 
@@ -327,6 +342,82 @@ def split_cases(kernels: list[KernelCounters], names: list[str]) -> list[KernelC
         if i >= len(names):
             raise NcuFailed(f"{i + 1} markers but only {len(names)} case names")
         out.append(KernelCounters(**{**asdict(k), "case": names[i]}))
+    return out
+
+
+#: the environment variable naming the file where a target of several cases (:func:`cases_thunk`) writes
+#: what it knows of each case (its name, its ledger's bytes...), for the parent to read
+CASES_ENV = "FUSIONLAB_NCU_CASES"
+
+
+def cases_thunk(cases) -> object:
+    """The thunk of a target that runs several cases: ``cases`` holds ``(info, fn)`` pairs, ``info`` a
+    dict with at least ``"name"``. Each ``fn`` is called once here (compile, autotune): one that raises is
+    left out, its error kept in its info, so that one case that cannot run at this size costs only
+    itself. The infos go, as JSON, to the file :data:`CASES_ENV` names; the thunk runs each remaining
+    case once after the marker kernel (:func:`split_cases` tells their kernels apart)."""
+    import torch
+
+    infos, kept = [], []
+    for info, fn in cases:
+        try:
+            fn()
+            if torch.cuda.is_available():  # an asynchronous error shows here, charged to its case
+                torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - any failure of one case is reported, the rest still run
+            infos.append({**info, "error": f"{type(e).__name__}: {e}"[:400]})
+            torch.cuda.empty_cache()
+            continue
+        infos.append(info)
+        kept.append(fn)
+    if path := os.environ.get(CASES_ENV):
+        Path(path).write_text(json.dumps(infos))
+
+    def thunk():
+        for fn in kept:
+            marker()
+            fn()
+
+    return thunk
+
+
+def counters_of(kernels: list[KernelCounters]) -> dict:
+    """One case's counters summed over its kernels, and each kernel's own (short names)."""
+    return {
+        "dram_read": sum(k.dram_read for k in kernels),
+        "dram_write": sum(k.dram_write for k in kernels),
+        "l2_bytes": sum(k.l2_bytes for k in kernels),
+        "time_ns": sum(k.time_ns for k in kernels),
+        "kernels": [{**asdict(k), "name": short_name(k.name)} for k in kernels],
+    }
+
+
+def measure_cases(target: str, *args: str, cache_controls=CACHE_CONTROLS, timeout: float = 600) -> dict[str, dict]:
+    """The counters of every case of a target built with :func:`cases_thunk`: ``{case: {**info,
+    cache_control: counters_of(its kernels)}}`` for each of ``cache_controls`` (``"all"``: caches flushed
+    before each kernel; ``"none"``: not). A case that failed to run keeps its ``"error"`` and no counters.
+    ``timeout``: seconds for each ncu run."""
+    out: dict[str, dict] = {}
+    for cc in cache_controls:
+        fd, side = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        old = os.environ.get(CASES_ENV)
+        os.environ[CASES_ENV] = side
+        try:
+            kernels = profile(target, *args, cache_control=cc, timeout=timeout)
+            infos = json.loads(Path(side).read_text())
+        finally:
+            if old is None:
+                os.environ.pop(CASES_ENV, None)
+            else:
+                os.environ[CASES_ENV] = old
+            Path(side).unlink(missing_ok=True)
+        ran = [i for i in infos if "error" not in i]
+        by_case = split_cases(kernels, [i["name"] for i in ran])
+        for info in infos:
+            entry = out.setdefault(info["name"], dict(info))
+            if "error" not in info:
+                entry[cc] = counters_of([k for k in by_case if k.case == info["name"]])
     return out
 
 

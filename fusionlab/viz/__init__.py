@@ -18,7 +18,7 @@ from .bars import TimingBars
 from .lines import line_chart, regimes_chart
 from .roofline import roofline_figure
 from .tables import Table
-from .trips import TripAnimation, trips_figure
+from .trips import TripAnimation, measured_figure, trips_figure
 
 __all__ = [
     "COUNTED_LABEL",
@@ -30,4 +30,5 @@ __all__ = [
     "roofline_figure",
     "show",
     "trips_figure",
+    "measured_figure",
 ]

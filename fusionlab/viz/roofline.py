@@ -7,6 +7,7 @@ draws each as its own roof over the one memory slope, each point under the roof 
 
 from __future__ import annotations
 
+import math
 import numbers
 
 from matplotlib.figure import Figure
@@ -26,13 +27,16 @@ from ._style import (
 )
 
 
-def roofline_figure(bandwidth_GBps, ceilings, points=(), device_label: str = "") -> Figure:
+def roofline_figure(bandwidth_GBps, ceilings, points=(), device_label: str = "", numbered: bool = False) -> Figure:
     """Log-log roofline: the memory slope, one roof per ceiling with its ridge, and the given points.
 
     ``ceilings`` are ``(name, TFLOP/s)`` pairs, e.g. ``[("tensor cores, bf16 matmul", 700),
     ("vector units, fp32 FMA", 60)]``. ``points`` are ``(name, intensity in FLOP/byte, achieved TFLOP/s
     or None, ceiling name or None)``; a point sits under the roof it names (the highest when None), and a
     point without a measurement is drawn hollow on that roof: the best the device could do there.
+
+    ``numbered``: each point labelled by its number, the names in a key under the chart — for many
+    points close together (a whole suite), whose names cannot all sit beside them without overlapping.
 
     The older form ``roofline_figure(peak_tflops, bandwidth_GBps, points, device_label)``, one roof and
     three-element points, still works.
@@ -56,8 +60,16 @@ def roofline_figure(bandwidth_GBps, ceilings, points=(), device_label: str = "")
     ys = [roofline_tflops(lo, top, bandwidth_GBps)] + [p[2] if p[2] is not None else p[4] for p in pts]
     bottom = min(ys) / 10
 
-    fig = new_figure(7.5, 5.0)
-    ax = fig.add_subplot()
+    names = [p[0] for p in pts]
+    if numbered and pts:
+        key_rows = (len(pts) + 1) // 2
+        fig = new_figure(7.5, 5.0 + 0.2 * key_rows + 0.2)
+        ax, key = fig.subplots(2, 1, gridspec_kw={"height_ratios": [5.0, 0.2 * key_rows + 0.2]})
+        _draw_key(key, names, key_rows)
+        pts = [(label, *p[1:]) for label, p in zip(_numbers(pts), pts, strict=True)]
+    else:
+        fig = new_figure(7.5, 5.0)
+        ax = fig.add_subplot()
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
@@ -111,6 +123,42 @@ def roofline_figure(bandwidth_GBps, ceilings, points=(), device_label: str = "")
     return fig
 
 
+#: points closer than this (decades, on both axes) share one label: "2, 11"
+_SAME_SPOT = 0.06
+
+
+def _numbers(pts: list) -> list[str]:
+    """Each point's number as its label; points drawn on the same spot share the first one's label
+    ("2, 11") and the others get none, so no two numbers sit on top of each other."""
+    labels: list[list[str]] = []
+    spots: list[tuple[float, float]] = []
+    owner: list[int] = []
+    for i, p in enumerate(pts):
+        y = p[4] if p[2] is None else p[2]
+        spot = (math.log10(p[1]), math.log10(y))
+        close = [j for j, s in enumerate(spots) if max(abs(s[0] - spot[0]), abs(s[1] - spot[1])) < _SAME_SPOT]
+        near = close[0] if close else None
+        if near is None:
+            spots.append(spot)
+            labels.append([str(i + 1)])
+            owner.append(i)
+        else:
+            labels[near].append(str(i + 1))
+    out = [""] * len(pts)
+    for i, shared in zip(owner, labels, strict=True):
+        out[i] = ", ".join(shared)
+    return out
+
+
+def _draw_key(ax, names: list[str], rows: int) -> None:
+    """The names of numbered points, two columns, in an axes of their own under the chart."""
+    ax.axis("off")
+    for i, name in enumerate(names):
+        col, row = divmod(i, rows)
+        ax.text(0.5 * col, 1 - (row + 0.5) / rows, f"{i + 1:>2}  {name}", transform=ax.transAxes,
+                fontsize=NOTE_SIZE, color=INK, va="center", ha="left", gid=f"key:{i + 1}")  # fmt: skip
+
+
 def _point(p, default: str, peak: dict[str, float], bandwidth_GBps: float) -> tuple:
     """(name, intensity, achieved, ceiling, height of its roof there), checked."""
     name, intensity, achieved, *rest = p
@@ -146,6 +194,8 @@ def _plot_points(ax, pts: list, color: dict[str, str]) -> list:
             seen.add(kind)
         if achieved is not None and achieved < on_roof:  # the gap to the roof is what is left to win
             ax.plot([intensity, intensity], [achieved, on_roof], color=c, ls=":", lw=1)
+        if not name:  # a numbered point on the same spot as another, named in that one's label
+            continue
         label = ax.annotate(name, (intensity, y), xytext=(7, -7), textcoords="offset points", ha="left", va="top")
         label.set(fontsize=NOTE_SIZE, color=INK, annotation_clip=False)
         labels.append(label)

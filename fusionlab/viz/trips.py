@@ -34,6 +34,7 @@ from ._style import (
     plural,
     set_title,
     widget_view,
+    wrap,
 )
 
 _ARROW = {READ: "HBM → chip", WRITE: "chip → HBM"}
@@ -563,7 +564,7 @@ def _difference(predicted: float, measured: float) -> str:
     if measured == predicted:
         return "= ledger"
     sign = "+" if measured > predicted else "−"
-    pct = f" ({100 * (measured - predicted) / predicted:+.1f}%)" if predicted else ""
+    pct = f" ({sign}{100 * abs(measured - predicted) / predicted:.1f}%)" if predicted else ""
     return f"{sign}{human_bytes(abs(measured - predicted))}{pct}"
 
 
@@ -628,7 +629,9 @@ def measured_figure(checks, kernels=(), title: str = "", source_label: str = "")
     predicted = sum(c.predicted for c in checks) if checks else sum(k[1] for k in kernels)
     measured = sum(c.measured for c in checks) if checks else sum(k[2] for k in kernels)
     head = f"measured {human_bytes(measured)} against the ledger's {human_bytes(predicted)}"
-    fig.suptitle("\n".join(s for s in (title, head) if s), fontsize=LABEL_SIZE + 1, color=INK)
+    # the title, at the left, wraps short of the legend at the top right beside it
+    text = "\n".join(wrap(s, 8.5 * 0.55, LABEL_SIZE + 1) for s in (title, head) if s)
+    fig.suptitle(text, fontsize=LABEL_SIZE + 1, color=INK, x=0.01, ha="left")
     if source_label:
         footer(fig, source_label)
     keep_inside(fig)

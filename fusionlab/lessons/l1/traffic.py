@@ -1,67 +1,78 @@
 """Lesson 1's evidence from the profiler: where each kernel's bytes went, HBM or only the L2.
 
-A timing says how long a kernel took, not where its bytes came from. ``benchmarks/l2_traffic.py`` runs
-eager ``x.cos().cos()``, the fused ``cos_cos`` and a copy under Nsight Compute and records, per kernel,
-the bytes read from and written to HBM (``dram__bytes_read.sum``, ``dram__bytes_write.sum``) and the
-bytes through the L2 (``lts__t_bytes.sum``), into ``fusionlab/recorded/l2_traffic/<device>-<date>.json``.
-This module reads those files; it measures nothing.
+A timing says how long a kernel took, not where its bytes came from. The trips suite
+(``benchmarks/record_trips.py``, its ``regimes`` and ``large`` parts) runs eager ``x.cos().cos()``, the
+fused ``cos_cos`` and one eager cos under Nsight Compute, from 4 MiB (inside the L2) to 1 GiB, each
+twice in a row, and records per kernel the bytes read from and written to HBM and the bytes through the
+L2 (:mod:`fusionlab.measure.recorded`). This module reads that recording; it measures nothing.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
+from ... import benchcli
+from ...ledger import human_bytes
+from ...measure import recorded as _recorded
 
-#: the recordings, one per device and date (device and versions inside)
-TRAFFIC_DIR = Path(__file__).resolve().parents[2] / "recorded" / "l2_traffic"
-SCRIPT = "benchmarks/l2_traffic.py"
+PART = "regimes"
+SCRIPT = _recorded.SCRIPT
+CASES = ("eager cos().cos()", "fused cos_cos", "eager cos")
 
 
-@dataclass
-class Traffic:
-    meta: dict
-    rows: list[dict]
-
-    @property
-    def label(self) -> str:
-        m = self.meta
-        return (
-            f"RECORDED with Nsight Compute ({m.get('ncu', '?')}) on {m['device']}, {m['date']}, torch {m['torch']}, "
-            f"triton {m['triton']} — not measured on this machine"
-        )
-
-    def row(self, case: str, nbytes: int, mode: str = "warm") -> dict:
-        for r in self.rows:
-            if r["case"] == case and r["bytes"] == nbytes and r["mode"] == mode:
-                return r
-        raise KeyError(f"no {mode} row for {case!r} at {nbytes} bytes")
+class Traffic(_recorded.Part):
+    """The recorded regimes: each case at each size, its first call (after a kernel that filled the L2
+    with other data) and the call right after it (``"again"``: what every repetition of a timing loop
+    meets), caches flushed by ncu (:data:`FLUSHED`) or not (:data:`WARM`)."""
 
     def sizes(self) -> list[int]:
-        return sorted({r["bytes"] for r in self.rows})
+        return sorted({c["tensor_bytes"] for c in self.cases.values() if "tensor_bytes" in c})
 
-    def intermediate_from_hbm(self, nbytes: int, mode: str = "warm") -> float:
-        """The share of eager's intermediate that its second kernel read from HBM (1.0: all of it; near
-        0: the L2 served it)."""
-        second = self.row("eager cos().cos()", nbytes, mode)["per_kernel"][1]
+    def inside_l2(self) -> list[int]:
+        """The sizes at which eager's input and intermediate fit the L2 together (its L2 band)."""
+        return [b for b in self.sizes() if 2 * b <= self.meta["L2_bytes"]]
+
+    def name_of(self, case: str, nbytes: int, call: str = "again") -> str:
+        for name, c in self.cases.items():
+            if c.get("group") == case and c.get("tensor_bytes") == nbytes and c.get("call") == call:
+                return name
+        raise KeyError(f"no recorded {case!r} at {nbytes} bytes ({call})")
+
+    def intermediate_from_hbm(self, nbytes: int, mode: str = _recorded.WARM) -> float:
+        """The share of eager's intermediate ``t1`` that its second kernel read from HBM, on the call a
+        timing loop repeats (1.0: all of it; near 0: the L2 served it)."""
+        second = self._need(self.name_of("eager cos().cos()", nbytes), mode)["kernels"][1]
         return second["dram_read"] / nbytes
 
-    def hbm_over_ledger(self, case: str, nbytes: int, mode: str = "warm") -> float:
-        """HBM bytes (read + written, all the case's kernels) over the ledger's count for the case: one
-        read and one write of the tensor for the fused kernel and the copy, two of each for eager."""
-        r = self.row(case, nbytes, mode)
-        hbm = sum(k["dram_read"] + k["dram_write"] for k in r["per_kernel"])
-        return hbm / (2 * nbytes * len(r["per_kernel"]))
+    def hbm_over_ledger(self, case: str, nbytes: int, mode: str = _recorded.WARM, call: str = "again") -> float:
+        """HBM bytes (read + written, all the case's kernels) over the ledger's count of its schedule:
+        one read and one write of the tensor for the fused kernel and one cos, two of each for eager."""
+        return self.over_schedule(self.name_of(case, nbytes, call), mode)
+
+    def kernel_rows(self, sizes, mode: str = _recorded.WARM) -> list[tuple[str, int, float]]:
+        """``(kernel, ledger bytes, HBM bytes)`` of eager's two kernels and the fused one at each size, on
+        the repeated call: what :func:`fusionlab.viz.measured_figure` draws per kernel. Each of these
+        kernels reads one tensor and writes one, so its ledger is twice the tensor's bytes."""
+        out = []
+        for nbytes in sizes:
+            for case in ("eager cos().cos()", "fused cos_cos"):
+                kernels = self._need(self.name_of(case, nbytes), mode)["kernels"]
+                for i, k in enumerate(kernels):
+                    which = f"eager kernel {i + 1}" if len(kernels) > 1 else "fused"
+                    out.append((f"{which}, {human_bytes(nbytes)}", 2 * nbytes, k["dram_read"] + k["dram_write"]))
+        return out
+
+    def l2_over_ledger(self, case: str, nbytes: int, mode: str = _recorded.WARM, call: str = "again") -> float:
+        return self.l2_over_schedule(self.name_of(case, nbytes, call), mode)
 
 
-def recorded(device: str | None = None, directory: Path = TRAFFIC_DIR) -> Traffic | None:
-    """The newest recording on a device whose name contains ``device`` (any device if None), or None
-    when there is none yet."""
-    files = sorted(directory.glob("*.json")) if directory.is_dir() else []
-    runs = [json.loads(p.read_text()) for p in files]
-    if device is not None:
-        runs = [d for d in runs if device.lower() in d["meta"]["device"].lower()]
-    if not runs:
-        return None
-    runs.sort(key=lambda d: (d["meta"]["date"], d["meta"].get("time", "")))
-    return Traffic(runs[-1]["meta"], runs[-1]["rows"])
+def here_or_recorded(device: str | None = None) -> Traffic | None:
+    """Counted here under ncu where it can read this GPU's counters (about two minutes: flushed and not),
+    else :func:`recorded`."""
+    part = benchcli.counters_here_or_recorded(PART, device, controls=_recorded.CACHE_CONTROLS)
+    return None if part is None else Traffic(part.name, part.meta, part.cases, part.live)
+
+
+def recorded(device: str | None = None, directory=None) -> Traffic | None:
+    """The newest recording of the regimes on a device whose name contains ``device`` (any if None), or
+    None while there is none."""
+    part = _recorded.newest(PART, device, directory)
+    return None if part is None else Traffic(part.name, part.meta, part.cases)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from ... import bench
+from ...ledger import human_bytes
+from ...measure import recorded
 from . import suite
 
 SUITE = "lesson4"
@@ -17,41 +16,70 @@ def measure(on_result=None, **case_kwargs) -> bench.SuiteRun:
     return bench.measure_suite(SUITE, suite.cases, on_result=on_result, **case_kwargs)
 
 
-# -- the ncu recording: bytes that reached HBM against the L2's, per case (benchmarks/ncu_lesson4.py) ----------
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "recorded" / "profiles"
-#: the schema versions this reader understands (a new field is ignored; a new schema is refused)
-PROFILE_SCHEMAS = (1,)
-NO_PROFILE = (
-    "The ncu recording of lesson 4 (HBM bytes against L2 bytes per case) is not there yet: no file "
-    "recorded/profiles/ncu-lesson4-DEVICE-DATE.json in the package. On a GPU, "
-    "`python benchmarks/ncu_lesson4.py` records it."
-)
-
-
-def recorded_bytes(device: str | None = None) -> dict | None:
-    """The newest ncu recording of this lesson's cases (``device``: a part of the GPU's name), or None."""
-    files = sorted(PROFILES_DIR.glob("ncu-lesson4-*.json"), key=lambda p: p.name[-15:])  # by the date at the end
-    found = []
-    for p in files:
-        data = json.loads(p.read_text())
-        if data.get("schema") not in PROFILE_SCHEMAS:
-            continue
-        if device is None or device.lower() in data["meta"]["device"].lower():
-            found.append(data)
-    return found[-1] if found else None
-
-
-def describe_bytes(profile: dict) -> str:
-    """The recording as a table: per case, the ledger's bytes, HBM's and L2's, and HBM over the ledger."""
-    m = profile["meta"]
+# -- the counters: bytes that reached HBM against the L2's (the trips suite: fusionlab.measure.recorded) --------
+def describe_counters(part: recorded.Part) -> str:
+    """A part's cases as a table: the schedule's ledger, the bytes HBM read and wrote, their ratio to the
+    ledger, the bytes through L2 over the ledger, the kernels and their time under the profiler."""
     lines = [
-        f"ncu on {m['device']}, {m['date']}, torch {m['torch']}, triton {m['triton']} ({m.get('ncu', 'ncu')})",
-        f"{'case':<32} {'ledger MiB':>11} {'HBM MiB':>9} {'HBM/ledger':>11} {'L2 MiB':>9}",
+        f"{'case':<30} {'ledger':>10} {'HBM read':>10} {'written':>10} {'HBM/ledger':>10} {'L2/ledger':>9} "
+        f"{'kernels':>7} {'µs':>7}"
     ]
-    for c in profile["cases"]:
-        hbm = c["dram_read"] + c["dram_write"]
+    for name in part.names():
+        c, k = part.case(name), part.counted(name)
         lines.append(
-            f"{c['name']:<32} {c['ledger_bytes'] / 2**20:11.1f} {hbm / 2**20:9.1f} "
-            f"{hbm / c['ledger_bytes']:10.2f}x {c['lts_bytes'] / 2**20:9.1f}"
+            f"{name:<30} {human_bytes(c['schedule_bytes']):>10} {human_bytes(k['dram_read']):>10} "
+            f"{human_bytes(k['dram_write']):>10} {part.over_schedule(name):9.2f}x {part.l2_over_schedule(name):8.2f}x "
+            f"{len(k['kernels']):>7} {k['time_ns'] / 1e3:7.1f}"
+        )
+    return "\n".join(lines) + "\n(caches flushed before each kernel) " + part.label
+
+
+#: HBM bytes within this share of the ledger count as the ledger's trips (the writes may fall short by
+#: what L2 still holds when the kernel ends, the reads exceed by a few KiB of its arguments)
+SAME_TRIPS = 0.05
+
+
+def eager_softmax_verdict(part: recorded.Part, rows: int, n: int) -> str:
+    """What the counters say of ``torch.softmax``'s excess over its prediction at ``rows x n``: more HBM
+    trips than the ledger's, or the ledger's trips taking longer."""
+    shape = suite.shape_name(rows, n)
+    eager, fused = f"torch.softmax {shape}", f"softmax fused {shape}"
+    r, l2 = part.over_schedule(eager), part.l2_over_schedule(eager)
+    te, tf = (part.counted(x)["time_ns"] for x in (eager, fused))
+    head = (
+        f"Counted ({part.meta['device']}, {part.meta['date']}): `torch.softmax` at {rows} × {n} moved "
+        f"{r:.2f}× the ledger's bytes to and from HBM and {l2:.2f}× through L2; the package's kernel "
+        f"{part.over_schedule(fused):.2f}× and {part.l2_over_schedule(fused):.2f}×. "
+    )
+    if abs(r - 1) <= SAME_TRIPS:
+        return head + (
+            f"So eager makes the ledger's trips: its excess is time, not bytes — under the profiler its kernel "
+            f"took {te / tf:.2f}× the fused kernel's for the same trips."
+        )
+    return head + f"So part of eager's excess is trips the ledger does not count: {r:.2f}× its HBM bytes."
+
+
+def cliff_table(part: recorded.Part, l2_bytes: int, sms: int) -> str:
+    """Lesson 4's re-read cliff from the counters, as markdown: per row width, the rows in flight against
+    the L2, and how many times each schedule read ``x`` from HBM (one program a row reads each row twice,
+    the split schedule once) and through the L2."""
+    lines = [
+        "| width | in flight (at least) | fits L2 | one program a row: x from HBM | through L2 | split: x from HBM |",
+        "|---:|---:|:---:|---:|---:|---:|",
+    ]
+    for name in part.names("softmax"):
+        c = part.case(name)
+        if not name.startswith("softmax one program a row"):
+            continue
+        n, x_bytes = c["n"], c["rows"] * c["row_bytes"]
+        split = f"softmax split rows n={n}"
+        read = part.counted(name)["dram_read"] / x_bytes
+        through = part.counted(name)["l2_bytes"] / x_bytes
+        s = part.counted(split) if split in part.cases else None
+        split_read = f"{s['dram_read'] / x_bytes:.2f}×" if s else "—"
+        flight = sms * c["row_bytes"]
+        lines.append(
+            f"| {n} | {human_bytes(flight)} | {'yes' if flight <= l2_bytes else 'no'} | {read:.2f}× | "
+            f"{through:.2f}× | {split_read} |"
         )
     return "\n".join(lines)
