@@ -406,3 +406,15 @@ def cases(copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, de
         *bits_cases(device),
         *peak_cases(device),
     ]
+
+
+def peak_memory(device="cuda") -> list[Peak]:
+    """The peak-memory sweep measured on this GPU without timing anything (GPU only)."""
+    out = [p for p, _ in _peaks(device)]
+    torch.cuda.empty_cache()
+    return out
+
+
+def bits_probe(device="cuda") -> list[Bits]:
+    """The determinism probe measured on this GPU, without timing anything (GPU only)."""
+    return [b for b, _ in determinism(device)]
