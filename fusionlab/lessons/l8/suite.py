@@ -40,17 +40,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ...bench import Case, peak_bytes
 from ...kernels.attention import attention, attention_eager, attention_flops
 from ...kernels.attention_backward import attention_backward_bytes, attention_backward_flops, attention_backward_ledger
 
-DTYPE = torch.bfloat16
-HEADS = 16
-TOKEN_HEADS = 16384 * 16  # B * N per head: every timing shape does the same number of query rows
-HEAD_DIMS = (64, 128)
-NS = (1024, 4096, 16384)
+# lesson 7's shapes (the backward is timed where the forward was), its SDPA pinned to one backend, its thunk
+# that survives running out of memory
+from ..l7.suite import DTYPE, HEAD_DIMS, HEADS, NS, TOKEN_HEADS, _guarded, _sdpa, shape_tag
+
 #: eager autograd is timed at these N only (at 16k its backward holds several 8 GiB matrices and takes
 #: tens of ms)
 EAGER_NS = (1024, 4096)
@@ -77,11 +75,6 @@ OOM_GROUP = "eager out of memory"
 #: the Hopper steps: name -> (deterministic, backward_config)
 HOPPER = {"ours tma loads": (True, {"TMA": True}), "atomic tma reduce": (False, {"TMA_REDUCE": True})}
 HOPPER_NS = (4096, 16384)
-
-
-def shape_tag(d: int, n: int, causal: bool) -> str:
-    """The group of one timing shape, e.g. ``"D=128 N=4096 causal"``."""
-    return f"D={d} N={n} {'causal' if causal else 'full'}"
 
 
 def case_name(d: int, n: int, causal: bool, impl: str) -> str:
@@ -138,16 +131,6 @@ class Bits:
 def qkv_do(B: int, H: int, n: int, d: int, device="cuda", seed: int = 0):
     gen = torch.Generator(device=device).manual_seed(seed)
     return tuple(torch.randn(B, H, n, d, device=device, dtype=DTYPE, generator=gen) for _ in range(4))
-
-
-def _sdpa(backend) -> Callable:
-    from torch.nn.attention import sdpa_kernel
-
-    def fn(q, k, v, causal):
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-    return fn
 
 
 def _forwards() -> dict[str, Callable]:
@@ -297,20 +280,6 @@ def bits_from(results) -> list[Bits]:
 
 def _peak_fwd_bwd(forward: Callable, q, k, v, do) -> Callable:
     return lambda: torch.autograd.grad(forward(q, k, v, True), (q, k, v), do)
-
-
-def _guarded(fn) -> Callable:
-    """Eager's thunk as timed: an out-of-memory error while timing empties the cache instead of ending
-    the recording."""
-
-    def thunk():
-        try:
-            return fn()
-        except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            return None
-
-    return thunk
 
 
 def _peaks(device="cuda") -> list[tuple[Peak, Callable]]:
