@@ -387,3 +387,10 @@ def peak_memory(device="cuda") -> list[Peak]:
 def bits_probe(device="cuda") -> list[Bits]:
     """The determinism probe measured on this GPU, without timing anything (GPU only)."""
     return [b for b, _ in determinism(device)]
+
+
+def backward_of(impl: str, d: int, n: int, causal: bool, device="cuda") -> Callable:
+    """One timing case's thunk as :func:`timing_cases` builds it (16k x 16 token-heads at N = ``n``): the
+    backward alone of schedule ``impl`` (a key of :data:`IMPLS`), one forward already run."""
+    q, k, v, do = qkv_do(TOKEN_HEADS // (n * HEADS), HEADS, n, d, device)
+    return backward_thunk(_forwards()[impl], q, k, v, do, causal)
