@@ -157,7 +157,11 @@ def _matching_mistake(got, inputs, causal, tol, names=("dq", "dk", "dv")) -> str
     right = dict(zip(("dq", "dk", "dv"), grads_with(*inputs, causal), strict=True))
     for mistake in MISTAKES:
         alt = dict(zip(("dq", "dk", "dv"), grads_with(*inputs, causal, mistake), strict=True))
-        if all(got[n].shape == alt[n].shape and _rel(got[n], alt[n], mag[n]) <= tol for n in names):
+        # measured against the mistake's own size too: a P without the mask or the lse can be far larger
+        if all(
+            got[n].shape == alt[n].shape and _rel(got[n], alt[n], torch.maximum(mag[n], alt[n].abs())) <= tol
+            for n in names
+        ):
             if all(_rel(alt[n], right[n], mag[n]) <= tol for n in names):
                 continue  # this input cannot tell the mistake from the right answer
             return mistake
@@ -249,8 +253,8 @@ def check_attention_grads(fn) -> Passed:
 #: (B, H, H_kv, N_q, N_k, D), causal: one token; N past a tile; N_q != N_k both ways; GQA 4/2; a head dim
 #: that needs padding; more queries than a few blocks (many programs over the query loop)
 DKDV_CASES = (
+    ((1, 2, 2, 40, 40, 16), False),  # first: a shape where every named mistake shows (not so at one token)
     ((1, 1, 1, 1, 1, 16), False),
-    ((1, 2, 2, 40, 40, 16), False),
     ((2, 1, 1, 37, 70, 16), False),
     ((1, 2, 2, 70, 37, 32), False),
     ((1, 4, 2, 45, 45, 16), False),
@@ -305,15 +309,6 @@ def _run_dkdv(fn, shape, causal, dtype, seed, shift=False):
             "of P from Q, K and lse in registers, use it, and let it go.",
             seed,
         )
-    grading.require_launches(
-        box,
-        out,
-        inputs,
-        where,
-        seed,
-        launches=2,
-        why="Two kernels: the preprocess that writes D, then the dK/dV loop that reads it.",
-    )
     for n, t in got.items():
         if grading.poisoned(t).any():
             raise fail(
@@ -324,7 +319,16 @@ def _run_dkdv(fn, shape, causal, dtype, seed, shift=False):
     want = dict(zip(("dk", "dv"), grads_with(*inputs, causal)[1:], strict=True))
     mag = magnitudes(*inputs, causal)
     bad = [n for n in ("dk", "dv") if _rel(got[n], want[n], mag[n]) > DKDV_TOL[dtype]]
-    if not bad:
+    if not bad:  # right values, then the launches: a named mistake (below) tells more than a launch count
+        grading.require_launches(
+            box,
+            out,
+            inputs,
+            where,
+            seed,
+            launches=2,
+            why="Two kernels: the preprocess that writes D, then the dK/dV loop that reads it.",
+        )
         return
     if shift:
         raise fail(
