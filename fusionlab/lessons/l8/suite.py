@@ -28,6 +28,8 @@ All in bf16, heads of 16, 16k x 16 token-heads per timing shape (N = 1k: B = 16;
 - **The Hopper road** (group ``"hopper ..."``, sm_90 only): the backward with its Q/dO and K/V loads
   through tensor descriptors (``backward_config={"TMA": True}``) and the atomic schedule with dQ added
   by the copy engine's bulk reduce-add (``{"TMA_REDUCE": True}``), head dim 128, N = 4k and 16k.
+- **The FP8 ceiling** (group :data:`FP8_GROUP`): 8192-square matmuls in bf16 and in e4m3
+  (``torch._scaled_mm``), the most an FP8 attention could gain where the products set the time.
 
 A backend this GPU or build lacks (cuDNN attention before sm_80, TMA before Hopper) is left out
 rather than failing the suite.
@@ -226,6 +228,33 @@ def hopper_cases(device="cuda") -> list[Case]:
     return out
 
 
+#: the FP8 ceiling: square matmuls of this size, bf16 against e4m3 (``torch._scaled_mm``, fp32 and fast accumulation)
+FP8_N = 8192
+FP8_GROUP = "fp8 ceiling"
+FP8_CASES = {"bf16": "matmul bf16", "e4m3": "matmul fp8 e4m3", "e4m3 fast": "matmul fp8 e4m3 fast accum"}
+
+
+def fp8_cases(device="cuda") -> list[Case]:
+    """What FP8 can offer an attention kernel at most: the tensor cores' e4m3 rate against bf16's, measured
+    with cuBLAS square matmuls (no FP8 attention kernel here yet). Left out where FP8 matmuls are not
+    supported (before sm_89)."""
+    a, b = (torch.randn(FP8_N, FP8_N, device=device, dtype=DTYPE) for _ in range(2))
+    one = torch.ones((), device=device, dtype=torch.float32)
+    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()  # cuBLAS wants the second column-major
+    makers = {
+        "bf16": lambda: lambda: a @ b,
+        "e4m3": lambda: lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=DTYPE),
+        "e4m3 fast": lambda: lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=DTYPE, use_fast_accum=True),
+    }
+    out = []
+    for key, make in makers.items():
+        thunk = _works(make)
+        if thunk is not None:
+            # bytes: a and b read, the bf16 product written
+            out.append(Case(FP8_CASES[key], thunk, FP8_N**2 * (6 if key == "bf16" else 4), 2 * FP8_N**3, FP8_GROUP))
+    return out
+
+
 def _configured(q, k, v, causal, *, det, cfg):
     return attention(q, k, v, causal=causal, deterministic=det, backward_config=cfg)[0]
 
@@ -372,6 +401,7 @@ def cases(copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, de
     return [
         *timing_cases(copy_GBps, matmul_TFLOPs, device),
         *hopper_cases(device),
+        *fp8_cases(device),
         *bits_cases(device),
         *peak_cases(device),
     ]
