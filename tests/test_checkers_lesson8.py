@@ -35,7 +35,7 @@ def solution_grads(q, k, v, o, lse, do, causal=False, *, mistake=None):
     kr, vr = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     s = q @ kr.transpose(-2, -1) * scale
     if causal and mistake != "mask":
-        keep = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
         s = s.masked_fill(~keep, float("-inf"))
     if mistake == "softmax":
         p = torch.softmax(s, dim=-1)
