@@ -257,8 +257,8 @@ def _status(tl: _Timeline, ledger: Ledger, shown: int, fused: bool, frame: int) 
     n, kernels = len(tl.trips), 1 if fused else len(ledger.ops)
     if frame == 0:
         return f"ready: {plural(n, 'trip')} in {plural(kernels, 'kernel')}"
-    if frame > n:  # the fused panel has finished while the unfused one is still moving bytes
-        return f"done: {plural(n, 'trip')} in 1 kernel"
+    if frame > n:  # this panel has finished while the other one is still moving bytes
+        return f"done: {plural(n, 'trip')} in {plural(kernels, 'kernel')}"
     i, step = tl.op_index[shown - 1], tl.trips[shown - 1].op
     if fused and step != ledger.ops[i].name:  # a step of a written-out schedule ("write O, lse"): its own name
         return f"trip {shown} of {n} · {step}"
@@ -266,12 +266,12 @@ def _status(tl: _Timeline, ledger: Ledger, shown: int, fused: bool, frame: int) 
     return f"trip {shown} of {n} · {where}: {ledger.ops[i].name}"
 
 
-def _idle_text(frame: int, last_frame: int) -> str:
+def _idle_text(frame: int, last_frame: int, fused: bool = True) -> str:
     """What the arrow's place says in a frame where the panel makes no trip."""
     if frame == 0:
         return "press ▶ or Step: each trip moves one tensor"
-    if frame < last_frame:
-        return "finished: the unfused kernels are still moving bytes"
+    if frame < last_frame:  # a schedule of several passes can make more trips than the unfused chain
+        return f"finished: the {'unfused kernels are' if fused else 'fused schedule is'} still moving bytes"
     return "done: no more trips"
 
 
@@ -303,7 +303,7 @@ def _panel_svg(
         ),
         *_svg_chips(chip, tl.nbytes, _CHIP_Y),
         *_svg_l2(),
-        *_svg_arrow(current, _idle_text(frame, last_frame)),
+        *_svg_arrow(current, _idle_text(frame, last_frame, fused)),
         *_svg_box(_HBM_Y, "HBM (off-chip DRAM)", "#eef1f6", "#6a7a9a"),
         *_svg_chips(_mark_current(_in_hbm(tl, shown), current), tl.nbytes, _HBM_Y),
         *_svg_counter(sum(t.nbytes for t in tl.trips[:shown]), tl.total, scale),
@@ -476,7 +476,8 @@ class TripAnimation:
     # -- frames -------------------------------------------------------------------------------------------
     @property
     def n_frames(self) -> int:
-        return len(self._tl[False].trips) + 1
+        # the longer of the two: a fused schedule of several passes can make more trips than eager's chain
+        return max(len(self._tl[False].trips), len(self._tl[True].trips)) + 1
 
     @property
     def frame(self) -> int:
@@ -525,7 +526,8 @@ class TripAnimation:
     def _summary_html(self, frame: int) -> str:
         led = self.ledger
         if frame < self.n_frames - 1:
-            text = f"trip {frame} of {self.n_frames - 1} of the unfused chain"
+            longer = "unfused chain" if len(self._tl[False].trips) == self.n_frames - 1 else "fused schedule"
+            text = f"trip {frame} of {self.n_frames - 1} of the {longer}"
         else:
             text = (
                 f"<b>fusion moves {led.saving:.2f}× fewer bytes</b>: {human_bytes(led.unfused_bytes)} "
@@ -545,7 +547,7 @@ class TripAnimation:
         head = f"<b>{esc(self.title)}</b><br>" if self.title else ""
         return (
             f'<div>{head}<div style="display:flex;flex-wrap:wrap;gap:8px">{panels}</div>'
-            f"<div>all {self.n_frames - 1} unfused trips made: {self._summary_html(last)}</div></div>"
+            f"<div>all {len(self._tl[False].trips)} unfused trips made: {self._summary_html(last)}</div></div>"
         )
 
     def __repr__(self) -> str:
