@@ -208,7 +208,8 @@ def measure(device: str | None = None) -> Regimes:
 
 def inside_l2_band(reg: Regimes) -> list[int]:
     """The sizes of a sweep past the launch-bound regime and inside the L2: the band where eager's
-    intermediate can be served by the L2. Empty for a recording made before :data:`LOG2_SIZES` had one."""
+    intermediate can be served by the L2. Empty where the launch-bound regime reaches past the sweep's last
+    size inside the L2 (an H200: a launch covers the time to copy 32 MiB there)."""
     return [b for b in reg.bytes if reg.launch_bytes < b < reg.l2_bytes]
 
 
