@@ -45,6 +45,8 @@ from .lessons import SUITES, suite_module
 from .lessons.l4 import suite as l4
 from .measure import ncu
 from .measure import recorded as trips_files
+from .viz import roofline_figure
+from .viz._style import png
 
 #: groups whose ``nbytes`` is not traffic (peak memory allocated): no bandwidth, no trips
 NOT_TRAFFIC = frozenset({"peak memory"})
@@ -184,11 +186,6 @@ def roofline_png(rows: list[dict], ceil: bench.Ceilings, label: str, path: Path)
         roofs.append(("vector units, fp32 FMA", ceil.vector_TFLOPs))
     points = roofline_points(rows, roofs)
     if points:
-        # here, not at the top: the viz package needs ipywidgets, which a GPU server (no Jupyter) may lack,
-        # and the trips recorder and the text tables do not draw
-        from .viz import roofline_figure
-        from .viz._style import png
-
         numbered = len(points) > NAMED_POINTS
         path.write_bytes(png(roofline_figure(ceil.copy_GBps, roofs, points, label, numbered=numbered)))
     return len(points)
