@@ -66,7 +66,7 @@ class Recorder:
 def patch_kernels():
     for m in pkgutil.iter_modules(K.__path__):
         mod = importlib.import_module(f"fusionlab.kernels.{m.name}")
-        for name, obj in list(vars(mod).items()):
+        for name in list(vars(mod)):
             if name.endswith("_kernel") and ("softmax" in name or "cross_entropy" in name):
                 setattr(mod, name, Recorder(name))
 
