@@ -38,8 +38,9 @@ import triton.language as tl
 import fusionlab  # noqa: F401
 from fusionlab import bench
 from fusionlab.kernels._cross_entropy_kernels import _launch_split, _prologue
+from fusionlab.kernels._rows import _split_merge, _split_ticket, _split_wait
 from fusionlab.kernels.cross_entropy import cross_entropy_config, cross_entropy_rows
-from fusionlab.kernels.softmax import _split_merge, _split_ticket, _split_wait, softmax
+from fusionlab.kernels.softmax import softmax
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
