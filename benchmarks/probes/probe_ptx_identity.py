@@ -96,12 +96,11 @@ def main(path, pattern="", per_kernel="1000000"):
             fn, sig, consts, opts = specs[spec]
             src = ASTSource(fn=fn, signature=sig, constexprs=consts)
             ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
-            # the PTX names its source file and lines (.file, .loc, the DWARF sections at its end): hash what
-            # the GPU executes only
+            # the PTX names its source file and lines (.file, .loc, the DWARF sections at its end, and the
+            # $L__tmp labels only they refer to, which an inlined helper adds): hash what the GPU executes
             code = ptx.split(".section\t.debug")[0].split(".section .debug")[0]
-            body = "\n".join(
-                line for line in code.splitlines() if not line.lstrip().startswith((".file", ".loc", "//"))
-            )
+            skip = (".file", ".loc", "//", "$L__tmp")
+            body = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(skip))
             print(hashlib.sha256(body.encode()).hexdigest()[:16], spec, flush=True)
 
 
