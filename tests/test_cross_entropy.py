@@ -286,7 +286,7 @@ def test_split_kernel_matches_float64(vocab, case, dtype, atol, rtol, inplace):
         splits, [("mean", 0.0), ("sum", 0.1), ("none", 0.0)]
     ):
         cfg = dict(cross_entropy_config(vocab, dtype))
-        cfg.update(SPLIT=parts, SPLIT_BLOCK=block, SPLIT_WARPS=4, SPLIT_EARLY=block == 128)
+        cfg.update(SPLIT=parts, SPLIT_BLOCK=block, SPLIT_WARPS=4)
         if part_n:
             cfg["SPLIT_PART"] = part_n
         w = torch.randn(8, device=x.device) if reduction == "none" else None
@@ -881,7 +881,7 @@ def test_gpu_split_rows_match_float64(vocab, dtype, atol, rtol, reduction, smoot
     30% ignored rows, label smoothing, a part of only -inf, a logit of 1e4 (the second round) and fp16
     subnormals (widened by their bits); one kernel; the gradient over the logits when asked."""
     cfg = cross_entropy_config(vocab, dtype)
-    assert cfg.get("SPLIT") and cfg["SPLIT_EARLY"] and cfg["SPLIT_BLOCK"] * dtype.itemsize == SPLIT_BYTES
+    assert cfg.get("SPLIT") and cfg["SPLIT_BLOCK"] * dtype.itemsize == SPLIT_BYTES
     x, t = _inputs(33, vocab, dtype, seed=41)
     x[1, : vocab // 2] = float("-inf")  # whole parts of -inf
     x[2, vocab // 3] = 1e4  # one part far above the rest

@@ -160,7 +160,7 @@ def _cross_entropy_split_kernel(
     x_ptr, target_ptr, grad_ptr, loss_ptr, sync_ptr, part_ptr, n_cols, stride_xm, stride_gm, ignore_index,
     label_smoothing,
     SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, BLOCK_N: tl.constexpr, MEAN: tl.constexpr, SMOOTH: tl.constexpr,
-    EARLY: tl.constexpr = False, WIDEN: tl.constexpr = "", AGAIN_N: tl.constexpr = 1024, VEC: tl.constexpr = 1,
+    WIDEN: tl.constexpr = "", AGAIN_N: tl.constexpr = 1024, VEC: tl.constexpr = 1,
     FRAG: tl.constexpr = 0, EXTRA: tl.constexpr = 0,
     PART_N=0,
     PDL: tl.constexpr = False,
@@ -238,10 +238,11 @@ def _cross_entropy_split_kernel(
         col_f = tl.where(lane < VEC, lane, lo + body + lane - VEC)
         last = part == SPLIT - 1  # (the other parts' fragments are empty)
         mask_f = tl.where(lane < VEC, lane < tl.where(last, lo, 0), col_f < tl.where(last, n_cols, 0))
-    if EARLY:  # the part's load before the target's: the two latencies overlap (an ignored row reads it too)
-        x_raw = tl.load(x_p + offs, mask=mask, other=float("-inf"))
-        if EXTRA > 0:
-            x_e_raw = tl.load(x_p + offs_e, mask=mask_e, other=float("-inf"))
+    # the part's load before the target's: the two latencies overlap (an ignored row reads it too; the
+    # target's load first measured 1-5 points slower: benchmarks/notes_lesson5.md, 2026-11-24)
+    x_raw = tl.load(x_p + offs, mask=mask, other=float("-inf"))
+    if EXTRA > 0:
+        x_e_raw = tl.load(x_p + offs_e, mask=mask_e, other=float("-inf"))
     y = tl.load(target_ptr + row)
     if y == ignore_index:  # the whole row agrees (one target): no exchange, zero loss and gradient
         tl.store(g_p + offs, tl.zeros([BLOCK_N], dtype=grad_ptr.dtype.element_ty), mask=mask)
@@ -256,10 +257,6 @@ def _cross_entropy_split_kernel(
         # x_y before the exchange: with the gradient in place, the row is overwritten once all parts
         # have published, and not before
         x_y = tl.load(x_row + y, mask=valid, other=float("nan")).to(tl.float32)
-        if not EARLY:
-            x_raw = tl.load(x_p + offs, mask=mask, other=float("-inf"))
-            if EXTRA > 0:
-                x_e_raw = tl.load(x_p + offs_e, mask=mask_e, other=float("-inf"))
         # round 1: every part sums against the same reference, so the row's sum is the parts' sum
         ref = tl.where(tl.abs(x_y) < float("inf"), x_y, 0.0)  # NaN (bad target) or ±inf: 0
         d = tl.sum(tl.math.exp2((x_raw.to(tl.float32) - ref) * _LOG2E), axis=0)
@@ -519,7 +516,6 @@ def _launch_split(logits, target, grad, loss_rows, sync, ignore_index, label_smo
         logits, target, grad, loss_rows, sync, stats, n_cols, logits.stride(0), grad.stride(0), ignore_index,
         label_smoothing,
         SPLIT=parts, SPLIT_P2=next_pow2(parts), BLOCK_N=block, MEAN=mean, SMOOTH=label_smoothing != 0.0,
-        EARLY=cfg.get("SPLIT_EARLY", False),
         WIDEN={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(logits.dtype, ""), AGAIN_N=min(1024, block),
         VEC=vec, FRAG=frag, EXTRA=next_pow2(part_n - block) if part_n > block else 0, PART_N=part_n, PDL=pdl,
         **launch_kwargs(cfg["SPLIT_WARPS"], maxnreg=cfg.get("SPLIT_MAXNREG"), pdl=pdl),

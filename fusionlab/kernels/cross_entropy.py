@@ -208,7 +208,7 @@ def _config(n_cols: int, dtype: torch.dtype, gpu: bool, grad: bool = True, rows:
     extra = sixteen and rest > SPLIT_TAIL and share <= SPLIT_EXTRA
     split_min = SPLIT_MIN_16 if sixteen else SPLIT_MIN
     if grad and n_cols >= split_min and parts <= MAX_SPLIT and not cfg.get("ROWS"):
-        cfg.update(SPLIT=parts, SPLIT_BLOCK=part, SPLIT_WARPS=4, SPLIT_EARLY=True)
+        cfg.update(SPLIT=parts, SPLIT_BLOCK=part, SPLIT_WARPS=4)
         if sixteen:
             cfg["SPLIT_MAXNREG"] = SPLIT_MAXNREG
         if extra:  # the remainder shared by the whole parts, in their extra tiles
@@ -233,7 +233,7 @@ def cross_entropy_config(
     ``EVICT``: L2 hints; ``REF_TARGET``: sums against the target's logit); ``VEC`` > 1 cuts rows whose
     length or stride is off 16 bytes at their 16-byte boundaries.
     On a GPU with a gradient, rows from ``SPLIT_MIN_16`` (16-bit) or ``SPLIT_MIN`` (fp32) columns get
-    ``SPLIT`` parts of ``SPLIT_BLOCK`` columns (``SPLIT_WARPS``, ``SPLIT_EARLY``, ``SPLIT_MAXNREG``;
+    ``SPLIT`` parts of ``SPLIT_BLOCK`` columns (``SPLIT_WARPS``, ``SPLIT_MAXNREG``;
     ``SPLIT_PART`` when a remainder past ``SPLIT_TAIL`` columns is shared by the parts in extra tiles),
     and on a GPU of at least ``ROWS_MIN_DRAM_GBPS`` (:func:`~fusionlab.kernels._launch.dram_gbps`: what
     the GPU can do, not its name) aligned 16-bit rows of ``ROWS_MIN``-``ROWS_MAX`` get ``ROWS``
