@@ -13,6 +13,9 @@ private code:
   not ignored, the mean's denominator, and the split's zeroed ticket), the finish (the rows' losses
   summed in a fixed order, divided, cast) and the backward (the stored gradient times grad_output,
   skipped when it is exactly 1);
+- the head-and-tail kernel's two rare paths, as jit helpers it calls (the compiler inlines them): an
+  ignored row's zeros (:func:`_zero_row`) and a row summed again against its maximum
+  (:func:`_sum_against_max`);
 - their launchers and the argument checks both ops share.
 
 Why each kernel is built as it is, with the measurements: ``benchmarks/notes_lesson5.md``.
@@ -239,7 +242,7 @@ def _cross_entropy_split_kernel(
         last = part == SPLIT - 1  # (the other parts' fragments are empty)
         mask_f = tl.where(lane < VEC, lane < tl.where(last, lo, 0), col_f < tl.where(last, n_cols, 0))
     # the part's load before the target's: the two latencies overlap (an ignored row reads it too; the
-    # target's load first measured 1-5 points slower: benchmarks/notes_lesson5.md, 2026-11-24)
+    # other order measured slower at every size tried: benchmarks/notes_lesson5.md, 2026-11-24)
     x_raw = tl.load(x_p + offs, mask=mask, other=float("-inf"))
     if EXTRA > 0:
         x_e_raw = tl.load(x_p + offs_e, mask=mask_e, other=float("-inf"))
