@@ -25,10 +25,10 @@ import fusionlab  # noqa: F401  (decides the mode before any kernel is defined)
 from fusionlab import bench, runtime
 from fusionlab.kernels.cross_entropy import (
     CrossEntropyFunction,
-    _launch_forward,
     cross_entropy,
     cross_entropy_config,
     cross_entropy_ledger,
+    cross_entropy_rows,
 )
 from fusionlab.kernels.linear_cross_entropy import linear_cross_entropy, linear_cross_entropy_eager
 from fusionlab.kernels.swiglu import _swiglu_backward, swiglu, swiglu_eager, swiglu_ledger
@@ -253,7 +253,7 @@ def sec_tune(copy, budget):
                 if vocab == 128256:
                     with torch.no_grad():
                         loss_rows = torch.empty(tokens, device="cuda")
-                        k = _launch_forward(xi.detach(), t, xi.detach(), loss_rows, None, -100, 0.0, cfg, mean=False)
+                        k = cross_entropy_rows(xi.detach(), t, xi.detach(), loss_rows, None, -100, 0.0, cfg, mean=False)
                     regs = f"{getattr(k, 'n_regs', '?')}/{getattr(k, 'n_spills', '?')}"
             except Exception as e:  # a config that does not compile (registers): say so, go on
                 ms, frac = float("nan"), float("nan")

@@ -18,11 +18,11 @@ from fusionlab import bench
 from fusionlab.kernels.cross_entropy import (
     CrossEntropyFunction,
     _launch_backward,
-    _launch_forward,
     _loss,
     _prologue,
     cross_entropy,
     cross_entropy_config,
+    cross_entropy_rows,
 )
 
 
@@ -51,9 +51,11 @@ def main():
             xg, t, -100, "mean", 0.0, False, cfg
         ),
         "_loss (prologue, kernel, allocations)": lambda: _loss(x, t, g, -100, "mean", 0.0, cfg),
-        "_launch_forward (the Triton launch)": lambda: _launch_forward(x, t, g, rows, sync, -100, 0.0, cfg, mean=True),
+        "cross_entropy_rows (the Triton launch)": lambda: cross_entropy_rows(
+            x, t, g, rows, sync, -100, 0.0, cfg, mean=True
+        ),
         "_prologue (count, zero: one launch)": lambda: _prologue(t, -100, count=True),
-        "_launch_backward": lambda: _launch_backward(g, t, go, -100),
+        "_launch_backward": lambda: _launch_backward(g, t, go, -100, cfg),
         "torch's n_valid, (t != -100).sum(), for comparison": lambda: (t != -100).sum(),
         "cross_entropy_config": lambda: cross_entropy_config(V, x.dtype, stride=V),
         "torch.empty_strided like x": lambda: torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cuda"),
@@ -88,6 +90,7 @@ def engine():
     xg = torch.randn(T, V, device="cuda", dtype=torch.bfloat16).requires_grad_()
     t = torch.randint(0, V, (T,), device="cuda")
     g0, go0 = torch.empty_like(xg), torch.ones((), device="cuda", dtype=torch.bfloat16)
+    cfg = cross_entropy_config(V, xg.dtype)  # the backward's tile (the autograd Function looks it up)
 
     def node(backward):
         """An autograd node like cross-entropy's (forward: a sum of the logits) with this backward."""
@@ -104,7 +107,7 @@ def engine():
         return lambda: torch.autograd.grad(Node.apply(xg), xg)
 
     def triton_launch(go):
-        _launch_backward(g0, t, go, -100)
+        _launch_backward(g0, t, go, -100, cfg)
         return g0
 
     def aten_op(go):
@@ -123,11 +126,11 @@ def engine():
     print(f"  {'fused, backward launch removed':42s} {us(lambda: torch.autograd.grad(cross_entropy(xg, t), xg)):8.1f}")
     ce._launch_backward = real
     print(f"  {'fused, as shipped':42s} {us(lambda: torch.autograd.grad(cross_entropy(xg, t), xg)):8.1f}")
-    print(f"  {'backward launch, main thread, bf16 go':42s} {us(lambda: _launch_backward(g0, t, go0, -100)):8.1f}")
+    print(f"  {'backward launch, main thread, bf16 go':42s} {us(lambda: _launch_backward(g0, t, go0, -100, cfg)):8.1f}")
     out = []
 
     def other():
-        out.append(us(lambda: _launch_backward(g0, t, go0, -100)))
+        out.append(us(lambda: _launch_backward(g0, t, go0, -100, cfg)))
 
     th = threading.Thread(target=other)
     th.start()

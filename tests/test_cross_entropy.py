@@ -14,6 +14,7 @@ from fusionlab import runtime
 from fusionlab.grading import Sandbox
 from fusionlab.instrument import LaunchCounter
 from fusionlab.kernels import KernelInputError, _launch
+from fusionlab.kernels import _cross_entropy_kernels as cek
 from fusionlab.kernels import cross_entropy as ce
 from fusionlab.kernels._launch import dram_gbps, next_pow2
 from fusionlab.kernels.cross_entropy import (
@@ -285,7 +286,7 @@ def test_split_kernel_matches_float64(vocab, case, dtype, atol, rtol, inplace):
         splits, [("mean", 0.0), ("sum", 0.1), ("none", 0.0)]
     ):
         cfg = dict(cross_entropy_config(vocab, dtype))
-        cfg.update(SPLIT=parts, SPLIT_BLOCK=block, SPLIT_WARPS=4, SPLIT_EARLY=block == 128)
+        cfg.update(SPLIT=parts, SPLIT_BLOCK=block, SPLIT_WARPS=4)
         if part_n:
             cfg["SPLIT_PART"] = part_n
         w = torch.randn(8, device=x.device) if reduction == "none" else None
@@ -497,7 +498,7 @@ def test_grad_output_scales_and_backward_is_one_launch():
 def test_shared_grad_output_walks_every_row(monkeypatch, reduction, scale):
     # one grad_output for all rows is checked by a few programs, each walking rows pid, pid + P, ...:
     # with 4 programs for 23 rows every program walks several, ignored rows among them
-    monkeypatch.setattr(ce, "sm_count", lambda: 1)
+    monkeypatch.setattr(cek, "sm_count", lambda: 1)
     x, t = _inputs(23, 70, torch.float32, seed=10)
     xl = x.clone().requires_grad_()
     loss = cross_entropy(xl, t, reduction=reduction)
@@ -880,7 +881,7 @@ def test_gpu_split_rows_match_float64(vocab, dtype, atol, rtol, reduction, smoot
     30% ignored rows, label smoothing, a part of only -inf, a logit of 1e4 (the second round) and fp16
     subnormals (widened by their bits); one kernel; the gradient over the logits when asked."""
     cfg = cross_entropy_config(vocab, dtype)
-    assert cfg.get("SPLIT") and cfg["SPLIT_EARLY"] and cfg["SPLIT_BLOCK"] * dtype.itemsize == SPLIT_BYTES
+    assert cfg.get("SPLIT") and cfg["SPLIT_BLOCK"] * dtype.itemsize == SPLIT_BYTES
     x, t = _inputs(33, vocab, dtype, seed=41)
     x[1, : vocab // 2] = float("-inf")  # whole parts of -inf
     x[2, vocab // 3] = 1e4  # one part far above the rest
@@ -967,9 +968,9 @@ def test_dependent_launch_changes_no_bits(monkeypatch, kernel, reduction, ignore
     assert torch.equal(got[True][1], got[False][1])
     # and the launch did use it: the kernel after the prologue was launched dependent and waits, with
     # no store, atomic or pipelined copy before its wait (the split kernel: no memory access at all)
-    sync = ce._prologue(t, -100, count=True, n_rows_split=53 if kernel == "split" else None)
+    sync = cek._prologue(t, -100, count=True, n_rows_split=53 if kernel == "split" else None)
     grad, rows = torch.empty_like(x), torch.empty(53, device=x.device)
-    k = ce._launch_forward(x, t, grad, rows, sync, -100, 0.0, cfg, mean=True, after_prologue=True)
+    k = ce.cross_entropy_rows(x, t, grad, rows, sync, -100, 0.0, cfg, mean=True, after_prologue=True)
     assert k.metadata.launch_pdl
     before = _memory_before_wait(k.asm["ptx"])
     assert not [i for i in before if "ld.global" not in i], before
@@ -993,7 +994,7 @@ def test_prologue_finish_and_backward_wait_before_any_access():
     x, t = _inputs(40, 300, torch.bfloat16, seed=72)
     x.requires_grad_()
     ce.cross_entropy(x, t).backward()
-    for fn in (ce._cross_entropy_prologue_kernel, ce._cross_entropy_finish_kernel, ce._cross_entropy_bwd_kernel):
+    for fn in (cek._cross_entropy_prologue_kernel, cek._cross_entropy_finish_kernel, cek._cross_entropy_bwd_kernel):
         kernels = [k for cache in fn.device_caches.values() for k in cache[0].values() if k.metadata.launch_pdl]
         assert kernels, fn
         for k in kernels:
@@ -1005,9 +1006,9 @@ def test_prologue_finish_and_backward_wait_before_any_access():
 def test_prologue_counts_and_zeroes_in_steps(monkeypatch, rows, split):
     # the prologue's step follows the targets' count (up to _COUNT_BLOCK): with steps of 16 here, 97
     # targets take seven, and sync's room for the split (2 + rows ints) is zeroed past the first step
-    monkeypatch.setattr(ce, "_COUNT_BLOCK", 16)
-    monkeypatch.setattr(ce, "COUNT_BLOCK_MIN", 16)
+    monkeypatch.setattr(cek, "_COUNT_BLOCK", 16)
+    monkeypatch.setattr(cek, "COUNT_BLOCK_MIN", 16)
     _, t = _inputs(rows, 10, torch.float32, seed=rows)
-    sync = ce._prologue(t, -100, count=True, n_rows_split=rows if split else None)
+    sync = cek._prologue(t, -100, count=True, n_rows_split=rows if split else None)
     assert sync[0].item() == int((t != -100).sum())
     assert sync.numel() == (2 + rows if split else 1) and (sync[1:] == 0).all()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import cross_entropy_by_hand, gpu_only
@@ -9,6 +12,8 @@ from conftest import cross_entropy_by_hand, gpu_only
 from fusionlab import runtime
 from fusionlab.instrument import LaunchCounter
 from fusionlab.kernels import KernelInputError
+from fusionlab.kernels import _cross_entropy_kernels as cek
+from fusionlab.kernels import linear_cross_entropy as lce_module
 from fusionlab.kernels.linear_cross_entropy import (
     linear_cross_entropy,
     linear_cross_entropy_chunk,
@@ -194,3 +199,15 @@ def test_bf16_on_gpu_close_to_eager():
             ((wl.grad.double() - wd.grad).norm() / wd.grad.norm()).item(),
         )
     assert errs["fused"] <= 1.5 * errs["eager"] + 1e-3, errs
+
+
+def test_composes_cross_entropy_through_its_public_names():
+    # linear_cross_entropy builds on cross_entropy's public parts and on the private module both import,
+    # never on cross_entropy's own private code; that module imports neither op (no cycle, no sideways path)
+    def imported(module, source):
+        tree = ast.parse(Path(module.__file__).read_text())
+        return [a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == source for a in n.names]
+
+    from_ce = imported(lce_module, "cross_entropy")
+    assert from_ce and not [name for name in from_ce if name.startswith("_")], from_ce
+    assert not imported(cek, "cross_entropy") + imported(cek, "linear_cross_entropy")

@@ -14,6 +14,7 @@ import time
 import torch
 
 import fusionlab  # noqa: F401
+from fusionlab.kernels import _cross_entropy_kernels as CK
 from fusionlab.kernels import cross_entropy as C
 
 
@@ -31,7 +32,7 @@ for name in (
     "_cross_entropy_bwd_kernel",
     "_cross_entropy_split_kernel",
 ):
-    setattr(C, name, Nop())
+    setattr(C if hasattr(C, name) else CK, name, Nop())
 x = torch.randn(64, 32000).requires_grad_()
 t = torch.randint(0, 32000, (64,))
 

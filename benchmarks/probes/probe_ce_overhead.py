@@ -30,6 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import fusionlab  # noqa: F401
 from fusionlab import bench
+from fusionlab.kernels import _cross_entropy_kernels as cek
 from fusionlab.kernels import _launch
 from fusionlab.kernels import cross_entropy as ce
 from fusionlab.kernels.cross_entropy import CrossEntropyFunction, cross_entropy_config
@@ -141,13 +142,13 @@ def _prologue_step(copy):
         split = bool(cross_entropy_config(vocab, torch.bfloat16).get("SPLIT"))
         times = {}
         for _ in range(3):
-            for least in (16384, ce.COUNT_BLOCK_MIN):
-                ce.COUNT_BLOCK_MIN, saved = least, ce.COUNT_BLOCK_MIN
+            for least in (16384, cek.COUNT_BLOCK_MIN):
+                cek.COUNT_BLOCK_MIN, saved = least, cek.COUNT_BLOCK_MIN
                 full = bench.queued_ms(lambda: torch.autograd.grad(ce.cross_entropy(x, t), x))
                 alone = bench.queued_ms(
                     lambda: ce._prologue(t, -100, count=True, n_rows_split=tokens if split else None)
                 )
-                ce.COUNT_BLOCK_MIN = saved
+                cek.COUNT_BLOCK_MIN = saved
                 a, b = times.get(least, (1e9, 1e9))
                 times[least] = (min(a, full), min(b, alone))
         line = f"{tokens:6d} x {vocab}:"
@@ -168,8 +169,8 @@ def _first_kernel(copy):
     def plain(target, ignore_index, *, count, n_rows_split=None):
         n_sync = 1 if n_rows_split is None else 2 + n_rows_split
         sync = torch.empty(n_sync, dtype=torch.int32, device=target.device)
-        block = min(ce._COUNT_BLOCK, max(ce.COUNT_BLOCK_MIN, triton.next_power_of_2(max(target.shape[0], n_sync))))
-        ce._cross_entropy_prologue_kernel[(1,)](
+        block = min(cek._COUNT_BLOCK, max(cek.COUNT_BLOCK_MIN, triton.next_power_of_2(max(target.shape[0], n_sync))))
+        cek._cross_entropy_prologue_kernel[(1,)](
             target, sync, target.shape[0], n_sync, ignore_index, COUNT=count, BLOCK=block, PDL=True, num_warps=16
         )
         return sync
@@ -205,11 +206,11 @@ def _wait_order():
         xs = torch.randn(64, vocab, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         ce.cross_entropy(xs, torch.randint(0, vocab, (64,), device="cuda")).backward()
     for name, fn in (
-        ("rows", ce._cross_entropy_rows_kernel),
-        ("split", ce._cross_entropy_split_kernel),
+        ("rows", cek._cross_entropy_rows_kernel),
+        ("split", cek._cross_entropy_split_kernel),
         ("head-and-tail", ce._cross_entropy_fwd_kernel),
-        ("finish", ce._cross_entropy_finish_kernel),
-        ("backward", ce._cross_entropy_bwd_kernel),
+        ("finish", cek._cross_entropy_finish_kernel),
+        ("backward", cek._cross_entropy_bwd_kernel),
     ):
         caches = getattr(fn, "device_caches", {})  # (3.6 and 3.9: device -> (kernels by key, ...))
         kernels = [k for cache in caches.values() for k in list(cache[0].values())[:4]]
@@ -337,7 +338,7 @@ def main():
                 return ce._prologue(t, -100, count=True, n_rows_split=tokens if split else None)
 
             def kernel():
-                ce._launch_forward(x, t, grad, loss, prologue(), -100, 0.0, cfg, mean=True)
+                ce.cross_entropy_rows(x, t, grad, loss, prologue(), -100, 0.0, cfg, mean=True)
 
             show("prologue + loss kernel", bench.queued_ms(kernel))
             show("prologue alone", bench.queued_ms(prologue))

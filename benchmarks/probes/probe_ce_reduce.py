@@ -20,11 +20,11 @@ import fusionlab  # noqa: F401
 from fusionlab import bench
 from fusionlab.kernels.cross_entropy import (
     CrossEntropyFunction,
-    _launch_forward,
     _launch_split,
     _loss,
     _prologue,
     cross_entropy_config,
+    cross_entropy_rows,
 )
 
 
@@ -40,7 +40,7 @@ class TorchAround(CrossEntropyFunction):
             sync = _prologue(target, ignore_index, count=True, n_rows_split=logits.shape[0])
             _launch_split(logits, target, grad, rows, sync, ignore_index, 0.0, cfg, True)
         else:
-            _launch_forward(logits, target, grad, rows, n_valid, ignore_index, 0.0, cfg, mean=True)
+            cross_entropy_rows(logits, target, grad, rows, n_valid, ignore_index, 0.0, cfg, mean=True)
         ctx.save_for_backward(grad, target)
         ctx.ignore_index = ignore_index
         ctx.used = False

@@ -46,7 +46,7 @@ import fusionlab  # noqa: F401
 from fusionlab import bench
 from fusionlab.kernels import cross_entropy as ce
 from fusionlab.kernels._launch import sm_count
-from fusionlab.kernels.softmax import _split_merge, _split_ticket, _split_wait
+from fusionlab.kernels._rows import _split_merge, _split_ticket, _split_wait
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)

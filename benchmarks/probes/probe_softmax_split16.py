@@ -29,8 +29,8 @@ import triton.language as tl
 import fusionlab  # noqa: F401
 from fusionlab import bench
 from fusionlab.kernels import softmax as sm
-from fusionlab.kernels.cross_entropy import _widen_by_bits
-from fusionlab.kernels.softmax import _split_merge, _split_ticket, _split_wait
+from fusionlab.kernels._cross_entropy_kernels import _widen_by_bits
+from fusionlab.kernels._rows import _split_merge, _split_ticket, _split_wait
 
 
 @triton.jit

@@ -37,8 +37,10 @@ import triton.language as tl
 
 import fusionlab  # noqa: F401
 from fusionlab import bench
-from fusionlab.kernels.cross_entropy import _launch_forward, _launch_split, _prologue, cross_entropy_config
-from fusionlab.kernels.softmax import _split_merge, _split_ticket, _split_wait, softmax
+from fusionlab.kernels._cross_entropy_kernels import _launch_split, _prologue
+from fusionlab.kernels._rows import _split_merge, _split_ticket, _split_wait
+from fusionlab.kernels.cross_entropy import cross_entropy_config, cross_entropy_rows
+from fusionlab.kernels.softmax import softmax
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -126,7 +128,7 @@ def ce_split(x, t, grad, loss_rows, chunk, warps, ignore_index=-100):
 def ce_package(x, t, grad, loss_rows, cfg, ignore_index=-100):
     """The package's kernel for this configuration ("mean", per-row losses), after its prologue."""
     sync = _prologue(t, ignore_index, count=True, n_rows_split=x.shape[0] if cfg.get("SPLIT") else None)
-    _launch_forward(x, t, grad, loss_rows, sync, ignore_index, 0.0, cfg, mean=True)
+    cross_entropy_rows(x, t, grad, loss_rows, sync, ignore_index, 0.0, cfg, mean=True)
 
 
 def check_softmax(chunk, warps):

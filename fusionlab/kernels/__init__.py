@@ -15,7 +15,10 @@
 What several ops share lives in private modules: ``_launch`` (input checks, launch options, the
 direct launch path), ``_rows`` (row layouts, the 16-byte unit, a row's body and fragments, split
 rows' synchronisation) and ``_norms`` (what RMSNorm and LayerNorm share). One op is built on
-another's kernel: ``linear_cross_entropy`` launches ``cross_entropy``'s, chunk by chunk.
+another's kernel: ``linear_cross_entropy`` launches ``cross_entropy``'s, chunk by chunk, through its
+public ``cross_entropy_rows`` and the private ``_cross_entropy_kernels`` that both import (never the
+other's private code). An op's GPU-only schedules may live in a private module of their own
+(``_cross_entropy_kernels``, ``_softmax_split``), so that the op's module reads top to bottom.
 
 ``fusionlab.runtime`` has already decided GPU or interpreter before any kernel below is defined (and,
 without Triton, put ``fusionlab._no_triton``'s stand-ins in its place: the modules import, a launch

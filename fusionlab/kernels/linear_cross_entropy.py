@@ -28,9 +28,15 @@ from __future__ import annotations
 import torch
 
 from .. import runtime
+from ._cross_entropy_kernels import _check_args, _launch_backward, _prologue, _reduce
 from ._launch import KernelInputError, check_tensor, element_size
 from ._tensors import check_targets, upstream_grad
-from .cross_entropy import _check_args, _launch_backward, _launch_forward, _prologue, _reduce, cross_entropy_config
+from .cross_entropy import cross_entropy_config, cross_entropy_rows
+
+# The loss is cross_entropy's, composed through its public parts (cross_entropy_config, and
+# cross_entropy_rows: the row kernels' launcher, which lesson 5's kernel module keeps beside its kernel);
+# what both ops launch around it (the prologue's count, the finish, the backward's scale, the argument
+# checks) has one private home that both import, _cross_entropy_kernels.
 
 
 def linear_cross_entropy_reference(
@@ -139,7 +145,7 @@ def _forward_chunks(
         logits = buf[: end - start]
         torch.mm(h_c, weight.T, out=logits)  # (c, V)
         # the fused kernel, gradient in place of the chunk's logits (forward only: no gradient sweep)
-        _launch_forward(
+        cross_entropy_rows(
             logits,
             target[start:end],
             logits if want_grad else None,
@@ -153,7 +159,7 @@ def _forward_chunks(
         if not want_grad:
             continue
         if row_scale is not None:  # reduction "none": each row times its grad_output
-            _launch_backward(logits, target[start:end], row_scale[start:end], ignore_index)
+            _launch_backward(logits, target[start:end], row_scale[start:end], ignore_index, cfg)
         if grad_h is not None:
             torch.mm(logits, weight, out=grad_h[start:end])  # (c, D)
         if grad_w is not None:
@@ -167,7 +173,7 @@ def _scale_(t: torch.Tensor, grad_output: torch.Tensor, target_dummy: torch.Tens
         return
     t2 = t.view(-1, t.shape[-1])
     # every row is "not ignored": a target tensor of the right length with values != ignore_index
-    _launch_backward(t2, target_dummy[: t2.shape[0]], grad_output, -1)
+    _launch_backward(t2, target_dummy[: t2.shape[0]], grad_output, -1, cross_entropy_config(t2.shape[1], t2.dtype))
 
 
 class LinearCrossEntropyFunction(torch.autograd.Function):

@@ -6,62 +6,45 @@ mathematically and keeps ``exp`` from overflowing (logits of 1e4 give ``exp(0) =
 
 Written in torch by hand (Triton's tutorial 02 counts it), softmax is five kernels: max, subtract,
 exp, sum, divide — ``8MN + 4M`` elements through HBM for M rows of N. The fused kernel reads each row
-once and writes it once, ``2MN``, *if the row fits on chip*: a row is a reduction's unit, and the
-k-x rule of element-wise chains no longer applies. Two schedules:
+once and writes it once, ``2MN``, *if the row fits on chip*. Three schedules:
 
-- **one tile** (``SINGLE_TILE``, rows up to ``BLOCK_N`` wide): the row (or ``BLOCK_M`` short rows) is
-  loaded once into registers; max, exp, sum and the scaling happen there; y is written once.
-  Trips: read x, write y.
-- **online softmax** (wider rows): one pass over the row's tiles keeps a running max ``m`` and a
-  running sum ``l`` of ``exp(x - m)``; when a tile raises the max, the sum so far is rescaled by
-  ``exp(m_old - m_new)`` (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax").
-  A second pass re-reads the row and writes ``exp(x - m) / l``. Trips: read x, **read x again**, write
-  y — the ledger's re-read term. On a GPU the first pass loads with ``evict_last`` and the second
-  with ``evict_first``: while the rows in flight fit in L2 the re-read is served from there, and the
-  time approaches one trip's (``benchmarks/notes_softmax.md`` has where that stops). The same
-  recurrence, run over blocks of keys, is the heart of FlashAttention (lesson 7):
-  :func:`online_softmax_stats` exposes its ``(m, l)`` and :func:`online_softmax_reference_blocks`
-  runs it in float64 torch, block by block.
-- **split rows** (``SPLIT``, GPU forward, rows wider than one tile, or 16-bit rows of 16385-24576
-  that would pad their one tile to 32768): the row's ``BLOCK_N``-element
-  parts go to ``SPLIT`` programs, each holding its part in registers. Each finds its part's max and
-  sum, publishes them to a small buffer, waits for the row's other parts (an atomic count), merges
-  the statistics as the online softmax does and writes its part of y. Trips: read x, write y; the
-  price is the wait, which measured faster than the online path's second read
-  (``benchmarks/notes_softmax.md``). The interpreter runs programs one at a time, so there the wide
-  rows take the online path. Contiguous rows that start off 16-byte boundaries (odd widths) split at
-  the row's first boundary: the parts read a 16-byte body, part 0 the few elements at either end.
+- **one tile** (``SINGLE_TILE``): the row (or ``BLOCK_M`` short rows) is loaded once into registers;
+  max, exp, sum and the scaling happen there. Trips: read x, write y. A row that fills three quarters
+  of its power-of-two tile is held as a head of half the tile and a tail (``TAIL_N``); wide one-tile
+  rows are walked by persistent programs, the next rows' loads in flight.
+- **online softmax** (wider rows): one pass keeps a running max ``m`` and a running sum ``l`` of
+  ``exp(x - m)``, rescaling the sum when a tile raises the max (Milakov & Gimelshein 2018); a second
+  pass re-reads the row and writes ``exp(x - m) / l``. Trips: read x, **read x again**, write y (the
+  ledger's re-read term; on a GPU the L2 hints serve the re-read from L2 while the rows in flight fit
+  there). The same recurrence over blocks of keys is FlashAttention's (lesson 7):
+  :func:`online_softmax_stats` exposes its ``(m, l)``, :func:`online_softmax_reference_blocks` runs
+  it in float64 torch.
+- **split rows** (``SPLIT``, GPU forward, ``_softmax_split``): ``SPLIT`` programs hold a part of the
+  row each, swap their parts' max and sum, and write their part of y. Trips: read x, write y.
 
-A one-tile row that fits three quarters of its power-of-two tile (10000 in 16384, 4097 in 8192) is held
-as a head of half the tile and a tail (``TAIL_N``: 8192 + 2048, 4096 + 16), with half the warps: fewer
-lanes and registers than the padded tile (``benchmarks/notes_softmax.md``).
-
-Rows of a multiple of 16 bytes but not of 16 elements (17000 in bf16, 1000 in fp32) are passed to the
-kernels with lengths and strides divided by the 16-byte unit (``UNIT``), which the kernels multiply
-back: Triton tells its compiler only about multiples of 16, and without this the rows move 2 bytes at a
-time.
+Which rows take which is :func:`softmax_config`'s table, measured in ``benchmarks/notes_softmax.md``.
+Rows of a multiple of 16 bytes but not of 16 elements (17000 in bf16) are passed with lengths and
+strides divided by the 16-byte unit (``UNIT``), so that they still move in 16-byte accesses.
 
 Backward (one kernel, from the saved y): ``dx = y * (dy - sum_j(dy * y))``. Trips: read y, dy; write
-dx (rows wider than its one-tile limit: y and dy are read twice, the second time with L2 hints).
+dx (rows past its one-tile limit: y and dy twice).
 
-Numerics, as torch: fp32 arithmetic whatever the storage; masked lanes load as ``-inf`` (they add
-``exp(-inf) = 0``); a row that is entirely ``-inf`` gives NaN (``-inf - (-inf)``), as ``torch.softmax``
-does; a row holding ``+inf`` or NaN gives NaN throughout. The online recurrence guards the one case
-where it would differ from the one-tile path: while a row has seen only ``-inf`` its running max is
-``-inf`` and ``exp(-inf - (-inf))`` would poison the sum, so it rescales against 0 until a finite
-value arrives.
+Numerics, as torch: fp32 arithmetic whatever the storage; masked lanes load as ``-inf``; an all
+``-inf`` row gives NaN, as ``torch.softmax`` does, and so does a row holding ``+inf`` or NaN. The
+online recurrence measures against 0 while a row has seen only ``-inf`` (``exp(-inf - (-inf))`` would
+poison the sum). Layout: the last dimension must have stride 1; the leading dimensions may be strided
+(up to two strides: ``x[:, ::2]``, a transposed 3-D tensor, a slice of a wider buffer are read in
+place). Row offsets are int64: rows x width past 2**31 works.
 
-Layout: the last dimension must have stride 1; the leading dimensions may be strided (their rows
-are found through up to two strides, so ``x[:, ::2]``, ``x.transpose(0, 1)`` of a 3-D tensor or a
-slice of a wider buffer are read in place). Row offsets are int64: rows x width past 2**31 works.
-
-Reference: Triton tutorial 02 (fused softmax); Liger-Kernel ``ops/softmax.py``; Milakov &
-Gimelshein (2018); Dao et al., FlashAttention (2022), section 3.1.
+Reference: Triton tutorial 02; Liger-Kernel ``ops/softmax.py``; Milakov & Gimelshein (2018); Dao et
+al., FlashAttention (2022), section 3.1.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -91,17 +74,13 @@ from ._launch import (
 )
 from ._rows import (
     Rows,
-    _fragments,
-    _row_body,
     _row_offsets,
     _rows_times_unit,
-    _split_merge,
-    _split_ticket,
-    _split_wait,
     _times_unit,
     in_units,
     row_layouts,
 )
+from ._softmax_split import _forward_split, _padded_row_split
 from ._tensors import upstream_grad
 
 OP = "softmax"
@@ -126,12 +105,10 @@ def softmax_ledger(rows: int, n: int, dtype, block: int | None = None, *, backwa
 
     Forward (Triton tutorial 02's ``naive_softmax``): ``m = x.max(-1)`` (read x, write m),
     ``z = x - m`` (read x, m; write z), ``e = exp(z)``, ``s = e.sum(-1)``, ``y = e / s``:
-    ``8 rows n + 4 rows`` elements. Fused: read x, write y (2 rows n). When the row is wider than one
-    tile (``n > block``) the fused kernel is the online softmax and reads x a second time (the
-    re-read term: 3 rows n). ``block``: the widest row held on chip; default: what this mode's
-    launcher does (``softmax_config(...)["SINGLE_TILE"]``; pass ``gpu=True``'s ``BLOCK_N`` to count
-    the GPU kernel). ``torch.softmax`` is itself one fused kernel, so eager PyTorch moves the fused
-    total, not the five-op one.
+    ``8 rows n + 4 rows`` elements. Fused: read x, write y (2 rows n), and a second read of x (the
+    re-read term) when the row is wider than one tile (``n > block``: the online softmax). ``block``:
+    the widest row held on chip (default: what this mode's launcher does). ``torch.softmax`` is itself
+    one fused kernel, so eager PyTorch moves the fused total, not the five-op one.
 
     ``backward=True``: ``dx = y * (dy - sum(dy * y))`` by hand: ``t = dy * y``, ``s = t.sum(-1)``,
     ``u = dy - s``, ``dx = y * u``; fused: read y, dy, write dx (wide rows: y and dy read twice).
@@ -166,66 +143,17 @@ def softmax_flops(rows: int, n: int, *, backward: bool = False) -> int:
 
 
 # -- launch configuration --------------------------------------------------------------------------
-#: GPU tuning, in elements unless named (benchmarks/bench_softmax.py and the probes; the measurements
-#: behind each value: benchmarks/notes_softmax.md, "2026-11-26: the softmax's tuning table, key by
-#: key"). ``max_single``: the widest row held in one tile (wider rows take the online path);
-#: ``wide_block``: the online path's tile; ``tile``: elements a program takes when rows are narrow;
-#: ``thread_bytes``: bytes of row a thread holds (sets num_warps, up to 32); ``l2_hints``: the online
-#: path's two passes load with evict_last, then evict_first; ``big_row``: from this width a one-tile
-#: row is held 64 bytes a thread and, past it, walked by persistent programs (``per_sm`` a SM, the next
-#: rows ``row_stages`` deep in flight, within ``stage_bytes`` of shared memory), a row narrower than its
-#: tile with ``1 / partial_warps_div`` of the warps; ``small_rows``: 16-bit rows of these tile widths
-#: take ``small_tile`` elements a program; ``split``: rows wider than ``max_single`` split across
-#: programs, ``split_bytes`` of row each (``split_thread_bytes`` a thread, up to ``max_split``
-#: programs); ``tail_from``: a one-tile row past this tile that fits three quarters of it is held as
-#: a head and a tail, with ``1 / tail_warps_div`` of the warps.
-GPU_TUNING = {
-    "forward": {
-        "max_single": 32768,
-        "wide_block": 32768,
-        "tile": 4096,
-        "thread_bytes": 32,
-        "l2_hints": True,
-        "big_row": 16384,
-        "per_sm": 2,
-        "row_stages": 3,
-        "partial_warps_div": 2,
-        "stage_bytes": 196608,  # of an SM's 227 KiB
-        "small_rows": (512, 1024),
-        "small_tile": 2048,
-        "split": True,
-        "split_bytes": 16384,
-        "split_thread_bytes": 128,
-        "max_split": 64,
-        "tail_from": 2048,
-        "tail_warps_div": 2,
-    },
-    "backward": {"max_single": 16384, "wide_block": 32768, "tile": 4096, "thread_bytes": 32, "l2_hints": True},
-}
-#: the interpreter: each program costs milliseconds of Python, so tiles are large (64 Ki elements),
-#: and rows past 4096 elements take the online path (a tile is a numpy array there, not registers)
-INTERPRETER_TUNING = {
-    "max_single": 4096,
-    "wide_block": 4096,
-    "tile": 65536,
-    "thread_bytes": 64,
-    "l2_hints": False,
-    "tail_from": 2048,
-}
+#: The tuning table (fusionlab/kernels/tuning/softmax.json): what each key chooses, and the sweeps on an
+#: H100 and an H200 behind it, are in benchmarks/notes_softmax.md ("2026-11-26: ... key by key").
+_TUNING = json.loads((Path(__file__).parent / "tuning" / "softmax.json").read_text())
+GPU_TUNING, INTERPRETER_TUNING = _TUNING["gpu"], _TUNING["interpreter"]
 
 
 @functools.lru_cache(maxsize=4096)
 def _config(
-    n_rows: int,
-    n_cols: int,
-    max_single: int,
-    wide_block: int,
-    tile: int,
-    thread_bytes: int,
-    gpu: bool,
-    dtype: torch.dtype = torch.float32,
-    l2_hints: bool = False,
-) -> dict:
+    n_rows: int, n_cols: int, max_single: int, wide_block: int, tile: int, thread_bytes: int, gpu: bool,
+    dtype: torch.dtype = torch.float32, l2_hints: bool = False,
+) -> dict:  # fmt: skip
     # the row tile from the shared helper: one tile up to max_single columns, else wide_block tiles
     single = row_config(n_cols, dtype, max_block=max_single, gpu=gpu)
     if single["SINGLE_TILE"]:
@@ -243,13 +171,7 @@ def _config(
 
 
 def softmax_config(
-    n_rows: int,
-    n_cols: int,
-    dtype: torch.dtype,
-    *,
-    backward: bool = False,
-    gpu: bool | None = None,
-    split: bool = True,
+    n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu: bool | None = None, split: bool = True
 ) -> dict:
     """The launch configuration: ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}`` (and, for the
     online path on a GPU, the eviction hints ``EVICT_1``/``EVICT_2`` of its two passes; for a row that
@@ -260,29 +182,21 @@ def softmax_config(
     hold ``BLOCK_N`` elements of the row each and swap their statistics: read once. ``BLOCK_M`` rows
     share a program when rows are narrow. ``gpu``: the GPU's configuration (default: this mode's), so
     a lesson on a CPU can ask what the GPU kernel does. ``split=False``: never ``SPLIT`` (wide rows
-    take the online path). Tuned on an H100 (``benchmarks/notes_softmax.md``).
+    take the online path). The table it reads: ``GPU_TUNING`` (``tuning/softmax.json``).
     """
+    n_rows, n_cols = int(n_rows), int(n_cols)
     gpu = runtime.is_gpu() if gpu is None else gpu
     t = GPU_TUNING["backward" if backward else "forward"] if gpu else INTERPRETER_TUNING
     tile, thread_bytes = t["tile"], t["thread_bytes"]
-    width = next_pow2(max(int(n_cols), 1))  # the one tile's width, for rows that fit one
+    width = next_pow2(max(n_cols, 1))  # the one tile's width, for rows that fit one
     big = t.get("big_row")
     if element_size(dtype) == 2 and width in t.get("small_rows", ()):  # measured: bf16
         tile, thread_bytes = t["small_tile"], 2 * thread_bytes
     elif big and big <= width <= t["max_single"]:  # a wide row in one tile: 64 bytes a thread, half the warps
         thread_bytes = 2 * thread_bytes
-    cfg = _config(
-        int(n_rows),
-        int(n_cols),
-        t["max_single"],
-        t["wide_block"],
-        tile,
-        thread_bytes,
-        bool(gpu),
-        dtype,
-        t["l2_hints"],
+    cfg = dict(
+        _config(n_rows, n_cols, t["max_single"], t["wide_block"], tile, thread_bytes, bool(gpu), dtype, t["l2_hints"])
     )
-    cfg = dict(cfg)
     staged = cfg["BLOCK_M"] * cfg["BLOCK_N"] * element_size(dtype) * t.get("row_stages", 0)
     if big and cfg["SINGLE_TILE"] and cfg["BLOCK_N"] > big and staged <= t["stage_bytes"]:
         # past big_row: persistent programs whose loop loads the next row while this one reduces (sms
@@ -290,43 +204,25 @@ def softmax_config(
         # row of 32768 would need 384 KiB of stages (OutOfResources) and keeps one program a row
         sms = sm_count() if runtime.is_gpu() else DEFAULT_SMS
         cfg.update(programs=t["per_sm"] * sms, row_stages=t["row_stages"])
-        if int(n_cols) < cfg["BLOCK_N"] and t.get("partial_warps_div"):  # the row does not fill its tile
+        if n_cols < cfg["BLOCK_N"] and t.get("partial_warps_div"):  # the row does not fill its tile
             cfg["num_warps"] = max(1, cfg["num_warps"] // t["partial_warps_div"])
         if split and t.get("split"):
-            cfg = _padded_row_split(int(n_cols), dtype, t, cfg)
+            cfg = _padded_row_split(n_cols, dtype, t, cfg)
     if split and t.get("split") and not cfg["SINGLE_TILE"] and not cfg.get("SPLIT"):
         chunk = t["split_bytes"] // element_size(dtype)
-        parts = cdiv(int(n_cols), chunk)
-        if parts <= t["max_split"] and int(n_rows) * parts < INT32_LIMIT:
+        parts = cdiv(n_cols, chunk)
+        if parts <= t["max_split"] and n_rows * parts < INT32_LIMIT:
             warps = max(1, min(32, t["split_bytes"] // t["split_thread_bytes"] // 32))
             cfg = {"BLOCK_M": 1, "BLOCK_N": chunk, "num_warps": warps, "SINGLE_TILE": False, "SPLIT": parts}
     tail = t.get("tail_from") if not backward else None  # the backward kernel holds one tile
     if tail and cfg["SINGLE_TILE"] and not cfg.get("programs") and tail < cfg["BLOCK_N"]:
-        split_tile = head_and_tail(int(n_cols), cfg["BLOCK_N"])
+        split_tile = head_and_tail(n_cols, cfg["BLOCK_N"])
         if split_tile:
             cfg.update(BLOCK_N=split_tile[0], TAIL_N=split_tile[1])
             if t.get("tail_warps_div"):
                 warps = max(1, cfg["num_warps"] // t["tail_warps_div"])
                 cfg["num_warps"] = tail_warps(warps, *split_tile, dtype)
     return cfg
-
-
-#: a persistent one-tile row whose split parts fill their tiles by at least this much more than its one
-#: tile does is split instead (a rule from the widths measured: notes_softmax.md, 2026-11-26, key by key)
-SPLIT_FILL_GAIN = 0.15
-
-
-def _padded_row_split(n_cols: int, dtype: torch.dtype, t: dict, cfg: dict) -> dict:
-    """``cfg`` (a persistent one-tile row), or the split schedule when its parts pad much less."""
-
-    def fill(tile: int) -> float:
-        return n_cols / (cdiv(n_cols, tile) * tile)
-
-    big = t["split_bytes"] // element_size(dtype)
-    part = max((big, big // 2), key=fill)  # the larger part on a tie
-    if fill(part) - fill(cfg["BLOCK_N"]) < SPLIT_FILL_GAIN or cdiv(n_cols, part) > t["max_split"]:
-        return cfg
-    return {"BLOCK_M": 1, "BLOCK_N": part, "num_warps": 4, "SINGLE_TILE": False, "SPLIT": cdiv(n_cols, part)}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -378,10 +274,9 @@ def _row_ptrs(base, rows, n_rows, n_inner, stride_b, stride_m, TWO_LEVEL: tl.con
 
 @triton.jit
 def _nan_max(m, l):
-    """The row max as torch's ``amax`` gives it: NaN when the row holds a NaN. Triton's max drops a NaN
-    (``fmax``), but the NaN reaches l through exp, so a NaN l with a max below +inf (+inf alone also
-    makes l NaN: exp(inf - inf)) marks the row; a row with both +inf and NaN keeps +inf. One select a
-    row when the stats are written: the loop's max stays the one-instruction fmax."""
+    """The row max as torch's ``amax`` gives it: NaN when the row holds one. Triton's max (``fmax``) drops
+    a NaN, but it reaches l through exp: a NaN l with a max below +inf (+inf alone makes l NaN too) marks
+    the row. One select a row when the stats are written; the loop's max stays one fmax."""
     return tl.where((l != l) & (m < float("inf")), l, m)
 
 
@@ -468,70 +363,6 @@ def _softmax_kernel(
         if WRITE_STATS:
             tl.store(m_ptr + rows, _nan_max(m, l), mask=row_ok)
             tl.store(l_ptr + rows, l, mask=row_ok)
-
-
-@triton.jit
-def _softmax_split_kernel(
-    x_ptr, y_ptr, sync_ptr, part_ptr, n_cols, n_inner, stride_xb, stride_xm, stride_ym,
-    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, BLOCK_N: tl.constexpr, TWO_LEVEL: tl.constexpr,
-    EVEN_N: tl.constexpr = False, UNIT: tl.constexpr = 1, VEC: tl.constexpr = 1,
-):  # fmt: skip
-    # A row too wide for one program's registers, held by SPLIT programs instead: each loads its
-    # BLOCK_N elements once, finds their max m and sum d of exp(x - m), publishes (m, d), waits for
-    # the row's other parts, combines them (the online softmax's merge) and writes its part of y from
-    # registers. Trips: read x, write y — no re-read. GPU only (why the wait cannot hang: _rows.py).
-    n_cols, stride_xb, stride_xm, stride_ym = _rows_times_unit(n_cols, stride_xb, stride_xm, stride_ym, UNIT)
-    row, part = _split_ticket(sync_ptr, SPLIT)
-    offs = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    start = _row_offsets(row, n_inner, stride_xb, stride_xm, TWO_LEVEL)
-    if VEC > 1:
-        # Rows that do not start on 16-byte boundaries (an odd width, contiguous: x and y rows start
-        # at the same offsets; the launcher sees to it): the parts cover a body from the row's first
-        # boundary, a multiple of VEC long, so that every access is 16 bytes; the fewer than VEC
-        # elements before it and after it go to part 0, in one tile of 2 VEC lanes (cross-entropy's
-        # kernel does the same).
-        lo, body_len = _row_body(start, n_cols, VEC)
-        start_body = tl.multiple_of(start + lo, VEC)
-        col_f, mask_f = _fragments(lo, body_len, n_cols, VEC)
-        mask_f = mask_f & (part == 0)
-        x_f = tl.load(x_ptr + start + col_f, mask=mask_f, other=float("-inf")).to(tl.float32)
-    else:
-        body_len = n_cols
-        start_body = start
-    col_ok = offs < body_len
-    x_row = x_ptr + start_body
-    if EVEN_N:
-        x = tl.load(x_row + offs).to(tl.float32)
-    else:
-        x = tl.load(x_row + offs, mask=col_ok, other=float("-inf")).to(tl.float32)
-    m = tl.max(x, axis=0)
-    if VEC > 1:
-        m = tl.maximum(m, tl.max(x_f, axis=0))
-    ref = tl.where(m == float("-inf"), 0.0, m)  # a part of only -inf: d = 0, not exp(-inf - -inf)
-    e = tl.exp(x - ref)
-    d = tl.sum(e, axis=0)
-    if VEC > 1:
-        e_f = tl.exp(x_f - ref)
-        d += tl.sum(e_f, axis=0)
-    # publish (m, d): the stores, then a barrier (every thread's store is done), then the count with
-    # release semantics; the last of the row's parts to count sees SPLIT at once, the others wait
-    parts = part_ptr + row * (2 * SPLIT)
-    tl.store(parts + part, m)
-    tl.store(parts + SPLIT + part, d)
-    _split_wait(sync_ptr, row, SPLIT)
-    big, l = _split_merge(parts, SPLIT, SPLIT_P2)  # an all -inf row: l = 0, y = 0 * (1 / 0): NaN, as torch
-    scale = tl.exp(ref - big) / l
-    y = e * scale
-    if VEC > 1:
-        y_row = y_ptr + row * stride_ym  # the same offsets as x's rows (contiguous)
-        tl.store(y_row + col_f, (e_f * scale).to(y_ptr.dtype.element_ty), mask=mask_f)
-        y_ptrs = y_ptr + tl.multiple_of(row * stride_ym + lo, VEC) + offs
-    else:
-        y_ptrs = y_ptr + row * stride_ym + offs
-    if EVEN_N:
-        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty))
-    else:
-        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=col_ok)
 
 
 @triton.jit
@@ -625,11 +456,10 @@ def _launch_flags(r: Rows, cfg: dict) -> dict:
     return {"EVEN_M": r.n_rows % cfg["BLOCK_M"] == 0, "EVEN_N": r.n_cols % cfg["BLOCK_N"] == 0}
 
 
-def _forward(x: torch.Tensor, layout: Rows, cfg: dict) -> torch.Tensor:
+def _forward(x: torch.Tensor, r: Rows, cfg: dict) -> torch.Tensor:
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous, whatever x's strides
     if x.numel() == 0:
         return y
-    r = layout
     if cfg.get("SPLIT"):
         return _forward_split(x, y, r, cfg)
     blocks = cdiv(r.n_rows, cfg["BLOCK_M"])
@@ -637,52 +467,11 @@ def _forward(x: torch.Tensor, layout: Rows, cfg: dict) -> torch.Tensor:
     programs = min(blocks, cfg.get("programs") or blocks) if cfg["SINGLE_TILE"] else blocks
     u, n_cols, stride_b, stride_m = in_units(x.dtype, r)
     _softmax_kernel[(programs,)](
-        x,
-        y,
-        y,
-        y,  # m_ptr, l_ptr: unused when WRITE_STATS is off
-        r.n_rows,
-        n_cols,
-        r.n_inner,
-        stride_b,
-        stride_m,
-        n_cols,
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"],
-        SINGLE_TILE=cfg["SINGLE_TILE"],
-        TWO_LEVEL=r.two_level,
-        WRITE_Y=True,
-        WRITE_STATS=False,
-        EVICT_1=cfg.get("EVICT_1", ""),
-        EVICT_2=cfg.get("EVICT_2", ""),
-        ROW_STAGES=cfg.get("row_stages", 1),
-        UNIT=u,
-        TAIL_N=cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
-        **_launch_flags(r, cfg),
-        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages"), cfg.get("maxnreg")),
-    )
-    return y
-
-
-def _packed(x: torch.Tensor) -> bool:
-    """x's rows lie end to end from a 16-byte boundary (and so will a fresh y's): the split's fragments."""
-    return x.is_contiguous() and x.data_ptr() % 16 == 0
-
-
-def _forward_split(x: torch.Tensor, y: torch.Tensor, r: Rows, cfg: dict) -> torch.Tensor:
-    parts = cfg["SPLIT"]
-    sync = torch.zeros(r.n_rows + 1, dtype=torch.int32, device=x.device)  # the ticket, then a count a row
-    stats = torch.empty(r.n_rows * 2 * parts, dtype=torch.float32, device=x.device)  # (m, d) of every part
-    u, n_cols, stride_b, stride_m = in_units(x.dtype, r)
-    # rows off 16-byte boundaries: the fragments path, when x is contiguous (y's rows then start at the
-    # same offsets) and starts on a boundary itself
-    vec = 16 // x.element_size()
-    frag = vec > 1 and r.n_cols % vec != 0 and _packed(x)
-    _softmax_split_kernel[(r.n_rows * parts,)](
-        x, y, sync, stats, n_cols, r.n_inner, stride_b, stride_m, n_cols,
-        SPLIT=parts, SPLIT_P2=next_pow2(parts), BLOCK_N=cfg["BLOCK_N"], TWO_LEVEL=r.two_level,
-        EVEN_N=r.n_cols % cfg["BLOCK_N"] == 0 and not frag, UNIT=u, VEC=vec if frag else 1,
-        **launch_kwargs(cfg["num_warps"]),
+        x, y, y, y, r.n_rows, n_cols, r.n_inner, stride_b, stride_m, n_cols,  # (m, l: no stats written)
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=r.two_level,
+        WRITE_Y=True, WRITE_STATS=False, EVICT_1=cfg.get("EVICT_1", ""), EVICT_2=cfg.get("EVICT_2", ""),
+        ROW_STAGES=cfg.get("row_stages", 1), UNIT=u, TAIL_N=cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
+        **_launch_flags(r, cfg), **launch_kwargs(cfg["num_warps"], cfg.get("num_stages"), cfg.get("maxnreg")),
     )  # fmt: skip
     return y
 
@@ -726,14 +515,9 @@ class SoftmaxFunction(torch.autograd.Function):
 
 
 def softmax(
-    x: torch.Tensor,
-    dim: int = -1,
-    *,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    num_warps: int | None = None,
-    split: bool = True,
-) -> torch.Tensor:
+    x: torch.Tensor, dim: int = -1, *, block_m: int | None = None, block_n: int | None = None,
+    num_warps: int | None = None, split: bool = True,
+) -> torch.Tensor:  # fmt: skip
     """``softmax(x)`` over the last dimension, fused: one kernel, forward and backward.
 
     ``y = exp(x - max(x)) / sum(exp(x - max(x)))`` row by row, fp32 arithmetic, y in x's dtype.
@@ -783,25 +567,11 @@ def online_softmax_stats(x: torch.Tensor, block: int | None = None) -> SoftmaxSt
         return SoftmaxStats(m.fill_(float("-inf")), l.zero_())
     r = layout
     _softmax_kernel[(cdiv(r.n_rows, cfg["BLOCK_M"]),)](
-        x,
-        m,
-        m,
-        l,
-        r.n_rows,
-        r.n_cols,
-        r.n_inner,
-        r.stride_b,
-        r.stride_m,
-        0,
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"],
-        SINGLE_TILE=False,
-        TWO_LEVEL=r.two_level,
-        WRITE_Y=False,
-        WRITE_STATS=True,  # the recurrence even when the row fits one tile
-        **_launch_flags(r, cfg),
-        **launch_kwargs(cfg["num_warps"]),
-    )
+        x, m, m, l, r.n_rows, r.n_cols, r.n_inner, r.stride_b, r.stride_m, 0,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], TWO_LEVEL=r.two_level, WRITE_Y=False,
+        SINGLE_TILE=False, WRITE_STATS=True,  # the recurrence even when the row fits one tile
+        **_launch_flags(r, cfg), **launch_kwargs(cfg["num_warps"]),
+    )  # fmt: skip
     return SoftmaxStats(m, l)
 
 
