@@ -55,6 +55,11 @@ rows of contiguous tensors, a partial last block through the pointers. ``config=
 per element. Both are off by default until measured faster (benchmarks/notes_attention_backward.md has
 every measurement behind the defaults and the tiles).
 
+Autograd: :class:`fusionlab.kernels.attention.AttentionFunction` runs the forward kernel and
+:func:`_backward`'s launches; ``attention(...)`` on inputs that require grad goes through it. This module
+builds on :mod:`fusionlab.kernels._attention` (the checks and the spec's arithmetic both passes share)
+and never imports the forward's module.
+
 Reference: Dao, "FlashAttention-2" (2023), algorithm 2; Triton's tutorial 06 (fused attention)
 backward, whose shape (a dK/dV loop over query blocks, then a dQ loop over key blocks) this follows,
 without its restrictions (causal only, N a multiple of 128, one head per K/V head).
@@ -63,7 +68,6 @@ without its restrictions (causal only, N a multiple of 128, one head per K/V hea
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import torch
@@ -73,32 +77,23 @@ import triton.language as tl
 from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
-from . import attention as fwd
-from ._launch import (
-    KernelInputError,
-    Launcher,
-    cdiv,
-    check_block,
-    check_tensor,
-    element_size,
-    launch_kwargs,
-    next_pow2,
+from ._attention import (
+    LOG2E,
+    TensorDescriptor,
+    attention_flops,
+    check_inputs,
+    config_key,
+    default_scale,
+    hopper,
+    keys_per_row,
+    scores64,
 )
+from ._launch import KernelInputError, Launcher, cdiv, check_block, check_tensor, element_size, launch_kwargs, next_pow2
 from ._tensors import upstream_grad
 
-try:  # host-side TMA descriptors: triton >= 3.4 (the GPU machine and Colab have 3.6)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older triton: pointer atomics only
-    TensorDescriptor = None
-
 OP = "attention_backward"
-LOG2E = 1.4426950408889634
 #: the head dims the backward takes (powers of two are tested; others are padded on chip)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
-
-
-def _default_scale(d: int, scale) -> float:
-    return 1.0 / math.sqrt(d) if scale is None else float(scale)
 
 
 # -- the spec -------------------------------------------------------------------------------------
@@ -111,15 +106,10 @@ def attention_backward_reference(q, k, v, o, lse, do, causal=False, scale=None, 
     (B, H_q, N_q, D); ``dlse`` (B, H_q, N_q) or None. GQA's dK and dV are summed over the query heads
     of a group.
     """
-    scale = _default_scale(q.shape[-1], scale)
+    scale = default_scale(q.shape[-1], scale)
     group = q.shape[1] // k.shape[1]
     qd, od, dod = q.double(), o.double(), do.double()
-    kd = k.double().repeat_interleave(group, dim=1)
-    vd = v.double().repeat_interleave(group, dim=1)
-    s = (qd @ kd.transpose(-2, -1)) * scale
-    if causal:
-        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~keep, float("-inf"))
+    s, kd, vd = scores64(q, k, v, causal, scale)
     p = torch.exp(s - lse.double()[..., None])  # the forward's lse normalises: no softmax here
     delta = (dod * od).sum(-1)
     if dlse is not None:
@@ -141,7 +131,7 @@ def attention_backward_flops(B: int, H: int, N_q: int, N_k: int, D: int, causal:
     (``S``, ``dV``, ``dP``, ``dQ``, ``dK``) of ``2 N_q N_k D`` each, against its two. The recomputation
     in the deterministic schedule's dQ pass (``S`` and ``dP`` again) is not counted, as in every
     FlashAttention benchmark."""
-    return fwd.attention_flops(B, H, N_q, N_k, D, causal) * 5 // 2
+    return attention_flops(B, H, N_q, N_k, D, causal) * 5 // 2
 
 
 @answer_key
@@ -210,9 +200,7 @@ def attention_backward_ledger(
         if block_m2 is None:
             kv_reads = B * H * N_k * D
         else:
-            tiles = cdiv(N_q, block_m2)  # a causal tile reads the keys up to its last row
-            keys = sum(min((i + 1) * block_m2, N_k) for i in range(tiles)) if causal else tiles * N_k
-            kv_reads = B * H * keys * D
+            kv_reads = B * H * keys_per_row(N_q, N_k, causal, block_m2) * D  # a causal tile: keys to its last row
         led.fused("dQ", reads={"Q": q_n, "dO": q_n, "lse": rows, "D": rows, "K": kv_reads, "V": kv_reads},
                   writes={"dQ": q_n})  # fmt: skip
     else:
@@ -251,11 +239,6 @@ _CONFIG_KEYS = ("BLOCK_M1", "BLOCK_N1", "num_warps1", "num_stages1", "BLOCK_M2",
                 "num_stages2", "TMA_REDUCE", "TMA")  # fmt: skip
 
 
-@functools.cache
-def _hopper() -> bool:
-    return runtime.is_gpu() and torch.cuda.get_device_capability() >= (9, 0)
-
-
 @functools.lru_cache(maxsize=1024)
 def _config(d: int, causal: bool, gpu: bool) -> dict:
     block_d = max(16, next_pow2(d))
@@ -274,11 +257,7 @@ def attention_backward_config(D: int, causal: bool = False) -> dict:
     return dict(_config(int(D), bool(causal), runtime.is_gpu()))
 
 
-def _check_config(overrides: dict | None) -> dict:
-    if overrides is None:
-        return {}
-    if not isinstance(overrides, dict):
-        raise KernelInputError(f"{OP}: config must be a dict of tile overrides, got {type(overrides).__name__}.")
+def _check_config(overrides: dict) -> dict:
     unknown = set(overrides) - set(_CONFIG_KEYS)
     if unknown:
         raise KernelInputError(f"{OP}: unknown config key(s) {sorted(unknown)}; known: {', '.join(_CONFIG_KEYS)}.")
@@ -591,14 +570,13 @@ class _Plan(NamedTuple):
 
 
 def _config_key(config: dict | None) -> tuple:
-    overrides = _check_config(config)
-    return tuple(sorted(overrides.items()))
+    return config_key(config, _check_config, OP)
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, config_key) -> _Plan:
+def _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, key) -> _Plan:
     gpu = runtime.is_gpu()
-    cfg = {**_config(D, causal, gpu), **dict(config_key)}
+    cfg = {**_config(D, causal, gpu), **dict(key)}
     bm1, bn1, bm2, bn2, bd = cfg["BLOCK_M1"], cfg["BLOCK_N1"], cfg["BLOCK_M2"], cfg["BLOCK_N2"], cfg["BLOCK_D"]
     if causal and (bn1 % bm1 or bm2 % bn2):
         raise KernelInputError(
@@ -609,7 +587,7 @@ def _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, config_key) -> _Plan:
     # reduce; elsewhere pointer atomics), a head dim that is a power of two, int32 row coordinates
     tma_reduce = (
         not deterministic and bool(cfg["TMA_REDUCE"]) and TensorDescriptor is not None and D == bd
-        and _hopper() and B * H * N_q + bm1 < 2**31
+        and hopper() and B * H * N_q + bm1 < 2**31
     )  # fmt: skip
     bmp = 64 if gpu else 128  # the preprocess: a row sum per query, memory-bound
     grids = ((cdiv(N_q, bmp), H, B), (cdiv(N_k, bn1), H_kv, B), (cdiv(N_q, bm2), H, B))
@@ -624,7 +602,7 @@ def _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, config_key) -> _Plan:
     # TMA loads (config TMA): Q and dO in the dK/dV loop, K and V in the dQ loop, through descriptors over
     # the (B H N, D) rows of contiguous tensors (the launcher checks contiguity and alignment per call)
     tma = (
-        bool(cfg["TMA"]) and TensorDescriptor is not None and D == bd and (_hopper() or not gpu)
+        bool(cfg["TMA"]) and TensorDescriptor is not None and D == bd and (hopper() or not gpu)
         and B * H * N_q + bm1 < 2**31 and B * H_kv * N_k + bn2 < 2**31
     )  # fmt: skip
     loads = (([B * H * N_q, D], [D, 1], [bm1, bd]), ([B * H_kv * N_k, D], [D, 1], [bn2, bd])) if tma else None
@@ -657,8 +635,7 @@ def attention_backward(
     (:func:`attention_backward_config`'s keys). Returns dq, dk, dv, contiguous, in the inputs' dtype;
     dk and dv are summed over the query heads of each group.
     """
-    with torch.no_grad():  # the forward's checks, less its refusal of inputs that require grad
-        fwd._check_inputs(q, k, v, causal, scale)
+    check_inputs(q, k, v, causal, scale, op=OP, grad=True)
     if do is None:
         raise KernelInputError(f"{OP}: do must be a torch.Tensor, got None.")
     do = upstream_grad(do, q.dtype) if isinstance(do, torch.Tensor) and do.dtype == q.dtype else do
@@ -671,7 +648,7 @@ def attention_backward(
     return _backward(q, k, v, o, lse, do, causal, scale, dlse, deterministic, _config_key(config))
 
 
-def _backward(q, k, v, o, lse, do, causal, scale, dlse, deterministic, config_key):
+def _backward(q, k, v, o, lse, do, causal, scale, dlse, deterministic, key):
     """The launches, on checked inputs (``do`` and ``dlse`` readable as they are: last dimension
     contiguous, no lazy negation)."""
     B, H, N_q, D = q.shape
@@ -679,8 +656,8 @@ def _backward(q, k, v, o, lse, do, causal, scale, dlse, deterministic, config_ke
     if N_q == 0 or N_k == 0 or B == 0 or H == 0:  # no pair of a query and a key: no gradient flows
         dk = torch.zeros((B, H_kv, N_k, D), dtype=k.dtype, device=q.device)
         return torch.zeros((B, H, N_q, D), dtype=q.dtype, device=q.device), dk, torch.zeros_like(dk)
-    plan = _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, config_key)
-    scale = _default_scale(D, scale)
+    plan = _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, key)
+    scale = default_scale(D, scale)
     # every row of dK and dV is written (a K/V tile no query sees stores zeros): no memset
     dk = torch.empty((B, H_kv, N_k, D), dtype=k.dtype, device=q.device)
     dv = torch.empty((B, H_kv, N_k, D), dtype=v.dtype, device=q.device)
@@ -720,58 +697,12 @@ def _backward(q, k, v, o, lse, do, causal, scale, dlse, deterministic, config_ke
     return dq, dk, dv
 
 
-class AttentionFunction(torch.autograd.Function):
-    """The forward kernel (:func:`fusionlab.kernels.attention.attention`) and this backward: saves
-    q, k, v, O and lse (O(N d) memory, no N x N matrix); both outputs differentiable."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale, deterministic, config_key, forward_options):
-        o, lse = fwd.attention(q, k, v, causal, scale, **forward_options)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.deterministic, ctx.config_key = causal, scale, deterministic, config_key
-        ctx.set_materialize_grads(False)  # an unused lse sends None, not an N_q tensor of zeros
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        # the inputs were checked by the forward; the upstream gradients are autograd's: readable once
-        # a lazy negation is resolved and a transposed layout copied
-        do = torch.zeros_like(o) if do is None else upstream_grad(do, o.dtype)
-        if dlse is not None:
-            dlse = upstream_grad(dlse, torch.float32).contiguous()
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, dlse, ctx.deterministic, ctx.config_key)
-        return dq, dk, dv, None, None, None, None, None
-
-
-def attention_trainable(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool = False,
-    scale: float | None = None,
-    *,
-    deterministic: bool = True,
-    backward_config: dict | None = None,
-    variant: str | None = None,
-    config: dict | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`fusionlab.kernels.attention.attention` with autograd: ``(O, lse)``, gradients through both.
-
-    Takes what the forward takes (``variant`` and ``config`` are the forward's), within the backward's
-    head dims (16 to 128). ``deterministic`` and ``backward_config`` go to :func:`attention_backward`
-    (``config`` there). Without grad (no input requires it, or autograd off) it is the forward alone.
-    """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(t, name, op=OP, ndim=4, contiguous=False, grad=True, max_numel=None,
-                     dtypes=runtime.DTYPES)  # fmt: skip
-    options = {"variant": variant, "config": config}
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        if not MIN_HEAD_DIM <= q.shape[-1] <= MAX_HEAD_DIM:
-            raise KernelInputError(
-                f"{OP}: head dim {q.shape[-1]}; the backward takes {MIN_HEAD_DIM} to {MAX_HEAD_DIM}."
-            )
-        if not isinstance(deterministic, bool):
-            raise KernelInputError(f"{OP}: deterministic must be True or False, got {deterministic!r}.")
-        return AttentionFunction.apply(q, k, v, causal, scale, deterministic, _config_key(backward_config), options)
-    return fwd.attention(q, k, v, causal, scale, **options)
+def _check_options(d: int, deterministic, config: dict | None) -> tuple:
+    """What :func:`fusionlab.kernels.attention.attention` checks before a forward that autograd will
+    differentiate: the backward's head dims, ``deterministic``, and its tile overrides (returned as a key
+    for :func:`_backward`)."""
+    if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+        raise KernelInputError(f"{OP}: head dim {d}; the backward takes {MIN_HEAD_DIM} to {MAX_HEAD_DIM}.")
+    if not isinstance(deterministic, bool):
+        raise KernelInputError(f"{OP}: deterministic must be True or False, got {deterministic!r}.")
+    return _config_key(config)
