@@ -174,6 +174,71 @@ def test_autograd_entry_point():
     assert torch.equal(o2, o.detach())
 
 
+def _infinite_scores(last: int):
+    """Every kind of row whose lse is not finite, one head each, the last at query row ``last``: head 0's
+    even rows (and ``last``) see only -inf (an inf in Q against keys all of the other sign); head 1's rows
+    with q[:, 7] > 0 meet a +inf key; head 2's row ``last`` holds a NaN. Head 3 is finite."""
+    q, k, v, do = _inputs(1, 4, 4, 40, 40, 32, seed=4)
+    q[0, 0, ::2, 3] = q[0, 0, last, 3] = float("inf")
+    k[0, 0, :, 3] = -k[0, 0, :, 3].abs() - 0.5
+    k[0, 1, 5, 7] = float("inf")
+    q[0, 1, last, 7] = q[0, 1, last, 7].abs() + 0.5
+    q[0, 2, last, 0], q[0, 2, last, 1] = float("inf"), float("nan")
+    return q, k, v, do
+
+
+def _same_values(got, want, what):
+    for name, g, w in zip(("dq", "dk", "dv"), got, want, strict=True):
+        for cls in (torch.isnan, torch.isposinf, torch.isneginf):
+            where = (cls(g) != cls(w)).nonzero()[:4].tolist()
+            assert torch.equal(cls(g), cls(w)), f"{what} {name}: {cls.__name__} differs at {where}"
+        fin = w.isfinite()
+        assert fin.any(), f"{what} {name}: nothing finite to compare"
+        torch.testing.assert_close(g[fin].double(), w[fin], atol=TOL * (w[fin].abs().max().item() + 1), rtol=TOL)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy meets inf and NaN on purpose
+@pytest.mark.parametrize("deterministic", [True, False], ids=["dq-pass", "dq-atomic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_rows_of_infinite_scores_have_float64s_gradients(causal, deterministic):
+    """Rows with lse -inf, +inf or NaN: NaN in dQ's row and in dK, dV at every key the row sees, as
+    float64 autograd gives (its softmax is NaN across such a row); every other gradient finite and right.
+    The bad rows include the last, which sees every key, so the causal NaN pattern is float64's too."""
+    q, k, v, do = _infinite_scores(last=39)
+    dlse = torch.randn(1, 4, 40, device=DEV)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o, lse = attention(*leaves, causal=causal, deterministic=deterministic)
+    assert lse.isneginf().any() and lse.isposinf().any() and lse.isnan().any()
+    got = torch.autograd.grad([o, lse], leaves, [do, dlse])
+    want = _grads(q, k, v, do, causal, None, dlse)
+    assert all(g[:, 3].isfinite().all() for g in got), "a non-finite row leaked into another head"
+    _same_values(got, want, f"causal={causal}")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_causal_bad_row_reaches_only_what_it_sees():
+    """Where the kernel differs from float64 (attention_backward's docstring): a causal row whose lse is
+    not finite makes float64's dense dV NaN at every key (its softmax is NaN across the whole row, hidden
+    keys included). The kernel's NaN stays in that row's dQ, the dK and dV of the keys it sees, and dK in
+    its own diagonal block (0 * inf in ``dS^T Q``); every other gradient is finite and right."""
+    q, k, v, do = _inputs(1, 1, 1, 40, 40, 32, seed=4)
+    k[..., 3] = -k[..., 3].abs() - 0.5
+    q[0, 0, 0, 3] = float("inf")  # row 0 sees key 0 alone, at -inf: lse -inf
+    o, lse = attention(q, k, v, True)
+    assert lse[0, 0, 0].isneginf() and lse[0, 0, 1:].isfinite().all()
+    dq, dk, dv = attention_backward(q, k, v, o, lse, do, True)
+    assert _grads(q, k, v, do, True, None, None)[2].isnan().all()  # float64: dV NaN at every key
+    finite_q = q.clone()
+    finite_q[0, 0, 0, 3] = 0.0  # in exact arithmetic nothing but row 0's dQ and key 0's dK, dV reads row 0
+    want = _grads(finite_q, k, v, do, True, None, None)
+    block = attention_backward_config(32, True)["BLOCK_N1"]  # keys past row 0's diagonal block
+    for name, g, w, fine in (("dq", dq, want[0], 1), ("dk", dk, want[1], block), ("dv", dv, want[2], 1)):
+        assert g[0, 0, 0].isnan().all(), f"{name}: row or key 0 should be NaN"
+        assert g[0, 0, fine:].isfinite().all(), f"{name}: NaN past what row 0 reaches"
+        ok = g.isfinite()
+        torch.testing.assert_close(g[ok].double(), w[ok], atol=TOL * (w.abs().max().item() + 1), rtol=TOL)
+
+
 @pytest.mark.skipif(GPU, reason="fp16 in the interpreter; the GPU cases run fp16 and bf16")
 def test_fp16_in_the_interpreter():
     q, k, v, do = _inputs(1, 2, 1, 50, 50, 64, dtype=torch.float16)

@@ -373,15 +373,16 @@ def _attention_inner_ref(
     offs_m, offs_d, n_k, qk_scale, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, ROW_SUM: tl.constexpr,
+    GIVEN: tl.constexpr = False,
 ):  # fmt: skip
     """Key blocks ``[lo, hi)`` against a fixed reference ``m_ref`` (``REF_MAX``): block 0's row max,
-    taken when the loop that holds block 0 reaches it (``m_ref`` is -inf until then). After that,
-    ``p = exp2(s - m_ref)`` with no running max, no rescale of ``acc`` and no per-block row max;
-    ``l_t`` adds the P tiles elementwise (the kernel reduces it once) or, ``ROW_SUM``, their row sums.
-    Exact for any finite reference as long as nothing overflows; the kernel checks that at the end
-    and falls back to the online loop if not. Block 0 is peeled inside the loop, not before it: tiles
-    loaded outside the loop get shared-memory buffers of their own (32 KiB at head dim 128, enough to
-    drop a 64 x 64 tile from two programs per SM to one)."""
+    taken when the loop that holds block 0 reaches it (``m_ref`` is -inf until then), or, ``GIVEN``, the
+    one passed in. Then ``p = exp2(s - m_ref)`` with no running max, no rescale of ``acc`` and no
+    per-block row max; ``l_t`` adds the P tiles elementwise (the kernel reduces it once) or, ``ROW_SUM``,
+    their row sums. Exact for any finite reference as long as nothing overflows; the kernel checks that
+    at the end and falls back to the online loop if not. Block 0 is taken inside the loop, not before it
+    (benchmarks/notes_attention.md, 2026-11-24: a tile loaded outside the loop has shared memory of
+    its own)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -391,9 +392,9 @@ def _attention_inner_ref(
         # each row sees key 0, so block 0's row max is finite for finite inputs
         if MASKED:
             qk, m_blk = _block_max(qk, m_ref, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
-            if start_n == 0:
+            if start_n == 0 and not GIVEN:
                 m_ref = m_blk
-        else:
+        elif not GIVEN:
             if start_n == 0:
                 _, m_ref = _block_max(qk, m_ref, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
         p = _block_p(qk, m_ref, qk_scale, MASKED)
@@ -496,14 +497,28 @@ def _attention_kernel(
             offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
             HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, EVEN_N,
         )  # fmt: skip
+    # A row max of -inf (every visible score -inf: an inf in Q against keys of the other sign) or +inf
+    # makes exp2(s - m) NaN, where float64 gives lse = -inf or +inf (NaN only if a score is NaN, which
+    # the max skips). Such a tile reruns once against a fixed finite reference, 0 for those rows (p is
+    # then 0, inf or NaN exactly as float64's terms) and the row max elsewhere. One check a tile.
+    if tl.max(tl.where(tl.abs(m_i) == float("inf"), 1, 0), 0) > 0:
+        m_i = tl.where(tl.abs(m_i) == float("inf"), 0.0, m_i)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        acc, l_i, m_i = _attention_inner_ref(
+            acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+            offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
+            HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, EVEN_N, True, True,
+        )  # fmt: skip
+        if CAUSAL or not EVEN_N:
+            acc, l_i, m_i = _attention_inner_ref(
+                acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+                offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
+                HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N, True, True,
+            )  # fmt: skip
 
     # one division per row, at the end; lse back from base-2 units to natural log
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
-    # a score of +inf (an inf in Q or K) makes the max +inf and p = exp2(inf - inf) NaN, so l is NaN; the
-    # log-sum-exp is +inf all the same (float64's answer; O is NaN in both). One select a row. (A row
-    # whose every score is -inf keeps NaN where float64 says -inf: l is NaN there too, and a NaN score,
-    # whose answer is NaN, leaves the same trace, so the epilogue cannot tell them apart.)
-    lse = tl.where(m_i == float("inf"), m_i, lse)
     o = acc / l_i[:, None]
     row_ok = offs_m < n_q
     if TMA_STORE:  # BLOCK_M divides N_q: the tile is whole rows of O seen as (B H N_q, D)

@@ -42,6 +42,12 @@ the input dtype before the matmuls they feed (the tensor cores' operands), as th
 ``exp`` is ``exp2`` with ``scale * log2(e)`` folded into one multiply and ``lse`` converted to base 2
 once per row.
 
+Non-finite inputs. A row whose lse is -inf, +inf or NaN (an inf or NaN in Q or K) has float64's
+gradients at every pair it sees: NaN in its dQ row and in dK, dV at each key it sees (:func:`_lse2` turns
+an lse of +inf into NaN, so that P is NaN across the row as float64's softmax is). Float64's dense
+autograd also spreads the NaN to dV at keys the causal mask hides from such a row; the kernel never
+visits them and leaves what the other rows give them (tests/test_attention_backward.py shows both).
+
 Masks follow the forward (:mod:`fusionlab.kernels.attention`): causal is top-left aligned, query i
 sees keys j <= i (rows i >= N_k see every key); rows past N_q are loaded as zeros with ``lse = +inf``
 (so their P is 0); keys past N_k are masked in the dQ pass and only ever touch their own, never
@@ -299,6 +305,22 @@ def _store_rows(base, rows, stride, offs_d, n, val, HEAD_DIM: tl.constexpr, BLOC
 
 
 @triton.jit
+def _lse2(lse_base, offs_m, n_q, EVEN: tl.constexpr):
+    """The rows' lse in base-2 units, for ``P = exp2(s * scale * log2(e) - lse2)``. Rows past ``n_q``
+    (unless ``EVEN``: none are) get +inf, so their P is exactly 0 (their Q and dO are zeros). A row whose
+    lse is +inf (a score of +inf: an inf in Q or K) gets NaN: float64's softmax is NaN across such a row,
+    where ``exp2(s - inf)`` would give its finite scores P = 0. (A row of -inf scores, lse = -inf, is
+    NaN already: ``exp2(-inf - -inf)``.) One select a row, never a score."""
+    if EVEN:
+        lse2 = tl.load(lse_base + offs_m) * 1.4426950408889634
+        lse2 = tl.where(lse2 == float("inf"), float("nan"), lse2)
+    else:
+        lse2 = tl.load(lse_base + offs_m, mask=offs_m < n_q, other=float("inf")) * 1.4426950408889634
+        lse2 = tl.where((lse2 == float("inf")) & (offs_m < n_q), float("nan"), lse2)
+    return lse2
+
+
+@triton.jit
 def _bwd_preprocess_kernel(
     o_ptr, do_ptr, dlse_ptr, delta_ptr, n_q,
     stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom,
@@ -339,11 +361,7 @@ def _dkdv_inner(
             q = q_desc.load([(row + start_m).to(tl.int32), 0])
         else:
             q = _load_rows(q_base, offs_m, stride_qm, offs_d, n_q, HEAD_DIM, BLOCK_D, EVEN_M)
-        # rows past n_q: lse = +inf makes their P exactly 0 (and their Q, dO are zeros)
-        if EVEN_M:
-            lse2 = tl.load(lse_base + offs_m) * 1.4426950408889634
-        else:
-            lse2 = tl.load(lse_base + offs_m, mask=offs_m < n_q, other=float("inf")) * 1.4426950408889634
+        lse2 = _lse2(lse_base, offs_m, n_q, EVEN_M)
         s_t = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M), unscaled
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
@@ -518,7 +536,7 @@ def _bwd_dq_kernel(
     row = (off_b.to(tl.int64) * tl.num_programs(1) + off_h) * n_q
     q = _load_rows(q_base, offs_m, stride_qm, offs_d, n_q, HEAD_DIM, BLOCK_D, False)
     do = _load_rows(do_base, offs_m, stride_dom, offs_d, n_q, HEAD_DIM, BLOCK_D, False)
-    lse2 = tl.load(lse_ptr + row + offs_m, mask=offs_m < n_q, other=float("inf")) * 1.4426950408889634
+    lse2 = _lse2(lse_ptr + row, offs_m, n_q, False)
     di = tl.load(delta_ptr + row + offs_m, mask=offs_m < n_q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     n_full = (n_k // BLOCK_N) * BLOCK_N
