@@ -2,21 +2,23 @@
 
 The forward module is the op's public home: ``attention(...)`` and its ``autograd.Function``, which runs
 the backward's launches. So the backward is built first and cannot import the forward; what both
-need lives here, below both: the spec's float64 scores, its arithmetic (FLOPs; the forward's trips,
-which the backward's ledger builds on), the input checks, the default scale, what the GPU can do
+need lives here, below both: the spec's float64 scores, the eager baseline and its arithmetic (FLOPs,
+the forward's trips, on which the backward's ledger builds), the input checks, the default scale, what the GPU can do
 (tensor descriptors, by measured compute capability) and the descriptors' geometry.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
+import torch.nn.functional as F
 
 from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
-from ._launch import KernelInputError, check_tensor, dtype_name, element_size
+from ._launch import KernelInputError, check_block, check_tensor, dtype_name, element_size
 
 try:  # host-side TMA descriptors: triton >= 3.4 (the GPU machine and Colab have 3.6)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -53,6 +55,35 @@ def scores64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
         keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
         s = s.masked_fill(~keep, float("-inf"))
     return s, kd, vd
+
+
+@functools.lru_cache(maxsize=64)
+def _causal_keep(n_q: int, n_k: int, device: torch.device) -> torch.Tensor:
+    """The top-left causal mask as a boolean (N_q, N_k) buffer: True where query i sees key j <= i.
+    Built once per size and device, as nanoGPT keeps its ``bias`` buffer."""
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril()
+
+
+def attention_eager(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None
+) -> torch.Tensor:
+    """What eager PyTorch runs for attention written by hand (nanoGPT's manual path): O only.
+
+    ``S = Q K^T`` (written to HBM), ``S * scale`` (read, written), the causal ``masked_fill``
+    (read, written; the mask is a cached boolean buffer), ``softmax`` (read, written as P, in the
+    input dtype), ``P V`` (read). Grouped-query attention first repeats K and V per query head.
+    Peak memory: two ``N_q x N_k`` matrices per head. :func:`attention_ledger` counts its trips.
+    """
+    scale = default_scale(q.shape[-1], scale)
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    s = (q @ k.transpose(-2, -1)) * scale  # (B, H, N_q, N_k)
+    if causal:
+        s = s.masked_fill(~_causal_keep(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    p = F.softmax(s, dim=-1)
+    return p @ v  # (B, H, N_q, D)
 
 
 def visible_pairs(n_q: int, n_k: int, causal: bool) -> int:
@@ -201,17 +232,32 @@ def check_inputs(q, k, v, causal, scale, *, op: str = OP, grad: bool = False) ->
         raise KernelInputError(f"{op}: scale must be a finite number (or None for 1/sqrt(D)), got {scale!r}.")
 
 
-def config_key(config: dict | None, check, op: str) -> tuple:
-    """A config's overrides as a hashable key (``check`` validates them and returns the dict)."""
+def config_key(config: dict | None, op: str, known: tuple, *, flags: tuple = (), choices: dict | None = None) -> tuple:
+    """A config's tile overrides, checked, as a hashable key: only ``known`` keys; ``BLOCK_*`` powers of
+    two from 16 (``tl.dot``'s least) to 256, ``num_warps*`` powers of two to 16, ``num_stages*`` 1 to 8;
+    ``flags`` True or False; ``choices``: a name and the values it takes."""
     if config is None:
         return ()
     if not isinstance(config, dict):
         raise KernelInputError(f"{op}: config must be a dict of tile overrides, got {type(config).__name__}.")
-    overrides = check(config)
-    try:
-        return tuple(sorted(overrides.items()))
-    except TypeError:
-        raise KernelInputError(f"{op}: config values must be numbers or booleans, got {config!r}.") from None
+    unknown = set(config) - set(known)
+    if unknown:
+        raise KernelInputError(f"{op}: unknown config key(s) {sorted(unknown)}; known: {', '.join(known)}.")
+    for name, value in config.items():
+        if name in flags:
+            if value not in (False, True):
+                raise KernelInputError(f"{op}: {name}={value!r}; pass True or False.")
+        elif choices and name in choices:
+            if isinstance(value, (list, dict, set)) or value not in choices[name]:
+                raise KernelInputError(f"{op}: {name}={value!r}; choose one of {choices[name]}.")
+        elif name.startswith("num_stages"):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
+                raise KernelInputError(f"{op}: {name}={value!r}; pass 1 to 8 pipeline stages.")
+        else:
+            check_block(value, name, op, max_value=16 if name.startswith("num_warps") else 256)
+            if name.startswith("BLOCK") and value < 16:
+                raise KernelInputError(f"{op}: {name}={value}; tl.dot needs tiles of at least 16.")
+    return tuple(sorted(config.items()))
 
 
 # -- the forward's tensor descriptors: a (B, H, N, D) tensor as the rows of a matrix ---------------

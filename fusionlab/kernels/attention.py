@@ -1,50 +1,42 @@
 """Lesson 7: FlashAttention forward — attention without the N x N matrices in HBM.
 
-``O = softmax(Q K^T * scale + mask) V`` per (batch, head), and the per-row log-sum-exp
-``lse_i = log sum_j exp(s_ij)`` of the scaled, masked scores ``s`` (natural log, fp32: what the backward
-needs to recompute P = exp(s - lse) without a second softmax).
+``O = softmax(Q K^T * scale + mask) V`` per (batch, head), and the per-row log-sum-exp ``lse`` of the
+scaled, masked scores (natural log, fp32: the backward recomputes P = exp(s - lse) from it).
 
-Eager attention (nanoGPT's manual path, :func:`attention_eager`) writes the scores ``S = Q K^T`` to HBM,
-reads them back to scale (and mask) them, again to softmax them into ``P``, and once more for ``P V``:
-four to five trips of an ``N_q x N_k`` matrix per head, and ``O(N^2)`` memory. The fused kernel (Dao et
-al. 2022, FlashAttention; the schedule of FlashAttention-2) keeps one ``BLOCK_M x D`` tile of Q on chip
-for the whole program, streams K and V through in ``BLOCK_N``-key tiles, and runs the *online softmax*
-of lesson 4 on each tile's scores in registers: a running row max ``m``, a running sum ``l`` of
-``exp(s - m)`` and an fp32 accumulator ``acc`` of ``exp(s - m) V``, both rescaled by
-``exp(m_old - m_new)`` when a tile raises the max. One division ``acc / l`` at the end; O and lse are
-written once. Trips: :func:`attention_ledger` (K and V read once per Q tile; the L2 cache serves most
-re-reads). The FLOPs are eager's (:func:`attention_flops`): FlashAttention is faster because it moves
-fewer bytes, not because it computes less.
+Eager attention (:func:`attention_eager`) writes the scores to HBM and reads them back to scale, mask,
+softmax and multiply them: four to five trips of an ``N_q x N_k`` matrix per head, and ``O(N^2)``
+memory. The fused kernel (FlashAttention, with FlashAttention-2's schedule) keeps one ``BLOCK_M x D``
+tile of Q on chip, streams K and V through in ``BLOCK_N``-key tiles, and runs lesson 4's *online
+softmax* on each tile's scores in registers: a running row max ``m``, a running sum ``l`` of
+``exp(s - m)`` and an fp32 ``acc`` of ``exp(s - m) V``, rescaled by ``exp(m_old - m_new)`` when a tile
+raises the max; one division ``acc / l`` at the end. Trips: :func:`attention_ledger`; the FLOPs are
+eager's (:func:`attention_flops`): it is faster because it moves fewer bytes, not because it computes less.
 
-Numerics: scores, ``m``, ``l`` and ``acc`` are fp32; ``P`` is cast to the input dtype before ``P V``
-(the tensor cores' operand; P lies in [0, 1], so the rounding is relative). ``exp`` is ``exp2`` with
-``scale * log2(e)`` folded into one multiply-add per score; ``m`` is in those base-2 units and
-``lse = ln(2) * (m + log2(l))``. On Hopper the default drops the running max (``REF_MAX``, lesson 5's
-cross-entropy trick): softmax is exact against *any* reference, so every block sums ``exp(s - m_ref)``
-against block 0's row max, with no per-block max and no rescale (:func:`_attention_inner_ref`); a tile
-where that overflows (a score far above block 0's) reruns through the online loop. Non-finite inputs
-give the float64 reference's O and lse (:func:`attention_reference`), except that a NaN or inf in V
-reaches only the rows of the tiles that load its key.
+Numerics: scores, ``m``, ``l``, ``acc`` in fp32; ``P`` cast to the input dtype for ``P V`` (the tensor
+cores' operand). ``exp`` is ``exp2`` with ``scale * log2(e)`` folded into one multiply-add per score, so
+``m`` is in base-2 units and ``lse = ln(2) * (m + log2(l))``. On Hopper the default drops the running
+max (``REF_MAX``, lesson 5's trick): softmax is exact against *any* reference, so every block sums
+``exp(s - m_ref)`` against block 0's row max with no rescale (:func:`_attention_inner_ref`); a tile where
+that overflows reruns through the online loop. Non-finite inputs give the float64 reference's O and lse
+(:func:`attention_reference`; a tile whose row max is infinite reruns against a finite reference), except
+that a NaN or inf in V reaches only the rows of the tiles that load its key.
 
-Masks. ``causal=True`` follows ``F.scaled_dot_product_attention(is_causal=True)``: **top-left aligned**,
-query i sees keys j <= i (rows i >= N_k see every key when N_q > N_k), so no row is empty unless N_k = 0
-(then O = 0 and lse = -inf, SDPA's math path). Key blocks wholly below the diagonal run with no mask;
-the diagonal blocks and a partial last block are masked to -inf; blocks above it are never loaded. The
-grid runs each head's Q tiles from last to first, so the longest causal tiles start first.
+Masks. ``causal=True`` is ``F.scaled_dot_product_attention(is_causal=True)``'s **top-left** mask: query
+i sees keys j <= i. N_k = 0 gives O = 0 and lse = -inf (SDPA's math path). Key blocks below the
+diagonal run unmasked, the diagonal and a partial last block masked, blocks above it are never loaded;
+the grid runs each head's Q tiles from last to first, so the longest causal tiles start first.
 
-Two ways to load the tiles, one kernel (``TMA`` constexpr): plain pointers with masks (any strides with
-the last dimension contiguous, any head dim: the interpreter's path and the fallback), or Hopper tensor
-descriptors over each tensor seen as rows of a 2-D matrix (:func:`~fusionlab.kernels._attention.row_layout`:
-contiguous (B, H, N, D) and (B, N, H, D) transposed both qualify). A descriptor tile past a head's last
-token reads the next head's rows: those keys are masked and their V rows zeroed, those queries never
-stored. Measurements: lesson 7's recording (``fusionlab/recorded/``) and ``benchmarks/notes_attention.md``.
+Two ways to load the tiles (``TMA`` constexpr): pointers with masks (any strides with the last dimension
+contiguous: the interpreter's path and the fallback), or Hopper tensor descriptors over each tensor seen
+as the rows of a matrix (:func:`~fusionlab.kernels._attention.row_layout`). A descriptor tile past a
+head's last token reads the next head's rows: those keys are masked, their V rows zeroed, those queries
+never stored. Measurements: lesson 7's recording (``fusionlab/recorded/``), ``benchmarks/notes_attention.md``.
+The backward (lesson 8) is :mod:`~fusionlab.kernels.attention_backward`; :class:`AttentionFunction`
+joins the two.
 
-The backward (lesson 8) is :mod:`fusionlab.kernels.attention_backward`; :class:`AttentionFunction` joins
-the two, and ``attention(...)`` on inputs that require grad goes through it.
-
-Reference: Dao et al., "FlashAttention" (NeurIPS 2022) and "FlashAttention-2" (2023); Milakov &
-Gimelshein, "Online normalizer calculation for softmax" (2018); Triton's tutorial 06 (fused attention,
-triton 3.6), whose Hopper recipe (descriptors, two-stage causal loop, ``exp2``) this follows.
+Reference: Dao et al., "FlashAttention" (2022), "FlashAttention-2" (2023); Milakov & Gimelshein, "Online
+normalizer calculation for softmax" (2018); Triton's tutorial 06 (fused attention), whose Hopper recipe
+this follows.
 """
 
 from __future__ import annotations
@@ -53,31 +45,31 @@ import functools
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from .. import runtime
 from .._exercise import answer_key
 from . import _attention, attention_backward
 from ._attention import (
+    LOG2E,
     OP,
     TensorDescriptor,
     attention_bytes,
+    attention_eager,
     attention_flops,
     attention_ledger,
     default_scale,
     descriptor,
     row_layout,
 )
-from ._launch import KernelInputError, cdiv, check_block, element_size, launch_kwargs, next_pow2
+from ._launch import KernelInputError, cdiv, element_size, launch_kwargs, next_pow2
 from ._tensors import upstream_grad
 
 __all__ = ["attention", "attention_reference", "attention_eager", "attention_ledger", "attention_flops",
            "attention_bytes", "attention_config", "AttentionFunction"]  # fmt: skip
 
-LOG2E = _attention.LOG2E
-MAX_HEAD_DIM = _attention.MAX_HEAD_DIM
 VARIANTS = (None, "auto", "plain", "tma")
 _hopper = _attention.hopper
 
@@ -104,35 +96,6 @@ def attention_reference(
     return o.to(q.dtype), lse.float()
 
 
-@functools.lru_cache(maxsize=64)
-def _causal_keep(n_q: int, n_k: int, device: torch.device) -> torch.Tensor:
-    """The top-left causal mask as a boolean (N_q, N_k) buffer: True where query i sees key j <= i.
-    Built once per size and device, as nanoGPT keeps its ``bias`` buffer."""
-    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril()
-
-
-def attention_eager(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None
-) -> torch.Tensor:
-    """What eager PyTorch runs for attention written by hand (nanoGPT's manual path): O only.
-
-    ``S = Q K^T`` (written to HBM), ``S * scale`` (read, written), the causal ``masked_fill``
-    (read, written; the mask is a cached boolean buffer), ``softmax`` (read, written as P, in the
-    input dtype), ``P V`` (read). Grouped-query attention first repeats K and V per query head.
-    Peak memory: two ``N_q x N_k`` matrices per head. :func:`attention_ledger` counts its trips.
-    """
-    scale = default_scale(q.shape[-1], scale)
-    group = q.shape[1] // k.shape[1]
-    if group > 1:
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-    s = (q @ k.transpose(-2, -1)) * scale  # (B, H, N_q, N_k)
-    if causal:
-        s = s.masked_fill(~_causal_keep(q.shape[-2], k.shape[-2], q.device), float("-inf"))
-    p = F.softmax(s, dim=-1)
-    return p @ v  # (B, H, N_q, D)
-
-
 # -- configuration --------------------------------------------------------------------------------
 #: the Hopper (TMA) path's tiles, (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA_STORE, REF_MAX), by
 #: (head-dim class, causal, long sequence: N_q > LONG). TMA_STORE: O leaves through a descriptor (one bulk
@@ -141,19 +104,13 @@ def attention_eager(
 #: row, and why short sequences take 64-row tiles: benchmarks/notes_attention.md (2026-11-24, "block 0
 #: inside the loop"; 2026-11-26, "the forward's tables"). Head dim 256: not measured, REF_MAX off.
 TMA_TABLE = {
-    (64, False, False): (64, 64, 4, 3, False, 1),
-    (64, False, True): (128, 64, 4, 3, True, 2),
-    (64, True, False): (64, 64, 4, 3, False, 1),
-    (64, True, True): (128, 64, 4, 3, True, 2),
-    (128, False, False): (64, 64, 4, 3, True, 1),
-    (128, False, True): (128, 64, 4, 2, True, 2),
-    (128, True, False): (64, 32, 4, 3, True, 1),
-    (128, True, True): (64, 64, 4, 3, True, 1),
-    (256, False, False): (64, 64, 4, 2, False, 0),
-    (256, False, True): (64, 64, 4, 2, False, 0),
-    (256, True, False): (64, 64, 4, 2, False, 0),
-    (256, True, True): (64, 64, 4, 2, False, 0),
-}
+    (64, False, False): (64, 64, 4, 3, False, 1), (64, False, True): (128, 64, 4, 3, True, 2),
+    (64, True, False): (64, 64, 4, 3, False, 1), (64, True, True): (128, 64, 4, 3, True, 2),
+    (128, False, False): (64, 64, 4, 3, True, 1), (128, False, True): (128, 64, 4, 2, True, 2),
+    (128, True, False): (64, 32, 4, 3, True, 1), (128, True, True): (64, 64, 4, 3, True, 1),
+    (256, False, False): (64, 64, 4, 2, False, 0), (256, False, True): (64, 64, 4, 2, False, 0),
+    (256, True, False): (64, 64, 4, 2, False, 0), (256, True, True): (64, 64, 4, 2, False, 0),
+}  # fmt: skip
 #: "long" starts past this many queries
 LONG = 2048
 #: below this many FLOPs a call takes the pointer path even on Hopper: the three descriptors cost the
@@ -161,11 +118,7 @@ LONG = 2048
 TMA_MIN_FLOPS = 32e9
 #: the pointer path on a GPU (pre-Hopper, or a layout the descriptors cannot take): (BLOCK_M, BLOCK_N,
 #: num_warps, num_stages) by head-dim class; REF_MAX off (not measured on that path)
-PLAIN_TABLE = {
-    64: (128, 64, 4, 3),
-    128: (128, 64, 8, 3),
-    256: (64, 32, 8, 2),
-}
+PLAIN_TABLE = {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)}
 #: the interpreter: every program is Python, so few of them; 32 x 16 tiles still give a causal tile
 #: two diagonal blocks, so small tests reach every code path
 INTERPRETER_TILE = (32, 16)
@@ -195,16 +148,8 @@ def _config(n_q: int, n_k: int, d: int, causal: bool, tma: bool, gpu: bool) -> d
     bn = min(bn, max(16, next_pow2(n_k)))
     if causal and bn > bm:
         bn = bm  # the causal split needs BLOCK_M to be a multiple of BLOCK_N
-    return {
-        "variant": "tma" if tma else "plain",
-        "BLOCK_M": bm,
-        "BLOCK_N": bn,
-        "BLOCK_D": block_d,
-        "num_warps": nw,
-        "num_stages": ns,
-        "TMA_STORE": tma and store,
-        "REF_MAX": ref,
-    }
+    return dict(variant="tma" if tma else "plain", BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, num_warps=nw,
+                num_stages=ns, TMA_STORE=tma and store, REF_MAX=ref)  # fmt: skip
 
 
 def attention_config(
@@ -219,36 +164,14 @@ def attention_config(
     pointer path (``PLAIN_TABLE``); in the interpreter 32 x 16 tiles (and the online loop the lesson
     teaches). Tiles shrink to short sequences. B and H do not change the tile (the grid grows).
     """
-    if tma is None:
-        tma = (
-            TensorDescriptor is not None
-            and dtype in (torch.float16, torch.bfloat16)
-            and D % 8 == 0
-            and _tma_by_default(B, H, N_q, N_k, D, causal)
-        )
+    if tma is None:  # the descriptors need Triton's, a tensor-core dtype, 16-byte rows and enough work
+        half = dtype in (torch.float16, torch.bfloat16)
+        tma = TensorDescriptor is not None and half and D % 8 == 0 and _tma_by_default(B, H, N_q, N_k, D, causal)
     return dict(_config(int(N_q), int(N_k), int(D), bool(causal), bool(tma), runtime.is_gpu()))
 
 
-def _check_config(config: dict) -> dict:
-    unknown = set(config) - set(_CONFIG_KEYS)
-    if unknown:
-        raise KernelInputError(f"{OP}: unknown config key(s) {sorted(unknown)}; known: {', '.join(_CONFIG_KEYS)}.")
-    for name in ("BLOCK_M", "BLOCK_N"):
-        if name in config:
-            check_block(config[name], name, OP, max_value=256)
-            if config[name] < 16:
-                raise KernelInputError(f"{OP}: {name}={config[name]}; tl.dot needs tiles of at least 16.")
-    if "num_warps" in config:
-        check_block(config["num_warps"], "num_warps", OP, max_value=16)
-    if "REF_MAX" in config and config["REF_MAX"] not in (0, 1, 2):  # False and True count as 0 and 1
-        raise KernelInputError(
-            f"{OP}: REF_MAX={config['REF_MAX']!r}; 0 (the online loop), 1 (P summed as a tile) or 2 (row sums)."
-        )
-    return dict(config)
-
-
 def _config_key(config: dict | None) -> tuple:
-    return _attention.config_key(config, _check_config, OP)
+    return _attention.config_key(config, OP, _CONFIG_KEYS, flags=("TMA_STORE",), choices={"REF_MAX": (0, 1, 2)})
 
 
 # -- the kernel -----------------------------------------------------------------------------------
@@ -290,7 +213,7 @@ def _block_max(
         else:
             keep = offs_n[None, :] < n_k
         qk = tl.where(keep, qk * qk_scale, float("-inf"))
-        # every row sees key 0, so m is finite from the first block on: no -inf - -inf
+        # every row sees key 0, so for finite inputs m is finite from the first block on
         m_ij = tl.maximum(m_i, tl.max(qk, 1))
     else:
         # the max of the scaled scores from the unscaled ones (one multiply per row, not per
@@ -319,14 +242,10 @@ def _attention_inner(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr,
 ):  # fmt: skip
-    """Key blocks ``[lo, hi)`` of one Q tile: the online-softmax update, block by block.
-
-    ``MASKED``: the diagonal and the partial last block (the key bound, and the causal mask when
-    ``CAUSAL``); otherwise no mask at all. Plain path: ``k_src``/``v_src`` point at the head's first
-    token (``k_row``/``k_col`` unused); TMA path: they are descriptors and the tile starts at row
-    ``k_row + start_n``, column ``k_col``. ``EVEN_N``: BLOCK_N divides N_k, so no block hangs past the
-    last key and the masked blocks need only the causal mask.
-    """
+    """Key blocks ``[lo, hi)`` of one Q tile: the online-softmax update, block by block. ``MASKED``: the
+    diagonal and the partial last block (the key bound, and the causal mask when ``CAUSAL``), else no
+    mask. ``k_src``/``v_src``: the head's first token (pointers) or descriptors (TMA: tiles at row
+    ``k_row + start_n``, column ``k_col``). ``EVEN_N``: BLOCK_N divides N_k (no block hangs past it)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -415,11 +334,9 @@ def _attention_kernel(
     CAUSAL: tl.constexpr, SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, TMA_STORE: tl.constexpr,
     REF_MAX: tl.constexpr = 0,
 ):  # fmt: skip
-    # q: (B, H, N_q, D), k/v: (B, H_kv, N_k, D), o: (B, H, N_q, D), lse: (B, H, N_q) fp32.
-    # Each of q, k, v is addressed as rows of a 2-D matrix: head (b, h) starts at row
-    # b * rb + h * rh, column b * cb + h * ch, and its tokens are consecutive rows (stride_*m/n
-    # elements apart). Grid: (Q tiles, H, B); axis 0 counts Q tiles from the last, so a causal
-    # head's longest tiles start first and its shortest fill the tail.
+    # q: (B, H, N_q, D), k/v: (B, H_kv, N_k, D), o: (B, H, N_q, D), lse: (B, H, N_q) fp32. Each of q, k, v
+    # as rows of a matrix: head (b, h) starts at row b rb + h rh, column b cb + h ch, its tokens stride_*m/n
+    # elements apart. Grid: (Q tiles, H, B), Q tiles from the last (a causal head's longest start first).
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
@@ -437,8 +354,7 @@ def _attention_kernel(
     v_col = off_b * v_cb + off_hk * v_ch
     if TMA:
         q = q_src.load([q_row + m0, q_col])  # (BLOCK_M, BLOCK_D): rows past n_q are never stored
-        k_base = k_src
-        v_base = v_src
+        k_base, v_base = k_src, v_src
     else:  # int64 element offsets: a head may start past 2**31 elements
         q_base = q_src + q_row.to(tl.int64) * stride_qm + q_col
         q_ptrs = q_base + offs_m.to(tl.int64)[:, None] * stride_qm + offs_d[None, :]
@@ -585,18 +501,9 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
         store = ([B * H * N_q, D], [D, 1], [bm, bd])  # O is allocated contiguous: (B H N_q, D) rows
     o_strides = (H * N_q * D, N_q * D, D)
     ints = (H // H_kv, N_q, N_k, *layouts[0], *layouts[1], *layouts[2], *o_strides)
-    meta = {
-        "HEAD_DIM": D,
-        "BLOCK_D": bd,
-        "BLOCK_M": bm,
-        "BLOCK_N": bn,
-        "CAUSAL": causal,
-        "TMA": tma,
-        "EVEN_N": N_k % bn == 0,
-        "TMA_STORE": store is not None,
-        "REF_MAX": int(cfg["REF_MAX"]),  # 0 off; 1: P summed as a tile, reduced once; 2: a row sum a block
-        **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
-    }
+    meta = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, TMA=tma, EVEN_N=N_k % bn == 0,
+                TMA_STORE=store is not None, REF_MAX=int(cfg["REF_MAX"]),
+                **launch_kwargs(cfg["num_warps"], cfg["num_stages"]))  # fmt: skip
     return _Plan(ints, meta, (cdiv(N_q, bm), H, B), descs, store, config_key)
 
 
@@ -640,10 +547,10 @@ class AttentionFunction(torch.autograd.Function):
         return o, lse
 
     @staticmethod
+    @once_differentiable  # the kernels' gradients have no graph: a second derivative is refused, not zero
     def backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        # autograd's upstream gradients: readable once a lazy negation or conjugation is resolved and a
-        # layout with the last dimension not contiguous is copied
+        # autograd's gradients, readable once a lazy negation is resolved and a strided last dimension copied
         do = torch.zeros_like(o) if do is None else upstream_grad(do, o.dtype)
         if dlse is not None:
             dlse = upstream_grad(dlse, torch.float32).contiguous()
@@ -666,24 +573,21 @@ def attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention forward: ``(O, lse)`` in one launch, the N x N scores never in HBM; differentiable.
 
-    ``O = softmax(Q K^T * scale + mask) V``, ``lse = logsumexp(Q K^T * scale + mask)`` per row.
-    ``q``: (B, H_q, N_q, D); ``k``, ``v``: (B, H_kv, N_k, D) with H_q a multiple of H_kv (query head h
-    reads key/value head ``h // (H_q // H_kv)``). fp16/bf16 on a GPU, fp32/fp16 in the interpreter.
-    Head dims 1 to 256 (padded on chip to a power of two; 32, 64, 80, 96, 128 and 256 are tested). Any
-    N_q, N_k. Any strides with the last dimension contiguous (``x.view(B, N, H, D).transpose(1, 2)`` is
-    read in place). ``causal``: top-left aligned, query i sees keys j <= i, as
+    ``O = softmax(Q K^T * scale + mask) V`` and ``lse = logsumexp(Q K^T * scale + mask)`` per row. ``q``:
+    (B, H_q, N_q, D); ``k``, ``v``: (B, H_kv, N_k, D), H_q a multiple of H_kv (query head h reads key/value
+    head ``h // (H_q // H_kv)``). fp16/bf16 on a GPU, fp32/fp16 in the interpreter. Head dims 1 to 256
+    (padded on chip to a power of two), any N_q and N_k, any strides with the last dimension contiguous
+    (``x.view(B, N, H, D).transpose(1, 2)`` is read in place). ``causal``: top-left, as
     ``F.scaled_dot_product_attention(is_causal=True)``. ``scale``: default ``1 / sqrt(D)``.
 
     Returns O (B, H_q, N_q, D), contiguous, in q's dtype, and lse (B, H_q, N_q), fp32, natural log.
-    N_k = 0 gives O = 0 and lse = -inf. Inputs that require grad (autograd on) go through
-    :class:`AttentionFunction`: O and lse both differentiable, the backward of lesson 8
-    (:func:`~fusionlab.kernels.attention_backward.attention_backward`: head dims 16 to 128;
-    ``deterministic``: dQ in a pass of its own, bit-identical from run to run, or by atomics;
-    ``backward_config``: its tiles). ``variant``: ``"tma"`` or ``"plain"`` forces a load path (None
-    picks: TMA on Hopper where the layout allows and the call has :data:`TMA_MIN_FLOPS` of work).
-    ``config``: tile overrides for a sweep (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``,
-    ``TMA_STORE``, ``REF_MAX``: 0, 1 or 2, as in ``TMA_TABLE``).
-    Trips: :func:`attention_ledger`; FLOPs: :func:`attention_flops`; reference: :func:`attention_reference`.
+    Inputs that require grad go through :class:`AttentionFunction`: O and lse both differentiable by
+    lesson 8's backward (:func:`~fusionlab.kernels.attention_backward.attention_backward`: head dims 16
+    to 128; ``deterministic``: dQ in a pass of its own, bit-identical from run to run, or by atomics;
+    ``backward_config``: its tiles). ``variant``: ``"tma"`` or ``"plain"`` forces a load path (None: TMA
+    on Hopper where the layout allows and the call has :data:`TMA_MIN_FLOPS` of work). ``config``: tile
+    overrides for a sweep (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, ``TMA_STORE``,
+    ``REF_MAX``: 0, 1 or 2, as in ``TMA_TABLE``). Reference: :func:`attention_reference`.
     """
     grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
     _attention.check_inputs(q, k, v, causal, scale, grad=grad)

@@ -94,7 +94,7 @@ from ._attention import (
     keys_per_row,
     scores64,
 )
-from ._launch import KernelInputError, Launcher, cdiv, check_block, check_tensor, element_size, launch_kwargs, next_pow2
+from ._launch import KernelInputError, Launcher, cdiv, check_tensor, element_size, launch_kwargs, next_pow2
 from ._tensors import upstream_grad
 
 OP = "attention_backward"
@@ -261,25 +261,6 @@ def attention_backward_config(D: int, causal: bool = False) -> dict:
     dV program), ``BLOCK_M2``/``BLOCK_N2`` (queries held / keys streamed by a dQ program), their
     ``num_warps*``/``num_stages*``, and ``BLOCK_D`` (the head dim rounded up to a power of two)."""
     return dict(_config(int(D), bool(causal), runtime.is_gpu()))
-
-
-def _check_config(overrides: dict) -> dict:
-    unknown = set(overrides) - set(_CONFIG_KEYS)
-    if unknown:
-        raise KernelInputError(f"{OP}: unknown config key(s) {sorted(unknown)}; known: {', '.join(_CONFIG_KEYS)}.")
-    for name, value in overrides.items():
-        if name in ("TMA_REDUCE", "TMA"):
-            if value not in (False, True):
-                raise KernelInputError(f"{OP}: {name}={value!r}; pass True or False.")
-            continue
-        if name.startswith("num_stages"):  # any count of pipeline stages; tiles and warps: powers of two
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
-                raise KernelInputError(f"{OP}: {name}={value!r}; pass 1 to 8 pipeline stages.")
-            continue
-        check_block(value, name, OP, max_value=256)
-        if name.startswith("BLOCK") and value < 16:
-            raise KernelInputError(f"{OP}: {name}={value}; tl.dot needs tiles of at least 16.")
-    return dict(overrides)
 
 
 # -- the kernels ----------------------------------------------------------------------------------
@@ -588,7 +569,7 @@ class _Plan(NamedTuple):
 
 
 def _config_key(config: dict | None) -> tuple:
-    return config_key(config, _check_config, OP)
+    return config_key(config, OP, _CONFIG_KEYS, flags=("TMA_REDUCE", "TMA"))
 
 
 @functools.lru_cache(maxsize=1024)
