@@ -1,7 +1,8 @@
 """Lesson 8's FlashAttention backward: dQ, dK, dV against float64 autograd of the forward's reference,
 both schedules (dQ in its own pass; dQ by atomics), causal top-left as the forward, grouped-query
 heads summed, N_q != N_k, N not a multiple of any block, the deterministic schedule bit for bit, the
-upstream gradients in the layouts autograd hands over, and the autograd entry. GPU-only cases (marked
+upstream gradients in the layouts autograd hands over, the autograd entry (any layout of dO and dlse, a
+padded head dim, a second derivative refused), and rows whose scores are all infinite. GPU-only cases (marked
 ``gpu``) run the bf16/fp16 sizes and the N = 131072 memory bound."""
 
 from __future__ import annotations
@@ -237,6 +238,65 @@ def test_a_causal_bad_row_reaches_only_what_it_sees():
         assert g[0, 0, fine:].isfinite().all(), f"{name}: NaN past what row 0 reaches"
         ok = g.isfinite()
         torch.testing.assert_close(g[ok].double(), w[ok], atol=TOL * (w.abs().max().item() + 1), rtol=TOL)
+
+
+def _autograd(q, k, v, grads, causal=True, scale=None, **kw):
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o, lse = attention(*leaves, causal, scale, **kw)
+    return torch.autograd.grad([o, lse], leaves, grads)
+
+
+def test_autograd_upstream_gradients_in_any_layout():
+    """What autograd may hand the Function: dO and dlse as negated views, rows apart in a wider buffer,
+    with the last dimension strided (copied), or expanded (stride 0): the gradients of the plain ones."""
+    q, k, v, do = _inputs(1, 2, 1, 33, 20, 32)
+    dlse = torch.randn(1, 2, 33, device=DEV)
+    want = _grads(q, k, v, do, True, None, dlse)
+    wide = torch.zeros(1, 2, 33, 70, device=DEV, dtype=DTYPE)
+    wide[..., 5:37] = do
+    dlse_wide = torch.zeros(1, 2, 33, 3, device=DEV)
+    dlse_wide[..., 1] = dlse
+    layouts = {
+        "negated": (torch._neg_view(-do), torch._neg_view(-dlse)),
+        "strided": (wide[..., 5:37], dlse_wide[..., 1]),
+        "last dim strided": (do.transpose(-1, -2).contiguous().transpose(-1, -2), dlse),
+    }
+    for name, grads in layouts.items():
+        _close(_autograd(q, k, v, list(grads)), want, TOL, name)
+    row, one = do[:, :, :1].expand(do.shape), torch.ones(1, device=DEV).expand(1, 2, 33)
+    want = _grads(q, k, v, row.contiguous(), True, None, one.contiguous())
+    _close(_autograd(q, k, v, [row, one]), want, TOL, "expanded")
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["dq-pass", "dq-atomic"])
+def test_autograd_padded_head_dim_gqa_scale_and_fewer_keys(deterministic):
+    """Head dim 96 (padded to 128 on chip), GQA 4:2, N_q != N_k with neither a multiple of a block, a
+    scale, causal: float64 autograd's gradients; the deterministic schedule bit-identical run to run."""
+    q, k, v, do = _inputs(1, 4, 2, 45, 30, 96)
+    dlse = torch.randn(1, 4, 45, device=DEV)
+    got = _autograd(q, k, v, [do, dlse], True, 0.3, deterministic=deterministic)
+    _close(got, _grads(q, k, v, do, True, 0.3, dlse), TOL, f"D 96 deterministic={deterministic}")
+    if deterministic:
+        again = _autograd(q, k, v, [do, dlse], True, 0.3)
+        assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True)), "not bit-identical"
+
+
+def test_autograd_refuses_what_the_backward_cannot_take():
+    q, k, v, do = _inputs(1, 2, 2, 8, 8, 32)
+    leaf = q.clone().requires_grad_()
+    with pytest.raises(KernelInputError, match="deterministic"):
+        attention(leaf, k, v, deterministic="yes")
+    with pytest.raises(KernelInputError, match="BLOCK_M1"):
+        attention(leaf, k, v, backward_config={"BLOCK_M1": 8})
+    with pytest.raises(KernelInputError, match="unknown config"):
+        attention(leaf, k, v, backward_config={"BLOCK_X": 16})
+    big = torch.randn(1, 1, 8, 256, device=DEV, dtype=DTYPE)
+    with pytest.raises(KernelInputError, match="head dim 256"):
+        attention(big.clone().requires_grad_(), big, big)
+    o, _ = attention(leaf, k, v)
+    (dq,) = torch.autograd.grad(o.square().sum(), leaf, create_graph=True)  # dO = 2 O has a graph
+    with pytest.raises(RuntimeError, match="differentiate twice"):  # a second derivative: refused, not zero
+        dq.sum().backward()
 
 
 @pytest.mark.skipif(GPU, reason="fp16 in the interpreter; the GPU cases run fp16 and bf16")
