@@ -106,6 +106,14 @@ def attention_flops(B: int, H: int, N_q: int, N_k: int, D: int, causal: bool = F
     return 4 * B * H * pairs * D
 
 
+def kv_heads(H: int, h_kv: int | None) -> int:
+    """A ledger's key/value heads: ``h_kv`` (grouped-query attention) or H."""
+    h_kv = H if h_kv is None else h_kv
+    if h_kv < 1 or H % h_kv:
+        raise ValueError(f"H={H} must be a multiple of h_kv={h_kv}")
+    return h_kv
+
+
 def keys_per_row(n_q: int, n_k: int, causal: bool, block_m: int) -> int:
     """Keys a program row of Q tiles reads, summed over its ceil(N_q / BLOCK_M) tiles."""
     tiles = -(-n_q // block_m)
@@ -141,9 +149,7 @@ def attention_ledger(
     while eager's S and P traffic is ``Theta(N^2)`` per head; the L2 cache serves most re-reads of
     programs that run side by side, so HBM sees between the ideal and this count.
     """
-    h_kv = H if h_kv is None else h_kv
-    if h_kv < 1 or H % h_kv:
-        raise ValueError(f"H={H} must be a multiple of h_kv={h_kv}")
+    h_kv = kv_heads(H, h_kv)
     q_n = B * H * N_q * D
     kv_n = B * h_kv * N_k * D
     s_n = B * H * N_q * N_k
@@ -175,7 +181,7 @@ def attention_bytes(
     B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, *, h_kv: int | None = None
 ) -> int:
     """The fewest bytes any attention forward moves: Q, K, V read once, O and lse written once."""
-    h_kv = H if h_kv is None else h_kv
+    h_kv = kv_heads(H, h_kv)
     es = element_size(dtype)
     return (2 * B * H * N_q * D + 2 * B * h_kv * N_k * D) * es + 4 * B * H * N_q
 

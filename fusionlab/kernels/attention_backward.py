@@ -92,6 +92,7 @@ from ._attention import (
     default_scale,
     hopper,
     keys_per_row,
+    kv_heads,
     scores64,
 )
 from ._launch import KernelInputError, Launcher, cdiv, check_tensor, element_size, launch_kwargs, next_pow2
@@ -169,9 +170,7 @@ def attention_backward_ledger(
     The atomic schedule has no dQ pass; its dK/dV programs add into an fp32 dQ instead (a read and a
     write per K/V tile), zeroed before (``torch.zeros``) and cast after (``.to``): two torch ops.
     """
-    h_kv = H if h_kv is None else h_kv
-    if h_kv < 1 or H % h_kv:
-        raise ValueError(f"H={H} must be a multiple of h_kv={h_kv}")
+    h_kv = kv_heads(H, h_kv)
     q_n = B * H * N_q * D
     kv_n = B * h_kv * N_k * D
     rep_n = B * H * N_k * D
@@ -219,7 +218,7 @@ def attention_backward_ledger(
 def attention_backward_bytes(B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, *, h_kv=None) -> int:
     """The fewest bytes any attention backward moves: Q, K, V, O, dO, lse read once; dQ, dK, dV
     written once."""
-    h_kv = H if h_kv is None else h_kv
+    h_kv = kv_heads(H, h_kv)
     es = element_size(dtype)
     return (5 * B * H * N_q * D + 4 * B * h_kv * N_k * D) * es + 4 * B * H * N_q
 
