@@ -394,8 +394,8 @@ def assert_same_values(got, want, what):
 @NUMPY_NAN_WARNINGS[1]
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 def test_infinite_scores_give_float64s_lse(variant, mode):
-    # a row max of -inf or +inf: exp2(s - m) is NaN, and the kernel reruns such a tile against a finite
-    # reference, so lse is float64's -inf, +inf (or NaN where a score is NaN), never a NaN of its own
+    # a row max of -inf or +inf would make exp2(s - m) NaN: the online loop (REF_MAX's fallback too)
+    # subtracts 0 there, so lse is float64's -inf, +inf (or NaN where a score is NaN), never a NaN of its own
     q, k, v = infinite_scores()
     for causal in (False, True):
         o, lse = attention(q, k, v, causal=causal, variant=variant, config=MODES[mode])

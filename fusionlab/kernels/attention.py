@@ -18,7 +18,7 @@ cores' operand). ``exp`` is ``exp2`` with ``scale * log2(e)`` folded into one mu
 max (``REF_MAX``, lesson 5's trick): softmax is exact against *any* reference, so every block sums
 ``exp(s - m_ref)`` against block 0's row max with no rescale (:func:`_attention_inner_ref`); a tile where
 that overflows reruns through the online loop. Non-finite inputs give the float64 reference's O and lse
-(:func:`attention_reference`; a tile whose row max is infinite reruns against a finite reference), except
+(:func:`attention_reference`; where a row max is infinite the online loop subtracts 0 instead), except
 that a NaN or inf in V reaches only the rows of the tiles that load its key.
 
 Masks. ``causal=True`` is ``F.scaled_dot_product_attention(is_causal=True)``'s **top-left** mask: query
@@ -253,8 +253,12 @@ def _attention_inner(
         k = _kv_tile(k_src, k_row, k_col, start_n, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, False)
         qk = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) fp32, unscaled
         qk, m_ij = _block_max(qk, m_i, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
-        p = _block_p(qk, m_ij, qk_scale, MASKED)
-        alpha = tl.math.exp2(m_i - m_ij)  # rescales what was summed against the old max (0 at first)
+        # a row max of -inf (every score so far -inf) or +inf would make exp2(s - m) NaN where float64's
+        # terms are 0 or inf: such a row subtracts 0 instead (two selects a row, none a score)
+        m_sub = tl.where(tl.abs(m_ij) < float("inf"), m_ij, 0.0)
+        p = _block_p(qk, m_sub, qk_scale, MASKED)
+        # rescales what was summed against the old max (1 while nothing was: l and acc are still 0)
+        alpha = tl.math.exp2(tl.where(tl.abs(m_i) < float("inf"), m_i, m_sub) - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         v = _kv_tile(v_src, v_row, v_col, start_n, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, True)
@@ -292,11 +296,10 @@ def _attention_inner_ref(
     offs_m, offs_d, n_k, qk_scale, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, ROW_SUM: tl.constexpr,
-    GIVEN: tl.constexpr = False,
 ):  # fmt: skip
     """Key blocks ``[lo, hi)`` against a fixed reference ``m_ref`` (``REF_MAX``): block 0's row max,
-    taken when the loop that holds block 0 reaches it (``m_ref`` is -inf until then), or, ``GIVEN``, the
-    one passed in. Then ``p = exp2(s - m_ref)`` with no running max, no rescale of ``acc`` and no
+    taken when the loop that holds block 0 reaches it (``m_ref`` is -inf until then). Then
+    ``p = exp2(s - m_ref)`` with no running max, no rescale of ``acc`` and no
     per-block row max; ``l_t`` adds the P tiles elementwise (the kernel reduces it once) or, ``ROW_SUM``,
     their row sums. Exact for any finite reference as long as nothing overflows; the kernel checks that
     at the end and falls back to the online loop if not. Block 0 is taken inside the loop, not before it
@@ -311,9 +314,9 @@ def _attention_inner_ref(
         # each row sees key 0, so block 0's row max is finite for finite inputs
         if MASKED:
             qk, m_blk = _block_max(qk, m_ref, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
-            if start_n == 0 and not GIVEN:
+            if start_n == 0:
                 m_ref = m_blk
-        elif not GIVEN:
+        else:
             if start_n == 0:
                 _, m_ref = _block_max(qk, m_ref, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
         p = _block_p(qk, m_ref, qk_scale, MASKED)
@@ -413,28 +416,10 @@ def _attention_kernel(
             offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
             HEAD_DIM, BLOCK_N, CAUSAL, SCALE_NEG, TMA, EVEN_N,
         )  # fmt: skip
-    # A row max of -inf (every visible score -inf: an inf in Q against keys of the other sign) or +inf
-    # makes exp2(s - m) NaN, where float64 gives lse = -inf or +inf (NaN only if a score is NaN, which
-    # the max skips). Such a tile reruns once against a fixed finite reference, 0 for those rows (p is
-    # then 0, inf or NaN exactly as float64's terms) and the row max elsewhere. One check a tile.
-    if tl.max(tl.where(tl.abs(m_i) == float("inf"), 1, 0), 0) > 0:
-        m_i = tl.where(tl.abs(m_i) == float("inf"), 0.0, m_i)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        acc, l_i, m_i = _attention_inner_ref(
-            acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
-            offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
-            HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, EVEN_N, True, True,
-        )  # fmt: skip
-        if CAUSAL or not EVEN_N:
-            acc, l_i, m_i = _attention_inner_ref(
-                acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
-                offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-                HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N, True, True,
-            )  # fmt: skip
 
-    # one division per row, at the end; lse back from base-2 units to natural log
-    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+    # one division per row, at the end; lse back from base-2 units to natural log (a row max of +-inf was
+    # not subtracted: the online loop took 0 there, so float64's -inf, +inf or NaN comes out of log2(l))
+    lse = (tl.where(tl.abs(m_i) < float("inf"), m_i, 0.0) + tl.math.log2(l_i)) * 0.6931471805599453
     o = acc / l_i[:, None]
     row_ok = offs_m < n_q
     if TMA_STORE:  # BLOCK_M divides N_q: the tile is whole rows of O seen as (B H N_q, D)
