@@ -1,10 +1,11 @@
 """What attention's forward (:mod:`.attention`) and backward (:mod:`.attention_backward`) share.
 
 The forward module is the op's public home: ``attention(...)`` and its ``autograd.Function``, which runs
-the backward's launches. So the backward is built first and cannot import the forward; what both
-need lives here, below both: the spec's float64 scores, the eager baseline and its arithmetic (FLOPs,
-the forward's trips, on which the backward's ledger builds), the input checks, the default scale, what the GPU can do
-(tensor descriptors, by measured compute capability) and the descriptors' geometry.
+the backward's launches. So the backward is built first and cannot import the forward; what both need
+lives here, below both (and lesson 7's FA1 schedule, :mod:`.attention_fa1`, takes it from here too):
+the spec's float64 scores; the eager baseline and its arithmetic (FLOPs, the forward's trips, on which
+the backward's ledger builds); the input checks, the default scale and the config overrides' checks;
+what the GPU can do (tensor descriptors, by measured compute capability) and the descriptors' geometry.
 """
 
 from __future__ import annotations
