@@ -355,7 +355,7 @@ def test_ledger_is_the_interpreter_count(causal, deterministic):
     led = attention_backward_ledger(B, H, N, N, D, DTYPE, causal, h_kv=H_kv, block_m2=cfg["BLOCK_M2"],
                                     block_n1=cfg["BLOCK_N1"], deterministic=deterministic)  # fmt: skip
     names = {"o_ptr": "O", "do_ptr": "dO", "q_ptr": "Q", "k_ptr": "K", "v_ptr": "V", "lse_ptr": "lse",
-             "delta_ptr": "D", "dk_ptr": "dK", "dv_ptr": "dV"}  # fmt: skip
+             "lse_fwd_ptr": "lse_fwd", "delta_ptr": "D", "dk_ptr": "dK", "dv_ptr": "dV"}  # fmt: skip
     names["dq_ptr"] = "dQ" if deterministic else "dQ_acc"
     torch_ops = {("dQ_acc", "read"): B * H * N * D * 4, ("dQ_acc", "write"): B * H * N * D * 4,
                  ("dQ", "write"): B * H * N * D * 4} if not deterministic else {}  # fmt: skip

@@ -17,7 +17,8 @@ an fp32 dQ.
 
 The schedule (FlashAttention-2, section 3.1.2). Three launches:
 
-1. *preprocess*: ``D = rowsum(dO * O) - dlse``, one program per block of query rows;
+1. *preprocess*: ``D = rowsum(dO * O) - dlse`` and the copy of lse the passes read, one program per
+   block of query rows;
 2. *dK, dV*: one program per (K/V tile, K/V head, batch). It holds its K and V tile and the fp32
    accumulators dK and dV on chip, and streams every query block that sees the tile (causal: only
    the rows at or below the tile's first key; blocks above the diagonal are never loaded), for every
@@ -43,8 +44,8 @@ the input dtype before the matmuls they feed (the tensor cores' operands), as th
 once per row.
 
 Non-finite inputs. A row whose lse is -inf, +inf or NaN (an inf or NaN in Q or K) has float64's
-gradients at every pair it sees: NaN in its dQ row and in dK, dV at each key it sees (:func:`_lse2` turns
-an lse of +inf into NaN, so that P is NaN across the row as float64's softmax is). Float64's dense
+gradients at every pair it sees: NaN in its dQ row and in dK, dV at each key it sees (the preprocess's copy
+of lse has NaN for +inf, so that P is NaN across the row as float64's softmax is). Float64's dense
 autograd also spreads the NaN to dV at keys the causal mask hides from such a row; the kernel never
 visits them and leaves what the other rows give them (tests/test_attention_backward.py shows both).
 
@@ -163,7 +164,8 @@ def attention_backward_ledger(
     softmax's backward reads P and dP, writes dS; the scale's backward reads and writes dS (the causal
     mask's too); ``Q K^T``'s backward reads dS, Q, K and writes dQ and dK. P was saved by the forward.
 
-    Fused: the preprocess reads O and dO, writes D (fp32). The dK/dV programs read K and V once and
+    Fused: the preprocess reads O, dO and the forward's lse (``lse_fwd``), writes D and the copy of lse
+    the passes read (fp32). The dK/dV programs read K and V once and
     write dK and dV once, and read Q, dO, lse and D once per K/V tile (``ceil(N_k / block_n1)`` times;
     causal: only the rows at or below each tile). The dQ programs read Q, dO, lse, D once and K, V once
     per query tile (``ceil(N_q / block_m2)``), and write dQ. ``None`` blocks: the ideal, each read once.
@@ -176,7 +178,7 @@ def attention_backward_ledger(
     rep_n = B * H * N_k * D
     s_n = B * H * N_q * N_k
     rows = B * H * N_q
-    led = Ledger(dtype_bytes=dtype, outputs=("dQ", "dK", "dV"), sizes={"lse": 4, "D": 4, "dQ_acc": 4})
+    led = Ledger(dtype_bytes=dtype, outputs=("dQ", "dK", "dV"), sizes={"lse": 4, "lse_fwd": 4, "D": 4, "dQ_acc": 4})
     led.op("PV backward", reads={"dO": q_n, "P": s_n, "V_rep": rep_n}, writes={"dP": s_n, "dV_rep": rep_n})
     led.op("softmax backward", reads={"P": s_n, "dP": s_n}, writes={"dS": s_n})
     if causal:
@@ -194,7 +196,7 @@ def attention_backward_ledger(
     else:
         tiles = cdiv(N_k, block_n1)
         q_rows = sum(max(0, N_q - t * block_n1) if causal else N_q for t in range(tiles))
-    led.fused("D = rowsum(dO * O)", reads={"O": q_n, "dO": q_n}, writes={"D": rows})
+    led.fused("D = rowsum(dO * O); lse", reads={"O": q_n, "dO": q_n, "lse_fwd": rows}, writes={"D": rows, "lse": rows})
     led.fused(
         "dK, dV",
         reads={"K": kv_n, "V": kv_n, "Q": q_side(q_rows) * D, "dO": q_side(q_rows) * D, "lse": q_side(q_rows),
@@ -285,28 +287,16 @@ def _store_rows(base, rows, stride, offs_d, n, val, HEAD_DIM: tl.constexpr, BLOC
 
 
 @triton.jit
-def _lse2(lse_base, offs_m, n_q, EVEN: tl.constexpr):
-    """The rows' lse in base-2 units, for ``P = exp2(s * scale * log2(e) - lse2)``. Rows past ``n_q``
-    (unless ``EVEN``: none are) get +inf, so their P is exactly 0 (their Q and dO are zeros). A row whose
-    lse is +inf (a score of +inf: an inf in Q or K) gets NaN: float64's softmax is NaN across such a row,
-    where ``exp2(s - inf)`` would give its finite scores P = 0. (A row of -inf scores, lse = -inf, is
-    NaN already: ``exp2(-inf - -inf)``.) One select a row, never a score."""
-    if EVEN:
-        lse2 = tl.load(lse_base + offs_m) * 1.4426950408889634
-        lse2 = tl.where(lse2 == float("inf"), float("nan"), lse2)
-    else:
-        lse2 = tl.load(lse_base + offs_m, mask=offs_m < n_q, other=float("inf")) * 1.4426950408889634
-        lse2 = tl.where((lse2 == float("inf")) & (offs_m < n_q), float("nan"), lse2)
-    return lse2
-
-
-@triton.jit
 def _bwd_preprocess_kernel(
-    o_ptr, do_ptr, dlse_ptr, delta_ptr, n_q,
+    o_ptr, do_ptr, dlse_ptr, lse_fwd_ptr, delta_ptr, lse_ptr, n_q,
     stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
 ):  # fmt: skip
-    """``D = rowsum(dO * O) - dlse`` in fp32 for BLOCK_M query rows of one head."""
+    """``D = rowsum(dO * O) - dlse`` in fp32 for BLOCK_M query rows of one head, and the copy of the
+    forward's lse that the other passes read (``P = exp(s - lse)``), with +inf made NaN: a row whose lse
+    is +inf (a score of +inf: an inf in Q or K) has float64's softmax NaN across it, where
+    ``exp(s - inf)`` would give its finite scores P = 0 (a row of -inf scores, lse = -inf, is NaN
+    already: ``exp(-inf - -inf)``). One select a row, here once, and none in the passes' loops."""
     off_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
@@ -320,6 +310,8 @@ def _bwd_preprocess_kernel(
     if HAS_DLSE:
         delta -= tl.load(dlse_ptr + row + off_m, mask=off_m < n_q, other=0.0).to(tl.float32)
     tl.store(delta_ptr + row + off_m, delta, mask=off_m < n_q)
+    lse = tl.load(lse_fwd_ptr + row + off_m, mask=off_m < n_q, other=0.0)
+    tl.store(lse_ptr + row + off_m, tl.where(lse == float("inf"), float("nan"), lse), mask=off_m < n_q)
 
 
 @triton.jit
@@ -341,7 +333,11 @@ def _dkdv_inner(
             q = q_desc.load([(row + start_m).to(tl.int32), 0])
         else:
             q = _load_rows(q_base, offs_m, stride_qm, offs_d, n_q, HEAD_DIM, BLOCK_D, EVEN_M)
-        lse2 = _lse2(lse_base, offs_m, n_q, EVEN_M)
+        # rows past n_q: lse = +inf makes their P exactly 0 (and their Q, dO are zeros)
+        if EVEN_M:
+            lse2 = tl.load(lse_base + offs_m) * 1.4426950408889634
+        else:
+            lse2 = tl.load(lse_base + offs_m, mask=offs_m < n_q, other=float("inf")) * 1.4426950408889634
         s_t = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M), unscaled
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
@@ -410,7 +406,8 @@ def _bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    # grid: (K/V tiles, H_kv, B). dk, dv: contiguous (B, H_kv, N_k, D); lse, delta: (B, H_q, N_q)
+    # grid: (K/V tiles, H_kv, B). dk, dv: contiguous (B, H_kv, N_k, D); lse (the preprocess's copy), delta:
+    # (B, H_q, N_q)
     # fp32; dq (atomic schedule only): fp32 (B, H_q, N_q, D), zeroed by the launcher.
     pid_n = tl.program_id(0)
     off_hk = tl.program_id(1)
@@ -516,7 +513,7 @@ def _bwd_dq_kernel(
     row = (off_b.to(tl.int64) * tl.num_programs(1) + off_h) * n_q
     q = _load_rows(q_base, offs_m, stride_qm, offs_d, n_q, HEAD_DIM, BLOCK_D, False)
     do = _load_rows(do_base, offs_m, stride_dom, offs_d, n_q, HEAD_DIM, BLOCK_D, False)
-    lse2 = _lse2(lse_ptr + row, offs_m, n_q, False)
+    lse2 = tl.load(lse_ptr + row + offs_m, mask=offs_m < n_q, other=float("inf")) * 1.4426950408889634
     di = tl.load(delta_ptr + row + offs_m, mask=offs_m < n_q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     n_full = (n_k // BLOCK_N) * BLOCK_N
@@ -659,11 +656,11 @@ def _backward(q, k, v, o, lse, do, causal, scale, dlse, deterministic, key):
     # every row of dK and dV is written (a K/V tile no query sees stores zeros): no memset
     dk = torch.empty((B, H_kv, N_k, D), dtype=k.dtype, device=q.device)
     dv = torch.empty((B, H_kv, N_k, D), dtype=v.dtype, device=q.device)
-    delta = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
-    _launch_preprocess(plan.grids[0], o, do, delta if dlse is None else dlse, delta, N_q, *o.stride()[:3],
-                       *do.stride()[:3], **plan.metas[0], HAS_DLSE=dlse is not None)  # fmt: skip
     if lse.stride(-1) != 1 or not lse.is_contiguous():
         lse = lse.contiguous()
+    delta, lse_nan = torch.empty((2, B, H, N_q), dtype=torch.float32, device=q.device)  # one allocation
+    _launch_preprocess(plan.grids[0], o, do, delta if dlse is None else dlse, lse, delta, lse_nan, N_q, *o.stride()[:3],
+                       *do.stride()[:3], **plan.metas[0], HAS_DLSE=dlse is not None)  # fmt: skip
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
     ints = (H // H_kv, N_q, N_k)
     tma = (
@@ -683,12 +680,12 @@ def _backward(q, k, v, o, lse, do, causal, scale, dlse, deterministic, key):
     # descriptors go through Triton's own launch (the Launcher's cache keys on tensors and numbers)
     direct = tma or plan.dq_desc is not None
     launch = _bwd_dkdv_kernel[plan.grids[1]] if direct else functools.partial(_launch_dkdv, plan.grids[1])
-    launch(q, k, v, do, lse, delta, dk, dv, dq_arg, q_src, do_src, *strides, *ints, scale * LOG2E, scale,
+    launch(q, k, v, do, lse_nan, delta, dk, dv, dq_arg, q_src, do_src, *strides, *ints, scale * LOG2E, scale,
            **plan.metas[1], TMA=tma)  # fmt: skip
     if deterministic:
         dq = torch.empty((B, H, N_q, D), dtype=q.dtype, device=q.device)
         launch = _bwd_dq_kernel[plan.grids[2]] if tma else functools.partial(_launch_dq, plan.grids[2])
-        launch(q, k, v, do, lse, delta, dq, k_src, v_src, *strides, *ints, scale * LOG2E, scale,
+        launch(q, k, v, do, lse_nan, delta, dq, k_src, v_src, *strides, *ints, scale * LOG2E, scale,
                **plan.metas[2], TMA=tma)  # fmt: skip
     else:
         dq = dq_acc.to(q.dtype)
