@@ -365,6 +365,46 @@ def test_non_finite_inputs(variant, mode):
         assert torch.equal(torch.isnan(lse), torch.isnan(ref_lse))
 
 
+def infinite_scores(dtype=torch.float16):
+    """Rows of every kind of infinite score, one head each (also used by the backward's tests): head 0's
+    even rows see only -inf (an inf in Q against keys all of the other sign): lse -inf; head 1's rows
+    with q[:, 7] > 0 meet a +inf (an inf in K): lse +inf, the others a -inf among finite scores; head 2's
+    row 12 sees only +inf, its row 10 an inf and a NaN: lse NaN."""
+    q, k, v = _qkv(1, 3, 3, 40, 40, 32, dtype, seed=4)
+    q[0, 0, ::2, 3] = float("inf")
+    k[0, 0, :, 3] = -k[0, 0, :, 3].abs() - 0.5
+    k[0, 1, 5, 7] = float("inf")
+    k[0, 2, :, 0] = k[0, 2, :, 0].abs() + 0.5
+    q[0, 2, 12, 0] = float("inf")
+    q[0, 2, 10, 0], q[0, 2, 10, 1] = float("inf"), float("nan")
+    return q, k, v
+
+
+def assert_same_values(got, want, what):
+    """NaN, +inf and -inf exactly where ``want`` has them; the finite values close."""
+    for cls in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(cls(got), cls(want)), f"{what}: {cls.__name__} at {(cls(got) != cls(want)).nonzero()[:4]}"
+    fin = want.isfinite()
+    assert rel_err(got[fin], want[fin]) < 1e-2, what
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("variant", VARIANTS)
+@NUMPY_NAN_WARNINGS[0]
+@NUMPY_NAN_WARNINGS[1]
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+def test_infinite_scores_give_float64s_lse(variant, mode):
+    # a row max of -inf or +inf would make exp2(s - m) NaN: the online loop (REF_MAX's fallback too)
+    # subtracts 0 there, so lse is float64's -inf, +inf (or NaN where a score is NaN), never a NaN of its own
+    q, k, v = infinite_scores()
+    for causal in (False, True):
+        o, lse = attention(q, k, v, causal=causal, variant=variant, config=MODES[mode])
+        ref_o, ref_lse = attention_reference(q, k, v, causal)
+        assert ref_lse.isneginf().any() and ref_lse.isposinf().any() and ref_lse.isnan().any()  # every kind met
+        assert_same_values(lse, ref_lse, f"lse, causal={causal}")
+        assert_same_values(o, ref_o, f"O, causal={causal}")
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("variant", VARIANTS)
 @NUMPY_NAN_WARNINGS[1]

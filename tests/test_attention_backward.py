@@ -1,7 +1,8 @@
 """Lesson 8's FlashAttention backward: dQ, dK, dV against float64 autograd of the forward's reference,
 both schedules (dQ in its own pass; dQ by atomics), causal top-left as the forward, grouped-query
 heads summed, N_q != N_k, N not a multiple of any block, the deterministic schedule bit for bit, the
-upstream gradients in the layouts autograd hands over, and the autograd entry. GPU-only cases (marked
+upstream gradients in the layouts autograd hands over, the autograd entry (any layout of dO and dlse, a
+padded head dim, a second derivative refused), and rows whose scores are all infinite. GPU-only cases (marked
 ``gpu``) run the bf16/fp16 sizes and the N = 131072 memory bound."""
 
 from __future__ import annotations
@@ -174,6 +175,130 @@ def test_autograd_entry_point():
     assert torch.equal(o2, o.detach())
 
 
+def _infinite_scores(last: int):
+    """Every kind of row whose lse is not finite, one head each, the last at query row ``last``: head 0's
+    even rows (and ``last``) see only -inf (an inf in Q against keys all of the other sign); head 1's rows
+    with q[:, 7] > 0 meet a +inf key; head 2's row ``last`` holds a NaN. Head 3 is finite."""
+    q, k, v, do = _inputs(1, 4, 4, 40, 40, 32, seed=4)
+    q[0, 0, ::2, 3] = q[0, 0, last, 3] = float("inf")
+    k[0, 0, :, 3] = -k[0, 0, :, 3].abs() - 0.5
+    k[0, 1, 5, 7] = float("inf")
+    q[0, 1, last, 7] = q[0, 1, last, 7].abs() + 0.5
+    q[0, 2, last, 0], q[0, 2, last, 1] = float("inf"), float("nan")
+    return q, k, v, do
+
+
+def _same_values(got, want, what):
+    for name, g, w in zip(("dq", "dk", "dv"), got, want, strict=True):
+        for cls in (torch.isnan, torch.isposinf, torch.isneginf):
+            where = (cls(g) != cls(w)).nonzero()[:4].tolist()
+            assert torch.equal(cls(g), cls(w)), f"{what} {name}: {cls.__name__} differs at {where}"
+        fin = w.isfinite()
+        assert fin.any(), f"{what} {name}: nothing finite to compare"
+        torch.testing.assert_close(g[fin].double(), w[fin], atol=TOL * (w[fin].abs().max().item() + 1), rtol=TOL)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy meets inf and NaN on purpose
+@pytest.mark.parametrize("deterministic", [True, False], ids=["dq-pass", "dq-atomic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_rows_of_infinite_scores_have_float64s_gradients(causal, deterministic):
+    """Rows with lse -inf, +inf or NaN: NaN in dQ's row and in dK, dV at every key the row sees, as
+    float64 autograd gives (its softmax is NaN across such a row); every other gradient finite and right.
+    The bad rows include the last, which sees every key, so the causal NaN pattern is float64's too."""
+    q, k, v, do = _infinite_scores(last=39)
+    dlse = torch.randn(1, 4, 40, device=DEV)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o, lse = attention(*leaves, causal=causal, deterministic=deterministic)
+    assert lse.isneginf().any() and lse.isposinf().any() and lse.isnan().any()
+    got = torch.autograd.grad([o, lse], leaves, [do, dlse])
+    want = _grads(q, k, v, do, causal, None, dlse)
+    assert all(g[:, 3].isfinite().all() for g in got), "a non-finite row leaked into another head"
+    _same_values(got, want, f"causal={causal}")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_causal_bad_row_reaches_only_what_it_sees():
+    """Where the kernel differs from float64 (attention_backward's docstring): a causal row whose lse is
+    not finite makes float64's dense dV NaN at every key (its softmax is NaN across the whole row, hidden
+    keys included). The kernel's NaN stays in that row's dQ, the dK and dV of the keys it sees, and dK in
+    its own diagonal block (0 * inf in ``dS^T Q``); every other gradient is finite and right."""
+    q, k, v, do = _inputs(1, 1, 1, 40, 40, 32, seed=4)
+    k[..., 3] = -k[..., 3].abs() - 0.5
+    q[0, 0, 0, 3] = float("inf")  # row 0 sees key 0 alone, at -inf: lse -inf
+    o, lse = attention(q, k, v, True)
+    assert lse[0, 0, 0].isneginf() and lse[0, 0, 1:].isfinite().all()
+    dq, dk, dv = attention_backward(q, k, v, o, lse, do, True)
+    assert _grads(q, k, v, do, True, None, None)[2].isnan().all()  # float64: dV NaN at every key
+    finite_q = q.clone()
+    finite_q[0, 0, 0, 3] = 0.0  # in exact arithmetic nothing but row 0's dQ and key 0's dK, dV reads row 0
+    want = _grads(finite_q, k, v, do, True, None, None)
+    block = attention_backward_config(32, True)["BLOCK_N1"]  # keys past row 0's diagonal block
+    for name, g, w, fine in (("dq", dq, want[0], 1), ("dk", dk, want[1], block), ("dv", dv, want[2], 1)):
+        assert g[0, 0, 0].isnan().all(), f"{name}: row or key 0 should be NaN"
+        assert g[0, 0, fine:].isfinite().all(), f"{name}: NaN past what row 0 reaches"
+        ok = g.isfinite()
+        torch.testing.assert_close(g[ok].double(), w[ok], atol=TOL * (w.abs().max().item() + 1), rtol=TOL)
+
+
+def _autograd(q, k, v, grads, causal=True, scale=None, **kw):
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o, lse = attention(*leaves, causal, scale, **kw)
+    return torch.autograd.grad([o, lse], leaves, grads)
+
+
+def test_autograd_upstream_gradients_in_any_layout():
+    """What autograd may hand the Function: dO and dlse as negated views, rows apart in a wider buffer,
+    with the last dimension strided (copied), or expanded (stride 0): the gradients of the plain ones."""
+    q, k, v, do = _inputs(1, 2, 1, 33, 20, 32)
+    dlse = torch.randn(1, 2, 33, device=DEV)
+    want = _grads(q, k, v, do, True, None, dlse)
+    wide = torch.zeros(1, 2, 33, 70, device=DEV, dtype=DTYPE)
+    wide[..., 5:37] = do
+    dlse_wide = torch.zeros(1, 2, 33, 3, device=DEV)
+    dlse_wide[..., 1] = dlse
+    layouts = {
+        "negated": (torch._neg_view(-do), torch._neg_view(-dlse)),
+        "strided": (wide[..., 5:37], dlse_wide[..., 1]),
+        "last dim strided": (do.transpose(-1, -2).contiguous().transpose(-1, -2), dlse),
+    }
+    for name, grads in layouts.items():
+        _close(_autograd(q, k, v, list(grads)), want, TOL, name)
+    row, one = do[:, :, :1].expand(do.shape), torch.ones(1, device=DEV).expand(1, 2, 33)
+    want = _grads(q, k, v, row.contiguous(), True, None, one.contiguous())
+    _close(_autograd(q, k, v, [row, one]), want, TOL, "expanded")
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["dq-pass", "dq-atomic"])
+def test_autograd_padded_head_dim_gqa_scale_and_fewer_keys(deterministic):
+    """Head dim 96 (padded to 128 on chip), GQA 4:2, N_q != N_k with neither a multiple of a block, a
+    scale, causal: float64 autograd's gradients; the deterministic schedule bit-identical run to run."""
+    q, k, v, do = _inputs(1, 4, 2, 45, 30, 96)
+    dlse = torch.randn(1, 4, 45, device=DEV)
+    got = _autograd(q, k, v, [do, dlse], True, 0.3, deterministic=deterministic)
+    _close(got, _grads(q, k, v, do, True, 0.3, dlse), TOL, f"D 96 deterministic={deterministic}")
+    if deterministic:
+        again = _autograd(q, k, v, [do, dlse], True, 0.3)
+        assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True)), "not bit-identical"
+
+
+def test_autograd_refuses_what_the_backward_cannot_take():
+    q, k, v, do = _inputs(1, 2, 2, 8, 8, 32)
+    leaf = q.clone().requires_grad_()
+    with pytest.raises(KernelInputError, match="deterministic"):
+        attention(leaf, k, v, deterministic="yes")
+    with pytest.raises(KernelInputError, match="BLOCK_M1"):
+        attention(leaf, k, v, backward_config={"BLOCK_M1": 8})
+    with pytest.raises(KernelInputError, match="unknown config"):
+        attention(leaf, k, v, backward_config={"BLOCK_X": 16})
+    big = torch.randn(1, 1, 8, 256, device=DEV, dtype=DTYPE)
+    with pytest.raises(KernelInputError, match="head dim 256"):
+        attention(big.clone().requires_grad_(), big, big)
+    o, _ = attention(leaf, k, v)
+    (dq,) = torch.autograd.grad(o.square().sum(), leaf, create_graph=True)  # dO = 2 O has a graph
+    with pytest.raises(RuntimeError, match="differentiate twice"):  # a second derivative: refused, not zero
+        dq.sum().backward()
+
+
 @pytest.mark.skipif(GPU, reason="fp16 in the interpreter; the GPU cases run fp16 and bf16")
 def test_fp16_in_the_interpreter():
     q, k, v, do = _inputs(1, 2, 1, 50, 50, 64, dtype=torch.float16)
@@ -230,7 +355,7 @@ def test_ledger_is_the_interpreter_count(causal, deterministic):
     led = attention_backward_ledger(B, H, N, N, D, DTYPE, causal, h_kv=H_kv, block_m2=cfg["BLOCK_M2"],
                                     block_n1=cfg["BLOCK_N1"], deterministic=deterministic)  # fmt: skip
     names = {"o_ptr": "O", "do_ptr": "dO", "q_ptr": "Q", "k_ptr": "K", "v_ptr": "V", "lse_ptr": "lse",
-             "delta_ptr": "D", "dk_ptr": "dK", "dv_ptr": "dV"}  # fmt: skip
+             "lse_fwd_ptr": "lse_fwd", "delta_ptr": "D", "dk_ptr": "dK", "dv_ptr": "dV"}  # fmt: skip
     names["dq_ptr"] = "dQ" if deterministic else "dQ_acc"
     torch_ops = {("dQ_acc", "read"): B * H * N * D * 4, ("dQ_acc", "write"): B * H * N * D * 4,
                  ("dQ", "write"): B * H * N * D * 4} if not deterministic else {}  # fmt: skip

@@ -17,7 +17,8 @@ an fp32 dQ.
 
 The schedule (FlashAttention-2, section 3.1.2). Three launches:
 
-1. *preprocess*: ``D = rowsum(dO * O) - dlse``, one program per block of query rows;
+1. *preprocess*: ``D = rowsum(dO * O) - dlse`` and the copy of lse the passes read, one program per
+   block of query rows;
 2. *dK, dV*: one program per (K/V tile, K/V head, batch). It holds its K and V tile and the fp32
    accumulators dK and dV on chip, and streams every query block that sees the tile (causal: only
    the rows at or below the tile's first key; blocks above the diagonal are never loaded), for every
@@ -42,6 +43,12 @@ the input dtype before the matmuls they feed (the tensor cores' operands), as th
 ``exp`` is ``exp2`` with ``scale * log2(e)`` folded into one multiply and ``lse`` converted to base 2
 once per row.
 
+Non-finite inputs. A row whose lse is -inf, +inf or NaN (an inf or NaN in Q or K) has float64's
+gradients at every pair it sees: NaN in its dQ row and in dK, dV at each key it sees (the preprocess's copy
+of lse has NaN for +inf, so that P is NaN across the row as float64's softmax is). Float64's dense
+autograd also spreads the NaN to dV at keys the causal mask hides from such a row; the kernel never
+visits them and leaves what the other rows give them (tests/test_attention_backward.py shows both).
+
 Masks follow the forward (:mod:`fusionlab.kernels.attention`): causal is top-left aligned, query i
 sees keys j <= i (rows i >= N_k see every key); rows past N_q are loaded as zeros with ``lse = +inf``
 (so their P is 0); keys past N_k are masked in the dQ pass and only ever touch their own, never
@@ -55,6 +62,11 @@ rows of contiguous tensors, a partial last block through the pointers. ``config=
 per element. Both are off by default until measured faster (benchmarks/notes_attention_backward.md has
 every measurement behind the defaults and the tiles).
 
+Autograd: :class:`fusionlab.kernels.attention.AttentionFunction` runs the forward kernel and
+:func:`_backward`'s launches; ``attention(...)`` on inputs that require grad goes through it. This module
+builds on :mod:`fusionlab.kernels._attention` (the checks and the spec's arithmetic both passes share)
+and never imports the forward's module.
+
 Reference: Dao, "FlashAttention-2" (2023), algorithm 2; Triton's tutorial 06 (fused attention)
 backward, whose shape (a dK/dV loop over query blocks, then a dQ loop over key blocks) this follows,
 without its restrictions (causal only, N a multiple of 128, one head per K/V head).
@@ -63,7 +75,6 @@ without its restrictions (causal only, N a multiple of 128, one head per K/V hea
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import torch
@@ -73,32 +84,24 @@ import triton.language as tl
 from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
-from . import attention as fwd
-from ._launch import (
-    KernelInputError,
-    Launcher,
-    cdiv,
-    check_block,
-    check_tensor,
-    element_size,
-    launch_kwargs,
-    next_pow2,
+from ._attention import (
+    LOG2E,
+    TensorDescriptor,
+    attention_flops,
+    check_inputs,
+    config_key,
+    default_scale,
+    hopper,
+    keys_per_row,
+    kv_heads,
+    scores64,
 )
+from ._launch import KernelInputError, Launcher, cdiv, check_tensor, element_size, launch_kwargs, next_pow2
 from ._tensors import upstream_grad
 
-try:  # host-side TMA descriptors: triton >= 3.4 (the GPU machine and Colab have 3.6)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older triton: pointer atomics only
-    TensorDescriptor = None
-
 OP = "attention_backward"
-LOG2E = 1.4426950408889634
 #: the head dims the backward takes (powers of two are tested; others are padded on chip)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
-
-
-def _default_scale(d: int, scale) -> float:
-    return 1.0 / math.sqrt(d) if scale is None else float(scale)
 
 
 # -- the spec -------------------------------------------------------------------------------------
@@ -111,15 +114,10 @@ def attention_backward_reference(q, k, v, o, lse, do, causal=False, scale=None, 
     (B, H_q, N_q, D); ``dlse`` (B, H_q, N_q) or None. GQA's dK and dV are summed over the query heads
     of a group.
     """
-    scale = _default_scale(q.shape[-1], scale)
+    scale = default_scale(q.shape[-1], scale)
     group = q.shape[1] // k.shape[1]
     qd, od, dod = q.double(), o.double(), do.double()
-    kd = k.double().repeat_interleave(group, dim=1)
-    vd = v.double().repeat_interleave(group, dim=1)
-    s = (qd @ kd.transpose(-2, -1)) * scale
-    if causal:
-        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~keep, float("-inf"))
+    s, kd, vd = scores64(q, k, v, causal, scale)
     p = torch.exp(s - lse.double()[..., None])  # the forward's lse normalises: no softmax here
     delta = (dod * od).sum(-1)
     if dlse is not None:
@@ -141,7 +139,7 @@ def attention_backward_flops(B: int, H: int, N_q: int, N_k: int, D: int, causal:
     (``S``, ``dV``, ``dP``, ``dQ``, ``dK``) of ``2 N_q N_k D`` each, against its two. The recomputation
     in the deterministic schedule's dQ pass (``S`` and ``dP`` again) is not counted, as in every
     FlashAttention benchmark."""
-    return fwd.attention_flops(B, H, N_q, N_k, D, causal) * 5 // 2
+    return attention_flops(B, H, N_q, N_k, D, causal) * 5 // 2
 
 
 @answer_key
@@ -166,22 +164,21 @@ def attention_backward_ledger(
     softmax's backward reads P and dP, writes dS; the scale's backward reads and writes dS (the causal
     mask's too); ``Q K^T``'s backward reads dS, Q, K and writes dQ and dK. P was saved by the forward.
 
-    Fused: the preprocess reads O and dO, writes D (fp32). The dK/dV programs read K and V once and
+    Fused: the preprocess reads O, dO and the forward's lse (``lse_fwd``), writes D and the copy of lse
+    the passes read (fp32). The dK/dV programs read K and V once and
     write dK and dV once, and read Q, dO, lse and D once per K/V tile (``ceil(N_k / block_n1)`` times;
     causal: only the rows at or below each tile). The dQ programs read Q, dO, lse, D once and K, V once
     per query tile (``ceil(N_q / block_m2)``), and write dQ. ``None`` blocks: the ideal, each read once.
     The atomic schedule has no dQ pass; its dK/dV programs add into an fp32 dQ instead (a read and a
     write per K/V tile), zeroed before (``torch.zeros``) and cast after (``.to``): two torch ops.
     """
-    h_kv = H if h_kv is None else h_kv
-    if h_kv < 1 or H % h_kv:
-        raise ValueError(f"H={H} must be a multiple of h_kv={h_kv}")
+    h_kv = kv_heads(H, h_kv)
     q_n = B * H * N_q * D
     kv_n = B * h_kv * N_k * D
     rep_n = B * H * N_k * D
     s_n = B * H * N_q * N_k
     rows = B * H * N_q
-    led = Ledger(dtype_bytes=dtype, outputs=("dQ", "dK", "dV"), sizes={"lse": 4, "D": 4, "dQ_acc": 4})
+    led = Ledger(dtype_bytes=dtype, outputs=("dQ", "dK", "dV"), sizes={"lse": 4, "lse_fwd": 4, "D": 4, "dQ_acc": 4})
     led.op("PV backward", reads={"dO": q_n, "P": s_n, "V_rep": rep_n}, writes={"dP": s_n, "dV_rep": rep_n})
     led.op("softmax backward", reads={"P": s_n, "dP": s_n}, writes={"dS": s_n})
     if causal:
@@ -199,7 +196,7 @@ def attention_backward_ledger(
     else:
         tiles = cdiv(N_k, block_n1)
         q_rows = sum(max(0, N_q - t * block_n1) if causal else N_q for t in range(tiles))
-    led.fused("D = rowsum(dO * O)", reads={"O": q_n, "dO": q_n}, writes={"D": rows})
+    led.fused("D = rowsum(dO * O); lse", reads={"O": q_n, "dO": q_n, "lse_fwd": rows}, writes={"D": rows, "lse": rows})
     led.fused(
         "dK, dV",
         reads={"K": kv_n, "V": kv_n, "Q": q_side(q_rows) * D, "dO": q_side(q_rows) * D, "lse": q_side(q_rows),
@@ -210,9 +207,7 @@ def attention_backward_ledger(
         if block_m2 is None:
             kv_reads = B * H * N_k * D
         else:
-            tiles = cdiv(N_q, block_m2)  # a causal tile reads the keys up to its last row
-            keys = sum(min((i + 1) * block_m2, N_k) for i in range(tiles)) if causal else tiles * N_k
-            kv_reads = B * H * keys * D
+            kv_reads = B * H * keys_per_row(N_q, N_k, causal, block_m2) * D  # a causal tile: keys to its last row
         led.fused("dQ", reads={"Q": q_n, "dO": q_n, "lse": rows, "D": rows, "K": kv_reads, "V": kv_reads},
                   writes={"dQ": q_n})  # fmt: skip
     else:
@@ -225,7 +220,7 @@ def attention_backward_ledger(
 def attention_backward_bytes(B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, *, h_kv=None) -> int:
     """The fewest bytes any attention backward moves: Q, K, V, O, dO, lse read once; dQ, dK, dV
     written once."""
-    h_kv = H if h_kv is None else h_kv
+    h_kv = kv_heads(H, h_kv)
     es = element_size(dtype)
     return (5 * B * H * N_q * D + 4 * B * h_kv * N_k * D) * es + 4 * B * H * N_q
 
@@ -251,11 +246,6 @@ _CONFIG_KEYS = ("BLOCK_M1", "BLOCK_N1", "num_warps1", "num_stages1", "BLOCK_M2",
                 "num_stages2", "TMA_REDUCE", "TMA")  # fmt: skip
 
 
-@functools.cache
-def _hopper() -> bool:
-    return runtime.is_gpu() and torch.cuda.get_device_capability() >= (9, 0)
-
-
 @functools.lru_cache(maxsize=1024)
 def _config(d: int, causal: bool, gpu: bool) -> dict:
     block_d = max(16, next_pow2(d))
@@ -272,29 +262,6 @@ def attention_backward_config(D: int, causal: bool = False) -> dict:
     dV program), ``BLOCK_M2``/``BLOCK_N2`` (queries held / keys streamed by a dQ program), their
     ``num_warps*``/``num_stages*``, and ``BLOCK_D`` (the head dim rounded up to a power of two)."""
     return dict(_config(int(D), bool(causal), runtime.is_gpu()))
-
-
-def _check_config(overrides: dict | None) -> dict:
-    if overrides is None:
-        return {}
-    if not isinstance(overrides, dict):
-        raise KernelInputError(f"{OP}: config must be a dict of tile overrides, got {type(overrides).__name__}.")
-    unknown = set(overrides) - set(_CONFIG_KEYS)
-    if unknown:
-        raise KernelInputError(f"{OP}: unknown config key(s) {sorted(unknown)}; known: {', '.join(_CONFIG_KEYS)}.")
-    for name, value in overrides.items():
-        if name in ("TMA_REDUCE", "TMA"):
-            if value not in (False, True):
-                raise KernelInputError(f"{OP}: {name}={value!r}; pass True or False.")
-            continue
-        if name.startswith("num_stages"):  # any count of pipeline stages; tiles and warps: powers of two
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
-                raise KernelInputError(f"{OP}: {name}={value!r}; pass 1 to 8 pipeline stages.")
-            continue
-        check_block(value, name, OP, max_value=256)
-        if name.startswith("BLOCK") and value < 16:
-            raise KernelInputError(f"{OP}: {name}={value}; tl.dot needs tiles of at least 16.")
-    return dict(overrides)
 
 
 # -- the kernels ----------------------------------------------------------------------------------
@@ -321,11 +288,15 @@ def _store_rows(base, rows, stride, offs_d, n, val, HEAD_DIM: tl.constexpr, BLOC
 
 @triton.jit
 def _bwd_preprocess_kernel(
-    o_ptr, do_ptr, dlse_ptr, delta_ptr, n_q,
+    o_ptr, do_ptr, dlse_ptr, lse_fwd_ptr, delta_ptr, lse_ptr, n_q,
     stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
 ):  # fmt: skip
-    """``D = rowsum(dO * O) - dlse`` in fp32 for BLOCK_M query rows of one head."""
+    """``D = rowsum(dO * O) - dlse`` in fp32 for BLOCK_M query rows of one head, and the copy of the
+    forward's lse that the other passes read (``P = exp(s - lse)``), with +inf made NaN: a row whose lse
+    is +inf (a score of +inf: an inf in Q or K) has float64's softmax NaN across it, where
+    ``exp(s - inf)`` would give its finite scores P = 0 (a row of -inf scores, lse = -inf, is NaN
+    already: ``exp(-inf - -inf)``). One select a row, here once, and none in the passes' loops."""
     off_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
@@ -339,6 +310,8 @@ def _bwd_preprocess_kernel(
     if HAS_DLSE:
         delta -= tl.load(dlse_ptr + row + off_m, mask=off_m < n_q, other=0.0).to(tl.float32)
     tl.store(delta_ptr + row + off_m, delta, mask=off_m < n_q)
+    lse = tl.load(lse_fwd_ptr + row + off_m, mask=off_m < n_q, other=0.0)
+    tl.store(lse_ptr + row + off_m, tl.where(lse == float("inf"), float("nan"), lse), mask=off_m < n_q)
 
 
 @triton.jit
@@ -433,7 +406,8 @@ def _bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    # grid: (K/V tiles, H_kv, B). dk, dv: contiguous (B, H_kv, N_k, D); lse, delta: (B, H_q, N_q)
+    # grid: (K/V tiles, H_kv, B). dk, dv: contiguous (B, H_kv, N_k, D); lse (the preprocess's copy), delta:
+    # (B, H_q, N_q)
     # fp32; dq (atomic schedule only): fp32 (B, H_q, N_q, D), zeroed by the launcher.
     pid_n = tl.program_id(0)
     off_hk = tl.program_id(1)
@@ -591,14 +565,13 @@ class _Plan(NamedTuple):
 
 
 def _config_key(config: dict | None) -> tuple:
-    overrides = _check_config(config)
-    return tuple(sorted(overrides.items()))
+    return config_key(config, OP, _CONFIG_KEYS, flags=("TMA_REDUCE", "TMA"))
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, config_key) -> _Plan:
+def _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, key) -> _Plan:
     gpu = runtime.is_gpu()
-    cfg = {**_config(D, causal, gpu), **dict(config_key)}
+    cfg = {**_config(D, causal, gpu), **dict(key)}
     bm1, bn1, bm2, bn2, bd = cfg["BLOCK_M1"], cfg["BLOCK_N1"], cfg["BLOCK_M2"], cfg["BLOCK_N2"], cfg["BLOCK_D"]
     if causal and (bn1 % bm1 or bm2 % bn2):
         raise KernelInputError(
@@ -609,7 +582,7 @@ def _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, config_key) -> _Plan:
     # reduce; elsewhere pointer atomics), a head dim that is a power of two, int32 row coordinates
     tma_reduce = (
         not deterministic and bool(cfg["TMA_REDUCE"]) and TensorDescriptor is not None and D == bd
-        and _hopper() and B * H * N_q + bm1 < 2**31
+        and hopper() and B * H * N_q + bm1 < 2**31
     )  # fmt: skip
     bmp = 64 if gpu else 128  # the preprocess: a row sum per query, memory-bound
     grids = ((cdiv(N_q, bmp), H, B), (cdiv(N_k, bn1), H_kv, B), (cdiv(N_q, bm2), H, B))
@@ -624,7 +597,7 @@ def _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, config_key) -> _Plan:
     # TMA loads (config TMA): Q and dO in the dK/dV loop, K and V in the dQ loop, through descriptors over
     # the (B H N, D) rows of contiguous tensors (the launcher checks contiguity and alignment per call)
     tma = (
-        bool(cfg["TMA"]) and TensorDescriptor is not None and D == bd and (_hopper() or not gpu)
+        bool(cfg["TMA"]) and TensorDescriptor is not None and D == bd and (hopper() or not gpu)
         and B * H * N_q + bm1 < 2**31 and B * H_kv * N_k + bn2 < 2**31
     )  # fmt: skip
     loads = (([B * H * N_q, D], [D, 1], [bm1, bd]), ([B * H_kv * N_k, D], [D, 1], [bn2, bd])) if tma else None
@@ -657,8 +630,7 @@ def attention_backward(
     (:func:`attention_backward_config`'s keys). Returns dq, dk, dv, contiguous, in the inputs' dtype;
     dk and dv are summed over the query heads of each group.
     """
-    with torch.no_grad():  # the forward's checks, less its refusal of inputs that require grad
-        fwd._check_inputs(q, k, v, causal, scale)
+    check_inputs(q, k, v, causal, scale, op=OP, grad=True)
     if do is None:
         raise KernelInputError(f"{OP}: do must be a torch.Tensor, got None.")
     do = upstream_grad(do, q.dtype) if isinstance(do, torch.Tensor) and do.dtype == q.dtype else do
@@ -671,7 +643,7 @@ def attention_backward(
     return _backward(q, k, v, o, lse, do, causal, scale, dlse, deterministic, _config_key(config))
 
 
-def _backward(q, k, v, o, lse, do, causal, scale, dlse, deterministic, config_key):
+def _backward(q, k, v, o, lse, do, causal, scale, dlse, deterministic, key):
     """The launches, on checked inputs (``do`` and ``dlse`` readable as they are: last dimension
     contiguous, no lazy negation)."""
     B, H, N_q, D = q.shape
@@ -679,16 +651,16 @@ def _backward(q, k, v, o, lse, do, causal, scale, dlse, deterministic, config_ke
     if N_q == 0 or N_k == 0 or B == 0 or H == 0:  # no pair of a query and a key: no gradient flows
         dk = torch.zeros((B, H_kv, N_k, D), dtype=k.dtype, device=q.device)
         return torch.zeros((B, H, N_q, D), dtype=q.dtype, device=q.device), dk, torch.zeros_like(dk)
-    plan = _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, config_key)
-    scale = _default_scale(D, scale)
+    plan = _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, key)
+    scale = default_scale(D, scale)
     # every row of dK and dV is written (a K/V tile no query sees stores zeros): no memset
     dk = torch.empty((B, H_kv, N_k, D), dtype=k.dtype, device=q.device)
     dv = torch.empty((B, H_kv, N_k, D), dtype=v.dtype, device=q.device)
-    delta = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
-    _launch_preprocess(plan.grids[0], o, do, delta if dlse is None else dlse, delta, N_q, *o.stride()[:3],
-                       *do.stride()[:3], **plan.metas[0], HAS_DLSE=dlse is not None)  # fmt: skip
     if lse.stride(-1) != 1 or not lse.is_contiguous():
         lse = lse.contiguous()
+    delta, lse_nan = torch.empty((2, B, H, N_q), dtype=torch.float32, device=q.device)  # one allocation
+    _launch_preprocess(plan.grids[0], o, do, delta if dlse is None else dlse, lse, delta, lse_nan, N_q, *o.stride()[:3],
+                       *do.stride()[:3], **plan.metas[0], HAS_DLSE=dlse is not None)  # fmt: skip
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
     ints = (H // H_kv, N_q, N_k)
     tma = (
@@ -708,70 +680,24 @@ def _backward(q, k, v, o, lse, do, causal, scale, dlse, deterministic, config_ke
     # descriptors go through Triton's own launch (the Launcher's cache keys on tensors and numbers)
     direct = tma or plan.dq_desc is not None
     launch = _bwd_dkdv_kernel[plan.grids[1]] if direct else functools.partial(_launch_dkdv, plan.grids[1])
-    launch(q, k, v, do, lse, delta, dk, dv, dq_arg, q_src, do_src, *strides, *ints, scale * LOG2E, scale,
+    launch(q, k, v, do, lse_nan, delta, dk, dv, dq_arg, q_src, do_src, *strides, *ints, scale * LOG2E, scale,
            **plan.metas[1], TMA=tma)  # fmt: skip
     if deterministic:
         dq = torch.empty((B, H, N_q, D), dtype=q.dtype, device=q.device)
         launch = _bwd_dq_kernel[plan.grids[2]] if tma else functools.partial(_launch_dq, plan.grids[2])
-        launch(q, k, v, do, lse, delta, dq, k_src, v_src, *strides, *ints, scale * LOG2E, scale,
+        launch(q, k, v, do, lse_nan, delta, dq, k_src, v_src, *strides, *ints, scale * LOG2E, scale,
                **plan.metas[2], TMA=tma)  # fmt: skip
     else:
         dq = dq_acc.to(q.dtype)
     return dq, dk, dv
 
 
-class AttentionFunction(torch.autograd.Function):
-    """The forward kernel (:func:`fusionlab.kernels.attention.attention`) and this backward: saves
-    q, k, v, O and lse (O(N d) memory, no N x N matrix); both outputs differentiable."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale, deterministic, config_key, forward_options):
-        o, lse = fwd.attention(q, k, v, causal, scale, **forward_options)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.deterministic, ctx.config_key = causal, scale, deterministic, config_key
-        ctx.set_materialize_grads(False)  # an unused lse sends None, not an N_q tensor of zeros
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        # the inputs were checked by the forward; the upstream gradients are autograd's: readable once
-        # a lazy negation is resolved and a transposed layout copied
-        do = torch.zeros_like(o) if do is None else upstream_grad(do, o.dtype)
-        if dlse is not None:
-            dlse = upstream_grad(dlse, torch.float32).contiguous()
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, dlse, ctx.deterministic, ctx.config_key)
-        return dq, dk, dv, None, None, None, None, None
-
-
-def attention_trainable(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool = False,
-    scale: float | None = None,
-    *,
-    deterministic: bool = True,
-    backward_config: dict | None = None,
-    variant: str | None = None,
-    config: dict | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`fusionlab.kernels.attention.attention` with autograd: ``(O, lse)``, gradients through both.
-
-    Takes what the forward takes (``variant`` and ``config`` are the forward's), within the backward's
-    head dims (16 to 128). ``deterministic`` and ``backward_config`` go to :func:`attention_backward`
-    (``config`` there). Without grad (no input requires it, or autograd off) it is the forward alone.
-    """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(t, name, op=OP, ndim=4, contiguous=False, grad=True, max_numel=None,
-                     dtypes=runtime.DTYPES)  # fmt: skip
-    options = {"variant": variant, "config": config}
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        if not MIN_HEAD_DIM <= q.shape[-1] <= MAX_HEAD_DIM:
-            raise KernelInputError(
-                f"{OP}: head dim {q.shape[-1]}; the backward takes {MIN_HEAD_DIM} to {MAX_HEAD_DIM}."
-            )
-        if not isinstance(deterministic, bool):
-            raise KernelInputError(f"{OP}: deterministic must be True or False, got {deterministic!r}.")
-        return AttentionFunction.apply(q, k, v, causal, scale, deterministic, _config_key(backward_config), options)
-    return fwd.attention(q, k, v, causal, scale, **options)
+def _check_options(d: int, deterministic, config: dict | None) -> tuple:
+    """What :func:`fusionlab.kernels.attention.attention` checks before a forward that autograd will
+    differentiate: the backward's head dims, ``deterministic``, and its tile overrides (returned as a key
+    for :func:`_backward`)."""
+    if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+        raise KernelInputError(f"{OP}: head dim {d}; the backward takes {MIN_HEAD_DIM} to {MAX_HEAD_DIM}.")
+    if not isinstance(deterministic, bool):
+        raise KernelInputError(f"{OP}: deterministic must be True or False, got {deterministic!r}.")
+    return _config_key(config)

@@ -33,13 +33,12 @@ import triton.language as tl
 
 from .. import runtime
 from ..ledger import Ledger
+from ._attention import LOG2E, attention_ledger, check_inputs
 from ._launch import KernelInputError
-from .attention import attention_ledger
 
 #: (BLOCK_M, BLOCK_N): a Q tile's rows, a K/V block's keys (GPU; the interpreter's are smaller)
 TILE = (64, 64)
 INTERPRETER_TILE = (32, 16)
-LOG2E = 1.4426950408889634
 
 
 def _tile() -> tuple[int, int]:
@@ -157,14 +156,13 @@ def attention_fa1(
     GPU, fp32/fp16 in the interpreter), D <= 128, N_k >= 1. ``causal``: top-left, query i sees keys
     j <= i. Scale ``1 / sqrt(D)``. Allocates O, lse and the fp32 running state (B, H, N_q, D) + 2 (B, H,
     N_q): the state FA2 keeps on chip."""
-    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-        raise KernelInputError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected (B, H, N, D)")
-    if not (q.dtype == k.dtype == v.dtype) or not all(t.is_contiguous() for t in (q, k, v)):
-        raise KernelInputError("q, k, v must share one dtype and be contiguous")
+    check_inputs(q, k, v, causal, None, op="attention_fa1")  # attention's checks: dtypes, devices, shapes, views
+    if q.shape[1] != k.shape[1] or not all(t.is_contiguous() for t in (q, k, v)):
+        raise KernelInputError("attention_fa1: q, k, v must have as many heads and be contiguous")
     B, H, n_q, d = q.shape
     n_k = k.shape[2]
     if not 1 <= d <= 128 or n_k < 1:
-        raise KernelInputError(f"head dim {d} (1 to 128) and N_k {n_k} (>= 1) only")
+        raise KernelInputError(f"attention_fa1: head dim {d} (1 to 128) and N_k {n_k} (>= 1) only")
     bm, bn = _tile()
     block_d = max(16, triton.next_power_of_2(d))
     o = torch.empty_like(q)
