@@ -65,7 +65,6 @@ NOT_ENTRY_POINTS = {
     "check_rows": "argument checks",
     "Rows": "a named tuple",
     "attention_backward": "attention's backward launcher: the attention case's backward runs it",
-    "attention_trainable": "attention's autograd path: the attention case's backward runs it",
     "SoftmaxStats": "a named tuple",
     "new_seed": "draws a seed from torch's generator",
     "philox_counters": "arithmetic on a shape",
