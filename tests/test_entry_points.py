@@ -65,6 +65,7 @@ NOT_ENTRY_POINTS = {
     "check_rows": "argument checks",
     "Rows": "a named tuple",
     "attention_backward": "attention's backward launcher: the attention case's backward runs it",
+    "cross_entropy_rows": "cross-entropy's row launcher, after its checks: the cross_entropy and linear_cross_entropy cases run it",
     "SoftmaxStats": "a named tuple",
     "new_seed": "draws a seed from torch's generator",
     "philox_counters": "arithmetic on a shape",
