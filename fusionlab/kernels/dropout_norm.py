@@ -43,7 +43,7 @@ inside the square root, ``eps`` added to it) in fp32, rounded once to x's dtype.
     dw = sum over rows of dy n̂;   db = sum over rows of dy
 
 one kernel reads dy, h (and grad_h) and writes dresidual and dx; dw and db are per-program partial
-sums added in a fixed order by :func:`fusionlab.kernels.rmsnorm.sum_partials` (deterministic, no
+sums added in a fixed order by :func:`fusionlab.kernels._norms.sum_partials` (deterministic, no
 atomics). Rows wider than one tile (:func:`dropout_norm_config`) are walked in tiles: the forward
 re-reads h twice (variance, then y), the backward re-reads dy and h once and adds its dw partials in
 its own fp32 buffer row.
@@ -71,16 +71,16 @@ from ._launch import (
     Launcher,
     _key,
     cdiv,
-    check_block,
     check_choice,
+    check_overrides,
     check_tensor,
     element_size,
     launch_kwargs,
     next_pow2,
     sm_count,
 )
+from ._norms import check_eps, overridden, sum_partials, wants_grad
 from ._tensors import upstream_grad
-from .rmsnorm import sum_partials
 
 OP = "dropout_norm"
 NORMS = ("layernorm", "rmsnorm")
@@ -242,6 +242,18 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
         while stages > 1 and 3 * block_m * block_n * element_size(dtype) * (stages - 1) > t.get("stage_bytes", 0):
             stages -= 1
         cfg["row_stages"] = stages
+    return cfg
+
+
+def _with_overrides(cfg: dict, override, n_cols: int, op: str) -> dict:
+    if not check_overrides(override, "fwd_config/bwd_config", op=op):
+        return cfg
+    cfg = overridden(cfg, override, ("BLOCK_M", "BLOCK_N", "programs", "row_stages"), op)
+    if cfg["BLOCK_N"] < 4:
+        raise KernelInputError(f"{op}: BLOCK_N={cfg['BLOCK_N']} must be at least 4 (a Philox call serves four).")
+    cfg["SINGLE_TILE"] = n_cols <= cfg["BLOCK_N"]
+    if not cfg["SINGLE_TILE"]:
+        cfg["BLOCK_M"] = 1  # the wide path walks one row at a time
     return cfg
 
 
@@ -606,8 +618,7 @@ def dropout_norm(
     op = OP
     norm = check_choice(norm, NORMS, "norm", op=op)
     p = _check_p(p, op)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise KernelInputError(f"{op}: eps={eps!r} must be a finite number >= 0.")
+    eps = check_eps(eps, op)
     if not isinstance(training, bool):
         raise KernelInputError(f"{op}: training={training!r} must be True or False.")
     check_tensor(x, "x", op=op, contiguous=False, grad=True, max_numel=None)
@@ -641,34 +652,8 @@ def dropout_norm(
     # the kernels index vectors with unit stride: a strided weight or bias is copied (N elements)
     weight_c = weight if weight.is_contiguous() else weight.contiguous()
     bias_c = bias if bias is None or bias.is_contiguous() else bias.contiguous()
-    args = (p, norm, float(eps), dropout, seed, offset, cfg, bwd_cfg)
-    grads = any(t is not None and t.requires_grad for t in (x, residual, weight, bias))
-    if grads and torch.is_grad_enabled():
+    args = (p, norm, eps, dropout, seed, offset, cfg, bwd_cfg)
+    if wants_grad(x, residual, weight, bias):
         return DropoutNormFunction.apply(x, residual, weight_c, bias_c, args)
-    y, h, _, _ = _forward(_rows(x), _rows(residual), weight_c, bias_c, p, norm, float(eps), dropout, seed, offset, cfg)
+    y, h, _, _ = _forward(_rows(x), _rows(residual), weight_c, bias_c, p, norm, eps, dropout, seed, offset, cfg)
     return y.view(x.shape), h.view(x.shape)
-
-
-def _with_overrides(cfg: dict, override, n_cols: int, op: str) -> dict:
-    if override is None:
-        return cfg
-    if not isinstance(override, dict):
-        raise KernelInputError(f"{op}: a configuration override must be a dict, got {type(override).__name__}.")
-    cfg = dict(cfg)
-    for key, value in override.items():
-        if key in ("BLOCK_M", "BLOCK_N"):
-            cfg[key] = check_block(value, key, op)
-        elif key in ("programs", "row_stages"):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise KernelInputError(f"{op}: programs={value!r} must be a whole number >= 1.")
-            cfg[key] = value
-        else:
-            raise KernelInputError(
-                f"{op}: unknown configuration key {key!r}; use BLOCK_M, BLOCK_N, programs, row_stages."
-            )
-    if cfg["BLOCK_N"] < 4:
-        raise KernelInputError(f"{op}: BLOCK_N={cfg['BLOCK_N']} must be at least 4 (a Philox call serves four).")
-    cfg["SINGLE_TILE"] = n_cols <= cfg["BLOCK_N"]
-    if not cfg["SINGLE_TILE"]:
-        cfg["BLOCK_M"] = 1  # the wide path walks one row at a time
-    return cfg

@@ -47,19 +47,21 @@ from triton.language.extra.cuda import gdc_launch_dependents  # PDL (sm_90): see
 
 from .._exercise import answer_key
 from ..ledger import Ledger
-from ._launch import KernelInputError, Launcher, cdiv, check_tensor, launch_kwargs, pdl_supported
+from ._launch import KernelInputError, Launcher, cdiv, check_tensor, pdl_supported
 from ._norms import INTERPRETER_TUNING as NORM_INTERPRETER_TUNING
 from ._norms import (
-    backward_blocks,
+    backward_buffers,
     backward_flags,
     cached_config,
-    check_eps,
+    check_norm,
     configs_with_overrides,
+    eager_steps,
     forward_flags,
     gpu_and_sms,
     sum_partials,
+    wants_grad,
 )
-from ._rows import _row_offsets, check_rows, grad_rows
+from ._rows import _row_offsets, grad_rows
 
 OP = "layernorm"
 
@@ -127,16 +129,11 @@ def layernorm_ledger(
     led = Ledger(dtype_bytes=dtype, sizes=sizes)
     if not backward:
         if naive:
-            led.op("mean", reads={"x": rn}, writes={"mu": rows})
-            led.op("sub", reads={"x": rn, "mu": rows}, writes={"xc": rn})
-            led.op("pow", reads={"xc": rn}, writes={"sq": rn})
-            led.op("mean", reads={"sq": rn}, writes={"var": rows})
-            led.op("add eps", reads={"var": rows}, writes={"t": rows})
-            led.op("rsqrt", reads={"t": rows}, writes={"rs": rows})
-            led.op("mul rstd", reads={"xc": rn, "rs": rows}, writes={"xhat": rn})
-            led.op("mul w", reads={"xhat": rn, "w": n}, writes={"yw": rn})
-            if bias:
-                led.op("add b", reads={"yw": rn, "b": n}, writes={"y": rn})
+            steps = [
+                "mean: x -> mu", "sub: x mu -> xc", "pow: xc -> sq", "mean: sq -> var", "add eps: var -> t",
+                "rsqrt: t -> rs", "mul rstd: xc rs -> xhat", "mul w: xhat w -> yw", bias and "add b: yw b -> y",
+            ]  # fmt: skip
+            eager_steps(led, steps, rows, n, per_row=("mu", "var", "t", "rs"))
         else:
             writes = {"y": rn, **({"mean": rows, "rstd": rows} if stats else {})}
             led.op("layer_norm", reads={"x": rn, "w": n, **({"b": n} if bias else {})}, writes=writes)
@@ -505,7 +502,6 @@ _launch_bwd = Launcher(_layernorm_bwd_kernel)
 
 def _forward(x, weight, bias, eps, layout, cfg, store_stats):
     """``(y, mean, rstd)`` (the statistics only when asked)."""
-    n_cols = x.shape[-1]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     stats = torch.empty((2, layout.n_rows), dtype=torch.float32, device=x.device) if store_stats else None
     mean, rstd = (stats[0], stats[1]) if stats is not None else (None, None)
@@ -513,11 +509,9 @@ def _forward(x, weight, bias, eps, layout, cfg, store_stats):
         return y, mean, rstd
     _launch_fwd(
         (cdiv(layout.n_rows, cfg["BLOCK_M"]),), x, weight, bias if bias is not None else weight, y,
-        mean if mean is not None else y, rstd if rstd is not None else y, layout.n_rows, n_cols, layout.n_inner,
-        layout.stride_b, layout.stride_m, eps,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=layout.two_level,
-        HAS_BIAS=bias is not None, STORE_STATS=store_stats, **forward_flags(cfg, layout.n_rows, n_cols),
-        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+        mean if mean is not None else y, rstd if rstd is not None else y, layout.n_rows, layout.n_cols,
+        layout.n_inner, layout.stride_b, layout.stride_m, eps,
+        HAS_BIAS=bias is not None, STORE_STATS=store_stats, **forward_flags(cfg, layout),
     )  # fmt: skip
     return y, mean, rstd
 
@@ -530,20 +524,15 @@ def _backward(dy, x, layout, weight, mean, rstd, cfg, need_dx, need_dw, need_db)
     if n_rows == 0 or n_cols == 0:
         zeros = torch.zeros(n_cols, dtype=weight.dtype, device=weight.device)
         return dx, (zeros if need_dw else None), (zeros.clone() if need_db else None)
-    if cfg is None:
-        cfg = layernorm_config(n_rows, n_cols, x.dtype, backward=True)
+    cfg = cfg or layernorm_config(n_rows, n_cols, x.dtype, backward=True)
     dy, stride_dy = grad_rows(dy.to(x.dtype))
-    programs, rows_per_program = backward_blocks(cfg, n_rows)
-    part = torch.empty((k, programs, n_cols), dtype=torch.float32, device=x.device) if k else None
-    c = torch.empty(2 * n_rows, dtype=torch.float32, device=x.device) if (need_dx and not cfg["SINGLE_TILE"]) else None
+    programs, rows_per_program, part, c = backward_buffers(cfg, n_rows, n_cols, k, 2 * need_dx, x.device)
     _launch_bwd(
         (programs,), dy, x, weight, mean, rstd, dx if dx is not None else rstd, part if part is not None else rstd,
         c if c is not None else rstd, n_rows, n_cols, layout.n_inner, rows_per_program, programs, stride_dy,
         layout.stride_b, layout.stride_m,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=layout.two_level,
         COMPUTE_DX=need_dx, COMPUTE_DW=need_dw, COMPUTE_DB=need_db, DB_SLOT=1 if need_dw else 0,
-        **backward_flags(cfg), PDL=bool(k) and pdl_supported(),
-        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+        PDL=bool(k) and pdl_supported(), **backward_flags(cfg, layout),
     )  # fmt: skip
     dw = db = None
     if k:
@@ -591,8 +580,7 @@ def layernorm(
     :func:`fusionlab.kernels.rmsnorm.rmsnorm`.
     """
     op = OP
-    check_tensor(x, "x", op=op, contiguous=False, grad=True, max_numel=None)
-    check_tensor(weight, "weight", op=op, ndim=1, grad=True, max_numel=None)
+    (layout,), eps = check_norm(x, weight, eps, {}, op)
     if bias is not None:
         check_tensor(bias, "bias", op=op, ndim=1, grad=True, max_numel=None)
         if bias.dtype != weight.dtype or bias.shape != weight.shape or bias.device != weight.device:
@@ -600,18 +588,9 @@ def layernorm(
                 f"{op}: bias must match weight's shape, dtype and device, got {tuple(bias.shape)} {bias.dtype} "
                 f"{bias.device} for weight {tuple(weight.shape)} {weight.dtype} {weight.device}."
             )
-    eps = check_eps(eps, op)
-    (layout,) = check_rows(x, "x", {}, op)
-    n_rows, n_cols = layout.n_rows, layout.n_cols
-    if weight.shape[0] != n_cols:
-        raise KernelInputError(
-            f"{op}: weight has {weight.shape[0]} elements but x has {n_cols} columns (shape {tuple(x.shape)}); "
-            "weight must have shape (N,) where N is x's last dimension."
-        )
-    if weight.device != x.device:
-        raise KernelInputError(f"{op}: x and weight must be on the same device, got {x.device} and {weight.device}.")
-    fwd_cfg, bwd_cfg = configs_with_overrides(layernorm_config, n_rows, n_cols, x.dtype, fwd_config, bwd_config, op)
-    needs_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    if needs_grad and torch.is_grad_enabled():
+    fwd_cfg, bwd_cfg = configs_with_overrides(
+        layernorm_config, layout.n_rows, layout.n_cols, x.dtype, fwd_config, bwd_config, op
+    )
+    if wants_grad(x, weight, bias):
         return LayerNormFunction.apply(x, weight, bias, eps, layout, fwd_cfg, bwd_cfg)
     return _forward(x, weight, bias, eps, layout, fwd_cfg, store_stats=False)[0]

@@ -79,30 +79,22 @@ import triton.language as tl
 
 from .._exercise import answer_key
 from ..ledger import Ledger, dtype_bytes
-from ._launch import (  # noqa: F401  (DEFAULT_SMS, sm_count, next_pow2: lesson 4 and the benchmarks read them here)
-    DEFAULT_SMS,
-    KernelInputError,
-    Launcher,
-    cdiv,
-    check_tensor,
-    launch_kwargs,
-    next_pow2,
-    sm_count,
-)
-from ._norms import (  # noqa: F401  (INTERPRETER_TUNING, sum_partials: the tests and benchmarks read them here)
+from ._launch import DEFAULT_SMS, Launcher, cdiv  # noqa: F401  (DEFAULT_SMS: lesson 4 reads it here)
+from ._norms import (  # noqa: F401  (sum_partials: tests/test_entry_points.py reads it here)
     INTERPRETER_TUNING,
     STAGED_TILE,
-    apply_overrides,
-    backward_blocks,
+    backward_buffers,
     backward_flags,
     cached_config,
-    check_eps,
+    check_norm,
     configs_with_overrides,
+    eager_steps,
     forward_flags,
     gpu_and_sms,
     sum_partials,
+    wants_grad,
 )
-from ._rows import _row_offsets, check_rows, grad_rows, row_layouts
+from ._rows import _row_offsets, grad_rows, row_layouts
 
 OP = "rmsnorm"
 
@@ -145,10 +137,9 @@ def rmsnorm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, resi
     return y if residual is None else (y, h)
 
 
-def _wide(rows: int, n: int, dtype, block: int | None, backward: bool) -> bool:
-    if block is None:  # the GPU kernel's own choice
-        return not rmsnorm_config(rows, n, dtype, backward=backward, gpu=True)["SINGLE_TILE"]
-    return n > int(block)
+#: the ledger's fp32 tensors: the kernel's statistics and partial sums, eager's fp32 intermediates
+_F32 = ("rstd", "c", "dw_partial", "y32", "hf", "sq", "var", "t", "rs", "hn", "dhn", "dhf1", "t2", "drs", "dt", "dsq",
+       "dhf2", "dhf")  # fmt: skip
 
 
 @answer_key
@@ -168,106 +159,65 @@ def rmsnorm_ledger(
     """Residual + RMSNorm of ``rows`` rows of ``n``, trip by trip: eager (``rmsnorm_eager``, op by
     op) and the fused kernel.
 
-    Forward, fused: read x, r (``rows n`` each), w (``n``, once: every program reads the same
-    weight, which stays in L2); write h, y (``rows n`` each) — ``4 rows n`` elements plus the weight
-    (without a residual: read x, w; write y). ``stats=True`` (training: autograd needs rstd): also write
+    Forward, fused: read x, r, w (``n``, once: every program reads the same weight, which stays in
+    L2); write h, y (without a residual: read x, w; write y); ``stats=True`` (training): also write
     rstd (``rows`` fp32). A row wider than ``block`` (default: the GPU kernel's one-tile limit,
-    :func:`rmsnorm_config` with ``gpu=True``) is read in two passes: pass 2 re-reads h (or x without a
-    residual) — the re-read term, ``rows n`` more.
+    :func:`rmsnorm_config` with ``gpu=True``) is read in two passes: pass 2 re-reads h (or x).
 
-    ``backward=True``: eager autograd of ``rmsnorm_eager`` (nominal: one trip per tensor each
-    formula of torch's derivatives reads or writes; the exact kernels vary by version) and the fused
-    backward: read dy, h (or x), w, rstd and, with ``grad_h`` (the caller uses h), grad_h; write dx
-    (which is also the residual's gradient); write then read the ``(programs, n)`` fp32 partial sums
-    of dw; write dw. Rows wider than ``block`` (the backward tile): dy and h are read twice, and one
-    fp32 per row (phase 1's row term) is written and read.
+    ``backward=True``: eager autograd of ``rmsnorm_eager`` (nominal: one trip per tensor each formula
+    of torch's derivatives reads or writes) and the fused backward: read dy, h (or x), w, rstd and,
+    with ``grad_h`` (the caller uses h), grad_h; write dx (also the residual's gradient); write then
+    read the ``(programs, n)`` fp32 partial sums of dw; write dw. Rows wider than ``block``: dy and h
+    are read twice, and phase 1's one fp32 a row is written and read.
 
-    ``weight_dtype``: the weight's dtype (default: ``dtype``); it sets the size of w and dw (and in
-    the forward, eager's extra cast of an fp32 y back to ``dtype``).
+    ``weight_dtype``: the weight's dtype (default: ``dtype``), the size of w and dw (and in the
+    forward, eager's extra cast of an fp32 y back to ``dtype``).
     """
     rows, n = int(rows), int(n)
     weight_dtype = dtype if weight_dtype is None else weight_dtype
-    f32 = torch.float32
     rn = rows * n
     low = dtype_bytes(dtype) != 4  # fp16/bf16: eager's .float() and .to(dtype) are real kernels
     promoted = torch.promote_types(dtype, weight_dtype) if isinstance(dtype, torch.dtype) else dtype
     h = "h" if residual else "x"
-    sizes = {
-        "w": weight_dtype,
-        "dw": weight_dtype,
-        "rstd": f32,
-        "c": f32,
-        "dw_partial": f32,
-        "y32": f32,
-        "hf": f32,
-        "sq": f32,
-        "var": f32,
-        "t": f32,
-        "rs": f32,
-        "hn": f32,
-        "dhn": f32,
-        "dhf1": f32,
-        "t2": f32,
-        "drs": f32,
-        "dt": f32,
-        "dsq": f32,
-        "dhf2": f32,
-        "dhf": f32,
-    }
-    wide = _wide(rows, n, dtype, block, backward)
+    hf, hb = ("hf", "hb") if low else (h, "hn")
+    if block is None:  # the GPU kernel's own choice
+        wide = not rmsnorm_config(rows, n, dtype, backward=backward, gpu=True)["SINGLE_TILE"]
+    else:
+        wide = n > int(block)
+    sizes = {"w": weight_dtype, "dw": weight_dtype, **dict.fromkeys(_F32, torch.float32)}
     led = Ledger(dtype_bytes=dtype, sizes=sizes)
     if not backward:
-        if residual:
-            led.op("add", reads={"x": rn, "r": rn}, writes={"h": rn})
-        hf = "hf" if low else h
-        if low:
-            led.op("float", reads={h: rn}, writes={"hf": rn})
-        led.op("pow", reads={hf: rn}, writes={"sq": rn})
-        led.op("mean", reads={"sq": rn}, writes={"var": rows})
-        led.op("add eps", reads={"var": rows}, writes={"t": rows})
-        led.op("rsqrt", reads={"t": rows}, writes={"rs": rows})
-        led.op("mul rstd", reads={hf: rn, "rs": rows}, writes={"hn": rn})
-        hb = "hb" if low else "hn"
-        if low:
-            led.op("to dtype", reads={"hn": rn}, writes={"hb": rn})
-        if promoted != dtype:
-            led.op("mul w", reads={"w": n, hb: rn}, writes={"y32": rn})
-            led.op("to dtype", reads={"y32": rn}, writes={"y": rn})
-        else:
-            led.op("mul w", reads={"w": n, hb: rn}, writes={"y": rn})
+        y = "y32" if promoted != dtype else "y"  # an fp32 weight promotes y; eager casts it back
+        steps = [
+            residual and "add: x r -> h",
+            low and f"float: {h} -> hf",
+            f"pow: {hf} -> sq", "mean: sq -> var", "add eps: var -> t", "rsqrt: t -> rs",
+            f"mul rstd: {hf} rs -> hn",
+            low and "to dtype: hn -> hb",
+            f"mul w: w {hb} -> {y}",
+            promoted != dtype and "to dtype: y32 -> y",
+        ]  # fmt: skip
+        eager_steps(led, steps, rows, n, per_row=("var", "t", "rs"))
         led.outputs = ("h", "y") if residual else ("y",)
-        step = "rmsnorm"
-        led.fused(step, reads={"x": rn, "r": rn if residual else 0, "w": n})
+        led.fused("rmsnorm", reads={"x": rn, "r": rn if residual else 0, "w": n})
         if residual:
-            led.fused(step, writes={"h": rn})
+            led.fused("rmsnorm", writes={"h": rn})
         if wide:
             led.fused("pass 2", reads={h: rn})
-        led.fused(step, writes={"y": rn, "rstd": rows if stats else 0})
+        led.fused("rmsnorm", writes={"y": rn, "rstd": rows if stats else 0})
         return led
-
     # backward: eager autograd, formula by formula (residual add: no kernel, dh goes to x and r)
-    hb = "hb" if low else "hn"
-    hf = "hf" if low else h
-    led.op("mul bwd (dhb)", reads={"dy": rn, "w": n}, writes={"dhb": rn})
-    led.op("mul bwd (dw)", reads={"dy": rn, hb: rn}, writes={"t1": rn})
-    led.op("sum (dw)", reads={"t1": rn}, writes={"dw": n})
-    dhn = "dhb"
-    if low:
-        led.op("to bwd", reads={"dhb": rn}, writes={"dhn": rn})
-        dhn = "dhn"
-    led.op("mul bwd (dhf)", reads={dhn: rn, "rs": rows}, writes={"dhf1": rn})
-    led.op("mul bwd (drs)", reads={dhn: rn, hf: rn}, writes={"t2": rn})
-    led.op("sum (drs)", reads={"t2": rn}, writes={"drs": rows})
-    led.op("rsqrt bwd", reads={"drs": rows, "rs": rows}, writes={"dt": rows})
-    led.op("mean bwd", reads={"dt": rows}, writes={"dsq": rn})
-    led.op("pow bwd", reads={"dsq": rn, hf: rn}, writes={"dhf2": rn})
-    led.op("add grads", reads={"dhf1": rn, "dhf2": rn}, writes={"dhf": rn})
-    dh = "dhf"
-    if low:
-        led.op("float bwd", reads={"dhf": rn}, writes={"dh1": rn})
-        dh = "dh1"
-    if residual and grad_h:
-        led.op("add grad_h", reads={dh: rn, "grad_h": rn}, writes={"dx": rn})
+    dhn, dh = ("dhn", "dh1") if low else ("dhb", "dhf")
+    steps = [
+        "mul bwd (dhb): dy w -> dhb", f"mul bwd (dw): dy {hb} -> t1", "sum (dw): t1 -> dw",
+        low and "to bwd: dhb -> dhn",
+        f"mul bwd (dhf): {dhn} rs -> dhf1", f"mul bwd (drs): {dhn} {hf} -> t2", "sum (drs): t2 -> drs",
+        "rsqrt bwd: drs rs -> dt", "mean bwd: dt -> dsq", f"pow bwd: dsq {hf} -> dhf2",
+        "add grads: dhf1 dhf2 -> dhf",
+        low and "float bwd: dhf -> dh1",
+        residual and grad_h and f"add grad_h: {dh} grad_h -> dx",
+    ]  # fmt: skip
+    eager_steps(led, steps, rows, n, per_row=("rs", "drs", "dt"))
     if programs is None:
         programs = rmsnorm_config(rows, n, dtype, backward=True, gpu=True)["programs"]
     step = "rmsnorm bwd"
@@ -597,21 +547,18 @@ _launch_bwd = Launcher(_rmsnorm_bwd_kernel)
 
 def _forward(x, weight, residual, eps, layouts, cfg, store_rstd):
     """Launch the forward kernel: ``(y, h, rstd)`` (h is None without a residual, rstd None unless asked)."""
-    n_cols = x.shape[-1]
+    lx = layouts[0]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
-    lx = layouts[0]
     rstd = torch.empty(lx.n_rows, dtype=torch.float32, device=x.device) if store_rstd else None
     if x.numel() == 0:
         return y, h, rstd
     lr = layouts[1] if residual is not None else lx
     _launch_fwd(
         (cdiv(lx.n_rows, cfg["BLOCK_M"]),), x, residual if residual is not None else x, weight,
-        h if h is not None else y, y, rstd if rstd is not None else y, lx.n_rows, n_cols, lx.n_inner, lx.stride_b,
+        h if h is not None else y, y, rstd if rstd is not None else y, lx.n_rows, lx.n_cols, lx.n_inner, lx.stride_b,
         lx.stride_m, lr.stride_b, lr.stride_m, eps,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=lx.two_level,
-        HAS_RESIDUAL=residual is not None, STORE_RSTD=store_rstd, **forward_flags(cfg, lx.n_rows, n_cols),
-        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+        HAS_RESIDUAL=residual is not None, STORE_RSTD=store_rstd, **forward_flags(cfg, lx),
     )  # fmt: skip
     return y, h, rstd
 
@@ -619,41 +566,27 @@ def _forward(x, weight, residual, eps, layouts, cfg, store_rstd):
 def _backward(dy, grad_h, h, layout_h, weight, rstd, cfg, need_dx, need_dw):
     """``(dx, dw)``: one kernel for dx and the dw partials, one for their sum (None where not needed)."""
     n_rows, n_cols = layout_h.n_rows, layout_h.n_cols
-    dtype = h.dtype
-    dx = torch.empty(h.shape, dtype=dtype, device=h.device) if need_dx else None
+    dx = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_dx else None
+    dw = torch.zeros(n_cols, dtype=weight.dtype, device=weight.device) if need_dw else None
     if dy is None:  # only h was used downstream: y's branch contributes nothing
-        if need_dx and grad_h is not None:
-            dx.copy_(grad_h)
-        elif need_dx:
-            dx.zero_()
-        dw = torch.zeros(n_cols, dtype=weight.dtype, device=weight.device) if need_dw else None
+        if need_dx:
+            dx.copy_(grad_h) if grad_h is not None else dx.zero_()
         return dx, dw
     if n_rows == 0 or n_cols == 0:
-        dw = torch.zeros(n_cols, dtype=weight.dtype, device=weight.device) if need_dw else None
         return dx, dw
-    if cfg is None:
-        cfg = rmsnorm_config(n_rows, n_cols, dtype, backward=True)
-    dy, stride_dy = grad_rows(dy.to(dtype))
+    cfg = cfg or rmsnorm_config(n_rows, n_cols, h.dtype, backward=True)
+    dy, stride_dy = grad_rows(dy.to(h.dtype))
     has_dh = grad_h is not None and need_dx
-    if has_dh:
-        grad_h, stride_dh = grad_rows(grad_h.to(dtype))
-    else:
-        stride_dh = 0
-    programs, rows_per_program = backward_blocks(cfg, n_rows)
-    part = torch.empty((1, programs, n_cols), dtype=torch.float32, device=h.device) if need_dw else None
-    c = torch.empty(n_rows, dtype=torch.float32, device=h.device) if (need_dx and not cfg["SINGLE_TILE"]) else None
-    dummy = rstd
+    grad_h, stride_dh = grad_rows(grad_h.to(h.dtype)) if has_dh else (dy, 0)
+    programs, rows_per_program, part, c = backward_buffers(cfg, n_rows, n_cols, int(need_dw), int(need_dx), h.device)
     _launch_bwd(
-        (programs,), dy, h, weight, rstd, grad_h if has_dh else dy, dx if dx is not None else dummy,
-        part if part is not None else dummy, c if c is not None else dummy, n_rows, n_cols, layout_h.n_inner,
-        rows_per_program, stride_dy, layout_h.stride_b, layout_h.stride_m, stride_dh,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"],
-        TWO_LEVEL=layout_h.two_level, HAS_DH=has_dh, COMPUTE_DX=need_dx, COMPUTE_DW=need_dw, **backward_flags(cfg),
-        REREAD=bool(cfg.get("REREAD")) and cfg["SINGLE_TILE"],
-        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+        (programs,), dy, h, weight, rstd, grad_h, rstd if dx is None else dx, rstd if part is None else part,
+        rstd if c is None else c, n_rows, n_cols, layout_h.n_inner, rows_per_program, stride_dy, layout_h.stride_b,
+        layout_h.stride_m, stride_dh,
+        HAS_DH=has_dh, COMPUTE_DX=need_dx, COMPUTE_DW=need_dw, REREAD=bool(cfg.get("REREAD")) and cfg["SINGLE_TILE"],
+        **backward_flags(cfg, layout_h),
     )  # fmt: skip
-    dw = sum_partials(part, weight.dtype, checked=True)[0] if need_dw else None
-    return dx, dw
+    return dx, (sum_partials(part, weight.dtype, checked=True)[0] if need_dw else None)
 
 
 class RMSNormFunction(torch.autograd.Function):
@@ -707,30 +640,10 @@ def rmsnorm(
     below N forces the two-pass path.
     """
     op = OP
-    check_tensor(x, "x", op=op, contiguous=False, grad=True, max_numel=None)
-    check_tensor(weight, "weight", op=op, ndim=1, grad=True, max_numel=None)
-    eps = check_eps(eps, op)
-    others = {}
-    if residual is not None:
-        check_tensor(residual, "residual", op=op, contiguous=False, grad=True, max_numel=None)
-        if residual.dtype != x.dtype or residual.shape != x.shape:
-            raise KernelInputError(
-                f"{op}: residual must have x's shape and dtype, got {tuple(residual.shape)} {residual.dtype} for "
-                f"x {tuple(x.shape)} {x.dtype}."
-            )
-        others["residual"] = residual
-    layouts = check_rows(x, "x", others, op)
+    layouts, eps = check_norm(x, weight, eps, {} if residual is None else {"residual": residual}, op)
     n_rows, n_cols = layouts[0].n_rows, layouts[0].n_cols
-    if weight.shape[0] != n_cols:
-        raise KernelInputError(
-            f"{op}: weight has {weight.shape[0]} elements but x has {n_cols} columns (shape {tuple(x.shape)}); "
-            "weight must have shape (N,) where N is x's last dimension."
-        )
-    if weight.device != x.device:
-        raise KernelInputError(f"{op}: x and weight must be on the same device, got {x.device} and {weight.device}.")
     fwd_cfg, bwd_cfg = configs_with_overrides(rmsnorm_config, n_rows, n_cols, x.dtype, fwd_config, bwd_config, op)
-    needs_grad = x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)
-    if needs_grad and torch.is_grad_enabled():
+    if wants_grad(x, weight, residual):
         return RMSNormFunction.apply(x, weight, residual, eps, layouts, fwd_cfg, bwd_cfg)
     y, h, _ = _forward(x, weight, residual, eps, layouts, fwd_cfg, store_rstd=False)
     return y if residual is None else (y, h)
