@@ -298,8 +298,8 @@ def _huge_stats(mean, rstd, ssq, h_ptr, rows, row_ok, n_cols, eps, RMS: tl.const
     """(mean, rstd) with the rows whose sum of squares overflowed redone on the stored h, scaled."""
     h_rows = h_ptr + rows.to(tl.int64) * n_cols
     if RMS:
-        return mean, _huge_rms_rstd(rstd, ssq, h_rows, row_ok, n_cols, eps, 4 * BLOCK_Q)
-    return _huge_ln_stats(mean, rstd, ssq, h_rows, row_ok, n_cols, tl.zeros_like(mean), eps, 4 * BLOCK_Q)
+        return mean, _huge_rms_rstd(rstd, ssq, h_rows, row_ok, n_cols, eps, BLOCK_Q // 2)
+    return _huge_ln_stats(mean, rstd, ssq, h_rows, row_ok, n_cols, tl.zeros_like(mean), eps, BLOCK_Q // 2)
 
 
 @triton.jit(do_not_specialize=["seed", "offset"])  # a fresh seed every call: never a recompile

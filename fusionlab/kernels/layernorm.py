@@ -236,14 +236,20 @@ def _ln_tile_centred(xs, d, offs, mask_m, n_cols, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _ln_rstd(d, m2, x_rows, mask_m, n_cols, k, eps, BLOCK_N: tl.constexpr):
-    """``(mean - k, rstd)`` from the rows' centred sums of squares m2; a row of finite values whose m2
-    overflows fp32 (values near 1e19 and past, e.g. one 1e38 among zeros) is redone on its values
-    scaled by 1 / max|x - k| (_norms, huge rows): one compare a block, after the reductions."""
-    rstd = tl.math.rsqrt(m2 / n_cols + eps)
-    if _overflowed(m2):
-        d, rstd = _huge_ln_stats(d, rstd, m2, x_rows, mask_m, n_cols, k, eps, BLOCK_N)
-    return d, rstd
+def _ln_huge_rows(x_rows, w_ptr, b_ptr, y_rows, mask_m, n_cols, k, d, rstd, m2, eps, HAS_BIAS: tl.constexpr,
+                  BLOCK_N: tl.constexpr):  # fmt: skip
+    """``(mean - k, rstd)`` of a block where a row of finite values had its centred sum of squares m2
+    past fp32 (values near 1e19 and past, one 1e38 among zeros): such rows' statistics redone on
+    their values scaled by 1 / max|x - k| (_norms, huge rows) and their y written again. A rare fix-up
+    after the block's stores, in small tiles: it holds no tile of the row while the row is on chip."""
+    d2, rstd2 = _huge_ln_stats(d, rstd, m2, x_rows, mask_m, n_cols, k, eps, BLOCK_N)
+    redo = mask_m & ((d2 != d) | (rstd2 != rstd))
+    offs_n = tl.arange(0, BLOCK_N)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + offs_n
+        xs = _ln_tile_shifted(x_rows, offs, redo, n_cols, k, False)
+        _ln_tile_y(y_rows, w_ptr, b_ptr, offs, redo, n_cols, xs - d2[:, None], rstd2, False, HAS_BIAS)
+    return d2, rstd2
 
 
 @triton.jit
@@ -303,11 +309,14 @@ def _layernorm_kernel(
         if TAIL_N > 0:
             xc_t = _ln_tile_centred(xs_t, d, offs_t, mask_m, n_cols, False)
             m2 += tl.sum(xc_t * xc_t, axis=1)
-        d, rstd = _ln_rstd(d, m2, x_rows, mask_m, n_cols, k, eps, BLOCK_N)
+        rstd = tl.math.rsqrt(m2 / n_cols + eps)
         # (padding lanes of xs - d are never stored)
         _ln_tile_y(y_rows, w_ptr, b_ptr, offs_n, mask_m, n_cols, xs - d[:, None], rstd, EVEN, HAS_BIAS)
         if TAIL_N > 0:
             _ln_tile_y(y_rows, w_ptr, b_ptr, offs_t, mask_m, n_cols, xs_t - d[:, None], rstd, False, HAS_BIAS)
+        if _overflowed(m2):
+            d, rstd = _ln_huge_rows(x_rows, w_ptr, b_ptr, y_rows, mask_m, n_cols, k, d, rstd, m2, eps, HAS_BIAS,
+                                    BLOCK_N // 8)  # fmt: skip
     else:
         # pass 1: shifted by the row's first element k (as above); each tile centred on its own mean,
         # tiles merged by Chan et al.'s formula
@@ -328,7 +337,9 @@ def _layernorm_kernel(
             n_ab = n_a + n_b
             d += delta * (n_b / n_ab)
             m2 += m2_b + delta * delta * (n_a * n_b / n_ab)
-        d, rstd = _ln_rstd(d, m2, x_rows, mask_m, n_cols, k, eps, BLOCK_N)
+        rstd = tl.math.rsqrt(m2 / n_cols + eps)
+        if _overflowed(m2):  # before pass 2, which writes y with them
+            d, rstd = _huge_ln_stats(d, rstd, m2, x_rows, mask_m, n_cols, k, eps, BLOCK_N // 8)
         for start in range(0, n_cols, BLOCK_N):  # pass 2: re-read x, write y
             offs = start + offs_n
             mask_n = offs < n_cols

@@ -373,7 +373,7 @@ def _rmsnorm_kernel(
             sq += tl.sum(hf_t * hf_t, axis=1)
         rstd = tl.math.rsqrt(sq / n_cols + eps)  # (BLOCK_M,) fp32; eps inside the root
         if _overflowed(sq):  # a row's squares past fp32: its statistic redone on h / max|h| (_norms)
-            rstd = _huge_rms_rstd(rstd, sq, h_rows if HAS_RESIDUAL else x_rows, mask_m, n_cols, eps, BLOCK_N)
+            rstd = _huge_rms_rstd(rstd, sq, h_rows if HAS_RESIDUAL else x_rows, mask_m, n_cols, eps, BLOCK_N // 8)
         _fwd_tile_y(y_rows, w_ptr, offs_n, mask_m, n_cols, hf, rstd, EVEN)
         if TAIL_N > 0:
             _fwd_tile_y(y_rows, w_ptr, offs_t, mask_m, n_cols, hf_t, rstd, False)
@@ -394,7 +394,7 @@ def _rmsnorm_kernel(
         sq = tl.sum(acc, axis=1)
         rstd = tl.math.rsqrt(sq / n_cols + eps)
         if _overflowed(sq):
-            rstd = _huge_rms_rstd(rstd, sq, h_rows if HAS_RESIDUAL else x_rows, mask_m, n_cols, eps, BLOCK_N)
+            rstd = _huge_rms_rstd(rstd, sq, h_rows if HAS_RESIDUAL else x_rows, mask_m, n_cols, eps, BLOCK_N // 8)
         # the h this program stored is read back below: make every thread's stores visible first
         tl.debug_barrier()
         n_tiles = tl.cdiv(n_cols, BLOCK_N)
@@ -426,26 +426,36 @@ def _bwd_tile(dy_ptr, h_rows, rows, offs, mask_m, mask_n, stride_dym, CACHE: tl.
 
 
 @triton.jit
-def _bwd_store_dx(
-    dx_ptr, dh_ptr, rows, offs, mask_m, mask_n, g, hf, rstd, c, n_cols, stride_dhm, huge, HAS_DH: tl.constexpr
-):
-    """dx = g rstd - h c (+ grad_h) on one tile of the rows, g = dy w, c = rstd³ mean(g h); ``huge``
-    (:func:`_huge_c`): dx = g rstd - (h rstd) c, c = rstd mean(g h rstd)."""
+def _bwd_store_dx(dx_ptr, dh_ptr, rows, offs, mask_m, mask_n, g, hf, rstd, c, n_cols, stride_dhm, HAS_DH: tl.constexpr):
+    """dx = g rstd - h c (+ grad_h) on one tile of the rows, g = dy w, c = rstd³ mean(g h)."""
     mask = mask_m[:, None] & mask_n[None, :]
-    if huge:
-        dh = g * rstd[:, None] - (hf * rstd[:, None]) * c[:, None]
-    else:
-        dh = g * rstd[:, None] - hf * c[:, None]
+    dh = g * rstd[:, None] - hf * c[:, None]
     if HAS_DH:  # the caller used h too: its gradient joins the one through y
         dh += tl.load(dh_ptr + rows[:, None] * stride_dhm + offs[None, :], mask=mask, other=0.0).to(tl.float32)
     tl.store(dx_ptr + rows[:, None] * n_cols + offs[None, :], dh.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _huge_c(rstd):
-    """Whether a block holds a row of rms past 2**32 (rstd below 2**-32, its huge values redone in the
-    forward): rstd³ underflows fp32 there, so its c is formed as rstd mean(g h rstd) instead."""
-    return tl.min(rstd, axis=0) < 2.3283064e-10
+def _huge_rows_dx(dy_ptr, h_rows, w_ptr, dh_ptr, dx_ptr, rows, mask_m, rstd, n_cols, stride_dym, stride_dhm,
+                  HAS_DH: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """dx of a block holding a row of rms past 2**32 (rstd below 2**-32: its forward redid it, _norms),
+    where rstd³ underflows fp32: the row read again, dx = g rstd - n c (+ grad_h) with n = h rstd,
+    c = rstd mean(g n). A rare path, after the block's other stores; small tiles, few registers."""
+    tl.debug_barrier()  # the dx this block stored first is overwritten
+    offs_n = tl.arange(0, BLOCK_N)
+    c = tl.zeros_like(rstd)
+    for start in range(0, n_cols, BLOCK_N):
+        mask_n = start + offs_n < n_cols
+        dy, hf = _bwd_tile(dy_ptr, h_rows, rows, start + offs_n, mask_m, mask_n, stride_dym, "")
+        w = tl.load(w_ptr + start + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        c += tl.sum(dy * w[None, :] * (hf * rstd[:, None]), axis=1)
+    c = c * rstd / n_cols
+    for start in range(0, n_cols, BLOCK_N):
+        mask_n = start + offs_n < n_cols
+        dy, hf = _bwd_tile(dy_ptr, h_rows, rows, start + offs_n, mask_m, mask_n, stride_dym, "")
+        w = tl.load(w_ptr + start + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        _bwd_store_dx(dx_ptr, dh_ptr, rows, start + offs_n, mask_m, mask_n, dy * w[None, :], hf * rstd[:, None],
+                      rstd, c, n_cols, stride_dhm, HAS_DH)  # fmt: skip
 
 
 @triton.jit
@@ -484,17 +494,11 @@ def _rmsnorm_bwd_kernel(
             if TAIL_N > 0:
                 dy_t, hf_t = _bwd_tile(dy_ptr, h_rows, rows, offs_t, mask_m, mask_t, stride_dym, "")
             rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=1.0)
-            huge = _huge_c(rstd)
             if COMPUTE_DX:
                 gh = tl.sum(dy * w[None, :] * hf, axis=1)
                 if TAIL_N > 0:
                     gh += tl.sum(dy_t * w_t[None, :] * hf_t, axis=1)
                 c = gh * (rstd * rstd * rstd) / n_cols
-                if huge:
-                    gh = tl.sum(dy * w[None, :] * (hf * rstd[:, None]), axis=1)
-                    if TAIL_N > 0:
-                        gh += tl.sum(dy_t * w_t[None, :] * (hf_t * rstd[:, None]), axis=1)
-                    c = gh * rstd / n_cols
             # dx and the dw partials, the tail first. REREAD: each part's dy and h are loaded again (just
             # read, the L2 holds them), so the compiler keeps one part live, not the whole row: a row of
             # 16384 then leaves registers for the dw sums and the next row in flight
@@ -504,19 +508,22 @@ def _rmsnorm_bwd_kernel(
                     dy_t, hf_t = _bwd_tile(dy_ptr, h_rows, rows, offs_t, mask_m, mask_t, stride_dym, ".cg")
                 if COMPUTE_DX:
                     g_t = dy_t * w_t[None, :]
-                    _bwd_store_dx(dx_ptr, dh_ptr, rows, offs_t, mask_m, mask_t, g_t, hf_t, rstd, c, n_cols, stride_dhm,
-                                  huge, HAS_DH)  # fmt: skip
+                    _bwd_store_dx(
+                        dx_ptr, dh_ptr, rows, offs_t, mask_m, mask_t, g_t, hf_t, rstd, c, n_cols, stride_dhm, HAS_DH
+                    )
                 if COMPUTE_DW:  # y = round(n) * w: dw sees the rounded normalised row, as autograd does
                     acc_t += dy_t * (hf_t * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
             if REREAD:
                 dy, hf = _bwd_tile(dy_ptr, h_rows, rows, offs_n, mask_m, mask_n, stride_dym, ".cg")
             if COMPUTE_DX:
                 g = dy * w[None, :]
-                _bwd_store_dx(
-                    dx_ptr, dh_ptr, rows, offs_n, mask_m, mask_n, g, hf, rstd, c, n_cols, stride_dhm, huge, HAS_DH
-                )
+                _bwd_store_dx(dx_ptr, dh_ptr, rows, offs_n, mask_m, mask_n, g, hf, rstd, c, n_cols, stride_dhm, HAS_DH)
             if COMPUTE_DW:
                 acc += dy * (hf * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
+            if COMPUTE_DX:
+                if tl.min(rstd, axis=0) < 2.3283064e-10:  # rstd < 2**-32 (masked rows read 1)
+                    _huge_rows_dx(dy_ptr, h_rows, w_ptr, dh_ptr, dx_ptr, rows, mask_m, rstd, n_cols, stride_dym,
+                                  stride_dhm, HAS_DH, BLOCK_N // 8)  # fmt: skip
         if COMPUTE_DW:
             tl.store(dwp_ptr + pid.to(tl.int64) * n_cols + offs_n, tl.sum(acc, axis=0), mask=mask_n)
             if TAIL_N > 0:
@@ -538,16 +545,10 @@ def _rmsnorm_bwd_kernel(
                     w = tl.load(w_ptr + offs, mask=mask_n, other=0.0).to(tl.float32)
                     acc1 += dy.to(tl.float32) * w[None, :] * hf
                 rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=1.0)
-                c = tl.sum(acc1, axis=1) * (rstd * rstd * rstd) / n_cols
-                if _huge_c(rstd):  # c = rstd mean(g h rstd), the row read again (_bwd_store_dx)
-                    c = tl.zeros_like(rstd)
-                    for start in range(0, n_cols, BLOCK_N):
-                        dy, hf = _bwd_tile(dy_ptr, h_rows, rows, start + offs_n, mask_m, start + offs_n < n_cols,
-                                           stride_dym, "")  # fmt: skip
-                        w = tl.load(w_ptr + start + offs_n, mask=start + offs_n < n_cols, other=0.0).to(tl.float32)
-                        c += tl.sum(dy * w[None, :] * (hf * rstd[:, None]), axis=1)
-                    c = c * rstd / n_cols
-                tl.store(c_ptr + offs_m, c, mask=mask_m)
+                tl.store(c_ptr + offs_m, tl.sum(acc1, axis=1) * (rstd * rstd * rstd) / n_cols, mask=mask_m)
+                if tl.min(rstd, axis=0) < 2.3283064e-10:  # as above; phase 2 leaves these rows' dx
+                    _huge_rows_dx(dy_ptr, h_rows, w_ptr, dh_ptr, dx_ptr, rows, mask_m, rstd, n_cols, stride_dym,
+                                  stride_dhm, HAS_DH, BLOCK_N // 8)  # fmt: skip
             tl.debug_barrier()  # phase 2's threads read c values other threads stored
         # phase 2: tiles outside, rows inside, so one tile's dw partial stays in registers
         for start in range(0, n_cols, BLOCK_N):
@@ -563,11 +564,18 @@ def _rmsnorm_bwd_kernel(
                 h_rows = h_ptr + _row_offsets(rows, n_inner, stride_hb, stride_hm, TWO_LEVEL)
                 dy = tl.load(dy_ptr + rows[:, None] * stride_dym + offs[None, :], mask=mask, other=0.0).to(tl.float32)
                 hf = tl.load(h_rows[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
-                rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=1.0)
+                rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
                 if COMPUTE_DX:
                     c = tl.load(c_ptr + offs_m, mask=mask_m, other=0.0)
-                    _bwd_store_dx(dx_ptr, dh_ptr, rows, offs, mask_m, mask_n, dy * w[None, :], hf, rstd, c, n_cols,
-                                  stride_dhm, _huge_c(rstd), HAS_DH)  # fmt: skip
+                    dh = dy * w[None, :] * rstd[:, None] - hf * c[:, None]
+                    if HAS_DH:
+                        dh += tl.load(dh_ptr + rows[:, None] * stride_dhm + offs[None, :], mask=mask, other=0.0).to(
+                            tl.float32
+                        )
+                    mask_dx = (mask_m & (rstd >= 2.3283064e-10))[:, None] & mask_n[None, :]
+                    tl.store(
+                        dx_ptr + rows[:, None] * n_cols + offs[None, :], dh.to(dx_ptr.dtype.element_ty), mask=mask_dx
+                    )
                 if COMPUTE_DW:
                     nrm = (hf * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
                     acc += dy * nrm

@@ -136,7 +136,7 @@ def _rmsnorm_rstd_kernel(x_ptr, rstd_ptr, n_rows, n_cols, stride_xm, eps, BLOCK_
     sq = tl.sum(acc, axis=1)
     rstd = 1.0 / tl.sqrt(sq / n_cols + eps)
     if _overflowed(sq):  # a row's squares past fp32: redone on x / max|x| (kernels._norms, huge rows)
-        rstd = _huge_rms_rstd(rstd, sq, x_ptr + offs_m.to(tl.int64) * stride_xm, mask_m, n_cols, eps, BLOCK_N)
+        rstd = _huge_rms_rstd(rstd, sq, x_ptr + offs_m.to(tl.int64) * stride_xm, mask_m, n_cols, eps, BLOCK_N // 8)
     tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
 
 
