@@ -35,12 +35,11 @@ One kernel reads dy, h, w, rstd (and grad_h) and writes dx, also the residual's 
 a cross-program reduction: each of P programs walks a contiguous block of rows, sums ``dy *
 round(n)`` in fp32 registers and writes one row of a ``(P, N)`` fp32 buffer; a second small kernel
 adds the P rows in a fixed order. No atomics: their order of arrival changes from run to run, and
-fp32 addition is not associative, so dw would differ in its last bits between identical calls. Rows
-wider than the backward tile run two phases: phase 1 computes each row's ``rstd³ mean(g h)``, phase 2
-walks the tiles with the rows inside, so a tile's dw partial stays in registers (the backward's
-re-read term). A row of 12289-16384 16-bit elements is walked as two halves, each loaded twice
-(``REREAD``: the second load comes from L2), so only one half is live at a time. A row of rms past
-2**32 (rstd³ below fp32) has its dx formed as ``rstd (g - n mean(g n))`` instead.
+fp32 addition is not associative. Rows wider than the backward tile run two phases: phase 1 computes
+each row's ``rstd³ mean(g h)``, phase 2 walks the tiles with the rows inside, so a tile's dw partial
+stays in registers (the backward's re-read term). A row of 12289-16384 16-bit elements is walked as
+two halves, each loaded twice (``REREAD``: the second load from L2), so one half is live at a time.
+A row of rms past 2**32 (rstd³ below fp32) has its dx redone as ``rstd (g - n mean(g n))``.
 
 **Layout**: x and r of any shape ``(..., N)`` with a last dimension of stride 1 and leading dimensions
 that merge into at most two (size, stride) levels (``x[:, :-1]`` of a ``(B, T, N)`` tensor,
@@ -88,12 +87,9 @@ OP = "rmsnorm"
 # -- spec, eager, ledger, flops ------------------------------------------------------------------------
 @answer_key
 def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
-    """The spec, in float64 arithmetic with the model's roundings: ``h = x + r`` rounded to x's dtype;
-    ``n = h * rsqrt(mean(h², -1) + eps)`` rounded to x's dtype; ``y = n * w`` rounded to x's dtype.
-
-    Returns y, or ``(y, h)`` with a residual. On float64 inputs no rounding happens: the exact RMSNorm
-    (differentiable, for gradient checks against torch autograd).
-    """
+    """The spec in float64 with the model's roundings: ``h = x + r``, ``n = h * rsqrt(mean(h², -1) +
+    eps)`` and ``y = n * w`` each rounded to x's dtype. Returns y, or ``(y, h)`` with a residual; on
+    float64 inputs, the exact RMSNorm (differentiable, for gradient checks against autograd)."""
     d = x.dtype
     h = x if residual is None else (x.double() + residual.double()).to(d)
     hf = h.double()
@@ -190,9 +186,8 @@ def rmsnorm_ledger(rows: int, n: int, dtype, residual: bool = True, weight_dtype
 
 
 def rmsnorm_flops(rows: int, n: int, residual: bool = True, *, backward: bool = False) -> int:
-    """Nominal FLOPs. Forward, per element: the residual add (1), square and sum (2), times rstd (1),
-    times w (1); backward: g = dy w (1), g h and its sum (2), rstd g (1), h c (1), the difference (1),
-    grad_h (1), round(n) (1), dy n and its sum (2)."""
+    """Nominal FLOPs an element. Forward: add (1), square and sum (2), times rstd, times w (2); backward:
+    dy w, g h and sum, rstd g, h c, difference, grad_h, round(n), dy n and sum (11)."""
     per = (11 if residual else 10) if backward else (5 if residual else 4)
     return per * int(rows) * int(n)
 
@@ -359,26 +354,34 @@ def _bwd_store_dx(dx_ptr, dh_ptr, rows, offs, mask_m, mask_n, g, hf, rstd, c, n_
 
 
 @triton.jit
-def _huge_rows_dx(dy_ptr, h_rows, w_ptr, dh_ptr, dx_ptr, rows, mask_m, rstd, n_cols, stride_dym, stride_dhm,
-                  HAS_DH: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """dx of a block holding a row of rms past 2**32 (rstd below 2**-32: its forward redid it, _norms),
-    where rstd³ underflows fp32: the row read again, dx = g rstd - n c (+ grad_h) with n = h rstd,
-    c = rstd mean(g n). A rare path, after the block's other stores; small tiles, few registers."""
-    tl.debug_barrier()  # the dx this block stored first is overwritten
-    offs_n = tl.arange(0, BLOCK_N)
-    c = tl.zeros_like(rstd)
-    for start in range(0, n_cols, BLOCK_N):
-        mask_n = start + offs_n < n_cols
-        dy, hf = _bwd_tile(dy_ptr, h_rows, rows, start + offs_n, mask_m, mask_n, stride_dym, "")
-        w = tl.load(w_ptr + start + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        c += tl.sum(dy * w[None, :] * (hf * rstd[:, None]), axis=1)
-    c = c * rstd / n_cols
-    for start in range(0, n_cols, BLOCK_N):
-        mask_n = start + offs_n < n_cols
-        dy, hf = _bwd_tile(dy_ptr, h_rows, rows, start + offs_n, mask_m, mask_n, stride_dym, "")
-        w = tl.load(w_ptr + start + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        _bwd_store_dx(dx_ptr, dh_ptr, rows, start + offs_n, mask_m, mask_n, dy * w[None, :], hf * rstd[:, None],
-                      rstd, c, n_cols, stride_dhm, HAS_DH)  # fmt: skip
+def _huge_rows_dx(dy_ptr, h_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, row_start, row_end, n_cols, n_inner, stride_dym,
+                  stride_hb, stride_hm, stride_dhm, TWO_LEVEL: tl.constexpr, HAS_DH: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """dx of the program's rows of rms past 2**32 (rstd below 2**-32, masked rows read 1), where rstd³
+    underflows: dx = g rstd - n c (+ grad_h), n = h rstd, c = rstd mean(g n), over the dx stored first.
+    A rare path after the loop (control flow in it would stop the next rows' loads being prefetched)."""
+    tl.debug_barrier()
+    offs_n = tl.arange(0, BLOCK_N // 8)  # an eighth of the row's tile: few registers
+    for m0 in range(row_start, row_end, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < row_end
+        rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=1.0)
+        if tl.min(rstd, axis=0) < 2.3283064e-10:
+            rows = offs_m.to(tl.int64)
+            h_rows = h_ptr + _row_offsets(rows, n_inner, stride_hb, stride_hm, TWO_LEVEL)
+            c = tl.zeros_like(rstd)
+            for start in range(0, n_cols, BLOCK_N // 8):
+                mask_n = start + offs_n < n_cols
+                dy, hf = _bwd_tile(dy_ptr, h_rows, rows, start + offs_n, mask_m, mask_n, stride_dym, "")
+                w = tl.load(w_ptr + start + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+                c += tl.sum(dy * w[None, :] * (hf * rstd[:, None]), axis=1)
+            c = c * rstd / n_cols
+            for start in range(0, n_cols, BLOCK_N // 8):
+                mask_n = start + offs_n < n_cols
+                dy, hf = _bwd_tile(dy_ptr, h_rows, rows, start + offs_n, mask_m, mask_n, stride_dym, "")
+                w = tl.load(w_ptr + start + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+                _bwd_store_dx(dx_ptr, dh_ptr, rows, start + offs_n, mask_m, mask_n, dy * w[None, :],
+                              hf * rstd[:, None], rstd, c, n_cols, stride_dhm, HAS_DH)  # fmt: skip
 
 
 @triton.jit
@@ -396,6 +399,7 @@ def _rmsnorm_bwd_kernel(
     row_start = pid * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
     offs_n = tl.arange(0, BLOCK_N)
+    huge = tl.full([], 0, tl.int32)  # whether a row of the program has rms past 2**32 (_huge_rows_dx)
     if SINGLE_TILE:
         # the row on chip: one BLOCK_N tile, or (TAIL_N > 0) a BLOCK_N head and a TAIL_N tail, so a
         # row of 11008 takes 12288 lanes, not 16384 (rmsnorm_config's "tail")
@@ -443,10 +447,7 @@ def _rmsnorm_bwd_kernel(
                 _bwd_store_dx(dx_ptr, dh_ptr, rows, offs_n, mask_m, mask_n, g, hf, rstd, c, n_cols, stride_dhm, HAS_DH)
             if COMPUTE_DW:
                 acc += dy * (hf * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
-            if COMPUTE_DX:
-                if tl.min(rstd, axis=0) < 2.3283064e-10:  # rstd < 2**-32 (masked rows read 1)
-                    _huge_rows_dx(dy_ptr, h_rows, w_ptr, dh_ptr, dx_ptr, rows, mask_m, rstd, n_cols, stride_dym,
-                                  stride_dhm, HAS_DH, BLOCK_N // 8)  # fmt: skip
+            huge = tl.maximum(huge, (tl.min(rstd, axis=0) < 2.3283064e-10).to(tl.int32))
         if COMPUTE_DW:
             tl.store(dwp_ptr + pid.to(tl.int64) * n_cols + offs_n, tl.sum(acc, axis=0), mask=mask_n)
             if TAIL_N > 0:
@@ -467,9 +468,7 @@ def _rmsnorm_bwd_kernel(
                     acc1 += dy * w[None, :] * hf
                 rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=1.0)
                 tl.store(c_ptr + offs_m, tl.sum(acc1, axis=1) * (rstd * rstd * rstd) / n_cols, mask=mask_m)
-                if tl.min(rstd, axis=0) < 2.3283064e-10:  # as above; phase 2 leaves these rows' dx
-                    _huge_rows_dx(dy_ptr, h_rows, w_ptr, dh_ptr, dx_ptr, rows, mask_m, rstd, n_cols, stride_dym,
-                                  stride_dhm, HAS_DH, BLOCK_N // 8)  # fmt: skip
+                huge = tl.maximum(huge, (tl.min(rstd, axis=0) < 2.3283064e-10).to(tl.int32))
             tl.debug_barrier()  # phase 2's threads read c values other threads stored
         # phase 2: tiles outside, rows inside, so one tile's dw partial stays in registers
         for start in range(0, n_cols, BLOCK_N):
@@ -493,15 +492,17 @@ def _rmsnorm_bwd_kernel(
                         dh += tl.load(dh_ptr + rows[:, None] * stride_dhm + offs[None, :], mask=mask, other=0.0).to(
                             tl.float32
                         )
-                    mask_dx = (mask_m & (rstd >= 2.3283064e-10))[:, None] & mask_n[None, :]
-                    tl.store(
-                        dx_ptr + rows[:, None] * n_cols + offs[None, :], dh.to(dx_ptr.dtype.element_ty), mask=mask_dx
-                    )
+                    tl.store(dx_ptr + rows[:, None] * n_cols + offs[None, :], dh.to(dx_ptr.dtype.element_ty), mask=mask)
                 if COMPUTE_DW:
                     nrm = (hf * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
                     acc += dy * nrm
             if COMPUTE_DW:
                 tl.store(dwp_ptr + pid.to(tl.int64) * n_cols + offs, tl.sum(acc, axis=0), mask=mask_n)
+    if COMPUTE_DX:
+        if huge > 0:
+            _huge_rows_dx(dy_ptr, h_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, row_start, row_end, n_cols, n_inner,
+                          stride_dym, stride_hb, stride_hm, stride_dhm, TWO_LEVEL, HAS_DH, BLOCK_M,
+                          BLOCK_N)  # fmt: skip
 
 
 # -- launchers ------------------------------------------------------------------------------------------
@@ -589,8 +590,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: 
     Numerics and the backward: the module docstring; reference: :func:`rmsnorm_reference`; trips:
     :func:`rmsnorm_ledger`. ``fwd_config``/``bwd_config``: overrides of :func:`rmsnorm_config`'s
     choice (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``programs``, ``num_stages``, ``row_stages``) for
-    tuning and tests; a ``BLOCK_N`` below N forces the two-pass path.
-    """
+    tuning and tests; a ``BLOCK_N`` below N forces the two-pass path."""
     layouts, eps = check_norm(x, weight, eps, {} if residual is None else {"residual": residual}, OP)
     n_rows, n_cols = layouts[0].n_rows, layouts[0].n_cols
     fwd_cfg, bwd_cfg = configs_with_overrides(rmsnorm_config, n_rows, n_cols, x.dtype, fwd_config, bwd_config, OP)
