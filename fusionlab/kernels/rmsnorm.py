@@ -353,7 +353,7 @@ def _bwd_store_dx(dx_ptr, dh_ptr, rows, offs, mask_m, mask_n, g, hf, rstd, c, n_
     tl.store(dx_ptr + rows[:, None] * n_cols + offs[None, :], dh.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(noinline=True)  # a call: the rare path's registers apart (notes_norms.md)
 def _huge_rows_dx(dy_ptr, h_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, row_start, row_end, n_cols, n_inner, stride_dym,
                   stride_hb, stride_hm, stride_dhm, TWO_LEVEL: tl.constexpr, HAS_DH: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
