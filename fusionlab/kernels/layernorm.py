@@ -235,7 +235,7 @@ def _ln_tile_centred(xs, d, offs, mask_m, n_cols, EVEN: tl.constexpr):
     return tl.where(mask_m[:, None] & (offs < n_cols)[None, :], xc, 0.0)
 
 
-@triton.jit(noinline=True)  # a call: the rare path's registers apart (notes_norms.md)
+@triton.jit
 def _ln_huge_rows(x_rows, w_ptr, b_ptr, y_rows, mask_m, n_cols, k, d, rstd, m2, eps, HAS_BIAS: tl.constexpr,
                   BLOCK_N: tl.constexpr):  # fmt: skip
     """``(mean - k, rstd)`` of a block where a row of finite values had its centred sum of squares m2
