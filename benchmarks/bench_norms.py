@@ -32,6 +32,8 @@ import torch
 from fusionlab import bench, runtime
 from fusionlab.kernels import layernorm as ln
 from fusionlab.kernels import rmsnorm as rn
+from fusionlab.kernels._launch import next_pow2, sm_count
+from fusionlab.kernels._norms import apply_overrides
 
 DT = torch.bfloat16
 EPS = 1e-6
@@ -77,7 +79,7 @@ def pct(nbytes, ms, copy):
 # -- sweep -------------------------------------------------------------------------------------------
 def fwd_variants(n, rows):
     """Sweep 2: one tile against two passes for the widest rows; warps at 5120 (sweep 1's outliers)."""
-    bn = rn.next_pow2(n)
+    bn = next_pow2(n)
     if n > 8192:
         return [
             {"BLOCK_M": 1, "BLOCK_N": bn, "num_warps": 32},
@@ -144,7 +146,7 @@ def _sweep_shape(rows, n, res, copy, sms):
     dy, dh = rand((rows, n), seed=4), rand((rows, n), seed=5)
     rows_bwd = []
     for cfg in bwd_variants(n, rows, sms):
-        full = rn.apply_overrides(rn.rmsnorm_config(rows, n, DT, backward=True), cfg, n, "sweep")
+        full = apply_overrides(rn.rmsnorm_config(rows, n, DT, backward=True), cfg, n, "sweep")
         try:
             ms = bench.time_ms(lambda full=full: rn._backward(dy, dh, h, lh, w, rstd, full, True, True))
         except Exception as e:
@@ -161,7 +163,7 @@ def _sweep_shape(rows, n, res, copy, sms):
 def extra(args, res, copy):
     """Sweep 3 (before the final, same call): prefetch with a 16384 tile; the forward at 4096 x 4096;
     LayerNorm's backward with and without prefetch."""
-    sms = rn.sm_count()
+    sms = sm_count()
     lines = []
     res["extra"] = []
     for rows, n in ((32768, 11008), (4096, 11008), (32768, 16384), (4096, 16384)):
@@ -172,7 +174,7 @@ def extra(args, res, copy):
         dy, dh = rand((rows, n), seed=4), rand((rows, n), seed=5)
         for nw, stages in ((32, 1), (32, 2), (16, 2)):
             over = {"num_warps": nw, "programs": sms, "row_stages": stages}
-            full = rn.apply_overrides(rn.rmsnorm_config(rows, n, DT, backward=True), over, n, "extra")
+            full = apply_overrides(rn.rmsnorm_config(rows, n, DT, backward=True), over, n, "extra")
             args_ = (dy, dh, h, lh, w, rstd, full, True, True)
             try:
                 ms = bench.time_ms(lambda args_=args_: rn._backward(*args_))
@@ -206,7 +208,7 @@ def extra(args, res, copy):
 
 
 def sweep(args, res, copy):
-    sms = rn.sm_count()
+    sms = sm_count()
     res["fwd"], res["bwd"] = [], []
     lines = []
     for n in HIDDEN:

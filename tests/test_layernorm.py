@@ -13,7 +13,7 @@ from conftest import DTYPES, gpu_only
 from fusionlab import runtime
 from fusionlab.grading import TOLERANCES, Sandbox, poisoned
 from fusionlab.kernels import KernelInputError, _launch
-from fusionlab.kernels._launch import tail_warps
+from fusionlab.kernels._launch import DEFAULT_SMS, sm_count, tail_warps
 from fusionlab.kernels.layernorm import (
     GPU_TUNING,
     layernorm,
@@ -23,7 +23,6 @@ from fusionlab.kernels.layernorm import (
     layernorm_ledger,
     layernorm_reference,
 )
-from fusionlab.kernels.rmsnorm import DEFAULT_SMS, sm_count
 
 pytestmark = [
     pytest.mark.lesson4,

@@ -13,12 +13,11 @@ from conftest import DTYPES, gpu_only
 from fusionlab import runtime
 from fusionlab.grading import TOLERANCES, Sandbox, poisoned
 from fusionlab.kernels import KernelInputError
+from fusionlab.kernels._launch import next_pow2
+from fusionlab.kernels._norms import INTERPRETER_TUNING, apply_overrides
 from fusionlab.kernels.layernorm import layernorm_config
 from fusionlab.kernels.rmsnorm import (
     GPU_TUNING,
-    INTERPRETER_TUNING,
-    apply_overrides,
-    next_pow2,
     rmsnorm,
     rmsnorm_config,
     rmsnorm_eager,

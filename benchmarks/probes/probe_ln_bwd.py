@@ -16,7 +16,7 @@ import torch
 
 from fusionlab import bench
 from fusionlab.kernels import layernorm as ln
-from fusionlab.kernels.rmsnorm import next_pow2, sm_count
+from fusionlab.kernels._launch import next_pow2, sm_count
 from fusionlab.lessons.l4.suite import _no_donated_buffers
 
 DT = torch.bfloat16

@@ -21,7 +21,7 @@ import torch
 from fusionlab import bench
 from fusionlab.kernels import layernorm as ln
 from fusionlab.kernels import rmsnorm as rn
-from fusionlab.kernels._launch import head_and_tail
+from fusionlab.kernels._launch import head_and_tail, next_pow2
 
 EPS = 1e-5
 DT = torch.bfloat16
@@ -73,7 +73,7 @@ def main():
             with torch.no_grad():
                 y_ref = ln.layernorm(x, w, b, EPS)
             report("default", lambda: ln.layernorm(x, w, b, EPS))
-            tile = rn.next_pow2(n)
+            tile = next_pow2(n)
             if n <= 16384:
                 with_tail(False)
                 for warps in (4, 8, 16):

@@ -17,6 +17,7 @@ import torch
 
 from fusionlab import bench
 from fusionlab.kernels import rmsnorm as rn
+from fusionlab.kernels._launch import sm_count
 from fusionlab.lessons.l4.suite import DTYPE, EPS, _grad_thunk, _no_donated_buffers, rms_bwd_ledger, rms_inputs
 
 SHAPES = ((32768, 16384), (4096, 16384))
@@ -24,7 +25,7 @@ SHAPES = ((32768, 16384), (4096, 16384))
 
 def main():
     ceil = bench.ceilings()
-    sms = rn.sm_count()
+    sms = sm_count()
     print(bench.source_label(), f"copy {ceil.copy_GBps:.0f} GB/s", flush=True)
     original = rn.head_and_tail
     for rows, n in SHAPES:

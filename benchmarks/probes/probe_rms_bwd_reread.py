@@ -29,6 +29,7 @@ import torch
 
 from fusionlab import bench
 from fusionlab.kernels import rmsnorm as rn
+from fusionlab.kernels._launch import sm_count
 from fusionlab.lessons.l4.suite import DTYPE, EPS, rms_bwd_ledger, rms_inputs
 
 #: (warps, row stages, programs an SM) of the reread sweep (three stages asked 393 KiB: refused)
@@ -41,7 +42,7 @@ def sweep(shapes, variants):
     """Time the package's backward at each ``(rows, n)`` under its default and each ``(name, override)``
     of ``variants(base_config, sms)`` (overrides replace the default configuration's keys)."""
     ceil = bench.ceilings()
-    sms = rn.sm_count()
+    sms = sm_count()
     print(bench.source_label(), f"copy {ceil.copy_GBps:.0f} GB/s", flush=True)
     for rows, n in shapes:
         x, r, dy, dh, w = rms_inputs(rows, n)

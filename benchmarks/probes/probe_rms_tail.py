@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from fusionlab import bench
-from fusionlab.kernels.rmsnorm import next_pow2, rmsnorm, rmsnorm_config, rmsnorm_eager, rmsnorm_ledger
+from fusionlab.kernels._launch import next_pow2
+from fusionlab.kernels.rmsnorm import rmsnorm, rmsnorm_config, rmsnorm_eager, rmsnorm_ledger
 from fusionlab.lessons.l4.suite import DTYPE, EPS, rms_inputs
 
 SHAPES = ((4096, 11008), (32768, 11008), (4096, 20000), (32768, 20000), (32768, 8192))

@@ -21,7 +21,8 @@ import sys
 import torch
 
 from fusionlab import bench
-from fusionlab.kernels.rmsnorm import rmsnorm, rmsnorm_config, sm_count
+from fusionlab.kernels._launch import sm_count
+from fusionlab.kernels.rmsnorm import rmsnorm, rmsnorm_config
 from fusionlab.lessons.l4.suite import DTYPE, EPS, _grad_thunk, _no_donated_buffers, rms_bwd_ledger, rms_inputs
 
 ceil = bench.ceilings()

@@ -1,6 +1,7 @@
-"""What RMSNorm and LayerNorm share: the rule that reads a launch configuration off a tuning table,
-a tuning run's overrides, the backward's blocks of rows, and the deterministic sum of the weight
-gradients' partial sums (:func:`sum_partials`).
+"""What RMSNorm and LayerNorm (and lesson 4b's dropout + norm) share: the rule that reads a launch
+configuration off a tuning table, a tuning run's overrides, the entry's checks, the launch flags, the
+backward's blocks of rows and buffers, the deterministic sum of the weight gradients' partial sums
+(:func:`sum_partials`), and the ledgers' eager kernels written one a line (:func:`eager_steps`).
 
 Each norm keeps its own tuning table (``GPU_TUNING`` in :mod:`fusionlab.kernels.rmsnorm` and
 :mod:`fusionlab.kernels.layernorm`); the interpreter's is shared (:data:`INTERPRETER_TUNING`).
@@ -17,6 +18,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait  # PDL (sm_90): see pdl_supported
 
 from .. import runtime
+from ..ledger import Ledger
 from ._launch import (
     DEFAULT_SMS,
     KernelInputError,
@@ -34,6 +36,7 @@ from ._launch import (
     sm_count,
     tail_warps,
 )
+from ._rows import Rows, check_rows
 
 #: the interpreter: every program costs milliseconds of Python, so tiles are large (64 Ki elements)
 #: and few backward programs; rows past 4096 elements take the two-pass path.
@@ -126,21 +129,7 @@ def apply_overrides(cfg: dict, override: dict | None, n_cols: int, op: str) -> d
     the two-pass path."""
     if not check_overrides(override, "fwd_config/bwd_config", op=op):
         return cfg
-    cfg = dict(cfg)
-    for key, value in override.items():
-        if key in ("BLOCK_M", "BLOCK_N"):
-            cfg[key] = check_block(value, key, op)
-        elif key == "num_warps":
-            cfg[key] = check_block(value, key, op, max_value=32)
-        elif key in ("programs", "num_stages", "row_stages"):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise KernelInputError(f"{op}: {key}={value!r} must be a whole number >= 1.")
-            cfg[key] = value
-        else:
-            raise KernelInputError(
-                f"{op}: unknown configuration key {key!r}; use BLOCK_M, BLOCK_N, num_warps, programs, "
-                "num_stages, row_stages."
-            )
+    cfg = overridden(cfg, override, ("BLOCK_M", "BLOCK_N", "num_warps", "programs", "num_stages", "row_stages"), op)
     if "BLOCK_N" in override:
         cfg.pop("TAIL_N", None)  # a tile asked for is the whole tile
         cfg.pop("REREAD", None)
@@ -148,6 +137,22 @@ def apply_overrides(cfg: dict, override: dict | None, n_cols: int, op: str) -> d
     if "row_stages" not in override and cfg["BLOCK_M"] * cfg["BLOCK_N"] > STAGED_TILE:
         cfg.pop("row_stages", None)  # a larger tile than the default's: no prefetch unless asked
     check_tile(cfg["BLOCK_M"], cfg["BLOCK_N"], op=op)
+    return cfg
+
+
+def overridden(cfg: dict, override: dict, keys: tuple, op: str) -> dict:
+    """A copy of ``cfg`` with ``override``'s values, each key one of ``keys`` and each value checked:
+    tiles a power of two, warps up to 32, programs and stages whole numbers >= 1."""
+    cfg = dict(cfg)
+    for key, value in override.items():
+        if key not in keys:
+            raise KernelInputError(f"{op}: unknown configuration key {key!r}; use {', '.join(keys)}.")
+        if key in ("BLOCK_M", "BLOCK_N", "num_warps"):
+            cfg[key] = check_block(value, key, op, **({"max_value": 32} if key == "num_warps" else {}))
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise KernelInputError(f"{op}: {key}={value!r} must be a whole number >= 1.")
+        else:
+            cfg[key] = value
     return cfg
 
 
@@ -178,6 +183,68 @@ def check_eps(eps, op: str) -> float:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise KernelInputError(f"{op}: eps={eps!r} must be a finite number >= 0.")
     return float(eps)
+
+
+# -- huge rows -------------------------------------------------------------------------------------------
+# A row of finite values whose fp32 sum of squares overflows (values past ~1e19, or one 1e38) would
+# get rstd 0 (RMSNorm: y = 0) or an infinite variance (LayerNorm), where the float64 answer is finite.
+# A block of rows holding one pays a second look at its rows, on x / max|x|, where no square
+# overflows; every other block pays one compare (:func:`_overflowed`) after its reductions.
+@triton.jit
+def _overflowed(stat):
+    """Whether a row of the block has a sum of squares past fp32 (inf, or NaN after inf - inf)."""
+    return tl.max((stat != stat) | (stat == float("inf")), axis=0)
+
+
+@triton.jit
+def _shifted(x_rows, offs, mask_m, n_cols, k):
+    mask = mask_m[:, None] & (offs < n_cols)[None, :]
+    x = tl.load(x_rows[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    return tl.where(mask, x - k[:, None], 0.0)
+
+
+@triton.jit
+def _rescaled(x_rows, mask_m, n_cols, k, CENTRE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``(scale, d, m2)`` of a block of rows re-read at ``x_rows`` (row pointers) less ``k`` (LayerNorm's
+    shift; zeros for RMSNorm): ``scale = 1 / max|x - k|`` (0 for a row holding inf or NaN) and, of
+    ``u = (x - k) scale``, ``d = mean(u)`` (CENTRE, else 0) and ``m2 = sum((u - d)²)``."""
+    tl.debug_barrier()  # the row may have just been stored (h) by other threads of this program
+    offs_n = tl.arange(0, BLOCK_N)
+    amax = tl.zeros_like(k)
+    for start in range(0, n_cols, BLOCK_N):
+        amax = tl.maximum(amax, tl.max(tl.abs(_shifted(x_rows, start + offs_n, mask_m, n_cols, k)), axis=1))
+    scale = tl.where(amax < float("inf"), 1.0 / amax, 0.0)
+    d = tl.zeros_like(k)
+    if CENTRE:
+        for start in range(0, n_cols, BLOCK_N):
+            d += tl.sum(_shifted(x_rows, start + offs_n, mask_m, n_cols, k) * scale[:, None], axis=1)
+        d = d / n_cols
+    m2 = tl.zeros_like(k)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + offs_n
+        u = _shifted(x_rows, offs, mask_m, n_cols, k) * scale[:, None] - d[:, None]
+        u = tl.where(mask_m[:, None] & (offs < n_cols)[None, :], u, 0.0)
+        m2 += tl.sum(u * u, axis=1)
+    return scale, d, m2
+
+
+@triton.jit
+def _huge_rms_rstd(rstd, sq, x_rows, mask_m, n_cols, eps, BLOCK_N: tl.constexpr):
+    """RMSNorm's rstd, the rows whose sum of squares ``sq`` overflowed redone on ``u = x s``, s = 1 /
+    max|x|: ``mean(x²) + eps = (mean(u²) + eps s²) / s²``."""
+    scale, _, m2 = _rescaled(x_rows, mask_m, n_cols, tl.zeros_like(rstd), False, BLOCK_N)
+    big = ((sq != sq) | (sq == float("inf"))) & (scale > 0)
+    return tl.where(big, tl.math.rsqrt(m2 / n_cols + eps * scale * scale) * scale, rstd)
+
+
+@triton.jit
+def _huge_ln_stats(d, rstd, m2, x_rows, mask_m, n_cols, k, eps, BLOCK_N: tl.constexpr):
+    """LayerNorm's ``(mean - k, rstd)``, the rows whose centred sum of squares ``m2`` overflowed redone
+    on ``u = (x - k) s``, s = 1 / max|x - k|: ``mean - k = mean(u) / s``, ``var = var(u) / s²``."""
+    scale, ds, m2s = _rescaled(x_rows, mask_m, n_cols, k, True, BLOCK_N)
+    big = ((m2 != m2) | (m2 == float("inf"))) & (scale > 0)
+    d = tl.where(big, ds / scale, d)
+    return d, tl.where(big, tl.math.rsqrt(m2s / n_cols + eps * scale * scale) * scale, rstd)
 
 
 @triton.jit
@@ -228,8 +295,8 @@ def sum_partials(part: torch.Tensor, dtype: torch.dtype, *, pdl: bool = False, c
     """``part.sum(1)`` for a ``(K, P, N)`` fp32 buffer of partial sums, as a ``(K, N)`` tensor of
     ``dtype``, by :func:`_sum_partials_kernel` (a fixed order: deterministic). ``pdl``: the kernel that
     wrote ``part`` was the stream's last and lets this one be placed early (``gdc_launch_dependents``):
-    LayerNorm's backward, 0.4-1 us a call on an H200; RMSNorm's gained nothing (-0.7 to +1.8 us, so it
-    does not; benchmarks/notes_norms.md, 2026-11-25, the backward's partial sums placed early).
+    LayerNorm's backward asks for it, RMSNorm's measured no gain (benchmarks/notes_norms.md, 2026-11-25,
+    the backward's partial sums placed early).
     ``checked=True``: a norm's backward, which allocated ``part`` itself, skips the checks a direct call
     gets (host time on a small backward's path)."""
     if not checked:
@@ -255,11 +322,26 @@ def gpu_and_sms(gpu: bool | None) -> tuple[bool, int]:
     return gpu, (sm_count() if gpu and runtime.is_gpu() else DEFAULT_SMS)
 
 
-def forward_flags(cfg: dict, n_rows: int, n_cols: int) -> dict:
-    """The forward kernels' shape constexprs: ``EVEN`` (one tile, whole rows, whole row blocks: no
-    mask) and ``TAIL_N`` (the tail of a head-and-tail row, 0 for none)."""
+def forward_flags(cfg: dict, layout: Rows) -> dict:
+    """The forward kernels' shape constexprs and launch options: the tile, ``EVEN`` (one tile, whole
+    rows, whole row blocks: no mask) and ``TAIL_N`` (the tail of a head-and-tail row, 0 for none)."""
+    n_rows, n_cols = layout.n_rows, layout.n_cols
     even = cfg["SINGLE_TILE"] and n_cols == cfg["BLOCK_N"] and n_rows % cfg["BLOCK_M"] == 0
-    return {"EVEN": even, "TAIL_N": cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0}
+    return {
+        **_tile_flags(cfg, layout),
+        "EVEN": even,
+        "TAIL_N": cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
+        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+    }
+
+
+def _tile_flags(cfg: dict, layout: Rows) -> dict:
+    return {
+        "BLOCK_M": cfg["BLOCK_M"],
+        "BLOCK_N": cfg["BLOCK_N"],
+        "SINGLE_TILE": cfg["SINGLE_TILE"],
+        "TWO_LEVEL": layout.two_level,
+    }
 
 
 def backward_blocks(cfg: dict, n_rows: int) -> tuple[int, int]:
@@ -271,9 +353,69 @@ def backward_blocks(cfg: dict, n_rows: int) -> tuple[int, int]:
     return cdiv(n_rows, rows_per_program), rows_per_program
 
 
-def backward_flags(cfg: dict) -> dict:
-    """The backward kernels' row stages and tail."""
+def backward_flags(cfg: dict, layout: Rows) -> dict:
+    """The backward kernels' tile, row stages, tail and launch options."""
     return {
+        **_tile_flags(cfg, layout),
         "NUM_STAGES": cfg.get("row_stages", 1) if runtime.is_gpu() else 1,
         "TAIL_N": cfg.get("TAIL_N", 0) if cfg["SINGLE_TILE"] else 0,
+        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
     }
+
+
+def backward_buffers(cfg: dict, n_rows: int, n_cols: int, k: int, c_per_row: int, device) -> tuple:
+    """``(programs, rows_per_program, part, c)`` of a backward: its blocks of rows
+    (:func:`backward_blocks`), the ``(k, programs, N)`` fp32 partial sums of its weight gradients (None
+    for k = 0) and, for rows wider than one tile, ``c_per_row`` fp32 a row of phase 1's terms (None on
+    the one-tile path)."""
+    programs, rows_per_program = backward_blocks(cfg, n_rows)
+    part = torch.empty((k, programs, n_cols), dtype=torch.float32, device=device) if k else None
+    wide = c_per_row and not cfg["SINGLE_TILE"]
+    c = torch.empty(c_per_row * n_rows, dtype=torch.float32, device=device) if wide else None
+    return programs, rows_per_program, part, c
+
+
+def check_norm(x: torch.Tensor, weight: torch.Tensor, eps, others: dict, op: str) -> tuple[tuple[Rows, ...], float]:
+    """The checks every norm's entry makes: x ``(..., N)`` (and ``others``, ``{name: tensor}`` of x's
+    shape) read in place through at most two merged row strides, ``weight`` ``(N,)`` on x's device,
+    ``eps`` a finite number >= 0. Returns the tensors' :class:`~fusionlab.kernels._rows.Rows` and eps."""
+    check_tensor(x, "x", op=op, contiguous=False, grad=True, max_numel=None)
+    check_tensor(weight, "weight", op=op, ndim=1, grad=True, max_numel=None)
+    eps = check_eps(eps, op)
+    for name, t in others.items():
+        check_tensor(t, name, op=op, contiguous=False, grad=True, max_numel=None)
+        if t.dtype != x.dtype or t.shape != x.shape:
+            raise KernelInputError(
+                f"{op}: {name} must have x's shape and dtype, got {tuple(t.shape)} {t.dtype} for "
+                f"x {tuple(x.shape)} {x.dtype}."
+            )
+    layouts = check_rows(x, "x", others, op)
+    n_cols = layouts[0].n_cols
+    if weight.shape[0] != n_cols:
+        raise KernelInputError(
+            f"{op}: weight has {weight.shape[0]} elements but x has {n_cols} columns (shape {tuple(x.shape)}); "
+            "weight must have shape (N,) where N is x's last dimension."
+        )
+    if weight.device != x.device:
+        raise KernelInputError(f"{op}: x and weight must be on the same device, got {x.device} and {weight.device}.")
+    return layouts, eps
+
+
+def wants_grad(*tensors) -> bool:
+    """Autograd records this call: grad mode is on and an input (None: absent) requires a gradient."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def eager_steps(led: Ledger, steps, rows: int, n: int, per_row=(), per_col=("w", "b", "dw", "db")) -> Ledger:
+    """Eager's kernels added to ``led``, one a string ``"name: reads -> writes"`` (tensor names apart
+    by spaces; a falsy entry, a kernel that does not run, is skipped). A tensor has ``rows n``
+    elements, ``rows`` if named in ``per_row``, ``n`` if in ``per_col``."""
+
+    def size(t: str) -> int:
+        return rows if t in per_row else n if t in per_col else rows * n
+
+    for step in filter(None, steps):
+        name, io = step.split(": ")
+        reads, writes = io.split(" -> ")
+        led.op(name, reads={t: size(t) for t in reads.split()}, writes={t: size(t) for t in writes.split()})
+    return led

@@ -33,7 +33,8 @@ layer its own ``offset`` (advance it by :func:`philox_counters`) or its own seed
 
 **Numerics.** h is rounded to x's dtype (it is stored, and eager adds in that dtype); statistics are
 fp32 from the rounded h; ``y = (h - mean) * rstd * w + b`` (RMSNorm: ``h * rstd * w``, mean-square
-inside the square root, ``eps`` added to it) in fp32, rounded once to x's dtype. In eval
+inside the square root, ``eps`` added to it) in fp32, rounded once to x's dtype; a row whose sum of
+squares overflows fp32 has its statistics redone on h / max|h| (``kernels/_norms.py``, huge rows). In eval
 (``training=False``) or with ``p = 0`` no random number is drawn and h = residual + x exactly.
 
 **Backward** (saved: h, w, and one fp32 mean and rstd a row; ``n̂ = (h - mean) rstd``, ``g = dy w``)::
@@ -43,7 +44,7 @@ inside the square root, ``eps`` added to it) in fp32, rounded once to x's dtype.
     dw = sum over rows of dy n̂;   db = sum over rows of dy
 
 one kernel reads dy, h (and grad_h) and writes dresidual and dx; dw and db are per-program partial
-sums added in a fixed order by :func:`fusionlab.kernels.rmsnorm.sum_partials` (deterministic, no
+sums added in a fixed order by :func:`fusionlab.kernels._norms.sum_partials` (deterministic, no
 atomics). Rows wider than one tile (:func:`dropout_norm_config`) are walked in tiles: the forward
 re-reads h twice (variance, then y), the backward re-reads dy and h once and adds its dw partials in
 its own fp32 buffer row.
@@ -71,16 +72,16 @@ from ._launch import (
     Launcher,
     _key,
     cdiv,
-    check_block,
     check_choice,
+    check_overrides,
     check_tensor,
     element_size,
     launch_kwargs,
     next_pow2,
     sm_count,
 )
+from ._norms import _huge_ln_stats, _huge_rms_rstd, _overflowed, check_eps, overridden, sum_partials, wants_grad
 from ._tensors import upstream_grad
-from .rmsnorm import sum_partials
 
 OP = "dropout_norm"
 NORMS = ("layernorm", "rmsnorm")
@@ -245,6 +246,18 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
     return cfg
 
 
+def _with_overrides(cfg: dict, override, n_cols: int, op: str) -> dict:
+    if not check_overrides(override, "fwd_config/bwd_config", op=op):
+        return cfg
+    cfg = overridden(cfg, override, ("BLOCK_M", "BLOCK_N", "programs", "row_stages"), op)
+    if cfg["BLOCK_N"] < 4:
+        raise KernelInputError(f"{op}: BLOCK_N={cfg['BLOCK_N']} must be at least 4 (a Philox call serves four).")
+    cfg["SINGLE_TILE"] = n_cols <= cfg["BLOCK_N"]
+    if not cfg["SINGLE_TILE"]:
+        cfg["BLOCK_M"] = 1  # the wide path walks one row at a time
+    return cfg
+
+
 # -- kernels -------------------------------------------------------------------------------------------------
 @triton.jit
 def _keep(seed, ctr, lane, threshold):
@@ -280,6 +293,15 @@ def _h_tile(x_ptr, r_ptr, h_ptr, rows3, cols, mask, ctr, lane, stride_x, stride_
     return h.to(tl.float32)
 
 
+@triton.jit
+def _huge_stats(mean, rstd, ssq, h_ptr, rows, row_ok, n_cols, eps, RMS: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """(mean, rstd) with the rows whose sum of squares overflowed redone on the stored h, scaled."""
+    h_rows = h_ptr + rows.to(tl.int64) * n_cols
+    if RMS:
+        return mean, _huge_rms_rstd(rstd, ssq, h_rows, row_ok, n_cols, eps, BLOCK_Q // 2)
+    return _huge_ln_stats(mean, rstd, ssq, h_rows, row_ok, n_cols, tl.zeros_like(mean), eps, BLOCK_Q // 2)
+
+
 @triton.jit(do_not_specialize=["seed", "offset"])  # a fresh seed every call: never a recompile
 def _dropout_norm_fwd_kernel(
     x_ptr, r_ptr, w_ptr, b_ptr, h_ptr, y_ptr, mean_ptr, rstd_ptr,
@@ -305,7 +327,12 @@ def _dropout_norm_fwd_kernel(
         else:
             mean = tl.sum(tl.sum(h, axis=2), axis=1) / n_cols
             d = tl.where(mask, h - mean[:, None, None], 0.0)
-        rstd = tl.rsqrt(tl.sum(tl.sum(d * d, axis=2), axis=1) / n_cols + eps)
+        ssq = tl.sum(tl.sum(d * d, axis=2), axis=1)
+        rstd = tl.rsqrt(ssq / n_cols + eps)
+        if _overflowed(ssq):  # a row's squares past fp32: redone on h / max|h| (_norms, huge rows)
+            mean, rstd = _huge_stats(mean, rstd, ssq, h_ptr, rows, row_ok, n_cols, eps, RMS, BLOCK_Q)
+            if not RMS:
+                d = tl.where(mask, h - mean[:, None, None], 0.0)
         w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         y = d * rstd[:, None, None] * w
         if HAS_BIAS:
@@ -331,7 +358,10 @@ def _dropout_norm_fwd_kernel(
             h = tl.load(h_ptr + rows3 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
             d = tl.where(mask, h - mean[:, None, None], 0.0)
             acc += d * d
-        rstd = tl.rsqrt(tl.sum(tl.sum(acc, axis=2), axis=1) / n_cols + eps)
+        ssq = tl.sum(tl.sum(acc, axis=2), axis=1)
+        rstd = tl.rsqrt(ssq / n_cols + eps)
+        if _overflowed(ssq):
+            mean, rstd = _huge_stats(mean, rstd, ssq, h_ptr, rows, row_ok, n_cols, eps, RMS, BLOCK_Q)
         for start_q in range(0, n_q, BLOCK_Q):
             cols = (start_q + tl.arange(0, BLOCK_Q)[None, :, None]) * 4 + tl.arange(0, 4)[None, None, :]
             mask = row_ok[:, None, None] & (cols < n_cols)
@@ -606,8 +636,7 @@ def dropout_norm(
     op = OP
     norm = check_choice(norm, NORMS, "norm", op=op)
     p = _check_p(p, op)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise KernelInputError(f"{op}: eps={eps!r} must be a finite number >= 0.")
+    eps = check_eps(eps, op)
     if not isinstance(training, bool):
         raise KernelInputError(f"{op}: training={training!r} must be True or False.")
     check_tensor(x, "x", op=op, contiguous=False, grad=True, max_numel=None)
@@ -641,34 +670,8 @@ def dropout_norm(
     # the kernels index vectors with unit stride: a strided weight or bias is copied (N elements)
     weight_c = weight if weight.is_contiguous() else weight.contiguous()
     bias_c = bias if bias is None or bias.is_contiguous() else bias.contiguous()
-    args = (p, norm, float(eps), dropout, seed, offset, cfg, bwd_cfg)
-    grads = any(t is not None and t.requires_grad for t in (x, residual, weight, bias))
-    if grads and torch.is_grad_enabled():
+    args = (p, norm, eps, dropout, seed, offset, cfg, bwd_cfg)
+    if wants_grad(x, residual, weight, bias):
         return DropoutNormFunction.apply(x, residual, weight_c, bias_c, args)
-    y, h, _, _ = _forward(_rows(x), _rows(residual), weight_c, bias_c, p, norm, float(eps), dropout, seed, offset, cfg)
+    y, h, _, _ = _forward(_rows(x), _rows(residual), weight_c, bias_c, p, norm, eps, dropout, seed, offset, cfg)
     return y.view(x.shape), h.view(x.shape)
-
-
-def _with_overrides(cfg: dict, override, n_cols: int, op: str) -> dict:
-    if override is None:
-        return cfg
-    if not isinstance(override, dict):
-        raise KernelInputError(f"{op}: a configuration override must be a dict, got {type(override).__name__}.")
-    cfg = dict(cfg)
-    for key, value in override.items():
-        if key in ("BLOCK_M", "BLOCK_N"):
-            cfg[key] = check_block(value, key, op)
-        elif key in ("programs", "row_stages"):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise KernelInputError(f"{op}: programs={value!r} must be a whole number >= 1.")
-            cfg[key] = value
-        else:
-            raise KernelInputError(
-                f"{op}: unknown configuration key {key!r}; use BLOCK_M, BLOCK_N, programs, row_stages."
-            )
-    if cfg["BLOCK_N"] < 4:
-        raise KernelInputError(f"{op}: BLOCK_N={cfg['BLOCK_N']} must be at least 4 (a Philox call serves four).")
-    cfg["SINGLE_TILE"] = n_cols <= cfg["BLOCK_N"]
-    if not cfg["SINGLE_TILE"]:
-        cfg["BLOCK_M"] = 1  # the wide path walks one row at a time
-    return cfg

@@ -16,6 +16,8 @@ one tile is walked in tiles, each tile centred on its own mean, and the tiles' `
 are combined with Chan, Golub & LeVeque's parallel formula (``delta = mean_b - mean_a``,
 ``M2 = M2_a + M2_b + delta² n_a n_b / n``): numerically the two-pass result, in one pass; pass 2 then
 re-reads x to write y (the ledger's re-read term). ``eps`` is added to the variance, inside the root.
+A row of finite values whose centred sum of squares overflows fp32 (values past ~1e19) has its
+statistics redone on ``(x - x0) / max|x - x0|`` (``kernels/_norms.py``, huge rows).
 The saved "mean" is ``mean - x0`` (one fp32 a row, as a mean): backward computes
 ``(x - x0) - (mean - x0)`` and keeps those digits too. Measured on the CPU (x = 1e4 + randn, fp32):
 max error of y against float64 5e-7, where ``F.layer_norm`` in fp32 gives 1e-3 to 0.3 (three-element
@@ -47,19 +49,23 @@ from triton.language.extra.cuda import gdc_launch_dependents  # PDL (sm_90): see
 
 from .._exercise import answer_key
 from ..ledger import Ledger
-from ._launch import KernelInputError, Launcher, cdiv, check_tensor, launch_kwargs, pdl_supported
+from ._launch import KernelInputError, Launcher, cdiv, check_tensor, pdl_supported
 from ._norms import INTERPRETER_TUNING as NORM_INTERPRETER_TUNING
 from ._norms import (
-    backward_blocks,
+    _huge_ln_stats,
+    _overflowed,
+    backward_buffers,
     backward_flags,
     cached_config,
-    check_eps,
+    check_norm,
     configs_with_overrides,
+    eager_steps,
     forward_flags,
     gpu_and_sms,
     sum_partials,
+    wants_grad,
 )
-from ._rows import _row_offsets, check_rows, grad_rows
+from ._rows import _row_offsets, grad_rows
 
 OP = "layernorm"
 
@@ -127,16 +133,11 @@ def layernorm_ledger(
     led = Ledger(dtype_bytes=dtype, sizes=sizes)
     if not backward:
         if naive:
-            led.op("mean", reads={"x": rn}, writes={"mu": rows})
-            led.op("sub", reads={"x": rn, "mu": rows}, writes={"xc": rn})
-            led.op("pow", reads={"xc": rn}, writes={"sq": rn})
-            led.op("mean", reads={"sq": rn}, writes={"var": rows})
-            led.op("add eps", reads={"var": rows}, writes={"t": rows})
-            led.op("rsqrt", reads={"t": rows}, writes={"rs": rows})
-            led.op("mul rstd", reads={"xc": rn, "rs": rows}, writes={"xhat": rn})
-            led.op("mul w", reads={"xhat": rn, "w": n}, writes={"yw": rn})
-            if bias:
-                led.op("add b", reads={"yw": rn, "b": n}, writes={"y": rn})
+            steps = [
+                "mean: x -> mu", "sub: x mu -> xc", "pow: xc -> sq", "mean: sq -> var", "add eps: var -> t",
+                "rsqrt: t -> rs", "mul rstd: xc rs -> xhat", "mul w: xhat w -> yw", bias and "add b: yw b -> y",
+            ]  # fmt: skip
+            eager_steps(led, steps, rows, n, per_row=("mu", "var", "t", "rs"))
         else:
             writes = {"y": rn, **({"mean": rows, "rstd": rows} if stats else {})}
             led.op("layer_norm", reads={"x": rn, "w": n, **({"b": n} if bias else {})}, writes=writes)
@@ -235,16 +236,20 @@ def _ln_tile_centred(xs, d, offs, mask_m, n_cols, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _ln_rstd(m2, d, n_cols, eps):
-    """1 / sqrt(variance + eps) from the rows' centred sums of squares m2. A row of finite values whose
-    m2 overflows fp32 (values near 1e19 and past, e.g. one 1e38 among zeros) would get rstd = 0 and a
-    row of zeros — silently wrong. Its variance cannot be formed in fp32, so it gets NaN, as eager's
-    fp32 LayerNorm gives (a second, rescaled pass would cost every row a reduction for inputs no model
-    makes). A row with inf or NaN in it has a non-finite d and is left to IEEE arithmetic, as eager.
-    One compare a row, after the reductions: nothing in the loop over the elements."""
-    rstd = tl.math.rsqrt(m2 / n_cols + eps)
-    overflow = (m2 == float("inf")) & (tl.abs(d) < float("inf"))
-    return tl.where(overflow, float("nan"), rstd)
+def _ln_huge_rows(x_rows, w_ptr, b_ptr, y_rows, mask_m, n_cols, k, d, rstd, m2, eps, HAS_BIAS: tl.constexpr,
+                  BLOCK_N: tl.constexpr):  # fmt: skip
+    """``(mean - k, rstd)`` of a block where a row of finite values had its centred sum of squares m2
+    past fp32 (values near 1e19 and past, one 1e38 among zeros): such rows' statistics redone on
+    their values scaled by 1 / max|x - k| (_norms, huge rows) and their y written again. A rare fix-up
+    after the block's stores, in small tiles: it holds no tile of the row while the row is on chip."""
+    d2, rstd2 = _huge_ln_stats(d, rstd, m2, x_rows, mask_m, n_cols, k, eps, BLOCK_N)
+    redo = mask_m & ((d2 != d) | (rstd2 != rstd))
+    offs_n = tl.arange(0, BLOCK_N)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + offs_n
+        xs = _ln_tile_shifted(x_rows, offs, redo, n_cols, k, False)
+        _ln_tile_y(y_rows, w_ptr, b_ptr, offs, redo, n_cols, xs - d2[:, None], rstd2, False, HAS_BIAS)
+    return d2, rstd2
 
 
 @triton.jit
@@ -288,8 +293,8 @@ def _layernorm_kernel(
         # far from 0 (1e4 + randn) keeps its small digits; then the centred variance
         k = tl.load(x_rows, mask=mask_m, other=0.0).to(tl.float32)
         # both loads issued before the first reduction: a load written after one waits for its barrier,
-        # so the tail's trip to memory would follow the head's (H200, 32768 x 11008 bf16: 75% of copy
-        # that way, 94% this way; benchmarks/notes_norms.md, 2026-11-24, LayerNorm's forward at 5120 and 11008)
+        # so the tail's trip to memory would follow the head's (benchmarks/notes_norms.md, 2026-11-24,
+        # LayerNorm's forward at 5120 and 11008)
         xs = _ln_tile_shifted(x_rows, offs_n, mask_m, n_cols, k, EVEN)
         if TAIL_N > 0:
             offs_t = BLOCK_N + tl.arange(0, TAIL_N)
@@ -298,19 +303,20 @@ def _layernorm_kernel(
         if TAIL_N > 0:
             s += tl.sum(xs_t, axis=1)
         d = s / n_cols
-        # (tried: both sums, of x - x0 and its square, in one pass, rows whose x0 lies far from their
-        # mean summed again centred: behind these two passes at every padded width, 5120 74% of copy
-        # against 96%, H200 32768 rows bf16; benchmarks/notes_norms.md, 2026-11-24, LayerNorm's forward)
+        # two passes over registers, not both sums in one: measured faster at every width (same notes)
         xc = _ln_tile_centred(xs, d, offs_n, mask_m, n_cols, EVEN)
         m2 = tl.sum(xc * xc, axis=1)
         if TAIL_N > 0:
             xc_t = _ln_tile_centred(xs_t, d, offs_t, mask_m, n_cols, False)
             m2 += tl.sum(xc_t * xc_t, axis=1)
-        rstd = _ln_rstd(m2, d, n_cols, eps)
+        rstd = tl.math.rsqrt(m2 / n_cols + eps)
         # (padding lanes of xs - d are never stored)
         _ln_tile_y(y_rows, w_ptr, b_ptr, offs_n, mask_m, n_cols, xs - d[:, None], rstd, EVEN, HAS_BIAS)
         if TAIL_N > 0:
             _ln_tile_y(y_rows, w_ptr, b_ptr, offs_t, mask_m, n_cols, xs_t - d[:, None], rstd, False, HAS_BIAS)
+        if _overflowed(m2):
+            d, rstd = _ln_huge_rows(x_rows, w_ptr, b_ptr, y_rows, mask_m, n_cols, k, d, rstd, m2, eps, HAS_BIAS,
+                                    BLOCK_N // 8)  # fmt: skip
     else:
         # pass 1: shifted by the row's first element k (as above); each tile centred on its own mean,
         # tiles merged by Chan et al.'s formula
@@ -331,7 +337,9 @@ def _layernorm_kernel(
             n_ab = n_a + n_b
             d += delta * (n_b / n_ab)
             m2 += m2_b + delta * delta * (n_a * n_b / n_ab)
-        rstd = _ln_rstd(m2, d, n_cols, eps)
+        rstd = tl.math.rsqrt(m2 / n_cols + eps)
+        if _overflowed(m2):  # before pass 2, which writes y with them
+            d, rstd = _huge_ln_stats(d, rstd, m2, x_rows, mask_m, n_cols, k, eps, BLOCK_N // 8)
         for start in range(0, n_cols, BLOCK_N):  # pass 2: re-read x, write y
             offs = start + offs_n
             mask_n = offs < n_cols
@@ -505,7 +513,6 @@ _launch_bwd = Launcher(_layernorm_bwd_kernel)
 
 def _forward(x, weight, bias, eps, layout, cfg, store_stats):
     """``(y, mean, rstd)`` (the statistics only when asked)."""
-    n_cols = x.shape[-1]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     stats = torch.empty((2, layout.n_rows), dtype=torch.float32, device=x.device) if store_stats else None
     mean, rstd = (stats[0], stats[1]) if stats is not None else (None, None)
@@ -513,11 +520,9 @@ def _forward(x, weight, bias, eps, layout, cfg, store_stats):
         return y, mean, rstd
     _launch_fwd(
         (cdiv(layout.n_rows, cfg["BLOCK_M"]),), x, weight, bias if bias is not None else weight, y,
-        mean if mean is not None else y, rstd if rstd is not None else y, layout.n_rows, n_cols, layout.n_inner,
-        layout.stride_b, layout.stride_m, eps,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=layout.two_level,
-        HAS_BIAS=bias is not None, STORE_STATS=store_stats, **forward_flags(cfg, layout.n_rows, n_cols),
-        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+        mean if mean is not None else y, rstd if rstd is not None else y, layout.n_rows, layout.n_cols,
+        layout.n_inner, layout.stride_b, layout.stride_m, eps,
+        HAS_BIAS=bias is not None, STORE_STATS=store_stats, **forward_flags(cfg, layout),
     )  # fmt: skip
     return y, mean, rstd
 
@@ -530,20 +535,15 @@ def _backward(dy, x, layout, weight, mean, rstd, cfg, need_dx, need_dw, need_db)
     if n_rows == 0 or n_cols == 0:
         zeros = torch.zeros(n_cols, dtype=weight.dtype, device=weight.device)
         return dx, (zeros if need_dw else None), (zeros.clone() if need_db else None)
-    if cfg is None:
-        cfg = layernorm_config(n_rows, n_cols, x.dtype, backward=True)
+    cfg = cfg or layernorm_config(n_rows, n_cols, x.dtype, backward=True)
     dy, stride_dy = grad_rows(dy.to(x.dtype))
-    programs, rows_per_program = backward_blocks(cfg, n_rows)
-    part = torch.empty((k, programs, n_cols), dtype=torch.float32, device=x.device) if k else None
-    c = torch.empty(2 * n_rows, dtype=torch.float32, device=x.device) if (need_dx and not cfg["SINGLE_TILE"]) else None
+    programs, rows_per_program, part, c = backward_buffers(cfg, n_rows, n_cols, k, 2 * need_dx, x.device)
     _launch_bwd(
         (programs,), dy, x, weight, mean, rstd, dx if dx is not None else rstd, part if part is not None else rstd,
         c if c is not None else rstd, n_rows, n_cols, layout.n_inner, rows_per_program, programs, stride_dy,
         layout.stride_b, layout.stride_m,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=layout.two_level,
         COMPUTE_DX=need_dx, COMPUTE_DW=need_dw, COMPUTE_DB=need_db, DB_SLOT=1 if need_dw else 0,
-        **backward_flags(cfg), PDL=bool(k) and pdl_supported(),
-        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+        PDL=bool(k) and pdl_supported(), **backward_flags(cfg, layout),
     )  # fmt: skip
     dw = db = None
     if k:
@@ -591,8 +591,7 @@ def layernorm(
     :func:`fusionlab.kernels.rmsnorm.rmsnorm`.
     """
     op = OP
-    check_tensor(x, "x", op=op, contiguous=False, grad=True, max_numel=None)
-    check_tensor(weight, "weight", op=op, ndim=1, grad=True, max_numel=None)
+    (layout,), eps = check_norm(x, weight, eps, {}, op)
     if bias is not None:
         check_tensor(bias, "bias", op=op, ndim=1, grad=True, max_numel=None)
         if bias.dtype != weight.dtype or bias.shape != weight.shape or bias.device != weight.device:
@@ -600,18 +599,9 @@ def layernorm(
                 f"{op}: bias must match weight's shape, dtype and device, got {tuple(bias.shape)} {bias.dtype} "
                 f"{bias.device} for weight {tuple(weight.shape)} {weight.dtype} {weight.device}."
             )
-    eps = check_eps(eps, op)
-    (layout,) = check_rows(x, "x", {}, op)
-    n_rows, n_cols = layout.n_rows, layout.n_cols
-    if weight.shape[0] != n_cols:
-        raise KernelInputError(
-            f"{op}: weight has {weight.shape[0]} elements but x has {n_cols} columns (shape {tuple(x.shape)}); "
-            "weight must have shape (N,) where N is x's last dimension."
-        )
-    if weight.device != x.device:
-        raise KernelInputError(f"{op}: x and weight must be on the same device, got {x.device} and {weight.device}.")
-    fwd_cfg, bwd_cfg = configs_with_overrides(layernorm_config, n_rows, n_cols, x.dtype, fwd_config, bwd_config, op)
-    needs_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    if needs_grad and torch.is_grad_enabled():
+    fwd_cfg, bwd_cfg = configs_with_overrides(
+        layernorm_config, layout.n_rows, layout.n_cols, x.dtype, fwd_config, bwd_config, op
+    )
+    if wants_grad(x, weight, bias):
         return LayerNormFunction.apply(x, weight, bias, eps, layout, fwd_cfg, bwd_cfg)
     return _forward(x, weight, bias, eps, layout, fwd_cfg, store_stats=False)[0]

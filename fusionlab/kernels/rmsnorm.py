@@ -6,65 +6,48 @@ Llama's decoder layer adds a sub-layer's output to the residual stream and norma
     y = h * rsqrt(mean(h², -1) + eps) * w       # the normalised input of the next sub-layer
 
 Both ``h`` and ``y`` leave the kernel. Fused, a row costs: read x, r (and w, shared by every row and
-served from L2), write h, y — ``4 rows N`` elements, not ``2 rows N``: the residual sum is an output.
-Eager PyTorch (Hugging Face's ``LlamaRMSNorm`` after an add) runs about nine kernels with fp32
-intermediates; :func:`rmsnorm_ledger` counts them.
+served from L2), write h, y — ``4 rows N`` elements: the residual sum is an output. Eager PyTorch
+(Hugging Face's ``LlamaRMSNorm`` after an add) runs about nine kernels with fp32 intermediates;
+:func:`rmsnorm_ledger` counts them.
 
-**A reduction needs the whole row.** ``mean(h²)`` is known only after the last element of the row is
-seen, and every output element needs it. A row of up to ``BLOCK_N`` elements (:func:`rmsnorm_config`,
-64 KiB of row on a GPU) is held in registers: one read per element. A wider row is walked twice in
-``BLOCK_N`` tiles: pass 1 computes and writes h and sums h², pass 2 re-reads h (not x and r: h is
-one tensor, x and r two) and writes y — the ledger's re-read term (``block=`` in the ledger). Pass 2
-walks the tiles backwards, so the tiles written last (the likeliest still in L2) are read first. A row
-that fits three quarters of a 16384-element tile (11008) is held as a head of 8192 and a tail of 4096
-(``TAIL_N``, forward and backward): fewer lanes, registers and warps than the padded tile.
+**A reduction needs the whole row.** A row of up to ``BLOCK_N`` elements (:func:`rmsnorm_config`, 64
+KiB of row on a GPU) is held in registers: one read per element. A wider row is walked twice in
+tiles: pass 1 writes h and sums h², pass 2 re-reads h (one tensor, not x and r) backwards, so the
+tiles written last (likeliest still in L2) are read first, and writes y — the ledger's re-read term.
+A row that fits three quarters of its tile (11008 of 16384) is held as a head and a tail (8192 +
+4096, ``TAIL_N``): fewer lanes, registers and warps than the padded tile.
 
-**Numerics and cast order** (Hugging Face's LlamaRMSNorm, which we follow): ``h`` is rounded to the
-input dtype (it is stored, and eager adds in that dtype); statistics are fp32 from the rounded h
-whatever the storage; ``h * rstd`` is computed in fp32 and **rounded to the input dtype, then
-multiplied by the weight** (``weight * hidden.to(input_dtype)``), and y is rounded to the input dtype.
-The weight may be fp32 with fp16/bf16 activations (y stays in the activations' dtype; Hugging Face
-would return fp32 there — :func:`rmsnorm_eager` casts back so both give the same dtype). ``eps`` sits
-inside the square root, added to the mean square. ``rsqrt`` on a GPU is the hardware approximation
-(relative error ~2**-23, as ``torch.rsqrt``). Non-finite inputs give what the reference gives (an inf
-in a row makes its mean square inf, rstd 0, and the row NaN).
+**Numerics and cast order** (Hugging Face's LlamaRMSNorm): ``h`` is rounded to the input dtype (it is
+stored); statistics are fp32 from the rounded h; ``h * rstd`` is computed in fp32, **rounded to the
+input dtype, then multiplied by the weight**, and y is rounded to the input dtype. The weight may be
+fp32 beside fp16/bf16 activations (y keeps the activations' dtype). ``eps`` sits inside the root;
+``rsqrt`` on a GPU is the hardware's (relative error ~2**-23, as ``torch.rsqrt``). An inf in a row
+gives what the reference gives (rstd 0, the row NaN). A row of finite values whose sum of squares
+overflows fp32 (values past ~1e19) is redone on h / max|h| and gets float64's answer
+(``kernels/_norms.py``, huge rows); every other block pays one compare.
 
-**Backward** (``rstd`` saved in fp32, one per row; ``n = h * rstd``; ``g = dy * w``)::
+**Backward** (``rstd`` saved in fp32, one a row; ``n = h * rstd``; ``g = dy * w``)::
 
     dh = rstd * g - h * rstd³ * mean(g * h)  (+ grad_h, when the caller uses h)
     dx = dresidual = dh;      dw = sum over rows of dy * round(n)
 
-dx (which is also the residual's gradient: the add passes it to both) comes from one kernel that
-reads dy, h, w, rstd (and grad_h) and writes dx. ``dw`` is a cross-program reduction: each of P
-programs walks a contiguous block of rows, accumulates ``dy * round(n)`` for its rows in fp32
-registers and writes one row of a ``(P, N)`` fp32 buffer; a second small Triton kernel sums the P
-rows in a fixed order. No atomics: ``tl.atomic_add`` from P programs would add the partial sums in
-whatever order the programs finish, which changes from run to run, and fp32 addition is not
-associative — dw would differ in its last bits between two identical calls. (A Triton kernel rather
-than ``buffer.sum(0)``: the same order on every device and mode, one fewer torch dispatch, and the
-reduction is part of the op the lesson shows.) Rows wider than the backward tile run two phases in
-the same kernel: phase 1 computes each row's ``rstd³ mean(g h)`` (one read of dy, h), phase 2 walks
-the tiles with the rows inside, so the dw partial of one tile stays in registers across rows (a
-second read of dy and h — the backward's re-read term). A backward row of 12289-16384 16-bit elements
-fits its tile but not its tile's registers with the next row in flight: it is walked as two halves,
-each loaded twice (``REREAD``: the second load comes from L2, just read, so HBM still sees one read
-and the ledger has no re-read term), so only one half is live at a time.
+One kernel reads dy, h, w, rstd (and grad_h) and writes dx, also the residual's gradient. ``dw`` is
+a cross-program reduction: each of P programs walks a contiguous block of rows, sums ``dy *
+round(n)`` in fp32 registers and writes one row of a ``(P, N)`` fp32 buffer; a second small kernel
+adds the P rows in a fixed order. No atomics: their order of arrival changes from run to run, and
+fp32 addition is not associative. Rows wider than the backward tile run two phases: phase 1 computes
+each row's ``rstd³ mean(g h)``, phase 2 walks the tiles with the rows inside, so a tile's dw partial
+stays in registers (the backward's re-read term). A row of 12289-16384 16-bit elements is walked as
+two halves, each loaded twice (``REREAD``: the second load from L2), so one half is live at a time.
+A row of rms past 2**32 (rstd³ below fp32) has its dx redone as ``rstd (g - n mean(g n))``.
 
-**Layout**: x and r of any shape ``(..., N)`` whose last dimension has stride 1; their leading
-dimensions may be strided as long as they merge into at most two (size, stride) levels (a slice of a
-wider buffer, ``x[:, :-1]`` of a ``(B, T, N)`` tensor, ``x[::2]``): they are read in place through
-their strides. A last dimension of stride != 1, or leading dimensions needing three strides, is
-refused with a :class:`KernelInputError` (no silent copy); gradients arriving in backward with such a
-layout (an expanded ``y.sum()`` gradient has stride 0 everywhere) are copied, since the caller does
-not choose them. Row offsets are int64: rows x N past 2**31 elements works. h and y are new,
-contiguous tensors.
+**Layout**: x and r of any shape ``(..., N)`` with a last dimension of stride 1 and leading dimensions
+that merge into at most two (size, stride) levels (``x[:, :-1]`` of a ``(B, T, N)`` tensor,
+``x[::2]``) are read in place; other layouts are refused with a :class:`KernelInputError` (no silent
+copy), except gradients, which the caller does not choose (copied). Row offsets are int64.
 
-**Few rows**: one program per row (block of rows) is the schedule; 1–64 rows of 16k leave most of a
-132-SM GPU idle. Such a call moves at most a few MiB and is launch-bound (a launch costs more than the
-bytes at copy speed), so we keep one program per row and give it the most warps its tile allows
-(more loads in flight per row) — a known limit, not a fix: at this size every version is
-launch-bound (``benchmarks/notes_norms.md`` has the times). Splitting a row over programs would need
-a second kernel (or a grid-wide sync) to combine the partial sums.
+**Few rows** (1-64 rows of 16k leave most of the GPU idle): one program a row with the most warps its
+tile allows; such a call is launch-bound whatever the schedule (``benchmarks/notes_norms.md``).
 
 References: Zhang & Sennrich, "Root Mean Square Layer Normalization" (2019); Hugging Face
 ``LlamaRMSNorm``; Triton tutorial 05 (layer norm, partial-sum dw); Liger-Kernel ``ops/rms_norm.py``
@@ -79,30 +62,24 @@ import triton.language as tl
 
 from .._exercise import answer_key
 from ..ledger import Ledger, dtype_bytes
-from ._launch import (  # noqa: F401  (DEFAULT_SMS, sm_count, next_pow2: lesson 4 and the benchmarks read them here)
-    DEFAULT_SMS,
-    KernelInputError,
-    Launcher,
-    cdiv,
-    check_tensor,
-    launch_kwargs,
-    next_pow2,
-    sm_count,
-)
-from ._norms import (  # noqa: F401  (INTERPRETER_TUNING, sum_partials: the tests and benchmarks read them here)
+from ._launch import DEFAULT_SMS, Launcher, cdiv  # noqa: F401  (DEFAULT_SMS: lesson 4 reads it here)
+from ._norms import (  # noqa: F401  (sum_partials: tests/test_entry_points.py reads it here)
     INTERPRETER_TUNING,
     STAGED_TILE,
-    apply_overrides,
-    backward_blocks,
+    _huge_rms_rstd,
+    _overflowed,
+    backward_buffers,
     backward_flags,
     cached_config,
-    check_eps,
+    check_norm,
     configs_with_overrides,
+    eager_steps,
     forward_flags,
     gpu_and_sms,
     sum_partials,
+    wants_grad,
 )
-from ._rows import _row_offsets, check_rows, grad_rows, row_layouts
+from ._rows import _row_offsets, grad_rows, row_layouts
 
 OP = "rmsnorm"
 
@@ -110,12 +87,9 @@ OP = "rmsnorm"
 # -- spec, eager, ledger, flops ------------------------------------------------------------------------
 @answer_key
 def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
-    """The spec, in float64 arithmetic with the model's roundings: ``h = x + r`` rounded to x's dtype;
-    ``n = h * rsqrt(mean(h², -1) + eps)`` rounded to x's dtype; ``y = n * w`` rounded to x's dtype.
-
-    Returns y, or ``(y, h)`` with a residual. On float64 inputs no rounding happens: the exact RMSNorm
-    (differentiable, for gradient checks against torch autograd).
-    """
+    """The spec in float64 with the model's roundings: ``h = x + r``, ``n = h * rsqrt(mean(h², -1) +
+    eps)`` and ``y = n * w`` each rounded to x's dtype. Returns y, or ``(y, h)`` with a residual; on
+    float64 inputs, the exact RMSNorm (differentiable, for gradient checks against autograd)."""
     d = x.dtype
     h = x if residual is None else (x.double() + residual.double()).to(d)
     hf = h.double()
@@ -125,17 +99,9 @@ def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, 
 
 
 def rmsnorm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
-    """What eager PyTorch runs: the residual add, then Hugging Face's ``LlamaRMSNorm.forward``::
-
-        h = x + r
-        hf = h.to(torch.float32)
-        hf = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
-        y = weight * hf.to(x.dtype)
-
-    About nine kernels with fp32 intermediates. With an fp32 weight and fp16/bf16 x, Hugging Face's y
-    would be fp32; this casts it back to x's dtype (one more kernel), so y has the kernel's dtype.
-    Returns y, or ``(y, h)`` with a residual.
-    """
+    """What eager PyTorch runs: the residual add, then Hugging Face's ``LlamaRMSNorm.forward`` (below),
+    about nine kernels with fp32 intermediates. With an fp32 weight and fp16/bf16 x, Hugging Face's y
+    would be fp32; this casts it back to x's dtype (one more kernel). Returns y, or ``(y, h)``."""
     h = x if residual is None else x + residual
     hf = h.to(torch.float32)
     hf = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
@@ -145,129 +111,68 @@ def rmsnorm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, resi
     return y if residual is None else (y, h)
 
 
-def _wide(rows: int, n: int, dtype, block: int | None, backward: bool) -> bool:
-    if block is None:  # the GPU kernel's own choice
-        return not rmsnorm_config(rows, n, dtype, backward=backward, gpu=True)["SINGLE_TILE"]
-    return n > int(block)
+#: the ledger's fp32 tensors: the kernel's statistics and partial sums, eager's fp32 intermediates
+_F32 = ("rstd", "c", "dw_partial", "y32", "hf", "sq", "var", "t", "rs", "hn", "dhn", "dhf1", "t2", "drs", "dt", "dsq",
+       "dhf2", "dhf")  # fmt: skip
 
 
 @answer_key
-def rmsnorm_ledger(
-    rows: int,
-    n: int,
-    dtype,
-    residual: bool = True,
-    weight_dtype=None,
-    *,
-    block: int | None = None,
-    stats: bool = False,
-    backward: bool = False,
-    grad_h: bool = True,
-    programs: int | None = None,
-) -> Ledger:
+def rmsnorm_ledger(rows: int, n: int, dtype, residual: bool = True, weight_dtype=None, *, block: int | None = None,
+                   stats: bool = False, backward: bool = False, grad_h: bool = True, programs: int | None = None,
+) -> Ledger:  # fmt: skip
     """Residual + RMSNorm of ``rows`` rows of ``n``, trip by trip: eager (``rmsnorm_eager``, op by
-    op) and the fused kernel.
-
-    Forward, fused: read x, r (``rows n`` each), w (``n``, once: every program reads the same
-    weight, which stays in L2); write h, y (``rows n`` each) — ``4 rows n`` elements plus the weight
-    (without a residual: read x, w; write y). ``stats=True`` (training: autograd needs rstd): also write
-    rstd (``rows`` fp32). A row wider than ``block`` (default: the GPU kernel's one-tile limit,
-    :func:`rmsnorm_config` with ``gpu=True``) is read in two passes: pass 2 re-reads h (or x without a
-    residual) — the re-read term, ``rows n`` more.
-
-    ``backward=True``: eager autograd of ``rmsnorm_eager`` (nominal: one trip per tensor each
-    formula of torch's derivatives reads or writes; the exact kernels vary by version) and the fused
-    backward: read dy, h (or x), w, rstd and, with ``grad_h`` (the caller uses h), grad_h; write dx
-    (which is also the residual's gradient); write then read the ``(programs, n)`` fp32 partial sums
-    of dw; write dw. Rows wider than ``block`` (the backward tile): dy and h are read twice, and one
-    fp32 per row (phase 1's row term) is written and read.
-
-    ``weight_dtype``: the weight's dtype (default: ``dtype``); it sets the size of w and dw (and in
-    the forward, eager's extra cast of an fp32 y back to ``dtype``).
-    """
+    op) and the fused kernel. Forward, fused: read x, r, w (``n``, once: it stays in L2); write h, y;
+    ``stats=True`` (training): rstd too (``rows`` fp32). A row wider than ``block`` (default: the GPU
+    kernel's one-tile limit) re-reads h (or x) in pass 2. ``backward=True``: eager autograd (nominal:
+    one trip per tensor each of torch's derivative formulas reads or writes) and the fused backward:
+    read dy, h, w, rstd (and grad_h, with ``grad_h``); write dx; write then read the ``(programs, n)``
+    fp32 partial sums of dw; write dw; wider rows read dy and h twice. ``weight_dtype``: w's and dw's
+    (default ``dtype``; an fp32 weight adds eager's cast of y back to ``dtype``)."""
     rows, n = int(rows), int(n)
     weight_dtype = dtype if weight_dtype is None else weight_dtype
-    f32 = torch.float32
     rn = rows * n
     low = dtype_bytes(dtype) != 4  # fp16/bf16: eager's .float() and .to(dtype) are real kernels
     promoted = torch.promote_types(dtype, weight_dtype) if isinstance(dtype, torch.dtype) else dtype
     h = "h" if residual else "x"
-    sizes = {
-        "w": weight_dtype,
-        "dw": weight_dtype,
-        "rstd": f32,
-        "c": f32,
-        "dw_partial": f32,
-        "y32": f32,
-        "hf": f32,
-        "sq": f32,
-        "var": f32,
-        "t": f32,
-        "rs": f32,
-        "hn": f32,
-        "dhn": f32,
-        "dhf1": f32,
-        "t2": f32,
-        "drs": f32,
-        "dt": f32,
-        "dsq": f32,
-        "dhf2": f32,
-        "dhf": f32,
-    }
-    wide = _wide(rows, n, dtype, block, backward)
+    hf, hb = ("hf", "hb") if low else (h, "hn")
+    if block is None:  # the GPU kernel's own choice
+        wide = not rmsnorm_config(rows, n, dtype, backward=backward, gpu=True)["SINGLE_TILE"]
+    else:
+        wide = n > int(block)
+    sizes = {"w": weight_dtype, "dw": weight_dtype, **dict.fromkeys(_F32, torch.float32)}
     led = Ledger(dtype_bytes=dtype, sizes=sizes)
     if not backward:
-        if residual:
-            led.op("add", reads={"x": rn, "r": rn}, writes={"h": rn})
-        hf = "hf" if low else h
-        if low:
-            led.op("float", reads={h: rn}, writes={"hf": rn})
-        led.op("pow", reads={hf: rn}, writes={"sq": rn})
-        led.op("mean", reads={"sq": rn}, writes={"var": rows})
-        led.op("add eps", reads={"var": rows}, writes={"t": rows})
-        led.op("rsqrt", reads={"t": rows}, writes={"rs": rows})
-        led.op("mul rstd", reads={hf: rn, "rs": rows}, writes={"hn": rn})
-        hb = "hb" if low else "hn"
-        if low:
-            led.op("to dtype", reads={"hn": rn}, writes={"hb": rn})
-        if promoted != dtype:
-            led.op("mul w", reads={"w": n, hb: rn}, writes={"y32": rn})
-            led.op("to dtype", reads={"y32": rn}, writes={"y": rn})
-        else:
-            led.op("mul w", reads={"w": n, hb: rn}, writes={"y": rn})
+        y = "y32" if promoted != dtype else "y"  # an fp32 weight promotes y; eager casts it back
+        steps = [
+            residual and "add: x r -> h",
+            low and f"float: {h} -> hf",
+            f"pow: {hf} -> sq", "mean: sq -> var", "add eps: var -> t", "rsqrt: t -> rs",
+            f"mul rstd: {hf} rs -> hn",
+            low and "to dtype: hn -> hb",
+            f"mul w: w {hb} -> {y}",
+            promoted != dtype and "to dtype: y32 -> y",
+        ]  # fmt: skip
+        eager_steps(led, steps, rows, n, per_row=("var", "t", "rs"))
         led.outputs = ("h", "y") if residual else ("y",)
-        step = "rmsnorm"
-        led.fused(step, reads={"x": rn, "r": rn if residual else 0, "w": n})
+        led.fused("rmsnorm", reads={"x": rn, "r": rn if residual else 0, "w": n})
         if residual:
-            led.fused(step, writes={"h": rn})
+            led.fused("rmsnorm", writes={"h": rn})
         if wide:
             led.fused("pass 2", reads={h: rn})
-        led.fused(step, writes={"y": rn, "rstd": rows if stats else 0})
+        led.fused("rmsnorm", writes={"y": rn, "rstd": rows if stats else 0})
         return led
-
     # backward: eager autograd, formula by formula (residual add: no kernel, dh goes to x and r)
-    hb = "hb" if low else "hn"
-    hf = "hf" if low else h
-    led.op("mul bwd (dhb)", reads={"dy": rn, "w": n}, writes={"dhb": rn})
-    led.op("mul bwd (dw)", reads={"dy": rn, hb: rn}, writes={"t1": rn})
-    led.op("sum (dw)", reads={"t1": rn}, writes={"dw": n})
-    dhn = "dhb"
-    if low:
-        led.op("to bwd", reads={"dhb": rn}, writes={"dhn": rn})
-        dhn = "dhn"
-    led.op("mul bwd (dhf)", reads={dhn: rn, "rs": rows}, writes={"dhf1": rn})
-    led.op("mul bwd (drs)", reads={dhn: rn, hf: rn}, writes={"t2": rn})
-    led.op("sum (drs)", reads={"t2": rn}, writes={"drs": rows})
-    led.op("rsqrt bwd", reads={"drs": rows, "rs": rows}, writes={"dt": rows})
-    led.op("mean bwd", reads={"dt": rows}, writes={"dsq": rn})
-    led.op("pow bwd", reads={"dsq": rn, hf: rn}, writes={"dhf2": rn})
-    led.op("add grads", reads={"dhf1": rn, "dhf2": rn}, writes={"dhf": rn})
-    dh = "dhf"
-    if low:
-        led.op("float bwd", reads={"dhf": rn}, writes={"dh1": rn})
-        dh = "dh1"
-    if residual and grad_h:
-        led.op("add grad_h", reads={dh: rn, "grad_h": rn}, writes={"dx": rn})
+    dhn, dh = ("dhn", "dh1") if low else ("dhb", "dhf")
+    steps = [
+        "mul bwd (dhb): dy w -> dhb", f"mul bwd (dw): dy {hb} -> t1", "sum (dw): t1 -> dw",
+        low and "to bwd: dhb -> dhn",
+        f"mul bwd (dhf): {dhn} rs -> dhf1", f"mul bwd (drs): {dhn} {hf} -> t2", "sum (drs): t2 -> drs",
+        "rsqrt bwd: drs rs -> dt", "mean bwd: dt -> dsq", f"pow bwd: dsq {hf} -> dhf2",
+        "add grads: dhf1 dhf2 -> dhf",
+        low and "float bwd: dhf -> dh1",
+        residual and grad_h and f"add grad_h: {dh} grad_h -> dx",
+    ]  # fmt: skip
+    eager_steps(led, steps, rows, n, per_row=("rs", "drs", "dt"))
     if programs is None:
         programs = rmsnorm_config(rows, n, dtype, backward=True, gpu=True)["programs"]
     step = "rmsnorm bwd"
@@ -281,65 +186,33 @@ def rmsnorm_ledger(
 
 
 def rmsnorm_flops(rows: int, n: int, residual: bool = True, *, backward: bool = False) -> int:
-    """Nominal FLOPs. Forward, per element: the residual add (1), square and sum (2), times rstd (1),
-    times w (1); backward: g = dy w (1), g h and its sum (2), rstd g (1), h c (1), the difference (1),
-    grad_h (1), round(n) (1), dy n and its sum (2)."""
+    """Nominal FLOPs an element. Forward: add (1), square and sum (2), times rstd, times w (2); backward:
+    dy w, g h and sum, rstd g, h c, difference, grad_h, round(n), dy n and sum (11)."""
     per = (11 if residual else 10) if backward else (5 if residual else 4)
     return per * int(rows) * int(n)
 
 
 # -- launch configuration ----------------------------------------------------------------------------
-#: GPU tuning, measured with benchmarks/bench_norms.py, tune_rms_bwd.py and the probes; what each key
-#: means and the measurements behind its value: benchmarks/notes_norms.md ("2026-11-26: the norms'
-#: tuning tables, key by key"). ``max_single_bytes``: the widest row held in one tile; ``wide_block``:
-#: the two-pass path's tile; ``tile``: elements a program takes when rows are narrow; ``per_thread``:
-#: elements a thread holds (sets num_warps); ``warps_per_sm``: the backward's programs an SM;
-#: ``prefetch_tile``, ``row_stages``, ``stage_bytes``: the backward's next rows staged in shared
-#: memory; ``tail_*``: a row that fits three quarters of its tile held as a head and a tail;
-#: ``reread_*``: a backward row of 12289-16384 (16-bit) walked as two halves, each read twice.
+#: GPU tuning, measured with benchmarks/bench_norms.py, probes/tune_rms_bwd.py and the probes; what
+#: each key means: :func:`~fusionlab.kernels._norms.norm_config`; the measurements behind each value:
+#: benchmarks/notes_norms.md ("2026-11-26: the norms' tuning tables, key by key").
 GPU_TUNING = {
-    "forward": {
-        "max_single_bytes": 65536,
-        "wide_block": 4096,
-        "tile": 2048,
-        "per_thread": 16,
-        "tail_from": 8192,
-        "tail_max": 16384,
-        "tail_warps": 8,
-    },
-    "backward": {
-        "max_single_bytes": 32768,
-        "wide_block": 4096,
-        "tile": 2048,
-        "per_thread": 16,
-        "warps_per_sm": 16,
-        "prefetch_tile": STAGED_TILE,
-        "row_stages": 3,
-        "stage_bytes": 163840,
-        "tail_from": 8192,
-        "tail_warps": 8,
-        "tail_stages": 3,
-        "reread_tile": 16384,
-        "reread_warps": 16,
-        "reread_stages": 2,
-    },
-}
-
-
+    "forward": dict(max_single_bytes=65536, wide_block=4096, tile=2048, per_thread=16, tail_from=8192,
+                    tail_max=16384, tail_warps=8),
+    "backward": dict(max_single_bytes=32768, wide_block=4096, tile=2048, per_thread=16, warps_per_sm=16,
+                     prefetch_tile=STAGED_TILE, row_stages=3, stage_bytes=163840, tail_from=8192, tail_warps=8,
+                     tail_stages=3, reread_tile=16384, reread_warps=16, reread_stages=2),
+}  # fmt: skip
 _config = cached_config(GPU_TUNING, INTERPRETER_TUNING)
 
 
-def rmsnorm_config(
-    n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu: bool | None = None
-) -> dict:
+def rmsnorm_config(n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu: bool | None = None):
     """The launch configuration: ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}`` (backward:
     and ``"programs"``, the number of programs P, each walking a contiguous block of rows).
-
-    ``SINGLE_TILE``: the row fits one ``BLOCK_N`` tile and is read once; otherwise the two-pass path
-    walks it in ``BLOCK_N`` tiles. ``BLOCK_M`` rows share a program when rows are narrow. ``gpu``: the
-    GPU's configuration (default: this mode's), so a lesson on a CPU can ask what the GPU kernel does
-    (with :data:`DEFAULT_SMS` SMs there). Tuned on an H100 (``benchmarks/notes_norms.md``).
-    """
+    ``SINGLE_TILE``: the row fits one tile and is read once; otherwise the two-pass path walks it in
+    ``BLOCK_N`` tiles. ``BLOCK_M`` rows share a program when rows are narrow. ``gpu``: the GPU's
+    configuration (default: this mode's), so a lesson on a CPU can ask what the GPU kernel does (with
+    :data:`DEFAULT_SMS` SMs there)."""
     gpu, sms = gpu_and_sms(gpu)
     return dict(_config(int(n_rows), int(n_cols), dtype, bool(backward), gpu, sms))
 
@@ -417,6 +290,8 @@ def _rmsnorm_kernel(
         if TAIL_N > 0:
             sq += tl.sum(hf_t * hf_t, axis=1)
         rstd = tl.math.rsqrt(sq / n_cols + eps)  # (BLOCK_M,) fp32; eps inside the root
+        if _overflowed(sq):  # a row's squares past fp32: its statistic redone on h / max|h| (_norms)
+            rstd = _huge_rms_rstd(rstd, sq, h_rows if HAS_RESIDUAL else x_rows, mask_m, n_cols, eps, BLOCK_N // 8)
         _fwd_tile_y(y_rows, w_ptr, offs_n, mask_m, n_cols, hf, rstd, EVEN)
         if TAIL_N > 0:
             _fwd_tile_y(y_rows, w_ptr, offs_t, mask_m, n_cols, hf_t, rstd, False)
@@ -434,7 +309,10 @@ def _rmsnorm_kernel(
                 h = x
             hf = h.to(tl.float32)
             acc += hf * hf  # element-wise partial sums; one reduction after the loop
-        rstd = tl.math.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
+        sq = tl.sum(acc, axis=1)
+        rstd = tl.math.rsqrt(sq / n_cols + eps)
+        if _overflowed(sq):
+            rstd = _huge_rms_rstd(rstd, sq, h_rows if HAS_RESIDUAL else x_rows, mask_m, n_cols, eps, BLOCK_N // 8)
         # the h this program stored is read back below: make every thread's stores visible first
         tl.debug_barrier()
         n_tiles = tl.cdiv(n_cols, BLOCK_N)
@@ -475,6 +353,37 @@ def _bwd_store_dx(dx_ptr, dh_ptr, rows, offs, mask_m, mask_n, g, hf, rstd, c, n_
     tl.store(dx_ptr + rows[:, None] * n_cols + offs[None, :], dh.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit(noinline=True)  # a call: the rare path's registers apart (notes_norms.md)
+def _huge_rows_dx(dy_ptr, h_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, row_start, row_end, n_cols, n_inner, stride_dym,
+                  stride_hb, stride_hm, stride_dhm, TWO_LEVEL: tl.constexpr, HAS_DH: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """dx of the program's rows of rms past 2**32 (rstd below 2**-32, masked rows read 1), where rstd³
+    underflows: dx = g rstd - n c (+ grad_h), n = h rstd, c = rstd mean(g n), over the dx stored first.
+    A rare path after the loop (control flow in it would stop the next rows' loads being prefetched)."""
+    tl.debug_barrier()
+    offs_n = tl.arange(0, BLOCK_N // 8)  # an eighth of the row's tile: few registers
+    for m0 in range(row_start, row_end, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < row_end
+        rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=1.0)
+        if tl.min(rstd, axis=0) < 2.3283064e-10:
+            rows = offs_m.to(tl.int64)
+            h_rows = h_ptr + _row_offsets(rows, n_inner, stride_hb, stride_hm, TWO_LEVEL)
+            c = tl.zeros_like(rstd)
+            for start in range(0, n_cols, BLOCK_N // 8):
+                mask_n = start + offs_n < n_cols
+                dy, hf = _bwd_tile(dy_ptr, h_rows, rows, start + offs_n, mask_m, mask_n, stride_dym, "")
+                w = tl.load(w_ptr + start + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+                c += tl.sum(dy * w[None, :] * (hf * rstd[:, None]), axis=1)
+            c = c * rstd / n_cols
+            for start in range(0, n_cols, BLOCK_N // 8):
+                mask_n = start + offs_n < n_cols
+                dy, hf = _bwd_tile(dy_ptr, h_rows, rows, start + offs_n, mask_m, mask_n, stride_dym, "")
+                w = tl.load(w_ptr + start + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+                _bwd_store_dx(dx_ptr, dh_ptr, rows, start + offs_n, mask_m, mask_n, dy * w[None, :],
+                              hf * rstd[:, None], rstd, c, n_cols, stride_dhm, HAS_DH)  # fmt: skip
+
+
 @triton.jit
 def _rmsnorm_bwd_kernel(
     dy_ptr, h_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, dwp_ptr, c_ptr, n_rows, n_cols, n_inner, rows_per_program,
@@ -490,6 +399,7 @@ def _rmsnorm_bwd_kernel(
     row_start = pid * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
     offs_n = tl.arange(0, BLOCK_N)
+    huge = tl.full([], 0, tl.int32)  # whether a row of the program has rms past 2**32 (_huge_rows_dx)
     if SINGLE_TILE:
         # the row on chip: one BLOCK_N tile, or (TAIL_N > 0) a BLOCK_N head and a TAIL_N tail, so a
         # row of 11008 takes 12288 lanes, not 16384 (rmsnorm_config's "tail")
@@ -510,7 +420,7 @@ def _rmsnorm_bwd_kernel(
             dy, hf = _bwd_tile(dy_ptr, h_rows, rows, offs_n, mask_m, mask_n, stride_dym, "")
             if TAIL_N > 0:
                 dy_t, hf_t = _bwd_tile(dy_ptr, h_rows, rows, offs_t, mask_m, mask_t, stride_dym, "")
-            rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
+            rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=1.0)
             if COMPUTE_DX:
                 gh = tl.sum(dy * w[None, :] * hf, axis=1)
                 if TAIL_N > 0:
@@ -537,6 +447,7 @@ def _rmsnorm_bwd_kernel(
                 _bwd_store_dx(dx_ptr, dh_ptr, rows, offs_n, mask_m, mask_n, g, hf, rstd, c, n_cols, stride_dhm, HAS_DH)
             if COMPUTE_DW:
                 acc += dy * (hf * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
+            huge = tl.maximum(huge, (tl.min(rstd, axis=0) < 2.3283064e-10).to(tl.int32))
         if COMPUTE_DW:
             tl.store(dwp_ptr + pid.to(tl.int64) * n_cols + offs_n, tl.sum(acc, axis=0), mask=mask_n)
             if TAIL_N > 0:
@@ -552,13 +463,12 @@ def _rmsnorm_bwd_kernel(
                 for start in range(0, n_cols, BLOCK_N):
                     offs = start + offs_n
                     mask_n = offs < n_cols
-                    mask = mask_m[:, None] & mask_n[None, :]
-                    dy = tl.load(dy_ptr + rows[:, None] * stride_dym + offs[None, :], mask=mask, other=0.0)
-                    hf = tl.load(h_rows[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+                    dy, hf = _bwd_tile(dy_ptr, h_rows, rows, offs, mask_m, mask_n, stride_dym, "")
                     w = tl.load(w_ptr + offs, mask=mask_n, other=0.0).to(tl.float32)
-                    acc1 += dy.to(tl.float32) * w[None, :] * hf
-                rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
+                    acc1 += dy * w[None, :] * hf
+                rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=1.0)
                 tl.store(c_ptr + offs_m, tl.sum(acc1, axis=1) * (rstd * rstd * rstd) / n_cols, mask=mask_m)
+                huge = tl.maximum(huge, (tl.min(rstd, axis=0) < 2.3283064e-10).to(tl.int32))
             tl.debug_barrier()  # phase 2's threads read c values other threads stored
         # phase 2: tiles outside, rows inside, so one tile's dw partial stays in registers
         for start in range(0, n_cols, BLOCK_N):
@@ -588,6 +498,11 @@ def _rmsnorm_bwd_kernel(
                     acc += dy * nrm
             if COMPUTE_DW:
                 tl.store(dwp_ptr + pid.to(tl.int64) * n_cols + offs, tl.sum(acc, axis=0), mask=mask_n)
+    if COMPUTE_DX:
+        if huge > 0:
+            _huge_rows_dx(dy_ptr, h_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, row_start, row_end, n_cols, n_inner,
+                          stride_dym, stride_hb, stride_hm, stride_dhm, TWO_LEVEL, HAS_DH, BLOCK_M,
+                          BLOCK_N)  # fmt: skip
 
 
 # -- launchers ------------------------------------------------------------------------------------------
@@ -597,21 +512,18 @@ _launch_bwd = Launcher(_rmsnorm_bwd_kernel)
 
 def _forward(x, weight, residual, eps, layouts, cfg, store_rstd):
     """Launch the forward kernel: ``(y, h, rstd)`` (h is None without a residual, rstd None unless asked)."""
-    n_cols = x.shape[-1]
+    lx = layouts[0]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
-    lx = layouts[0]
     rstd = torch.empty(lx.n_rows, dtype=torch.float32, device=x.device) if store_rstd else None
     if x.numel() == 0:
         return y, h, rstd
     lr = layouts[1] if residual is not None else lx
     _launch_fwd(
         (cdiv(lx.n_rows, cfg["BLOCK_M"]),), x, residual if residual is not None else x, weight,
-        h if h is not None else y, y, rstd if rstd is not None else y, lx.n_rows, n_cols, lx.n_inner, lx.stride_b,
+        h if h is not None else y, y, rstd if rstd is not None else y, lx.n_rows, lx.n_cols, lx.n_inner, lx.stride_b,
         lx.stride_m, lr.stride_b, lr.stride_m, eps,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"], TWO_LEVEL=lx.two_level,
-        HAS_RESIDUAL=residual is not None, STORE_RSTD=store_rstd, **forward_flags(cfg, lx.n_rows, n_cols),
-        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+        HAS_RESIDUAL=residual is not None, STORE_RSTD=store_rstd, **forward_flags(cfg, lx),
     )  # fmt: skip
     return y, h, rstd
 
@@ -619,41 +531,27 @@ def _forward(x, weight, residual, eps, layouts, cfg, store_rstd):
 def _backward(dy, grad_h, h, layout_h, weight, rstd, cfg, need_dx, need_dw):
     """``(dx, dw)``: one kernel for dx and the dw partials, one for their sum (None where not needed)."""
     n_rows, n_cols = layout_h.n_rows, layout_h.n_cols
-    dtype = h.dtype
-    dx = torch.empty(h.shape, dtype=dtype, device=h.device) if need_dx else None
+    dx = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_dx else None
+    dw = torch.zeros(n_cols, dtype=weight.dtype, device=weight.device) if need_dw else None
     if dy is None:  # only h was used downstream: y's branch contributes nothing
-        if need_dx and grad_h is not None:
-            dx.copy_(grad_h)
-        elif need_dx:
-            dx.zero_()
-        dw = torch.zeros(n_cols, dtype=weight.dtype, device=weight.device) if need_dw else None
+        if need_dx:
+            dx.copy_(grad_h) if grad_h is not None else dx.zero_()
         return dx, dw
     if n_rows == 0 or n_cols == 0:
-        dw = torch.zeros(n_cols, dtype=weight.dtype, device=weight.device) if need_dw else None
         return dx, dw
-    if cfg is None:
-        cfg = rmsnorm_config(n_rows, n_cols, dtype, backward=True)
-    dy, stride_dy = grad_rows(dy.to(dtype))
+    cfg = cfg or rmsnorm_config(n_rows, n_cols, h.dtype, backward=True)
+    dy, stride_dy = grad_rows(dy.to(h.dtype))
     has_dh = grad_h is not None and need_dx
-    if has_dh:
-        grad_h, stride_dh = grad_rows(grad_h.to(dtype))
-    else:
-        stride_dh = 0
-    programs, rows_per_program = backward_blocks(cfg, n_rows)
-    part = torch.empty((1, programs, n_cols), dtype=torch.float32, device=h.device) if need_dw else None
-    c = torch.empty(n_rows, dtype=torch.float32, device=h.device) if (need_dx and not cfg["SINGLE_TILE"]) else None
-    dummy = rstd
+    grad_h, stride_dh = grad_rows(grad_h.to(h.dtype)) if has_dh else (dy, 0)
+    programs, rows_per_program, part, c = backward_buffers(cfg, n_rows, n_cols, int(need_dw), int(need_dx), h.device)
     _launch_bwd(
-        (programs,), dy, h, weight, rstd, grad_h if has_dh else dy, dx if dx is not None else dummy,
-        part if part is not None else dummy, c if c is not None else dummy, n_rows, n_cols, layout_h.n_inner,
-        rows_per_program, stride_dy, layout_h.stride_b, layout_h.stride_m, stride_dh,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], SINGLE_TILE=cfg["SINGLE_TILE"],
-        TWO_LEVEL=layout_h.two_level, HAS_DH=has_dh, COMPUTE_DX=need_dx, COMPUTE_DW=need_dw, **backward_flags(cfg),
-        REREAD=bool(cfg.get("REREAD")) and cfg["SINGLE_TILE"],
-        **launch_kwargs(cfg["num_warps"], cfg.get("num_stages")),
+        (programs,), dy, h, weight, rstd, grad_h, rstd if dx is None else dx, rstd if part is None else part,
+        rstd if c is None else c, n_rows, n_cols, layout_h.n_inner, rows_per_program, stride_dy, layout_h.stride_b,
+        layout_h.stride_m, stride_dh,
+        HAS_DH=has_dh, COMPUTE_DX=need_dx, COMPUTE_DW=need_dw, REREAD=bool(cfg.get("REREAD")) and cfg["SINGLE_TILE"],
+        **backward_flags(cfg, layout_h),
     )  # fmt: skip
-    dw = sum_partials(part, weight.dtype, checked=True)[0] if need_dw else None
-    return dx, dw
+    return dx, (sum_partials(part, weight.dtype, checked=True)[0] if need_dw else None)
 
 
 class RMSNormFunction(torch.autograd.Function):
@@ -681,56 +579,22 @@ class RMSNormFunction(torch.autograd.Function):
         return (dx if ctx.needs_input_grad[0] else None), dw, dr, None, None, None, None
 
 
-def rmsnorm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float = 1e-6,
-    residual: torch.Tensor | None = None,
-    *,
-    fwd_config: dict | None = None,
-    bwd_config: dict | None = None,
-):
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None, *,
+            fwd_config: dict | None = None, bwd_config: dict | None = None):  # fmt: skip
     """Residual-add + RMSNorm fused, differentiable: ``y = h * rsqrt(mean(h², -1) + eps) * w``.
 
     Without ``residual``: ``h = x``, returns y. With it: ``h = x + residual`` is written too and
-    ``(y, h)`` is returned (gradients flow through both: ``dh = dh_from_y + grad_h``).
-
-    ``x`` (and ``residual``, same shape and dtype): any shape ``(..., N)``, fp32/fp16/bf16 (no bf16 in
-    the interpreter), last dimension of stride 1, leading dimensions possibly strided (up to two merged
-    strides). ``weight``: shape ``(N,)``, contiguous, x's dtype or another float dtype (fp32 with
-    bf16/fp16 activations is the usual mix); y and h are in x's dtype. Cast order, numerics, trips
-    and the backward: the module docstring; reference: :func:`rmsnorm_reference`; trips:
-    :func:`rmsnorm_ledger`.
-
-    ``fwd_config``/``bwd_config``: overrides of :func:`rmsnorm_config`'s choice (``BLOCK_M``,
-    ``BLOCK_N``, ``num_warps``, ``programs``, ``num_stages``) for tuning and tests; a ``BLOCK_N``
-    below N forces the two-pass path.
-    """
-    op = OP
-    check_tensor(x, "x", op=op, contiguous=False, grad=True, max_numel=None)
-    check_tensor(weight, "weight", op=op, ndim=1, grad=True, max_numel=None)
-    eps = check_eps(eps, op)
-    others = {}
-    if residual is not None:
-        check_tensor(residual, "residual", op=op, contiguous=False, grad=True, max_numel=None)
-        if residual.dtype != x.dtype or residual.shape != x.shape:
-            raise KernelInputError(
-                f"{op}: residual must have x's shape and dtype, got {tuple(residual.shape)} {residual.dtype} for "
-                f"x {tuple(x.shape)} {x.dtype}."
-            )
-        others["residual"] = residual
-    layouts = check_rows(x, "x", others, op)
+    ``(y, h)`` is returned (gradients flow through both). ``x`` (and ``residual``, same shape and
+    dtype): ``(..., N)``, fp32/fp16/bf16 (no bf16 in the interpreter), read in place (the module
+    docstring's layouts). ``weight``: ``(N,)``, contiguous, x's dtype or fp32; y and h are in x's dtype.
+    Numerics and the backward: the module docstring; reference: :func:`rmsnorm_reference`; trips:
+    :func:`rmsnorm_ledger`. ``fwd_config``/``bwd_config``: overrides of :func:`rmsnorm_config`'s
+    choice (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``programs``, ``num_stages``, ``row_stages``) for
+    tuning and tests; a ``BLOCK_N`` below N forces the two-pass path."""
+    layouts, eps = check_norm(x, weight, eps, {} if residual is None else {"residual": residual}, OP)
     n_rows, n_cols = layouts[0].n_rows, layouts[0].n_cols
-    if weight.shape[0] != n_cols:
-        raise KernelInputError(
-            f"{op}: weight has {weight.shape[0]} elements but x has {n_cols} columns (shape {tuple(x.shape)}); "
-            "weight must have shape (N,) where N is x's last dimension."
-        )
-    if weight.device != x.device:
-        raise KernelInputError(f"{op}: x and weight must be on the same device, got {x.device} and {weight.device}.")
-    fwd_cfg, bwd_cfg = configs_with_overrides(rmsnorm_config, n_rows, n_cols, x.dtype, fwd_config, bwd_config, op)
-    needs_grad = x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)
-    if needs_grad and torch.is_grad_enabled():
+    fwd_cfg, bwd_cfg = configs_with_overrides(rmsnorm_config, n_rows, n_cols, x.dtype, fwd_config, bwd_config, OP)
+    if wants_grad(x, weight, residual):
         return RMSNormFunction.apply(x, weight, residual, eps, layouts, fwd_cfg, bwd_cfg)
     y, h, _ = _forward(x, weight, residual, eps, layouts, fwd_cfg, store_rstd=False)
     return y if residual is None else (y, h)

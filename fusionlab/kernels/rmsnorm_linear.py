@@ -40,6 +40,7 @@ from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
 from ._launch import KernelInputError, Launcher, cdiv, check_same, check_tensor, launch_kwargs, next_pow2
+from ._norms import _huge_rms_rstd, _overflowed, check_eps
 from .linear import _activate, _rows
 from .matmul import _check_activation, _tiles, check_operand, gemm, matmul_config
 
@@ -132,8 +133,11 @@ def _rmsnorm_rstd_kernel(x_ptr, rstd_ptr, n_rows, n_cols, stride_xm, eps, BLOCK_
         x = tl.load(row_ptrs + offs_n[None, :], mask=mask_m[:, None] & (offs_n[None, :] < n_cols), other=0.0)
         x = x.to(tl.float32)
         acc += x * x
-    mean_sq = tl.sum(acc, axis=1) / n_cols
-    tl.store(rstd_ptr + offs_m, 1.0 / tl.sqrt(mean_sq + eps), mask=mask_m)
+    sq = tl.sum(acc, axis=1)
+    rstd = 1.0 / tl.sqrt(sq / n_cols + eps)
+    if _overflowed(sq):  # a row's squares past fp32: redone on x / max|x| (kernels._norms, huge rows)
+        rstd = _huge_rms_rstd(rstd, sq, x_ptr + offs_m.to(tl.int64) * stride_xm, mask_m, n_cols, eps, BLOCK_N // 8)
+    tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -156,17 +160,11 @@ def rmsnorm_linear_config(M: int, K: int, N: int, dtype: torch.dtype) -> dict:
 _launch_rstd = Launcher(_rmsnorm_rstd_kernel)
 
 
-def _check_eps(eps, op: str) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps >= 0) or eps == float("inf"):
-        raise KernelInputError(f"{op}: eps={eps!r} must be a finite number >= 0.")
-    return float(eps)
-
-
 def rmsnorm_rstd(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """The pre-pass alone: ``1 / sqrt(mean(x^2, -1) + eps)`` in fp32 for each row of x (..., K).
     Returns shape ``x.shape[:-1]``, fp32."""
     op = "rmsnorm_rstd"
-    eps = _check_eps(eps, op)
+    eps = check_eps(eps, op)
     check_tensor(x, "x", op=op, contiguous=False, max_numel=None)
     if x.dim() < 1 or x.shape[-1] == 0:
         raise KernelInputError(f"{op}: x must have a last dimension of at least one feature, got {tuple(x.shape)}.")
@@ -236,7 +234,7 @@ def rmsnorm_linear(
     """
     op = "rmsnorm_linear"
     act = _check_activation(activation, op)
-    eps = _check_eps(eps, op)
+    eps = check_eps(eps, op)
     check_tensor(x, "x", op=op, contiguous=False, max_numel=None)
     if x.dim() < 1:
         raise KernelInputError(f"{op}: x must have at least one dimension (..., K), got a scalar.")
