@@ -45,8 +45,16 @@ CPU_SHAPES = [(1, 1, 1, 1, 16), (2, 1, 45, 45, 32), (1, 2, 70, 40, 24), (1, 1, 3
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", CPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_fa1_matches_reference(shape, causal):
-    for dtype in (torch.float32, runtime.HALF):
+    # on a GPU the kernel takes the tensor cores' 16-bit inputs (attention's shared input check)
+    for dtype in (runtime.HALF,) if runtime.is_gpu() else (torch.float32, runtime.HALF):
         _check(*shape, dtype, causal)
+
+
+@gpu_only  # the interpreter takes fp32
+def test_fa1_refuses_fp32_on_a_gpu_by_name():
+    q = torch.randn(1, 1, 16, 16, device=runtime.DEVICE)
+    with pytest.raises(KernelInputError, match="fp16 or bf16"):
+        attention_fa1(q, q, q)
 
 
 def test_fa1_ledger_counts_the_state_per_k_block():
