@@ -1,6 +1,6 @@
 """Every place fusionlab reaches into Triton's internals, in one module.
 
-Four reaches, each reversible and tested:
+Five reaches, each reversible and tested:
 
 - :func:`reinterpret_helpers`: when Triton was imported *before* fusionlab and fusionlab then chose
   the interpreter, Triton's own ``@triton.jit`` helpers (``tl.cdiv``, ``tl.sigmoid``, ...) were
@@ -9,6 +9,8 @@ Four reaches, each reversible and tested:
   tensors passed), counting one *logical* launch per call: an ``@triton.autotune`` kernel benchmarks
   its configs by launching the same kernel again from inside its own ``run``, and those nested
   launches are not the learner's.
+- :func:`kernel_run_hook`: call a function around every run of a kernel itself (the jit function's
+  own ``run``, under any autotune or heuristics wrapper, each config the autotuner times included).
 - :func:`memory_hook`: in Triton's interpreter, see the addresses every ``tl.load`` and ``tl.store``
   touches (masked lanes left out), and where each execution of a kernel's grid begins.
 - :func:`compile_for`: compile a kernel for a Hopper GPU on a machine without one (also in
@@ -170,6 +172,60 @@ def launch_hook(on_launch: Callable[[Launch], None]):
         _WATCHING[0] -= 1
         for cls, orig in reversed(patched):
             cls.run = orig
+
+
+def _innermost_classes() -> list[type]:
+    """The classes whose ``run`` executes the kernel itself (the wrappers' ``run`` call into these)."""
+    return [cls for cls in _kernel_classes() if cls.__name__ in ("JITFunction", "InterpretedFunction")]
+
+
+@contextlib.contextmanager
+def kernel_run_hook(before: Callable, after: Callable):
+    """Call ``before(kernel, args, kwargs)`` as each run of a kernel itself begins, after any heuristics
+    function or autotuner hook has run, and ``after(kernel, args, kwargs)`` when it ends (also when it
+    raises); ``kernel`` is the jit function, ``args``/``kwargs`` its call's arguments. A compile-only
+    run (``warmup``) is left alone."""
+    patched = []
+    for cls in _innermost_classes():
+        orig = cls.__dict__.get("run")
+        if orig is None:
+            continue
+
+        def run(self_, *args, __orig=orig, **kwargs):
+            if kwargs.get("warmup"):
+                return __orig(self_, *args, **kwargs)
+            before(self_, args, kwargs)
+            try:
+                return __orig(self_, *args, **kwargs)
+            finally:
+                after(self_, args, kwargs)
+
+        cls.run = run
+        patched.append((cls, orig))
+    try:
+        yield
+    finally:
+        for cls, orig in reversed(patched):
+            cls.run = orig
+
+
+def learner_hooks(kernel) -> list[str]:
+    """Code that Triton runs *within* a run of ``kernel``, between its start and the launch, that the
+    kernel's author can supply: pre-run hooks, a ``launch_metadata`` function, and Triton's global
+    compile and launch hooks. Named, for a refusal; empty for a plain kernel."""
+    found = []
+    if getattr(kernel, "pre_run_hooks", None):
+        found.append("a pre-run hook (add_pre_run_hook)")
+    if getattr(kernel, "launch_metadata", None) is not None:
+        found.append("a launch_metadata function")
+    with contextlib.suppress(ImportError, AttributeError):
+        from triton import knobs  # not _runtime(): the interpreter has no active driver
+
+        rt = knobs.runtime
+        for knob in ("jit_cache_hook", "jit_post_compile_hook", "launch_enter_hook", "launch_exit_hook"):
+            if _active(getattr(rt, knob, None)):
+                found.append(f"triton.knobs.runtime.{knob}")
+    return found
 
 
 @contextlib.contextmanager

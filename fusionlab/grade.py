@@ -132,6 +132,13 @@ def _machinery() -> dict:
 
     owners = [grading, instrument, _triton, _exercise, grading.Sandbox, instrument.LaunchCounter, pd.TorchDispatchMode]
     owners += [c for c in vars(grading).values() if isinstance(c, type) and c.__module__.startswith("fusionlab")]
+    # Triton's own run paths: a run patched by the notebook would run inside the sandbox's kernel runs,
+    # where the concealed inputs hold their real values
+    owners += _triton._kernel_classes()
+    with contextlib.suppress(ImportError):
+        from triton.runtime import interpreter
+
+        owners += [interpreter.GridExecutor, interpreter.InterpreterBuilder]
     return {(getattr(o, "__name__", repr(o)), k): v for o in owners for k, v in list(vars(o).items())}
 
 
@@ -222,6 +229,9 @@ def _serve(notebook: str, index: int, proto_in, proto_out) -> None:
         for part in msg["box"][1].split("."):
             box_cls = getattr(box_cls, part)
         box = box_cls(**msg["box"][2])
+        arg_tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        # the real inputs are in this process from here on: hidden from the answer but in its kernels' runs
+        box.conceal([arg_tensors[i] for i in msg.get("conceal", [])])
         reply = {}
         _exercise.DEPTH[0] += 1
         try:
@@ -242,7 +252,6 @@ def _serve(notebook: str, index: int, proto_in, proto_out) -> None:
             out = None
         finally:
             _exercise.DEPTH[0] -= 1
-        arg_tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         out_tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         launches = []
         for la in box.launches:
@@ -253,6 +262,7 @@ def _serve(notebook: str, index: int, proto_in, proto_out) -> None:
                 where.append(("arg", i) if i is not None else ("out", j) if j is not None else None)
             launches.append((la.name, la.module, where))
         reply.update(box.report(), launches=launches, args_after=arg_tensors, tampered=_tampered(machinery))
+        reply["after"] = box.written_after(out)
         try:
             _send(proto_out, reply)
         except Exception as e:  # an answer that returned something that cannot travel as data
@@ -295,10 +305,10 @@ class Learner:
     def _recv(self):
         return _recv(self.proc.stdout, trusted=False)
 
-    def call(self, fn: int, args, kwargs, box) -> dict:
+    def call(self, fn: int, args, kwargs, box, conceal: list[int]) -> dict:
         spec = box.remote_spec() if hasattr(box, "remote_spec") else {}
         cls = type(box)
-        _send(self.proc.stdin, {"op": "call", "fn": fn, "args": args, "kwargs": kwargs,
+        _send(self.proc.stdin, {"op": "call", "fn": fn, "args": args, "kwargs": kwargs, "conceal": conceal,
                                 "box": (cls.__module__, cls.__qualname__, spec)})  # fmt: skip
         return self._recv()
 
@@ -333,15 +343,19 @@ class RemoteAnswer:
 
         box = grading.ACTIVE[-1] if grading.ACTIVE else grading.Sandbox()
         # the transfer and the bookkeeping are not the answer's work: out of the sandbox's sight
-        with torch._C._DisableTorchDispatch():
-            reply = self._learner.call(self._index, args, kwargs, box)
+        mine = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        hidden = box.concealed() if hasattr(box, "concealed") else set()
+        conceal = [i for i, t in enumerate(mine) if grading._storage(t) in hidden]
+        # the inputs go with their real values (concealed again in the learner's process)
+        show = box.showing_real() if hasattr(box, "showing_real") else contextlib.nullcontext()
+        with torch._C._DisableTorchDispatch(), show:
+            reply = self._learner.call(self._index, args, kwargs, box, conceal)
             if reply.get("tampered"):
                 raise grading.CheckFailed(
                     "the notebook changes fusionlab's grading machinery ("
                     + ", ".join(reply["tampered"][:3])
                     + "): an answer is graded as it is, not with the checks switched off."
                 )
-            mine = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
             for t, after in zip(mine, reply["args_after"], strict=True):  # what the answer did to its inputs
                 if not torch.equal(grading._bits(t), grading._bits(after)):
                     t.copy_(after.to(t.device))

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._pytree import tree_leaves
 
-from . import _exercise, runtime
+from . import _exercise, _triton, runtime
 from ._triton import Launch, quiet_stderr  # noqa: F401  (Launch: the grading command rebuilds launches with it)
 from .instrument import FREE, PASSES, LaunchCounter, op_name
 from .ledger import Ledger, human_bytes
@@ -251,7 +251,16 @@ class Sandbox(LaunchCounter):
     ``@triton.heuristics`` function or a pre-run hook: the launch counter leaves ops inside launches
     to the interpreter, which copies with torch; compute ops are counted there too), and torch run with
     Python dispatch switched off (``torch._C._DisableTorchDispatch()``), which no dispatch mode sees:
-    the profiler, below dispatch, still records those ops (:attr:`hidden_ops`)."""
+    the profiler, below dispatch, still records those ops (:attr:`hidden_ops`).
+
+    Any other library (numpy, torch on a copy, anything that reads memory) is met by **concealed
+    inputs** (:meth:`conceal`): outside the runs of its kernels the answer sees decoys in place of its
+    inputs, the real values only while a kernel itself runs (after any heuristics function or autotuner
+    hook; a kernel with a hook that Triton runs inside the run, or a pointer that is not a tensor, is
+    refused its inputs, :attr:`refused`). A result computed before the launch is computed on decoys; one
+    written into the output after the last run is seen, since each run's tensors are kept as it left
+    them (:meth:`written_after`). Only the answer's kernels can have read the inputs and written the
+    output."""
 
     def __init__(self, guard: bool = True):
         super().__init__()
@@ -263,6 +272,14 @@ class Sandbox(LaunchCounter):
         #: compute ops the profiler recorded that no dispatch mode saw: torch with dispatch switched off
         self.hidden_ops: list[str] = []
         self._prof = None
+        #: the concealed inputs: (tensor, its real values, its decoy)
+        self._concealed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        #: each storage a kernel run was handed, as the last run left it (its bytes, by address)
+        self._after_run: dict[int, torch.Tensor] = {}
+        #: why a kernel run was refused the real inputs
+        self.refused: list[str] = []
+        self._run_hook = None
+        self._real_shown = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -278,8 +295,86 @@ class Sandbox(LaunchCounter):
                 self.torch_ops.append(name)
         return super().__torch_dispatch__(func, types, args, kwargs)
 
+    def conceal(self, tensors: Sequence, gen: torch.Generator | None = None) -> None:
+        """Until the sandbox ends, ``tensors`` hold decoys (random values of their shape and dtype) except
+        while a kernel itself runs. Call before entering; tensors with overlapping elements (stride 0)
+        and single elements are left as they are."""
+        gen = gen or fresh_generator()
+        with _bookkeeping():
+            for t in tensors:
+                if not isinstance(t, torch.Tensor) or t.numel() < 2 or t.is_complex():
+                    continue
+                if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride(), strict=True)):
+                    continue
+                self._concealed.append((t, t.detach().clone(), _decoy(t, gen)))
+        self._show(real=False)
+
+    def _show(self, real: bool) -> None:
+        # what was written into an input meanwhile is kept (a kernel storing into its input, or the host
+        # writing into the decoy): the check that inputs are unchanged must still see it
+        if not self._concealed or self._real_shown == real:
+            return
+        self._real_shown = real
+        with _bookkeeping():
+            for t, r, d in self._concealed:
+                t = t.detach()
+                if real:
+                    if not _same_bits(t, d):
+                        r.copy_(t)
+                    t.copy_(r)
+                else:
+                    r.copy_(t)
+                    t.copy_(d)
+
+    @contextlib.contextmanager
+    def showing_real(self):
+        """The concealed inputs hold their real values inside the block (the grading command sends them
+        to the learner's process, which conceals them there)."""
+        self._show(real=True)
+        try:
+            yield
+        finally:
+            self._show(real=False)
+
+    def concealed(self) -> set[int]:
+        """The storages of the concealed inputs."""
+        return {_storage(t) for t, _, _ in self._concealed}
+
+    def _run_begins(self, kernel, args, kwargs) -> None:
+        if not self._concealed:
+            return
+        why = _triton.learner_hooks(kernel)
+        odd = {type(a).__name__ for a in tree_leaves((args, kwargs)) if _foreign_pointer(a)}
+        why += [f"a pointer argument that is not a torch.Tensor ({', '.join(sorted(odd))})"] if odd else []
+        if why:
+            self.refused += [w for w in why if w not in self.refused]
+            return
+        self._show(real=True)
+
+    def _run_ends(self, kernel, args, kwargs) -> None:
+        if not self._concealed:
+            return
+        self._show(real=False)
+        with _bookkeeping():
+            for a in tree_leaves((args, kwargs)):
+                if isinstance(a, torch.Tensor):
+                    self._after_run[_storage(a)] = _storage_bytes(a).clone()
+
+    def written_after(self, out) -> bool:
+        """Whether a tensor ``out`` holds was changed after the last kernel run that was handed it."""
+        if getattr(self, "_remote_after", None) is not None:
+            return self._remote_after
+        with _bookkeeping():
+            for t in [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.device.type != "meta"]:
+                snap = self._after_run.get(_storage(t))
+                if snap is not None and not _equal(_storage_bytes(t), snap):
+                    return True
+        return False
+
     def __enter__(self):
         ACTIVE.append(self)
+        self._run_hook = _triton.kernel_run_hook(self._run_begins, self._run_ends)
+        self._run_hook.__enter__()
         try:
             from torch.profiler import ProfilerActivity, profile
 
@@ -295,6 +390,8 @@ class Sandbox(LaunchCounter):
             return super().__exit__(*exc)
         finally:
             ACTIVE.remove(self)
+            self._run_hook.__exit__(None, None, None)
+            self._show(real=True)
             if self._prof is not None:
                 with _quiet_stderr():
                     self._prof.__exit__(None, None, None)
@@ -340,6 +437,8 @@ class Sandbox(LaunchCounter):
         self.hidden_ops += report["hidden_ops"]
         self.allocations += [torch.empty(s, dtype=d, device="meta") for s, d in report["allocations"]]
         self._remote_past = report["past"]
+        self.refused += report.get("refused", [])
+        self._remote_after = report.get("after")
         self.remote = True
 
     def report(self) -> dict:
@@ -350,7 +449,52 @@ class Sandbox(LaunchCounter):
             "hidden_ops": list(self.hidden_ops),
             "allocations": [(tuple(a.shape), a.dtype) for a in self.allocations],
             "past": self.writes_past_the_end(),
+            "refused": list(self.refused),
         }
+
+
+#: the profiler's label on the sandbox's own work (concealing, revealing, keeping what a run left)
+_OWN = "fusionlab::sandbox"
+
+
+@contextlib.contextmanager
+def _bookkeeping():
+    """The sandbox's own tensor work: out of the dispatch mode's sight and marked for the profiler, so
+    neither counts it as the answer's."""
+    with torch._C._DisableTorchDispatch(), torch.no_grad(), torch.profiler.record_function(_OWN):
+        yield
+
+
+def _decoy(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """What a concealed input holds outside its kernels' runs: random values of its shape and dtype
+    (integers and booleans: its own values in a random order, so an index stays in range)."""
+    if t.is_floating_point():
+        return randn(t.shape, dtype=t.dtype, device=t.device, gen=gen)
+    flat = t.detach().reshape(-1)
+    return flat[torch.randperm(flat.numel(), generator=gen).to(t.device)].reshape(t.shape)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one dtype and shape hold the same bits (NaN payloads included), where they are."""
+    if a.dtype in _POISON_BITS:
+        itype = _POISON_BITS[a.dtype][0]
+        return _equal(a.contiguous().view(itype), b.contiguous().view(itype))
+    return _equal(a, b)
+
+
+def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The whole storage under ``t``, as bytes (a view)."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _foreign_pointer(a) -> bool:
+    """An argument Triton would take as a pointer that is not a tensor: an object whose own ``data_ptr``
+    code would run inside the kernel's run (Triton's own wrappers are tensors' stand-ins, allowed)."""
+    return (
+        hasattr(a, "data_ptr")
+        and not isinstance(a, torch.Tensor)
+        and not type(a).__module__.startswith(("triton.", "torch"))
+    )
 
 
 def _aten(event) -> str:
@@ -374,7 +518,7 @@ def _unseen_compute(events, seen: set[str]) -> set[str]:
     def outermost(e) -> bool:  # an op another op runs inside its own code never meets a dispatch mode
         p = e.cpu_parent
         while p is not None:
-            if _aten(p):
+            if _aten(p) or p.name == _OWN:
                 return False
             p = p.cpu_parent
         return True
@@ -626,6 +770,7 @@ def run_answer(
     torch_hint: str = "",
     torch_message: Callable[[str], str] | None = None,
     before_torch: Callable[[Sandbox, object], None] | None = None,
+    conceal: bool | Sequence[int] | None = None,
 ):
     """The sequence every kernel check runs, in one place: call ``fn(*args, **kwargs)`` in a
     :class:`Sandbox` (``box``: a subclass), then refuse, each with its own message, an answer that
@@ -634,7 +779,14 @@ def run_answer(
     2. wrote past the end of a tensor it allocated (a guard zone overwritten, on a GPU as on a CPU);
     3. launched one of the package's own kernels;
     4. computed or moved tensor data with torch (unless ``allow_torch_ops``): ops seen outside
-       launches, inside them (a heuristics function, a pre-run hook), and with dispatch switched off.
+       launches, inside them (a heuristics function, a pre-run hook), and with dispatch switched off;
+    5. computed with anything else (numpy, a library, torch on a copy) and copied in: its inputs are
+       concealed (:meth:`Sandbox.conceal`) outside its kernels' runs, and the tensors it returns must be
+       as its last kernel run left them.
+
+    ``conceal``: which inputs (positions in ``args``; True: every tensor of ``args`` and ``kwargs``);
+    by default all of them unless ``allow_torch_ops`` (torch in the answer may then read some inputs,
+    which the checker names).
 
     ``before_torch(box, output)``: a lesson's own check, run before the torch check (a more pointed message for
     some ops); ``torch_message(ops)``: a lesson's own words for torch doing the work.
@@ -643,6 +795,12 @@ def run_answer(
     kwargs = kwargs or {}
     before = _snapshot(args)
     box = box if box is not None else Sandbox()
+    if conceal is None:
+        conceal = not allow_torch_ops
+    if conceal is True:
+        box.conceal([t for t in tree_leaves((list(args), kwargs)) if isinstance(t, torch.Tensor)])
+    elif conceal:
+        box.conceal([args[i] for i in conceal])
     with box:
         out = call_learner(lambda: fn(*args, **kwargs), name=name, where=where, seed=seed)
     changed = _changed_input(args, before)
@@ -662,6 +820,20 @@ def run_answer(
             seed,
         )
     refuse_own_kernels(box, where, seed, "Write the kernel yourself: that is the exercise.")
+    if box.refused:
+        raise fail(
+            f"{where}: your kernel runs code of yours inside its launch ({'; '.join(box.refused)}). The checks "
+            "give a kernel its inputs only while the kernel itself runs: launch a plain @triton.jit kernel (autotune "
+            "and heuristics are fine) and pass it torch tensors.",
+            seed,
+        )
+    if box.written_after(out):
+        raise fail(
+            f"{where}: the tensor you return changed after your kernel finished with it: the result was written "
+            "outside the kernel (numpy, a library, torch with dispatch switched off?). The kernel must compute "
+            "the result and store it.",
+            seed,
+        )
     if before_torch is not None:
         before_torch(box, out)
     if box.hidden_ops:

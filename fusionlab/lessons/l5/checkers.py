@@ -251,6 +251,7 @@ def _ce_case(fn, name, shape, dtype, seed, *, shift=0.0, ignore=False, all_ignor
         seed=seed,
         box=_Watch(logits.numel(), rows),
         allow_torch_ops=True,  # on the per-row losses and the targets; the logits' work is checked below
+        conceal=(0,),  # the logits: only the kernel sees them (torch may read the targets)
         store_hint="Mask every store (offs < n_cols) and check the grid: one program per row.",
     )
     ref_loss, ref_grad = ce_reference(logits, target, ii, smoothing)  # only now: the answer cannot read it
