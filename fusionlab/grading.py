@@ -262,9 +262,13 @@ class Sandbox(LaunchCounter):
     them (:meth:`written_after`). Only the answer's kernels can have read the inputs and written the
     output."""
 
-    def __init__(self, guard: bool = True):
+    def __init__(self, guard: bool = True, widen: dict | None = None):
         super().__init__()
         self.guard = guard
+        #: ``{constexpr: (value, wider)}``: a kernel run with ``constexpr=value`` runs with ``wider`` instead
+        #: (a tile of one row made taller, on the grid launched for one row: see :func:`check_taller_tiles`)
+        self.widen = dict(widen or {})
+        self.widened = False
         self.guards: list[torch.Tensor] = []
         self.allocations: list[torch.Tensor] = []
         #: every aten op the dispatch mode saw, at any depth (what the profiler may also list)
@@ -341,6 +345,10 @@ class Sandbox(LaunchCounter):
         return {_storage(t) for t, _, _ in self._concealed}
 
     def _run_begins(self, kernel, args, kwargs) -> None:
+        for key, (value, wider) in self.widen.items():
+            if kwargs.get(key) == value:
+                kwargs[key] = wider
+                self.widened = True
         if not self._concealed:
             return
         why = _triton.learner_hooks(kernel)
@@ -425,7 +433,7 @@ class Sandbox(LaunchCounter):
 
     def remote_spec(self) -> dict:
         """The keyword arguments that build this sandbox again in the learner's process."""
-        return {"guard": self.guard}
+        return {"guard": self.guard, "widen": self.widen}
 
     def take_report(self, report: dict) -> None:
         """Fill this sandbox from a :func:`report` made in another process (the grading command's learner
@@ -439,6 +447,7 @@ class Sandbox(LaunchCounter):
         self._remote_past = report["past"]
         self.refused += report.get("refused", [])
         self._remote_after = report.get("after")
+        self.widened = report.get("widened", False)
         self.remote = True
 
     def report(self) -> dict:
@@ -450,6 +459,7 @@ class Sandbox(LaunchCounter):
             "allocations": [(tuple(a.shape), a.dtype) for a in self.allocations],
             "past": self.writes_past_the_end(),
             "refused": list(self.refused),
+            "widened": self.widened,
         }
 
 
@@ -860,6 +870,39 @@ def run_answer(
             )
         raise fail(f"{msg} {torch_hint}".rstrip(), seed)
     return out, box
+
+
+def check_taller_tiles(
+    fn: Callable,
+    inputs: Sequence,
+    reference: Callable,
+    *,
+    name: str,
+    seed: int,
+    key: str = "BLOCK_M",
+    wider: int = 2,
+    mask_hint: str = "(offs_m[:, None] < n_rows) & (offs_n[None, :] < n_cols)",
+) -> bool:
+    """An answer whose kernel runs with ``key = 1`` (one row a program, as lesson 2's GPU solution) has no
+    partial row tile, so a missing or off-by-one row mask writes nothing out of place. Run it once more
+    with ``key = wider`` on the grid it launches for one row (programs for ``wider`` times the tensor's
+    rows): a masked kernel writes the same values (rows written twice), one whose row mask is missing or
+    lets row ``n_rows`` through writes past the end, into the guard zone. ``wider`` stays small, so that
+    what an unmasked kernel reaches (``wider`` times the tensor) stays inside the guard zone and the
+    inputs' room behind them (:data:`GUARD_MIN` elements at least); an odd row count leaves the last tile
+    partial. Returns whether the kernel ran with ``key = 1`` (and so was tried)."""
+    where = f"{name}, shape {tuple(inputs[0].shape)}, your kernel with {key} = {wider} (you launch it with {key} = 1)"
+    hint = (
+        f"With {key} = 1 no tile hangs past the last row, so the mistake hides; with any taller tile it writes "
+        f"rows that do not exist. Mask the rows as well as the columns, < n_rows (not <=): {mask_hint}."
+    )
+    box = Sandbox(widen={key: (1, wider)})
+    out, box = run_answer(fn, inputs, name=name, where=where, seed=seed, box=box, store_hint=hint)
+    if not box.widened:
+        return False
+    expected = reference(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
+    assert_close(out, expected, what=where, hint=hint, seed=seed)
+    return True
 
 
 def _tensors_of(out) -> list[torch.Tensor]:
