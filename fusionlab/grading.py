@@ -349,8 +349,6 @@ class Sandbox(LaunchCounter):
             if kwargs.get(key) == value:
                 kwargs[key] = wider
                 self.widened = True
-        if not self._concealed:
-            return
         why = _triton.learner_hooks(kernel)
         odd = {type(a).__name__ for a in tree_leaves((args, kwargs)) if _foreign_pointer(a)}
         why += [f"a pointer argument that is not a torch.Tensor ({', '.join(sorted(odd))})"] if odd else []
@@ -829,8 +827,12 @@ def run_answer(
         box.conceal([t for t in tree_leaves((list(args), kwargs)) if isinstance(t, torch.Tensor)])
     elif conceal:
         box.conceal([args[i] for i in conceal])
-    with box:
-        out = call_learner(lambda: fn(*args, **kwargs), name=name, where=where, seed=seed)
+    try:
+        with box:
+            out = call_learner(lambda: fn(*args, **kwargs), name=name, where=where, seed=seed)
+    except CheckFailed:
+        _refuse_hooks(box, where, seed)  # the cause, where the answer failed for want of its inputs
+        raise
     changed = _changed_input(args, before)
     if changed is not None:
         raise fail(
@@ -848,13 +850,7 @@ def run_answer(
             seed,
         )
     refuse_own_kernels(box, where, seed, "Write the kernel yourself: that is the exercise.")
-    if box.refused:
-        raise fail(
-            f"{where}: your kernel runs code of yours inside its launch ({'; '.join(box.refused)}). The checks "
-            "give a kernel its inputs only while the kernel itself runs: launch a plain @triton.jit kernel (autotune "
-            "and heuristics are fine) and pass it torch tensors.",
-            seed,
-        )
+    _refuse_hooks(box, where, seed)
     if box.written_after(out):
         raise fail(
             f"{where}: the tensor you return changed after your kernel finished with it: the result was written "
@@ -921,6 +917,16 @@ def check_taller_tiles(
     expected = reference(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
     assert_close(out, expected, what=where, hint=hint, seed=seed)
     return True
+
+
+def _refuse_hooks(box: Sandbox, where: str, seed: int) -> None:
+    if box.refused:
+        raise fail(
+            f"{where}: your kernel runs code of yours inside its launch ({'; '.join(box.refused)}). The checks "
+            "give a kernel its inputs only while the kernel itself runs: launch a plain @triton.jit kernel (autotune "
+            "and heuristics are fine) and pass it torch tensors.",
+            seed,
+        )
 
 
 def _tensors_of(out) -> list[torch.Tensor]:
