@@ -231,7 +231,7 @@ def _serve(notebook: str, index: int, proto_in, proto_out) -> None:
         box = box_cls(**msg["box"][2])
         arg_tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         # the real inputs are in this process from here on: hidden from the answer but in its kernels' runs
-        box.conceal([arg_tensors[i] for i in msg.get("conceal", [])])
+        box.conceal([arg_tensors[i] for i in msg.get("conceal", [])], decoys=msg.get("decoys"))
         reply = {}
         _exercise.DEPTH[0] += 1
         try:
@@ -305,10 +305,11 @@ class Learner:
     def _recv(self):
         return _recv(self.proc.stdout, trusted=False)
 
-    def call(self, fn: int, args, kwargs, box, conceal: list[int]) -> dict:
+    def call(self, fn: int, args, kwargs, box, conceal: list[int], decoys: list) -> dict:
         spec = box.remote_spec() if hasattr(box, "remote_spec") else {}
         cls = type(box)
         _send(self.proc.stdin, {"op": "call", "fn": fn, "args": args, "kwargs": kwargs, "conceal": conceal,
+                                "decoys": decoys,
                                 "box": (cls.__module__, cls.__qualname__, spec)})  # fmt: skip
         return self._recv()
 
@@ -346,10 +347,12 @@ class RemoteAnswer:
         mine = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         hidden = box.concealed() if hasattr(box, "concealed") else set()
         conceal = [i for i, t in enumerate(mine) if grading._storage(t) in hidden]
+        # the grader's decoys travel too: a result computed from them is then recognised here
+        decoys = [box.decoy_of(mine[i]) for i in conceal]
         # the inputs go with their real values (concealed again in the learner's process)
         show = box.showing_real() if hasattr(box, "showing_real") else contextlib.nullcontext()
         with torch._C._DisableTorchDispatch(), show:
-            reply = self._learner.call(self._index, args, kwargs, box, conceal)
+            reply = self._learner.call(self._index, args, kwargs, box, conceal, decoys)
             if reply.get("tampered"):
                 raise grading.CheckFailed(
                     "the notebook changes fusionlab's grading machinery ("

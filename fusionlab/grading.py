@@ -299,18 +299,21 @@ class Sandbox(LaunchCounter):
                 self.torch_ops.append(name)
         return super().__torch_dispatch__(func, types, args, kwargs)
 
-    def conceal(self, tensors: Sequence, gen: torch.Generator | None = None) -> None:
+    def conceal(self, tensors: Sequence, gen: torch.Generator | None = None, decoys: Sequence | None = None) -> None:
         """Until the sandbox ends, ``tensors`` hold decoys (random values of their shape and dtype) except
         while a kernel itself runs. Call before entering; tensors with overlapping elements (stride 0)
-        and single elements are left as they are."""
+        and single elements are left as they are. ``decoys``: the decoy of each tensor (None: drawn here), as
+        the grading command sends them, so that the grader knows what the answer saw."""
         gen = gen or fresh_generator()
+        decoys = list(decoys) if decoys is not None else [None] * len(tensors)
         with _bookkeeping():
-            for t in tensors:
+            for t, d in zip(tensors, decoys, strict=True):
                 if not isinstance(t, torch.Tensor) or t.numel() < 2 or t.is_complex():
                     continue
                 if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride(), strict=True)):
                     continue
-                self._concealed.append((t, t.detach().clone(), _decoy(t, gen)))
+                d = d.to(t.device) if isinstance(d, torch.Tensor) else _decoy(t, gen)
+                self._concealed.append((t, t.detach().clone(), d))
         self._show(real=False)
 
     def _show(self, real: bool) -> None:
@@ -343,6 +346,10 @@ class Sandbox(LaunchCounter):
     def concealed(self) -> set[int]:
         """The storages of the concealed inputs."""
         return {_storage(t) for t, _, _ in self._concealed}
+
+    def decoy_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The decoy ``t`` holds outside kernel runs (None: not concealed)."""
+        return next((d for c, _, d in self._concealed if c is t), None)
 
     def _run_begins(self, kernel, args, kwargs) -> None:
         for key, (value, wider) in self.widen.items():

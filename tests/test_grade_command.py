@@ -55,6 +55,27 @@ ANSWERS = {
     y = torch.empty_like(x)
     copy_kernel[(triton.cdiv(x.numel(), 1024),)](r, x, y, x.numel(), BLOCK=1024)
     return y""",
+    # numpy (any library) computes, one copy kernel handed the input too: the values it saw were decoys
+    "numpy": """def answer(x):
+    import numpy as np
+    r = torch.from_numpy(np.exp(np.cos(x.cpu().numpy().astype(np.float32))).astype(x.cpu().numpy().dtype))
+    y = torch.empty_like(x)
+    copy_kernel[(triton.cdiv(x.numel(), 1024),)](r.to(x.device), x, y, x.numel(), BLOCK=1024)
+    return y""",
+    # Triton's own run path patched, so numpy runs inside the kernel's run, where the inputs are real
+    "triton_patched": """import numpy as np
+from triton.runtime.jit import JITFunction
+from triton.runtime.interpreter import InterpretedFunction
+for cls in (JITFunction, InterpretedFunction):
+    def run(self, *args, __orig=cls.run, **kwargs):
+        if self.fn.__name__ == "copy_kernel":
+            args[1].numpy()[:] = np.exp(np.cos(args[0].numpy().astype(np.float32))).astype(args[0].numpy().dtype)
+        return __orig(self, *args, **kwargs)
+    cls.run = run
+def answer(x):
+    y = torch.empty_like(x)
+    copy_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, y, x.numel(), BLOCK=1024)
+    return y""",
     # last (every later cell runs with it): the comparison switched off in the learner's process, a wrong kernel
     "patched": """import fusionlab.grading
 fusionlab.grading.assert_close = lambda *a, **k: None
@@ -91,6 +112,8 @@ def test_grade_passes_the_right_answer_and_fails_each_cheat(tmp_path):
     verdicts = dict(zip(names, lines, strict=True))
     assert verdicts["right"].startswith("  PASS l1.check_exp_cos") and "✓ exp_cos" in verdicts["right"]
     assert verdicts["no_dispatch"].startswith("  FAIL") and "dispatch switched off" in verdicts["no_dispatch"]
+    assert verdicts["numpy"].startswith("  FAIL") and "computed outside the kernel" in verdicts["numpy"]
+    assert verdicts["triton_patched"].startswith("  FAIL") and "JITFunction.run" in verdicts["triton_patched"]
     assert verdicts["patched"].startswith("  FAIL") and "changes fusionlab's grading machinery" in verdicts["patched"]
     assert rc == 1 and out.rstrip().endswith(f"{len(names) - 1} failed")
 
