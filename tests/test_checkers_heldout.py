@@ -300,3 +300,76 @@ def test_concealed_inputs_hold_their_values_only_while_a_kernel_runs():
         peek_kernel[(1,)](x, 8, BLOCK=8)
     assert not torch.equal(seen[0], real) and torch.equal(x, real)  # decoys outside, real values after
     assert box.refused == ["a pre-run hook (add_pre_run_hook)"]
+
+
+# -- honest mistakes the checkers must name ---------------------------------------------------------------
+# precision: a sum of squares left in the inputs' 16-bit type (no upcast), on values large enough to show it;
+# a different function within the 16-bit tolerance (the tanh GELU for the exact one). (Element-wise math
+# left in fp16 is not among them: Triton refuses tl.cos of fp16, and the interpreter rounds each fp16 op
+# from fp32, as the reference's one rounding nearly does: inside fp16's tolerance, and not a mistake.)
+@triton.jit
+def _bias_gelu_rows_kernel(x_ptr, b_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr, TANH: tl.constexpr):
+    row = tl.program_id(0)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        mask = offs < n_cols
+        v = tl.load(x_ptr + row * n_cols + offs, mask=mask).to(tl.float32)
+        v += tl.load(b_ptr + offs, mask=mask).to(tl.float32)
+        if TANH:  # the tanh form, where the exact (erf) one is asked
+            y = v * tl.sigmoid(1.5957691216057308 * (v + 0.044715 * v * v * v))
+        else:
+            y = 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
+        tl.store(y_ptr + row * n_cols + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def bias_gelu_rows(tanh):
+    def answer(x, b):
+        y = torch.empty_like(x)
+        _bias_gelu_rows_kernel[(x.shape[0],)](x, b, y, x.shape[1], BLOCK_N=256, TANH=tanh)
+        return y
+
+    return answer
+
+
+@triton.jit
+def _rms_16_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK_N], dtype=h_ptr.dtype.element_ty)  # the sum of squares in the inputs' dtype
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        mask = offs < n_cols
+        h = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0) + tl.load(
+            r_ptr + row * n_cols + offs, mask=mask, other=0.0
+        )
+        tl.store(h_ptr + row * n_cols + offs, h, mask=mask)
+        acc += h * h
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0).to(tl.float32) / n_cols + eps)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        mask = offs < n_cols
+        h = tl.load(h_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        n = (h * rstd).to(y_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(y_ptr + row * n_cols + offs, (n * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_16(x, r, w, eps):
+    h, y = torch.empty_like(x), torch.empty_like(x)
+    _rms_16_kernel[(x.shape[0],)](x, r, w, h, y, x.shape[1], eps, BLOCK_N=min(triton.next_power_of_2(x.shape[1]), 1024))
+    return y, h
+
+
+@pytest.mark.parametrize(
+    "check, wrong, match",
+    [
+        pytest.param(l2.check_bias_gelu, bias_gelu_rows(True), r"differ.*exact GELU", id="l2-tanh-gelu"),
+        pytest.param(l4.check_add_rmsnorm, rms_16, "float16.*(differ|inf|fp32)", id="l4-sum-of-squares-in-fp16"),
+    ],
+)
+def test_precision_mistakes_are_named(check, wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        check(wrong)
+
+
+def test_bias_gelu_accepts_a_row_loop():
+    assert l2.check_bias_gelu(bias_gelu_rows(False)).startswith("✓ bias_gelu")
