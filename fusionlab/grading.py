@@ -38,6 +38,7 @@ import os
 import random
 import re
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -284,6 +285,7 @@ class Sandbox(LaunchCounter):
         self.refused: list[str] = []
         self._run_hook = None
         self._real_shown = True
+        self._threads: set[int | None] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -357,6 +359,14 @@ class Sandbox(LaunchCounter):
                 kwargs[key] = wider
                 self.widened = True
         why = _triton.learner_hooks(kernel)
+        # a thread the answer started, alive while its kernel runs, could read the real inputs meanwhile
+        # (one that C++ code entered Python from, such as autograd's device threads, is not the answer's)
+        started = [
+            t.name
+            for t in threading.enumerate()
+            if t.ident not in self._threads and t.is_alive() and not isinstance(t, threading._DummyThread)
+        ]
+        why += [f"a thread it started, still running ({', '.join(started)})"] if started else []
         odd = {type(a).__name__ for a in tree_leaves((args, kwargs)) if _foreign_pointer(a)}
         why += [f"a pointer argument that is not a torch.Tensor ({', '.join(sorted(odd))})"] if odd else []
         if why:
@@ -404,6 +414,7 @@ class Sandbox(LaunchCounter):
 
     def __enter__(self):
         ACTIVE.append(self)
+        self._threads = {t.ident for t in threading.enumerate()}
         self._run_hook = _triton.kernel_run_hook(self._run_begins, self._run_ends)
         self._run_hook.__enter__()
         try:

@@ -249,6 +249,18 @@ def reads_the_stack(x):
     return y
 
 
+def a_thread_alongside(x):
+    # a thread that would wait for the inputs' real values to appear while the kernel runs
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait, name="watcher", daemon=True)
+    worker.start()
+    try:
+        return exp_cos(x)
+    finally:
+        stop.set()
+        worker.join()
+
+
 def test_exp_cos_accepts_heuristics_and_a_jit_helper():
     assert l1.check_exp_cos(exp_cos).startswith("✓ exp_cos")
     assert l1.check_exp_cos(exp_cos_helper).startswith("✓ exp_cos")
@@ -276,6 +288,7 @@ def test_exp_cos_refuses_numpy_around_the_kernel(cheat, match):
     [
         pytest.param(foreign_pointer, r"a pointer argument that is not a torch.Tensor \(_Pointer\)", id="not-a-tensor"),
         pytest.param(reads_the_stack, "differ beyond", id="reads-the-checker-stack"),
+        pytest.param(a_thread_alongside, r"a thread it started, still running \(watcher\)", id="a-thread-alongside"),
     ],
 )
 def test_exp_cos_refuses_other_cheats(cheat, match):
@@ -373,3 +386,43 @@ def test_precision_mistakes_are_named(check, wrong, match):
 
 def test_bias_gelu_accepts_a_row_loop():
     assert l2.check_bias_gelu(bias_gelu_rows(False)).startswith("✓ bias_gelu")
+
+
+# row masks hidden by one row a program (the GPU solutions' BLOCK_M = 1): lesson 2's test has bias + GELU
+@triton.jit
+def _swiglu_tiles_kernel(
+    g_ptr, u_ptr, h_ptr, n_rows, n_cols, stride_gm, stride_um, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROW_MASK: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(axis=0)
+    n_tiles_n = tl.cdiv(n_cols, BLOCK_N)
+    offs_m = (pid // n_tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (pid % n_tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if ROW_MASK:
+        mask = (offs_m[:, None] < n_rows) & (offs_n[None, :] < n_cols)
+    else:  # the columns masked, the rows not
+        mask = (offs_m[:, None] >= 0) & (offs_n[None, :] < n_cols)
+    g = tl.load(g_ptr + offs_m[:, None] * stride_gm + offs_n[None, :], mask=mask).to(tl.float32)
+    u = tl.load(u_ptr + offs_m[:, None] * stride_um + offs_n[None, :], mask=mask).to(tl.float32)
+    tl.store(h_ptr + offs_m[:, None] * n_cols + offs_n[None, :], (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty),
+             mask=mask)  # fmt: skip
+
+
+def swiglu_one_row(row_mask):
+    def answer(g, u):
+        n_rows, n_cols = g.shape
+        h = torch.empty((n_rows, n_cols), dtype=g.dtype, device=g.device)
+        grid = (n_rows * triton.cdiv(n_cols, 256),)
+        _swiglu_tiles_kernel[grid](g, u, h, n_rows, n_cols, g.stride(0), u.stride(0), BLOCK_M=1, BLOCK_N=256,
+                                   ROW_MASK=row_mask)  # fmt: skip
+        return h
+
+    return answer
+
+
+def test_swiglu_tries_one_row_tiles_taller():
+    with grading.seeded(1):
+        inputs = l5.swiglu_inputs((37, 129), torch.float32, grading.fresh_generator())
+    with pytest.raises(CheckFailed, match=r"BLOCK_M = 2 \(you launch it with BLOCK_M = 1\).*past the end.*< n_rows"):
+        grading.check_taller_tiles(swiglu_one_row(False), inputs, l5.swiglu_reference, name="swiglu", seed=1)
+    assert grading.check_taller_tiles(swiglu_one_row(True), inputs, l5.swiglu_reference, name="swiglu", seed=1)
