@@ -19,11 +19,15 @@ Each kernel check, on every call:
   stack;
 - where fusion is asked: counts **Triton launches** (one logical launch per call, autotuned kernels
   included), **torch compute ops** and **torch passes** (copies and casts of tensor data), requires
-  the launched kernel to receive the inputs and the output itself (so numpy followed by a copy kernel is
-  not "one Triton kernel"), sees torch run inside a launch (a heuristics function, a pre-run hook) and
-  torch run with dispatch switched off (the profiler records it), and refuses the package's own kernels
-  and the checkers' answer keys inside the answer. :func:`run_answer` is that sequence, in one place,
-  for every lesson's checkers;
+  the launched kernel to receive the inputs and the output itself, sees torch run inside a launch (a
+  heuristics function) and torch run with dispatch switched off (the profiler records it), and refuses
+  the package's own kernels and the checkers' answer keys inside the answer;
+- **conceals the inputs** outside the runs of the answer's kernels (they hold decoys there), so that
+  numpy, another library or torch out of sight, followed by one kernel that copies the result in,
+  computes the answer for the decoys; requires what the answer returns to be as its last kernel run left
+  it; refuses a kernel whose run would execute the answer's own code (a pre-run hook, a thread started
+  alongside, a pointer that is not a tensor). :func:`run_answer` is that sequence, in one place, for
+  every lesson's checkers;
 - turns any exception the learner's code raises into a short message (what, where to look, seed).
 
 Checkers return a :class:`Passed`, printed once when the check passes and displayed as nothing, so
