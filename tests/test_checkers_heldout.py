@@ -338,7 +338,7 @@ def _bias_gelu_rows_kernel(x_ptr, b_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr, T
 def bias_gelu_rows(tanh):
     def answer(x, b):
         y = torch.empty_like(x)
-        _bias_gelu_rows_kernel[(x.shape[0],)](x, b, y, x.shape[1], BLOCK_N=256, TANH=tanh)
+        _bias_gelu_rows_kernel[(x.shape[0],)](x, b, y, x.shape[1], BLOCK_N=1024, TANH=tanh)
         return y
 
     return answer
