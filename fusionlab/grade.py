@@ -263,6 +263,7 @@ def _serve(notebook: str, index: int, proto_in, proto_out) -> None:
             launches.append((la.name, la.module, where))
         reply.update(box.report(), launches=launches, args_after=arg_tensors, tampered=_tampered(machinery))
         reply["after"] = box.written_after(out)
+        reply["unstored"] = box.not_stored(out)
         try:
             _send(proto_out, reply)
         except Exception as e:  # an answer that returned something that cannot travel as data

@@ -290,6 +290,9 @@ class Sandbox(LaunchCounter):
         self._run_hook = None
         self._real_shown = True
         self._threads: set[int | None] = set()
+        #: in the interpreter: the addresses every tl.store of the answer's kernels wrote (one array a store)
+        self._stored: list = []
+        self._mem_hook = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -402,6 +405,32 @@ class Sandbox(LaunchCounter):
         except Exception:  # a reference that cannot take the decoys: no such verdict
             return False
 
+    def _on_access(self, direction: str, addresses, element_bytes: int) -> None:
+        if direction == "write" and self._concealed:
+            self._stored.append(addresses)
+
+    def not_stored(self, out) -> int:
+        """In the interpreter: how many elements of the tensors ``out`` holds that a kernel run was handed
+        no ``tl.store`` wrote (Python in a kernel's body writing memory itself, which the interpreter runs
+        and a GPU would not compile). 0 on a GPU, or where no input was concealed."""
+        if getattr(self, "_remote_unstored", None) is not None:
+            return self._remote_unstored
+        if runtime.is_gpu():
+            return 0
+        import numpy as np
+
+        stored = np.unique(np.concatenate(self._stored)) if self._stored else np.zeros(0, dtype=np.uint64)
+        inputs, missing = self.concealed(), 0
+        for t in [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.device.type != "meta"]:
+            if _storage(t) in inputs or _storage(t) not in self._after_run or t.numel() == 0:
+                continue
+            index = torch.zeros((), dtype=torch.int64)
+            for n, st in zip(t.shape, t.stride(), strict=True):
+                index = index.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
+            addresses = t.data_ptr() + index.reshape(-1).numpy().astype(np.uint64) * t.element_size()
+            missing += int((~np.isin(addresses, stored)).sum())
+        return missing
+
     def written_after(self, out) -> bool:
         """Whether a tensor ``out`` holds was changed after the last kernel run that was handed it."""
         if getattr(self, "_remote_after", None) is not None:
@@ -421,6 +450,9 @@ class Sandbox(LaunchCounter):
         self._threads = {t.ident for t in threading.enumerate()}
         self._run_hook = _triton.kernel_run_hook(self._run_begins, self._run_ends)
         self._run_hook.__enter__()
+        if not runtime.is_gpu():
+            self._mem_hook = _triton.memory_hook(self._on_access)
+            self._mem_hook.__enter__()
         try:
             from torch.profiler import ProfilerActivity, profile
 
@@ -436,6 +468,9 @@ class Sandbox(LaunchCounter):
             return super().__exit__(*exc)
         finally:
             ACTIVE.remove(self)
+            if self._mem_hook is not None:
+                self._mem_hook.__exit__(None, None, None)
+                self._mem_hook = None
             self._run_hook.__exit__(None, None, None)
             self._show(real=True)
             if self._prof is not None:
@@ -486,6 +521,7 @@ class Sandbox(LaunchCounter):
         self.refused += report.get("refused", [])
         self._remote_after = report.get("after")
         self.widened = report.get("widened", False)
+        self._remote_unstored = report.get("unstored")
         self.remote = True
 
     def report(self) -> dict:
@@ -904,6 +940,14 @@ def run_answer(
             f"{where}: the tensor you return changed after your kernel finished with it: the result was written "
             "outside the kernel (numpy, a library, torch with dispatch switched off?). The kernel must compute "
             "the result and store it.",
+            seed,
+        )
+    unstored = box.not_stored(out) if not (box.torch_ops or box.passes) else 0
+    if unstored:
+        raise fail(
+            f"{where}: {plural(unstored, 'element')} of the tensor you return were written by no tl.store: Python "
+            "code in the kernel's body wrote them (the interpreter runs it; a GPU would not compile it). Store the "
+            "result with tl.store.",
             seed,
         )
     return out, box

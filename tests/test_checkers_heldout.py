@@ -426,3 +426,26 @@ def test_swiglu_tries_one_row_tiles_taller():
     with pytest.raises(CheckFailed, match=r"BLOCK_M = 2 \(you launch it with BLOCK_M = 1\).*past the end.*< n_rows"):
         grading.check_taller_tiles(swiglu_one_row(False), inputs, l5.swiglu_reference, name="swiglu", seed=1)
     assert grading.check_taller_tiles(swiglu_one_row(True), inputs, l5.swiglu_reference, name="swiglu", seed=1)
+
+
+_BODY: dict = {}
+
+
+@triton.jit
+def _python_body_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    # the interpreter runs a kernel's body as Python: numpy here writes y without a tl.store (a GPU would
+    # not compile it); the kernel is handed x and reads it
+    tl.load(x_ptr + tl.arange(0, BLOCK), mask=tl.arange(0, BLOCK) < n)
+    _BODY["y"].numpy()[:] = _np_exp_cos(_BODY["x"].numpy())
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="only the interpreter runs Python in a kernel's body")
+def test_python_writing_from_the_kernel_body_is_refused():
+    def answer(x):
+        y = torch.empty_like(x)
+        _BODY.update(x=x, y=y)
+        _python_body_kernel[(1,)](x, y, x.numel(), BLOCK=16)
+        return y
+
+    with pytest.raises(CheckFailed, match="written by no tl.store: Python code in the kernel's body"):
+        l1.check_exp_cos(answer)
