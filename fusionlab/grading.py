@@ -945,9 +945,9 @@ def run_answer(
     unstored = box.not_stored(out) if not (box.torch_ops or box.passes) else 0
     if unstored:
         raise fail(
-            f"{where}: {plural(unstored, 'element')} of the tensor you return were written by no tl.store: Python "
-            "code in the kernel's body wrote them (the interpreter runs it; a GPU would not compile it). Store the "
-            "result with tl.store.",
+            f"{where}: {plural(unstored, 'element')} of the tensor you return were written by no tl.store of your "
+            "kernel: other code wrote them (numpy, Python in a heuristics function or in the kernel's body, which the "
+            "interpreter runs and a GPU would not compile). The kernel must compute the result and tl.store it.",
             seed,
         )
     return out, box
