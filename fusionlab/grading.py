@@ -410,9 +410,10 @@ class Sandbox(LaunchCounter):
             self._stored.append(addresses)
 
     def not_stored(self, out) -> int:
-        """In the interpreter: how many elements of the tensors ``out`` holds that a kernel run was handed
-        no ``tl.store`` wrote (Python in a kernel's body writing memory itself, which the interpreter runs
-        and a GPU would not compile). 0 on a GPU, or where no input was concealed."""
+        """In the interpreter: how many elements of the tensors ``out`` holds, written (no longer the poison),
+        that a kernel run was handed and no ``tl.store`` wrote: numpy, a heuristics function, or Python in a
+        kernel's body writing memory itself (the interpreter runs it; a GPU would not compile it). 0 on a
+        GPU, or where no input was concealed."""
         if getattr(self, "_remote_unstored", None) is not None:
             return self._remote_unstored
         if runtime.is_gpu():
@@ -428,7 +429,9 @@ class Sandbox(LaunchCounter):
             for n, st in zip(t.shape, t.stride(), strict=True):
                 index = index.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
             addresses = t.data_ptr() + index.reshape(-1).numpy().astype(np.uint64) * t.element_size()
-            missing += int((~np.isin(addresses, stored)).sum())
+            # an element still holding the poison was written by nothing: the checkers name that mistake
+            written = ~poisoned(t).numpy()
+            missing += int((written & ~np.isin(addresses, stored)).sum())
         return missing
 
     def written_after(self, out) -> bool:
