@@ -334,7 +334,9 @@ def _lanes(ptrs, mask):
 
 
 @contextlib.contextmanager
-def memory_hook(on_access: Callable[[str, object, int], None], on_grid: Callable[[], None] | None = None):
+def memory_hook(
+    on_access: Callable[[str, object, int], None], on_grid: Callable[[], None] | None = None, reads: bool = True
+):
     """Triton's interpreter only: call ``on_access(direction, addresses, element_bytes)`` for every memory
     op of an interpreted kernel inside the block, ``direction`` ``"read"`` or ``"write"`` and
     ``addresses`` a numpy array of the byte addresses of the lanes the mask lets through; and
@@ -345,7 +347,8 @@ def memory_hook(on_access: Callable[[str, object, int], None], on_grid: Callable
     (plain, block-pointer and descriptor loads included), with these leading arguments in Triton 3.2
     to 3.9; the trailing cache arguments changed, so the wrappers pass them through untouched. An
     atomic read-modify-write (``create_atomic_rmw(op, ptr, val, mask, ...)``) reads and writes; a
-    compare-and-swap (``create_atomic_cas(ptr, cmp, val, ...)``), unmasked, likewise."""
+    compare-and-swap (``create_atomic_cas(ptr, cmp, val, ...)``), unmasked, likewise. ``reads=False``:
+    plain loads are left alone (a caller that wants only the writes does not pay for every load)."""
     from triton.runtime import interpreter as it
 
     builder, executor = it.InterpreterBuilder, it.GridExecutor
@@ -358,7 +361,7 @@ def memory_hook(on_access: Callable[[str, object, int], None], on_grid: Callable
             (builder, "create_atomic_rmw"),
             (builder, "create_atomic_cas"),
         )
-        if name in cls.__dict__
+        if name in cls.__dict__ and (reads or name != "create_masked_load")
     ]
     orig = {name: fn for _, name, fn in saved}
 
