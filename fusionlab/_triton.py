@@ -223,9 +223,17 @@ def learner_hooks(kernel) -> list[str]:
 
         rt = knobs.runtime
         for knob in ("jit_cache_hook", "jit_post_compile_hook", "launch_enter_hook", "launch_exit_hook"):
-            if _active(getattr(rt, knob, None)):
+            hook = getattr(rt, knob, None)
+            calls = getattr(hook, "calls", None if hook is None else [hook])  # a HookChain, or one callable
+            if any(not _library_code(c) for c in calls or []):
                 found.append(f"triton.knobs.runtime.{knob}")
     return found
+
+
+def _library_code(fn) -> bool:
+    """A hook that torch or Triton installed (their profilers), not the learner's."""
+    module = getattr(fn, "__module__", None) or getattr(type(fn), "__module__", "") or ""
+    return module.split(".")[0] in ("torch", "triton")
 
 
 @contextlib.contextmanager

@@ -449,3 +449,23 @@ def test_python_writing_from_the_kernel_body_is_refused():
 
     with pytest.raises(CheckFailed, match="written by no tl.store of your kernel"):
         l1.check_exp_cos(answer)
+
+
+def test_a_triton_launch_hook_of_the_answers_is_refused():
+    from triton import knobs
+
+    if not hasattr(knobs.runtime.launch_enter_hook, "add"):
+        pytest.skip("this Triton keeps one launch hook, not a chain")
+
+    def numpy_at_launch(*args):  # Triton calls it inside the kernel's run, where the inputs are real
+        pass
+
+    def answer(x):
+        knobs.runtime.launch_enter_hook.add(numpy_at_launch)
+        try:
+            return exp_cos(x)
+        finally:
+            knobs.runtime.launch_enter_hook.remove(numpy_at_launch)
+
+    with pytest.raises(CheckFailed, match=r"inside its launch \(triton.knobs.runtime.launch_enter_hook\)"):
+        l1.check_exp_cos(answer)
