@@ -41,7 +41,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import _exercise, _triton, grading, instrument, ledger
+from . import _exercise, _triton, bench, grading, instrument, ledger
 from ._triton import _base_fn
 
 #: `from fusionlab.lessons.l4 import checkers as ex`: the alias of a lesson's checkers in a notebook
@@ -120,9 +120,10 @@ def _recv(stream, *, trusted: bool):
 
 def _safe_globals() -> list:
     """What may come back from the learner's process besides tensors and plain data: the ledgers an
-    exercise returns (data classes of the package's own)."""
+    exercise returns and the measured ceilings a checker call is handed (data classes of the package's own)."""
 
-    return [v for v in vars(ledger).values() if isinstance(v, type) and dataclasses.is_dataclass(v)]
+    owners = (ledger, bench)
+    return [v for m in owners for v in vars(m).values() if isinstance(v, type) and dataclasses.is_dataclass(v)]
 
 
 # -- the learner's process ---------------------------------------------------------------------------------
@@ -297,7 +298,13 @@ class Learner:
         self.timer = threading.Timer(timeout, self._expire)  # a hung answer ends its process, not the grading
         self.timer.daemon = True
         self.timer.start()
-        self.manifest = self._recv()
+        try:
+            self.manifest = self._recv()
+        except BaseException:  # nothing readable came: the process goes, the grader gives a verdict
+            self.timer.cancel()
+            self.proc.kill()
+            self.proc.wait()
+            raise
 
     def _expire(self) -> None:
         self.expired = True
@@ -405,6 +412,9 @@ def grade_exercise(notebook: str, index: int, ex: Exercise, *, timeout: float, l
         learner = Learner(notebook, index, timeout=timeout, log=log)
     except EOFError:
         why = "the learner's process ended before the exercise (--log FILE shows why)"
+        return Verdict(ex, False, why, time.perf_counter() - t0)
+    except Exception as e:  # what it sent cannot be read as data: a verdict all the same, and the rest graded
+        why = f"the exercise's arguments cannot travel as data ({type(e).__name__}: {str(e).strip().splitlines()[0]})"
         return Verdict(ex, False, why, time.perf_counter() - t0)
     try:
         man = learner.manifest

@@ -121,3 +121,9 @@ def test_grade_passes_the_right_answer_and_fails_each_cheat(tmp_path):
 def test_grade_passes_the_solution_and_exits_zero():
     rc, out = grade(str(ROOT / "solutions" / "01_the_warehouse.ipynb"), "--only", "check_exp_cos")
     assert rc == 0 and out.rstrip().endswith("all passed") and out.count("  PASS") == 1, out
+
+
+def test_grade_reads_a_checker_call_handed_measured_ceilings():
+    # lesson 6's gate prediction is checked against the ceilings the notebook measured (a bench.Ceilings)
+    rc, out = grade(str(ROOT / "solutions" / "06_fused_epilogues.ipynb"), "--only", "check_gate_prediction")
+    assert rc == 0 and out.count("  PASS l6.check_gate_prediction") == 1, out
