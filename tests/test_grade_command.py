@@ -112,7 +112,9 @@ def test_grade_passes_the_right_answer_and_fails_each_cheat(tmp_path):
     verdicts = dict(zip(names, lines, strict=True))
     assert verdicts["right"].startswith("  PASS l1.check_exp_cos") and "✓ exp_cos" in verdicts["right"]
     assert verdicts["no_dispatch"].startswith("  FAIL") and "dispatch switched off" in verdicts["no_dispatch"]
-    assert verdicts["numpy"].startswith("  FAIL") and "computed outside the kernel" in verdicts["numpy"]
+    # (on a GPU, x.cpu() is itself a torch pass, refused first)
+    assert verdicts["numpy"].startswith("  FAIL")
+    assert "computed outside the kernel" in verdicts["numpy"] or "moves tensor data with torch" in verdicts["numpy"]
     assert verdicts["triton_patched"].startswith("  FAIL") and "JITFunction.run" in verdicts["triton_patched"]
     assert verdicts["patched"].startswith("  FAIL") and "changes fusionlab's grading machinery" in verdicts["patched"]
     assert rc == 1 and out.rstrip().endswith(f"{len(names) - 1} failed")
