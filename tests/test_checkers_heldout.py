@@ -121,7 +121,8 @@ def test_torch_out_of_sight_then_a_copy_kernel_is_refused(check, torch_fn):
 
 
 def test_a_result_copied_in_is_named_as_computed_outside_the_kernel():
-    with pytest.raises(CheckFailed, match="values your kernel never read: it was computed outside the kernel"):
+    # (where the profiler records the other thread's ops, it is refused as torch with dispatch switched off)
+    with pytest.raises(CheckFailed, match="values your kernel never read: it was computed outside|dispatch switched"):
         l1.check_exp_cos(in_a_thread(lambda x: torch.exp(torch.cos(x.float())).to(x.dtype)))
 
 
@@ -376,7 +377,17 @@ def rms_16(x, r, w, eps):
     "check, wrong, match",
     [
         pytest.param(l2.check_bias_gelu, bias_gelu_rows(True), r"differ.*exact GELU", id="l2-tanh-gelu"),
-        pytest.param(l4.check_add_rmsnorm, rms_16, "float16.*(differ|inf|fp32)", id="l4-sum-of-squares-in-fp16"),
+        pytest.param(
+            l4.check_add_rmsnorm,
+            rms_16,
+            "float16.*(differ|inf|fp32)",
+            id="l4-sum-of-squares-in-fp16",
+            marks=pytest.mark.skipif(
+                runtime.HALF != torch.float16,
+                reason="shown by fp16's overflow (h² near 300² past 65504); the GPU's half type is bf16, whose range "
+                "has no such overflow: not yet probed there",
+            ),
+        ),
     ],
 )
 def test_precision_mistakes_are_named(check, wrong, match):
