@@ -1,6 +1,6 @@
 """Every place fusionlab reaches into Triton's internals, in one module.
 
-Four reaches, each reversible and tested:
+Five reaches, each reversible and tested:
 
 - :func:`reinterpret_helpers`: when Triton was imported *before* fusionlab and fusionlab then chose
   the interpreter, Triton's own ``@triton.jit`` helpers (``tl.cdiv``, ``tl.sigmoid``, ...) were
@@ -9,6 +9,8 @@ Four reaches, each reversible and tested:
   tensors passed), counting one *logical* launch per call: an ``@triton.autotune`` kernel benchmarks
   its configs by launching the same kernel again from inside its own ``run``, and those nested
   launches are not the learner's.
+- :func:`kernel_run_hook`: call a function around every run of a kernel itself (the jit function's
+  own ``run``, under any autotune or heuristics wrapper, each config the autotuner times included).
 - :func:`memory_hook`: in Triton's interpreter, see the addresses every ``tl.load`` and ``tl.store``
   touches (masked lanes left out), and where each execution of a kernel's grid begins.
 - :func:`compile_for`: compile a kernel for a Hopper GPU on a machine without one (also in
@@ -172,6 +174,68 @@ def launch_hook(on_launch: Callable[[Launch], None]):
             cls.run = orig
 
 
+def _innermost_classes() -> list[type]:
+    """The classes whose ``run`` executes the kernel itself (the wrappers' ``run`` call into these)."""
+    return [cls for cls in _kernel_classes() if cls.__name__ in ("JITFunction", "InterpretedFunction")]
+
+
+@contextlib.contextmanager
+def kernel_run_hook(before: Callable, after: Callable):
+    """Call ``before(kernel, args, kwargs)`` as each run of a kernel itself begins, after any heuristics
+    function or autotuner hook has run, and ``after(kernel, args, kwargs)`` when it ends (also when it
+    raises); ``kernel`` is the jit function, ``args``/``kwargs`` its call's arguments. A compile-only
+    run (``warmup``) is left alone."""
+    patched = []
+    for cls in _innermost_classes():
+        orig = cls.__dict__.get("run")
+        if orig is None:
+            continue
+
+        def run(self_, *args, __orig=orig, **kwargs):
+            if kwargs.get("warmup"):
+                return __orig(self_, *args, **kwargs)
+            before(self_, args, kwargs)
+            try:
+                return __orig(self_, *args, **kwargs)
+            finally:
+                after(self_, args, kwargs)
+
+        cls.run = run
+        patched.append((cls, orig))
+    try:
+        yield
+    finally:
+        for cls, orig in reversed(patched):
+            cls.run = orig
+
+
+def learner_hooks(kernel) -> list[str]:
+    """Code that Triton runs *within* a run of ``kernel``, between its start and the launch, that the
+    kernel's author can supply: pre-run hooks, a ``launch_metadata`` function, and Triton's global
+    compile and launch hooks. Named, for a refusal; empty for a plain kernel."""
+    found = []
+    if getattr(kernel, "pre_run_hooks", None):
+        found.append("a pre-run hook (add_pre_run_hook)")
+    if getattr(kernel, "launch_metadata", None) is not None:
+        found.append("a launch_metadata function")
+    with contextlib.suppress(ImportError, AttributeError):
+        from triton import knobs  # not _runtime(): the interpreter has no active driver
+
+        rt = knobs.runtime
+        for knob in ("jit_cache_hook", "jit_post_compile_hook", "launch_enter_hook", "launch_exit_hook"):
+            hook = getattr(rt, knob, None)
+            calls = getattr(hook, "calls", None if hook is None else [hook])  # a HookChain, or one callable
+            if any(not _library_code(c) for c in calls or []):
+                found.append(f"triton.knobs.runtime.{knob}")
+    return found
+
+
+def _library_code(fn) -> bool:
+    """A hook that torch or Triton installed (their profilers), not the learner's."""
+    module = getattr(fn, "__module__", None) or getattr(type(fn), "__module__", "") or ""
+    return module.split(".")[0] in ("torch", "triton")
+
+
 @contextlib.contextmanager
 def _compilable_helpers():
     """Triton's own jit helpers (``tl.cdiv``, ``tl.sigmoid``...) as compilable ``JITFunction``s for a
@@ -287,7 +351,9 @@ def _lanes(ptrs, mask):
 
 
 @contextlib.contextmanager
-def memory_hook(on_access: Callable[[str, object, int], None], on_grid: Callable[[], None] | None = None):
+def memory_hook(
+    on_access: Callable[[str, object, int], None], on_grid: Callable[[], None] | None = None, reads: bool = True
+):
     """Triton's interpreter only: call ``on_access(direction, addresses, element_bytes)`` for every memory
     op of an interpreted kernel inside the block, ``direction`` ``"read"`` or ``"write"`` and
     ``addresses`` a numpy array of the byte addresses of the lanes the mask lets through; and
@@ -298,7 +364,8 @@ def memory_hook(on_access: Callable[[str, object, int], None], on_grid: Callable
     (plain, block-pointer and descriptor loads included), with these leading arguments in Triton 3.2
     to 3.9; the trailing cache arguments changed, so the wrappers pass them through untouched. An
     atomic read-modify-write (``create_atomic_rmw(op, ptr, val, mask, ...)``) reads and writes; a
-    compare-and-swap (``create_atomic_cas(ptr, cmp, val, ...)``), unmasked, likewise."""
+    compare-and-swap (``create_atomic_cas(ptr, cmp, val, ...)``), unmasked, likewise. ``reads=False``:
+    plain loads are left alone (a caller that wants only the writes does not pay for every load)."""
     from triton.runtime import interpreter as it
 
     builder, executor = it.InterpreterBuilder, it.GridExecutor
@@ -311,7 +378,7 @@ def memory_hook(on_access: Callable[[str, object, int], None], on_grid: Callable
             (builder, "create_atomic_rmw"),
             (builder, "create_atomic_cas"),
         )
-        if name in cls.__dict__
+        if name in cls.__dict__ and (reads or name != "create_masked_load")
     ]
     orig = {name: fn for _, name, fn in saved}
 

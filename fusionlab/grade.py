@@ -41,7 +41,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import _exercise, _triton, grading, instrument, ledger
+from . import _exercise, _triton, bench, grading, instrument, ledger
 from ._triton import _base_fn
 
 #: `from fusionlab.lessons.l4 import checkers as ex`: the alias of a lesson's checkers in a notebook
@@ -120,9 +120,10 @@ def _recv(stream, *, trusted: bool):
 
 def _safe_globals() -> list:
     """What may come back from the learner's process besides tensors and plain data: the ledgers an
-    exercise returns (data classes of the package's own)."""
+    exercise returns and the measured ceilings a checker call is handed (data classes of the package's own)."""
 
-    return [v for v in vars(ledger).values() if isinstance(v, type) and dataclasses.is_dataclass(v)]
+    owners = (ledger, bench)
+    return [v for m in owners for v in vars(m).values() if isinstance(v, type) and dataclasses.is_dataclass(v)]
 
 
 # -- the learner's process ---------------------------------------------------------------------------------
@@ -132,6 +133,13 @@ def _machinery() -> dict:
 
     owners = [grading, instrument, _triton, _exercise, grading.Sandbox, instrument.LaunchCounter, pd.TorchDispatchMode]
     owners += [c for c in vars(grading).values() if isinstance(c, type) and c.__module__.startswith("fusionlab")]
+    # Triton's own run paths: a run patched by the notebook would run inside the sandbox's kernel runs,
+    # where the concealed inputs hold their real values
+    owners += _triton._kernel_classes()
+    with contextlib.suppress(ImportError):
+        from triton.runtime import interpreter
+
+        owners += [interpreter.GridExecutor, interpreter.InterpreterBuilder]
     return {(getattr(o, "__name__", repr(o)), k): v for o in owners for k, v in list(vars(o).items())}
 
 
@@ -222,6 +230,9 @@ def _serve(notebook: str, index: int, proto_in, proto_out) -> None:
         for part in msg["box"][1].split("."):
             box_cls = getattr(box_cls, part)
         box = box_cls(**msg["box"][2])
+        arg_tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        # the real inputs are in this process from here on: hidden from the answer but in its kernels' runs
+        box.conceal([arg_tensors[i] for i in msg.get("conceal", [])], decoys=msg.get("decoys"))
         reply = {}
         _exercise.DEPTH[0] += 1
         try:
@@ -242,7 +253,6 @@ def _serve(notebook: str, index: int, proto_in, proto_out) -> None:
             out = None
         finally:
             _exercise.DEPTH[0] -= 1
-        arg_tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         out_tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         launches = []
         for la in box.launches:
@@ -253,6 +263,8 @@ def _serve(notebook: str, index: int, proto_in, proto_out) -> None:
                 where.append(("arg", i) if i is not None else ("out", j) if j is not None else None)
             launches.append((la.name, la.module, where))
         reply.update(box.report(), launches=launches, args_after=arg_tensors, tampered=_tampered(machinery))
+        reply["after"] = box.written_after(out)
+        reply["unstored"] = box.not_stored(out)
         try:
             _send(proto_out, reply)
         except Exception as e:  # an answer that returned something that cannot travel as data
@@ -286,7 +298,13 @@ class Learner:
         self.timer = threading.Timer(timeout, self._expire)  # a hung answer ends its process, not the grading
         self.timer.daemon = True
         self.timer.start()
-        self.manifest = self._recv()
+        try:
+            self.manifest = self._recv()
+        except BaseException:  # nothing readable came: the process goes, the grader gives a verdict
+            self.timer.cancel()
+            self.proc.kill()
+            self.proc.wait()
+            raise
 
     def _expire(self) -> None:
         self.expired = True
@@ -295,10 +313,11 @@ class Learner:
     def _recv(self):
         return _recv(self.proc.stdout, trusted=False)
 
-    def call(self, fn: int, args, kwargs, box) -> dict:
+    def call(self, fn: int, args, kwargs, box, conceal: list[int], decoys: list) -> dict:
         spec = box.remote_spec() if hasattr(box, "remote_spec") else {}
         cls = type(box)
-        _send(self.proc.stdin, {"op": "call", "fn": fn, "args": args, "kwargs": kwargs,
+        _send(self.proc.stdin, {"op": "call", "fn": fn, "args": args, "kwargs": kwargs, "conceal": conceal,
+                                "decoys": decoys,
                                 "box": (cls.__module__, cls.__qualname__, spec)})  # fmt: skip
         return self._recv()
 
@@ -333,15 +352,21 @@ class RemoteAnswer:
 
         box = grading.ACTIVE[-1] if grading.ACTIVE else grading.Sandbox()
         # the transfer and the bookkeeping are not the answer's work: out of the sandbox's sight
-        with torch._C._DisableTorchDispatch():
-            reply = self._learner.call(self._index, args, kwargs, box)
+        mine = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        hidden = box.concealed() if hasattr(box, "concealed") else set()
+        conceal = [i for i, t in enumerate(mine) if grading._storage(t) in hidden]
+        # the grader's decoys travel too: a result computed from them is then recognised here
+        decoys = [box.decoy_of(mine[i]) for i in conceal]
+        # the inputs go with their real values (concealed again in the learner's process)
+        show = box.showing_real() if hasattr(box, "showing_real") else contextlib.nullcontext()
+        with torch._C._DisableTorchDispatch(), show:
+            reply = self._learner.call(self._index, args, kwargs, box, conceal, decoys)
             if reply.get("tampered"):
                 raise grading.CheckFailed(
                     "the notebook changes fusionlab's grading machinery ("
                     + ", ".join(reply["tampered"][:3])
                     + "): an answer is graded as it is, not with the checks switched off."
                 )
-            mine = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
             for t, after in zip(mine, reply["args_after"], strict=True):  # what the answer did to its inputs
                 if not torch.equal(grading._bits(t), grading._bits(after)):
                     t.copy_(after.to(t.device))
@@ -387,6 +412,9 @@ def grade_exercise(notebook: str, index: int, ex: Exercise, *, timeout: float, l
         learner = Learner(notebook, index, timeout=timeout, log=log)
     except EOFError:
         why = "the learner's process ended before the exercise (--log FILE shows why)"
+        return Verdict(ex, False, why, time.perf_counter() - t0)
+    except Exception as e:  # what it sent cannot be read as data: a verdict all the same, and the rest graded
+        why = f"the exercise's arguments cannot travel as data ({type(e).__name__}: {str(e).strip().splitlines()[0]})"
         return Verdict(ex, False, why, time.perf_counter() - t0)
     try:
         man = learner.manifest

@@ -19,11 +19,15 @@ Each kernel check, on every call:
   stack;
 - where fusion is asked: counts **Triton launches** (one logical launch per call, autotuned kernels
   included), **torch compute ops** and **torch passes** (copies and casts of tensor data), requires
-  the launched kernel to receive the inputs and the output itself (so numpy followed by a copy kernel is
-  not "one Triton kernel"), sees torch run inside a launch (a heuristics function, a pre-run hook) and
-  torch run with dispatch switched off (the profiler records it), and refuses the package's own kernels
-  and the checkers' answer keys inside the answer. :func:`run_answer` is that sequence, in one place,
-  for every lesson's checkers;
+  the launched kernel to receive the inputs and the output itself, sees torch run inside a launch (a
+  heuristics function) and torch run with dispatch switched off (the profiler records it), and refuses
+  the package's own kernels and the checkers' answer keys inside the answer;
+- **conceals the inputs** outside the runs of the answer's kernels (they hold decoys there), so that
+  numpy, another library or torch out of sight, followed by one kernel that copies the result in,
+  computes the answer for the decoys; requires what the answer returns to be as its last kernel run left
+  it; refuses a kernel whose run would execute the answer's own code (a pre-run hook, a thread started
+  alongside, a pointer that is not a tensor). :func:`run_answer` is that sequence, in one place, for
+  every lesson's checkers;
 - turns any exception the learner's code raises into a short message (what, where to look, seed).
 
 Checkers return a :class:`Passed`, printed once when the check passes and displayed as nothing, so
@@ -38,6 +42,7 @@ import os
 import random
 import re
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,7 +50,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._pytree import tree_leaves
 
-from . import _exercise, runtime
+from . import _exercise, _triton, runtime
 from ._triton import Launch, one_profiler_cycle, quiet_stderr  # noqa: F401  (Launch: the grading command rebuilds launches with it)
 from .instrument import FREE, PASSES, LaunchCounter, op_name
 from .ledger import Ledger, human_bytes
@@ -251,11 +256,24 @@ class Sandbox(LaunchCounter):
     ``@triton.heuristics`` function or a pre-run hook: the launch counter leaves ops inside launches
     to the interpreter, which copies with torch; compute ops are counted there too), and torch run with
     Python dispatch switched off (``torch._C._DisableTorchDispatch()``), which no dispatch mode sees:
-    the profiler, below dispatch, still records those ops (:attr:`hidden_ops`)."""
+    the profiler, below dispatch, still records those ops (:attr:`hidden_ops`).
 
-    def __init__(self, guard: bool = True):
+    Any other library (numpy, torch on a copy, anything that reads memory) is met by **concealed
+    inputs** (:meth:`conceal`): outside the runs of its kernels the answer sees decoys in place of its
+    inputs, the real values only while a kernel itself runs (after any heuristics function or autotuner
+    hook; a kernel with a hook that Triton runs inside the run, or a pointer that is not a tensor, is
+    refused its inputs, :attr:`refused`). A result computed before the launch is computed on decoys; one
+    written into the output after the last run is seen, since each run's tensors are kept as it left
+    them (:meth:`written_after`). Only the answer's kernels can have read the inputs and written the
+    output."""
+
+    def __init__(self, guard: bool = True, widen: dict | None = None):
         super().__init__()
         self.guard = guard
+        #: ``{constexpr: (value, wider)}``: a kernel run with ``constexpr=value`` runs with ``wider`` instead
+        #: (a tile of one row made taller, on the grid launched for one row: see :func:`check_taller_tiles`)
+        self.widen = dict(widen or {})
+        self.widened = False
         self.guards: list[torch.Tensor] = []
         self.allocations: list[torch.Tensor] = []
         #: every aten op the dispatch mode saw, at any depth (what the profiler may also list)
@@ -263,6 +281,18 @@ class Sandbox(LaunchCounter):
         #: compute ops the profiler recorded that no dispatch mode saw: torch with dispatch switched off
         self.hidden_ops: list[str] = []
         self._prof = None
+        #: the concealed inputs: (tensor, its real values, its decoy)
+        self._concealed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        #: each storage a kernel run was handed, as the last run left it (its bytes, by address)
+        self._after_run: dict[int, torch.Tensor] = {}
+        #: why a kernel run was refused the real inputs
+        self.refused: list[str] = []
+        self._run_hook = None
+        self._real_shown = True
+        self._threads: set[int | None] = set()
+        #: in the interpreter: the addresses every tl.store of the answer's kernels wrote (one array a store)
+        self._stored: list = []
+        self._mem_hook = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -278,8 +308,162 @@ class Sandbox(LaunchCounter):
                 self.torch_ops.append(name)
         return super().__torch_dispatch__(func, types, args, kwargs)
 
+    def conceal(self, tensors: Sequence, gen: torch.Generator | None = None, decoys: Sequence | None = None) -> None:
+        """Until the sandbox ends, ``tensors`` hold decoys (random values of their shape and dtype) except
+        while a kernel itself runs. Call before entering; tensors with overlapping elements (stride 0)
+        and single elements are left as they are. ``decoys``: the decoy of each tensor (None: drawn here), as
+        the grading command sends them, so that the grader knows what the answer saw."""
+        gen = gen or fresh_generator()
+        decoys = list(decoys) if decoys is not None else [None] * len(tensors)
+        with _bookkeeping():
+            for t, d in zip(tensors, decoys, strict=True):
+                if not isinstance(t, torch.Tensor) or t.numel() < 2 or t.is_complex():
+                    continue
+                if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride(), strict=True)):
+                    continue
+                d = d.to(t.device) if isinstance(d, torch.Tensor) else _decoy(t, gen)
+                self._concealed.append((t, t.detach().clone(), d))
+        self._show(real=False)
+
+    def _show(self, real: bool) -> None:
+        # what was written into an input meanwhile is kept (a kernel storing into its input, or the host
+        # writing into the decoy): the check that inputs are unchanged must still see it
+        if not self._concealed or self._real_shown == real:
+            return
+        self._real_shown = real
+        with _bookkeeping():
+            for t, r, d in self._concealed:
+                t = t.detach()
+                if real:
+                    if not _same_bits(t, d):
+                        r.copy_(t)
+                    t.copy_(r)
+                else:
+                    r.copy_(t)
+                    t.copy_(d)
+
+    @contextlib.contextmanager
+    def showing_real(self):
+        """The concealed inputs hold their real values inside the block (the grading command sends them
+        to the learner's process, which conceals them there)."""
+        self._show(real=True)
+        try:
+            yield
+        finally:
+            self._show(real=False)
+
+    def concealed(self) -> set[int]:
+        """The storages of the concealed inputs."""
+        return {_storage(t) for t, _, _ in self._concealed}
+
+    def decoy_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The decoy ``t`` holds outside kernel runs (None: not concealed)."""
+        return next((d for c, _, d in self._concealed if c is t), None)
+
+    def _run_begins(self, kernel, args, kwargs) -> None:
+        for key, (value, wider) in self.widen.items():
+            if kwargs.get(key) == value:
+                kwargs[key] = wider
+                self.widened = True
+        why = _triton.learner_hooks(kernel)
+        # a thread the answer started, alive while its kernel runs, could read the real inputs meanwhile
+        # (one that C++ code entered Python from, such as autograd's device threads, is not the answer's)
+        started = [
+            t.name
+            for t in threading.enumerate()
+            if t.ident not in self._threads and t.is_alive() and not isinstance(t, threading._DummyThread)
+        ]
+        why += [f"a thread it started, still running ({', '.join(started)})"] if started else []
+        odd = {type(a).__name__ for a in tree_leaves((args, kwargs)) if _foreign_pointer(a)}
+        why += [f"a pointer argument that is not a torch.Tensor ({', '.join(sorted(odd))})"] if odd else []
+        if why:
+            self.refused += [w for w in why if w not in self.refused]
+            return
+        self._show(real=True)
+
+    def _run_ends(self, kernel, args, kwargs) -> None:
+        if not self._concealed:
+            return
+        self._show(real=False)
+        with _bookkeeping():
+            for a in tree_leaves((args, kwargs)):
+                if isinstance(a, torch.Tensor):
+                    self._after_run[_storage(a)] = _storage_bytes(a).clone()
+
+    def computed_from_decoys(self, actual, reference: Callable, inputs: Sequence) -> bool:
+        """Whether ``actual`` is ``reference`` of the decoys the answer saw in place of ``inputs``: a result
+        computed outside the answer's kernels."""
+        decoys = {id(t): d for t, _, d in self._concealed}
+        if not decoys or not isinstance(actual, torch.Tensor):
+            return False
+        fake = [decoys.get(id(t), t) if isinstance(t, torch.Tensor) else t for t in inputs]
+        try:
+            want = reference(*[t.clone() if isinstance(t, torch.Tensor) else t for t in fake])
+            atol, rtol = tolerance(want.dtype)
+            a, w = actual.detach().double().cpu(), want.detach().double().cpu()
+            return a.shape == w.shape and bool(_isclose(a, w, atol=atol, rtol=rtol, equal_nan=True).all())
+        except Exception:  # a reference that cannot take the decoys: no such verdict
+            return False
+
+    def _on_access(self, direction: str, addresses, element_bytes: int) -> None:
+        if direction == "write" and self._concealed:
+            self._stored.append(addresses)
+
+    def not_stored(self, out) -> int:
+        """In the interpreter: how many elements of the tensors ``out`` holds, written (no longer the poison),
+        that a kernel run was handed and no ``tl.store`` wrote: numpy, a heuristics function, or Python in a
+        kernel's body writing memory itself (the interpreter runs it; a GPU would not compile it). 0 on a
+        GPU, or where no input was concealed."""
+        if getattr(self, "_remote_unstored", None) is not None:
+            return self._remote_unstored
+        if runtime.is_gpu():
+            return 0
+        import numpy as np
+
+        stored = np.concatenate(self._stored) if self._stored else np.zeros(0, dtype=np.uint64)
+        inputs, missing = self.concealed(), 0
+        for t in [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.device.type != "meta"]:
+            if _storage(t) in inputs or _storage(t) not in self._after_run or t.numel() == 0:
+                continue
+            index = torch.zeros((), dtype=torch.int64)
+            for n, st in zip(t.shape, t.stride(), strict=True):
+                index = index.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
+            index = index.reshape(-1).numpy()  # each element's offset from t's first, in elements
+            if index.min() < 0:  # a layout torch does not allocate: not judged here
+                continue
+            # the stores that landed on t's span, as offsets, marked on a map of the span
+            size, base = t.element_size(), np.uint64(t.data_ptr())
+            span = int(index.max()) + 1
+            hit = stored[(stored >= base) & (stored < base + np.uint64(span * size))]
+            marked = np.zeros(span, dtype=bool)
+            marked[((hit - base) // np.uint64(size)).astype(np.int64)] = True
+            # an element still holding the poison was written by nothing: the checkers name that mistake
+            written = ~poisoned(t).numpy()
+            missing += int((written & ~marked[index]).sum())
+        return missing
+
+    def written_after(self, out) -> bool:
+        """Whether a tensor ``out`` holds was changed after the last kernel run that was handed it."""
+        if getattr(self, "_remote_after", None) is not None:
+            return self._remote_after
+        inputs = self.concealed()  # an input returned is not a result written late (lessons name that mistake)
+        with _bookkeeping():
+            for t in [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.device.type != "meta"]:
+                if _storage(t) in inputs:
+                    continue
+                snap = self._after_run.get(_storage(t))
+                if snap is not None and not _equal(_storage_bytes(t), snap):
+                    return True
+        return False
+
     def __enter__(self):
         ACTIVE.append(self)
+        self._threads = {t.ident for t in threading.enumerate()}
+        self._run_hook = _triton.kernel_run_hook(self._run_begins, self._run_ends)
+        self._run_hook.__enter__()
+        if not runtime.is_gpu():
+            self._mem_hook = _triton.memory_hook(self._on_access, reads=False)
+            self._mem_hook.__enter__()
         try:
             from torch.profiler import ProfilerActivity, profile
 
@@ -295,6 +479,11 @@ class Sandbox(LaunchCounter):
             return super().__exit__(*exc)
         finally:
             ACTIVE.remove(self)
+            if self._mem_hook is not None:
+                self._mem_hook.__exit__(None, None, None)
+                self._mem_hook = None
+            self._run_hook.__exit__(None, None, None)
+            self._show(real=True)
             if self._prof is not None:
                 with _quiet_stderr(), one_profiler_cycle():
                     self._prof.__exit__(None, None, None)
@@ -329,7 +518,7 @@ class Sandbox(LaunchCounter):
 
     def remote_spec(self) -> dict:
         """The keyword arguments that build this sandbox again in the learner's process."""
-        return {"guard": self.guard}
+        return {"guard": self.guard, "widen": self.widen}
 
     def take_report(self, report: dict) -> None:
         """Fill this sandbox from a :func:`report` made in another process (the grading command's learner
@@ -341,6 +530,10 @@ class Sandbox(LaunchCounter):
         self.hidden_ops += report["hidden_ops"]
         self.allocations += [torch.empty(s, dtype=d, device="meta") for s, d in report["allocations"]]
         self._remote_past = report["past"]
+        self.refused += report.get("refused", [])
+        self._remote_after = report.get("after")
+        self.widened = report.get("widened", False)
+        self._remote_unstored = report.get("unstored")
         self.remote = True
 
     def report(self) -> dict:
@@ -351,7 +544,53 @@ class Sandbox(LaunchCounter):
             "hidden_ops": list(self.hidden_ops),
             "allocations": [(tuple(a.shape), a.dtype) for a in self.allocations],
             "past": self.writes_past_the_end(),
+            "refused": list(self.refused),
+            "widened": self.widened,
         }
+
+
+#: the profiler's label on the sandbox's own work (concealing, revealing, keeping what a run left)
+_OWN = "fusionlab::sandbox"
+
+
+@contextlib.contextmanager
+def _bookkeeping():
+    """The sandbox's own tensor work: out of the dispatch mode's sight and marked for the profiler, so
+    neither counts it as the answer's."""
+    with torch._C._DisableTorchDispatch(), torch.no_grad(), torch.profiler.record_function(_OWN):
+        yield
+
+
+def _decoy(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """What a concealed input holds outside its kernels' runs: random values of its shape and dtype
+    (integers and booleans: its own values in a random order, so an index stays in range)."""
+    if t.is_floating_point():
+        return randn(t.shape, dtype=t.dtype, device=t.device, gen=gen)
+    flat = t.detach().reshape(-1)
+    return flat[torch.randperm(flat.numel(), generator=gen).to(t.device)].reshape(t.shape)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one dtype and shape hold the same bits (NaN payloads included), where they are."""
+    if a.dtype in _POISON_BITS:
+        itype = _POISON_BITS[a.dtype][0]
+        return _equal(a.contiguous().view(itype), b.contiguous().view(itype))
+    return _equal(a, b)
+
+
+def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The whole storage under ``t``, as bytes (a view)."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _foreign_pointer(a) -> bool:
+    """An argument Triton would take as a pointer that is not a tensor: an object whose own ``data_ptr``
+    code would run inside the kernel's run (Triton's own wrappers are tensors' stand-ins, allowed)."""
+    return (
+        hasattr(a, "data_ptr")
+        and not isinstance(a, torch.Tensor)
+        and not type(a).__module__.startswith(("triton.", "torch"))
+    )
 
 
 def _aten(event) -> str:
@@ -375,7 +614,7 @@ def _unseen_compute(events, seen: set[str]) -> set[str]:
     def outermost(e) -> bool:  # an op another op runs inside its own code never meets a dispatch mode
         p = e.cpu_parent
         while p is not None:
-            if _aten(p):
+            if _aten(p) or p.name == _OWN:
                 return False
             p = p.cpu_parent
         return True
@@ -627,6 +866,7 @@ def run_answer(
     torch_hint: str = "",
     torch_message: Callable[[str], str] | None = None,
     before_torch: Callable[[Sandbox, object], None] | None = None,
+    conceal: bool | Sequence[int] | None = None,
 ):
     """The sequence every kernel check runs, in one place: call ``fn(*args, **kwargs)`` in a
     :class:`Sandbox` (``box``: a subclass), then refuse, each with its own message, an answer that
@@ -635,7 +875,14 @@ def run_answer(
     2. wrote past the end of a tensor it allocated (a guard zone overwritten, on a GPU as on a CPU);
     3. launched one of the package's own kernels;
     4. computed or moved tensor data with torch (unless ``allow_torch_ops``): ops seen outside
-       launches, inside them (a heuristics function, a pre-run hook), and with dispatch switched off.
+       launches, inside them (a heuristics function, a pre-run hook), and with dispatch switched off;
+    5. computed with anything else (numpy, a library, torch on a copy) and copied in: its inputs are
+       concealed (:meth:`Sandbox.conceal`) outside its kernels' runs, and the tensors it returns must be
+       as its last kernel run left them.
+
+    ``conceal``: which inputs (positions in ``args``; True: every tensor of ``args`` and ``kwargs``);
+    by default all of them unless ``allow_torch_ops`` (torch in the answer may then read some inputs,
+    which the checker names).
 
     ``before_torch(box, output)``: a lesson's own check, run before the torch check (a more pointed message for
     some ops); ``torch_message(ops)``: a lesson's own words for torch doing the work.
@@ -644,8 +891,18 @@ def run_answer(
     kwargs = kwargs or {}
     before = _snapshot(args)
     box = box if box is not None else Sandbox()
-    with box:
-        out = call_learner(lambda: fn(*args, **kwargs), name=name, where=where, seed=seed)
+    if conceal is None:
+        conceal = not allow_torch_ops
+    if conceal is True:
+        box.conceal([t for t in tree_leaves((list(args), kwargs)) if isinstance(t, torch.Tensor)])
+    elif conceal:
+        box.conceal([args[i] for i in conceal])
+    try:
+        with box:
+            out = call_learner(lambda: fn(*args, **kwargs), name=name, where=where, seed=seed)
+    except CheckFailed:
+        _refuse_hooks(box, where, seed)  # the cause, where the answer failed for want of its inputs
+        raise
     changed = _changed_input(args, before)
     if changed is not None:
         raise fail(
@@ -663,6 +920,7 @@ def run_answer(
             seed,
         )
     refuse_own_kernels(box, where, seed, "Write the kernel yourself: that is the exercise.")
+    _refuse_hooks(box, where, seed)
     if before_torch is not None:
         before_torch(box, out)
     if box.hidden_ops:
@@ -688,7 +946,66 @@ def run_answer(
                 "(x.to(tl.float32)); allocate the output with torch.empty_like, in the output's dtype."
             )
         raise fail(f"{msg} {torch_hint}".rstrip(), seed)
+    # a write after the kernel that torch made in sight is the lesson's to judge (above, or its own checks)
+    if not (box.torch_ops or box.passes) and box.written_after(out):
+        raise fail(
+            f"{where}: the tensor you return changed after your kernel finished with it: the result was written "
+            "outside the kernel (numpy, a library, torch with dispatch switched off?). The kernel must compute "
+            "the result and store it.",
+            seed,
+        )
+    unstored = box.not_stored(out) if not (box.torch_ops or box.passes) else 0
+    if unstored:
+        raise fail(
+            f"{where}: {plural(unstored, 'element')} of the tensor you return were written by no tl.store of your "
+            "kernel: other code wrote them (numpy, Python in a heuristics function or in the kernel's body, which the "
+            "interpreter runs and a GPU would not compile). The kernel must compute the result and tl.store it.",
+            seed,
+        )
     return out, box
+
+
+def check_taller_tiles(
+    fn: Callable,
+    inputs: Sequence,
+    reference: Callable,
+    *,
+    name: str,
+    seed: int,
+    key: str = "BLOCK_M",
+    wider: int = 2,
+    mask_hint: str = "(offs_m[:, None] < n_rows) & (offs_n[None, :] < n_cols)",
+) -> bool:
+    """An answer whose kernel runs with ``key = 1`` (one row a program, as lesson 2's GPU solution) has no
+    partial row tile, so a missing or off-by-one row mask writes nothing out of place. Run it once more
+    with ``key = wider`` on the grid it launches for one row (programs for ``wider`` times the tensor's
+    rows): a masked kernel writes the same values (rows written twice), one whose row mask is missing or
+    lets row ``n_rows`` through writes past the end, into the guard zone. ``wider`` stays small, so that
+    what an unmasked kernel reaches (``wider`` times the tensor) stays inside the guard zone and the
+    inputs' room behind them (:data:`GUARD_MIN` elements at least); an odd row count leaves the last tile
+    partial. Returns whether the kernel ran with ``key = 1`` (and so was tried)."""
+    where = f"{name}, shape {tuple(inputs[0].shape)}, your kernel with {key} = {wider} (you launch it with {key} = 1)"
+    hint = (
+        f"With {key} = 1 no tile hangs past the last row, so the mistake hides; with any taller tile it writes "
+        f"rows that do not exist. Mask the rows as well as the columns, < n_rows (not <=): {mask_hint}."
+    )
+    box = Sandbox(widen={key: (1, wider)})
+    out, box = run_answer(fn, inputs, name=name, where=where, seed=seed, box=box, store_hint=hint)
+    if not box.widened:
+        return False
+    expected = reference(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
+    assert_close(out, expected, what=where, hint=hint, seed=seed)
+    return True
+
+
+def _refuse_hooks(box: Sandbox, where: str, seed: int) -> None:
+    if box.refused:
+        raise fail(
+            f"{where}: your kernel runs code of yours inside its launch ({'; '.join(box.refused)}). The checks "
+            "give a kernel its inputs only while the kernel itself runs: launch a plain @triton.jit kernel (autotune "
+            "and heuristics are fine) and pass it torch tensors.",
+            seed,
+        )
 
 
 def _tensors_of(out) -> list[torch.Tensor]:
@@ -778,7 +1095,17 @@ def _check_once(student, reference, make_inputs, name, size, dtype, launches, al
     # the reference only now: nothing the answer ran could read it off this frame
     expected = reference(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
     unwritten = poisoned(actual) if isinstance(actual, torch.Tensor) else None
-    assert_close(actual, expected, what=where, hint=hint, seed=seed, unwritten=unwritten)
+    try:
+        assert_close(actual, expected, what=where, hint=hint, seed=seed, unwritten=unwritten)
+    except CheckFailed:
+        if box.computed_from_decoys(actual, reference, inputs):
+            raise fail(
+                f"{where}: your result is the answer for the values the inputs held outside your kernel, values "
+                "your kernel never read: it was computed outside the kernel (numpy, a library, torch out of "
+                "sight) and copied in. The kernel must compute it from the inputs it is handed.",
+                seed,
+            ) from None
+        raise
 
 
 def check_function_pair(

@@ -194,6 +194,34 @@ def test_bias_gelu_rejects_a_row_mask_off_by_one():
         ex.check_bias_gelu(off_by_one)
 
 
+@pytest.mark.parametrize(
+    "off_by_one, count",
+    [pytest.param(False, "4773 elements", id="no-row-mask"), pytest.param(True, "129 elements", id="le-n-rows")],
+)
+def test_bias_gelu_rejects_a_row_mask_hidden_by_one_row_tiles(off_by_one, count):
+    # one row a program (the GPU solution's BLOCK_M = 1): no row tile is partial, so the mistake writes
+    # nothing out of place at the answer's own block sizes; the checker runs the kernel with 2-row tiles
+    def one_row(x, b):
+        n_rows, n_cols = x.shape
+        y = torch.empty_like(x)
+        grid = (n_rows * triton.cdiv(n_cols, 256),)
+        _no_row_mask_kernel[grid](x, b, y, n_rows, n_cols, x.stride(0), y.stride(0), BLOCK_M=1, BLOCK_N=256,
+                                  OFF_BY_ONE=off_by_one)  # fmt: skip
+        return y
+
+    with check.seeded(1):
+        inputs = ex.bias_gelu_inputs(ex.TALL_SHAPE, torch.float32, check.fresh_generator())
+    with pytest.raises(
+        CheckFailed, match=rf"BLOCK_M = 2 \(you launch it with BLOCK_M = 1\).*wrote {count} past the end"
+    ):
+        check.check_taller_tiles(one_row, inputs, bias_gelu_reference, name="bias_gelu", seed=1)
+    right = lambda x, b: _launch(_bias_gelu_kernel, x, b, 1, 256)  # noqa: E731
+    assert check.check_taller_tiles(right, inputs, bias_gelu_reference, name="bias_gelu", seed=1)
+    # the solution is tried so where it has one row a program (the GPU), and passes
+    tried = check.check_taller_tiles(solution_bias_gelu, inputs, bias_gelu_reference, name="bias_gelu", seed=1)
+    assert tried == (BLOCK_M == 1)
+
+
 def gelu_without_bias(x, bias):
     y = torch.empty_like(x)
     _gelu_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, y, x.numel(), BLOCK=BLOCK)

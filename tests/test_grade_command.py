@@ -55,6 +55,27 @@ ANSWERS = {
     y = torch.empty_like(x)
     copy_kernel[(triton.cdiv(x.numel(), 1024),)](r, x, y, x.numel(), BLOCK=1024)
     return y""",
+    # numpy (any library) computes, one copy kernel handed the input too: the values it saw were decoys
+    "numpy": """def answer(x):
+    import numpy as np
+    r = torch.from_numpy(np.exp(np.cos(x.cpu().numpy().astype(np.float32))).astype(x.cpu().numpy().dtype))
+    y = torch.empty_like(x)
+    copy_kernel[(triton.cdiv(x.numel(), 1024),)](r.to(x.device), x, y, x.numel(), BLOCK=1024)
+    return y""",
+    # Triton's own run path patched, so numpy runs inside the kernel's run, where the inputs are real
+    "triton_patched": """import numpy as np
+from triton.runtime.jit import JITFunction
+from triton.runtime.interpreter import InterpretedFunction
+for cls in (JITFunction, InterpretedFunction):
+    def run(self, *args, __orig=cls.run, **kwargs):
+        if self.fn.__name__ == "copy_kernel":
+            args[1].numpy()[:] = np.exp(np.cos(args[0].numpy().astype(np.float32))).astype(args[0].numpy().dtype)
+        return __orig(self, *args, **kwargs)
+    cls.run = run
+def answer(x):
+    y = torch.empty_like(x)
+    copy_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, y, x.numel(), BLOCK=1024)
+    return y""",
     # last (every later cell runs with it): the comparison switched off in the learner's process, a wrong kernel
     "patched": """import fusionlab.grading
 fusionlab.grading.assert_close = lambda *a, **k: None
@@ -91,6 +112,10 @@ def test_grade_passes_the_right_answer_and_fails_each_cheat(tmp_path):
     verdicts = dict(zip(names, lines, strict=True))
     assert verdicts["right"].startswith("  PASS l1.check_exp_cos") and "✓ exp_cos" in verdicts["right"]
     assert verdicts["no_dispatch"].startswith("  FAIL") and "dispatch switched off" in verdicts["no_dispatch"]
+    # (on a GPU, x.cpu() is itself a torch pass, refused first)
+    assert verdicts["numpy"].startswith("  FAIL")
+    assert "computed outside the kernel" in verdicts["numpy"] or "moves tensor data with torch" in verdicts["numpy"]
+    assert verdicts["triton_patched"].startswith("  FAIL") and "JITFunction.run" in verdicts["triton_patched"]
     assert verdicts["patched"].startswith("  FAIL") and "changes fusionlab's grading machinery" in verdicts["patched"]
     assert rc == 1 and out.rstrip().endswith(f"{len(names) - 1} failed")
 
@@ -98,3 +123,9 @@ def test_grade_passes_the_right_answer_and_fails_each_cheat(tmp_path):
 def test_grade_passes_the_solution_and_exits_zero():
     rc, out = grade(str(ROOT / "solutions" / "01_the_warehouse.ipynb"), "--only", "check_exp_cos")
     assert rc == 0 and out.rstrip().endswith("all passed") and out.count("  PASS") == 1, out
+
+
+def test_grade_reads_a_checker_call_handed_measured_ceilings():
+    # lesson 6's gate prediction is checked against the ceilings the notebook measured (a bench.Ceilings)
+    rc, out = grade(str(ROOT / "solutions" / "06_fused_epilogues.ipynb"), "--only", "check_gate_prediction")
+    assert rc == 0 and out.count("  PASS l6.check_gate_prediction") == 1, out

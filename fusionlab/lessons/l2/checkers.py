@@ -10,6 +10,8 @@ follows the tensor: on a GPU it corrupts it silently, in the interpreter it can 
 
 from __future__ import annotations
 
+import torch
+
 from ... import grading
 from ...grading import CheckFailed, call_learner, number
 from ...kernels.bias_gelu import bias_gelu_ledger, bias_gelu_reference
@@ -21,6 +23,8 @@ from ...ledger import human_bytes
 SHAPES = ((1, 1), (37, 129), (130, 7), (257, 1000))
 #: many programs at any tile (2 x 1024 on a GPU: 520; 64 Ki elements in the interpreter: 17)
 MANY_SHAPE = (1031, 1031)
+#: where an answer with one row a program is run again with 16-row tiles: rows no tile of 16 divides
+TALL_SHAPE = (37, 129)
 #: chain lengths the fused-chain exercise is checked at: every op once, the wrap-around, two rounds
 CHAIN_KS = (1, 2, 3, 4, 5, 8)
 Passed, _passed = grading.Passed, grading.passed
@@ -49,6 +53,11 @@ def check_bias_gelu(bias_gelu_fn) -> Passed:
         hint="Compute in fp32 (.to(tl.float32)), add the bias along the rows (b[None, :]), use the exact "
         "GELU 0.5 v (1 + erf(v / sqrt(2))), and store in y's dtype.",
     )
+    # one row a program (the GPU's BLOCK_M = 1) leaves no partial row tile: the row mask is tried with taller ones
+    seed = grading.new_seed()
+    with grading.seeded(seed):
+        inputs = bias_gelu_inputs(TALL_SHAPE, torch.float32, grading.fresh_generator())
+        grading.check_taller_tiles(bias_gelu_fn, inputs, bias_gelu_reference, name="bias_gelu", seed=seed)
     msg = (
         f"✓ bias_gelu: {res.checks} checks passed (shapes {', '.join(map(str, SHAPES))} × 2 dtypes, one of "
         f"{MANY_SHAPE[0]} × {MANY_SHAPE[1]} and one repeated; fresh random inputs, poisoned outputs, nothing "

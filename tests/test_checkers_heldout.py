@@ -1,0 +1,482 @@
+"""Held-out wrong answers for lessons 1-7, written apart from the checkers: every cheat refused, every honest
+mistake named, the right answers (other ways of writing them) accepted.
+
+The cheats do the work outside the learner's kernel and hand the kernel the inputs, so that the launch
+count and "the kernel was handed every input and the output" both hold:
+
+- torch run in another thread (where no dispatch mode of the checker's thread sees it), then one copy
+  kernel: a stand-in for numpy or any library, since the checker cannot tell them apart and need not:
+  what it returns is computed from the values the inputs held outside the kernel's run (decoys);
+- the kernel copies the inputs into a scratch buffer while it runs, and numpy writes the result into
+  the output after it: the output changed after the kernel finished;
+- numpy in a ``@triton.heuristics`` function or an autotuner's pre-hook (before the kernel runs: decoys);
+- a pre-run hook, or a pointer argument that is not a tensor (code of the answer's inside the kernel's
+  run): refused their inputs;
+- the answer looking for the expected values on the checker's stack (it is computed after the answer).
+
+The grading command (tests/test_grade_command.py) runs the same sandbox in the learner's process, so a
+cheat refused here is refused there; what only the grading command can refuse (the comparison patched,
+Triton's run path patched) is tested there.
+
+The checkers' inputs are small in the interpreter; on a GPU the same tests run with the GPU's block sizes
+(`runtime.pick`).
+"""
+
+from __future__ import annotations  # noqa: I001  (fusionlab before triton: see test_checkers_lesson2.py)
+
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusionlab import grading, runtime
+import triton
+import triton.language as tl
+
+from fusionlab.grading import CheckFailed
+from fusionlab.lessons.l1 import checkers as l1
+from fusionlab.lessons.l2 import checkers as l2
+from fusionlab.lessons.l4 import checkers as l4
+from fusionlab.lessons.l5 import checkers as l5
+from fusionlab.lessons.l6 import checkers as l6
+from fusionlab.lessons.l7 import checkers as l7
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),
+]
+
+BLOCK = runtime.pick(gpu=1024, interpreter=4096)
+#: what a cheat's result is refused with: computed from the decoys, or different from the answer
+OUTSIDE = r"computed outside the kernel|differ|inf or NaN|dispatch switched off|written by no tl.store"
+
+
+# -- the cheats' one kernel: copies a result in, handed every input too ------------------------------------
+@triton.jit
+def _copy_in_kernel(src_ptr, dst_ptr, n, src2_ptr, dst2_ptr, n2, a_ptr, b_ptr, c_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+    tl.store(dst2_ptr + offs, tl.load(src2_ptr + offs, mask=offs < n2), mask=offs < n2)
+
+
+def _copy_in(results, inputs):
+    """One launch copying ``results`` (one or two tensors) into fresh outputs, handed ``inputs`` as well."""
+    results = [r.contiguous() for r in results]
+    outs = [torch.empty_like(r) for r in results]
+    pairs = list(zip(results, outs, strict=True)) + [(results[0], outs[0])] * (2 - len(results))
+    (s1, d1), (s2, d2) = pairs[:2]
+    extra = (list(inputs) + [s1] * 3)[:3]
+    n = max(s1.numel(), s2.numel())
+    _copy_in_kernel[(triton.cdiv(n, BLOCK),)](s1, d1, s1.numel(), s2, d2, s2.numel(), *extra, BLOCK=BLOCK)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def in_a_thread(torch_fn):
+    """The cheat: ``torch_fn`` run in another thread (no dispatch mode of the checker's sees it), then
+    copied in by one kernel handed every input."""
+
+    def answer(*args):
+        res = []
+        worker = threading.Thread(target=lambda: res.append(torch_fn(*args)))
+        worker.start()
+        worker.join()
+        out = res[0]
+        return _copy_in(list(out) if isinstance(out, tuple) else [out], [a for a in args if torch.is_tensor(a)])
+
+    return answer
+
+
+def _gelu(x, b):
+    return F.gelu(x.float() + b.float()).to(x.dtype)
+
+
+def _flash(q, k, v, causal=False):
+    s = (q.float() @ k.float().transpose(-1, -2)) / q.shape[-1] ** 0.5
+    if causal:
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    return (torch.softmax(s, -1) @ v.float()).to(q.dtype), torch.logsumexp(s, -1)
+
+
+CHEATS = [
+    pytest.param(l1.check_exp_cos, lambda x: torch.exp(torch.cos(x.float())).to(x.dtype), id="l1-exp_cos"),
+    pytest.param(l2.check_bias_gelu, _gelu, id="l2-bias_gelu"),
+    pytest.param(l2.check_chain, lambda x, k: l2.chain_reference.__wrapped__(x, k), id="l2-chain"),
+    pytest.param(l4.check_softmax, lambda x: torch.softmax(x.float(), -1).to(x.dtype), id="l4-softmax"),
+    pytest.param(l5.check_swiglu, lambda g, u: (F.silu(g.float()) * u.float()).to(g.dtype), id="l5-swiglu"),
+    pytest.param(
+        l6.check_linear_gelu, lambda x, w, b: F.gelu(x.float() @ w.float().T + b.float()).to(x.dtype), id="l6-linear"
+    ),
+    pytest.param(l7.check_flash_forward, _flash, id="l7-flash"),
+]
+
+
+@pytest.mark.parametrize("check, torch_fn", CHEATS)
+def test_torch_out_of_sight_then_a_copy_kernel_is_refused(check, torch_fn):
+    with pytest.raises(CheckFailed, match=OUTSIDE):
+        check(in_a_thread(torch_fn))
+
+
+def test_a_result_copied_in_is_named_as_computed_outside_the_kernel():
+    # (where the profiler records the other thread's ops, it is refused as torch with dispatch switched off)
+    with pytest.raises(CheckFailed, match="values your kernel never read: it was computed outside|dispatch switched"):
+        l1.check_exp_cos(in_a_thread(lambda x: torch.exp(torch.cos(x.float())).to(x.dtype)))
+
+
+# -- lesson 1's exp_cos: the right answer and cheats of every kind ------------------------------------------
+@triton.jit
+def _exp_cos_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(y_ptr + offs, tl.exp(tl.cos(x)).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _exp_of(x):  # a helper: the work may live in any @triton.jit function
+    return tl.exp(x)
+
+
+@triton.heuristics({"BLOCK": lambda args: min(triton.next_power_of_2(args["n"]), BLOCK)})
+@triton.jit
+def _exp_cos_helper_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(y_ptr + offs, _exp_of(tl.cos(x)).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def exp_cos(x):
+    y = torch.empty_like(x)
+    _exp_cos_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, y, x.numel(), BLOCK=BLOCK)
+    return y
+
+
+def exp_cos_helper(x):
+    y = torch.empty_like(x)
+    _exp_cos_helper_kernel[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)](x, y, x.numel())
+    return y
+
+
+def _np_exp_cos(a: np.ndarray) -> np.ndarray:
+    return np.exp(np.cos(a.astype(np.float32))).astype(a.dtype)
+
+
+@triton.jit
+def _scratch_kernel(x_ptr, y_ptr, s_ptr, n, BLOCK: tl.constexpr):
+    # a copy of x, taken while the kernel runs (y is handed over, never written)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(s_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def numpy_after_the_kernel(x):
+    y, s = torch.empty_like(x), torch.empty_like(x)
+    _scratch_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, y, s, x.numel(), BLOCK=BLOCK)
+    y.cpu().numpy()[:] = _np_exp_cos(s.cpu().numpy())  # on a CPU, the numpy array is y's own memory
+    return y
+
+
+def _np_into_y(args):
+    x, y = args["x_ptr"], args["y_ptr"]
+    y.numpy()[:] = _np_exp_cos(x.numpy())
+    return BLOCK
+
+
+@triton.heuristics({"BLOCK": _np_into_y})
+@triton.jit
+def _heuristic_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    pass
+
+
+@triton.autotune(
+    configs=[triton.Config({"BLOCK": BLOCK}, pre_hook=lambda args: _np_into_y(args))], key=["n"]
+)  # fmt: skip
+@triton.jit
+def _pre_hook_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    pass
+
+
+def numpy_in(kernel, **meta):
+    def answer(x):
+        y = torch.empty_like(x)
+        kernel[(1,)](x, y, x.numel(), **meta)
+        return y
+
+    return answer
+
+
+@triton.jit
+def _pre_run_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    pass
+
+
+_pre_run_kernel.add_pre_run_hook(lambda *args, **kwargs: _np_into_y({"x_ptr": args[0], "y_ptr": args[1]}))
+
+
+class _Pointer:
+    """A tensor's stand-in whose own ``data_ptr`` code runs inside the kernel's run."""
+
+    def __init__(self, t, then=None):
+        self.t, self.then, self.dtype = t, then, t.dtype
+
+    def data_ptr(self):
+        if self.then is not None:
+            self.then()
+        return self.t.data_ptr()
+
+
+def foreign_pointer(x):
+    y = torch.empty_like(x)
+    _exp_cos_kernel[(triton.cdiv(x.numel(), BLOCK),)](_Pointer(x), y, x.numel(), BLOCK=BLOCK)
+    return y
+
+
+def reads_the_stack(x):
+    # looks for the expected values on the checker's frames: computed after the answer returns, not there
+    frame, found = sys._getframe(1), None
+    while frame is not None and found is None:
+        for name in ("expected", "ref", "want"):
+            value = frame.f_locals.get(name)
+            if torch.is_tensor(value) and value.shape == x.shape:
+                found = value
+        frame = frame.f_back
+    y = torch.empty_like(x)
+    _copy_in_kernel[(triton.cdiv(x.numel(), BLOCK),)](
+        found if found is not None else x, y, x.numel(), x, y, 0, x, x, x, BLOCK=BLOCK
+    )  # fmt: skip
+    return y
+
+
+def a_thread_alongside(x):
+    # a thread that would wait for the inputs' real values to appear while the kernel runs
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait, name="watcher", daemon=True)
+    worker.start()
+    try:
+        return exp_cos(x)
+    finally:
+        stop.set()
+        worker.join()
+
+
+def test_exp_cos_accepts_heuristics_and_a_jit_helper():
+    assert l1.check_exp_cos(exp_cos).startswith("✓ exp_cos")
+    assert l1.check_exp_cos(exp_cos_helper).startswith("✓ exp_cos")
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="numpy reads a CPU tensor's memory; on a GPU it cannot without torch")
+@pytest.mark.parametrize(
+    "cheat, match",
+    [
+        pytest.param(numpy_after_the_kernel, "changed after your kernel finished", id="numpy-after-the-kernel"),
+        pytest.param(numpy_in(_heuristic_kernel), OUTSIDE, id="numpy-in-a-heuristics-function"),
+        pytest.param(numpy_in(_pre_hook_kernel), OUTSIDE, id="numpy-in-an-autotune-pre-hook"),
+        pytest.param(
+            numpy_in(_pre_run_kernel, BLOCK=BLOCK), r"inside its launch \(a pre-run hook", id="numpy-in-a-pre-run-hook"
+        ),
+    ],
+)
+def test_exp_cos_refuses_numpy_around_the_kernel(cheat, match):
+    with pytest.raises(CheckFailed, match=match):
+        l1.check_exp_cos(cheat)
+
+
+@pytest.mark.parametrize(
+    "cheat, match",
+    [
+        pytest.param(foreign_pointer, r"a pointer argument that is not a torch.Tensor \(_Pointer\)", id="not-a-tensor"),
+        pytest.param(reads_the_stack, "differ beyond", id="reads-the-checker-stack"),
+        pytest.param(a_thread_alongside, r"a thread it started, still running \(watcher\)", id="a-thread-alongside"),
+    ],
+)
+def test_exp_cos_refuses_other_cheats(cheat, match):
+    with pytest.raises(CheckFailed, match=match):
+        l1.check_exp_cos(cheat)
+
+
+def test_concealed_inputs_hold_their_values_only_while_a_kernel_runs():
+    seen = []
+
+    @triton.jit
+    def peek_kernel(x_ptr, n, BLOCK: tl.constexpr):
+        pass
+
+    x = torch.arange(8.0, device=runtime.DEVICE)
+    real = x.clone()
+    box = grading.Sandbox()
+    box.conceal([x])
+    with box:
+        seen.append(x.clone())
+        peek_kernel.add_pre_run_hook(lambda *a, **k: None)  # refused: the run keeps the decoys
+        peek_kernel[(1,)](x, 8, BLOCK=8)
+    assert not torch.equal(seen[0], real) and torch.equal(x, real)  # decoys outside, real values after
+    assert box.refused == ["a pre-run hook (add_pre_run_hook)"]
+
+
+# -- honest mistakes the checkers must name ---------------------------------------------------------------
+# precision: a sum of squares left in the inputs' 16-bit type (no upcast), on values large enough to show it;
+# a different function within the 16-bit tolerance (the tanh GELU for the exact one). (Element-wise math
+# left in fp16 is not among them: Triton refuses tl.cos of fp16, and the interpreter rounds each fp16 op
+# from fp32, as the reference's one rounding nearly does: inside fp16's tolerance, and not a mistake.)
+@triton.jit
+def _bias_gelu_rows_kernel(x_ptr, b_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr, TANH: tl.constexpr):
+    row = tl.program_id(0)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        mask = offs < n_cols
+        v = tl.load(x_ptr + row * n_cols + offs, mask=mask).to(tl.float32)
+        v += tl.load(b_ptr + offs, mask=mask).to(tl.float32)
+        if TANH:  # the tanh form, where the exact (erf) one is asked
+            y = v * tl.sigmoid(1.5957691216057308 * (v + 0.044715 * v * v * v))
+        else:
+            y = 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
+        tl.store(y_ptr + row * n_cols + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def bias_gelu_rows(tanh):
+    def answer(x, b):
+        y = torch.empty_like(x)
+        _bias_gelu_rows_kernel[(x.shape[0],)](x, b, y, x.shape[1], BLOCK_N=1024, TANH=tanh)
+        return y
+
+    return answer
+
+
+@triton.jit
+def _rms_16_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK_N], dtype=h_ptr.dtype.element_ty)  # the sum of squares in the inputs' dtype
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        mask = offs < n_cols
+        h = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0) + tl.load(
+            r_ptr + row * n_cols + offs, mask=mask, other=0.0
+        )
+        tl.store(h_ptr + row * n_cols + offs, h, mask=mask)
+        acc += h * h
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0).to(tl.float32) / n_cols + eps)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        mask = offs < n_cols
+        h = tl.load(h_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        n = (h * rstd).to(y_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(y_ptr + row * n_cols + offs, (n * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_16(x, r, w, eps):
+    h, y = torch.empty_like(x), torch.empty_like(x)
+    _rms_16_kernel[(x.shape[0],)](x, r, w, h, y, x.shape[1], eps, BLOCK_N=min(triton.next_power_of_2(x.shape[1]), 1024))
+    return y, h
+
+
+@pytest.mark.parametrize(
+    "check, wrong, match",
+    [
+        pytest.param(l2.check_bias_gelu, bias_gelu_rows(True), r"differ.*exact GELU", id="l2-tanh-gelu"),
+        pytest.param(
+            l4.check_add_rmsnorm,
+            rms_16,
+            "float16.*(differ|inf|fp32)",
+            id="l4-sum-of-squares-in-fp16",
+            marks=pytest.mark.skipif(
+                runtime.HALF != torch.float16,
+                reason="shown by fp16's overflow (h² near 300² past 65504); the GPU's half type is bf16, whose range "
+                "has no such overflow: not yet probed there",
+            ),
+        ),
+    ],
+)
+def test_precision_mistakes_are_named(check, wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        check(wrong)
+
+
+def test_bias_gelu_accepts_a_row_loop():
+    assert l2.check_bias_gelu(bias_gelu_rows(False)).startswith("✓ bias_gelu")
+
+
+# row masks hidden by one row a program (the GPU solutions' BLOCK_M = 1): lesson 2's test has bias + GELU
+@triton.jit
+def _swiglu_tiles_kernel(
+    g_ptr, u_ptr, h_ptr, n_rows, n_cols, stride_gm, stride_um, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROW_MASK: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(axis=0)
+    n_tiles_n = tl.cdiv(n_cols, BLOCK_N)
+    offs_m = (pid // n_tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (pid % n_tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if ROW_MASK:
+        mask = (offs_m[:, None] < n_rows) & (offs_n[None, :] < n_cols)
+    else:  # the columns masked, the rows not
+        mask = (offs_m[:, None] >= 0) & (offs_n[None, :] < n_cols)
+    g = tl.load(g_ptr + offs_m[:, None] * stride_gm + offs_n[None, :], mask=mask).to(tl.float32)
+    u = tl.load(u_ptr + offs_m[:, None] * stride_um + offs_n[None, :], mask=mask).to(tl.float32)
+    tl.store(h_ptr + offs_m[:, None] * n_cols + offs_n[None, :], (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty),
+             mask=mask)  # fmt: skip
+
+
+def swiglu_one_row(row_mask):
+    def answer(g, u):
+        n_rows, n_cols = g.shape
+        h = torch.empty((n_rows, n_cols), dtype=g.dtype, device=g.device)
+        grid = (n_rows * triton.cdiv(n_cols, 256),)
+        _swiglu_tiles_kernel[grid](g, u, h, n_rows, n_cols, g.stride(0), u.stride(0), BLOCK_M=1, BLOCK_N=256,
+                                   ROW_MASK=row_mask)  # fmt: skip
+        return h
+
+    return answer
+
+
+def test_swiglu_tries_one_row_tiles_taller():
+    with grading.seeded(1):
+        inputs = l5.swiglu_inputs((37, 129), torch.float32, grading.fresh_generator())
+    with pytest.raises(CheckFailed, match=r"BLOCK_M = 2 \(you launch it with BLOCK_M = 1\).*past the end.*< n_rows"):
+        grading.check_taller_tiles(swiglu_one_row(False), inputs, l5.swiglu_reference, name="swiglu", seed=1)
+    assert grading.check_taller_tiles(swiglu_one_row(True), inputs, l5.swiglu_reference, name="swiglu", seed=1)
+
+
+_BODY: dict = {}
+
+
+@triton.jit
+def _python_body_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    # the interpreter runs a kernel's body as Python: numpy here writes y without a tl.store (a GPU would
+    # not compile it); the kernel is handed x and reads it
+    tl.load(x_ptr + tl.arange(0, BLOCK), mask=tl.arange(0, BLOCK) < n)
+    _BODY["y"].numpy()[:] = _np_exp_cos(_BODY["x"].numpy())
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="only the interpreter runs Python in a kernel's body")
+def test_python_writing_from_the_kernel_body_is_refused():
+    def answer(x):
+        y = torch.empty_like(x)
+        _BODY.update(x=x, y=y)
+        _python_body_kernel[(1,)](x, y, x.numel(), BLOCK=16)
+        return y
+
+    with pytest.raises(CheckFailed, match="written by no tl.store of your kernel"):
+        l1.check_exp_cos(answer)
+
+
+def test_a_triton_launch_hook_of_the_answers_is_refused():
+    from triton import knobs
+
+    if not hasattr(knobs.runtime.launch_enter_hook, "add"):
+        pytest.skip("this Triton keeps one launch hook, not a chain")
+
+    def numpy_at_launch(*args):  # Triton calls it inside the kernel's run, where the inputs are real
+        pass
+
+    def answer(x):
+        knobs.runtime.launch_enter_hook.add(numpy_at_launch)
+        try:
+            return exp_cos(x)
+        finally:
+            knobs.runtime.launch_enter_hook.remove(numpy_at_launch)
+
+    with pytest.raises(CheckFailed, match=r"inside its launch \(triton.knobs.runtime.launch_enter_hook\)"):
+        l1.check_exp_cos(answer)
