@@ -185,68 +185,6 @@ def check_eps(eps, op: str) -> float:
     return float(eps)
 
 
-# -- huge rows -------------------------------------------------------------------------------------------
-# A row of finite values whose fp32 sum of squares overflows (values past ~1e19, or one 1e38) would
-# get rstd 0 (RMSNorm: y = 0) or an infinite variance (LayerNorm), where the float64 answer is finite.
-# A block of rows holding one pays a second look at its rows, on x / max|x|, where no square
-# overflows; every other block pays one compare (:func:`_overflowed`) after its reductions.
-@triton.jit
-def _overflowed(stat):
-    """Whether a row of the block has a sum of squares past fp32 (inf, or NaN after inf - inf)."""
-    return tl.max((stat != stat) | (stat == float("inf")), axis=0)
-
-
-@triton.jit
-def _shifted(x_rows, offs, mask_m, n_cols, k):
-    mask = mask_m[:, None] & (offs < n_cols)[None, :]
-    x = tl.load(x_rows[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
-    return tl.where(mask, x - k[:, None], 0.0)
-
-
-@triton.jit
-def _rescaled(x_rows, mask_m, n_cols, k, CENTRE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``(scale, d, m2)`` of a block of rows re-read at ``x_rows`` (row pointers) less ``k`` (LayerNorm's
-    shift; zeros for RMSNorm): ``scale = 1 / max|x - k|`` (0 for a row holding inf or NaN) and, of
-    ``u = (x - k) scale``, ``d = mean(u)`` (CENTRE, else 0) and ``m2 = sum((u - d)²)``."""
-    tl.debug_barrier()  # the row may have just been stored (h) by other threads of this program
-    offs_n = tl.arange(0, BLOCK_N)
-    amax = tl.zeros_like(k)
-    for start in range(0, n_cols, BLOCK_N):
-        amax = tl.maximum(amax, tl.max(tl.abs(_shifted(x_rows, start + offs_n, mask_m, n_cols, k)), axis=1))
-    scale = tl.where(amax < float("inf"), 1.0 / amax, 0.0)
-    d = tl.zeros_like(k)
-    if CENTRE:
-        for start in range(0, n_cols, BLOCK_N):
-            d += tl.sum(_shifted(x_rows, start + offs_n, mask_m, n_cols, k) * scale[:, None], axis=1)
-        d = d / n_cols
-    m2 = tl.zeros_like(k)
-    for start in range(0, n_cols, BLOCK_N):
-        offs = start + offs_n
-        u = _shifted(x_rows, offs, mask_m, n_cols, k) * scale[:, None] - d[:, None]
-        u = tl.where(mask_m[:, None] & (offs < n_cols)[None, :], u, 0.0)
-        m2 += tl.sum(u * u, axis=1)
-    return scale, d, m2
-
-
-@triton.jit
-def _huge_rms_rstd(rstd, sq, x_rows, mask_m, n_cols, eps, BLOCK_N: tl.constexpr):
-    """RMSNorm's rstd, the rows whose sum of squares ``sq`` overflowed redone on ``u = x s``, s = 1 /
-    max|x|: ``mean(x²) + eps = (mean(u²) + eps s²) / s²``."""
-    scale, _, m2 = _rescaled(x_rows, mask_m, n_cols, tl.zeros_like(rstd), False, BLOCK_N)
-    big = ((sq != sq) | (sq == float("inf"))) & (scale > 0)
-    return tl.where(big, tl.math.rsqrt(m2 / n_cols + eps * scale * scale) * scale, rstd)
-
-
-@triton.jit
-def _huge_ln_stats(d, rstd, m2, x_rows, mask_m, n_cols, k, eps, BLOCK_N: tl.constexpr):
-    """LayerNorm's ``(mean - k, rstd)``, the rows whose centred sum of squares ``m2`` overflowed redone
-    on ``u = (x - k) s``, s = 1 / max|x - k|: ``mean - k = mean(u) / s``, ``var = var(u) / s²``."""
-    scale, ds, m2s = _rescaled(x_rows, mask_m, n_cols, k, True, BLOCK_N)
-    big = ((m2 != m2) | (m2 == float("inf"))) & (scale > 0)
-    d = tl.where(big, ds / scale, d)
-    return d, tl.where(big, tl.math.rsqrt(m2s / n_cols + eps * scale * scale) * scale, rstd)
-
-
 @triton.jit
 def _sum_partials_kernel(
     part_ptr,
@@ -295,8 +233,8 @@ def sum_partials(part: torch.Tensor, dtype: torch.dtype, *, pdl: bool = False, c
     """``part.sum(1)`` for a ``(K, P, N)`` fp32 buffer of partial sums, as a ``(K, N)`` tensor of
     ``dtype``, by :func:`_sum_partials_kernel` (a fixed order: deterministic). ``pdl``: the kernel that
     wrote ``part`` was the stream's last and lets this one be placed early (``gdc_launch_dependents``):
-    LayerNorm's backward asks for it, RMSNorm's measured no gain (benchmarks/notes_norms.md, 2026-11-25,
-    the backward's partial sums placed early).
+    LayerNorm's backward, 0.4-1 us a call on an H200; RMSNorm's gained nothing (-0.7 to +1.8 us, so it
+    does not; benchmarks/notes_norms.md, 2026-11-25, the backward's partial sums placed early).
     ``checked=True``: a norm's backward, which allocated ``part`` itself, skips the checks a direct call
     gets (host time on a small backward's path)."""
     if not checked:

@@ -33,8 +33,7 @@ layer its own ``offset`` (advance it by :func:`philox_counters`) or its own seed
 
 **Numerics.** h is rounded to x's dtype (it is stored, and eager adds in that dtype); statistics are
 fp32 from the rounded h; ``y = (h - mean) * rstd * w + b`` (RMSNorm: ``h * rstd * w``, mean-square
-inside the square root, ``eps`` added to it) in fp32, rounded once to x's dtype; a row whose sum of
-squares overflows fp32 has its statistics redone on h / max|h| (``kernels/_norms.py``, huge rows). In eval
+inside the square root, ``eps`` added to it) in fp32, rounded once to x's dtype. In eval
 (``training=False``) or with ``p = 0`` no random number is drawn and h = residual + x exactly.
 
 **Backward** (saved: h, w, and one fp32 mean and rstd a row; ``n̂ = (h - mean) rstd``, ``g = dy w``)::
@@ -80,7 +79,7 @@ from ._launch import (
     next_pow2,
     sm_count,
 )
-from ._norms import _huge_ln_stats, _huge_rms_rstd, _overflowed, check_eps, overridden, sum_partials, wants_grad
+from ._norms import check_eps, overridden, sum_partials, wants_grad
 from ._tensors import upstream_grad
 
 OP = "dropout_norm"
@@ -293,15 +292,6 @@ def _h_tile(x_ptr, r_ptr, h_ptr, rows3, cols, mask, ctr, lane, stride_x, stride_
     return h.to(tl.float32)
 
 
-@triton.jit
-def _huge_stats(mean, rstd, ssq, h_ptr, rows, row_ok, n_cols, eps, RMS: tl.constexpr, BLOCK_Q: tl.constexpr):
-    """(mean, rstd) with the rows whose sum of squares overflowed redone on the stored h, scaled."""
-    h_rows = h_ptr + rows.to(tl.int64) * n_cols
-    if RMS:
-        return mean, _huge_rms_rstd(rstd, ssq, h_rows, row_ok, n_cols, eps, BLOCK_Q // 2)
-    return _huge_ln_stats(mean, rstd, ssq, h_rows, row_ok, n_cols, tl.zeros_like(mean), eps, BLOCK_Q // 2)
-
-
 @triton.jit(do_not_specialize=["seed", "offset"])  # a fresh seed every call: never a recompile
 def _dropout_norm_fwd_kernel(
     x_ptr, r_ptr, w_ptr, b_ptr, h_ptr, y_ptr, mean_ptr, rstd_ptr,
@@ -327,12 +317,7 @@ def _dropout_norm_fwd_kernel(
         else:
             mean = tl.sum(tl.sum(h, axis=2), axis=1) / n_cols
             d = tl.where(mask, h - mean[:, None, None], 0.0)
-        ssq = tl.sum(tl.sum(d * d, axis=2), axis=1)
-        rstd = tl.rsqrt(ssq / n_cols + eps)
-        if _overflowed(ssq):  # a row's squares past fp32: redone on h / max|h| (_norms, huge rows)
-            mean, rstd = _huge_stats(mean, rstd, ssq, h_ptr, rows, row_ok, n_cols, eps, RMS, BLOCK_Q)
-            if not RMS:
-                d = tl.where(mask, h - mean[:, None, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(tl.sum(d * d, axis=2), axis=1) / n_cols + eps)
         w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         y = d * rstd[:, None, None] * w
         if HAS_BIAS:
@@ -358,10 +343,7 @@ def _dropout_norm_fwd_kernel(
             h = tl.load(h_ptr + rows3 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
             d = tl.where(mask, h - mean[:, None, None], 0.0)
             acc += d * d
-        ssq = tl.sum(tl.sum(acc, axis=2), axis=1)
-        rstd = tl.rsqrt(ssq / n_cols + eps)
-        if _overflowed(ssq):
-            mean, rstd = _huge_stats(mean, rstd, ssq, h_ptr, rows, row_ok, n_cols, eps, RMS, BLOCK_Q)
+        rstd = tl.rsqrt(tl.sum(tl.sum(acc, axis=2), axis=1) / n_cols + eps)
         for start_q in range(0, n_q, BLOCK_Q):
             cols = (start_q + tl.arange(0, BLOCK_Q)[None, :, None]) * 4 + tl.arange(0, 4)[None, None, :]
             mask = row_ok[:, None, None] & (cols < n_cols)

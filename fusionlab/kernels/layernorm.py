@@ -16,8 +16,6 @@ one tile is walked in tiles, each tile centred on its own mean, and the tiles' `
 are combined with Chan, Golub & LeVeque's parallel formula (``delta = mean_b - mean_a``,
 ``M2 = M2_a + M2_b + delta² n_a n_b / n``): numerically the two-pass result, in one pass; pass 2 then
 re-reads x to write y (the ledger's re-read term). ``eps`` is added to the variance, inside the root.
-A row of finite values whose centred sum of squares overflows fp32 (values past ~1e19) has its
-statistics redone on ``(x - x0) / max|x - x0|`` (``kernels/_norms.py``, huge rows).
 The saved "mean" is ``mean - x0`` (one fp32 a row, as a mean): backward computes
 ``(x - x0) - (mean - x0)`` and keeps those digits too. Measured on the CPU (x = 1e4 + randn, fp32):
 max error of y against float64 5e-7, where ``F.layer_norm`` in fp32 gives 1e-3 to 0.3 (three-element
@@ -52,8 +50,6 @@ from ..ledger import Ledger
 from ._launch import KernelInputError, Launcher, cdiv, check_tensor, pdl_supported
 from ._norms import INTERPRETER_TUNING as NORM_INTERPRETER_TUNING
 from ._norms import (
-    _huge_ln_stats,
-    _overflowed,
     backward_buffers,
     backward_flags,
     cached_config,
@@ -236,20 +232,16 @@ def _ln_tile_centred(xs, d, offs, mask_m, n_cols, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _ln_huge_rows(x_rows, w_ptr, b_ptr, y_rows, mask_m, n_cols, k, d, rstd, m2, eps, HAS_BIAS: tl.constexpr,
-                  BLOCK_N: tl.constexpr):  # fmt: skip
-    """``(mean - k, rstd)`` of a block where a row of finite values had its centred sum of squares m2
-    past fp32 (values near 1e19 and past, one 1e38 among zeros): such rows' statistics redone on
-    their values scaled by 1 / max|x - k| (_norms, huge rows) and their y written again. A rare fix-up
-    after the block's stores, in small tiles: it holds no tile of the row while the row is on chip."""
-    d2, rstd2 = _huge_ln_stats(d, rstd, m2, x_rows, mask_m, n_cols, k, eps, BLOCK_N)
-    redo = mask_m & ((d2 != d) | (rstd2 != rstd))
-    offs_n = tl.arange(0, BLOCK_N)
-    for start in range(0, n_cols, BLOCK_N):
-        offs = start + offs_n
-        xs = _ln_tile_shifted(x_rows, offs, redo, n_cols, k, False)
-        _ln_tile_y(y_rows, w_ptr, b_ptr, offs, redo, n_cols, xs - d2[:, None], rstd2, False, HAS_BIAS)
-    return d2, rstd2
+def _ln_rstd(m2, d, n_cols, eps):
+    """1 / sqrt(variance + eps) from the rows' centred sums of squares m2. A row of finite values whose
+    m2 overflows fp32 (values near 1e19 and past, e.g. one 1e38 among zeros) would get rstd = 0 and a
+    row of zeros — silently wrong. Its variance cannot be formed in fp32, so it gets NaN, as eager's
+    fp32 LayerNorm gives (a second, rescaled pass would cost every row a reduction for inputs no model
+    makes). A row with inf or NaN in it has a non-finite d and is left to IEEE arithmetic, as eager.
+    One compare a row, after the reductions: nothing in the loop over the elements."""
+    rstd = tl.math.rsqrt(m2 / n_cols + eps)
+    overflow = (m2 == float("inf")) & (tl.abs(d) < float("inf"))
+    return tl.where(overflow, float("nan"), rstd)
 
 
 @triton.jit
@@ -293,8 +285,8 @@ def _layernorm_kernel(
         # far from 0 (1e4 + randn) keeps its small digits; then the centred variance
         k = tl.load(x_rows, mask=mask_m, other=0.0).to(tl.float32)
         # both loads issued before the first reduction: a load written after one waits for its barrier,
-        # so the tail's trip to memory would follow the head's (benchmarks/notes_norms.md, 2026-11-24,
-        # LayerNorm's forward at 5120 and 11008)
+        # so the tail's trip to memory would follow the head's (H200, 32768 x 11008 bf16: 75% of copy
+        # that way, 94% this way; benchmarks/notes_norms.md, 2026-11-24, LayerNorm's forward at 5120 and 11008)
         xs = _ln_tile_shifted(x_rows, offs_n, mask_m, n_cols, k, EVEN)
         if TAIL_N > 0:
             offs_t = BLOCK_N + tl.arange(0, TAIL_N)
@@ -303,20 +295,19 @@ def _layernorm_kernel(
         if TAIL_N > 0:
             s += tl.sum(xs_t, axis=1)
         d = s / n_cols
-        # two passes over registers, not both sums in one: measured faster at every width (same notes)
+        # (tried: both sums, of x - x0 and its square, in one pass, rows whose x0 lies far from their
+        # mean summed again centred: behind these two passes at every padded width, 5120 74% of copy
+        # against 96%, H200 32768 rows bf16; benchmarks/notes_norms.md, 2026-11-24, LayerNorm's forward)
         xc = _ln_tile_centred(xs, d, offs_n, mask_m, n_cols, EVEN)
         m2 = tl.sum(xc * xc, axis=1)
         if TAIL_N > 0:
             xc_t = _ln_tile_centred(xs_t, d, offs_t, mask_m, n_cols, False)
             m2 += tl.sum(xc_t * xc_t, axis=1)
-        rstd = tl.math.rsqrt(m2 / n_cols + eps)
+        rstd = _ln_rstd(m2, d, n_cols, eps)
         # (padding lanes of xs - d are never stored)
         _ln_tile_y(y_rows, w_ptr, b_ptr, offs_n, mask_m, n_cols, xs - d[:, None], rstd, EVEN, HAS_BIAS)
         if TAIL_N > 0:
             _ln_tile_y(y_rows, w_ptr, b_ptr, offs_t, mask_m, n_cols, xs_t - d[:, None], rstd, False, HAS_BIAS)
-        if _overflowed(m2):
-            d, rstd = _ln_huge_rows(x_rows, w_ptr, b_ptr, y_rows, mask_m, n_cols, k, d, rstd, m2, eps, HAS_BIAS,
-                                    BLOCK_N // 8)  # fmt: skip
     else:
         # pass 1: shifted by the row's first element k (as above); each tile centred on its own mean,
         # tiles merged by Chan et al.'s formula
@@ -337,9 +328,7 @@ def _layernorm_kernel(
             n_ab = n_a + n_b
             d += delta * (n_b / n_ab)
             m2 += m2_b + delta * delta * (n_a * n_b / n_ab)
-        rstd = tl.math.rsqrt(m2 / n_cols + eps)
-        if _overflowed(m2):  # before pass 2, which writes y with them
-            d, rstd = _huge_ln_stats(d, rstd, m2, x_rows, mask_m, n_cols, k, eps, BLOCK_N // 8)
+        rstd = _ln_rstd(m2, d, n_cols, eps)
         for start in range(0, n_cols, BLOCK_N):  # pass 2: re-read x, write y
             offs = start + offs_n
             mask_n = offs < n_cols

@@ -6,48 +6,65 @@ Llama's decoder layer adds a sub-layer's output to the residual stream and norma
     y = h * rsqrt(mean(h², -1) + eps) * w       # the normalised input of the next sub-layer
 
 Both ``h`` and ``y`` leave the kernel. Fused, a row costs: read x, r (and w, shared by every row and
-served from L2), write h, y — ``4 rows N`` elements: the residual sum is an output. Eager PyTorch
-(Hugging Face's ``LlamaRMSNorm`` after an add) runs about nine kernels with fp32 intermediates;
-:func:`rmsnorm_ledger` counts them.
+served from L2), write h, y — ``4 rows N`` elements, not ``2 rows N``: the residual sum is an output.
+Eager PyTorch (Hugging Face's ``LlamaRMSNorm`` after an add) runs about nine kernels with fp32
+intermediates; :func:`rmsnorm_ledger` counts them.
 
-**A reduction needs the whole row.** A row of up to ``BLOCK_N`` elements (:func:`rmsnorm_config`, 64
-KiB of row on a GPU) is held in registers: one read per element. A wider row is walked twice in
-tiles: pass 1 writes h and sums h², pass 2 re-reads h (one tensor, not x and r) backwards, so the
-tiles written last (likeliest still in L2) are read first, and writes y — the ledger's re-read term.
-A row that fits three quarters of its tile (11008 of 16384) is held as a head and a tail (8192 +
-4096, ``TAIL_N``): fewer lanes, registers and warps than the padded tile.
+**A reduction needs the whole row.** ``mean(h²)`` is known only after the last element of the row is
+seen, and every output element needs it. A row of up to ``BLOCK_N`` elements (:func:`rmsnorm_config`,
+64 KiB of row on a GPU) is held in registers: one read per element. A wider row is walked twice in
+``BLOCK_N`` tiles: pass 1 computes and writes h and sums h², pass 2 re-reads h (not x and r: h is
+one tensor, x and r two) and writes y — the ledger's re-read term (``block=`` in the ledger). Pass 2
+walks the tiles backwards, so the tiles written last (the likeliest still in L2) are read first. A row
+that fits three quarters of a 16384-element tile (11008) is held as a head of 8192 and a tail of 4096
+(``TAIL_N``, forward and backward): fewer lanes, registers and warps than the padded tile.
 
-**Numerics and cast order** (Hugging Face's LlamaRMSNorm): ``h`` is rounded to the input dtype (it is
-stored); statistics are fp32 from the rounded h; ``h * rstd`` is computed in fp32, **rounded to the
-input dtype, then multiplied by the weight**, and y is rounded to the input dtype. The weight may be
-fp32 beside fp16/bf16 activations (y keeps the activations' dtype). ``eps`` sits inside the root;
-``rsqrt`` on a GPU is the hardware's (relative error ~2**-23, as ``torch.rsqrt``). An inf in a row
-gives what the reference gives (rstd 0, the row NaN). A row of finite values whose sum of squares
-overflows fp32 (values past ~1e19) is redone on h / max|h| and gets float64's answer
-(``kernels/_norms.py``, huge rows); every other block pays one compare.
+**Numerics and cast order** (Hugging Face's LlamaRMSNorm, which we follow): ``h`` is rounded to the
+input dtype (it is stored, and eager adds in that dtype); statistics are fp32 from the rounded h
+whatever the storage; ``h * rstd`` is computed in fp32 and **rounded to the input dtype, then
+multiplied by the weight** (``weight * hidden.to(input_dtype)``), and y is rounded to the input dtype.
+The weight may be fp32 with fp16/bf16 activations (y stays in the activations' dtype; Hugging Face
+would return fp32 there — :func:`rmsnorm_eager` casts back so both give the same dtype). ``eps`` sits
+inside the square root, added to the mean square. ``rsqrt`` on a GPU is the hardware approximation
+(relative error ~2**-23, as ``torch.rsqrt``). Non-finite inputs give what the reference gives (an inf
+in a row makes its mean square inf, rstd 0, and the row NaN).
 
-**Backward** (``rstd`` saved in fp32, one a row; ``n = h * rstd``; ``g = dy * w``)::
+**Backward** (``rstd`` saved in fp32, one per row; ``n = h * rstd``; ``g = dy * w``)::
 
     dh = rstd * g - h * rstd³ * mean(g * h)  (+ grad_h, when the caller uses h)
     dx = dresidual = dh;      dw = sum over rows of dy * round(n)
 
-One kernel reads dy, h, w, rstd (and grad_h) and writes dx, also the residual's gradient. ``dw`` is
-a cross-program reduction: each of P programs walks a contiguous block of rows, sums ``dy *
-round(n)`` in fp32 registers and writes one row of a ``(P, N)`` fp32 buffer; a second small kernel
-adds the P rows in a fixed order. No atomics: their order of arrival changes from run to run, and
-fp32 addition is not associative. Rows wider than the backward tile run two phases: phase 1 computes
-each row's ``rstd³ mean(g h)``, phase 2 walks the tiles with the rows inside, so a tile's dw partial
-stays in registers (the backward's re-read term). A row of 12289-16384 16-bit elements is walked as
-two halves, each loaded twice (``REREAD``: the second load from L2), so one half is live at a time.
-A row of rms past 2**32 (rstd³ below fp32) has its dx redone as ``rstd (g - n mean(g n))``.
+dx (which is also the residual's gradient: the add passes it to both) comes from one kernel that
+reads dy, h, w, rstd (and grad_h) and writes dx. ``dw`` is a cross-program reduction: each of P
+programs walks a contiguous block of rows, accumulates ``dy * round(n)`` for its rows in fp32
+registers and writes one row of a ``(P, N)`` fp32 buffer; a second small Triton kernel sums the P
+rows in a fixed order. No atomics: ``tl.atomic_add`` from P programs would add the partial sums in
+whatever order the programs finish, which changes from run to run, and fp32 addition is not
+associative — dw would differ in its last bits between two identical calls. (A Triton kernel rather
+than ``buffer.sum(0)``: the same order on every device and mode, one fewer torch dispatch, and the
+reduction is part of the op the lesson shows.) Rows wider than the backward tile run two phases in
+the same kernel: phase 1 computes each row's ``rstd³ mean(g h)`` (one read of dy, h), phase 2 walks
+the tiles with the rows inside, so the dw partial of one tile stays in registers across rows (a
+second read of dy and h — the backward's re-read term). A backward row of 12289-16384 16-bit elements
+fits its tile but not its tile's registers with the next row in flight: it is walked as two halves,
+each loaded twice (``REREAD``: the second load comes from L2, just read, so HBM still sees one read
+and the ledger has no re-read term), so only one half is live at a time.
 
-**Layout**: x and r of any shape ``(..., N)`` with a last dimension of stride 1 and leading dimensions
-that merge into at most two (size, stride) levels (``x[:, :-1]`` of a ``(B, T, N)`` tensor,
-``x[::2]``) are read in place; other layouts are refused with a :class:`KernelInputError` (no silent
-copy), except gradients, which the caller does not choose (copied). Row offsets are int64.
+**Layout**: x and r of any shape ``(..., N)`` whose last dimension has stride 1; their leading
+dimensions may be strided as long as they merge into at most two (size, stride) levels (a slice of a
+wider buffer, ``x[:, :-1]`` of a ``(B, T, N)`` tensor, ``x[::2]``): they are read in place through
+their strides. A last dimension of stride != 1, or leading dimensions needing three strides, is
+refused with a :class:`KernelInputError` (no silent copy); gradients arriving in backward with such a
+layout (an expanded ``y.sum()`` gradient has stride 0 everywhere) are copied, since the caller does
+not choose them. Row offsets are int64: rows x N past 2**31 elements works. h and y are new,
+contiguous tensors.
 
-**Few rows** (1-64 rows of 16k leave most of the GPU idle): one program a row with the most warps its
-tile allows; such a call is launch-bound whatever the schedule (``benchmarks/notes_norms.md``).
+**Few rows**: one program per row (block of rows) is the schedule; 1–64 rows of 16k leave most of a
+132-SM GPU idle. Such a call moves at most a few MiB and is launch-bound (a launch costs more than the
+bytes at copy speed), so we keep one program per row and give it the most warps its tile allows
+(more loads in flight per row) — a known limit, not a fix: at this size every version is
+launch-bound (``benchmarks/notes_norms.md`` has the times). Splitting a row over programs would need
+a second kernel (or a grid-wide sync) to combine the partial sums.
 
 References: Zhang & Sennrich, "Root Mean Square Layer Normalization" (2019); Hugging Face
 ``LlamaRMSNorm``; Triton tutorial 05 (layer norm, partial-sum dw); Liger-Kernel ``ops/rms_norm.py``
@@ -66,8 +83,6 @@ from ._launch import DEFAULT_SMS, Launcher, cdiv  # noqa: F401  (DEFAULT_SMS: le
 from ._norms import (  # noqa: F401  (sum_partials: tests/test_entry_points.py reads it here)
     INTERPRETER_TUNING,
     STAGED_TILE,
-    _huge_rms_rstd,
-    _overflowed,
     backward_buffers,
     backward_flags,
     cached_config,
@@ -87,9 +102,12 @@ OP = "rmsnorm"
 # -- spec, eager, ledger, flops ------------------------------------------------------------------------
 @answer_key
 def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
-    """The spec in float64 with the model's roundings: ``h = x + r``, ``n = h * rsqrt(mean(h², -1) +
-    eps)`` and ``y = n * w`` each rounded to x's dtype. Returns y, or ``(y, h)`` with a residual; on
-    float64 inputs, the exact RMSNorm (differentiable, for gradient checks against autograd)."""
+    """The spec, in float64 arithmetic with the model's roundings: ``h = x + r`` rounded to x's dtype;
+    ``n = h * rsqrt(mean(h², -1) + eps)`` rounded to x's dtype; ``y = n * w`` rounded to x's dtype.
+
+    Returns y, or ``(y, h)`` with a residual. On float64 inputs no rounding happens: the exact RMSNorm
+    (differentiable, for gradient checks against torch autograd).
+    """
     d = x.dtype
     h = x if residual is None else (x.double() + residual.double()).to(d)
     hf = h.double()
@@ -99,9 +117,17 @@ def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, 
 
 
 def rmsnorm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
-    """What eager PyTorch runs: the residual add, then Hugging Face's ``LlamaRMSNorm.forward`` (below),
-    about nine kernels with fp32 intermediates. With an fp32 weight and fp16/bf16 x, Hugging Face's y
-    would be fp32; this casts it back to x's dtype (one more kernel). Returns y, or ``(y, h)``."""
+    """What eager PyTorch runs: the residual add, then Hugging Face's ``LlamaRMSNorm.forward``::
+
+        h = x + r
+        hf = h.to(torch.float32)
+        hf = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+        y = weight * hf.to(x.dtype)
+
+    About nine kernels with fp32 intermediates. With an fp32 weight and fp16/bf16 x, Hugging Face's y
+    would be fp32; this casts it back to x's dtype (one more kernel), so y has the kernel's dtype.
+    Returns y, or ``(y, h)`` with a residual.
+    """
     h = x if residual is None else x + residual
     hf = h.to(torch.float32)
     hf = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
@@ -117,17 +143,36 @@ _F32 = ("rstd", "c", "dw_partial", "y32", "hf", "sq", "var", "t", "rs", "hn", "d
 
 
 @answer_key
-def rmsnorm_ledger(rows: int, n: int, dtype, residual: bool = True, weight_dtype=None, *, block: int | None = None,
-                   stats: bool = False, backward: bool = False, grad_h: bool = True, programs: int | None = None,
-) -> Ledger:  # fmt: skip
+def rmsnorm_ledger(
+    rows: int,
+    n: int,
+    dtype,
+    residual: bool = True,
+    weight_dtype=None,
+    *,
+    block: int | None = None,
+    stats: bool = False,
+    backward: bool = False,
+    grad_h: bool = True,
+    programs: int | None = None,
+) -> Ledger:
     """Residual + RMSNorm of ``rows`` rows of ``n``, trip by trip: eager (``rmsnorm_eager``, op by
-    op) and the fused kernel. Forward, fused: read x, r, w (``n``, once: it stays in L2); write h, y;
-    ``stats=True`` (training): rstd too (``rows`` fp32). A row wider than ``block`` (default: the GPU
-    kernel's one-tile limit) re-reads h (or x) in pass 2. ``backward=True``: eager autograd (nominal:
-    one trip per tensor each of torch's derivative formulas reads or writes) and the fused backward:
-    read dy, h, w, rstd (and grad_h, with ``grad_h``); write dx; write then read the ``(programs, n)``
-    fp32 partial sums of dw; write dw; wider rows read dy and h twice. ``weight_dtype``: w's and dw's
-    (default ``dtype``; an fp32 weight adds eager's cast of y back to ``dtype``)."""
+    op) and the fused kernel.
+
+    Forward, fused: read x, r, w (``n``, once: every program reads the same weight, which stays in
+    L2); write h, y (without a residual: read x, w; write y); ``stats=True`` (training): also write
+    rstd (``rows`` fp32). A row wider than ``block`` (default: the GPU kernel's one-tile limit,
+    :func:`rmsnorm_config` with ``gpu=True``) is read in two passes: pass 2 re-reads h (or x).
+
+    ``backward=True``: eager autograd of ``rmsnorm_eager`` (nominal: one trip per tensor each formula
+    of torch's derivatives reads or writes) and the fused backward: read dy, h (or x), w, rstd and,
+    with ``grad_h`` (the caller uses h), grad_h; write dx (also the residual's gradient); write then
+    read the ``(programs, n)`` fp32 partial sums of dw; write dw. Rows wider than ``block``: dy and h
+    are read twice, and phase 1's one fp32 a row is written and read.
+
+    ``weight_dtype``: the weight's dtype (default: ``dtype``), the size of w and dw (and in the
+    forward, eager's extra cast of an fp32 y back to ``dtype``).
+    """
     rows, n = int(rows), int(n)
     weight_dtype = dtype if weight_dtype is None else weight_dtype
     rn = rows * n
@@ -186,33 +231,65 @@ def rmsnorm_ledger(rows: int, n: int, dtype, residual: bool = True, weight_dtype
 
 
 def rmsnorm_flops(rows: int, n: int, residual: bool = True, *, backward: bool = False) -> int:
-    """Nominal FLOPs an element. Forward: add (1), square and sum (2), times rstd, times w (2); backward:
-    dy w, g h and sum, rstd g, h c, difference, grad_h, round(n), dy n and sum (11)."""
+    """Nominal FLOPs. Forward, per element: the residual add (1), square and sum (2), times rstd (1),
+    times w (1); backward: g = dy w (1), g h and its sum (2), rstd g (1), h c (1), the difference (1),
+    grad_h (1), round(n) (1), dy n and its sum (2)."""
     per = (11 if residual else 10) if backward else (5 if residual else 4)
     return per * int(rows) * int(n)
 
 
 # -- launch configuration ----------------------------------------------------------------------------
-#: GPU tuning, measured with benchmarks/bench_norms.py, probes/tune_rms_bwd.py and the probes; what
-#: each key means: :func:`~fusionlab.kernels._norms.norm_config`; the measurements behind each value:
-#: benchmarks/notes_norms.md ("2026-11-26: the norms' tuning tables, key by key").
+#: GPU tuning, measured with benchmarks/bench_norms.py, tune_rms_bwd.py and the probes; what each key
+#: means and the measurements behind its value: benchmarks/notes_norms.md ("2026-11-26: the norms'
+#: tuning tables, key by key"). ``max_single_bytes``: the widest row held in one tile; ``wide_block``:
+#: the two-pass path's tile; ``tile``: elements a program takes when rows are narrow; ``per_thread``:
+#: elements a thread holds (sets num_warps); ``warps_per_sm``: the backward's programs an SM;
+#: ``prefetch_tile``, ``row_stages``, ``stage_bytes``: the backward's next rows staged in shared
+#: memory; ``tail_*``: a row that fits three quarters of its tile held as a head and a tail;
+#: ``reread_*``: a backward row of 12289-16384 (16-bit) walked as two halves, each read twice.
 GPU_TUNING = {
-    "forward": dict(max_single_bytes=65536, wide_block=4096, tile=2048, per_thread=16, tail_from=8192,
-                    tail_max=16384, tail_warps=8),
-    "backward": dict(max_single_bytes=32768, wide_block=4096, tile=2048, per_thread=16, warps_per_sm=16,
-                     prefetch_tile=STAGED_TILE, row_stages=3, stage_bytes=163840, tail_from=8192, tail_warps=8,
-                     tail_stages=3, reread_tile=16384, reread_warps=16, reread_stages=2),
-}  # fmt: skip
+    "forward": {
+        "max_single_bytes": 65536,
+        "wide_block": 4096,
+        "tile": 2048,
+        "per_thread": 16,
+        "tail_from": 8192,
+        "tail_max": 16384,
+        "tail_warps": 8,
+    },
+    "backward": {
+        "max_single_bytes": 32768,
+        "wide_block": 4096,
+        "tile": 2048,
+        "per_thread": 16,
+        "warps_per_sm": 16,
+        "prefetch_tile": STAGED_TILE,
+        "row_stages": 3,
+        "stage_bytes": 163840,
+        "tail_from": 8192,
+        "tail_warps": 8,
+        "tail_stages": 3,
+        "reread_tile": 16384,
+        "reread_warps": 16,
+        "reread_stages": 2,
+    },
+}
+
+
 _config = cached_config(GPU_TUNING, INTERPRETER_TUNING)
 
 
-def rmsnorm_config(n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu: bool | None = None):
+def rmsnorm_config(
+    n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu: bool | None = None
+) -> dict:
     """The launch configuration: ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}`` (backward:
     and ``"programs"``, the number of programs P, each walking a contiguous block of rows).
-    ``SINGLE_TILE``: the row fits one tile and is read once; otherwise the two-pass path walks it in
-    ``BLOCK_N`` tiles. ``BLOCK_M`` rows share a program when rows are narrow. ``gpu``: the GPU's
-    configuration (default: this mode's), so a lesson on a CPU can ask what the GPU kernel does (with
-    :data:`DEFAULT_SMS` SMs there)."""
+
+    ``SINGLE_TILE``: the row fits one ``BLOCK_N`` tile and is read once; otherwise the two-pass path
+    walks it in ``BLOCK_N`` tiles. ``BLOCK_M`` rows share a program when rows are narrow. ``gpu``: the
+    GPU's configuration (default: this mode's), so a lesson on a CPU can ask what the GPU kernel does
+    (with :data:`DEFAULT_SMS` SMs there). Tuned on an H100 (``benchmarks/notes_norms.md``).
+    """
     gpu, sms = gpu_and_sms(gpu)
     return dict(_config(int(n_rows), int(n_cols), dtype, bool(backward), gpu, sms))
 
@@ -290,8 +367,6 @@ def _rmsnorm_kernel(
         if TAIL_N > 0:
             sq += tl.sum(hf_t * hf_t, axis=1)
         rstd = tl.math.rsqrt(sq / n_cols + eps)  # (BLOCK_M,) fp32; eps inside the root
-        if _overflowed(sq):  # a row's squares past fp32: its statistic redone on h / max|h| (_norms)
-            rstd = _huge_rms_rstd(rstd, sq, h_rows if HAS_RESIDUAL else x_rows, mask_m, n_cols, eps, BLOCK_N // 8)
         _fwd_tile_y(y_rows, w_ptr, offs_n, mask_m, n_cols, hf, rstd, EVEN)
         if TAIL_N > 0:
             _fwd_tile_y(y_rows, w_ptr, offs_t, mask_m, n_cols, hf_t, rstd, False)
@@ -309,10 +384,7 @@ def _rmsnorm_kernel(
                 h = x
             hf = h.to(tl.float32)
             acc += hf * hf  # element-wise partial sums; one reduction after the loop
-        sq = tl.sum(acc, axis=1)
-        rstd = tl.math.rsqrt(sq / n_cols + eps)
-        if _overflowed(sq):
-            rstd = _huge_rms_rstd(rstd, sq, h_rows if HAS_RESIDUAL else x_rows, mask_m, n_cols, eps, BLOCK_N // 8)
+        rstd = tl.math.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
         # the h this program stored is read back below: make every thread's stores visible first
         tl.debug_barrier()
         n_tiles = tl.cdiv(n_cols, BLOCK_N)
@@ -353,37 +425,6 @@ def _bwd_store_dx(dx_ptr, dh_ptr, rows, offs, mask_m, mask_n, g, hf, rstd, c, n_
     tl.store(dx_ptr + rows[:, None] * n_cols + offs[None, :], dh.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(noinline=True)  # a call: the rare path's registers apart (notes_norms.md)
-def _huge_rows_dx(dy_ptr, h_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, row_start, row_end, n_cols, n_inner, stride_dym,
-                  stride_hb, stride_hm, stride_dhm, TWO_LEVEL: tl.constexpr, HAS_DH: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """dx of the program's rows of rms past 2**32 (rstd below 2**-32, masked rows read 1), where rstd³
-    underflows: dx = g rstd - n c (+ grad_h), n = h rstd, c = rstd mean(g n), over the dx stored first.
-    A rare path after the loop (control flow in it would stop the next rows' loads being prefetched)."""
-    tl.debug_barrier()
-    offs_n = tl.arange(0, BLOCK_N // 8)  # an eighth of the row's tile: few registers
-    for m0 in range(row_start, row_end, BLOCK_M):
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < row_end
-        rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=1.0)
-        if tl.min(rstd, axis=0) < 2.3283064e-10:
-            rows = offs_m.to(tl.int64)
-            h_rows = h_ptr + _row_offsets(rows, n_inner, stride_hb, stride_hm, TWO_LEVEL)
-            c = tl.zeros_like(rstd)
-            for start in range(0, n_cols, BLOCK_N // 8):
-                mask_n = start + offs_n < n_cols
-                dy, hf = _bwd_tile(dy_ptr, h_rows, rows, start + offs_n, mask_m, mask_n, stride_dym, "")
-                w = tl.load(w_ptr + start + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-                c += tl.sum(dy * w[None, :] * (hf * rstd[:, None]), axis=1)
-            c = c * rstd / n_cols
-            for start in range(0, n_cols, BLOCK_N // 8):
-                mask_n = start + offs_n < n_cols
-                dy, hf = _bwd_tile(dy_ptr, h_rows, rows, start + offs_n, mask_m, mask_n, stride_dym, "")
-                w = tl.load(w_ptr + start + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-                _bwd_store_dx(dx_ptr, dh_ptr, rows, start + offs_n, mask_m, mask_n, dy * w[None, :],
-                              hf * rstd[:, None], rstd, c, n_cols, stride_dhm, HAS_DH)  # fmt: skip
-
-
 @triton.jit
 def _rmsnorm_bwd_kernel(
     dy_ptr, h_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, dwp_ptr, c_ptr, n_rows, n_cols, n_inner, rows_per_program,
@@ -399,7 +440,6 @@ def _rmsnorm_bwd_kernel(
     row_start = pid * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
     offs_n = tl.arange(0, BLOCK_N)
-    huge = tl.full([], 0, tl.int32)  # whether a row of the program has rms past 2**32 (_huge_rows_dx)
     if SINGLE_TILE:
         # the row on chip: one BLOCK_N tile, or (TAIL_N > 0) a BLOCK_N head and a TAIL_N tail, so a
         # row of 11008 takes 12288 lanes, not 16384 (rmsnorm_config's "tail")
@@ -420,7 +460,7 @@ def _rmsnorm_bwd_kernel(
             dy, hf = _bwd_tile(dy_ptr, h_rows, rows, offs_n, mask_m, mask_n, stride_dym, "")
             if TAIL_N > 0:
                 dy_t, hf_t = _bwd_tile(dy_ptr, h_rows, rows, offs_t, mask_m, mask_t, stride_dym, "")
-            rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=1.0)
+            rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
             if COMPUTE_DX:
                 gh = tl.sum(dy * w[None, :] * hf, axis=1)
                 if TAIL_N > 0:
@@ -447,7 +487,6 @@ def _rmsnorm_bwd_kernel(
                 _bwd_store_dx(dx_ptr, dh_ptr, rows, offs_n, mask_m, mask_n, g, hf, rstd, c, n_cols, stride_dhm, HAS_DH)
             if COMPUTE_DW:
                 acc += dy * (hf * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
-            huge = tl.maximum(huge, (tl.min(rstd, axis=0) < 2.3283064e-10).to(tl.int32))
         if COMPUTE_DW:
             tl.store(dwp_ptr + pid.to(tl.int64) * n_cols + offs_n, tl.sum(acc, axis=0), mask=mask_n)
             if TAIL_N > 0:
@@ -463,12 +502,13 @@ def _rmsnorm_bwd_kernel(
                 for start in range(0, n_cols, BLOCK_N):
                     offs = start + offs_n
                     mask_n = offs < n_cols
-                    dy, hf = _bwd_tile(dy_ptr, h_rows, rows, offs, mask_m, mask_n, stride_dym, "")
+                    mask = mask_m[:, None] & mask_n[None, :]
+                    dy = tl.load(dy_ptr + rows[:, None] * stride_dym + offs[None, :], mask=mask, other=0.0)
+                    hf = tl.load(h_rows[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
                     w = tl.load(w_ptr + offs, mask=mask_n, other=0.0).to(tl.float32)
-                    acc1 += dy * w[None, :] * hf
-                rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=1.0)
+                    acc1 += dy.to(tl.float32) * w[None, :] * hf
+                rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
                 tl.store(c_ptr + offs_m, tl.sum(acc1, axis=1) * (rstd * rstd * rstd) / n_cols, mask=mask_m)
-                huge = tl.maximum(huge, (tl.min(rstd, axis=0) < 2.3283064e-10).to(tl.int32))
             tl.debug_barrier()  # phase 2's threads read c values other threads stored
         # phase 2: tiles outside, rows inside, so one tile's dw partial stays in registers
         for start in range(0, n_cols, BLOCK_N):
@@ -498,11 +538,6 @@ def _rmsnorm_bwd_kernel(
                     acc += dy * nrm
             if COMPUTE_DW:
                 tl.store(dwp_ptr + pid.to(tl.int64) * n_cols + offs, tl.sum(acc, axis=0), mask=mask_n)
-    if COMPUTE_DX:
-        if huge > 0:
-            _huge_rows_dx(dy_ptr, h_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, row_start, row_end, n_cols, n_inner,
-                          stride_dym, stride_hb, stride_hm, stride_dhm, TWO_LEVEL, HAS_DH, BLOCK_M,
-                          BLOCK_N)  # fmt: skip
 
 
 # -- launchers ------------------------------------------------------------------------------------------
@@ -579,21 +614,35 @@ class RMSNormFunction(torch.autograd.Function):
         return (dx if ctx.needs_input_grad[0] else None), dw, dr, None, None, None, None
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None, *,
-            fwd_config: dict | None = None, bwd_config: dict | None = None):  # fmt: skip
+def rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
+    *,
+    fwd_config: dict | None = None,
+    bwd_config: dict | None = None,
+):
     """Residual-add + RMSNorm fused, differentiable: ``y = h * rsqrt(mean(h², -1) + eps) * w``.
 
     Without ``residual``: ``h = x``, returns y. With it: ``h = x + residual`` is written too and
-    ``(y, h)`` is returned (gradients flow through both). ``x`` (and ``residual``, same shape and
-    dtype): ``(..., N)``, fp32/fp16/bf16 (no bf16 in the interpreter), read in place (the module
-    docstring's layouts). ``weight``: ``(N,)``, contiguous, x's dtype or fp32; y and h are in x's dtype.
-    Numerics and the backward: the module docstring; reference: :func:`rmsnorm_reference`; trips:
-    :func:`rmsnorm_ledger`. ``fwd_config``/``bwd_config``: overrides of :func:`rmsnorm_config`'s
-    choice (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``programs``, ``num_stages``, ``row_stages``) for
-    tuning and tests; a ``BLOCK_N`` below N forces the two-pass path."""
-    layouts, eps = check_norm(x, weight, eps, {} if residual is None else {"residual": residual}, OP)
+    ``(y, h)`` is returned (gradients flow through both: ``dh = dh_from_y + grad_h``).
+
+    ``x`` (and ``residual``, same shape and dtype): any shape ``(..., N)``, fp32/fp16/bf16 (no bf16 in
+    the interpreter), last dimension of stride 1, leading dimensions possibly strided (up to two merged
+    strides). ``weight``: shape ``(N,)``, contiguous, x's dtype or another float dtype (fp32 with
+    bf16/fp16 activations is the usual mix); y and h are in x's dtype. Cast order, numerics, trips
+    and the backward: the module docstring; reference: :func:`rmsnorm_reference`; trips:
+    :func:`rmsnorm_ledger`.
+
+    ``fwd_config``/``bwd_config``: overrides of :func:`rmsnorm_config`'s choice (``BLOCK_M``,
+    ``BLOCK_N``, ``num_warps``, ``programs``, ``num_stages``) for tuning and tests; a ``BLOCK_N``
+    below N forces the two-pass path.
+    """
+    op = OP
+    layouts, eps = check_norm(x, weight, eps, {} if residual is None else {"residual": residual}, op)
     n_rows, n_cols = layouts[0].n_rows, layouts[0].n_cols
-    fwd_cfg, bwd_cfg = configs_with_overrides(rmsnorm_config, n_rows, n_cols, x.dtype, fwd_config, bwd_config, OP)
+    fwd_cfg, bwd_cfg = configs_with_overrides(rmsnorm_config, n_rows, n_cols, x.dtype, fwd_config, bwd_config, op)
     if wants_grad(x, weight, residual):
         return RMSNormFunction.apply(x, weight, residual, eps, layouts, fwd_cfg, bwd_cfg)
     y, h, _ = _forward(x, weight, residual, eps, layouts, fwd_cfg, store_rstd=False)

@@ -40,7 +40,7 @@ from .. import runtime
 from .._exercise import answer_key
 from ..ledger import Ledger
 from ._launch import KernelInputError, Launcher, cdiv, check_same, check_tensor, launch_kwargs, next_pow2
-from ._norms import _huge_rms_rstd, _overflowed, check_eps
+from ._norms import check_eps
 from .linear import _activate, _rows
 from .matmul import _check_activation, _tiles, check_operand, gemm, matmul_config
 
@@ -133,11 +133,8 @@ def _rmsnorm_rstd_kernel(x_ptr, rstd_ptr, n_rows, n_cols, stride_xm, eps, BLOCK_
         x = tl.load(row_ptrs + offs_n[None, :], mask=mask_m[:, None] & (offs_n[None, :] < n_cols), other=0.0)
         x = x.to(tl.float32)
         acc += x * x
-    sq = tl.sum(acc, axis=1)
-    rstd = 1.0 / tl.sqrt(sq / n_cols + eps)
-    if _overflowed(sq):  # a row's squares past fp32: redone on x / max|x| (kernels._norms, huge rows)
-        rstd = _huge_rms_rstd(rstd, sq, x_ptr + offs_m.to(tl.int64) * stride_xm, mask_m, n_cols, eps, BLOCK_N // 8)
-    tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
+    mean_sq = tl.sum(acc, axis=1) / n_cols
+    tl.store(rstd_ptr + offs_m, 1.0 / tl.sqrt(mean_sq + eps), mask=mask_m)
 
 
 @functools.lru_cache(maxsize=4096)
