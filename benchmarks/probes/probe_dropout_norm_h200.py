@@ -1,7 +1,7 @@
 """Probe: why residual + dropout + norm misses 90% of copy on an H200 (2026-11-26 "H200: the fused
 residual + dropout + norm's schedule"), and which launch or tile fixes it.
 
-    PYTHONPATH=. python3 benchmarks/probes/probe_dropout_norm_h200.py [--budget 170] [--quick]
+    PYTHONPATH=. python3 benchmarks/probes/probe_dropout_norm_h200.py [--budget 170] [--quick | --sweep]
 
 One process, one GPU, JSON to ``$OUT/probe_dropout_norm_h200.json`` (or the working directory). bf16,
 p = 0.1, LayerNorm (with bias) and RMSNorm, rows x hidden in {32768, 4096} x {4096, 8192} (the issue's
@@ -56,6 +56,7 @@ EPS = 1e-5
 SHAPES = ((32768, 4096), (32768, 8192), (4096, 4096), (4096, 8192))
 NORMS = ("layernorm", "rmsnorm")
 DEVICE = "cuda"
+SWEEP_SHAPE = (32768, 4096)  # --sweep
 
 
 # -- the variant: 2-D row tiles, the Philox words interleaved into them --------------------------------------
@@ -190,6 +191,8 @@ class Tile2D(torch.autograd.Function):
             dn._threshold(P), 1.0 / (1.0 - P), BLOCK_M=bwd["BLOCK_M"], BLOCK_Q=bq, RMS=norm == "rmsnorm",
             DROPOUT=True, NUM_STAGES=bwd["row_stages"] if runtime.is_gpu() else 1, **_kw(bwd["num_warps"]),
         )  # fmt: skip
+        if not bwd.get("sum", True):  # ``--sweep``: the backward kernel alone, its partial sums left unsummed
+            return dx, dr, part[0, 0].to(w.dtype), (part[1, 0].to(w.dtype) if has_bias else None), None
         sums = dn.sum_partials(part if has_bias else part[:1], w.dtype, checked=True)
         return dx, dr, sums[0], (sums[1] if has_bias else None), None
 
@@ -310,14 +313,72 @@ def summary(out):
               f"{best_s[:44]:>44s} {pct(t2):>12s} {pct(own):>9s} {pct(comp):>9s} {ratio:>10s}")  # fmt: skip
 
 
+def sweep(budget: float):
+    """``--sweep`` (the 2026-11-26 second round): the 2-D tile's backward at 32768 x 4096, the one bar shape
+    it left under 90% of copy at the shipped launch (80.7% LayerNorm, 83.4% RMSNorm; 85.7% and 86.6% at 4
+    warps, 4 programs an SM): warps, programs an SM, row stages and rows a step, each with and without the
+    partial-sum kernel (``sum``: False leaves dw, db unsummed, which prices that kernel and its bytes)."""
+    t0 = time.monotonic()
+    copy = bench.measure_copy_bandwidth()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    name = torch.cuda.get_device_name()
+    print(f"{name}, {sms} SMs, torch {torch.__version__}, triton {triton.__version__}, copy {copy:.0f} GB/s")
+    out = {"device": name, "sms": sms, "torch": torch.__version__, "triton": triton.__version__,
+           "copy_GBps": copy, "rows": [], "skipped": []}  # fmt: skip
+    rows, n = SWEEP_SHAPE
+    cands = [
+        (bm, nw, per_sm, stages)
+        for bm, nw in ((1, 4), (1, 8), (2, 8), (2, 16))
+        for per_sm in (1, 2, 3, 4, 6)
+        for stages in (2, 3, 4)
+        if per_sm * nw <= 32
+    ]
+    for norm in NORMS:
+        x, r, w, b, gy, gh = inputs(rows, n, norm, DEVICE)
+        t = (x, r, w, b, gy, gh)
+        bb = dn.dropout_norm_ledger(rows, n, DT, norm=norm, backward=True).fused_bytes
+        for bm, nw, per_sm, stages in cands:
+            for with_sum in (True, False):
+                if time.monotonic() - t0 > budget:
+                    out["skipped"].append(f"{norm} {bm} {nw} {per_sm} {stages} {with_sum}")
+                    continue
+                vb = {"BLOCK_M": bm, "num_warps": nw, "programs": per_sm * sms, "row_stages": stages, "sum": with_sum}
+                fn = lambda x, r, w, b, norm=norm, vb=vb: tile2d(
+                    x, r, w, b, norm, 1234, {"BLOCK_M": 1, "num_warps": 8}, vb
+                )  # noqa: E731
+                call, _, _ = training(fn, *t)
+                ms = bench.queued_ms(call)
+                frac = bb / (ms * 1e-3) / 1e9 / copy
+                out["rows"].append(dict(norm=norm, rows=rows, n=n, dir="bwd", ms=ms, frac_copy=frac, config=vb))
+                sums = "with" if with_sum else "without"
+                print(f"  {norm:9s} BLOCK_M {bm} warps {nw:2d} programs {per_sm} a SM stages {stages} "
+                      f"{sums} the partial sums: {ms * 1e3:7.1f} us {frac:6.1%}")  # fmt: skip
+                del call
+        t = x = r = w = b = gy = gh = None
+        torch.cuda.empty_cache()
+    for norm in NORMS:
+        got = [row for row in out["rows"] if row["norm"] == norm and row["config"]["sum"]]
+        best = max(got, key=lambda row: row["frac_copy"]) if got else None
+        if best:
+            print(f"best {norm}: {best['frac_copy']:.1%} at {best['config']}")
+    out["seconds"] = time.monotonic() - t0
+    dest = os.path.join(os.environ.get("OUT", "."), "probe_dropout_norm_h200_sweep.json")
+    with open(dest, "w") as f:
+        json.dump(out, f, indent=1, default=str)
+    print(f"skipped (budget): {len(out['skipped'])}; {out['seconds']:.0f} s; wrote {dest}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=170.0, help="seconds before optional cases are skipped")
     ap.add_argument("--quick", action="store_true", help="the suite's shape only")
     ap.add_argument("--check", action="store_true", help="CPU: the variant against the shipped op, no timing")
+    ap.add_argument("--sweep", action="store_true", help="the 2-D tile's backward at hidden 4096, launches swept")
     a = ap.parse_args()
     if a.check:
         raise SystemExit(0 if check() else 1)
+    if a.sweep:
+        return sweep(a.budget)
     t0 = time.monotonic()
     copy = bench.measure_copy_bandwidth()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
