@@ -70,6 +70,19 @@ def test_a_stored_mask_is_named():
         ex.check_dropout_add(with_mask)
 
 
+@pytest.mark.parametrize("kind", ["bool", "packed bits"])
+def test_a_byte_or_bit_mask_is_named(kind):
+    # torch's GPU dropout keeps a bool mask, a byte an element; a mask packed 32 to an int32 word is still one
+    def with_mask(x, r, p, seed):
+        n = x.numel()
+        keep = torch.empty(x.shape, dtype=torch.bool) if kind == "bool" else torch.empty(-(-n // 32), dtype=torch.int32)
+        keep.fill_(1)
+        return dropout_add(x, r, p, seed)
+
+    with pytest.raises(CheckFailed, match="mask stored"):
+        ex.check_dropout_add(with_mask)
+
+
 def test_a_backward_with_another_mask_is_named():
     with pytest.raises(CheckFailed, match="mask differs"):
         ex.check_dropout_backward(dropout_add, lambda dh, p, s: dropout_backward(dh, p, s, seed_shift=1))

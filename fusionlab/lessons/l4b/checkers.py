@@ -3,7 +3,7 @@
 1. ``check_dropout_add``: ``h = residual + dropout(x, p)`` in one Triton kernel, the random numbers made
    in registers from ``(seed, position)``. Rejects: a missing ``1/(1 - p)``, a keep rate outside the
    binomial bounds, a result that changes between two calls with one seed (or does not change with
-   the seed), and a mask stored beside h (any allocation but h itself).
+   the seed), and a mask stored beside h (any allocation but h of a bit an element or more).
 2. ``check_dropout_backward``: ``dx = dh * keep / (1 - p)`` with the mask **regenerated** from the seed.
    Rejects a backward whose zeros are not the forward's (not regenerated identically), and one that
    only works after the forward ran with that seed (a mask stashed and re-read): the backward is
@@ -61,7 +61,13 @@ def check_dropout_add(fn) -> Passed:
                     raise fail(f"{where}: return h, a tensor of x's shape.", seed)
                 if len(box.launches) != 1:
                     raise fail(f"{where}: {len(box.launches)} Triton launches; the dropout and the add are one.", seed)
-                big = [a for a in box.allocations if a.numel() >= x.numel() and a.data_ptr() != h.data_ptr()]
+                # a mask is a bit an element at the least (bool or uint8: a byte; packed: a bit): any other
+                # allocation that large beside h
+                big = [
+                    a
+                    for a in box.allocations
+                    if 8 * a.numel() * a.element_size() >= x.numel() and a.data_ptr() != h.data_ptr()
+                ]
                 if big:
                     raise fail(
                         f"{where}: your answer allocates a {tuple(big[0].shape)} {big[0].dtype} tensor beside h: a "
