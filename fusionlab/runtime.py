@@ -19,6 +19,7 @@ import importlib.util
 import os
 import platform
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -104,6 +105,10 @@ if MODE == INTERPRETER:
 
 #: where Triton kernels' tensors live
 DEVICE = torch.device("cuda" if MODE == GPU else "cpu")
+if MODE == GPU:
+    # torch warns once a process, from autograd's worker thread, that its first cuBLAS call found "no current
+    # CUDA context" and set the primary one: harmless, and on a GPU it showed under a lesson's backward cells
+    warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current CUDA context")
 #: dtypes a lesson may use; the interpreter does not support bf16
 DTYPES = (torch.float32, torch.bfloat16, torch.float16) if MODE == GPU else (torch.float32, torch.float16)
 #: the low-precision dtype a lesson shows beside fp32

@@ -168,7 +168,8 @@ def add_then_rmsnorm(x, r, w, eps):
 
 def test_add_rmsnorm_accepts_the_solution(capsys):
     msg = ex.check_add_rmsnorm(solution_add_rmsnorm)
-    assert msg.startswith("✓ add_rmsnorm: 17 checks passed")
+    # a GPU's half type is bf16: fp16 rows are checked too there (4 more checks)
+    assert msg.startswith(f"✓ add_rmsnorm: {17 if runtime.HALF == torch.float16 else 21} checks passed")
     assert capsys.readouterr().out.count("✓ add_rmsnorm") == 1
 
 
