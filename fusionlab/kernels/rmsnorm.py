@@ -2,69 +2,45 @@
 
 Llama's decoder layer adds a sub-layer's output to the residual stream and normalises the sum::
 
-    h = x + r                                   # the new residual stream: written, the next layer adds to it
+    h = x + r                                   # the new residual stream: an output, the next layer adds to it
     y = h * rsqrt(mean(h², -1) + eps) * w       # the normalised input of the next sub-layer
 
-Both ``h`` and ``y`` leave the kernel. Fused, a row costs: read x, r (and w, shared by every row and
-served from L2), write h, y — ``4 rows N`` elements, not ``2 rows N``: the residual sum is an output.
-Eager PyTorch (Hugging Face's ``LlamaRMSNorm`` after an add) runs about nine kernels with fp32
-intermediates; :func:`rmsnorm_ledger` counts them.
+Fused, a row reads x, r (w is shared by every row, served from L2) and writes h, y: ``4 rows N`` elements.
+Eager PyTorch (:func:`rmsnorm_eager`) runs about nine kernels with fp32 intermediates (:func:`rmsnorm_ledger`).
 
-**A reduction needs the whole row.** ``mean(h²)`` is known only after the last element of the row is
-seen, and every output element needs it. A row of up to ``BLOCK_N`` elements (:func:`rmsnorm_config`,
-64 KiB of row on a GPU) is held in registers: one read per element. A wider row is walked twice in
-``BLOCK_N`` tiles: pass 1 computes and writes h and sums h², pass 2 re-reads h (not x and r: h is
-one tensor, x and r two) and writes y — the ledger's re-read term (``block=`` in the ledger). Pass 2
-walks the tiles backwards, so the tiles written last (the likeliest still in L2) are read first. A row
-that fits three quarters of a 16384-element tile (11008) is held as a head of 8192 and a tail of 4096
-(``TAIL_N``, forward and backward): fewer lanes, registers and warps than the padded tile.
+**A reduction needs the whole row**: every output needs ``mean(h²)``, known only after the row's last
+element. A row of up to ``BLOCK_N`` elements (:func:`rmsnorm_config`; 64 KiB of row on a GPU) is held in
+registers and read once. A wider row is walked twice in ``BLOCK_N`` tiles: pass 1 writes h and sums h²,
+pass 2 re-reads h (one tensor, where x and r are two) and writes y.
 
-**Numerics and cast order** (Hugging Face's LlamaRMSNorm, which we follow): ``h`` is rounded to the
-input dtype (it is stored, and eager adds in that dtype); statistics are fp32 from the rounded h
-whatever the storage; ``h * rstd`` is computed in fp32 and **rounded to the input dtype, then
-multiplied by the weight** (``weight * hidden.to(input_dtype)``), and y is rounded to the input dtype.
-The weight may be fp32 with fp16/bf16 activations (y stays in the activations' dtype; Hugging Face
-would return fp32 there — :func:`rmsnorm_eager` casts back so both give the same dtype). ``eps`` sits
-inside the square root, added to the mean square. ``rsqrt`` on a GPU is the hardware approximation
-(relative error ~2**-23, as ``torch.rsqrt``). Non-finite inputs give what the reference gives (an inf
-in a row makes its mean square inf, rstd 0, and the row NaN).
+**Numerics** follow Hugging Face's LlamaRMSNorm: h is rounded to the input dtype (it is stored, and eager
+adds in that dtype); statistics are fp32, from the rounded h; ``h * rstd`` is computed in fp32 and
+**rounded to the input dtype, then multiplied by w**; y is in the input dtype, even with an fp32 weight.
+``eps`` is inside the root. A GPU's ``rsqrt`` is the hardware approximation (relative error ~2**-23, as
+``torch.rsqrt``). Non-finite inputs give what the reference gives (an inf turns its row into NaN).
 
-**Backward** (``rstd`` saved in fp32, one per row; ``n = h * rstd``; ``g = dy * w``)::
+**Backward** (``rstd`` saved in fp32, one a row; ``n = h * rstd``; ``g = dy * w``)::
 
     dh = rstd * g - h * rstd³ * mean(g * h)  (+ grad_h, when the caller uses h)
     dx = dresidual = dh;      dw = sum over rows of dy * round(n)
 
-dx (which is also the residual's gradient: the add passes it to both) comes from one kernel that
-reads dy, h, w, rstd (and grad_h) and writes dx. ``dw`` is a cross-program reduction: each of P
-programs walks a contiguous block of rows, accumulates ``dy * round(n)`` for its rows in fp32
-registers and writes one row of a ``(P, N)`` fp32 buffer; a second small Triton kernel sums the P
-rows in a fixed order. No atomics: ``tl.atomic_add`` from P programs would add the partial sums in
-whatever order the programs finish, which changes from run to run, and fp32 addition is not
-associative — dw would differ in its last bits between two identical calls. (A Triton kernel rather
-than ``buffer.sum(0)``: the same order on every device and mode, one fewer torch dispatch, and the
-reduction is part of the op the lesson shows.) Rows wider than the backward tile run two phases in
-the same kernel: phase 1 computes each row's ``rstd³ mean(g h)`` (one read of dy, h), phase 2 walks
-the tiles with the rows inside, so the dw partial of one tile stays in registers across rows (a
-second read of dy and h — the backward's re-read term). A backward row of 12289-16384 16-bit elements
-fits its tile but not its tile's registers with the next row in flight: it is walked as two halves,
-each loaded twice (``REREAD``: the second load comes from L2, just read, so HBM still sees one read
-and the ledger has no re-read term), so only one half is live at a time.
+One kernel writes dx (the add passes it to x and the residual both) and the dw partials: each of P
+programs sums ``dy * round(n)`` over a contiguous block of rows in fp32 registers into one row of a
+``(P, N)`` fp32 buffer; a second Triton kernel sums the P rows in a fixed order, the same on every device
+and mode. Not ``tl.atomic_add``: programs finish in any order and fp32 addition is not associative, so
+dw would change in its last bits between identical calls. Rows wider than the tile take two phases:
+phase 1 computes each row's ``rstd³ mean(g h)``, phase 2 walks the tiles with the rows inside, so one
+tile's dw partial stays in registers across rows.
 
-**Layout**: x and r of any shape ``(..., N)`` whose last dimension has stride 1; their leading
-dimensions may be strided as long as they merge into at most two (size, stride) levels (a slice of a
-wider buffer, ``x[:, :-1]`` of a ``(B, T, N)`` tensor, ``x[::2]``): they are read in place through
-their strides. A last dimension of stride != 1, or leading dimensions needing three strides, is
-refused with a :class:`KernelInputError` (no silent copy); gradients arriving in backward with such a
-layout (an expanded ``y.sum()`` gradient has stride 0 everywhere) are copied, since the caller does
-not choose them. Row offsets are int64: rows x N past 2**31 elements works. h and y are new,
-contiguous tensors.
+**Layout**: x and r of shape ``(..., N)``, last dimension of stride 1, leading dimensions that merge into
+at most two (size, stride) levels (``x[:, :-1]`` of a ``(B, T, N)`` tensor, ``x[::2]``), read in place;
+any other layout raises :class:`KernelInputError` (no silent copy). Gradients in such a layout
+(``y.sum()``'s has stride 0) are copied: the caller does not choose them. Row offsets are int64 (rows x
+N past 2**31 works); h and y are new, contiguous tensors.
 
-**Few rows**: one program per row (block of rows) is the schedule; 1–64 rows of 16k leave most of a
-132-SM GPU idle. Such a call moves at most a few MiB and is launch-bound (a launch costs more than the
-bytes at copy speed), so we keep one program per row and give it the most warps its tile allows
-(more loads in flight per row) — a known limit, not a fix: at this size every version is
-launch-bound (``benchmarks/notes_norms.md`` has the times). Splitting a row over programs would need
-a second kernel (or a grid-wide sync) to combine the partial sums.
+**Few rows** (1–64 rows of 16k leave most SMs idle) are launch-bound (a launch costs more than their bytes
+at copy speed): a row keeps one program with the most warps its tile allows (more loads in flight), a known
+limit; splitting it would need a second kernel to combine the sums (times: ``benchmarks/notes_norms.md``).
 
 References: Zhang & Sennrich, "Root Mean Square Layer Normalization" (2019); Hugging Face
 ``LlamaRMSNorm``; Triton tutorial 05 (layer norm, partial-sum dw); Liger-Kernel ``ops/rms_norm.py``
@@ -102,11 +78,10 @@ OP = "rmsnorm"
 # -- spec, eager, ledger, flops ------------------------------------------------------------------------
 @answer_key
 def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
-    """The spec, in float64 arithmetic with the model's roundings: ``h = x + r`` rounded to x's dtype;
-    ``n = h * rsqrt(mean(h², -1) + eps)`` rounded to x's dtype; ``y = n * w`` rounded to x's dtype.
-
-    Returns y, or ``(y, h)`` with a residual. On float64 inputs no rounding happens: the exact RMSNorm
-    (differentiable, for gradient checks against torch autograd).
+    """The spec, in float64 arithmetic with the model's roundings: ``h = x + r``, then
+    ``n = h * rsqrt(mean(h², -1) + eps)``, then ``y = n * w``, each rounded to x's dtype. Returns y, or
+    ``(y, h)`` with a residual. On float64 inputs nothing rounds: the exact RMSNorm (differentiable, for
+    gradient checks against torch autograd).
     """
     d = x.dtype
     h = x if residual is None else (x.double() + residual.double()).to(d)
@@ -117,16 +92,9 @@ def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, 
 
 
 def rmsnorm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
-    """What eager PyTorch runs: the residual add, then Hugging Face's ``LlamaRMSNorm.forward``::
-
-        h = x + r
-        hf = h.to(torch.float32)
-        hf = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
-        y = weight * hf.to(x.dtype)
-
-    About nine kernels with fp32 intermediates. With an fp32 weight and fp16/bf16 x, Hugging Face's y
-    would be fp32; this casts it back to x's dtype (one more kernel), so y has the kernel's dtype.
-    Returns y, or ``(y, h)`` with a residual.
+    """What eager PyTorch runs: the residual add, then Hugging Face's ``LlamaRMSNorm.forward`` line for
+    line. With an fp32 weight and fp16/bf16 x, Hugging Face's y would be fp32; this casts it back to x's
+    dtype (one more kernel), as the fused kernel returns. Returns y, or ``(y, h)`` with a residual.
     """
     h = x if residual is None else x + residual
     hf = h.to(torch.float32)
@@ -156,22 +124,17 @@ def rmsnorm_ledger(
     grad_h: bool = True,
     programs: int | None = None,
 ) -> Ledger:
-    """Residual + RMSNorm of ``rows`` rows of ``n``, trip by trip: eager (``rmsnorm_eager``, op by
-    op) and the fused kernel.
+    """The memory trips of residual + RMSNorm over ``rows`` rows of ``n``: eager (:func:`rmsnorm_eager`,
+    op by op) and the fused kernel. ``weight_dtype`` (default ``dtype``) sizes w and dw.
 
-    Forward, fused: read x, r, w (``n``, once: every program reads the same weight, which stays in
-    L2); write h, y (without a residual: read x, w; write y); ``stats=True`` (training): also write
-    rstd (``rows`` fp32). A row wider than ``block`` (default: the GPU kernel's one-tile limit,
-    :func:`rmsnorm_config` with ``gpu=True``) is read in two passes: pass 2 re-reads h (or x).
-
-    ``backward=True``: eager autograd of ``rmsnorm_eager`` (nominal: one trip per tensor each formula
-    of torch's derivatives reads or writes) and the fused backward: read dy, h (or x), w, rstd and,
-    with ``grad_h`` (the caller uses h), grad_h; write dx (also the residual's gradient); write then
-    read the ``(programs, n)`` fp32 partial sums of dw; write dw. Rows wider than ``block``: dy and h
-    are read twice, and phase 1's one fp32 a row is written and read.
-
-    ``weight_dtype``: the weight's dtype (default: ``dtype``), the size of w and dw (and in the
-    forward, eager's extra cast of an fp32 y back to ``dtype``).
+    Forward, fused: read x, r and w (``n`` once: every program reads the same weight, from L2), write h
+    and y (no residual: no r, no h); ``stats=True`` (training) also writes rstd (``rows`` fp32). A row
+    wider than ``block`` (default: the GPU kernel's one-tile limit) takes two passes, re-reading h (or x).
+    Eager with an fp32 weight casts y back to ``dtype``. ``backward=True``: eager autograd (nominal: one
+    trip per tensor each of torch's derivative formulas reads or writes) and the fused backward: read
+    dy, h (or x), w, rstd and, with ``grad_h`` (the caller uses h), grad_h; write dx; write then read
+    the ``(programs, n)`` fp32 dw partials; write dw. Rows wider than ``block`` read dy and h twice and
+    write and read phase 1's one fp32 a row.
     """
     rows, n = int(rows), int(n)
     weight_dtype = dtype if weight_dtype is None else weight_dtype
@@ -239,14 +202,12 @@ def rmsnorm_flops(rows: int, n: int, residual: bool = True, *, backward: bool = 
 
 
 # -- launch configuration ----------------------------------------------------------------------------
-#: GPU tuning, measured with benchmarks/bench_norms.py, tune_rms_bwd.py and the probes; what each key
-#: means and the measurements behind its value: benchmarks/notes_norms.md ("2026-11-26: the norms'
-#: tuning tables, key by key"). ``max_single_bytes``: the widest row held in one tile; ``wide_block``:
-#: the two-pass path's tile; ``tile``: elements a program takes when rows are narrow; ``per_thread``:
-#: elements a thread holds (sets num_warps); ``warps_per_sm``: the backward's programs an SM;
-#: ``prefetch_tile``, ``row_stages``, ``stage_bytes``: the backward's next rows staged in shared
-#: memory; ``tail_*``: a row that fits three quarters of its tile held as a head and a tail;
-#: ``reread_*``: a backward row of 12289-16384 (16-bit) walked as two halves, each read twice.
+#: GPU tuning; each key and the measurements behind its value: benchmarks/notes_norms.md, "2026-11-26:
+#: the norms' tuning tables, key by key". ``max_single_bytes``: the widest row in one tile; ``wide_block``:
+#: the two-pass tile; ``tile``: elements a program takes when rows are narrow; ``per_thread``: elements a
+#: thread holds (sets num_warps); ``warps_per_sm``: the backward's programs an SM; ``prefetch_tile``,
+#: ``row_stages``, ``stage_bytes``: the backward's next rows staged in shared memory; ``tail_*``: a row
+#: fitting three quarters of its tile as a head and a tail; ``reread_*``: backward halves read twice.
 GPU_TUNING = {
     "forward": {
         "max_single_bytes": 65536,
@@ -275,20 +236,18 @@ GPU_TUNING = {
     },
 }
 
-
 _config = cached_config(GPU_TUNING, INTERPRETER_TUNING)
 
 
 def rmsnorm_config(
     n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu: bool | None = None
 ) -> dict:
-    """The launch configuration: ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE"}`` (backward:
-    and ``"programs"``, the number of programs P, each walking a contiguous block of rows).
+    """The launch configuration ``{"BLOCK_M", "BLOCK_N", "num_warps", "SINGLE_TILE", ...}`` from
+    :data:`GPU_TUNING` (or the interpreter's table); the backward's adds ``"programs"``, P.
 
-    ``SINGLE_TILE``: the row fits one ``BLOCK_N`` tile and is read once; otherwise the two-pass path
-    walks it in ``BLOCK_N`` tiles. ``BLOCK_M`` rows share a program when rows are narrow. ``gpu``: the
-    GPU's configuration (default: this mode's), so a lesson on a CPU can ask what the GPU kernel does
-    (with :data:`DEFAULT_SMS` SMs there). Tuned on an H100 (``benchmarks/notes_norms.md``).
+    ``SINGLE_TILE``: the row fits one ``BLOCK_N`` tile, read once; otherwise two passes of ``BLOCK_N``
+    tiles. Narrow rows share a program, ``BLOCK_M`` of them. ``gpu=True``: the GPU's choice on any
+    machine (default: this mode's), so a lesson on a CPU can show it (:data:`DEFAULT_SMS` SMs there).
     """
     gpu, sms = gpu_and_sms(gpu)
     return dict(_config(int(n_rows), int(n_cols), dtype, bool(backward), gpu, sms))
@@ -356,7 +315,7 @@ def _rmsnorm_kernel(
     y_rows = y_ptr + rows * n_cols
     offs_n = tl.arange(0, BLOCK_N)
     if SINGLE_TILE:  # the whole row in registers: one read of each element
-        # one BLOCK_N tile, or (TAIL_N > 0) a BLOCK_N head and a TAIL_N tail: 11008 in 12288 lanes
+        # one BLOCK_N tile, or (TAIL_N > 0) a BLOCK_N head and a TAIL_N tail: 11008 in 12288 lanes, not 16384
         # both loads issued before the first reduction: a load written after one waits for it (its
         # barrier), so the tail's trip to memory would follow the head's instead of overlapping it
         hf = _fwd_tile_h(x_rows, r_rows, h_rows, offs_n, mask_m, n_cols, EVEN, HAS_RESIDUAL)
@@ -433,16 +392,14 @@ def _rmsnorm_bwd_kernel(
     HAS_DH: tl.constexpr, COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, NUM_STAGES: tl.constexpr,
     TAIL_N: tl.constexpr = 0, REREAD: tl.constexpr = False,
 ):  # fmt: skip
-    # Program pid walks rows [row_start, row_end) in steps of BLOCK_M and writes one (N,) fp32 row of
-    # dw partial sums: dw_partial[pid] = sum over its rows of dy * round(h * rstd).
-    # dy, grad_h (dh) and dx are (rows, N) with one row stride; h may have two levels.
+    # Program pid walks rows [row_start, row_end), BLOCK_M at a time, and writes its row of dw partials:
+    # sum over its rows of dy * round(h * rstd). dy, grad_h (dh), dx: (rows, N), one row stride each.
     pid = tl.program_id(axis=0)
     row_start = pid * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
     offs_n = tl.arange(0, BLOCK_N)
     if SINGLE_TILE:
-        # the row on chip: one BLOCK_N tile, or (TAIL_N > 0) a BLOCK_N head and a TAIL_N tail, so a
-        # row of 11008 takes 12288 lanes, not 16384 (rmsnorm_config's "tail")
+        # the row on chip: one BLOCK_N tile, or a BLOCK_N head and a TAIL_N tail (11008 in 12288 lanes, not 16384)
         mask_n = offs_n < n_cols
         w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -466,10 +423,9 @@ def _rmsnorm_bwd_kernel(
                 if TAIL_N > 0:
                     gh += tl.sum(dy_t * w_t[None, :] * hf_t, axis=1)
                 c = gh * (rstd * rstd * rstd) / n_cols
-            # dx and the dw partials, the tail first. REREAD: each part's dy and h are loaded again (just
-            # read, the L2 holds them), so the compiler keeps one part live, not the whole row: a row of
-            # 16384 then leaves registers for the dw sums and the next row in flight
-            # (rmsnorm_config's "reread")
+            # dx and the dw partials, the tail first. REREAD: each half's dy and h are loaded again from L2
+            # (HBM still sees one read: no re-read in the ledger), so one half is live, not the whole row,
+            # leaving a row of 16384 registers for the dw sums and the next row in flight ("reread_*")
             if TAIL_N > 0:
                 if REREAD:
                     dy_t, hf_t = _bwd_tile(dy_ptr, h_rows, rows, offs_t, mask_m, mask_t, stride_dym, ".cg")
@@ -625,19 +581,14 @@ def rmsnorm(
 ):
     """Residual-add + RMSNorm fused, differentiable: ``y = h * rsqrt(mean(h², -1) + eps) * w``.
 
-    Without ``residual``: ``h = x``, returns y. With it: ``h = x + residual`` is written too and
-    ``(y, h)`` is returned (gradients flow through both: ``dh = dh_from_y + grad_h``).
-
-    ``x`` (and ``residual``, same shape and dtype): any shape ``(..., N)``, fp32/fp16/bf16 (no bf16 in
-    the interpreter), last dimension of stride 1, leading dimensions possibly strided (up to two merged
-    strides). ``weight``: shape ``(N,)``, contiguous, x's dtype or another float dtype (fp32 with
-    bf16/fp16 activations is the usual mix); y and h are in x's dtype. Cast order, numerics, trips
-    and the backward: the module docstring; reference: :func:`rmsnorm_reference`; trips:
-    :func:`rmsnorm_ledger`.
-
-    ``fwd_config``/``bwd_config``: overrides of :func:`rmsnorm_config`'s choice (``BLOCK_M``,
-    ``BLOCK_N``, ``num_warps``, ``programs``, ``num_stages``) for tuning and tests; a ``BLOCK_N``
-    below N forces the two-pass path.
+    Without ``residual``: ``h = x``, returns y. With it, ``h = x + residual`` is written too and
+    ``(y, h)`` returned; gradients flow through both (``dh = dh_from_y + grad_h``). ``x`` (and
+    ``residual``, same shape and dtype): ``(..., N)``, fp32/fp16/bf16 (no bf16 in the interpreter), in a
+    layout the module docstring allows. ``weight``: ``(N,)``, contiguous, x's dtype or another float
+    dtype (fp32 with bf16/fp16 activations is the usual mix); y and h are in x's dtype.
+    ``fwd_config``/``bwd_config`` override :func:`rmsnorm_config`'s choice (``BLOCK_M``, ``BLOCK_N``,
+    ``num_warps``, ``programs``, ``num_stages``) for tuning and tests; a ``BLOCK_N`` below N forces
+    the two-pass path. The spec: :func:`rmsnorm_reference`; the trips: :func:`rmsnorm_ledger`.
     """
     op = OP
     layouts, eps = check_norm(x, weight, eps, {} if residual is None else {"residual": residual}, op)
