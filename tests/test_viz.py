@@ -564,13 +564,16 @@ def test_every_text_lies_inside_the_canvas(name, monkeypatch):
 
 
 def test_show_gives_a_png_for_static_renders(monkeypatch):
+    from fusionlab.viz import _style
+
     fig = roofline_figure(3000.0, CEILINGS, [("add", 1 / 12, None, None)], device_label="H100 (datasheet)")
-    img = show(fig)  # no IPython shell here: the picture comes back
+    # no IPython shell (a script): the picture comes back. (Set, not assumed: a test run earlier in the same
+    # worker may have left an InteractiveShell behind, and get_ipython() would find it.)
+    monkeypatch.setattr(_style, "get_ipython", lambda: None)
+    img = show(fig)
     assert img.data[:8] == PNG_MAGIC and img.format == "png"
     assert viz.show is show
     shown = []
-    from fusionlab.viz import _style
-
     monkeypatch.setattr(_style, "get_ipython", lambda: object())
     monkeypatch.setattr(_style, "display", shown.append)
     assert show(fig) is None and shown[0].data[:8] == PNG_MAGIC  # in a notebook: displayed where it stands
