@@ -432,7 +432,9 @@ class Sandbox(LaunchCounter):
 
     def computed_from_decoys(self, actual, reference: Callable, inputs: Sequence) -> bool:
         """Whether ``actual`` is ``reference`` of the decoys the answer saw in place of ``inputs``: a result
-        computed outside the answer's kernels."""
+        computed outside the answer's kernels. The absolute tolerance scales with the largest value: a sum
+        of many terms (a matmul's) rounds by its terms' size, not its own, and the answer for random decoys
+        is nowhere near the answer for the real inputs, nor that of any honest mistake on them."""
         decoys = {id(t): d for t, _, d in self._concealed}
         if not decoys or not isinstance(actual, torch.Tensor):
             return False
@@ -441,7 +443,11 @@ class Sandbox(LaunchCounter):
             want = reference(*[t.clone() if isinstance(t, torch.Tensor) else t for t in fake])
             atol, rtol = tolerance(want.dtype)
             a, w = actual.detach().double().cpu(), want.detach().double().cpu()
-            return a.shape == w.shape and bool(_isclose(a, w, atol=atol, rtol=rtol, equal_nan=True).all())
+            if a.shape != w.shape:
+                return False
+            finite = w[torch.isfinite(w)].abs()
+            atol *= max(1.0, float(finite.max())) if finite.numel() else 1.0
+            return bool(_isclose(a, w, atol=atol, rtol=rtol, equal_nan=True).all())
         except Exception:  # a reference that cannot take the decoys: no such verdict
             return False
 
@@ -1135,14 +1141,26 @@ def _check_once(student, reference, make_inputs, name, size, dtype, launches, al
     try:
         assert_close(actual, expected, what=where, hint=hint, seed=seed, unwritten=unwritten)
     except CheckFailed:
-        if box.computed_from_decoys(actual, reference, inputs):
-            raise fail(
-                f"{where}: your result is the answer for the values the inputs held outside your kernel, values "
-                "your kernel never read: it was computed outside the kernel (numpy, a library, torch out of "
-                "sight) and copied in. The kernel must compute it from the inputs it is handed.",
-                seed,
-            ) from None
+        outside = computed_outside(box, actual, reference, inputs, where, seed)
+        if outside is not None:
+            raise outside from None
         raise
+
+
+def computed_outside(
+    box: Sandbox, actual, reference: Callable, inputs: Sequence, where: str, seed: int
+) -> CheckFailed | None:
+    """The failure to raise, naming it, when a wrong ``actual`` is ``reference`` of the decoys ``inputs`` held
+    outside the answer's kernels (:meth:`Sandbox.computed_from_decoys`): a result computed outside the kernel
+    and copied in. None otherwise. Every checker asks this before it reports values that differ."""
+    if not box.computed_from_decoys(actual, reference, inputs):
+        return None
+    return fail(
+        f"{where}: your result is the answer for the values the inputs held outside your kernel, values "
+        "your kernel never read: it was computed outside the kernel (numpy, a library, torch out of "
+        "sight) and copied in. The kernel must compute it from the inputs it is handed.",
+        seed,
+    )
 
 
 def check_function_pair(

@@ -53,6 +53,9 @@ pytestmark = [
 BLOCK = runtime.pick(gpu=1024, interpreter=4096)
 #: what a cheat's result is refused with: computed from the decoys, or different from the answer
 OUTSIDE = r"computed outside the kernel|differ|inf or NaN|dispatch switched off|written by no tl.store"
+#: what every checker says of a result computed from the decoys and copied in (or of the torch that computed
+#: it, where the profiler records another thread's ops)
+NAMED_OUTSIDE = r"values your kernel never read: it was computed outside the kernel|dispatch switched off"
 
 
 # -- the cheats' one kernel: copies a result in, handed every input too ------------------------------------
@@ -110,13 +113,22 @@ CHEATS = [
     pytest.param(
         l6.check_linear_gelu, lambda x, w, b: F.gelu(x.float() @ w.float().T + b.float()).to(x.dtype), id="l6-linear"
     ),
+    pytest.param(
+        l6.check_rmsnorm_matmul,
+        lambda x, w, eps: (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) @ w.float().T).to(
+            x.dtype
+        ),
+        id="l6-rmsnorm_matmul",
+    ),
     pytest.param(l7.check_flash_forward, _flash, id="l7-flash"),
 ]
 
 
 @pytest.mark.parametrize("check, torch_fn", CHEATS)
-def test_torch_out_of_sight_then_a_copy_kernel_is_refused(check, torch_fn):
-    with pytest.raises(CheckFailed, match=OUTSIDE):
+def test_torch_out_of_sight_then_a_copy_kernel_is_refused_and_named(check, torch_fn):
+    # every checker names it, whatever it compares first (softmax's rows, attention's O and lse, a matmul's
+    # sums whose rounding is that of their terms)
+    with pytest.raises(CheckFailed, match=NAMED_OUTSIDE):
         check(in_a_thread(torch_fn))
 
 
