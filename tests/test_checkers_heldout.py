@@ -113,11 +113,25 @@ def _window(q, k, v, window):
     return (torch.softmax(s, -1) @ v.float().nan_to_num()).to(q.dtype), torch.logsumexp(s, -1)
 
 
+def _add_rmsnorm(x, r, w, eps):
+    h = x.float() + r.float()
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype), h.to(x.dtype)
+
+
+def _cross_entropy(logits, target):
+    lf = logits.float().detach().requires_grad_()
+    loss = F.cross_entropy(lf, target)
+    (grad,) = torch.autograd.grad(loss, lf)
+    return loss.detach(), grad.to(logits.dtype)
+
+
 CHEATS = [
     pytest.param(l1.check_exp_cos, lambda x: torch.exp(torch.cos(x.float())).to(x.dtype), id="l1-exp_cos"),
     pytest.param(l2.check_bias_gelu, _gelu, id="l2-bias_gelu"),
     pytest.param(l2.check_chain, lambda x, k: l2.chain_reference.__wrapped__(x, k), id="l2-chain"),
+    pytest.param(l4.check_add_rmsnorm, _add_rmsnorm, id="l4-add_rmsnorm"),
     pytest.param(l4.check_softmax, lambda x: torch.softmax(x.float(), -1).to(x.dtype), id="l4-softmax"),
+    pytest.param(l5.check_cross_entropy, _cross_entropy, id="l5-cross_entropy"),
     pytest.param(l5.check_swiglu, lambda g, u: (F.silu(g.float()) * u.float()).to(g.dtype), id="l5-swiglu"),
     pytest.param(
         l6.check_linear_gelu, lambda x, w, b: F.gelu(x.float() @ w.float().T + b.float()).to(x.dtype), id="l6-linear"

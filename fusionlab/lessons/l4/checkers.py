@@ -157,6 +157,12 @@ def _rms_case(fn, name, shape, dtype, eps, seed, *, narrow_passed: bool = False)
                 "Check the grid (one program per row) and that every tile of a row is stored.",
                 seed,
             )
+    if not (_close(h, h_ref, dtype) and _close(y, y_ref, dtype)):  # first: were they computed from the decoys?
+        for i, t in enumerate((y, h)):
+            spec = lambda x, r, w, eps, i=i: rmsnorm_reference(x, w, eps, residual=r)[i]  # noqa: E731
+            outside = grading.computed_outside(box, t, spec, (x, r, w, eps), where, seed)
+            if outside is not None:
+                raise outside
     if not _close(h, h_ref, dtype):
         if _close(h, x, dtype):
             raise fail(f"{where}: h equals x: the residual r was not added. h = x + r.", seed)
