@@ -516,3 +516,28 @@ def test_a_triton_launch_hook_of_the_answers_is_refused():
 
     with pytest.raises(CheckFailed, match=r"inside its launch \(triton.knobs.runtime.launch_enter_hook\)"):
         l1.check_exp_cos(answer)
+
+
+# a stability mistake: the max taken over lanes past the row's end loaded as 0 (the sum leaves them out). The
+# softmax is the same for any shift, so every case with a positive logit in each row passes; a row whose logits
+# are all far below 0 gets exp(x - 0) = 0 everywhere and 0 / 0
+@triton.jit
+def _softmax_zero_pad_kernel(x_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_N)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)  # lanes past the end: 0
+    m = tl.max(x, axis=0)  # ... which the max takes in
+    e = tl.where(mask, tl.exp(x - m), 0.0)  # while the sum leaves them out
+    tl.store(y_ptr + row * n_cols + offs, (e / tl.sum(e, axis=0)).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def softmax_zero_pad(x):
+    y = torch.empty_like(x)
+    _softmax_zero_pad_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK_N=triton.next_power_of_2(x.shape[1]))
+    return y
+
+
+def test_softmax_names_a_max_over_lanes_loaded_as_zero():
+    with pytest.raises(CheckFailed, match=r"logits near -10000.*the max you subtract is not one of them"):
+        l4.check_softmax(softmax_zero_pad)

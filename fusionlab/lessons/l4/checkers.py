@@ -4,7 +4,8 @@
    ``y = h * rsqrt(mean(h²) + eps) * w``, both written. Rejects a missing residual (x normalised instead
    of h), the residual sum not written back, ``eps`` outside the square root (added to the rms, or to
    its reciprocal), statistics from one tile of a row wider than the kernel's tile, and two kernels.
-2. ``check_softmax``: the row softmax, one kernel. Rejects no max subtraction (logits near 1e4), lanes
+2. ``check_softmax``: the row softmax, one kernel. Rejects no max subtraction (logits near 1e4), a max that
+   is no logit of the row (lanes past its end loaded as 0, or a max started at 0: logits near -1e4), lanes
    past the row's end that count in the sum (loaded as 0, not -inf) or are read or written unmasked,
    and torch doing the work. Rows with masked (-inf) entries must work; a row masked entirely has no
    softmax: NaN (as torch gives) and 0 (as attention kernels write) are both accepted.
@@ -284,7 +285,12 @@ def _softmax_case(fn, name, shape, dtype, seed, *, shift=0.0, masked=0.0, fully_
         tip = (
             f" The logits are near {shift:g}: exp() of them overflows (fp32's largest is about e^88). Subtract the "
             "row's maximum before exp(): the softmax does not change, and every exponent is then <= 0."
-            if shift
+            if shift > 0
+            else f" The logits are near {shift:g}, and the max you subtract is not one of them: lanes past the row's "
+            "end loaded as 0 (other=0.0), or a max that starts at 0, make it 0, so exp(x - 0) of every logit "
+            "underflows to 0 and the sum is 0. Take the max over the row's logits alone: load the masked lanes as "
+            "-inf (other=float('-inf')) and start a running max at -inf."
+            if shift < 0
             else " Masked lanes and -inf logits must add exp(-inf) = 0 to the sum; look for exp() of a large number "
             "or -inf - (-inf)."
         )
@@ -321,6 +327,10 @@ def check_softmax(fn) -> Passed:
     plan = [dict(shape=s, dtype=d) for d in (torch.float32, half) for s in SM_SHAPES]
     plan.append(dict(shape=SM_MANY, dtype=torch.float32))
     plan += [dict(shape=(37, 129), dtype=d, shift=BIG_LOGITS) for d in (torch.float32, half)]
+    # every logit far below 0: a max that takes in lanes past the row's end loaded as 0 (or starts at 0) is
+    # then no logit of the row, and exp() of every logit minus it underflows to 0 (a row of 129 in a block of
+    # 256 has such lanes)
+    plan.append(dict(shape=(37, 129), dtype=torch.float32, shift=-BIG_LOGITS))
     plan.append(dict(shape=(37, 129), dtype=torch.float32, masked=0.3))
     plan.append(dict(shape=(8, 100), dtype=half, masked=0.3, fully_masked=True))
     plan.append(dict(shape=SM_SHAPES[-1], dtype=half))  # the same size again, fresh values
@@ -331,7 +341,7 @@ def check_softmax(fn) -> Passed:
             _softmax_case(fn, name, case.pop("shape"), case.pop("dtype"), seed, **case)
     return _passed(
         f"✓ softmax: {len(plan)} checks passed (shapes {', '.join(map(str, SM_SHAPES))} × 2 dtypes, "
-        f"{SM_MANY[0]} rows, logits near {BIG_LOGITS:g}, -inf logits, rows entirely -inf, one repeated; "
+        f"{SM_MANY[0]} rows, logits near ±{BIG_LOGITS:g}, -inf logits, rows entirely -inf, one repeated; "
         "poisoned outputs, inputs unchanged, 1 launch each)",
         len(plan),
     )
