@@ -541,3 +541,39 @@ def softmax_zero_pad(x):
 def test_softmax_names_a_max_over_lanes_loaded_as_zero():
     with pytest.raises(CheckFailed, match=r"logits near -10000.*the max you subtract is not one of them"):
         l4.check_softmax(softmax_zero_pad)
+
+
+# a precision mistake: LayerNorm's dw and db summed over the blocks of rows in the activations' 16-bit type.
+# Inside the tolerance on rows of N(0, 1) at a tall BLOCK_M (few additions); not where the sum passes near
+# 2000 on its way (rows that cancel), where 16 bits keep steps of 1 or more
+@triton.jit
+def _dwdb_16_kernel(x_ptr, dy_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr):
+    cols = tl.program_id(0) * 64 + tl.arange(0, 64)
+    cmask = cols < n_cols
+    dw = tl.zeros([64], dtype=dw_ptr.dtype.element_ty)  # the sums in the inputs' 16-bit type
+    db = tl.zeros([64], dtype=dw_ptr.dtype.element_ty)
+    for start in range(0, n_rows, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        rmask = rows < n_rows
+        mask = rmask[:, None] & cmask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        dw += tl.sum(dy * (x - mean[:, None]) * rstd[:, None], axis=0).to(dw.dtype)
+        db += tl.sum(dy, axis=0).to(db.dtype)
+    tl.store(dw_ptr + cols, dw, mask=cmask)
+    tl.store(db_ptr + cols, db, mask=cmask)
+
+
+def dwdb_16(x, dy, mean, rstd):
+    n_rows, n_cols = x.shape
+    dw = torch.empty(n_cols, dtype=x.dtype, device=x.device)
+    db = torch.empty(n_cols, dtype=x.dtype, device=x.device)
+    _dwdb_16_kernel[(triton.cdiv(n_cols, 64),)](x, dy, mean, rstd, dw, db, n_rows, n_cols, BLOCK_M=128)
+    return dw, db
+
+
+def test_layernorm_dwdb_names_sums_kept_in_16_bits():
+    with pytest.raises(CheckFailed, match=r"differ.*fp32"):  # (a general case may catch it first)
+        l4.check_layernorm_dwdb(dwdb_16)

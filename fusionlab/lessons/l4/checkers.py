@@ -471,6 +471,23 @@ def dwdb_inputs(shape, dtype, gen):
     return x, dy, mean, rstd
 
 
+#: rows whose first and last carry dy = +DWDB_CANCEL and -DWDB_CANCEL on the same x: they cancel in the sums, so
+#: a sum kept in 16 bits (its step near 2000 is 1 in fp16, 16 in bf16) rounds away what the other rows add,
+#: where an fp32 one keeps it; many blocks of rows at any BLOCK_M
+DWDB_CANCEL, DWDB_CANCEL_SHAPE = 2000.0, (4099, 40)
+
+
+def dwdb_cancel_inputs(shape, dtype, gen):
+    """:func:`dwdb_inputs` with the first and last rows cancelling (same x, dy = ±:data:`DWDB_CANCEL`)."""
+    x, dy, _, _ = dwdb_inputs(shape, dtype, gen)
+    x[-1] = x[0]
+    dy[0], dy[-1] = DWDB_CANCEL, -DWDB_CANCEL
+    xf = x.float()
+    mean = grading.with_room_after(xf.mean(-1))
+    rstd = grading.with_room_after(torch.rsqrt(xf.var(-1, unbiased=False) + 1e-5))
+    return x, dy, mean, rstd
+
+
 def dwdb_reference(x, dy, mean, rstd):
     """``(dγ, dβ)``: ``dγ = Σ_rows dy · x̂`` and ``dβ = Σ_rows dy``, ``x̂ = (x − mean) · rstd``, summed in
     float64 and stored in the activations' dtype."""
@@ -493,8 +510,26 @@ def check_layernorm_dwdb(fn) -> Passed:
     checks = grading.check_function_pair(
         fn, dwdb_reference, dwdb_inputs, name=name, parts=("dw", "db"), hints=hints, sizes=DWDB_SHAPES, many=DWDB_MANY
     )
+    acc = (
+        f"The first and last rows cancel (dy = ±{DWDB_CANCEL:g}), so the sum passes near {DWDB_CANCEL:g} on its way: "
+        "kept in 16 bits there, it rounds away what the rows between add. Accumulate in fp32 "
+        "(tl.zeros(..., dtype=tl.float32)) and cast once, at the store."
+    )
+    checks += grading.check_function_pair(
+        fn,
+        dwdb_reference,
+        dwdb_cancel_inputs,
+        name=f"{name}, rows that cancel",
+        parts=("dw", "db"),
+        hints=(acc, acc),
+        sizes=(DWDB_CANCEL_SHAPE,),
+        many=None,
+        dtypes=[runtime.HALF],
+        draw=False,
+    )
     return _passed(
         f"✓ {name}: {checks} checks passed (dw and db; shapes {', '.join(map(str, DWDB_SHAPES))} × 2 dtypes, "
-        f"{DWDB_MANY}, one repeated; against float64, poisoned outputs, inputs unchanged, 1 launch each)",
+        f"{DWDB_MANY}, one repeated; {DWDB_CANCEL_SHAPE} in 16 bits with rows that cancel; against float64, "
+        "poisoned outputs, inputs unchanged, 1 launch each)",
         checks,
     )
