@@ -6,9 +6,10 @@ Each kernel check, on every call:
   ``with fusionlab.grading.replay(SEED): check_...(fn)`` reruns the very inputs that failed;
 - **poisons every allocation** the answer makes, through whatever path (``torch.empty``,
   ``empty_like``, ``new_empty``, ``empty_strided``...): a :class:`Sandbox` (a ``TorchDispatchMode``)
-  fills each new tensor with a NaN *bit pattern* and puts a poisoned **guard zone** behind it, so an
-  element never written and a store past the end are both seen by bit comparison (a kernel that
-  writes NaN does not look unwritten; one that writes past the end does not hide behind a NaN);
+  fills each new tensor with a NaN *bit pattern* (other dtypes: a value that fits them, :func:`poison_`)
+  and puts a poisoned **guard zone** behind it, so an element never written and a store past the end
+  are both seen by bit comparison (a kernel that writes NaN does not look unwritten; one that writes
+  past the end does not hide behind a NaN);
 - gives inputs room behind them, filled with NaN (a load past the end never faults, and an unmasked
   one shows in the result, where zeros would add nothing to a sum), and compares every input **bit for
   bit** after the call: an answer that writes into its input is caught;
@@ -177,13 +178,28 @@ def fail(msg: str, seed: int | None = None) -> CheckFailed:
 
 
 # -- poison -------------------------------------------------------------------------------------------
-#: NaN bit patterns with a payload no arithmetic produces (a computed NaN is 0x7FC00000 and the like)
-_POISON_BITS = {
-    torch.float64: (torch.int64, 0x7FF5A5A5A5A5A5A5),
-    torch.float32: (torch.int32, 0x7FA5A5A5),
-    torch.float16: (torch.int16, 0x7DA5),
-    torch.bfloat16: (torch.int16, 0x7FA5),
-}
+def _known(table: dict) -> dict:
+    """``table`` keyed by dtype names, less the dtypes this torch does not have."""
+    return {getattr(torch, k): v for k, v in table.items() if hasattr(torch, k)}
+
+
+#: the poison of each floating dtype, as (the integer view, its bits): NaN patterns with a payload no
+#: arithmetic produces (a computed NaN is 0x7FC00000 and the like). An 8-bit float with a single NaN
+#: (e4m3fn has 0x7F and 0xFF, the fnuz formats 0x80, e8m0 0xFF) gets that NaN: a kernel that stores NaN
+#: there looks unwritten, a mistake either way
+_POISON_BITS = _known(
+    {
+        "float64": (torch.int64, 0x7FF5A5A5A5A5A5A5),
+        "float32": (torch.int32, 0x7FA5A5A5),
+        "float16": (torch.int16, 0x7DA5),
+        "bfloat16": (torch.int16, 0x7FA5),
+        "float8_e5m2": (torch.uint8, 0x7D),
+        "float8_e4m3fn": (torch.uint8, 0xFF),
+        "float8_e5m2fnuz": (torch.uint8, 0x80),
+        "float8_e4m3fnuz": (torch.uint8, 0x80),
+        "float8_e8m0fnu": (torch.uint8, 0xFF),
+    }
+)
 
 
 #: the NaN behind an input: another payload than the poison's, so a kernel that copies it unmasked past the
@@ -195,38 +211,62 @@ _PAD_BITS = {
     torch.bfloat16: (torch.int16, 0x7FB4),
 }
 
+#: the integer view of a dtype with no poison of its own (packed 4-bit floats, bit types), by element size
+_RAW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _poison_of(dtype: torch.dtype) -> tuple[torch.dtype | None, int | bool]:
+    """``(view, value)``: the poison of ``dtype`` is ``value`` written through ``t.view(view)`` (None: into
+    ``t`` itself). Every value fits its dtype. Integers: -12345 where it fits, else the dtype's own extreme
+    (int8's -128, which symmetric int8 quantization never produces; an unsigned type's maximum); bools:
+    True; any other dtype: the bytes 0xA5."""
+    if dtype in _POISON_BITS:
+        return _POISON_BITS[dtype]
+    if dtype == torch.bool:
+        return None, True
+    if not dtype.is_floating_point and not dtype.is_complex:
+        try:
+            info = torch.iinfo(dtype)
+        except TypeError:
+            info = None
+        if info is not None:
+            return None, (-12345 if info.min <= -12345 else info.min) if info.min < 0 else info.max
+    size = torch.empty(0, dtype=dtype).element_size()
+    view = _RAW[size]
+    return view, int.from_bytes(b"\xa5" * size, "little", signed=view != torch.uint8)
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s raw bits as integers, contiguous, where ``t`` is (complex: its real and imaginary parts)."""
+    t = t.detach()
+    if t.is_complex():
+        return _raw(torch.view_as_real(t))
+    view = torch.uint8 if t.dtype == torch.bool else _poison_of(t.dtype)[0]
+    return t.contiguous().view(view) if view is not None else t.contiguous()
+
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """``t``'s raw bits as integers (a copy on the CPU, contiguous)."""
-    t = t.detach()
-    if t.dtype in _POISON_BITS:
-        return t.contiguous().view(_POISON_BITS[t.dtype][0]).cpu()
-    if t.dtype == torch.bool:
-        return t.contiguous().view(torch.uint8).cpu()
-    return t.contiguous().cpu()
+    return _raw(t).cpu()
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:
-    """Fill ``t`` with the poison bit pattern of its dtype (floats), -12345 (ints) or True (bools)."""
-    if t.dtype in _POISON_BITS:
-        itype, bits = _POISON_BITS[t.dtype]
-        t.view(itype).fill_(bits)
-    elif t.dtype == torch.bool:
-        t.fill_(True)
-    elif t.is_complex():
-        t.fill_(complex(float("nan"), float("nan")))
-    else:
-        t.fill_(-12345)
+    """Fill ``t`` with the poison of its dtype (:func:`_poison_of`: a NaN bit pattern for floats, a value
+    that fits for integers, True for bools), whatever the dtype."""
+    if t.is_complex():
+        poison_(torch.view_as_real(t))
+        return t
+    view, value = _poison_of(t.dtype)
+    (t.view(view) if view is not None else t).fill_(value)
     return t
 
 
 def poisoned(t: torch.Tensor) -> torch.Tensor:
     """Where ``t`` still holds the poison bit pattern (flat bool mask on the CPU)."""
-    if t.dtype in _POISON_BITS:
-        return (_bits(t) == _POISON_BITS[t.dtype][1]).flatten()
-    if t.dtype == torch.bool:
-        return _bits(t).flatten().bool()
-    return (t.detach().cpu() == -12345).flatten()
+    if t.is_complex():  # both parts still the poison
+        return poisoned(torch.view_as_real(t)).view(-1, 2).all(-1)
+    _, value = _poison_of(t.dtype)
+    return (_bits(t) == int(value)).flatten()
 
 
 def first_unwritten(unwritten: torch.Tensor, cols: int) -> tuple[int, str]:
@@ -392,7 +432,9 @@ class Sandbox(LaunchCounter):
 
     def computed_from_decoys(self, actual, reference: Callable, inputs: Sequence) -> bool:
         """Whether ``actual`` is ``reference`` of the decoys the answer saw in place of ``inputs``: a result
-        computed outside the answer's kernels."""
+        computed outside the answer's kernels. The absolute tolerance scales with the largest value: a sum
+        of many terms (a matmul's) rounds by its terms' size, not its own, and the answer for random decoys
+        is nowhere near the answer for the real inputs, nor that of any honest mistake on them."""
         decoys = {id(t): d for t, _, d in self._concealed}
         if not decoys or not isinstance(actual, torch.Tensor):
             return False
@@ -401,7 +443,11 @@ class Sandbox(LaunchCounter):
             want = reference(*[t.clone() if isinstance(t, torch.Tensor) else t for t in fake])
             atol, rtol = tolerance(want.dtype)
             a, w = actual.detach().double().cpu(), want.detach().double().cpu()
-            return a.shape == w.shape and bool(_isclose(a, w, atol=atol, rtol=rtol, equal_nan=True).all())
+            if a.shape != w.shape:
+                return False
+            finite = w[torch.isfinite(w)].abs()
+            atol *= max(1.0, float(finite.max())) if finite.numel() else 1.0
+            return bool(_isclose(a, w, atol=atol, rtol=rtol, equal_nan=True).all())
         except Exception:  # a reference that cannot take the decoys: no such verdict
             return False
 
@@ -572,10 +618,7 @@ def _decoy(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors of one dtype and shape hold the same bits (NaN payloads included), where they are."""
-    if a.dtype in _POISON_BITS:
-        itype = _POISON_BITS[a.dtype][0]
-        return _equal(a.contiguous().view(itype), b.contiguous().view(itype))
-    return _equal(a, b)
+    return _equal(_raw(a), _raw(b))
 
 
 def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -1098,14 +1141,26 @@ def _check_once(student, reference, make_inputs, name, size, dtype, launches, al
     try:
         assert_close(actual, expected, what=where, hint=hint, seed=seed, unwritten=unwritten)
     except CheckFailed:
-        if box.computed_from_decoys(actual, reference, inputs):
-            raise fail(
-                f"{where}: your result is the answer for the values the inputs held outside your kernel, values "
-                "your kernel never read: it was computed outside the kernel (numpy, a library, torch out of "
-                "sight) and copied in. The kernel must compute it from the inputs it is handed.",
-                seed,
-            ) from None
+        outside = computed_outside(box, actual, reference, inputs, where, seed)
+        if outside is not None:
+            raise outside from None
         raise
+
+
+def computed_outside(
+    box: Sandbox, actual, reference: Callable, inputs: Sequence, where: str, seed: int
+) -> CheckFailed | None:
+    """The failure to raise, naming it, when a wrong ``actual`` is ``reference`` of the decoys ``inputs`` held
+    outside the answer's kernels (:meth:`Sandbox.computed_from_decoys`): a result computed outside the kernel
+    and copied in. None otherwise. Every checker asks this before it reports values that differ."""
+    if not box.computed_from_decoys(actual, reference, inputs):
+        return None
+    return fail(
+        f"{where}: your result is the answer for the values the inputs held outside your kernel, values "
+        "your kernel never read: it was computed outside the kernel (numpy, a library, torch out of "
+        "sight) and copied in. The kernel must compute it from the inputs it is handed.",
+        seed,
+    )
 
 
 def check_function_pair(

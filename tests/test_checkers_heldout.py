@@ -53,6 +53,9 @@ pytestmark = [
 BLOCK = runtime.pick(gpu=1024, interpreter=4096)
 #: what a cheat's result is refused with: computed from the decoys, or different from the answer
 OUTSIDE = r"computed outside the kernel|differ|inf or NaN|dispatch switched off|written by no tl.store"
+#: what every checker says of a result computed from the decoys and copied in (or of the torch that computed
+#: it, where the profiler records another thread's ops)
+NAMED_OUTSIDE = r"values your kernel never read: it was computed outside the kernel|dispatch switched off"
 
 
 # -- the cheats' one kernel: copies a result in, handed every input too ------------------------------------
@@ -101,22 +104,55 @@ def _flash(q, k, v, causal=False):
     return (torch.softmax(s, -1) @ v.float()).to(q.dtype), torch.logsumexp(s, -1)
 
 
+def _window(q, k, v, window):
+    # NaN-proof (the skip probes' NaN keys zeroed), so only the decoys can tell it from a kernel
+    n = q.shape[-2]
+    s = (q.float() @ k.float().nan_to_num().transpose(-1, -2)) / q.shape[-1] ** 0.5
+    i, j = torch.arange(n, device=q.device)[:, None], torch.arange(n, device=q.device)[None, :]
+    s = s.masked_fill(~((j <= i) & (j > i - window)), float("-inf"))
+    return (torch.softmax(s, -1) @ v.float().nan_to_num()).to(q.dtype), torch.logsumexp(s, -1)
+
+
+def _add_rmsnorm(x, r, w, eps):
+    h = x.float() + r.float()
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype), h.to(x.dtype)
+
+
+def _cross_entropy(logits, target):
+    lf = logits.float().detach().requires_grad_()
+    loss = F.cross_entropy(lf, target)
+    (grad,) = torch.autograd.grad(loss, lf)
+    return loss.detach(), grad.to(logits.dtype)
+
+
 CHEATS = [
     pytest.param(l1.check_exp_cos, lambda x: torch.exp(torch.cos(x.float())).to(x.dtype), id="l1-exp_cos"),
     pytest.param(l2.check_bias_gelu, _gelu, id="l2-bias_gelu"),
     pytest.param(l2.check_chain, lambda x, k: l2.chain_reference.__wrapped__(x, k), id="l2-chain"),
+    pytest.param(l4.check_add_rmsnorm, _add_rmsnorm, id="l4-add_rmsnorm"),
     pytest.param(l4.check_softmax, lambda x: torch.softmax(x.float(), -1).to(x.dtype), id="l4-softmax"),
+    pytest.param(l5.check_cross_entropy, _cross_entropy, id="l5-cross_entropy"),
     pytest.param(l5.check_swiglu, lambda g, u: (F.silu(g.float()) * u.float()).to(g.dtype), id="l5-swiglu"),
     pytest.param(
         l6.check_linear_gelu, lambda x, w, b: F.gelu(x.float() @ w.float().T + b.float()).to(x.dtype), id="l6-linear"
     ),
+    pytest.param(
+        l6.check_rmsnorm_matmul,
+        lambda x, w, eps: (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) @ w.float().T).to(
+            x.dtype
+        ),
+        id="l6-rmsnorm_matmul",
+    ),
     pytest.param(l7.check_flash_forward, _flash, id="l7-flash"),
+    pytest.param(l7.check_sliding_window, _window, id="l7-sliding_window"),
 ]
 
 
 @pytest.mark.parametrize("check, torch_fn", CHEATS)
-def test_torch_out_of_sight_then_a_copy_kernel_is_refused(check, torch_fn):
-    with pytest.raises(CheckFailed, match=OUTSIDE):
+def test_torch_out_of_sight_then_a_copy_kernel_is_refused_and_named(check, torch_fn):
+    # every checker names it, whatever it compares first (softmax's rows, attention's O and lse, a matmul's
+    # sums whose rounding is that of their terms)
+    with pytest.raises(CheckFailed, match=NAMED_OUTSIDE):
         check(in_a_thread(torch_fn))
 
 
@@ -480,3 +516,64 @@ def test_a_triton_launch_hook_of_the_answers_is_refused():
 
     with pytest.raises(CheckFailed, match=r"inside its launch \(triton.knobs.runtime.launch_enter_hook\)"):
         l1.check_exp_cos(answer)
+
+
+# a stability mistake: the max taken over lanes past the row's end loaded as 0 (the sum leaves them out). The
+# softmax is the same for any shift, so every case with a positive logit in each row passes; a row whose logits
+# are all far below 0 gets exp(x - 0) = 0 everywhere and 0 / 0
+@triton.jit
+def _softmax_zero_pad_kernel(x_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_N)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)  # lanes past the end: 0
+    m = tl.max(x, axis=0)  # ... which the max takes in
+    e = tl.where(mask, tl.exp(x - m), 0.0)  # while the sum leaves them out
+    tl.store(y_ptr + row * n_cols + offs, (e / tl.sum(e, axis=0)).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def softmax_zero_pad(x):
+    y = torch.empty_like(x)
+    _softmax_zero_pad_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK_N=triton.next_power_of_2(x.shape[1]))
+    return y
+
+
+def test_softmax_names_a_max_over_lanes_loaded_as_zero():
+    with pytest.raises(CheckFailed, match=r"logits near -10000.*the max you subtract is not one of them"):
+        l4.check_softmax(softmax_zero_pad)
+
+
+# a precision mistake: LayerNorm's dw and db summed over the blocks of rows in the activations' 16-bit type.
+# Inside the tolerance on rows of N(0, 1) at a tall BLOCK_M (few additions); not where the sum passes near
+# 2000 on its way (rows that cancel), where 16 bits keep steps of 1 or more
+@triton.jit
+def _dwdb_16_kernel(x_ptr, dy_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows, n_cols, BLOCK_M: tl.constexpr):
+    cols = tl.program_id(0) * 64 + tl.arange(0, 64)
+    cmask = cols < n_cols
+    dw = tl.zeros([64], dtype=dw_ptr.dtype.element_ty)  # the sums in the inputs' 16-bit type
+    db = tl.zeros([64], dtype=dw_ptr.dtype.element_ty)
+    for start in range(0, n_rows, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        rmask = rows < n_rows
+        mask = rmask[:, None] & cmask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        dw += tl.sum(dy * (x - mean[:, None]) * rstd[:, None], axis=0).to(dw.dtype)
+        db += tl.sum(dy, axis=0).to(db.dtype)
+    tl.store(dw_ptr + cols, dw, mask=cmask)
+    tl.store(db_ptr + cols, db, mask=cmask)
+
+
+def dwdb_16(x, dy, mean, rstd):
+    n_rows, n_cols = x.shape
+    dw = torch.empty(n_cols, dtype=x.dtype, device=x.device)
+    db = torch.empty(n_cols, dtype=x.dtype, device=x.device)
+    _dwdb_16_kernel[(triton.cdiv(n_cols, 64),)](x, dy, mean, rstd, dw, db, n_rows, n_cols, BLOCK_M=128)
+    return dw, db
+
+
+def test_layernorm_dwdb_names_sums_kept_in_16_bits():
+    with pytest.raises(CheckFailed, match=r"differ.*fp32"):  # (a general case may catch it first)
+        l4.check_layernorm_dwdb(dwdb_16)

@@ -239,7 +239,26 @@ def test_odd_sizes_are_not_block_multiples():
     assert grading.MANY_PROGRAMS > 12 * 65536  # a fixed grid of a dozen interpreter blocks cannot cover it
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.int32, torch.bool])
+#: every dtype an answer might allocate scratch in: the poison must fit each (int8's and uint8's
+#: ranges hold no -12345; an 8-bit float has one NaN or none with a payload)
+ANY_DTYPES = [
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.complex64,
+]
+
+
+@pytest.mark.parametrize("dtype", ANY_DTYPES, ids=str)
 def test_every_allocation_path_is_poisoned(dtype):
     with grading.Sandbox():
         made = [
@@ -252,6 +271,20 @@ def test_every_allocation_path_is_poisoned(dtype):
         assert grading.poisoned(t).all()
     after = torch.empty(10, dtype=dtype)  # outside the sandbox: plain torch again
     assert after.shape == (10,)
+
+
+def test_an_answer_may_allocate_scratch_in_any_dtype():
+    made = []
+
+    def allocates(x):  # a right answer that also allocates (and never writes) scratch in every dtype
+        made.extend(torch.empty(5, dtype=d, device=x.device) for d in ANY_DTYPES)
+        return good(x)
+
+    assert run(allocates, sizes=(7, 1000, 4097), many=None).startswith("✓ cos_cos")
+    assert {t.dtype for t in made} == set(ANY_DTYPES)
+    assert all(grading.poisoned(t).all() for t in made)  # poisoned, and told from written values
+    written = [t.fill_(1) if t.is_floating_point() or t.is_complex() else t.zero_() for t in made[: len(ANY_DTYPES)]]
+    assert not any(grading.poisoned(t).any() for t in written)
 
 
 def test_a_computed_nan_is_not_mistaken_for_the_poison():

@@ -4,7 +4,8 @@
    ``y = h * rsqrt(mean(h²) + eps) * w``, both written. Rejects a missing residual (x normalised instead
    of h), the residual sum not written back, ``eps`` outside the square root (added to the rms, or to
    its reciprocal), statistics from one tile of a row wider than the kernel's tile, and two kernels.
-2. ``check_softmax``: the row softmax, one kernel. Rejects no max subtraction (logits near 1e4), lanes
+2. ``check_softmax``: the row softmax, one kernel. Rejects no max subtraction (logits near 1e4), a max that
+   is no logit of the row (lanes past its end loaded as 0, or a max started at 0: logits near -1e4), lanes
    past the row's end that count in the sum (loaded as 0, not -inf) or are read or written unmasked,
    and torch doing the work. Rows with masked (-inf) entries must work; a row masked entirely has no
    softmax: NaN (as torch gives) and 0 (as attention kernels write) are both accepted.
@@ -157,6 +158,12 @@ def _rms_case(fn, name, shape, dtype, eps, seed, *, narrow_passed: bool = False)
                 "Check the grid (one program per row) and that every tile of a row is stored.",
                 seed,
             )
+    if not (_close(h, h_ref, dtype) and _close(y, y_ref, dtype)):  # first: were they computed from the decoys?
+        for i, t in enumerate((y, h)):
+            spec = lambda x, r, w, eps, i=i: rmsnorm_reference(x, w, eps, residual=r)[i]  # noqa: E731
+            outside = grading.computed_outside(box, t, spec, (x, r, w, eps), where, seed)
+            if outside is not None:
+                raise outside
     if not _close(h, h_ref, dtype):
         if _close(h, x, dtype):
             raise fail(f"{where}: h equals x: the residual r was not added. h = x + r.", seed)
@@ -258,6 +265,10 @@ def _softmax_case(fn, name, shape, dtype, seed, *, shift=0.0, masked=0.0, fully_
             seed,
         )
     got = y.double().cpu()
+    if not _close(got, ref, dtype):  # before any diagnosis of the values: were they computed from the decoys?
+        outside = grading.computed_outside(box, y, softmax_reference, (x,), where, seed)
+        if outside is not None:
+            raise outside
     dead = torch.isnan(ref).all(dim=1) if fully_masked else torch.zeros(shape[0], dtype=torch.bool)
     if dead.any():  # a row with no logit left: NaN (torch) or 0 (attention kernels), either accepted
         rows = got[dead]
@@ -274,7 +285,12 @@ def _softmax_case(fn, name, shape, dtype, seed, *, shift=0.0, masked=0.0, fully_
         tip = (
             f" The logits are near {shift:g}: exp() of them overflows (fp32's largest is about e^88). Subtract the "
             "row's maximum before exp(): the softmax does not change, and every exponent is then <= 0."
-            if shift
+            if shift > 0
+            else f" The logits are near {shift:g}, and the max you subtract is not one of them: lanes past the row's "
+            "end loaded as 0 (other=0.0), or a max that starts at 0, make it 0, so exp(x - 0) of every logit "
+            "underflows to 0 and the sum is 0. Take the max over the row's logits alone: load the masked lanes as "
+            "-inf (other=float('-inf')) and start a running max at -inf."
+            if shift < 0
             else " Masked lanes and -inf logits must add exp(-inf) = 0 to the sum; look for exp() of a large number "
             "or -inf - (-inf)."
         )
@@ -311,6 +327,10 @@ def check_softmax(fn) -> Passed:
     plan = [dict(shape=s, dtype=d) for d in (torch.float32, half) for s in SM_SHAPES]
     plan.append(dict(shape=SM_MANY, dtype=torch.float32))
     plan += [dict(shape=(37, 129), dtype=d, shift=BIG_LOGITS) for d in (torch.float32, half)]
+    # every logit far below 0: a max that takes in lanes past the row's end loaded as 0 (or starts at 0) is
+    # then no logit of the row, and exp() of every logit minus it underflows to 0 (a row of 129 in a block of
+    # 256 has such lanes)
+    plan.append(dict(shape=(37, 129), dtype=torch.float32, shift=-BIG_LOGITS))
     plan.append(dict(shape=(37, 129), dtype=torch.float32, masked=0.3))
     plan.append(dict(shape=(8, 100), dtype=half, masked=0.3, fully_masked=True))
     plan.append(dict(shape=SM_SHAPES[-1], dtype=half))  # the same size again, fresh values
@@ -321,7 +341,7 @@ def check_softmax(fn) -> Passed:
             _softmax_case(fn, name, case.pop("shape"), case.pop("dtype"), seed, **case)
     return _passed(
         f"✓ softmax: {len(plan)} checks passed (shapes {', '.join(map(str, SM_SHAPES))} × 2 dtypes, "
-        f"{SM_MANY[0]} rows, logits near {BIG_LOGITS:g}, -inf logits, rows entirely -inf, one repeated; "
+        f"{SM_MANY[0]} rows, logits near ±{BIG_LOGITS:g}, -inf logits, rows entirely -inf, one repeated; "
         "poisoned outputs, inputs unchanged, 1 launch each)",
         len(plan),
     )
@@ -451,6 +471,23 @@ def dwdb_inputs(shape, dtype, gen):
     return x, dy, mean, rstd
 
 
+#: rows whose first and last carry dy = +DWDB_CANCEL and -DWDB_CANCEL on the same x: they cancel in the sums, so
+#: a sum kept in 16 bits (its step near 2000 is 1 in fp16, 16 in bf16) rounds away what the other rows add,
+#: where an fp32 one keeps it; many blocks of rows at any BLOCK_M
+DWDB_CANCEL, DWDB_CANCEL_SHAPE = 2000.0, (4099, 40)
+
+
+def dwdb_cancel_inputs(shape, dtype, gen):
+    """:func:`dwdb_inputs` with the first and last rows cancelling (same x, dy = ±:data:`DWDB_CANCEL`)."""
+    x, dy, _, _ = dwdb_inputs(shape, dtype, gen)
+    x[-1] = x[0]
+    dy[0], dy[-1] = DWDB_CANCEL, -DWDB_CANCEL
+    xf = x.float()
+    mean = grading.with_room_after(xf.mean(-1))
+    rstd = grading.with_room_after(torch.rsqrt(xf.var(-1, unbiased=False) + 1e-5))
+    return x, dy, mean, rstd
+
+
 def dwdb_reference(x, dy, mean, rstd):
     """``(dγ, dβ)``: ``dγ = Σ_rows dy · x̂`` and ``dβ = Σ_rows dy``, ``x̂ = (x − mean) · rstd``, summed in
     float64 and stored in the activations' dtype."""
@@ -473,8 +510,26 @@ def check_layernorm_dwdb(fn) -> Passed:
     checks = grading.check_function_pair(
         fn, dwdb_reference, dwdb_inputs, name=name, parts=("dw", "db"), hints=hints, sizes=DWDB_SHAPES, many=DWDB_MANY
     )
+    acc = (
+        f"The first and last rows cancel (dy = ±{DWDB_CANCEL:g}), so the sum passes near {DWDB_CANCEL:g} on its way: "
+        "kept in 16 bits there, it rounds away what the rows between add. Accumulate in fp32 "
+        "(tl.zeros(..., dtype=tl.float32)) and cast once, at the store."
+    )
+    checks += grading.check_function_pair(
+        fn,
+        dwdb_reference,
+        dwdb_cancel_inputs,
+        name=f"{name}, rows that cancel",
+        parts=("dw", "db"),
+        hints=(acc, acc),
+        sizes=(DWDB_CANCEL_SHAPE,),
+        many=None,
+        dtypes=[runtime.HALF],
+        draw=False,
+    )
     return _passed(
         f"✓ {name}: {checks} checks passed (dw and db; shapes {', '.join(map(str, DWDB_SHAPES))} × 2 dtypes, "
-        f"{DWDB_MANY}, one repeated; against float64, poisoned outputs, inputs unchanged, 1 launch each)",
+        f"{DWDB_MANY}, one repeated; {DWDB_CANCEL_SHAPE} in 16 bits with rows that cancel; against float64, "
+        "poisoned outputs, inputs unchanged, 1 launch each)",
         checks,
     )

@@ -368,6 +368,11 @@ def _ce_case(fn, name, shape, dtype, seed, *, shift=0.0, ignore=False, all_ignor
     )
     if ok_grad and ok_loss:
         return
+    # first: the gradient of the decoys the logits held outside the kernel? (as a sum, as above)
+    spec = lambda lg, tg: (ce_reference(lg, tg, ii, smoothing)[1] * n).to(lg.dtype)  # noqa: E731
+    outside = grading.computed_outside(box, grad.detach() * n, spec, (logits, target), where, seed)
+    if outside is not None:
+        raise outside
     ref_sum, _ = ce_reference(logits, target, ii, smoothing, reduction="sum")
     ref_sum = float(ref_sum)
     if not ok_grad:

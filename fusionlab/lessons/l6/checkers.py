@@ -428,6 +428,9 @@ def _rms_probe(fn, name, shape, dtype, seed):
     want = rmsnorm_matmul_reference(x, w, eps)
     if _matches(out, want.double().cpu()):
         return
+    outside = grading.computed_outside(box, out, rmsnorm_matmul_reference, (x, w, eps), where, seed)
+    if outside is not None:
+        raise outside
     for alt, message in _rms_alternatives(x, w, eps):
         if _matches(out, alt):
             raise fail(f"{where}: {message}", seed)

@@ -419,6 +419,11 @@ def _run_kernel(fn, name, shape, dtype, seed, *, causal, shift=0.0, max_first=Fa
     finite = torch.isfinite(o.detach().double().cpu()).all() and torch.isfinite(lse.detach().double().cpu()).all()
     if err.max() <= tol and lse_ok.all():
         return None
+    outside = grading.computed_outside(
+        box, o, lambda *qkv: attention_reference(*qkv, causal)[0], (q, k, v), where, seed
+    )
+    if outside is not None:  # before any diagnosis of the values, which would rerun the answer
+        raise outside
     if not finite:
         if shift > 0:
             msg = (
@@ -613,45 +618,48 @@ def window_reference(q, k, v, window: int):
 
 
 def _window_call(fn, q, k, v, window, where, seed):
-    """Call the answer in the sandbox with every structural check; returns (o, lse)."""
+    """Call the answer through the checkers' common sequence (:func:`grading.run_answer`: inputs concealed
+    outside its kernel's run, unchanged, no store past the end, no torch, no result written after the kernel)
+    and this exercise's own checks; returns (o, lse, sandbox)."""
     B, H, n, d = q.shape
-    before = [grading._bits(t).clone() for t in (q, k, v)]
-    with grading.Sandbox() as box:
-        out = call_learner(fn, q, k, v, window, name="sliding_window", where=where, seed=seed)
-    if not (isinstance(out, (tuple, list)) and len(out) == 2):
-        raise fail(f"{where}: return (O, lse), a pair; got {type(out).__name__}.", seed)
+    out, box = grading.run_answer(
+        fn,
+        (q, k, v, window),
+        name="sliding_window",
+        where=where,
+        seed=seed,
+        store_hint="Mask the stores of O and lse with offs_m < N (and the head dim).",
+        torch_message=lambda ops: f"the answer computes or copies with torch ({ops}); do the work in your kernel.",
+        before_torch=lambda box, out: _a_pair(out, where, seed),
+    )
     o, lse = out
-    grading.refuse_own_kernels(box, where, seed)
-    if box.torch_ops or box.passes:
-        ops = ", ".join(sorted(set(box.torch_ops) | set(box.passes)))
-        raise fail(f"{where}: the answer computes or copies with torch ({ops}); do the work in your kernel.", seed)
     ok_o = isinstance(o, torch.Tensor) and o.shape == q.shape and o.dtype == q.dtype
     ok_lse = isinstance(lse, torch.Tensor) and lse.shape == (B, H, n) and lse.dtype == torch.float32
     if not (ok_o and ok_lse):
         raise fail(f"{where}: return O like q {tuple(q.shape)} and lse ({B}, {H}, {n}) float32.", seed)
-    if any(not torch.equal(grading._bits(t), b) for t, b in zip((q, k, v), before, strict=True)):
-        raise fail(f"{where}: your code changed q, k or v. Write only O and lse.", seed)
-    past = box.writes_past_the_end()
-    if past is not None:
-        raise fail(f"{where}: the kernel wrote {past[0]} elements past the end of O or lse: mask the stores.", seed)
     if n > d and any(a.numel() >= B * H * n * n for a in box.allocations):
         raise fail(f"{where}: your code allocates a tensor the size of the N x N scores; keep them on chip.", seed)
-    if len(box.launches) != 1:
-        raise fail(f"{where}: expected 1 Triton kernel launch, saw {len(box.launches)} ({', '.join(box.names)}).", seed)
+    grading.require_launches(box, out, (q, k, v), where, seed)
     for t, what in ((o, "O"), (lse, "lse")):
         if grading.poisoned(t).any():
             raise fail(f"{where}: {int(grading.poisoned(t).sum())} elements of {what} were never written.", seed)
-    return o, lse
+    return o, lse, box
 
 
-def _window_values(o, lse, q, k, v, window, rows, where, seed, dtype, hint, skip_probe=False):
+def _window_values(o, lse, q, k, v, window, rows, where, seed, dtype, hint, skip_probe=False, box=None, seen=()):
     """O and lse of query ``rows`` (a slice) against float64. ``hint`` is said where O holds NaN in a skip
-    probe (a NaN key was loaded); finite but wrong values get the mask's hint."""
+    probe (a NaN key was loaded); finite but wrong values get the mask's hint. ``box``, ``seen``: the sandbox
+    the answer ran in and the inputs it was handed, to name a result computed outside the kernel first."""
     ref_o, ref_lse = window_reference(q, k, v, window)
     err = _row_err(o[:, :, rows], ref_o[:, :, rows])
     lse_ok = _close_lse(lse[:, :, rows], ref_lse[:, :, rows])
     if err.max() <= O_TOL[dtype] and lse_ok.all():
         return
+    if box is not None:
+        spec = lambda q, k, v: window_reference(q, k, v, window)[0].to(q.dtype)  # noqa: E731
+        outside = grading.computed_outside(box, o, spec, seen or (q, k, v), where, seed)
+        if outside is not None:
+            raise outside
     bad = int((err > O_TOL[dtype]).sum()) + int((~lse_ok).sum())
     if torch.isfinite(o[:, :, rows].detach().double()).all():
         hint = "Mask keys j > i (the future) and j <= i - window (out of the window) with -inf."
@@ -679,8 +687,8 @@ def check_sliding_window(window_fn) -> Passed:
                 gen = grading.fresh_generator()
                 q, k, v = flash_inputs((B, H, n, n, d), dtype, gen)
                 where = f"sliding_window, (B, H, N, D) = {(B, H, n, d)}, window {window}, {grading.dtype_name(dtype)}"
-                o, lse = _window_call(window_fn, q, k, v, window, where, seed)
-                _window_values(o, lse, q, k, v, window, slice(None), where, seed, dtype, "")
+                o, lse, box = _window_call(window_fn, q, k, v, window, where, seed)
+                _window_values(o, lse, q, k, v, window, slice(None), where, seed, dtype, "", box=box)
                 checks += 1
             if dtype == _dtypes()[0]:  # the skip probes once, between the dtypes: a kernel that loads
                 checks += _window_probes(window_fn, seed, dtype)  # every block fails before the second dtype
@@ -705,7 +713,7 @@ def _window_probes(window_fn, seed, dtype) -> int:
         where = (
             f"sliding_window skip probe, N = {SKIP_N}, window {WINDOW_PROBE}, NaN in keys {keys.start}..{keys.stop - 1}"
         )
-        o, lse = _window_call(window_fn, q, k, v, WINDOW_PROBE, where, seed)
+        o, lse, box = _window_call(window_fn, q, k, v, WINDOW_PROBE, where, seed)
         if side == "start":
             rows = slice(2 * SKIP_TILE + WINDOW_PROBE, SKIP_N)
             hint = (
@@ -715,7 +723,9 @@ def _window_probes(window_fn, seed, dtype) -> int:
         else:
             rows = slice(0, SKIP_N - 2 * SKIP_TILE - POISON_KEYS)
             hint = "Stop each Q tile's key loop after its last row's key, as causal attention does."
-        _window_values(o, lse, *clean, WINDOW_PROBE, rows, where, seed, dtype, hint, skip_probe=True)
+        _window_values(
+            o, lse, *clean, WINDOW_PROBE, rows, where, seed, dtype, hint, skip_probe=True, box=box, seen=(q, k, v)
+        )
         checks += 1
     return checks
 
