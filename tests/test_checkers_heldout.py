@@ -577,3 +577,56 @@ def dwdb_16(x, dy, mean, rstd):
 def test_layernorm_dwdb_names_sums_kept_in_16_bits():
     with pytest.raises(CheckFailed, match=r"differ.*fp32"):  # (a general case may catch it first)
         l4.check_layernorm_dwdb(dwdb_16)
+
+
+# -- lesson 7, exercise 3: a causal kernel that walks every key block ---------------------------------------
+@triton.jit
+def _causal_every_block_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, n_q, n_k, scale,
+                               stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh,
+                               stride_om, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                               BLOCK_N: tl.constexpr):  # fmt: skip
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d[None, :] < HEAD_DIM
+    q = tl.load(q_ptr + bh * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=(offs_m[:, None] < n_q) & d_mask, other=0.0)  # fmt: skip
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, n_k, BLOCK_N):  # the mistake: every block, those above the diagonal masked
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = (offs_n[:, None] < n_k) & d_mask
+        k = tl.load(k_ptr + bh * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + bh * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale
+        s = tl.where((offs_n[None, :] < n_k) & (offs_m[:, None] >= offs_n[None, :]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    row_mask = offs_m < n_q
+    tl.store(o_ptr + bh * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+             (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask)  # fmt: skip
+    tl.store(lse_ptr + bh * n_q + offs_m, m_i + tl.log(l_i), mask=row_mask)
+
+
+def causal_every_block(q, k, v):
+    B, H, n_q, d = q.shape
+    o = torch.empty_like(q)
+    lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
+    bm, bn = runtime.pick(gpu=(64, 32), interpreter=(32, 16))
+    _causal_every_block_kernel[(triton.cdiv(n_q, bm), B * H)](
+        q, k, v, o, lse, n_q, k.shape[2], 1 / d**0.5, q.stride(1), q.stride(2), k.stride(1), k.stride(2),
+        v.stride(1), v.stride(2), o.stride(1), o.stride(2),
+        HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=bm, BLOCK_N=bn,
+    )  # fmt: skip
+    return o, lse
+
+
+def test_flash_causal_names_a_loop_over_every_key_block():
+    # right numbers, twice the work: the exercise is the loop bound; NaN in the last keys shows the loads
+    with pytest.raises(CheckFailed, match=r"skip probe.*walks every key block.*\(pid_m \+ 1\) \* BLOCK_M"):
+        l7.check_flash_forward_causal(causal_every_block)

@@ -543,13 +543,41 @@ def check_flash_forward(flash_fn) -> Passed:
 def check_flash_forward_causal(flash_fn) -> Passed:
     """Exercise 3: ``flash_fn(q, k, v) -> (O, lse)`` with the top-left causal mask: query i sees keys
     j <= i, as ``F.scaled_dot_product_attention(is_causal=True)``."""
-    n = _check_kernel(flash_fn, "flash_forward_causal", causal=True)
+    n = _check_kernel(flash_fn, "flash_forward_causal", causal=True) + _causal_probe(flash_fn)
     return _passed(
         f"✓ flash_forward_causal: {n} checks passed ({len(CAUSAL_SHAPES)} shapes × 2 dtypes: N from 1 to 100, "
         f"N_q < N_k; {MANY[0] * MANY[1]} heads of {MANY[2]} queries; N = {LONG_CAUSAL[2]}; scores near "
         f"±{SHIFT**2 / 4:g}; one repeated. "
-        "Top-left mask j <= i, O and lse against float64, 1 launch, nothing allocated the size of the scores)"
+        "Top-left mask j <= i, O and lse against float64, 1 launch, nothing allocated the size of the scores; "
+        "a skip probe: keys past a tile's diagonal are never loaded)"
     )
+
+
+def _causal_probe(flash_fn) -> int:
+    """NaN in the last keys: the rows of the tiles before them (any tile up to 128 rows) never need them, so a
+    kernel that stops each Q tile's key loop at its diagonal keeps those rows right, and one that walks every
+    key block (right answers, twice the work) turns them into NaN (a NaN key it loads and masks still turns
+    P V into NaN: 0 * NaN). Exercise 5's end probe with a window as long as the sequence."""
+    seed = grading.new_seed()
+    dtype = _dtypes()[0]
+    with grading.seeded(seed):
+        q, k, v = flash_inputs((1, 2, SKIP_N, SKIP_N, 16), dtype, grading.fresh_generator())
+        clean = [t.clone() for t in (q, k, v)]
+        keys = slice(SKIP_N - POISON_KEYS, SKIP_N)
+        for t in (k, v):
+            t[:, :, keys] = float("nan")
+        where = f"flash_forward_causal skip probe, N = {SKIP_N}, NaN in keys {keys.start}..{keys.stop - 1}"
+        o, lse, box = _window_call(
+            lambda q, k, v, window: flash_fn(q, k, v), q, k, v, SKIP_N, where, seed, name="flash_forward_causal"
+        )
+        rows = slice(0, SKIP_N - 2 * SKIP_TILE - POISON_KEYS)
+        hint = (
+            f"Rows 0..{rows.stop - 1} never see those keys, yet your kernel read them: it walks every key block. "
+            "Stop each Q tile's key loop after its last row's key, hi = min(N_k, (pid_m + 1) * BLOCK_M): the "
+            "blocks above the diagonal are all masked, and skipping them halves the work."
+        )
+        _window_values(o, lse, *clean, SKIP_N, rows, where, seed, dtype, hint, skip_probe=True, box=box, seen=(q, k, v))
+    return 1
 
 
 # -- exercise 4: the peak memory of naive attention -----------------------------------------------------
@@ -617,7 +645,7 @@ def window_reference(q, k, v, window: int):
     return torch.softmax(s, dim=-1) @ v.double(), torch.logsumexp(s, dim=-1)
 
 
-def _window_call(fn, q, k, v, window, where, seed):
+def _window_call(fn, q, k, v, window, where, seed, name="sliding_window"):
     """Call the answer through the checkers' common sequence (:func:`grading.run_answer`: inputs concealed
     outside its kernel's run, unchanged, no store past the end, no torch, no result written after the kernel)
     and this exercise's own checks; returns (o, lse, sandbox)."""
@@ -625,7 +653,7 @@ def _window_call(fn, q, k, v, window, where, seed):
     out, box = grading.run_answer(
         fn,
         (q, k, v, window),
-        name="sliding_window",
+        name=name,
         where=where,
         seed=seed,
         store_hint="Mask the stores of O and lse with offs_m < N (and the head dim).",
