@@ -630,3 +630,10 @@ def test_flash_causal_names_a_loop_over_every_key_block():
     # right numbers, twice the work: the exercise is the loop bound; NaN in the last keys shows the loads
     with pytest.raises(CheckFailed, match=r"skip probe.*walks every key block.*\(pid_m \+ 1\) \* BLOCK_M"):
         l7.check_flash_forward_causal(causal_every_block)
+
+
+# -- lesson 7, exercise 4: naive attention's peak without O -------------------------------------------------
+def test_naive_peak_names_the_output_left_out():
+    # scaled scores and P, both fp16, and nothing else: 8 GiB, within the 1% the check allows, yet no O
+    with pytest.raises(CheckFailed, match=r"without O"):
+        l7.check_naive_peak_gib(2 * 32 * 8192 * 8192 * 2 / 2**30)

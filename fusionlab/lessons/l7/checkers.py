@@ -600,6 +600,13 @@ def check_naive_peak_gib(peak_gib) -> Passed:
     B, H, N, D = PEAK_SHAPE
     want = naive_peak_bytes(B, H, N, D, PEAK_DTYPE_BYTES) / GIB
     one = B * H * N * N * PEAK_DTYPE_BYTES / GIB
+    o_gib = B * H * N * D * PEAK_DTYPE_BYTES / GIB
+    # within the 1% below, yet exactly the two N x N tensors: the output left out (O is 0.8% of the peak)
+    if abs(got - 2 * one) <= 1e-3 * one:
+        raise CheckFailed(
+            f"my_naive_peak_gib = {got:.4g}: the scaled scores and P without O. The output (B, H, N, D) = "
+            f"{o_gib:.4g} GiB is allocated by P @ v while P is still alive: add it."
+        )
     if abs(got - want) <= 0.01 * want:
         return _passed(
             f"✓ naive peak: {want:.2f} GiB beyond q, k, v = two (B, H, N, N) fp16 tensors of {one:.2f} GiB "
