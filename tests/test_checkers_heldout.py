@@ -637,3 +637,20 @@ def test_naive_peak_names_the_output_left_out():
     # scaled scores and P, both fp16, and nothing else: 8 GiB, within the 1% the check allows, yet no O
     with pytest.raises(CheckFailed, match=r"without O"):
         l7.check_naive_peak_gib(2 * 32 * 8192 * 8192 * 2 / 2**30)
+
+
+# -- lesson 6: the gated layer's roofline with one M x N pass too few or too many ---------------------------
+def _gate_ratio(ceil, passes):
+    M, K, N = 8192, 4096, 11008
+    mm_s = 2 * (2 * M * N * K) / (ceil.matmul_TFLOPs * 1e12)  # two matmuls at the matmul rate
+    return (mm_s + passes * M * N * 2 / (ceil.copy_GBps * 1e9)) / mm_s  # bf16 passes at the copy rate
+
+
+@pytest.mark.parametrize("passes", [4, 6])
+def test_gate_prediction_names_a_pass_miscounted(passes):
+    # SiLU reads g and writes s, the multiply reads s and u and writes h: 5 passes; 4 or 6 land within 3%
+    from fusionlab import bench
+
+    ceil = bench.ceilings()
+    with pytest.raises(CheckFailed, match=rf"{passes} M x N passes.*5"):
+        l6.check_gate_prediction(_gate_ratio(ceil, passes), ceil)

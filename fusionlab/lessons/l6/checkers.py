@@ -551,14 +551,15 @@ def check_silu_gate(gate_fn) -> Passed:
     )
 
 
-def gate_predicted_ratio(copy_GBps: float, matmul_TFLOPs: float, shape=GATE_LAYER) -> float:
+def gate_predicted_ratio(copy_GBps: float, matmul_TFLOPs: float, shape=GATE_LAYER, passes: int = 5) -> float:
     """Eager time over fused time of the gated layer at ``shape``, by the roofline: eager runs two
     compute-bound matmuls (each writes its M x N output), then SiLU (reads g, writes s) and the multiply
     (reads s and u, writes h): five M x N passes at the copy bandwidth after the matmuls' own writes;
-    fused runs the matmuls' FLOPs and writes h once. bf16 (2 bytes)."""
+    fused runs the matmuls' FLOPs and writes h once. bf16 (2 bytes). ``passes``: another count of them (the
+    checker names a miscount)."""
     M, K, N = shape
     mm_ms = 2 * (2 * M * N * K) / (matmul_TFLOPs * 1e12) * 1e3
-    passes_ms = 5 * M * N * 2 / (copy_GBps * 1e9) * 1e3
+    passes_ms = passes * M * N * 2 / (copy_GBps * 1e9) * 1e3
     return (mm_ms + passes_ms) / mm_ms
 
 
@@ -567,6 +568,15 @@ def check_gate_prediction(ratio, ceilings) -> Passed:
     on ``ceilings`` (the copy bandwidth and matmul rate the notebook printed)."""
     got = grading.number(ratio, "my_gate_ratio", "x")
     want = gate_predicted_ratio(ceilings.copy_GBps, ceilings.matmul_TFLOPs)
+    # one pass too few or too many lands within the 3% below: nearer another count than 5, it is that count
+    for passes in (3, 4, 6, 7):
+        other = gate_predicted_ratio(ceilings.copy_GBps, ceilings.matmul_TFLOPs, passes=passes)
+        if abs(got - other) < abs(got - want) and abs(got - other) <= 0.005 * other:
+            raise fail(
+                f"my_gate_ratio = {got:.4g} counts {passes} M x N passes at the copy bandwidth; eager makes 5: SiLU "
+                "reads g and writes s, the multiply reads s and u and writes h (the matmuls' own writes of g and u "
+                "are in their time)."
+            )
     if abs(got - want) > 0.03 * want:
         M, K, N = GATE_LAYER
         raise fail(
