@@ -654,3 +654,37 @@ def test_gate_prediction_names_a_pass_miscounted(passes):
     ceil = bench.ceilings()
     with pytest.raises(CheckFailed, match=rf"{passes} M x N passes.*5"):
         l6.check_gate_prediction(_gate_ratio(ceil, passes), ceil)
+
+
+# -- lesson 5, exercise 2b: every row ignored, the count clamped to 1 ----------------------------------------
+@triton.jit
+def _ce_ignore_kernel(x_ptr, t_ptr, g_ptr, loss_ptr, n_valid_ptr, ignore_index, n_cols, BLOCK_V: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_V)
+    x = tl.load(x_ptr + row * n_cols + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
+    y = tl.load(t_ptr + row)
+    m = tl.max(x, 0)
+    e = tl.exp(x - m)
+    d = tl.sum(e, 0)
+    loss = m + tl.log(d) - tl.sum(tl.where(offs == y, x, 0.0), 0)
+    grad = (e / d - tl.where(offs == y, 1.0, 0.0)) / tl.load(n_valid_ptr).to(tl.float32)
+    valid = y != ignore_index
+    tl.store(loss_ptr + row, tl.where(valid, loss, 0.0))
+    tl.store(g_ptr + row * n_cols + offs, tl.where(valid, grad, 0.0).to(g_ptr.dtype.element_ty), mask=offs < n_cols)
+
+
+def ce_ignore_clamped(logits, target, ignore_index):
+    rows, cols = logits.shape
+    grad = torch.empty_like(logits)
+    loss_rows = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    n_valid = (target != ignore_index).sum().clamp(min=1)  # the mistake: no 0 / 0 when every row is ignored
+    _ce_ignore_kernel[(rows,)](logits, target, grad, loss_rows, n_valid, ignore_index, cols,
+                               BLOCK_V=triton.next_power_of_2(cols))  # fmt: skip
+    return loss_rows.sum() / n_valid, grad
+
+
+def test_cross_entropy_ignore_names_a_clamped_count_not_a_cheat():
+    # every row ignored: the gradient is all zeros for any inputs, so it cannot tell the decoys from the inputs
+    with pytest.raises(CheckFailed, match=r"every row ignored: 0 / 0") as err:
+        l5.check_cross_entropy_ignore(ce_ignore_clamped)
+    assert "outside" not in str(err.value)

@@ -368,11 +368,13 @@ def _ce_case(fn, name, shape, dtype, seed, *, shift=0.0, ignore=False, all_ignor
     )
     if ok_grad and ok_loss:
         return
-    # first: the gradient of the decoys the logits held outside the kernel? (as a sum, as above)
-    spec = lambda lg, tg: (ce_reference(lg, tg, ii, smoothing)[1] * n).to(lg.dtype)  # noqa: E731
-    outside = grading.computed_outside(box, grad.detach() * n, spec, (logits, target), where, seed)
-    if outside is not None:
-        raise outside
+    # first: the gradient of the decoys the logits held outside the kernel? (as a sum, as above). Not where the
+    # gradient is right: every row ignored, it is zero for any logits and would match the decoys' too
+    if not ok_grad:
+        spec = lambda lg, tg: (ce_reference(lg, tg, ii, smoothing)[1] * n).to(lg.dtype)  # noqa: E731
+        outside = grading.computed_outside(box, grad.detach() * n, spec, (logits, target), where, seed)
+        if outside is not None:
+            raise outside
     ref_sum, _ = ce_reference(logits, target, ii, smoothing, reduction="sum")
     ref_sum = float(ref_sum)
     if not ok_grad:
@@ -399,7 +401,11 @@ def _ce_case(fn, name, shape, dtype, seed, *, shift=0.0, ignore=False, all_ignor
             raise fail(f"{where}: loss {got_loss:.6g} is the sum over rows; the mean divides it by {n}.", seed)
         raise fail(f"{where}: loss {got_loss:.6g}, expected {loss_want:.6g}.", seed)
     if not ok_loss:
-        raise fail(f"{where}: loss {got_loss:.6g}, expected {loss_want:.6g} (every row ignored: 0 / 0).", seed)
+        raise fail(
+            f"{where}: loss {got_loss:.6g}, expected {loss_want:.6g} (every row ignored: 0 / 0). Divide by the "
+            "count of rows that are not ignored as it is, zero included: torch's mean over no rows is NaN.",
+            seed,
+        )
     bad = ~_close(g * n, want * n, atol, rtol)
     i = int(bad.flatten().nonzero()[0][0])
     r, c = divmod(i, cols)
