@@ -688,3 +688,40 @@ def test_cross_entropy_ignore_names_a_clamped_count_not_a_cheat():
     with pytest.raises(CheckFailed, match=r"every row ignored: 0 / 0") as err:
         l5.check_cross_entropy_ignore(ce_ignore_clamped)
     assert "outside" not in str(err.value)
+
+
+@triton.jit
+def _ce_smooth_16_kernel(x_ptr, t_ptr, g_ptr, loss_ptr, n_valid_ptr, ignore_index, ls, n_cols, BLOCK_V: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_V)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=float("-inf"))  # the mistake: never made fp32
+    y = tl.load(t_ptr + row)
+    m = tl.max(x, 0)
+    e = tl.exp(x - m)
+    d = tl.sum(e, 0)
+    lse = m + tl.log(d)
+    mean_x = tl.sum(tl.where(mask, x, 0.0), 0) / n_cols  # 129 logits near 1e4: past 65504 in fp16
+    loss = (1.0 - ls) * (lse - tl.sum(tl.where(offs == y, x, 0.0), 0)) + ls * (lse - mean_x)
+    grad = (e / d - (1.0 - ls) * tl.where(offs == y, 1.0, 0.0) - ls / n_cols) / tl.load(n_valid_ptr).to(tl.float32)
+    valid = y != ignore_index
+    tl.store(loss_ptr + row, tl.where(valid, loss, 0.0))
+    tl.store(g_ptr + row * n_cols + offs, tl.where(valid, grad, 0.0).to(g_ptr.dtype.element_ty), mask=mask)
+
+
+def ce_smooth_16(logits, target, ignore_index, label_smoothing=0.0):
+    rows, cols = logits.shape
+    grad = torch.empty_like(logits)
+    loss_rows = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    n_valid = (target != ignore_index).sum()
+    _ce_smooth_16_kernel[(rows,)](logits, target, grad, loss_rows, n_valid, ignore_index, float(label_smoothing),
+                                  cols, BLOCK_V=triton.next_power_of_2(cols))  # fmt: skip
+    return loss_rows.sum() / n_valid, grad
+
+
+@pytest.mark.skipif(runtime.HALF != torch.float16, reason="fp16's 65504 is the limit passed; bf16 reaches 3e38")
+def test_cross_entropy_ignore_names_a_row_sum_kept_in_16_bits():
+    # only the loss is NaN (0 * inf where label_smoothing is 0), on the logits near 1e4: not an ignored row's target
+    with pytest.raises(CheckFailed, match=r"logits near 10000.*fp32 as they are loaded") as err:
+        l5.check_cross_entropy_ignore(ce_smooth_16)
+    assert "ignored row's target" not in str(err.value)

@@ -321,6 +321,15 @@ def _ce_case(fn, name, shape, dtype, seed, *, shift=0.0, ignore=False, all_ignor
     finite_ref = torch.isfinite(want)
     bad_rows = (~torch.isfinite(g) & finite_ref).any(dim=1)
     loss_blew = math.isfinite(loss_want) and not math.isfinite(got_loss)
+    if shift and dtype != torch.float32 and loss_blew and not bad_rows.any():
+        # only the loss, only on large logits (the cases before had ignored rows too): a sum of the logits in 16 bits
+        raise fail(
+            f"{where}: the loss is inf/NaN while the gradient is finite. {cols} logits near {shift:g} add up past "
+            f"{grading.dtype_name(dtype)}'s range: a sum over the row of x itself (such as the smoothing's mean of "
+            "the logits; 0 * inf is NaN even where label_smoothing is 0) is kept in 16 bits. Convert the logits to "
+            "fp32 as they are loaded (.to(tl.float32)).",
+            seed,
+        )
     if ignore and not valid.all() and (bad_rows.any() or loss_blew) and not bad_rows[valid].any():
         # only the ignored rows are not finite: no overflow, a target that is no column was used
         raise fail(
