@@ -1,4 +1,4 @@
-"""What every test file shares: one (dtype, atol, rtol) table, the GPU-only mark, a norm-relative
+"""What every test file shares: one (dtype, atol, rtol) table, the GPU-only mark and the ncu skip, a norm-relative
 comparison for matmul-like outputs, and cross-entropy written out by hand.
 
 Dtypes a mode cannot run (bf16 in Triton's interpreter) are not left out of a parametrisation: they
@@ -12,6 +12,7 @@ import torch
 
 from fusionlab import runtime
 from fusionlab.grading import TOLERANCES
+from fusionlab.measure import ncu
 
 #: (dtype, atol, rtol), the grading table's tolerances, for parametrize
 DTYPES = [
@@ -25,6 +26,19 @@ DTYPES = [
 ]
 
 gpu_only = pytest.mark.skipif(not runtime.is_gpu(), reason="needs a GPU Triton supports")
+
+
+def ncu_or_skip(*, triton_gpu: bool = False):
+    """Skip the calling test unless this machine has a CUDA GPU (one Triton supports, with ``triton_gpu``:
+    the package's own kernels are profiled) and Nsight Compute that may read the counters."""
+    if not (runtime.is_gpu() if triton_gpu else torch.cuda.is_available()):
+        pytest.skip(
+            "needs a GPU Triton supports, and ncu" if triton_gpu else "needs a CUDA GPU and Nsight Compute (ncu)"
+        )
+    try:
+        ncu.find_ncu()
+    except ncu.NcuUnavailable as e:
+        pytest.skip(str(e).split(".")[0])
 
 
 def assert_close_rel(y, ref, norm_tol, elem_tol):

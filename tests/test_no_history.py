@@ -5,9 +5,9 @@ by the order in which the project's work happened (an ordinal of the work's sitt
 earlier round"): a reader of the course was not there, and an ordinal means nothing to them.
 
 ``session`` is also a technical word (a Jupyter kernel's session, a browser session, a Python session):
-those uses are allowed when the word is qualified by what the session belongs to, or is part of an
-identifier (``sessionContext``, ``start_new_session``). A bare "the session" is flagged: write "this
-process", "a Colab runtime", or "the kernel session" instead, which say what is meant.
+those uses are allowed when the word is qualified by what it belongs to, or is part of an
+identifier (``sessionContext``, ``start_new_session``). The word with no owner before it is flagged:
+write "this process", "a Colab runtime", or "the kernel session" instead, which say what is meant.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ _SESSION_OWNERS = (
 PATTERNS: list[tuple[str, re.Pattern]] = [
     # an ordinal past ten reads only as a count of the work's own steps ("the nineteenth ...")
     ("ordinal past ten", re.compile(rf"\b({_ORDINALS_LARGE})\b", re.I)),
-    # "the ninth session", "second-session", "fifth sitting"
+    # an ordinal right before the word or "sitting", with a space or a hyphen ("fifth sitting")
     ("ordinal session", re.compile(rf"\b({_ORDINALS_SMALL})[- ](sessions?|sittings?)\b", re.I)),
     # the word itself; _technical() lets through an identifier (x.session, session_id, sessionContext)
     # and a session whose technical owner stands right before it ("kernel session", "Colab session")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ncu_or_skip
 
 from fusionlab import __main__ as cli
 from fusionlab import bench, benchcli, runtime
@@ -94,14 +95,7 @@ def test_the_progress_bar_counts_to_the_end(capsys):
 def test_gpu_lesson1_counters_match_each_schedules_ledger():
     """Fused cos_cos moves its fused ledger, eager cos().cos() its unfused one (each within 3%: the writes
     may fall short by the output's tail still in L2)."""
-    if not runtime.is_gpu():
-        pytest.skip("needs a GPU Triton supports, and ncu")
-    from fusionlab.measure import ncu
-
-    try:
-        ncu.find_ncu()
-    except ncu.NcuUnavailable as e:
-        pytest.skip(str(e).split(".")[0])
+    ncu_or_skip(triton_gpu=True)
     trips = benchcli.measure_trips("lesson1", ["triton cos_cos (fused)", "eager cos().cos()"])
     fused, eager = trips["triton cos_cos (fused)"], trips["eager cos().cos()"]
     f, e = fused["all"], eager["all"]

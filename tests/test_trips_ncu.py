@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ncu_or_skip
 
 from fusionlab.kernels.cos import cos_cos_ledger
 from fusionlab.measure import ncu
@@ -90,15 +91,6 @@ def test_no_ncu_and_no_gpu_say_what_to_use_instead(monkeypatch):
 
 
 # -- on a GPU with ncu ---------------------------------------------------------------------------------
-def _ncu_or_skip():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU and Nsight Compute (ncu)")
-    try:
-        ncu.find_ncu()
-    except ncu.NcuUnavailable as e:
-        pytest.skip(str(e).split(".")[0])
-
-
 N = 2**26  # 256 MiB of fp32: five times an H100's L2
 
 
@@ -109,7 +101,7 @@ def _l2_bytes() -> int:
 def test_gpu_eager_cos_cos_moves_its_ledger_through_dram():
     """Flushed: each cos reads its whole input from DRAM (within 2%); its writes fall short of the ledger
     by at most L2's size, the tail of the output still in L2 when the kernel ends."""
-    _ncu_or_skip()
+    ncu_or_skip()
     kernels = ncu.profile("fusionlab.measure.targets:cos_cos_eager", str(N))
     assert len(kernels) == 2
     led = cos_cos_ledger(N)
@@ -123,7 +115,7 @@ def test_gpu_eager_cos_cos_moves_its_ledger_through_dram():
 
 
 def test_gpu_without_a_flush_the_second_cos_finds_part_of_its_input_in_l2():
-    _ncu_or_skip()
+    ncu_or_skip()
     both = ncu.profile_both("fusionlab.measure.targets:cos_cos_eager", str(N))
     flushed, warm = both["all"], both["none"]
     assert len(flushed) == len(warm) == 2
@@ -133,7 +125,7 @@ def test_gpu_without_a_flush_the_second_cos_finds_part_of_its_input_in_l2():
 
 
 def test_gpu_fused_cos_cos_reads_x_once_and_writes_y_once():
-    _ncu_or_skip()
+    ncu_or_skip()
     (k,) = ncu.profile("fusionlab.measure.targets:cos_cos_fused", str(N))
     nbytes = N * 4
     assert "_cos_kernel" in k.name

@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+from conftest import ncu_or_skip
 
 from fusionlab import benchcli
 from fusionlab.measure import ncu
@@ -139,14 +140,7 @@ def test_the_ledger_bar_reads_the_large_parts_flushed_counters():
 
 def test_gpu_the_large_kernels_move_their_ledger_through_dram(tmp_path):
     """On a GPU with ncu: every >= 1 GiB element-wise and row-wise kernel within 2% of its ledger."""
-    from fusionlab import runtime
-
-    if not runtime.is_gpu():
-        pytest.skip("needs a GPU Triton supports, and ncu")
-    try:
-        ncu.find_ncu()
-    except ncu.NcuUnavailable as e:
-        pytest.skip(str(e).split(".")[0])
+    ncu_or_skip(triton_gpu=True)
     data = benchcli.read_trips(benchcli.record_trips(["large"], tmp_path, budget_s=300, cache_controls=("all",)))
     assert not data["missing"], data["missing"]
     bars = benchcli.trips_bars(data["parts"]["large"])
