@@ -99,8 +99,9 @@ def main(argv):
     if "--mods" in argv:
         n, d = 1024, 64
         q = torch.empty(2, 8, n, d, dtype=torch.bfloat16)
-        for sm, mask in [(A.softcap(30.0), None), (A.alibi(8), None), (None, A.causal_mask()), (None, A.sliding_window(256)),
-                         (None, A.prefix_lm(100)), (None, A.document_mask(torch.arange(n) // 128))]:  # fmt: skip
+        cases = [(A.softcap(30.0), None), (A.alibi(8), None), (None, A.causal_mask()), (None, A.sliding_window(256)),
+                 (None, A.prefix_lm(100)), (None, A.document_mask(torch.arange(n) // 128))]  # fmt: skip
+        for sm, mask in cases:
             bm = None if mask is None else A.block_mask(mask, None, None, n, n, device="cpu")
             mods = A._mods(q, q, False, sm, bm)
             h, _ = _spec(n, d, False, "tma", mods=mods)

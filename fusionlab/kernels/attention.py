@@ -689,6 +689,11 @@ def document_mask(doc_ids: torch.Tensor, causal: bool = True) -> MaskMod:
                    f"document_mask({'causal' if causal else 'bidirectional'})")  # fmt: skip
 
 
+#: what a modification that cannot compile raises: the GPU's compiler, or the interpreter running it as Python
+_MOD_ERRORS = (triton.CompilationError, TypeError, NameError, AttributeError, ValueError, AssertionError,
+               getattr(triton.runtime.errors, "InterpreterError", TypeError))  # fmt: skip
+
+
 class _Mods(NamedTuple):
     """A call's checked modifications: the block mask's tiles (``(None, None)`` without one), the
     kernel's keyword arguments, and their names for an error."""
@@ -852,11 +857,14 @@ def _forward(q, k, v, causal, scale, variant, config_key, mods=None) -> tuple[to
     try:
         _attention_kernel[plan.grid](*srcs, o, o_desc, lse, *plan.ints[:3], scale * LOG2E, *plan.ints[3:],
                                      SCALE_NEG=scale < 0, **plan.meta, **mods.kwargs)  # fmt: skip
-    except (triton.CompilationError, TypeError, NameError, AttributeError, ValueError, AssertionError) as e:
-        # the interpreter runs the modification as Python (its mistakes surface as Python's errors); the GPU
-        # compiles it (a CompilationError): either way, say which function failed and how
+    except _MOD_ERRORS as e:
+        # the interpreter runs the modification as Python (its mistakes surface as Python's errors, wrapped in
+        # InterpreterErrors); the GPU compiles it (a CompilationError): say which function failed, and the root
+        root = e
+        while root.__cause__ is not None:
+            root = root.__cause__
         raise KernelInputError(f"{OP}: {mods.names} did not compile into the attention kernel: "
-                               f"{type(e).__name__}: {str(e).strip()[:2000]}") from e  # fmt: skip
+                               f"{type(root).__name__}: {str(root).strip()[:2000]}") from e  # fmt: skip
     return o, lse
 
 
