@@ -72,3 +72,35 @@ def mask_ledger(B: int, H: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16
         sdpa_mask_bytes=N_q * N_k,
         density=visited / total,
     )
+
+
+def trip_ledger(block_mask, D: int, dtype=torch.bfloat16):
+    """For the trip animation: one head of ``block_mask``'s shape, attention with an explicit boolean
+    mask op by op (SDPA's math path: the mask written, the scores, the mask read, the softmax, P V) against the
+    block-sparse kernel, one fused step per Q tile that reads only the K and V blocks in its lists.
+    Returns ``(ledger, notes)``: ``notes`` says, frame by frame, which blocks each Q tile visits and skips.
+    """
+    from ...ledger import Ledger
+
+    _, _, n_q, n_k = block_mask.shape
+    bm, bn = block_mask.block_m, block_mask.block_n
+    led = Ledger(dtype_bytes=dtype, outputs=("O",), sizes={"mask": 1})
+    s_n = n_q * n_k
+    led.op("build the mask", reads={}, writes={"mask": s_n})  # SDPA takes it as a tensor: someone wrote it
+    led.op("Q K^T * scale", reads={"Q": n_q * D, "K": n_k * D}, writes={"S": s_n})
+    led.op("mask (a boolean N x N)", reads={"S": s_n, "mask": s_n}, writes={"S_masked": s_n})
+    led.op("softmax", reads={"S_masked": s_n}, writes={"P": s_n})
+    led.op("P V", reads={"P": s_n, "V": n_k * D}, writes={"O": n_q * D})
+    notes = ["the block lists are built once per shape: (Q tile, key block) -> full, partial or empty"]
+    T_n = block_mask.idx.shape[-1]
+    for t in range(block_mask.num.shape[2]):
+        nf, np_ = (int(x) for x in block_mask.num[0, 0, t].tolist())
+        visits = sorted(block_mask.idx[0, 0, t, 0, :nf].tolist() + block_mask.idx[0, 0, t, 1, :np_].tolist())
+        rows = min(bm, n_q - t * bm)
+        kv = f"K, V: {len(visits)} of {T_n} blocks"
+        led.fused(f"Q tile {t}", reads={f"Q tile {t}": rows * D, kv: 2 * len(visits) * bn * D},
+                  writes={f"O tile {t}": rows * D})  # fmt: skip
+        notes += [f"Q tile {t}: loads key blocks {visits} ({nf} full, {np_} partial); skips {T_n - len(visits)}"] * 3
+    n_frames = len(led.trips(fused=False)) + 1
+    notes = (notes + [notes[-1]] * n_frames)[:n_frames]
+    return led, notes

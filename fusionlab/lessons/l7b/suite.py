@@ -2,7 +2,8 @@
 
 All in bf16, 16 heads, 32k tokens per head-row (B = 32768 / N), head dims 64 and 128, N = 4k ... 32k.
 Five modifications (:data:`MODS`): Gemma 2's softcap, ALiBi, a 1k sliding window, a document mask of 8
-packed documents (causal inside each), and plain causal. For each shape:
+packed documents (causal inside each), and plain causal; and none (:data:`PLAIN`, ours only: what a
+modification costs is read against it). For each shape:
 
 - ``ours``: :func:`~fusionlab.kernels.attention.attention` with the modification (a score modification
   on the dense kernel; a mask as a block mask built once per shape; causal as lesson 7's ``causal=True``);
@@ -45,6 +46,8 @@ TOKENS = 32768  # B * N: every shape does the same number of query rows
 HEAD_DIMS = (64, 128)
 NS = (4096, 8192, 16384, 32768)
 MODS = ("softcap", "alibi", "sliding_window", "document", "causal")
+#: timed for ours only: lesson 7's kernel with no modification, the baseline of a modification's cost
+PLAIN = "none"
 CAP = 50.0  # Gemma 2's attention softcap
 WINDOW = 1024
 DOCS = 8
@@ -81,6 +84,7 @@ def ours_mods(mod: str, n: int, device="cuda"):
         "sliding_window": (None, sliding_window(WINDOW), False),
         "document": (None, document_mask(doc_ids(n, device=device)), False),
         "causal": (None, None, True),
+        PLAIN: (None, None, False),
     }[mod]
 
 
@@ -109,7 +113,7 @@ def flex_mods(mod: str, n: int, device="cuda"):
 
 def visible_pairs(mod: str, n: int) -> int:
     """(query, key) pairs the modification keeps, per (batch, head)."""
-    if mod in ("softcap", "alibi"):
+    if mod in ("softcap", "alibi", PLAIN):
         return n * n
     if mod == "causal":
         return n * (n + 1) // 2
@@ -157,7 +161,7 @@ def _works(fn) -> bool:
         return False
 
 
-def timing_cases(copy_GBps=None, matmul_TFLOPs=None, device="cuda", dims=HEAD_DIMS, ns=NS, mods=MODS,
+def timing_cases(copy_GBps=None, matmul_TFLOPs=None, device="cuda", dims=HEAD_DIMS, ns=NS, mods=(*MODS, PLAIN),
                  impls=tuple(IMPLS), config=None) -> list[Case]:  # fmt: skip
     """The cases of :data:`MODS` at each head dim and N; ``config``: tile overrides for ours (a sweep)."""
     from .ledger import mask_ledger
@@ -172,12 +176,13 @@ def timing_cases(copy_GBps=None, matmul_TFLOPs=None, device="cuda", dims=HEAD_DI
                 flops = 4 * B * HEADS * visible_pairs(mod, n) * d
                 sm, mask, causal = ours_mods(mod, n, device)
                 bm = None if mask is None else block_mask(mask, None, None, n, n, device=device)
-                f_sm, f_mask = flex_mods(mod, n, device)
-                f_bm = _flex_block_mask(f_mask, n, device)
                 thunks = {
                     "ours": functools.partial(attention, q, k, v, causal, score_mod=sm, block_mask=bm, config=config),
-                    "flex": functools.partial(_flex(), q, k, v, score_mod=f_sm, block_mask=f_bm),
                 }
+                if mod != PLAIN:
+                    f_sm, f_mask = flex_mods(mod, n, device)
+                    thunks["flex"] = functools.partial(_flex(), q, k, v, score_mod=f_sm,
+                                                       block_mask=_flex_block_mask(f_mask, n, device))  # fmt: skip
                 if mod == "causal":
                     cbm = block_mask(causal_mask(), None, None, n, n, device=device)
                     thunks["ours_mask"] = functools.partial(attention, q, k, v, block_mask=cbm, config=config)
