@@ -60,20 +60,6 @@ def nan_rows(q, k, v, keep, score_mod):
     return torch.softmax(s.masked_fill(~keep, -math.inf), -1) @ v
 
 
-@pytest.mark.parametrize("fn", [masked_attention, masked_attention_by_rows])
-def test_masked_attention_accepts(fn):
-    assert "✓ masked_attention" in ex.check_masked_attention(fn)
-
-
-@pytest.mark.parametrize(
-    "fn, match",
-    [(mask_after_softmax, "after the softmax"), (mod_after_mask, "ran after the mask"), (nan_rows, "NaN")],
-)
-def test_masked_attention_rejects(fn, match):
-    with pytest.raises(CheckFailed, match=match):
-        ex.check_masked_attention(fn)
-
-
 # -- exercise 2 ---------------------------------------------------------------------------------------
 @triton.jit
 def softcap_right(score, b, h, q_idx, kv_idx, aux, cap, a1):
@@ -106,20 +92,6 @@ def softcap_broken(score, b, h, q_idx, kv_idx, aux, cap, a1):
     return score + tl.not_a_function(score)
 
 
-def test_softcap_accepts():
-    assert "✓ softcap" in ex.check_softcap(softcap_right)
-
-
-@pytest.mark.parametrize(
-    "fn, match",
-    [(softcap_scaled_twice, "scaled twice"), (softcap_clamp, "hard clamp"), (softcap_no_outer_cap, "multiply it back"),
-     (softcap_broken, "did not run inside the kernel.*not_a_function")],
-)  # fmt: skip
-def test_softcap_rejects(fn, match):
-    with pytest.raises(CheckFailed, match=match):
-        ex.check_softcap(fn)
-
-
 # -- exercise 3 ---------------------------------------------------------------------------------------
 @triton.jit
 def window_jit(b, h, q_idx, kv_idx, aux, w, a1):
@@ -147,20 +119,6 @@ def window_jit_disagrees(w):
     return MaskMod(window_jit_wide, lambda b, h, q, kv, aux, w, a1: (kv <= q) & (kv > q - w), a0=w)
 
 
-def test_sliding_window_accepts():
-    assert "✓ sliding_window" in ex.check_sliding_window(window_right)
-
-
-@pytest.mark.parametrize(
-    "fn, match",
-    [(window_one_too_many, "outside the window.*off by one"), (window_one_too_few, "inside the window.*off by one"),
-     (window_jit_disagrees, "jit function disagrees")],
-)  # fmt: skip
-def test_sliding_window_rejects(fn, match):
-    with pytest.raises(CheckFailed, match=match):
-        ex.check_sliding_window(fn)
-
-
 @triton.jit
 def doc_jit(b, h, q_idx, kv_idx, ids, n, a1):
     same = tl.load(ids + tl.minimum(q_idx, n - 1)) == tl.load(ids + tl.minimum(kv_idx, n - 1))
@@ -182,18 +140,8 @@ def doc_not_causal(ids):
     return MaskMod(doc_jit, lambda b, h, q, kv, ids, n, a1: ids[q] == ids[kv], aux=ids, a0=ids.numel())
 
 
-def test_document_mask_accepts():
-    assert "✓ document_mask" in ex.check_document_mask(doc_right)
-
-
-@pytest.mark.parametrize("fn, match", [(doc_leaks, "leaks across documents"), (doc_not_causal, "keep it causal")])
-def test_document_mask_rejects(fn, match):
-    with pytest.raises(CheckFailed, match=match):
-        ex.check_document_mask(fn)
-
-
 # -- exercise 4 ---------------------------------------------------------------------------------------
-def block_lists(keep, bm, bn):
+def block_lists(keep, bm, bn, past_n_k=True):
     n_q, n_k = keep.shape
     T_m, T_n = -(-n_q // bm), -(-n_k // bn)
     full = torch.zeros(T_m, T_n, dtype=torch.bool)
@@ -201,7 +149,7 @@ def block_lists(keep, bm, bn):
     for t in range(T_m):
         for j in range(T_n):
             blk = keep[t * bm : (t + 1) * bm, j * bn : (j + 1) * bn]
-            whole = bool(blk.all()) and (j + 1) * bn <= n_k
+            whole = bool(blk.all()) and (not past_n_k or (j + 1) * bn <= n_k)
             full[t, j] = whole
             part[t, j] = bool(blk.any()) and not whole
     return full, part
@@ -218,28 +166,38 @@ def block_lists_full_by_any(keep, bm, bn):
 
 
 def block_lists_tail_full(keep, bm, bn):  # all() of the slice: the last key block is narrower, and looks full
-    n_q, n_k = keep.shape
-    T_m, T_n = -(-n_q // bm), -(-n_k // bn)
-    full = torch.zeros(T_m, T_n, dtype=torch.bool)
-    part = torch.zeros_like(full)
-    for t in range(T_m):
-        for j in range(T_n):
-            blk = keep[t * bm : (t + 1) * bm, j * bn : (j + 1) * bn]
-            full[t, j] = bool(blk.all())
-            part[t, j] = bool(blk.any()) and not full[t, j]
-    return full, part
+    return block_lists(keep, bm, bn, past_n_k=False)
 
 
-@pytest.mark.parametrize("fn", [block_lists])
-def test_block_lists_accepts(fn):
-    assert "✓ block_lists" in ex.check_block_lists(fn)
+# -- each checker: the right answers accepted, the wrong ones named ------------------------------------
+ACCEPT = [(ex.check_masked_attention, masked_attention), (ex.check_masked_attention, masked_attention_by_rows),
+          (ex.check_softcap, softcap_right), (ex.check_sliding_window, window_right),
+          (ex.check_document_mask, doc_right), (ex.check_block_lists, block_lists)]  # fmt: skip
+REJECT = [
+    (ex.check_masked_attention, mask_after_softmax, "after the softmax"),
+    (ex.check_masked_attention, mod_after_mask, "ran after the mask"),
+    (ex.check_masked_attention, nan_rows, "NaN"),
+    (ex.check_softcap, softcap_scaled_twice, "scaled twice"),
+    (ex.check_softcap, softcap_clamp, "hard clamp"),
+    (ex.check_softcap, softcap_no_outer_cap, "multiply it back"),
+    (ex.check_softcap, softcap_broken, "did not run inside the kernel.*not_a_function"),
+    (ex.check_sliding_window, window_one_too_many, "outside the window.*off by one"),
+    (ex.check_sliding_window, window_one_too_few, "inside the window.*off by one"),
+    (ex.check_sliding_window, window_jit_disagrees, "jit function disagrees"),
+    (ex.check_document_mask, doc_leaks, "leaks across documents"),
+    (ex.check_document_mask, doc_not_causal, "keep it causal"),
+    (ex.check_block_lists, block_lists_all_for_partial, "skipped, but .* visible"),
+    (ex.check_block_lists, block_lists_full_by_any, "called full but hides"),
+    (ex.check_block_lists, block_lists_tail_full, "hangs past N_k"),
+]
 
 
-@pytest.mark.parametrize(
-    "fn, match",
-    [(block_lists_all_for_partial, "skipped, but .* visible"), (block_lists_full_by_any, "called full but hides"),
-     (block_lists_tail_full, "hangs past N_k")],
-)  # fmt: skip
-def test_block_lists_rejects(fn, match):
+@pytest.mark.parametrize("check, fn", ACCEPT, ids=[f.__name__ for _, f in ACCEPT])
+def test_accepts(check, fn):
+    assert "✓ " in check(fn)
+
+
+@pytest.mark.parametrize("check, fn, match", REJECT, ids=[f.__name__ for _, f, _ in REJECT])
+def test_rejects(check, fn, match):
     with pytest.raises(CheckFailed, match=match):
-        ex.check_block_lists(fn)
+        check(fn)

@@ -689,9 +689,11 @@ def document_mask(doc_ids: torch.Tensor, causal: bool = True) -> MaskMod:
                    f"document_mask({'causal' if causal else 'bidirectional'})")  # fmt: skip
 
 
-#: what a modification that cannot compile raises: the GPU's compiler, or the interpreter running it as Python
-_MOD_ERRORS = (triton.CompilationError, TypeError, NameError, AttributeError, ValueError, AssertionError,
-               getattr(triton.runtime.errors, "InterpreterError", TypeError))  # fmt: skip
+def _mod_errors() -> tuple:
+    """What a modification that cannot compile raises: the GPU's compiler, or the interpreter running it as
+    Python (read at the call: without Triton, importing this module must not touch its attributes)."""
+    return (triton.CompilationError, TypeError, NameError, AttributeError, ValueError, AssertionError,
+            getattr(triton.runtime.errors, "InterpreterError", TypeError))  # fmt: skip
 
 
 class _Mods(NamedTuple):
@@ -857,7 +859,7 @@ def _forward(q, k, v, causal, scale, variant, config_key, mods=None) -> tuple[to
     try:
         _attention_kernel[plan.grid](*srcs, o, o_desc, lse, *plan.ints[:3], scale * LOG2E, *plan.ints[3:],
                                      SCALE_NEG=scale < 0, **plan.meta, **mods.kwargs)  # fmt: skip
-    except _MOD_ERRORS as e:
+    except _mod_errors() as e:
         # the interpreter runs the modification as Python (its mistakes surface as Python's errors, wrapped in
         # InterpreterErrors); the GPU compiles it (a CompilationError): say which function failed, and the root
         root = e

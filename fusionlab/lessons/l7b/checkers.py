@@ -176,6 +176,8 @@ def check_softcap(fn) -> Passed:
                 run = functools.partial(attention, score_mod=mod)
                 o, _ = call_learner(run, q, k, v, causal, name=name, where=where, seed=seed)
             except CheckFailed as e:
+                if "not done yet" in str(e):
+                    raise
                 raise fail(f"{where}: your function did not run inside the kernel. {_kernel_reason(e)}", seed) from None
             want = attention_reference(q, k, v, causal, score_mod=softcap(SOFTCAP_CAP))[0].double()
             err = _rel(o, want)

@@ -227,6 +227,7 @@ def bars(results) -> list[tuple[str, bool, str]]:
     return out
 
 
-def cases(copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, device="cuda") -> list[Case]:
-    """All lesson 7b cases; with the measured ceilings each ``ours`` case carries ``predicted_ms``."""
-    return timing_cases(copy_GBps, matmul_TFLOPs, device)
+def cases(copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, device="cuda", ns=NS) -> list[Case]:
+    """All lesson 7b cases (``ns``: fewer lengths, for a notebook's live run); with the measured ceilings each
+    ``ours`` case carries ``predicted_ms``."""
+    return timing_cases(copy_GBps, matmul_TFLOPs, device, ns=ns)
