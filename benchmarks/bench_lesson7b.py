@@ -1,7 +1,7 @@
 """Lesson 7b on a GPU: the modification path against compiled flex_attention, and a sweep of its tiles.
 
     PYTHONPATH=. python3 benchmarks/bench_lesson7b.py --out $OUT [--seconds 170] [--ds 64,128]
-        [--ns 8192,32768] [--sweep-n 16384] [--workers 8] [--no-sweep]
+        [--ns 8192,32768] [--sweep-n 16384] [--workers 8] [--no-sweep | --no-bars]
 
 For each head dim, N and modification of the suite (:mod:`fusionlab.lessons.l7b.suite`: softcap, ALiBi,
 sliding window 1k, 8 documents, causal): ours at the default configuration and ``torch.compile``d
@@ -25,36 +25,45 @@ import warnings
 
 import torch
 
-#: (BLOCK_M, BLOCK_N, num_warps, num_stages), or None: the default
+#: (BLOCK_M, BLOCK_N, num_warps, num_stages, REF_MAX) with None for the default's value, or None: the default
 SWEEP = {
     "default": None,
-    "128x64 w4 s3": (128, 64, 4, 3),
-    "128x64 w4 s2": (128, 64, 4, 2),
-    "128x64 w8 s2": (128, 64, 8, 2),
-    "128x128 w8 s2": (128, 128, 8, 2),
-    "64x64 w4 s3": (64, 64, 4, 3),
-    "64x128 w4 s2": (64, 128, 4, 2),
+    "default online": (None, None, None, None, 0),
+    "128x64 w4 s3": (128, 64, 4, 3, None),
+    "128x64 w4 s2": (128, 64, 4, 2, None),
+    "128x64 w8 s2": (128, 64, 8, 2, None),
+    "128x128 w8 s2": (128, 128, 8, 2, None),
+    "64x64 w4 s3": (64, 64, 4, 3, None),
+    "64x128 w4 s2": (64, 128, 4, 2, None),
 }
+#: modifications the bench adds to the suite's: the softcap written with exp2 (the interpreter's form), to
+#: set the GPU's tanh.approx beside it
+EXTRA_MODS = ("softcap_exp2",)
 
 
 def _call(mod: str, n: int, cfg_name: str, q, k, v):
     """Ours for ``mod`` at configuration ``cfg_name``: a thunk."""
-    from fusionlab.kernels.attention import attention, block_mask, causal_mask
+    from fusionlab.kernels import attention as A
     from fusionlab.lessons.l7b import suite
 
-    sm, mask, causal = suite.ours_mods(mod, n, q.device)
-    cfg = SWEEP[cfg_name]
-    config = None
-    if mod == "causal" and cfg is not None:  # the sweep runs causal through the block lists
-        mask, causal = causal_mask(), False
-    if mask is not None:
-        tiles = {} if cfg is None else {"block_m": cfg[0], "block_n": cfg[1]}
-        bm = block_mask(mask, None, None, n, n, q.device, **tiles)
-        config = None if cfg is None else {"num_warps": cfg[2], "num_stages": cfg[3]}
+    if mod == "softcap_exp2":
+        sm, mask, causal = A.ScoreMod(A._softcap, a0=suite.CAP, name="softcap exp2"), None, False
     else:
-        bm = None
-        config = None if cfg is None else dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), cfg, strict=True))
-    return lambda: attention(q, k, v, causal, score_mod=sm, block_mask=bm, config=config)
+        sm, mask, causal = suite.ours_mods(mod, n, q.device)
+    cfg = SWEEP[cfg_name]
+    config = {}
+    if cfg is not None:
+        bm_, bn_, w, st, ref = cfg
+        config = {k: x for k, x in (("num_warps", w), ("num_stages", st), ("REF_MAX", ref)) if x is not None}
+        if mod == "causal" and bm_ is not None:  # the tile sweep runs causal through the block lists
+            mask, causal = A.causal_mask(), False
+        if mask is None and bm_ is not None:
+            config.update(BLOCK_M=bm_, BLOCK_N=bn_)
+    bm = None
+    if mask is not None:
+        tiles = {} if cfg is None or cfg[0] is None else {"block_m": cfg[0], "block_n": cfg[1]}
+        bm = A.block_mask(mask, None, None, n, n, q.device, **tiles)
+    return lambda: A.attention(q, k, v, causal, score_mod=sm, block_mask=bm, config=config or None)
 
 
 def _compile_worker(tasks):
@@ -88,6 +97,7 @@ def main(argv=None):
     p.add_argument("--sweep-n", type=int, default=16384)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--no-bars", action="store_true")
     a = p.parse_args(argv)
     t_end = time.time() + a.seconds
     ds = [int(x) for x in a.ds.split(",")]
@@ -108,7 +118,8 @@ def main(argv=None):
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": runtime.version("triton"),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "argv": sys.argv[1:]}  # fmt: skip
     sweep = [] if a.no_sweep else [c for c in SWEEP if c != "default"]
-    tasks = [(d, 4096, mod, c) for d in ds for mod in suite.MODS for c in ["default", *sweep]]
+    mods = (*suite.MODS, suite.PLAIN, *EXTRA_MODS)
+    tasks = [(d, 4096, mod, c) for d in ds for mod in mods for c in ["default", *sweep]]
     t0 = time.time()
     ctx = mp.get_context("spawn")
     with ctx.Pool(a.workers) as pool:
@@ -120,16 +131,24 @@ def main(argv=None):
     add(kind="compiled", tasks=len(tasks), s=round(time.time() - t0, 1))
 
     flex = suite._flex()
-    for n in ns:
+    for n in [] if a.no_bars else ns:
         B = max(1, suite.TOKENS // n)
         for d in ds:
             q, k, v = suite.qkv(B, n, d)
-            for mod in suite.MODS:
+            for mod in mods:
                 if time.time() > t_end:
                     break
-                flops = 4 * B * suite.HEADS * suite.visible_pairs(mod, n) * d
+                base_mod = mod.replace("_exp2", "")
+                flops = 4 * B * suite.HEADS * suite.visible_pairs(base_mod, n) * d
                 try:
-                    f_sm, f_mask = suite.flex_mods(mod, n)
+                    if mod in EXTRA_MODS:  # ours only: its flex is the suite modification's
+                        ours = _call(mod, n, "default", q, k, v)
+                        ms = bench.time_ms(ours)
+                        add(kind="bar", d=d, n=n, mod=mod, ours_ms=ms, flex_ms=float("nan"), ratio=float("nan"),
+                            err=float("nan"), ours_TFLOPs=flops / ms / 1e9)  # fmt: skip
+                        continue
+                    # flex with the same modification (with none at all for the plain kernel)
+                    f_sm, f_mask = (None, None) if mod == suite.PLAIN else suite.flex_mods(base_mod, n)
                     f_bm = suite._flex_block_mask(f_mask, n, "cuda")
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
@@ -154,8 +173,8 @@ def main(argv=None):
         B = max(1, suite.TOKENS // n)
         for d in ds:
             q, k, v = suite.qkv(B, n, d)
-            for mod in suite.MODS:
-                flops = 4 * B * suite.HEADS * suite.visible_pairs(mod, n) * d
+            for mod in mods:
+                flops = 4 * B * suite.HEADS * suite.visible_pairs(mod.replace("_exp2", ""), n) * d
                 base = None
                 for c in ["default", *sweep]:
                     if time.time() > t_end:

@@ -383,10 +383,13 @@ def _attention_inner_mod(
     lo, hi, idx_ptr, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     EVEN_N: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, INDEXED: tl.constexpr, STEP: tl.constexpr,
+    REF: tl.constexpr, FIRST: tl.constexpr,
 ):  # fmt: skip
     """:func:`_attention_inner` with a modification: key blocks ``[lo, hi)`` (``INDEXED``: entries
     ``[lo, hi)`` of the block mask's list ``idx_ptr``, key block numbers), the online softmax on
-    :func:`_mod_scores`. No folded scale: the modification needs the scaled score before the exponential."""
+    :func:`_mod_scores`. No folded scale: the modification needs the scaled score before the exponential.
+    ``REF`` (lesson 7's ``REF_MAX``): ``m_i`` is a fixed reference, no running max and no rescale; the
+    tile's first block sets it (``FIRST``: 1 the block at key 0, 2 entry 0 of the list, 0 none here)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for j in tl.range(lo, hi, STEP):
         if INDEXED:
@@ -399,16 +402,62 @@ def _attention_inner_mod(
         qk = tl.dot(q, tl.trans(k))
         s = _mod_scores(qk, offs_m, offs_n, off_b, off_h, n_k, sm_scale, mod_aux, mod_a0, mod_a1, mask_aux,
                         mask_a0, mask_a1, MASKED, CAUSAL, SCORE_MOD, MASK_MOD)  # fmt: skip
-        m_ij = tl.maximum(m_i, tl.max(s, 1))
-        # a row every score of which is -inf so far (a mask, or a modification, hid them) subtracts 0
-        m_sub = tl.where(tl.abs(m_ij) < float("inf"), m_ij, 0.0)
-        p = tl.math.exp2(s - m_sub[:, None])
-        alpha = tl.math.exp2(tl.where(tl.abs(m_i) < float("inf"), m_i, m_sub) - m_sub)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        if REF:
+            if FIRST == 1:
+                if start_n == 0:
+                    m_i = tl.max(s, 1)
+            elif FIRST == 2:
+                if j == 0:
+                    m_i = tl.max(s, 1)
+            p = tl.math.exp2(s - m_i[:, None])
+            l_i += tl.sum(p, 1)
+        else:
+            m_ij = tl.maximum(m_i, tl.max(s, 1))
+            # a row every score of which is -inf so far (a mask, or a modification, hid them) subtracts 0
+            m_sub = tl.where(tl.abs(m_ij) < float("inf"), m_ij, 0.0)
+            p = tl.math.exp2(s - m_sub[:, None])
+            alpha = tl.math.exp2(tl.where(tl.abs(m_i) < float("inf"), m_i, m_sub) - m_sub)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            m_i = m_ij
         v = _kv_tile(v_src, v_row, v_col, start_n, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, True)
         acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _mod_pass(
+    acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k, sm_scale,
+    lo_mask, hi, idx, n_whole, n_part, bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr,
+    SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, SPARSE: tl.constexpr, REF: tl.constexpr,
+):  # fmt: skip
+    """Every key block of a Q tile, once. ``SPARSE`` (a block mask): the tile's full blocks with no element
+    mask, then its partial blocks through the mask function; an empty block is in neither list, so it is
+    never loaded. Without one: lesson 7's split, ``[0, lo_mask)`` unmasked and ``[lo_mask, hi)`` masked."""
+    if SPARSE:
+        acc, l_i, m_i = _attention_inner_mod(
+            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
+            sm_scale, 0, n_whole, idx, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
+            HEAD_DIM, BLOCK_N, False, False, TMA, EVEN_N, SCORE_MOD, None, True, 1, REF, 2,
+        )  # fmt: skip
+        acc, l_i, m_i = _attention_inner_mod(
+            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
+            sm_scale, 0, n_part, idx + bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
+            HEAD_DIM, BLOCK_N, True, False, TMA, EVEN_N, SCORE_MOD, MASK_MOD, True, 1, REF, 0,
+        )  # fmt: skip
+    else:
+        acc, l_i, m_i = _attention_inner_mod(
+            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
+            sm_scale, 0, lo_mask, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
+            HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, False, BLOCK_N, REF, 1,
+        )  # fmt: skip
+        if CAUSAL or not EVEN_N:
+            acc, l_i, m_i = _attention_inner_mod(
+                acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d,
+                n_k, sm_scale, lo_mask, hi, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
+                HEAD_DIM, BLOCK_N, True, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, False, BLOCK_N, REF, 1,
+            )  # fmt: skip
     return acc, l_i, m_i
 
 
@@ -417,40 +466,47 @@ def _attention_mod(
     acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k, sm_scale,
     lo_mask, hi, pid_m, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
     bm_num, bm_idx, bm_sb, bm_sh, bm_tn,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr,
-    SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, SPARSE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
+    SPARSE: tl.constexpr, REF: tl.constexpr,
 ):  # fmt: skip
-    """A Q tile's key blocks with a modification. ``SPARSE`` (a block mask): the tile's full blocks
-    with no element mask, then its partial blocks through the mask function; an empty block is in
-    neither list, so it is never loaded. Without one: lesson 7's split, ``[0, lo_mask)`` unmasked
-    and ``[lo_mask, hi)`` masked (the diagonal and the partial last block)."""
+    """A Q tile's key blocks with a modification (:func:`_mod_pass`). ``REF``: first against a fixed
+    reference max, the tile's first block's (a full block with a block mask: every row sees all of it,
+    so the reference is finite; a tile with no full block takes the online loop); a row that overflows
+    or sees no key sends the tile through the online loop from the start, as lesson 7's kernel does."""
+    n_whole = 0
+    n_part = 0
+    idx = bm_idx
     if SPARSE:
         tile = off_b * bm_sb + off_h * bm_sh + pid_m
         n_whole = tl.load(bm_num + 2 * tile)
         n_part = tl.load(bm_num + 2 * tile + 1)
         idx = bm_idx + 2 * tile.to(tl.int64) * bm_tn
-        acc, l_i, m_i = _attention_inner_mod(
-            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
-            sm_scale, 0, n_whole, idx, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-            HEAD_DIM, BLOCK_N, False, False, TMA, EVEN_N, SCORE_MOD, None, True, 1,
-        )  # fmt: skip
-        acc, l_i, m_i = _attention_inner_mod(
-            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
-            sm_scale, 0, n_part, idx + bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-            HEAD_DIM, BLOCK_N, True, False, TMA, EVEN_N, SCORE_MOD, MASK_MOD, True, 1,
-        )  # fmt: skip
-    else:
-        acc, l_i, m_i = _attention_inner_mod(
-            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
-            sm_scale, 0, lo_mask, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-            HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, False, BLOCK_N,
-        )  # fmt: skip
-        if CAUSAL or not EVEN_N:
-            acc, l_i, m_i = _attention_inner_mod(
+    online = tl.full((), 1, tl.int32)  # a tensor in every branch: the compiler needs one type
+    if REF:
+        if SPARSE:
+            use_ref = n_whole > 0
+        else:
+            use_ref = True
+        if use_ref:
+            acc, l_i, m_ref = _mod_pass(
                 acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d,
-                n_k, sm_scale, lo_mask, hi, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-                HEAD_DIM, BLOCK_N, True, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, False, BLOCK_N,
+                n_k, sm_scale, lo_mask, hi, idx, n_whole, n_part, bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1,
+                mask_aux, mask_a0, mask_a1, HEAD_DIM, BLOCK_N, CAUSAL, TMA, EVEN_N, SCORE_MOD, MASK_MOD, SPARSE, True,
             )  # fmt: skip
+            ok = (l_i > 0) & (tl.sum(tl.abs(acc), 1) + l_i < float("inf"))
+            online = tl.max(tl.where(ok, 0, 1), 0)
+            if online > 0:
+                acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+                l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            else:
+                m_i = m_ref
+    if online > 0:
+        acc, l_i, m_i = _mod_pass(
+            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d,
+            n_k, sm_scale, lo_mask, hi, idx, n_whole, n_part, bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1,
+            mask_aux, mask_a0, mask_a1, HEAD_DIM, BLOCK_N, CAUSAL, TMA, EVEN_N, SCORE_MOD, MASK_MOD, SPARSE, False,
+        )  # fmt: skip
     return acc, l_i, m_i
 
 
@@ -514,7 +570,7 @@ def _attention_kernel(
             acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
             offs_m, offs_d, n_k, qk_scale * 0.6931471805599453, lo_mask, hi, pid_m, off_b, off_h,
             mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1, bm_num, bm_idx, bm_sb, bm_sh, bm_tn,
-            HEAD_DIM, BLOCK_N, CAUSAL, TMA, EVEN_N, SCORE_MOD, MASK_MOD, SPARSE,
+            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, TMA, EVEN_N, SCORE_MOD, MASK_MOD, SPARSE, REF_MAX > 0,
         )  # fmt: skip
     elif REF_MAX:
         if REF_MAX == 2:
@@ -585,11 +641,23 @@ def _softcap(score, b, h, q_idx, kv_idx, aux, cap, a1):
     return cap - 2.0 * cap / (tl.math.exp2(score * (2.8853900817779268 / cap)) + 1.0)
 
 
+@triton.jit
+def _softcap_tanh(score, b, h, q_idx, kv_idx, aux, cap, a1):
+    # the GPU's own tanh: one special-function instruction (relative error about 2^-11, below the bf16
+    # rounding of P that follows), where the exp2 form takes two (the exponential and the division's
+    # reciprocal); the interpreter has no inline assembly
+    t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [score * (1.0 / cap)], dtype=tl.float32,
+                                  is_pure=True, pack=1)  # fmt: skip
+    return cap * t
+
+
 def softcap(cap: float) -> ScoreMod:
-    """Gemma 2's logit soft-capping: ``cap * tanh(score / cap)``, the scores squeezed into (-cap, cap)."""
+    """Gemma 2's logit soft-capping: ``cap * tanh(score / cap)``, the scores squeezed into (-cap, cap). On a
+    GPU, PTX's ``tanh.approx.f32``; in the interpreter, ``tanh`` from ``exp2``."""
     if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
         raise KernelInputError(f"{OP}: softcap takes a positive cap, got {cap!r}.")
-    return ScoreMod(_softcap, lambda s, b, h, q, kv, aux, c, a1: c * torch.tanh(s / c), None, float(cap), None,
+    fn = _softcap_tanh if runtime.is_gpu() else _softcap
+    return ScoreMod(fn, lambda s, b, h, q, kv, aux, c, a1: c * torch.tanh(s / c), None, float(cap), None,
                     f"softcap({cap:g})")  # fmt: skip
 
 
@@ -772,7 +840,8 @@ class _Plan(NamedTuple):
 @functools.lru_cache(maxsize=1024)
 def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant, config_key, mod=None) -> _Plan:
     """``mod`` (lesson 7b): None for lesson 7's kernel, else the block mask's ``(BLOCK_M, BLOCK_N)``
-    ((None, None) without one): the modification path, the online loop (``REF_MAX`` 0) at those tiles."""
+    ((None, None) without one): the modification path at those tiles (``REF_MAX`` 1 or 2: a reference max
+    with row sums; 0: the online loop)."""
     B, H, N_q, D = q_shape
     H_kv, N_k = k_shape[1], k_shape[2]
     gpu = runtime.is_gpu()
@@ -789,7 +858,6 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
         tma = False
     overrides = dict(config_key)
     if mod is not None:
-        overrides = {"REF_MAX": 0, **overrides}
         for name, want in zip(("BLOCK_M", "BLOCK_N"), mod, strict=True):
             if want is not None and overrides.get(name, want) != want:
                 raise KernelInputError(f"{OP}: config {name}={overrides[name]} but the block mask was built with "
