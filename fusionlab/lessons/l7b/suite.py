@@ -129,10 +129,19 @@ def qkv(B: int, n: int, d: int, device="cuda", seed: int = 0):
     return tuple(torch.randn(B, HEADS, n, d, device=device, dtype=DTYPE, generator=gen) for _ in range(3))
 
 
+#: recompiles torch.compile may make of flex_attention: one per modification, head dim and length here, and
+#: past dynamo's default (8) a call would fall back to eager flex_attention, timing the wrong thing
+RECOMPILES = 512
+
+
 @functools.lru_cache(maxsize=1)
 def _flex():
+    import torch._dynamo.config as dynamo
     from torch.nn.attention.flex_attention import flex_attention
 
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(dynamo, name):
+            setattr(dynamo, name, max(getattr(dynamo, name), RECOMPILES))
     return torch.compile(flex_attention)
 
 
