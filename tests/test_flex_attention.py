@@ -243,6 +243,8 @@ def test_errors():
         attention(q.requires_grad_(), k, v, score_mod=softcap(5.0))
     with pytest.raises(KernelInputError, match="mask's tiles"):
         attention(q.detach(), k, v, block_mask=bm, config={"BLOCK_N": 2 * bm.block_n})
+    with pytest.raises(KernelInputError, match="reads a tensor on meta"):
+        attention(q.detach(), k, v, score_mod=relative_bias(torch.zeros(2, 3, device="meta")))
     with pytest.raises(KernelInputError, match="MaskMod"):
         block_mask(lambda b, h, qi, ki: qi >= ki, None, None, 20, 20)
     with pytest.raises(KernelInputError, match="window of at least 1"):

@@ -793,6 +793,11 @@ def _mods(q, k, causal, score_mod, bmask) -> _Mods:
     """The checks of a call's modifications, and the kernel arguments that carry them."""
     kwargs, names, tiles = {}, [], (None, None)
     sm = _score_mod(score_mod)
+    for what, mod in (("score_mod", sm), ("mask", getattr(bmask, "mask", None))):
+        aux = getattr(mod, "aux", None)
+        if isinstance(aux, torch.Tensor) and aux.device != q.device:
+            raise KernelInputError(f"{OP}: {what} {mod.name!r} reads a tensor on {aux.device}, q is on {q.device}; "
+                                   "build it from a tensor on q's device.")  # fmt: skip
     if sm is not None:
         if not _jitted(sm.fn):
             raise KernelInputError(f"{OP}: score_mod {sm.name!r}: fn must be a @triton.jit function, got "
