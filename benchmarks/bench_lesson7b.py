@@ -57,11 +57,13 @@ def _call(mod: str, n: int, cfg_name: str, q, k, v):
         config = {k: x for k, x in (("num_warps", w), ("num_stages", st), ("REF_MAX", ref)) if x is not None}
         if mod == "causal" and bm_ is not None:  # the tile sweep runs causal through the block lists
             mask, causal = A.causal_mask(), False
-        if mask is None and bm_ is not None:
-            config.update(BLOCK_M=bm_, BLOCK_N=bn_)
+        if bm_ is not None:
+            config["BLOCK_M"] = bm_
+            if mask is None:
+                config["BLOCK_N"] = bn_
     bm = None
-    if mask is not None:
-        tiles = {} if cfg is None or cfg[0] is None else {"block_m": cfg[0], "block_n": cfg[1]}
+    if mask is not None:  # the mask's key blocks are the kernel's; its Q tiles 128 rows, the kernel's a part of them
+        tiles = {} if cfg is None or cfg[0] is None else {"block_m": max(128, cfg[0]), "block_n": cfg[1]}
         bm = A.block_mask(mask, None, None, n, n, q.device, **tiles)
     return lambda: A.attention(q, k, v, causal, score_mod=sm, block_mask=bm, config=config or None)
 

@@ -468,9 +468,11 @@ def _attention_mod(
     bm_num, bm_idx, bm_sb, bm_sh, bm_tn,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
-    SPARSE: tl.constexpr, REF: tl.constexpr,
+    SPARSE: tl.constexpr, BM_DIV: tl.constexpr, REF: tl.constexpr,
 ):  # fmt: skip
-    """A Q tile's key blocks with a modification (:func:`_mod_pass`). ``REF``: first against a fixed
+    """A Q tile's key blocks with a modification (:func:`_mod_pass`). ``BM_DIV``: the block mask's Q tile
+    holds that many of the kernel's (their lists are the mask tile's: a block full for it is full for
+    each part, a partial one is masked element by element). ``REF``: first against a fixed
     reference max, the tile's first block's (a full block with a block mask: every row sees all of it,
     so the reference is finite; a tile with no full block takes the online loop); a row that overflows
     or sees no key sends the tile through the online loop from the start, as lesson 7's kernel does."""
@@ -478,7 +480,7 @@ def _attention_mod(
     n_part = 0
     idx = bm_idx
     if SPARSE:
-        tile = off_b * bm_sb + off_h * bm_sh + pid_m
+        tile = off_b * bm_sb + off_h * bm_sh + pid_m // BM_DIV
         n_whole = tl.load(bm_num + 2 * tile)
         n_part = tl.load(bm_num + 2 * tile + 1)
         idx = bm_idx + 2 * tile.to(tl.int64) * bm_tn
@@ -518,7 +520,7 @@ def _attention_kernel(
     CAUSAL: tl.constexpr, SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, TMA_STORE: tl.constexpr,
     REF_MAX: tl.constexpr = 0,
     MOD: tl.constexpr = False, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
-    SPARSE: tl.constexpr = False,
+    SPARSE: tl.constexpr = False, BM_DIV: tl.constexpr = 1,
     mod_aux=None, mod_a0=None, mod_a1=None, mask_aux=None, mask_a0=None, mask_a1=None,
     bm_num=None, bm_idx=None, bm_sb=None, bm_sh=None, bm_tn=None,
 ):  # fmt: skip
@@ -570,7 +572,7 @@ def _attention_kernel(
             acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
             offs_m, offs_d, n_k, qk_scale * 0.6931471805599453, lo_mask, hi, pid_m, off_b, off_h,
             mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1, bm_num, bm_idx, bm_sb, bm_sh, bm_tn,
-            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, TMA, EVEN_N, SCORE_MOD, MASK_MOD, SPARSE, REF_MAX > 0,
+            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, TMA, EVEN_N, SCORE_MOD, MASK_MOD, SPARSE, BM_DIV, REF_MAX > 0,
         )  # fmt: skip
     elif REF_MAX:
         if REF_MAX == 2:
@@ -844,9 +846,9 @@ class _Plan(NamedTuple):
 
 @functools.lru_cache(maxsize=1024)
 def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant, config_key, mod=None) -> _Plan:
-    """``mod`` (lesson 7b): None for lesson 7's kernel, else the block mask's ``(BLOCK_M, BLOCK_N)``
-    ((None, None) without one): the modification path at those tiles (``REF_MAX`` 1 or 2: a reference max
-    with row sums; 0: the online loop)."""
+    """``mod`` (lesson 7b): None for lesson 7's kernel, else the block mask's ``(block_m, block_n)``
+    ((None, None) without one): the modification path, its key blocks the mask's and its Q tiles the table's
+    where they divide the mask's (``REF_MAX`` 1 or 2: a reference max with row sums; 0: the online loop)."""
     B, H, N_q, D = q_shape
     H_kv, N_k = k_shape[1], k_shape[2]
     gpu = runtime.is_gpu()
@@ -862,14 +864,18 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
             raise KernelInputError(f"{OP}: variant='tma' needs triton >= 3.4 (tensor descriptors).")
         tma = False
     overrides = dict(config_key)
-    if mod is not None:
-        for name, want in zip(("BLOCK_M", "BLOCK_N"), mod, strict=True):
-            if want is not None and overrides.get(name, want) != want:
-                raise KernelInputError(f"{OP}: config {name}={overrides[name]} but the block mask was built with "
-                                       f"{name}={want}; the kernel runs at the mask's tiles (block_mask(..., "
-                                       f"{name.lower()}=...)).")  # fmt: skip
-            if want is not None:
-                overrides[name] = want
+    if mod is not None and mod[1] is not None:
+        mask_m, mask_n = mod
+        if overrides.get("BLOCK_N", mask_n) != mask_n:
+            raise KernelInputError(f"{OP}: config BLOCK_N={overrides['BLOCK_N']} but the block mask was built with "
+                                   f"block_n={mask_n}; the kernel's key blocks are the mask's (block_mask(..., "
+                                   "block_n=...)).")  # fmt: skip
+        if mask_m % overrides.get("BLOCK_M", mask_m):
+            raise KernelInputError(f"{OP}: config BLOCK_M={overrides['BLOCK_M']} does not divide the block mask's "
+                                   f"block_m={mask_m}; a kernel Q tile must lie inside one of the mask's.")  # fmt: skip
+        overrides["BLOCK_N"] = mask_n
+        table_m = _config(N_q, N_k, D, causal, tma, gpu)["BLOCK_M"]
+        overrides.setdefault("BLOCK_M", table_m if table_m <= mask_m and mask_m % table_m == 0 else mask_m)
     cfg = {**_config(N_q, N_k, D, causal, tma, gpu), **overrides}
     descs = None
     if tma:
@@ -899,6 +905,8 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
                 **launch_kwargs(cfg["num_warps"], cfg["num_stages"]))  # fmt: skip
     if mod is not None:
         meta["MOD"] = True
+        if mod[0] is not None:
+            meta["BM_DIV"] = mod[0] // bm
     return _Plan(ints, meta, (cdiv(N_q, bm), H, B), descs, store, config_key)
 
 
