@@ -142,7 +142,9 @@ def _flex():
     for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
         if hasattr(dynamo, name):
             setattr(dynamo, name, max(getattr(dynamo, name), RECOMPILES))
-    return torch.compile(flex_attention)
+    # static shapes: each (modification, shape) gets its own specialised kernel, as a model with fixed
+    # shapes would (automatic dynamic shapes would time a kernel general in N, not flex_attention at its best)
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def _flex_block_mask(mask_mod, n, device):
