@@ -142,15 +142,16 @@ def test_kernel_tiles_inside_the_masks(kernel_m):
 
 @triton.jit
 def _head_window(b, h, q_idx, kv_idx, aux, a0, a1):
-    return (q_idx >= kv_idx) & (q_idx - kv_idx < 4 + 8 * h)
+    return (q_idx >= kv_idx) & (q_idx - kv_idx < 4 + 8 * h + 20 * b)
 
 
-def test_mask_by_head_and_rectangular():
-    # a mask that differs per head (H' = H) on N_q != N_k: the lists are indexed by head
-    m = MaskMod(_head_window, lambda b, h, q, kv, aux, a0, a1: (q >= kv) & (q - kv < 4 + 8 * h), name="head_window")
-    q, k, v = _qkv(1, 3, 3, 37, 50, 16, seed=4)
-    bm = block_mask(m, None, 3, 37, 50, device=DEV)
-    assert bm.num.shape[:2] == (1, 3)
+def test_mask_by_batch_and_head_and_rectangular():
+    # a mask that differs per batch row and head (B' = B, H' = H) on N_q != N_k: the lists are indexed by both
+    m = MaskMod(_head_window, lambda b, h, q, kv, aux, a0, a1: (q >= kv) & (q - kv < 4 + 8 * h + 20 * b),
+                name="head_window")  # fmt: skip
+    q, k, v = _qkv(2, 3, 3, 37, 50, 16, seed=4)
+    bm = block_mask(m, 2, 3, 37, 50, device=DEV)
+    assert bm.num.shape[:2] == (2, 3)
     _close(attention(q, k, v, block_mask=bm), attention_reference(q, k, v, block_mask=bm))
 
 
