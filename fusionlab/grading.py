@@ -640,13 +640,18 @@ def _aten(event) -> str:
     return event.name.removeprefix("aten::") if event.name.startswith("aten::") else ""
 
 
+#: ops the profiler records below dispatch that compute nothing: ``torch.tensor(data)`` ends in a ``detach_``
+#: (dropping autograd history) that no dispatch mode meets
+_NO_COMPUTE = frozenset({"detach_"})
+
+
 def _unseen_compute(events, seen: set[str]) -> set[str]:
     """The outermost compute ops the profiler recorded that the dispatch mode never saw. A composite op
     (softmax) reaches a dispatch mode as what it decomposes into (_softmax): seen if a compute op under
     it was; the ops an op's own code calls (mean's sum and div_) never reach it: not counted."""
 
     def computes(name: str) -> bool:
-        return bool(name) and name not in FREE and name not in PASSES
+        return bool(name) and name not in FREE and name not in PASSES and name not in _NO_COMPUTE
 
     def seen_below(e) -> bool:  # item() reaches it as _local_scalar_dense: below it, seen, no compute
         return any(

@@ -40,6 +40,7 @@ from fusionlab.grading import CheckFailed
 from fusionlab.lessons.l1 import checkers as l1
 from fusionlab.lessons.l2 import checkers as l2
 from fusionlab.lessons.l4 import checkers as l4
+from fusionlab.lessons.l4b import checkers as l4b
 from fusionlab.lessons.l5 import checkers as l5
 from fusionlab.lessons.l6 import checkers as l6
 from fusionlab.lessons.l7 import checkers as l7
@@ -725,3 +726,89 @@ def test_cross_entropy_ignore_names_a_row_sum_kept_in_16_bits():
     with pytest.raises(CheckFailed, match=r"logits near 10000.*fp32 as they are loaded") as err:
         l5.check_cross_entropy_ignore(ce_smooth_16)
     assert "ignored row's target" not in str(err.value)
+
+
+# -- lesson 4b: dropout and AdamW run as every kernel check runs (guards, torch refused, inputs concealed) ---
+@triton.jit
+def _dropout_kernel(x_ptr, r_ptr, h_ptr, n, p, seed, BLOCK: tl.constexpr, LE: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs <= n if LE else offs < n  # LE: the mask off by one
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    r = tl.load(r_ptr + offs, mask=mask).to(tl.float32)
+    keep = tl.rand(seed, offs) >= p
+    tl.store(h_ptr + offs, r + tl.where(keep, x / (1 - p), 0.0), mask=mask)
+
+
+def dropout(le=False, into=None):
+    def answer(x, r, p, seed):
+        h = torch.empty_like(x) if into is None else r  # into: h written over the residual
+        _dropout_kernel[(triton.cdiv(x.numel(), 1024),)](x, r, h, x.numel(), p, seed, BLOCK=1024, LE=le)
+        return h
+
+    return answer
+
+
+def _torch_dropout(x, r, p, seed):
+    keep = torch.rand(x.shape, generator=torch.Generator(x.device).manual_seed(seed), device=x.device) >= p
+    return r + torch.where(keep, x / (1 - p), 0.0)
+
+
+def _torch_dropout_backward(dh, p, seed):
+    keep = torch.rand(dh.shape, generator=torch.Generator(dh.device).manual_seed(seed), device=dh.device) >= p
+    return torch.where(keep, dh / (1 - p), 0.0)
+
+
+@pytest.mark.parametrize(
+    "answer, match",
+    [
+        pytest.param(dropout(le=True), "1 element past the end", id="mask-off-by-one"),
+        pytest.param(dropout(into="r"), r"changed input 1", id="h-written-over-the-residual"),
+        pytest.param(
+            lambda x, r, p, s: _copy_in([_torch_dropout(x, r, p, s)], [x, r]),
+            "computes with torch",
+            id="torch-then-a-copy-kernel",
+        ),  # fmt: skip
+        pytest.param(in_a_thread(_torch_dropout), NAMED_OUTSIDE, id="torch-in-a-thread"),
+    ],
+)
+def test_dropout_add_names_each_mistake_and_cheat(answer, match):
+    # (the off-by-one store and the residual overwritten were accepted and rejected as "0 kept" before; torch
+    # outside the kernel, with one copy kernel, was accepted)
+    with pytest.raises(CheckFailed, match=match):
+        l4b.check_dropout_add(answer)
+
+
+def test_dropout_backward_refuses_torch():
+    with pytest.raises(CheckFailed, match="computes with torch"):
+        l4b.check_dropout_backward(dropout(), lambda dh, p, s: _copy_in([_torch_dropout_backward(dh, p, s)], [dh]))
+    with pytest.raises(CheckFailed, match=NAMED_OUTSIDE):
+        l4b.check_dropout_backward(dropout(), in_a_thread(_torch_dropout_backward))
+
+
+def test_streams_take_any_pair_of_whole_numbers():
+    counters = 4096
+    assert l4b.check_streams(lambda s, layer: [1234 + s, layer * counters], counters).startswith("✓")
+    assert l4b.check_streams(lambda s, layer: (np.int64(1234 + s), np.int64(layer * counters)), counters).startswith(
+        "✓"
+    )
+
+
+@triton.jit
+def _touch_kernel(a_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(a_ptr + offs, tl.load(a_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def adamw_in_torch(ps, gs, ms, vs, step, lr, b1, b2, eps, wd):
+    # the update in torch, and one launch that touches a parameter: once accepted
+    for p, g, m, v in zip(ps, gs, ms, vs, strict=True):
+        p.mul_(1 - lr * wd)
+        m.mul_(b1).add_(g, alpha=1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        p.sub_(lr / (1 - b1**step) * m / (v.sqrt() / (1 - b2**step) ** 0.5 + eps))
+    _touch_kernel[(1,)](ps[0], 1, BLOCK=16)
+
+
+def test_adamw_refuses_torch_doing_the_update():
+    with pytest.raises(CheckFailed, match="computes with torch"):
+        l4b.check_adamw(adamw_in_torch)

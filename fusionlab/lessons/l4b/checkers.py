@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -37,11 +38,73 @@ def _inputs(shape, gen):
     x = grading.randn(shape, gen=gen)
     x = torch.where(x >= 0, x + 0.5, x - 0.5)
     r = grading.randn(shape, gen=gen)
-    return x, r
+    return grading.with_room_after(x), grading.with_room_after(r)  # an unmasked load reads NaN, not the heap
 
 
 def _kept(h, r):
     return h != r  # x is never exactly 0 in these inputs, so h == r only where x was dropped
+
+
+def _refuse_a_stored_mask(x: torch.Tensor, where: str, seed: int):
+    """The check run before the torch check (filling a mask is a torch pass, and the mask the mistake): any
+    allocation beside h of a bit an element or more (bool or uint8: a byte; packed: a bit) is a mask."""
+
+    def check(box, h) -> None:
+        big = [
+            a
+            for a in box.allocations
+            if 8 * a.numel() * a.element_size() >= x.numel()
+            and not (isinstance(h, torch.Tensor) and a.data_ptr() == h.data_ptr())
+        ]
+        if big:
+            raise fail(
+                f"{where}: your answer allocates a {tuple(big[0].shape)} {big[0].dtype} tensor beside h: a "
+                "mask stored in memory. Make the random numbers in registers (tl.rand(seed, offsets)) and keep "
+                "the decision there; the backward makes them again from the seed.",
+                seed,
+            )
+
+    return check
+
+
+def _run(fn, args, *, name: str, where: str, seed: int, like: torch.Tensor, before_torch=None, why: str = ""):
+    """``fn(*args)`` run as every kernel check runs it (:func:`grading.run_answer`: inputs unchanged, no store
+    past the end, no torch, inputs concealed outside the kernel), one launch handed its input and output,
+    returning a tensor of ``like``'s shape."""
+    out, box = grading.run_answer(fn, args, name=name, where=where, seed=seed, before_torch=before_torch)
+    if not isinstance(out, torch.Tensor) or out.shape != like.shape:
+        raise fail(f"{where}: return a tensor of the shape of {name.split()[0]}'s input ({tuple(like.shape)}).", seed)
+    inputs = [a for a in args if isinstance(a, torch.Tensor)]
+    grading.require_launches(box, out, inputs, where, seed, why=why or "The dropout and the add are one kernel.")
+    return out, box
+
+
+def _dropped_or_scaled(out: torch.Tensor, base: torch.Tensor, x: torch.Tensor, p: float) -> bool:
+    """Whether every element of ``out`` is ``base`` (dropped) or ``base + x / (1 - p)`` (kept)."""
+    kept = torch.isclose(out, base + x / (1 - p), atol=1e-5, rtol=1e-5)
+    return bool((kept | torch.isclose(out, base, atol=1e-5, rtol=1e-5)).all())
+
+
+def _outside(box, out, inputs, p, where, seed, *, backward: bool = False):
+    """The failure naming a result that is dropout of the decoys the inputs held outside the kernel: computed
+    elsewhere (numpy, torch out of sight) and copied in; None if it is not."""
+    decoys = [box.decoy_of(t) for t in inputs]
+    if any(d is None for d in decoys):
+        return None
+    if backward:
+        (dh,) = decoys
+        match = _dropped_or_scaled(out, torch.zeros_like(dh), dh, p)
+    else:
+        x, r = decoys
+        match = _dropped_or_scaled(out, r, x, p)
+    if not match:
+        return None
+    return fail(
+        f"{where}: your result is dropout of the values the inputs held outside your kernel, values your kernel "
+        "never read: it was computed outside the kernel (numpy, a library, torch out of sight) and copied in. The "
+        "kernel must compute it from the inputs it is handed.",
+        seed,
+    )
 
 
 def check_dropout_add(fn) -> Passed:
@@ -55,26 +118,8 @@ def check_dropout_add(fn) -> Passed:
                 x, r = _inputs(shape, grading.fresh_generator())
                 s = seed % 2**31 + checks
                 where = f"{name}, shape {shape}, p={p}"
-                with grading.Sandbox() as box:
-                    h = call_learner(fn, x, r, p, s, name=name, where=where, seed=seed)
-                if not isinstance(h, torch.Tensor) or h.shape == () or h.shape != x.shape:
-                    raise fail(f"{where}: return h, a tensor of x's shape.", seed)
-                if len(box.launches) != 1:
-                    raise fail(f"{where}: {len(box.launches)} Triton launches; the dropout and the add are one.", seed)
-                # a mask is a bit an element at the least (bool or uint8: a byte; packed: a bit): any other
-                # allocation that large beside h
-                big = [
-                    a
-                    for a in box.allocations
-                    if 8 * a.numel() * a.element_size() >= x.numel() and a.data_ptr() != h.data_ptr()
-                ]
-                if big:
-                    raise fail(
-                        f"{where}: your answer allocates a {tuple(big[0].shape)} {big[0].dtype} tensor beside h: a "
-                        "mask stored in memory. Make the random numbers in registers (tl.rand(seed, offsets)) and keep "
-                        "the decision there; the backward makes them again from the seed.",
-                        seed,
-                    )
+                guard = _refuse_a_stored_mask(x, where, seed)
+                h, box = _run(fn, (x, r, p, s), name=name, where=where, seed=seed, like=x, before_torch=guard)
                 keep = _kept(h, r)
                 want = torch.where(keep, r + x / (1 - p), r)
                 if not torch.allclose(h, want, atol=1e-5, rtol=1e-5):
@@ -85,6 +130,9 @@ def check_dropout_add(fn) -> Passed:
                             "different scale than training.",
                             seed,
                         )
+                    outside = _outside(box, h, (x, r), p, where, seed)
+                    if outside is not None:
+                        raise outside
                     raise fail(f"{where}: h is neither residual nor residual + x / (1 - p) somewhere.", seed)
                 n = x.numel()
                 if n >= 1000:
@@ -96,11 +144,11 @@ def check_dropout_add(fn) -> Passed:
                             f"{n * (1 - p):.0f} ± {5 * sd:.0f} (5 standard deviations). Keep where rand >= p.",
                             seed,
                         )
-                again = call_learner(fn, x, r, p, s, name=name, where=where, seed=seed)
+                again, _ = _run(fn, (x, r, p, s), name=name, where=where, seed=seed, like=x, before_torch=guard)
                 if not torch.equal(again, h):
                     raise fail(f"{where}: two calls with the same seed gave different masks.", seed)
                 if n >= 1000:
-                    other = call_learner(fn, x, r, p, s + 1, name=name, where=where, seed=seed)
+                    other, _ = _run(fn, (x, r, p, s + 1), name=name, where=where, seed=seed, like=x)
                     if torch.equal(other, h):
                         raise fail(f"{where}: seed {s} and seed {s + 1} gave the same mask: use the seed.", seed)
                 checks += 1
@@ -125,16 +173,16 @@ def check_dropout_backward(forward, backward) -> Passed:
                 where = f"{name}, shape {shape}, p={p}"
                 dh = grading.randn(shape, gen=grading.fresh_generator())
                 dh = torch.where(dh == 0, torch.ones_like(dh), dh)
-                with grading.Sandbox() as box:  # the backward first: nothing can have been stashed for s
-                    dx = call_learner(backward, dh, p, s, name=name, where=where, seed=seed)
-                if not isinstance(dx, torch.Tensor) or dx.shape != dh.shape:
-                    raise fail(f"{where}: return dx, a tensor of dh's shape.", seed)
-                if len(box.launches) != 1:
-                    raise fail(f"{where}: {len(box.launches)} Triton launches; the backward is one kernel.", seed)
+                # the backward first: nothing can have been stashed for s
+                dx, box = _run(backward, (dh, p, s), name=name, where=where, seed=seed, like=dh,
+                               why="The backward is one kernel.")  # fmt: skip
                 x, r = _inputs(shape, grading.fresh_generator())
-                h = call_learner(forward, x, r, p, s, name="dropout_add", where=where, seed=seed)
+                h, _ = _run(forward, (x, r, p, s), name="dropout_add", where=where, seed=seed, like=x)
                 keep = _kept(h, r)
                 if not torch.equal(dx != 0, keep):
+                    outside = _outside(box, dx, (dh,), p, where, seed, backward=True)
+                    if outside is not None:
+                        raise outside
                     differ = int((dx != 0).ne(keep).sum())
                     raise fail(
                         f"{where}: called before any forward with seed {s}, your backward's mask differs from the "
@@ -162,9 +210,14 @@ def check_streams(stream_for, counters: int, steps: int = 4, layers: int = 6) ->
     for step in range(steps):
         for layer in range(layers):
             got = call_learner(stream_for, step, layer, name=name, where=f"{name}({step}, {layer})")
-            if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(v, int) for v in got)):
+            # a pair of whole numbers of any integer type (a numpy int from arithmetic on an array is one)
+            if not (
+                isinstance(got, (tuple, list))
+                and len(got) == 2
+                and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in got)
+            ):
                 raise fail(f"{name}({step}, {layer}): return (seed, offset), two ints; got {got!r}.")
-            spans[(step, layer)] = got
+            spans[(step, layer)] = (int(got[0]), int(got[1]))
     by_seed: dict = {}
     for key, (s, off) in spans.items():
         by_seed.setdefault(s, []).append((off, key))
@@ -222,8 +275,18 @@ def check_adamw(fn) -> Passed:
             want = [adamw_reference(p, g, m, v, step=step, **HP) for p, g, m, v in zip(ps, gs, ms, vs, strict=True)]
             before = [(p.clone(), g.clone(), m.clone(), v.clone()) for p, g, m, v in zip(ps, gs, ms, vs, strict=True)]
             where = f"{name}, {len(ps)} tensors, step {step}"
-            with grading.Sandbox(guard=False) as box:
+            box = grading.Sandbox(guard=False)
+            box.conceal(ps + gs + ms + vs)  # real values only while a kernel runs: computed elsewhere, it is wrong
+            with box:
                 call_learner(fn, ps, gs, ms, vs, step, *HP.values(), name=name, where=where, seed=seed)
+            grading.refuse_own_kernels(box, where, seed, "Write the kernel yourself: that is the exercise.")
+            torch_ops = sorted(set(box.torch_ops) | set(box.hidden_ops))
+            if torch_ops:
+                raise fail(
+                    f"{where}: the answer computes with torch ({', '.join(torch_ops)}). The update must happen "
+                    "inside your one Triton kernel; torch only builds the table of addresses.",
+                    seed,
+                )
             n = len(box.launches)
             if n == len(ps) and n > 1:
                 raise fail(
