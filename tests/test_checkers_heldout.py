@@ -37,8 +37,10 @@ import triton
 import triton.language as tl
 
 from fusionlab.grading import CheckFailed
+from fusionlab.ledger import Ledger
 from fusionlab.lessons.l1 import checkers as l1
 from fusionlab.lessons.l2 import checkers as l2
+from fusionlab.lessons.l3 import checkers as l3
 from fusionlab.lessons.l4 import checkers as l4
 from fusionlab.lessons.l4b import checkers as l4b
 from fusionlab.lessons.l5 import checkers as l5
@@ -812,3 +814,76 @@ def adamw_in_torch(ps, gs, ms, vs, step, lr, b1, b2, eps, wd):
 def test_adamw_refuses_torch_doing_the_update():
     with pytest.raises(CheckFailed, match="computes with torch"):
         l4b.check_adamw(adamw_in_torch)
+
+
+# -- lessons 1 and 3: the numbers and the ledger, as a learner writes them -----------------------------------
+def _silu_ledger(ops):
+    def make_ledger(n, dtype):
+        led = Ledger(dtype_bytes=dtype)
+        for name, reads, writes in ops:
+            led.op(name, reads={t: n * k for t, k in reads.items()}, writes={t: n for t in writes})
+        return led
+
+    return make_ledger
+
+
+@pytest.mark.parametrize(
+    "ops, match",
+    [
+        pytest.param([("silu", {"x": 1}, ["y"])], r"1 op; eager runs 2 kernels", id="one-op"),
+        pytest.param(
+            [("mul", {"s": 1, "x": 1}, ["y"]), ("sigmoid", {"x": 1}, ["s"])],
+            "not in the order they run",
+            id="ops-out-of-order",
+        ),  # fmt: skip
+        pytest.param(
+            [("sigmoid", {"x": 4}, ["s"]), ("mul", {"s": 4, "x": 4}, ["y"])],
+            "Count elements, not bytes",
+            id="bytes-for-elements",
+        ),  # fmt: skip
+        pytest.param([("sigmoid", {"x": 1}, ["s"]), ("mul", {"s": 1}, ["y"])], "'mul reads x'", id="mul-without-x"),
+    ],
+)
+def test_silu_ledger_names_each_mistake(ops, match):
+    # (out of order, bytes and one op were reported as a trip missing, naming no cause)
+    with pytest.raises(CheckFailed, match=match):
+        l1.check_silu_ledger(_silu_ledger(ops))
+
+
+def test_silu_ledger_accepts_other_names():
+    # the same trips with ops and tensors named otherwise: once rejected for the names
+    ops = [("sig", {"x": 1}, ["sig_x"]), ("multiply", {"x": 1, "sig_x": 1}, ["out"])]
+    assert l1.check_silu_ledger(_silu_ledger(ops)).startswith("✓")
+
+
+def test_numbers_of_any_real_type_are_accepted_and_a_tensor_is_named():
+    # a numpy scalar was rejected as "not right" (intensity) or "expected a finite number" (a prediction)
+    assert l1.check_add_intensity(np.float32(1 / 12)).startswith("✓")
+    assert l1.check_predict_eager_ms(lambda n, b, bw: np.float32(4 * n * b / bw / 1e6)).startswith("✓")
+    assert l3.check_layer_speedup(lambda m, e, c: np.float64((m + e) / (m + c))).startswith("✓")
+    with pytest.raises(CheckFailed, match=r"returned a tensor.*\.item\(\)"):
+        l1.check_add_intensity(torch.tensor(1 / 12))
+
+
+@pytest.mark.parametrize(
+    "predict, match",
+    [
+        pytest.param(lambda n, b, bw: 4 * n * b / (bw * 2**30) * 1e3, r"1e9 bytes per second, not 2\*\*30", id="GiB"),
+        pytest.param(lambda n, b, bw: 4 * n / (bw * 1e9) * 1e3, "Use dtype_bytes", id="no-bytes"),
+        pytest.param(lambda n, b, bw: 4 * n * 4 / (bw * 1e9) * 1e3, "Use dtype_bytes", id="always-4-bytes"),
+        pytest.param(lambda n, b, bw: 4 * n * b * 8 / (bw * 1e9) * 1e3, "not bits", id="bits"),
+    ],
+)
+def test_eager_prediction_names_the_unit_slips(predict, match):
+    with pytest.raises(CheckFailed, match=match):
+        l1.check_predict_eager_ms(predict)
+
+
+def test_intensity_and_speedups_name_upside_down_and_percent():
+    with pytest.raises(CheckFailed, match="Upside down"):
+        l1.check_add_intensity(12)
+    with pytest.raises(CheckFailed, match="in percent"):
+        l3.check_layer_speedup(lambda m, e, c: ((m + e) / (m + c) - 1) * 100)
+    with pytest.raises(CheckFailed, match="in percent"):
+        l3.check_fusion_ceiling(lambda m, e: e / m * 100)
+    assert l3._count(np.int64(3), "n_eager", "f") == 3  # a numpy count (np.sum of a mask) is a count
