@@ -146,7 +146,11 @@ CHEATS = [
         ),
         id="l6-rmsnorm_matmul",
     ),
+    pytest.param(l5.check_geglu, l5.geglu_reference, id="l5-geglu"),
+    pytest.param(l5.check_geglu_backward, l5.geglu_bwd_reference, id="l5-geglu_backward"),
+    pytest.param(l6.check_silu_gate, l6.silu_gate_reference.__wrapped__, id="l6-silu_gate"),
     pytest.param(l7.check_flash_forward, _flash, id="l7-flash"),
+    pytest.param(l7.check_flash_forward_causal, lambda q, k, v: _flash(q, k, v, causal=True), id="l7-flash_causal"),
     pytest.param(l7.check_sliding_window, _window, id="l7-sliding_window"),
 ]
 
