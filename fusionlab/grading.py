@@ -286,6 +286,127 @@ _ALLOC_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "ne
 ACTIVE: list[Sandbox] = []
 
 
+#: a chain of this many 16-bit adds, each adding to the last one's result, is an accumulator kept in 16 bits
+#: (``x + r + b`` is two; a loop's ``acc += ...`` over three blocks is three)
+HALF_CHAIN = 3
+
+
+class _HalfChains:
+    """What :func:`_half_sums_hook` knows within one kernel run: the depth of each 16-bit add's result in a
+    chain of 16-bit adds (the handles kept alive, so that their ids stay theirs)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.depth: dict[int, int] = {}
+        self.keep: list = []
+
+
+@contextlib.contextmanager
+def _half_sums_hook(record: Callable[[str], None]):
+    """Triton's interpreter only: call ``record(what)`` for each sum an interpreted kernel runs in a 16-bit
+    float type, the precision mistake the lessons' fp32 upcasts prevent. The interpreter cannot show it by
+    its numbers: ``tl.sum`` of a float16 block is numpy's sum, which accumulates in fp32 and rounds once,
+    where a GPU adds in 16 bits. So it is seen by type: ``tl.sum`` (and ``tl.cumsum``) of a 16-bit tensor,
+    ``tl.dot`` into a 16-bit accumulator, and a chain of :data:`HALF_CHAIN` 16-bit adds each adding to the
+    last (``acc += ...`` with ``acc`` 16-bit). One 16-bit add (``h = x + r`` rounded, as it is stored) is
+    not a sum. Yields the chains' state (reset as each kernel run begins)."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter as it
+    except ImportError:  # no interpreter: nothing to watch
+        yield _HalfChains()
+        return
+    half = {tl.float16: "float16", tl.bfloat16: "bfloat16"}
+    state = _HalfChains()
+    builder, reduce_ops = it.InterpreterBuilder, getattr(it, "ReduceOps", None)
+    scan_ops = getattr(it, "ScanOps", None)
+    saved = []
+
+    def patch(cls, name, make):
+        orig = cls.__dict__.get(name) if cls is not None else None
+        if orig is not None:
+            saved.append((cls, name, orig))
+            setattr(cls, name, make(orig))
+
+    def scalar(t):
+        dt = getattr(t, "dtype", None)
+        return getattr(dt, "scalar", dt)
+
+    def on_reduce(what):
+        def make(orig):
+            def wrapped(self, input, *args, **kwargs):
+                name = half.get(scalar(input))
+                if name is not None:
+                    record(f"{what} of a {name} tensor")
+                return orig(self, input, *args, **kwargs)
+
+            return wrapped
+
+        return make
+
+    def fadd(orig):
+        def wrapped(self, lhs, rhs):
+            out = orig(self, lhs, rhs)
+            name = half.get(getattr(out.dtype, "scalar", out.dtype))
+            if name is not None:
+                depth = max(state.depth.get(id(lhs), 0), state.depth.get(id(rhs), 0)) + 1
+                state.depth[id(out)] = depth
+                state.keep.append(out)
+                if depth >= HALF_CHAIN:
+                    record(f"a {name} accumulator (acc += ... with acc in {name})")
+            return out
+
+        return wrapped
+
+    def dot(orig):
+        def wrapped(self, a, b, d, *args, **kwargs):
+            name = half.get(getattr(d.dtype, "scalar", d.dtype))
+            if name is not None:
+                record(f"tl.dot into a {name} accumulator")
+            return orig(self, a, b, d, *args, **kwargs)
+
+        return wrapped
+
+    patch(reduce_ops, "sum", on_reduce("tl.sum"))
+    patch(scan_ops, "cumsum", on_reduce("tl.cumsum"))
+    patch(builder, "create_fadd", fadd)
+    patch(builder, "create_dot", dot)
+    try:
+        yield state
+    finally:
+        for cls, name, orig in reversed(saved):
+            setattr(cls, name, orig)
+
+
+#: a sum in a 16-bit float type in Triton's IR (TTIR): an add reduction's combine region, or a dot's accumulator
+_IR_HALF_SUMS = (
+    (re.compile(r"arith\.addf [^\n]*: (b?f16)\b[^\n]*\n\s*tt\.(?:reduce|scan)\.return"), "tl.sum of a {} tensor"),
+    (re.compile(r"tt\.dot [^\n]*-> tensor<[0-9x]+x(b?f16)"), "tl.dot into a {} accumulator"),
+)
+
+
+def _half_sums_in_ir(kernel) -> list[str]:
+    """On a GPU: the 16-bit sums in the Triton IR of every build of ``kernel`` (a jit function) in its cache
+    (one kernel's builds, its specialisations). [] where this Triton keeps no such cache or IR."""
+    found = []
+    try:
+        caches = getattr(kernel, "device_caches", None) or getattr(kernel, "cache", None) or {}
+        for entry in caches.values():
+            builds = entry[0] if isinstance(entry, tuple) else entry
+            for compiled in builds.values():
+                ttir = compiled.asm.get("ttir", "") if hasattr(compiled, "asm") else ""
+                for pattern, what in _IR_HALF_SUMS:
+                    for m in pattern.finditer(ttir):
+                        text = what.format("bfloat16" if m.group(1) == "bf16" else "float16")
+                        if text not in found:
+                            found.append(text)
+    except Exception:  # an unknown cache layout: no verdict
+        return found
+    return found
+
+
 def _on_gpu(args) -> bool:
     return any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in tree_leaves(args))
 
@@ -335,6 +456,12 @@ class Sandbox(LaunchCounter):
         #: in the interpreter: the addresses every tl.store of the answer's kernels wrote (one array a store)
         self._stored: list = []
         self._mem_hook = None
+        #: sums the answer's kernels ran in a 16-bit type (``"tl.sum of a float16 tensor"``...): see
+        #: :func:`_half_sums_hook` (interpreter) and :func:`_half_sums_in_ir` (GPU)
+        self.half_sums: list[str] = []
+        self._half_hook = None
+        self._half_state: _HalfChains | None = None
+        self._kernels: list = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -403,6 +530,10 @@ class Sandbox(LaunchCounter):
         return next((d for c, _, d in self._concealed if c is t), None)
 
     def _run_begins(self, kernel, args, kwargs) -> None:
+        if not any(k is kernel for k in self._kernels):
+            self._kernels.append(kernel)
+        if self._half_state is not None:
+            self._half_state.reset()
         for key, (value, wider) in self.widen.items():
             if kwargs.get(key) == value:
                 kwargs[key] = wider
@@ -452,6 +583,10 @@ class Sandbox(LaunchCounter):
             return bool(_isclose(a, w, atol=atol, rtol=rtol, equal_nan=True).all())
         except Exception:  # a reference that cannot take the decoys: no such verdict
             return False
+
+    def _on_half_sum(self, what: str) -> None:
+        if what not in self.half_sums:
+            self.half_sums.append(what)
 
     def _on_access(self, direction: str, addresses, element_bytes: int) -> None:
         if direction == "write" and self._concealed:
@@ -512,6 +647,8 @@ class Sandbox(LaunchCounter):
         if not runtime.is_gpu():
             self._mem_hook = _triton.memory_hook(self._on_access, reads=False)
             self._mem_hook.__enter__()
+            self._half_hook = _half_sums_hook(self._on_half_sum)
+            self._half_state = self._half_hook.__enter__()
         try:
             from torch.profiler import ProfilerActivity, profile
 
@@ -530,6 +667,13 @@ class Sandbox(LaunchCounter):
             if self._mem_hook is not None:
                 self._mem_hook.__exit__(None, None, None)
                 self._mem_hook = None
+            if self._half_hook is not None:
+                self._half_hook.__exit__(None, None, None)
+                self._half_hook = self._half_state = None
+            elif runtime.is_gpu():
+                for kernel in self._kernels:
+                    for what in _half_sums_in_ir(kernel):
+                        self._on_half_sum(what)
             self._run_hook.__exit__(None, None, None)
             self._show(real=True)
             if self._prof is not None:
@@ -582,6 +726,7 @@ class Sandbox(LaunchCounter):
         self._remote_after = report.get("after")
         self.widened = report.get("widened", False)
         self._remote_unstored = report.get("unstored")
+        self.half_sums += [w for w in report.get("half_sums", []) if w not in self.half_sums]
         self.remote = True
 
     def report(self) -> dict:
@@ -594,6 +739,7 @@ class Sandbox(LaunchCounter):
             "past": self.writes_past_the_end(),
             "refused": list(self.refused),
             "widened": self.widened,
+            "half_sums": list(self.half_sums),
         }
 
 
@@ -917,6 +1063,7 @@ def run_answer(
     torch_message: Callable[[str], str] | None = None,
     before_torch: Callable[[Sandbox, object], None] | None = None,
     conceal: bool | Sequence[int] | None = None,
+    half_sums_ok: bool = False,
 ):
     """The sequence every kernel check runs, in one place: call ``fn(*args, **kwargs)`` in a
     :class:`Sandbox` (``box``: a subclass), then refuse, each with its own message, an answer that
@@ -926,7 +1073,9 @@ def run_answer(
     3. launched one of the package's own kernels;
     4. computed or moved tensor data with torch (unless ``allow_torch_ops``): ops seen outside
        launches, inside them (a heuristics function, a pre-run hook), and with dispatch switched off;
-    5. computed with anything else (numpy, a library, torch on a copy) and copied in: its inputs are
+    5. summed in a 16-bit float type (unless ``half_sums_ok``): the fp32 upcast every lesson asks for,
+       seen by type (:attr:`Sandbox.half_sums`), since the interpreter's numbers cannot show it;
+    6. computed with anything else (numpy, a library, torch on a copy) and copied in: its inputs are
        concealed (:meth:`Sandbox.conceal`) outside its kernels' runs, and the tensors it returns must be
        as its last kernel run left them.
 
@@ -996,6 +1145,14 @@ def run_answer(
                 "(x.to(tl.float32)); allocate the output with torch.empty_like, in the output's dtype."
             )
         raise fail(f"{msg} {torch_hint}".rstrip(), seed)
+    if box.half_sums and not half_sums_ok:
+        raise fail(
+            f"{where}: your kernel sums in 16 bits ({'; '.join(box.half_sums)}). The numbers may pass on these "
+            "inputs, but each add rounds to the 16-bit type (float16 keeps 11 bits, bfloat16 8): a long row, or "
+            "values that cancel, loses what fp32 keeps. Upcast before you sum (x.to(tl.float32)), accumulate in "
+            "fp32 (tl.zeros(..., dtype=tl.float32)), and cast once, at the store.",
+            seed,
+        )
     # a write after the kernel that torch made in sight is the lesson's to judge (above, or its own checks)
     if not (box.torch_ops or box.passes) and box.written_after(out):
         raise fail(
