@@ -387,6 +387,24 @@ _IR_HALF_SUMS = (
 )
 
 
+#: a loop (``scf.for``) carrying a 16-bit float value, and a 16-bit add before its yield: an accumulator
+_IR_LOOP = re.compile(r"scf\.for [^\n]*-> \(([^)]*)\)|scf\.for [^\n]*-> (tensor<[^>]*>|b?f16)\s*\{?")
+_IR_HALF_ADD = re.compile(r"arith\.addf [^\n]*: (?:tensor<[0-9x]+x)?(b?f16)\b")
+
+
+def _half_accumulators_in_ir(ttir: str) -> list[str]:
+    found = []
+    for m in _IR_LOOP.finditer(ttir):
+        carried = m.group(1) or m.group(2) or ""
+        if not re.search(r"xb?f16>|(?:^|[ ,])b?f16\b", carried):
+            continue
+        end = ttir.find("scf.yield", m.end())
+        add = _IR_HALF_ADD.search(ttir, m.end(), end if end >= 0 else len(ttir))
+        if add is not None:
+            found.append(f"a {'bfloat16' if add.group(1) == 'bf16' else 'float16'} accumulator carried by a loop")
+    return found
+
+
 def _half_sums_in_ir(kernel) -> list[str]:
     """On a GPU: the 16-bit sums in the Triton IR of every build of ``kernel`` (a jit function) in its cache
     (one kernel's builds, its specialisations). [] where this Triton keeps no such cache or IR."""
@@ -397,11 +415,12 @@ def _half_sums_in_ir(kernel) -> list[str]:
             builds = entry[0] if isinstance(entry, tuple) else entry
             for compiled in builds.values():
                 ttir = compiled.asm.get("ttir", "") if hasattr(compiled, "asm") else ""
-                for pattern, what in _IR_HALF_SUMS:
-                    for m in pattern.finditer(ttir):
-                        text = what.format("bfloat16" if m.group(1) == "bf16" else "float16")
-                        if text not in found:
-                            found.append(text)
+                texts = [
+                    what.format("bfloat16" if m.group(1) == "bf16" else "float16")
+                    for pattern, what in _IR_HALF_SUMS
+                    for m in pattern.finditer(ttir)
+                ]
+                found += [t for t in texts + _half_accumulators_in_ir(ttir) if t not in found]
     except Exception:  # an unknown cache layout: no verdict
         return found
     return found

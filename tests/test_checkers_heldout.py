@@ -913,3 +913,57 @@ def test_intensity_and_speedups_name_upside_down_and_percent():
     with pytest.raises(CheckFailed, match="in percent"):
         l3.check_fusion_ceiling(lambda m, e: e / m * 100)
     assert l3._count(np.int64(3), "n_eager", "f") == 3  # a numpy count (np.sum of a mask) is a count
+
+
+def test_the_gpu_reads_16_bit_sums_off_the_kernels_ir():
+    # what a GPU run checks (Triton's IR of the kernel it ran), built here for sm_90 without one: an add
+    # reduction or an accumulator carried by a loop in bf16 is named, fp32 ones (flash's) are not
+    from fusionlab import _triton
+
+    def ttir(kernel, pointers, scalars, const):
+        sig = {**{n: t for n, t in pointers.items()}, **scalars, **dict.fromkeys(const, "constexpr")}
+        return _triton.compile_for(kernel, sig, const, num_warps=4)["ttir"]
+
+    def sums(ir):
+        return [w for p, w in grading._IR_HALF_SUMS if p.search(ir)] + grading._half_accumulators_in_ir(ir)
+
+    half = dict.fromkeys(("x_ptr", "dy_ptr", "dw_ptr", "db_ptr"), "*bf16")
+    stats = {"mean_ptr": "*fp32", "rstd_ptr": "*fp32"}
+    dwdb = ttir(_dwdb_16_kernel, {**half, **stats}, {"n_rows": "i32", "n_cols": "i32"}, {"BLOCK_M": 128})
+    assert sums(dwdb) == ["a bfloat16 accumulator carried by a loop"]
+    rows = ttir(
+        _rms_one_tile_16_kernel,
+        dict.fromkeys(("x_ptr", "r_ptr", "w_ptr", "h_ptr", "y_ptr"), "*fp16"),
+        {"n_cols": "i32", "eps": "fp32"},
+        {"BLOCK_N": 256},
+    )
+    assert sums(rows) == ["tl.sum of a {} tensor"]
+    strides = dict.fromkeys(
+        "stride_qh stride_qm stride_kh stride_kn stride_vh stride_vn stride_oh stride_om".split(), "i32"
+    )
+    flash = ttir(
+        _causal_every_block_kernel,
+        {**dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "o_ptr"), "*bf16"), "lse_ptr": "*fp32"},
+        {"n_q": "i32", "n_k": "i32", "scale": "fp32", **strides},
+        {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_M": 64, "BLOCK_N": 32},
+    )
+    assert sums(flash) == []
+
+
+@triton.jit
+def _adds_16_kernel(x_ptr, r_ptr, y_ptr, STEPS: tl.constexpr):
+    offs = tl.arange(0, 16)
+    acc = tl.load(x_ptr + offs)
+    for _ in tl.static_range(STEPS):  # STEPS 16-bit adds, each adding to the last one's result
+        acc = acc + tl.load(r_ptr + offs)
+    tl.store(y_ptr + offs, acc)
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="the interpreter's chain of adds (a GPU reads the IR instead)")
+def test_one_16_bit_add_is_not_a_sum_three_are():
+    x, r = torch.randn(16, dtype=torch.float16), torch.randn(16, dtype=torch.float16)
+    for steps, want in ((1, []), (2, []), (3, ["a float16 accumulator (acc += ... with acc in float16)"])):
+        box = grading.Sandbox()
+        with box:
+            _adds_16_kernel[(1,)](x, r, torch.empty_like(x), STEPS=steps)
+        assert box.half_sums == want, steps
