@@ -480,6 +480,10 @@ class Sandbox(LaunchCounter):
         self.half_sums: list[str] = []
         self._half_hook = None
         self._half_state: _HalfChains | None = None
+        #: in the interpreter: each concealed input a kernel loaded past the end of -> bytes past it, first load
+        self.read_past: dict = {}
+        self._rooms: list = []
+        self._room_of: list = []
         self._kernels: list = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -610,6 +614,48 @@ class Sandbox(LaunchCounter):
     def _on_access(self, direction: str, addresses, element_bytes: int) -> None:
         if direction == "write" and self._concealed:
             self._stored.append(addresses)
+        elif direction == "read" and self._rooms and addresses.size and int(addresses.max()) >= self._rooms[0][0]:
+            self._reads_in_rooms(addresses)
+
+    def _reads_in_rooms(self, addresses) -> None:
+        # the lanes that read an input's room (past its last element, inside its own buffer): an unmasked load
+        for i, (lo, hi, spans) in enumerate(self._rooms):
+            hit = addresses[(addresses >= lo) & (addresses < hi)]
+            for a, b in spans:  # the room may hold another input (q, k, v as views of one buffer): not past
+                hit = hit[(hit < a) | (hit >= b)]
+            if hit.size:
+                first = int(hit.min()) - lo
+                self.read_past.setdefault(self._room_of[i], first)
+
+    def _watch_rooms(self) -> None:
+        """The concealed inputs whose buffer runs on past their last element (:func:`with_room_after`): a load
+        there reads past the input's end (its values NaN: a masked store may still throw them away)."""
+        self._rooms, self._room_of = [], []
+        spans = []
+        for t, _, _ in self._concealed:
+            if t.numel() == 0 or min(t.stride(), default=1) < 0:
+                continue
+            last = t.data_ptr() + (sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) + 1) * (
+                t.element_size()
+            )
+            spans.append((t.data_ptr(), last))
+            storage_end = t.untyped_storage().data_ptr() + t.untyped_storage().nbytes()
+            if storage_end > last:
+                self._rooms.append((last, storage_end))
+                self._room_of.append(t)
+        order = sorted(range(len(self._rooms)), key=lambda i: self._rooms[i][0])
+        # another input's elements inside a room (g and u as column halves of one buffer) are no room
+        self._rooms = [(*self._rooms[i], [s for s in spans if s[1] > self._rooms[i][0]]) for i in order]
+        self._room_of = [self._room_of[i] for i in order]
+
+    def reads_past_the_end(self, inputs: Sequence) -> tuple[int, int] | None:
+        """In the interpreter: ``(index, elements)`` of the first of ``inputs`` a kernel loaded past the end of
+        (how far past its end, in elements, the first such load reached), or None."""
+        for i, t in enumerate(inputs):
+            for room_of, first in self.read_past.items():
+                if isinstance(t, torch.Tensor) and room_of is t:
+                    return i, first // t.element_size()
+        return None
 
     def not_stored(self, out) -> int:
         """In the interpreter: how many elements of the tensors ``out`` holds, written (no longer the poison),
@@ -664,7 +710,9 @@ class Sandbox(LaunchCounter):
         self._run_hook = _triton.kernel_run_hook(self._run_begins, self._run_ends)
         self._run_hook.__enter__()
         if not runtime.is_gpu():
-            self._mem_hook = _triton.memory_hook(self._on_access, reads=False)
+            self._watch_rooms()
+            # loads are watched only where an input has room behind it to read (with_room_after)
+            self._mem_hook = _triton.memory_hook(self._on_access, reads=bool(self._rooms))
             self._mem_hook.__enter__()
             self._half_hook = _half_sums_hook(self._on_half_sum)
             self._half_state = self._half_hook.__enter__()
@@ -746,6 +794,9 @@ class Sandbox(LaunchCounter):
         self.widened = report.get("widened", False)
         self._remote_unstored = report.get("unstored")
         self.half_sums += [w for w in report.get("half_sums", []) if w not in self.half_sums]
+        for k, first in report.get("read_past", []):
+            if k < len(self._concealed):
+                self.read_past.setdefault(self._concealed[k][0], first)
         self.remote = True
 
     def report(self) -> dict:
@@ -759,6 +810,10 @@ class Sandbox(LaunchCounter):
             "refused": list(self.refused),
             "widened": self.widened,
             "half_sums": list(self.half_sums),
+            # by position among the concealed inputs, which the grader conceals in the same order
+            "read_past": [
+                [k, self.read_past[t]] for k, (t, _, _) in enumerate(self._concealed) if t in self.read_past.keys()
+            ],
         }
 
 
@@ -1135,6 +1190,17 @@ def run_answer(
         raise fail(
             f"{where}: the kernel wrote {plural(count, 'element')} past the end of a tensor it allocated (the "
             f"first {start}). {store_hint}",
+            seed,
+        )
+    read = box.reads_past_the_end(args)
+    if read is not None:
+        index, first = read
+        start = "right after its end" if first == 0 else f"{first} elements after its end"
+        raise fail(
+            f"{where}: your kernel loads past the end of input {index} (argument {index + 1}; the first such load "
+            f"{start}). Those lanes hold no input (here NaN; on a GPU another tensor's memory, or a fault), even if "
+            "a masked store throws them away: mask every load as you mask the store, tl.load(ptr + offs, "
+            "mask=offs < n).",
             seed,
         )
     refuse_own_kernels(box, where, seed, "Write the kernel yourself: that is the exercise.")

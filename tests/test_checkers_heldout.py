@@ -967,3 +967,23 @@ def test_one_16_bit_add_is_not_a_sum_three_are():
         with box:
             _adds_16_kernel[(1,)](x, r, torch.empty_like(x), STEPS=steps)
         assert box.half_sums == want, steps
+
+
+# -- a load with no mask, its lanes past the end thrown away by the store's mask ------------------------------
+@triton.jit
+def _exp_cos_load_unmasked_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs).to(tl.float32)  # the mistake: the store is masked, the load is not
+    tl.store(y_ptr + offs, tl.exp(tl.cos(x)).to(y_ptr.dtype.element_ty), mask=offs < n)
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="the interpreter sees each load's lanes; a GPU's loads are not watched")
+def test_exp_cos_names_a_load_past_the_end_that_the_store_throws_away():
+    # right values (the NaN lanes are never stored): accepted before
+    def answer(x):
+        y = torch.empty_like(x)
+        _exp_cos_load_unmasked_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+        return y
+
+    with pytest.raises(CheckFailed, match=r"loads past the end of input 0 .*mask every load"):
+        l1.check_exp_cos(answer)
