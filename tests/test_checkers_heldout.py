@@ -987,3 +987,62 @@ def test_exp_cos_names_a_load_past_the_end_that_the_store_throws_away():
 
     with pytest.raises(CheckFailed, match=r"loads past the end of input 0 .*mask every load"):
         l1.check_exp_cos(answer)
+
+
+# -- lesson 4b's AdamW: a chunk's mask off by one, and three mistakes inside the tolerance of 0.99's betas ----
+@triton.jit
+def _adamw_kernel(table_ptr, chunks_ptr, lr, beta1, beta2, eps, wd, step_size, inv_sqrt_bc2, BLOCK: tl.constexpr,
+                  MISTAKE: tl.constexpr):  # fmt: skip
+    t = tl.load(chunks_ptr + 2 * tl.program_id(0))
+    start = tl.load(chunks_ptr + 2 * tl.program_id(0) + 1)
+    row = table_ptr + 5 * t
+    p_ptr = tl.load(row + 0).to(tl.pointer_type(tl.float32))
+    g_ptr = tl.load(row + 1).to(tl.pointer_type(tl.float32))
+    m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
+    v_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs <= tl.load(row + 4) if MISTAKE == "<=" else offs < tl.load(row + 4)
+    p, g = tl.load(p_ptr + offs, mask=mask), tl.load(g_ptr + offs, mask=mask)
+    m, v = tl.load(m_ptr + offs, mask=mask), tl.load(v_ptr + offs, mask=mask)
+    if MISTAKE != "decay after":
+        p = p * (1.0 - lr * wd)
+    m = beta1 * m + (1.0 - beta1) * g
+    v = beta2 * v + (1.0 - beta2) * g * g
+    if MISTAKE == "eps inside":
+        p = p - step_size * m / tl.sqrt(v * inv_sqrt_bc2 * inv_sqrt_bc2 + eps)
+    else:
+        p = p - step_size * m / (tl.sqrt(v) * inv_sqrt_bc2 + eps)
+    if MISTAKE == "decay after":
+        p = p * (1.0 - lr * wd)
+    tl.store(p_ptr + offs, p, mask=mask)
+    tl.store(m_ptr + offs, m, mask=mask)
+    tl.store(v_ptr + offs, v, mask=mask)
+
+
+def adamw_with(mistake):
+    def adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay):
+        rows = [[p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel()]
+                for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs, strict=True)]  # fmt: skip
+        chunks = [[i, s] for i, p in enumerate(params) for s in range(0, p.numel(), 1024)]
+        table = torch.tensor(rows, dtype=torch.int64).to(runtime.DEVICE)
+        chunk_table = torch.tensor(chunks, dtype=torch.int64).to(runtime.DEVICE)
+        k = step - 1 if mistake == "step - 1" and step > 1 else step  # the corrections of the step before
+        _adamw_kernel[(len(chunks),)](table, chunk_table, lr, beta1, beta2, eps, weight_decay, lr / (1 - beta1**k),
+                                      (1 - beta2**k) ** -0.5, BLOCK=1024, MISTAKE=mistake)  # fmt: skip
+
+    return adamw_step
+
+
+@pytest.mark.parametrize(
+    "mistake, match",
+    [
+        pytest.param("<=", r"1 element past the end of params\[0\]", id="mask-off-by-one"),  # crashed the process
+        pytest.param("eps inside", "eps inside the square root", id="eps-inside-the-root"),  # accepted
+        pytest.param("step - 1", "bias correction of the step before", id="step-minus-one"),  # "no bias correction"
+        pytest.param("decay after", "the decay after the update", id="decay-after-the-update"),  # "differ"
+    ],
+)
+def test_adamw_names_each_mistake(mistake, match):
+    assert l4b.check_adamw(adamw_with("none")).startswith("✓ adamw_step")
+    with pytest.raises(CheckFailed, match=match):
+        l4b.check_adamw(adamw_with(mistake))

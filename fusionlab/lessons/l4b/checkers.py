@@ -237,16 +237,37 @@ def check_streams(stream_for, counters: int, steps: int = 4, layers: int = 6) ->
 
 # -- AdamW ---------------------------------------------------------------------------------------------------
 ADAMW_SHAPES = ((3,), (17, 9), (1000,), (130, 33))
-HP = dict(lr=0.05, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.2)
+#: beta2 = 0.999 (torch's default), not 0.99: with beta1 = 0.9 and beta2 = 0.99 the first step's two corrections
+#: cancel ((1 - beta1) / sqrt(1 - beta2) = 1), and a step without them passed as one with them
+HP = dict(lr=0.05, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.2)
+
+
+#: the scale of the last tensor's gradients (its moments follow: m ~ g, v ~ g²): a parameter whose gradients are
+#: tiny, where sqrt(v_hat) is far below eps's square root, so eps inside the root shows (elsewhere it hides)
+TINY = 1e-7
 
 
 def _adamw_state(gen, shapes=ADAMW_SHAPES):
     dev = runtime.DEVICE
+    scales = [1.0] * (len(shapes) - 1) + [TINY]
     ps = [torch.randn(s, generator=gen).to(dev) for s in shapes]
-    gs = [torch.randn(s, generator=gen).to(dev) for s in shapes]
-    ms = [0.1 * torch.randn(s, generator=gen).to(dev) for s in shapes]
-    vs = [0.1 * torch.rand(s, generator=gen).to(dev) for s in shapes]
+    gs = [k * torch.randn(s, generator=gen).to(dev) for s, k in zip(shapes, scales, strict=True)]
+    ms = [0.1 * k * torch.randn(s, generator=gen).to(dev) for s, k in zip(shapes, scales, strict=True)]
+    vs = [0.1 * k * k * torch.rand(s, generator=gen).to(dev) for s, k in zip(shapes, scales, strict=True)]
     return ps, gs, ms, vs
+
+
+def _guarded(ts):
+    """Each of ``ts`` copied to the front of a longer buffer whose tail (the guard, poisoned) a store past the
+    tensor's end lands in, where it would otherwise write over another tensor's memory: (copies, guards)."""
+    views, guards = [], []
+    for t in ts:
+        n = t.numel()
+        big = grading.poison_(torch.empty(n + max(n, grading.GUARD_MIN), dtype=t.dtype, device=t.device))
+        big[:n] = t.reshape(-1)
+        views.append(big[:n].view(t.shape))
+        guards.append(big[n:])
+    return views, guards
 
 
 def _mistake(p, g, m, v, step, kind):
@@ -256,11 +277,17 @@ def _mistake(p, g, m, v, step, kind):
     if kind.startswith("weight decay added"):
         g = g + wd * p
         wd = 0.0
-    p = p * (1 - lr * wd)
+    if kind != "the decay after the update":
+        p = p * (1 - lr * wd)
     m = b1 * m + (1 - b1) * g
     v = b2 * v + (1 - b2) * g * g
-    bc1, bc2 = (1.0, 1.0) if kind == "no bias correction" else (1 - b1**step, 1 - b2**step)
-    return p - (lr / bc1) * m / (v.sqrt() / math.sqrt(bc2) + eps)
+    k = step - 1 if kind == "the bias correction of the step before" else step
+    bc1, bc2 = (1.0, 1.0) if kind == "no bias correction" or k == 0 else (1 - b1**k, 1 - b2**k)
+    if kind == "eps inside the square root":
+        p = p - (lr / bc1) * m / (v / bc2 + eps).sqrt()
+    else:
+        p = p - (lr / bc1) * m / (v.sqrt() / math.sqrt(bc2) + eps)
+    return p * (1 - lr * wd) if kind == "the decay after the update" else p
 
 
 def check_adamw(fn) -> Passed:
@@ -272,6 +299,8 @@ def check_adamw(fn) -> Passed:
     with grading.seeded(seed):
         for step in (1, 2, 10):
             ps, gs, ms, vs = _adamw_state(grading.fresh_generator())
+            (ps, ms, vs), guards = zip(*(_guarded(ts) for ts in (ps, ms, vs)), strict=True)
+            ps, ms, vs = list(ps), list(ms), list(vs)
             want = [adamw_reference(p, g, m, v, step=step, **HP) for p, g, m, v in zip(ps, gs, ms, vs, strict=True)]
             before = [(p.clone(), g.clone(), m.clone(), v.clone()) for p, g, m, v in zip(ps, gs, ms, vs, strict=True)]
             where = f"{name}, {len(ps)} tensors, step {step}"
@@ -287,6 +316,16 @@ def check_adamw(fn) -> Passed:
                     "inside your one Triton kernel; torch only builds the table of addresses.",
                     seed,
                 )
+            for what, gs_of in zip(("params", "exp_avgs", "exp_avg_sqs"), guards, strict=True):
+                for i, g in enumerate(gs_of):
+                    hit = ~grading.poisoned(g)
+                    if hit.any():
+                        raise fail(
+                            f"{where}: your kernel wrote {grading.plural(int(hit.sum()), 'element')} past the end of "
+                            f"{what}[{i}], into whatever follows it in memory. Mask "
+                            "each chunk's loads and stores with offs < the tensor's numel (not <=).",
+                            seed,
+                        )
             n = len(box.launches)
             if n == len(ps) and n > 1:
                 raise fail(
@@ -302,6 +341,20 @@ def check_adamw(fn) -> Passed:
                 p0, g0, m0, v0 = before[i]
                 for kind, advice in (
                     ("no bias correction", "divide m by 1 - beta1**step and v by 1 - beta2**step (bias correction)"),
+                    (
+                        "the bias correction of the step before",
+                        "step is the count after this step (1 on the first): 1 - beta1**step, not beta1**(step - 1)",
+                    ),
+                    (
+                        "the decay after the update",
+                        "decay the parameter before the Adam step (p *= 1 - lr * weight_decay, then the update), as "
+                        "torch.optim.AdamW does",
+                    ),
+                    (
+                        "eps inside the square root",
+                        "add eps to the root of v's correction, sqrt(v / (1 - beta2**step)) + eps, not under it: on a "
+                        "parameter of tiny gradients (this one's are near 1e-7) the two differ",
+                    ),
                     (
                         "weight decay added to the gradient (Adam's L2)",
                         "decay the parameter itself, p *= 1 - lr * weight_decay, not the gradient (that is Adam's "
