@@ -1046,3 +1046,30 @@ def test_adamw_names_each_mistake(mistake, match):
     assert l4b.check_adamw(adamw_with("none")).startswith("✓ adamw_step")
     with pytest.raises(CheckFailed, match=match):
         l4b.check_adamw(adamw_with(mistake))
+
+
+@triton.jit
+def _dropout_offsets_kernel(x_ptr, r_ptr, h_ptr, n, p, seed, BLOCK: tl.constexpr, RAND: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    r = tl.load(r_ptr + offs, mask=mask).to(tl.float32)
+    if RAND == "block":  # the mistake: the offsets within the block, so every block draws the same numbers
+        keep = tl.rand(seed, tl.arange(0, BLOCK)) >= p
+    else:  # the mistake: one number a program
+        keep = tl.rand(seed, offs * 0 + tl.program_id(0)) >= p
+    tl.store(h_ptr + offs, r + tl.where(keep, x / (1 - p), 0.0), mask=mask)
+
+
+@pytest.mark.parametrize(
+    "rand, match", [("block", "repeats every 1024 elements"), ("program", "kept or dropped together")]
+)
+def test_dropout_names_random_numbers_not_each_elements_own(rand, match):
+    # both keep about 1 - p of the elements: called a keep rate outside 5 sigma before, or accepted
+    def answer(x, r, p, seed):
+        h = torch.empty_like(x)
+        _dropout_offsets_kernel[(triton.cdiv(x.numel(), 1024),)](x, r, h, x.numel(), p, seed, BLOCK=1024, RAND=rand)
+        return h
+
+    with pytest.raises(CheckFailed, match=match):
+        l4b.check_dropout_add(answer)

@@ -2,8 +2,11 @@
 
 1. ``check_dropout_add``: ``h = residual + dropout(x, p)`` in one Triton kernel, the random numbers made
    in registers from ``(seed, position)``. Rejects: a missing ``1/(1 - p)``, a keep rate outside the
-   binomial bounds, a result that changes between two calls with one seed (or does not change with
-   the seed), and a mask stored beside h (any allocation but h of a bit an element or more).
+   binomial bounds, random numbers that are not each element's own (one a program, or the same in
+   every block), a result that changes between two calls with one seed (or does not change with the
+   seed), and a mask stored beside h (any allocation but h of a bit an element or more); it runs as
+   every kernel check runs (:func:`fusionlab.grading.run_answer`: stores past the end, inputs changed,
+   torch or anything else computing the result outside the kernel).
 2. ``check_dropout_backward``: ``dx = dh * keep / (1 - p)`` with the mask **regenerated** from the seed.
    Rejects a backward whose zeros are not the forward's (not regenerated identically), and one that
    only works after the forward ran with that seed (a mask stashed and re-read): the backward is
@@ -12,8 +15,10 @@
    uses ``counters`` Philox counters from its offset. Rejects two (step, layer) pairs whose streams
    overlap (the same mask in two layers, or in two steps).
 4. ``check_adamw``: one AdamW step for a list of tensors, in place, in **one** launch. Rejects one launch
-   per tensor, a missing bias correction, and weight decay added to the gradient (Adam's L2) in place
-   of decoupled decay — each named when the answer matches that mistake.
+   per tensor, torch doing the update, a store past a tensor's end (each sits before a guard), a missing
+   bias correction or that of the step before, weight decay added to the gradient (Adam's L2) in place
+   of decoupled decay or applied after the update, and eps inside the square root (one tensor's
+   gradients are tiny, where it shows) — each named when the answer matches that mistake.
 """
 
 from __future__ import annotations
@@ -65,6 +70,27 @@ def _refuse_a_stored_mask(x: torch.Tensor, where: str, seed: int):
             )
 
     return check
+
+
+def _refuse_a_mask_that_repeats(keep: torch.Tensor, where: str, seed: int) -> None:
+    """A mask whose random numbers are not each element's own: the same within a block (seeded by the program
+    id), or the same in every block (seeded by tl.arange alone). Independent elements agree with a neighbour k
+    apart a fraction (1 - p)² + p² of the time (0.5 to 0.82 here); such masks nearly always."""
+    keep = keep.cpu()
+    for k in [1] + [2**i for i in range(4, 13)]:
+        if keep.numel() > 4 * k and float((keep[:-k] == keep[k:]).double().mean()) > 0.99:
+            if k == 1:
+                why = (
+                    "neighbouring elements are kept or dropped together: one random number serves many of them "
+                    "(tl.rand(seed, pid)?). Give each element its own: tl.rand(seed, offs), offs its position."
+                )
+            else:
+                why = (
+                    f"the mask repeats every {k} elements: each block makes the same random numbers (tl.rand(seed, "
+                    "tl.arange(0, BLOCK))?). Use each element's position in the tensor, pid * BLOCK + tl.arange(0, "
+                    "BLOCK), as the offset."
+                )
+            raise fail(f"{where}: {why}", seed)
 
 
 def _run(fn, args, *, name: str, where: str, seed: int, like: torch.Tensor, before_torch=None, why: str = ""):
@@ -136,6 +162,7 @@ def check_dropout_add(fn) -> Passed:
                     raise fail(f"{where}: h is neither residual nor residual + x / (1 - p) somewhere.", seed)
                 n = x.numel()
                 if n >= 1000:
+                    _refuse_a_mask_that_repeats(keep.flatten(), where, seed)
                     kept = int(keep.sum())
                     sd = math.sqrt(n * p * (1 - p))
                     if abs(kept - n * (1 - p)) > 5 * sd:
