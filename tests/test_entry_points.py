@@ -44,6 +44,7 @@ from fusionlab.kernels.rmsnorm_linear import (
     rmsnorm_linear_reference,
     rmsnorm_rstd,
 )
+from fusionlab.kernels.rope import rope, rope_reference, rope_tables
 from fusionlab.kernels.softmax import online_softmax_reference_blocks, online_softmax_stats, softmax, softmax_reference
 from fusionlab.kernels.swiglu import swiglu, swiglu_reference
 
@@ -71,6 +72,7 @@ NOT_ENTRY_POINTS = {
     "philox_counters": "arithmetic on a shape",
     "make_plan": "multi_tensor_adamw's device tables, after its checks (fusionlab.optim's path)",
     "run_plan": "multi_tensor_adamw's launch, after its checks (fusionlab.optim's path; tests/test_adamw.py)",
+    "rope_tables": "cos/sin tables built in torch",
 }
 
 
@@ -294,6 +296,9 @@ CASES = {
         lambda h, w, t: linear_cross_entropy_reference(h, w, t, reduction="none"),
         lambda: [_r(4, 16), _r(10, 16), _target(4, 10)],
         grad=(0, 1),
+    ),
+    "rope": Case(
+        "rope", rope, rope_reference, lambda: [_r(2, 3, 16, 16), _r(2, 3, 16, 16), *rope_tables(16, 16)], grad=(0, 1)
     ),
 }
 

@@ -43,6 +43,7 @@ from . import (
     matmul,
     rmsnorm,
     rmsnorm_linear,
+    rope,
     softmax,
     swiglu,
 )
@@ -70,4 +71,5 @@ __all__ = [
     "softmax",
     "swiglu",
     "pdl_supported",
+    "rope",
 ]
