@@ -27,6 +27,7 @@ from fusionlab.kernels import KernelInputError
 from fusionlab.kernels._tensors import overlaps
 from fusionlab.kernels.adamw import adamw_reference, multi_tensor_adamw
 from fusionlab.kernels.attention import attention, attention_reference
+from fusionlab.kernels.attention_decode import attention_decode, attention_decode_reference
 from fusionlab.kernels.bias_gelu import bias_gelu, bias_gelu_reference
 from fusionlab.kernels.chain import chain, chain_reference
 from fusionlab.kernels.cos import cos, cos_cos, cos_cos_reference
@@ -296,6 +297,13 @@ CASES = {
         lambda h, w, t: linear_cross_entropy_reference(h, w, t, reduction="none"),
         lambda: [_r(4, 16), _r(10, 16), _target(4, 10)],
         grad=(0, 1),
+    ),
+    "attention_decode": Case(
+        "attention_decode",
+        attention_decode,
+        attention_decode_reference,
+        lambda: [_r(1, 4, 3, 16).to(ATTN_DTYPE), _r(1, 2, 40, 16).to(ATTN_DTYPE), _r(1, 2, 40, 16).to(ATTN_DTYPE)],
+        tol=MM_TOL,
     ),
     "rope": Case(
         "rope", rope, rope_reference, lambda: [_r(2, 3, 16, 16), _r(2, 3, 16, 16), *rope_tables(16, 16)], grad=(0, 1)

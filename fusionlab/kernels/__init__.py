@@ -31,6 +31,7 @@ from . import (
     adamw,
     attention,
     attention_backward,
+    attention_decode,
     bias_gelu,
     chain,
     cos,
@@ -72,4 +73,5 @@ __all__ = [
     "swiglu",
     "pdl_supported",
     "rope",
+    "attention_decode",
 ]
