@@ -1,0 +1,217 @@
+"""Lesson 9: one Llama-style decoder layer, written plainly in torch and assembled from the course's kernels.
+
+The layer (Llama 2/3, Mistral, Qwen 2: pre-norm, grouped-query attention, rotary embeddings, SwiGLU)::
+
+    h   = x + o_proj(attention(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1)))   n1 = rmsnorm(x)
+    out = h + down_proj(silu(gate_proj(n2)) * up_proj(n2))                         n2 = rmsnorm(h)
+
+:class:`LlamaLayerReference` is the spec in plain torch (``F.rms_norm``, ``nn.Linear``, Hugging Face's
+rotate-half RoPE, SDPA with ``enable_gqa``), with Hugging Face's parameter names, so a
+``LlamaDecoderLayer``'s ``state_dict`` loads into it. :class:`LlamaLayer` runs the same layer on the
+package's kernels only, forward and backward:
+
+- RMSNorm: :func:`~fusionlab.kernels.rmsnorm.rmsnorm` (lesson 4);
+- the Q, K and V projections as one matmul over the concatenated weight
+  (:func:`~fusionlab.kernels.linear.linear`, lesson 6), q and k rotated by
+  :func:`~fusionlab.kernels.rope.rope` where they lie in its output (no copy), v read in place;
+- causal attention with GQA: :func:`~fusionlab.kernels.attention.attention` (lessons 7 and 8);
+- the output projection with the residual added in its epilogue (lesson 6);
+- gate and up as one matmul, :func:`~fusionlab.kernels.swiglu.swiglu` on its two halves (lesson 5);
+- the down projection with the residual in its epilogue.
+
+The package's ``linear`` has no backward of its own; :class:`LinearFunction` gives it one from the
+package's :func:`~fusionlab.kernels.matmul.matmul` (``dx = dy W``, ``dW = dy^T x``, the residual's
+gradient is dy). Decoding (:meth:`LlamaLayer.decode`) writes the new token's k and v into a KV cache at
+each row's length and runs :func:`~fusionlab.kernels.attention_decode.attention_decode`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .kernels.attention import attention
+from .kernels.attention_decode import attention_decode
+from .kernels.linear import linear
+from .kernels.matmul import matmul
+from .kernels.rmsnorm import rmsnorm
+from .kernels.rope import rope, rope_eager, rope_tables
+from .kernels.swiglu import swiglu
+
+#: Llama-3-8B's layer: hidden 4096, 32 query heads, 8 KV heads (head dim 128), FFN 14336
+LLAMA3_8B = dict(hidden=4096, n_heads=32, n_kv_heads=8, ffn=14336, eps=1e-5, rope_base=500000.0)
+
+
+class _Holder(nn.Module):
+    """A named group of submodules (``self_attn``, ``mlp``), as Hugging Face nests them."""
+
+
+def _rms_weight(n: int) -> nn.Parameter:
+    return nn.Parameter(torch.ones(n))
+
+
+class LlamaLayerReference(nn.Module):
+    """The spec in plain torch, Hugging Face's ``LlamaDecoderLayer`` parameter names, no bias anywhere.
+
+    ``forward(x, offset=0)``: ``x`` (B, N, hidden); token n of every row sits at position offset + n;
+    causal attention over the N tokens. Rotary tables from :func:`~fusionlab.kernels.rope.rope_tables`
+    (``max_positions`` rows), applied as Hugging Face does (:func:`~fusionlab.kernels.rope.rope_eager`).
+    """
+
+    def __init__(self, hidden, n_heads, n_kv_heads, ffn, eps=1e-5, rope_base=10000.0, max_positions=4096):
+        super().__init__()
+        self.hidden, self.n_heads, self.n_kv_heads, self.eps = hidden, n_heads, n_kv_heads, eps
+        self.head_dim = hidden // n_heads
+        hd = self.head_dim
+        self.input_layernorm = _Holder()
+        self.input_layernorm.weight = _rms_weight(hidden)
+        self.post_attention_layernorm = _Holder()
+        self.post_attention_layernorm.weight = _rms_weight(hidden)
+        self.self_attn = _Holder()
+        self.self_attn.q_proj = nn.Linear(hidden, n_heads * hd, bias=False)
+        self.self_attn.k_proj = nn.Linear(hidden, n_kv_heads * hd, bias=False)
+        self.self_attn.v_proj = nn.Linear(hidden, n_kv_heads * hd, bias=False)
+        self.self_attn.o_proj = nn.Linear(n_heads * hd, hidden, bias=False)
+        self.mlp = _Holder()
+        self.mlp.gate_proj = nn.Linear(hidden, ffn, bias=False)
+        self.mlp.up_proj = nn.Linear(hidden, ffn, bias=False)
+        self.mlp.down_proj = nn.Linear(ffn, hidden, bias=False)
+        cos, sin = rope_tables(max_positions, hd, rope_base, device="cpu", dtype=torch.float64)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        B, N, _ = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        a = self.self_attn
+        n1 = F.rms_norm(x, (self.hidden,), self.input_layernorm.weight, self.eps)
+        q = a.q_proj(n1).view(B, N, H, D).transpose(1, 2)  # (B, H, N, D)
+        k = a.k_proj(n1).view(B, N, Hkv, D).transpose(1, 2)
+        v = a.v_proj(n1).view(B, N, Hkv, D).transpose(1, 2)
+        q, k = rope_eager(q, k, self.cos.to(x.dtype), self.sin.to(x.dtype), offset)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        h = x + a.o_proj(o.transpose(1, 2).reshape(B, N, H * D))
+        n2 = F.rms_norm(h, (self.hidden,), self.post_attention_layernorm.weight, self.eps)
+        m = self.mlp
+        return h + m.down_proj(F.silu(m.gate_proj(n2)) * m.up_proj(n2))
+
+
+class LinearFunction(torch.autograd.Function):
+    """``linear(x, W, residual=r)`` (the residual added in the matmul's epilogue) with a backward of two
+    package matmuls: ``dx = dy W`` (M x N by N x K) and ``dW = dy^T x`` (N x M by M x K, dy read
+    transposed in place); the residual's gradient is dy itself, no kernel."""
+
+    @staticmethod
+    def forward(ctx, x, weight, residual):
+        ctx.save_for_backward(x, weight)
+        ctx.has_residual = residual is not None
+        return linear(x, weight, residual=residual)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        if dy2.stride(-1) != 1 or dy2.is_neg():
+            dy2 = dy2.resolve_neg().contiguous()
+        x2 = x.reshape(-1, x.shape[-1])
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = matmul(dy2, weight).view(x.shape)
+        if ctx.needs_input_grad[1]:
+            dw = matmul(dy2.t(), x2)
+        return dx, dw, (dy if ctx.has_residual and ctx.needs_input_grad[2] else None)
+
+
+def _linear(x, weight, residual=None):
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)
+    ):
+        return LinearFunction.apply(x, weight, residual)
+    return linear(x, weight, residual=residual)
+
+
+class LlamaLayer(nn.Module):
+    """:class:`LlamaLayerReference`'s layer on the package's kernels (module docstring), differentiable.
+
+    Parameters: ``attn_norm`` and ``ffn_norm`` (hidden,), ``wqkv`` ((H + 2 H_kv) D, hidden), ``wo``
+    (hidden, H D), ``w_gate_up`` (2 ffn, hidden: gate's rows, then up's), ``w_down`` (hidden, ffn).
+    :meth:`load_reference_state_dict` takes a :class:`LlamaLayerReference` (or Hugging Face
+    ``LlamaDecoderLayer``) ``state_dict`` and concatenates the projections.
+    """
+
+    def __init__(self, hidden, n_heads, n_kv_heads, ffn, eps=1e-5, rope_base=10000.0, max_positions=4096):
+        super().__init__()
+        self.hidden, self.n_heads, self.n_kv_heads, self.ffn, self.eps = hidden, n_heads, n_kv_heads, ffn, eps
+        self.head_dim = D = hidden // n_heads
+        self.attn_norm = _rms_weight(hidden)
+        self.ffn_norm = _rms_weight(hidden)
+        self.wqkv = nn.Parameter(torch.empty((n_heads + 2 * n_kv_heads) * D, hidden))
+        self.wo = nn.Parameter(torch.empty(hidden, n_heads * D))
+        self.w_gate_up = nn.Parameter(torch.empty(2 * ffn, hidden))
+        self.w_down = nn.Parameter(torch.empty(hidden, ffn))
+        for w in (self.wqkv, self.wo, self.w_gate_up, self.w_down):
+            nn.init.normal_(w, std=hidden**-0.5)
+        cos, sin = rope_tables(max_positions, D, rope_base, device="cpu")
+        self.register_buffer("cos", cos, persistent=False)  # fp32 tables whatever the weights' dtype
+        self.register_buffer("sin", sin, persistent=False)
+
+    @torch.no_grad()
+    def load_reference_state_dict(self, sd: dict) -> LlamaLayer:
+        """Copy a reference (Hugging Face-named) ``state_dict`` in: q, k, v stacked into ``wqkv``, gate and
+        up into ``w_gate_up``. Returns self."""
+        p = "self_attn."
+        self.attn_norm.copy_(sd["input_layernorm.weight"])
+        self.ffn_norm.copy_(sd["post_attention_layernorm.weight"])
+        self.wqkv.copy_(torch.cat([sd[p + "q_proj.weight"], sd[p + "k_proj.weight"], sd[p + "v_proj.weight"]]))
+        self.wo.copy_(sd[p + "o_proj.weight"])
+        self.w_gate_up.copy_(torch.cat([sd["mlp.gate_proj.weight"], sd["mlp.up_proj.weight"]]))
+        self.w_down.copy_(sd["mlp.down_proj.weight"])
+        return self
+
+    def _attention_input(self, x):
+        """n1 = rmsnorm(x), its QKV projection, and q, k, v as (B, N, heads, D) views of it."""
+        B, N, _ = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = _linear(rmsnorm(x, self.attn_norm, self.eps), self.wqkv)  # (B, N, (H + 2 Hkv) D)
+        q = qkv[..., : H * D].view(B, N, H, D)  # strided views: rope and attention read them in place
+        k = qkv[..., H * D : (H + Hkv) * D].view(B, N, Hkv, D)
+        v = qkv[..., (H + Hkv) * D :].view(B, N, Hkv, D)
+        return q, k, v
+
+    def _mlp(self, h):
+        n2 = rmsnorm(h, self.ffn_norm, self.eps)
+        gu = _linear(n2, self.w_gate_up)  # (B, N, 2 ffn)
+        return _linear(swiglu(gu[..., : self.ffn], gu[..., self.ffn :]), self.w_down, residual=h)
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """``x`` (B, N, hidden) -> (B, N, hidden), causal over the N tokens at positions offset + n."""
+        B, N, _ = x.shape
+        x = x.contiguous()  # the residual of o_proj's epilogue is read as (B N, hidden) rows
+        q, k, v = self._attention_input(x)
+        q, k = rope(q, k, self.cos, self.sin, offset, layout="bnhd")  # (B, N, H, D), contiguous
+        o, _ = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)  # (B, H, N, D)
+        h = _linear(o.transpose(1, 2).reshape(B, N, -1), self.wo, residual=x)
+        return self._mlp(h)
+
+    @torch.no_grad()
+    def decode(self, x, k_cache, v_cache, cache_len):
+        """One decoding step: ``x`` (B, N_new, hidden) are each row's next tokens (N_new small), at
+        positions ``cache_len[b] + n``; their k and v are written into ``k_cache``, ``v_cache``
+        ((B, H_kv, N_max, D), in place) there, and they attend to everything up to themselves. Returns the
+        layer's output; the caller advances ``cache_len`` by N_new."""
+        B, N, _ = x.shape
+        x = x.contiguous()
+        q, k, v = self._attention_input(x)
+        q, k = rope(q, k, self.cos, self.sin, cache_len, layout="bnhd")
+        # the cache write: row b's new tokens at cache_len[b] + n (one indexed copy for k, one for v)
+        pos = cache_len[:, None] + torch.arange(N, device=x.device)[None, :]  # (B, N)
+        rows = torch.arange(B, device=x.device)[:, None]
+        k_cache.transpose(1, 2)[rows, pos] = k
+        v_cache.transpose(1, 2)[rows, pos] = v
+        o = attention_decode(q.transpose(1, 2), k_cache, v_cache, cache_len + N)  # (B, H, N, D)
+        h = _linear(o.transpose(1, 2).reshape(B, N, -1), self.wo, residual=x)
+        return self._mlp(h)
+
+
+__all__ = ["LLAMA3_8B", "LinearFunction", "LlamaLayer", "LlamaLayerReference"]

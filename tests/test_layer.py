@@ -1,0 +1,121 @@
+"""Lesson 9's layer: the package's kernels assembled into a Llama-style layer, against the plain-torch spec."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fusionlab import runtime
+from fusionlab.instrument import LaunchCounter
+from fusionlab.model import LlamaLayer, LlamaLayerReference
+
+DEV = runtime.DEVICE
+# tiny: hidden 64, 4 query heads and 2 KV heads of 16, FFN 96 (GQA 2:1, every kernel's masks in play)
+CFG = dict(hidden=64, n_heads=4, n_kv_heads=2, ffn=96, max_positions=64)
+DTYPE = torch.bfloat16 if runtime.is_gpu() else torch.float32  # attention takes 16-bit inputs on a GPU
+TOL = 5e-2 if runtime.is_gpu() else 1e-4
+
+
+def _pair(seed=0):
+    """A reference layer with random weights, its float64 copy, and the package's layer loaded from it."""
+    torch.manual_seed(seed)
+    ref = LlamaLayerReference(**CFG)
+    with torch.no_grad():
+        for p in ref.parameters():  # norm weights away from 1, so a missing or doubled weight shows
+            torch.nn.init.normal_(p, std=0.2) if p.dim() == 2 else torch.nn.init.uniform_(p, 0.5, 1.5)
+    ref64 = LlamaLayerReference(**CFG).double()
+    ref64.load_state_dict(ref.state_dict())
+    lay = LlamaLayer(**CFG).load_reference_state_dict(ref.state_dict()).to(DEV, DTYPE)
+    return ref64, lay
+
+
+def _close(got, want, scale):
+    torch.testing.assert_close(got.double().cpu(), want.detach(), atol=TOL * scale, rtol=TOL)
+
+
+def test_parameter_names_are_hugging_faces():
+    names = set(LlamaLayerReference(**CFG).state_dict())
+    assert names == {
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+        *(f"self_attn.{p}_proj.weight" for p in "qkvo"),
+        *(f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
+    }
+
+
+@pytest.mark.parametrize("offset", [0, 5])
+def test_forward_matches_float64_reference(offset):
+    ref64, lay = _pair()
+    x = torch.randn(2, 9, 64)
+    want = ref64(x.double(), offset)
+    got = lay(x.to(DEV, DTYPE), offset)
+    _close(got, want, want.abs().max().item())
+
+
+def test_backward_matches_float64_reference():
+    """dx and every weight's gradient: each of the package's backwards (RMSNorm, the matmuls, RoPE,
+    attention, SwiGLU) and the layer's wiring between them."""
+    ref64, lay = _pair(seed=1)
+    x = torch.randn(2, 7, 64)
+    xg = x.to(DEV, DTYPE, copy=True).requires_grad_()
+    y = lay(xg, 2)
+    dy = torch.randn(y.shape)
+    y.backward(dy.to(DEV, DTYPE))
+    xd = x.double().requires_grad_()
+    ref64(xd, 2).backward(dy.double())
+    a, m = ref64.self_attn, ref64.mlp
+    pairs = {
+        "x": (xg.grad, xd.grad),
+        "attn_norm": (lay.attn_norm.grad, ref64.input_layernorm.weight.grad),
+        "ffn_norm": (lay.ffn_norm.grad, ref64.post_attention_layernorm.weight.grad),
+        "wqkv": (lay.wqkv.grad, torch.cat([a.q_proj.weight.grad, a.k_proj.weight.grad, a.v_proj.weight.grad])),
+        "wo": (lay.wo.grad, a.o_proj.weight.grad),
+        "w_gate_up": (lay.w_gate_up.grad, torch.cat([m.gate_proj.weight.grad, m.up_proj.weight.grad])),
+        "w_down": (lay.w_down.grad, m.down_proj.weight.grad),
+    }
+    for name, (got, want) in pairs.items():
+        assert got is not None, name
+        torch.testing.assert_close(
+            got.double().cpu(), want, atol=TOL * want.abs().max().item(), rtol=TOL, msg=lambda s, n=name: f"{n}: {s}"
+        )
+
+
+def test_forward_runs_only_the_packages_kernels():
+    _, lay = _pair()
+    x = torch.randn(2, 5, 64, device=DEV, dtype=DTYPE)
+    with torch.no_grad(), LaunchCounter() as counter:
+        lay(x)
+    assert counter.torch_ops == [], counter.torch_ops
+    assert counter.names == [
+        "_rmsnorm_kernel", "_matmul_kernel", "_rope_kernel", "_attention_kernel", "_matmul_kernel",
+        "_rmsnorm_kernel", "_matmul_kernel", "_swiglu_kernel", "_matmul_kernel",
+    ]  # fmt: skip
+    assert counter.passes == ["clone"], "one copy: attention's O (B, H, N, D) to o_proj's (B, N, H D) rows"
+
+
+def test_decode_steps_match_the_prefill():
+    """Tokens decoded one or two at a time through the KV cache give the prefill's outputs, and a batch
+    whose rows sit at different cache lengths gives each row its own prefill's last token."""
+    ref64, lay = _pair(seed=2)
+    B, N, Hkv, D, n_max = 2, 8, 2, 16, 16
+    x = torch.randn(B, N, 64).to(DEV, DTYPE)
+    with torch.no_grad():
+        full = lay(x)
+        kc = torch.zeros(B, Hkv, n_max, D, device=DEV, dtype=DTYPE)
+        vc = torch.zeros_like(kc)
+        lens = torch.zeros(B, dtype=torch.int64, device=DEV)
+        outs = []
+        for start, stop in ((0, 2), (2, 3), (3, 5)):  # two tokens, one, two
+            outs.append(lay.decode(x[:, start:stop], kc, vc, lens))
+            lens = lens + (stop - start)
+        torch.testing.assert_close(torch.cat(outs, 1), full[:, :5], atol=TOL * 4, rtol=TOL * 4)
+        # rows at different lengths: row 0 has 3 tokens cached, row 1 has 5
+        kc.zero_(), vc.zero_()
+        lay.decode(x[0:1, :3], kc[0:1], vc[0:1], torch.zeros(1, dtype=torch.int64, device=DEV))
+        lay.decode(x[1:2, :5], kc[1:2], vc[1:2], torch.zeros(1, dtype=torch.int64, device=DEV))
+        lens = torch.tensor([3, 5], device=DEV)
+        step = lay.decode(torch.stack([x[0, 3], x[1, 5]])[:, None], kc, vc, lens)
+        want = torch.stack([lay(x[0:1, :4])[0, -1], lay(x[1:2, :6])[0, -1]])
+        torch.testing.assert_close(step[:, 0], want, atol=TOL * 4, rtol=TOL * 4)
+        ref_row1 = ref64(x[1:2, :6].double().cpu())[0, -1]
+        _close(step[1, 0], ref_row1, ref_row1.abs().max().item())
