@@ -96,6 +96,30 @@ class LlamaLayerReference(nn.Module):
         m = self.mlp
         return h + m.down_proj(F.silu(m.gate_proj(n2)) * m.up_proj(n2))
 
+    def decode(self, x, k_cache, v_cache, cache_len):
+        """One decoding step in plain torch, as :meth:`LlamaLayer.decode` (same arguments): the new k and
+        v written into the caches at each row's length, then SDPA over the cache with a boolean mask of
+        each query's visible keys."""
+        B, N, _ = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        a = self.self_attn
+        n1 = F.rms_norm(x, (self.hidden,), self.input_layernorm.weight, self.eps)
+        q = a.q_proj(n1).view(B, N, H, D).transpose(1, 2)
+        k = a.k_proj(n1).view(B, N, Hkv, D).transpose(1, 2)
+        v = a.v_proj(n1).view(B, N, Hkv, D).transpose(1, 2)
+        q, k = rope_eager(q, k, self.cos.to(x.dtype), self.sin.to(x.dtype), cache_len)
+        pos = cache_len[:, None] + torch.arange(N, device=x.device)[None, :]  # (B, N)
+        rows = torch.arange(B, device=x.device)[:, None]
+        k_cache.transpose(1, 2)[rows, pos] = k.transpose(1, 2)
+        v_cache.transpose(1, 2)[rows, pos] = v.transpose(1, 2)
+        keys = torch.arange(k_cache.shape[2], device=x.device)
+        mask = (keys[None, None, :] <= pos[:, :, None])[:, None]  # (B, 1, N, N_max): up to itself
+        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
+        h = x + a.o_proj(o.transpose(1, 2).reshape(B, N, H * D))
+        n2 = F.rms_norm(h, (self.hidden,), self.post_attention_layernorm.weight, self.eps)
+        m = self.mlp
+        return h + m.down_proj(F.silu(m.gate_proj(n2)) * m.up_proj(n2))
+
 
 class LinearFunction(torch.autograd.Function):
     """``linear(x, W, residual=r)`` (the residual added in the matmul's epilogue) with a backward of two

@@ -119,3 +119,11 @@ def test_decode_steps_match_the_prefill():
         torch.testing.assert_close(step[:, 0], want, atol=TOL * 4, rtol=TOL * 4)
         ref_row1 = ref64(x[1:2, :6].double().cpu())[0, -1]
         _close(step[1, 0], ref_row1, ref_row1.abs().max().item())
+        # the reference's own decode step, on float64 caches filled the same way
+        kd = torch.zeros(B, Hkv, n_max, D, dtype=torch.float64)
+        vd = torch.zeros_like(kd)
+        xd = x.double().cpu()
+        ref64.decode(xd[0:1, :3], kd[0:1], vd[0:1], torch.zeros(1, dtype=torch.int64))
+        ref64.decode(xd[1:2, :5], kd[1:2], vd[1:2], torch.zeros(1, dtype=torch.int64))
+        ref_step = ref64.decode(torch.stack([xd[0, 3], xd[1, 5]])[:, None], kd, vd, torch.tensor([3, 5]))
+        _close(step, ref_step, ref_step.abs().max().item())
