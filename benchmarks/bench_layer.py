@@ -186,7 +186,6 @@ def decode(run, ref, lay):
                     row[f"{name} error"] = f"{type(e).__name__}: {str(e)[:300]}"
         run.save()
         print("decode", B, json.dumps(row), flush=True)
-        del kc, vc, kf, vf
 
 
 def host(run, ref, lay):
