@@ -10,7 +10,7 @@ each checked against SDPA's O first (norm-relative error < 1e-2, no NaN). Then a
 row with its own cache length (uniform in [N_k/2, N_k]) against SDPA with a boolean mask. Kernel time:
 ``fusionlab.bench.time_ms`` (do_bench median, L2 flushed). Host time per call: the stream held by a
 sleep kernel while the host queues 200 calls (what a call costs the CPU, the GPU out of the way), at
-B 1, N_k 4k. The sweep (skipped with ``--no-sweep``): SPLITS x BLOCK_N x num_warps x num_stages at six
+B 1, N_k 4k. The sweep (skipped with ``--no-sweep``): SPLITS x BLOCK_N x num_warps x num_stages at seven
 shapes, to test the default's split rule. Stops starting new work after ``--budget`` seconds.
 JSON goes to ``$OUT/decode.json``; a compact table is printed last.
 """
@@ -36,7 +36,7 @@ from fusionlab.kernels.attention_decode import attention_decode, attention_decod
 H, H_KV, D = 32, 8, 128
 BS = (1, 4, 16, 64)
 NKS = (1024, 4096, 16384, 32768)
-SWEEP_SHAPES = ((1, 4096), (1, 32768), (4, 16384), (16, 4096), (64, 4096), (64, 32768))
+SWEEP_SHAPES = ((1, 1024), (1, 4096), (1, 32768), (4, 16384), (16, 4096), (64, 4096), (64, 32768))
 SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
 TILES = [dict(BLOCK_N=bn, num_warps=w, num_stages=s) for bn, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3))]
 

@@ -180,6 +180,14 @@ class LlamaLayer(nn.Module):
         self.register_buffer("cos", cos, persistent=False)  # fp32 tables whatever the weights' dtype
         self.register_buffer("sin", sin, persistent=False)
 
+    def _apply(self, fn, recurse=True):
+        # .to(dtype) casts every floating buffer: the rotary tables stay fp32 (the kernel computes in fp32
+        # and would otherwise read angles rounded to 8 bits), only their device follows the module
+        cos, sin = self.cos, self.sin
+        super()._apply(fn, recurse)
+        self.cos, self.sin = cos.to(self.cos.device), sin.to(self.sin.device)
+        return self
+
     @torch.no_grad()
     def load_reference_state_dict(self, sd: dict) -> LlamaLayer:
         """Copy a reference (Hugging Face-named) ``state_dict`` in: q, k, v stacked into ``wqkv``, gate and

@@ -80,6 +80,12 @@ def test_backward_matches_float64_reference():
         )
 
 
+def test_rotary_tables_stay_fp32_when_the_layer_is_cast():
+    lay = LlamaLayer(**CFG).to(DEV, torch.float16)
+    assert lay.cos.dtype == lay.sin.dtype == torch.float32 and lay.wqkv.dtype == torch.float16
+    assert lay.cos.device.type == DEV.type
+
+
 def test_forward_runs_only_the_packages_kernels():
     _, lay = _pair()
     x = torch.randn(2, 5, 64, device=DEV, dtype=DTYPE)

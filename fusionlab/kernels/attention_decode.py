@@ -56,7 +56,7 @@ MAX_QUERIES = 16
 PROGRAMS_PER_SM = 2
 #: the fewest keys a split is given: below this the partials' traffic and the combine cost more than
 #: the extra programs gain
-MIN_SPLIT_KEYS = 256
+MIN_SPLIT_KEYS = 128
 
 
 # -- spec, eager, ledger, flops --------------------------------------------------------------------
@@ -314,24 +314,42 @@ def attention_decode(
     _check_len(cache_len, B, N_k, q.device)
     if B * k.shape[1] > 65535:
         raise KernelInputError(f"{OP}: B x H_kv = {B * k.shape[1]}; the grid holds at most 65535. Split the batch.")
-    key = config_key(config, OP, _CONFIG_KEYS, choices={"SPLITS": tuple(range(1, 1025))})
+    plan_key = config_key(config, OP, _CONFIG_KEYS, choices={"SPLITS": tuple(range(1, 1025))})
     o = torch.empty((B, H, N_q, D), dtype=q.dtype, device=q.device)
     if o.numel() == 0:
         return o
     if N_k == 0:
         return o.zero_()
-    grid, meta, split_len, c_grid, c_meta, rows = _plan(q.shape, k.shape, cache_len is not None, causal, key,
+    grid, meta, split_len, c_grid, c_meta, rows = _plan(q.shape, k.shape, cache_len is not None, causal, plan_key,
                                                         sm_count())  # fmt: skip
     ws = torch.empty(rows * grid[0] * (D + 2), dtype=torch.float32, device=q.device) if meta["SPLIT"] else o
     lens = cache_len if cache_len is not None else o  # an unused pointer without lengths
     qk_scale = default_scale(D, scale) * LOG2E
     # the workspace: acc of every (row, split) partial (D fp32 each), then their m, then their l
     n_partials = rows * grid[0]
+    # everything Triton specialises the two launches on (each launcher keeps its own table), cheaper than
+    # working it out from 23 arguments: the plan's inputs (shapes, options: the ints and constexprs), the
+    # strides, the dtypes and the inputs' 16-byte alignment (o and ws come fresh from the caching allocator)
+    key = (
+        q.shape,
+        q.stride(),
+        k.shape,
+        k.stride(),
+        v.stride(),
+        q.dtype,
+        lens.dtype,
+        causal,
+        plan_key,
+        q.data_ptr() & 15,
+        k.data_ptr() & 15,
+        v.data_ptr() & 15,
+        lens.data_ptr() & 15,
+    )
     _launch_split(grid, q, k, v, lens, o, ws, k.shape[1], N_k, split_len, n_partials, qk_scale,
                   q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                  v.stride(0), v.stride(1), v.stride(2), **meta)  # fmt: skip
+                  v.stride(0), v.stride(1), v.stride(2), key=key, **meta)  # fmt: skip
     if meta["SPLIT"]:
-        _launch_combine(c_grid, ws, o, grid[0], n_partials, **c_meta)
+        _launch_combine(c_grid, ws, o, grid[0], n_partials, key=key, **c_meta)
     return o
 
 
