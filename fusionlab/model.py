@@ -27,17 +27,21 @@ each row's length and runs :func:`~fusionlab.kernels.attention_decode.attention_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .kernels.attention import attention
+from .kernels._attention import attention_flops
+from .kernels.attention import attention, attention_ledger
 from .kernels.attention_decode import attention_decode
-from .kernels.linear import linear
+from .kernels.linear import linear, linear_ledger
 from .kernels.matmul import matmul
-from .kernels.rmsnorm import rmsnorm
-from .kernels.rope import rope, rope_eager, rope_tables
-from .kernels.swiglu import swiglu
+from .kernels.rmsnorm import rmsnorm, rmsnorm_flops, rmsnorm_ledger
+from .kernels.rope import rope, rope_eager, rope_flops, rope_ledger, rope_tables
+from .kernels.swiglu import swiglu, swiglu_flops, swiglu_ledger
+from .ledger import dtype_bytes
 
 #: Llama-3-8B's layer: hidden 4096, 32 query heads, 8 KV heads (head dim 128), FFN 14336
 LLAMA3_8B = dict(hidden=4096, n_heads=32, n_kv_heads=8, ffn=14336, eps=1e-5, rope_base=500000.0)
@@ -246,4 +250,69 @@ class LlamaLayer(nn.Module):
         return self._mlp(h)
 
 
-__all__ = ["LLAMA3_8B", "LinearFunction", "LlamaLayer", "LlamaLayerReference"]
+@dataclass(frozen=True)
+class LayerPart:
+    """One step of the layer's forward: its FLOPs, and the bytes and kernels of eager's schedule
+    (:class:`LlamaLayerReference`) and of :class:`LlamaLayer`'s."""
+
+    name: str
+    flops: int
+    eager_bytes: int
+    fused_bytes: int
+    eager_kernels: int
+    fused_kernels: int
+
+    def predict_ms(self, tflops: float, gbps: float, fused: bool = True) -> float:
+        """The roofline's floor: the longer of the FLOPs at ``tflops`` and the bytes at ``gbps``."""
+        nbytes = self.fused_bytes if fused else self.eager_bytes
+        return max(self.flops / (tflops * 1e9), nbytes / (gbps * 1e6))
+
+
+def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: int, ffn: int, dtype=torch.bfloat16,
+                       **_) -> list[LayerPart]:  # fmt: skip
+    """The forward, part by part, for ``B x N`` tokens (``**LLAMA3_8B`` fits the keywords): each op's own
+    ledger (its module's ``*_ledger``), so the layer's count is the sum of the lessons' counts.
+
+    Eager runs the projections as separate matmuls (q, k, v: three; gate, up: two), each reading its
+    input, and adds the residuals in kernels of their own; the package's layer runs one matmul for QKV
+    and one for gate/up, and adds the residuals in the epilogues. Both run flash attention (SDPA's, the
+    package's: the same trips) and copy attention's output to (B, N, H D) rows. Eager's RMSNorm and
+    RoPE are counted op by op as their modules' eager functions run them. The matmuls' weights are read
+    once (the ideal tile: :func:`~fusionlab.kernels.matmul.matmul_ledger` counts the re-reads)."""
+    T, D = B * N, hidden // n_heads
+    es = dtype_bytes(dtype)
+    parts = []
+
+    def add(name, flops, eager, fused, ek, fk):
+        parts.append(LayerPart(name, int(flops), int(eager), int(fused), ek, fk))
+
+    def norm(name):
+        led = rmsnorm_ledger(T, hidden, dtype, residual=False)
+        add(name, rmsnorm_flops(T, hidden, residual=False), led.unfused_bytes, led.fused_bytes, led.kernels_unfused, 1)
+
+    def matmuls(name, k, widths, residual=False):
+        # eager: one matmul per width, each reading x; fused: one matmul over the stacked weights
+        eager = sum(linear_ledger(T, k, n, dtype, bias=False, activation=None).unfused_bytes for n in widths)
+        fused = linear_ledger(T, k, sum(widths), dtype, bias=False, activation=None, residual=residual)
+        if residual:  # eager's add: reads the matmul's output and the residual, writes the sum
+            eager += 3 * T * sum(widths) * es
+        add(name, 2 * T * k * sum(widths), eager, fused.fused_bytes, len(widths) + residual, 1)
+
+    norm("attn_norm")
+    matmuls("q, k, v projections", hidden, [n_heads * D, n_kv_heads * D, n_kv_heads * D])
+    led = rope_ledger(T * n_heads * D, T * n_kv_heads * D, T * D, dtype)
+    add("rope", rope_flops(T * n_heads * D, T * n_kv_heads * D), led.unfused_bytes, led.fused_bytes,
+        led.kernels_unfused, 1)  # fmt: skip
+    flash = attention_ledger(B, n_heads, N, N, D, dtype, causal=True, h_kv=n_kv_heads).fused_bytes
+    add("attention", attention_flops(B, n_heads, N, N, D, causal=True), flash, flash, 1, 1)
+    add("o to rows (copy)", 0, 2 * T * n_heads * D * es, 2 * T * n_heads * D * es, 1, 1)
+    matmuls("o_proj + residual", n_heads * D, [hidden], residual=True)
+    norm("ffn_norm")
+    matmuls("gate, up projections", hidden, [ffn, ffn])
+    led = swiglu_ledger(T * ffn, dtype)
+    add("swiglu", swiglu_flops(T * ffn), led.unfused_bytes, led.fused_bytes, led.kernels_unfused, 1)
+    matmuls("down_proj + residual", ffn, [hidden], residual=True)
+    return parts
+
+
+__all__ = ["LLAMA3_8B", "LayerPart", "LinearFunction", "LlamaLayer", "LlamaLayerReference", "llama_layer_ledger"]

@@ -7,7 +7,7 @@ import torch
 
 from fusionlab import runtime
 from fusionlab.instrument import LaunchCounter
-from fusionlab.model import LlamaLayer, LlamaLayerReference
+from fusionlab.model import LLAMA3_8B, LlamaLayer, LlamaLayerReference, llama_layer_ledger
 
 DEV = runtime.DEVICE
 # tiny: hidden 64, 4 query heads and 2 KV heads of 16, FFN 96 (GQA 2:1, every kernel's masks in play)
@@ -97,6 +97,25 @@ def test_forward_runs_only_the_packages_kernels():
         "_rmsnorm_kernel", "_matmul_kernel", "_swiglu_kernel", "_matmul_kernel",
     ]  # fmt: skip
     assert counter.passes == ["clone"], "one copy: attention's O (B, H, N, D) to o_proj's (B, N, H D) rows"
+    parts = llama_layer_ledger(2, 5, dtype=DTYPE, **CFG)
+    assert sum(p.fused_kernels for p in parts) == len(counter.names) + len(counter.passes), "the ledger's launches"
+
+
+def test_layer_ledger_at_llama3_8b():
+    parts = {p.name: p for p in llama_layer_ledger(4, 4096, **LLAMA3_8B)}
+    T, es = 4 * 4096, 2
+    # the matmuls' FLOPs: 2 T K N each, the projections' widths from the heads
+    assert parts["q, k, v projections"].flops == 2 * T * 4096 * (32 + 16) * 128
+    assert parts["gate, up projections"].flops == 2 * T * 4096 * 2 * 14336
+    # fused QKV reads x once, eager three times; weights and outputs alike
+    qkv = parts["q, k, v projections"]
+    assert qkv.eager_bytes - qkv.fused_bytes == 2 * T * 4096 * es
+    # the residual in the epilogue: eager's add reads the matmul's output and r and writes y (3 trips of
+    # T x hidden), the epilogue reads r (1): two trips saved
+    down = parts["down_proj + residual"]
+    assert down.eager_bytes - down.fused_bytes == 2 * T * 4096 * es
+    assert all(p.fused_bytes <= p.eager_bytes for p in parts.values())
+    assert parts["attention"].predict_ms(700, 3000) == parts["attention"].flops / 700e9
 
 
 def test_decode_steps_match_the_prefill():
