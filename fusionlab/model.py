@@ -22,7 +22,8 @@ package's kernels only, forward and backward:
 The package's ``linear`` has no backward of its own; :class:`LinearFunction` gives it one from the
 package's :func:`~fusionlab.kernels.matmul.matmul` (``dx = dy W``, ``dW = dy^T x``, the residual's
 gradient is dy). Decoding (:meth:`LlamaLayer.decode`) writes the new token's k and v into a KV cache at
-each row's length and runs :func:`~fusionlab.kernels.attention_decode.attention_decode`.
+each row's length inside RoPE's kernel (:func:`~fusionlab.kernels.rope.rope_cache_write`) and runs
+:func:`~fusionlab.kernels.attention_decode.attention_decode`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from .kernels.attention_decode import attention_decode
 from .kernels.linear import linear, linear_ledger
 from .kernels.matmul import matmul
 from .kernels.rmsnorm import rmsnorm, rmsnorm_flops, rmsnorm_ledger
-from .kernels.rope import rope, rope_eager, rope_flops, rope_ledger, rope_tables
+from .kernels.rope import rope, rope_cache_write, rope_eager, rope_flops, rope_ledger, rope_tables
 from .kernels.swiglu import swiglu, swiglu_flops, swiglu_ledger
 from .ledger import dtype_bytes
 
@@ -239,12 +240,8 @@ class LlamaLayer(nn.Module):
         B, N, _ = x.shape
         x = x.contiguous()
         q, k, v = self._attention_input(x)
-        q, k = rope(q, k, self.cos, self.sin, cache_len, layout="bnhd")
-        # the cache write: row b's new tokens at cache_len[b] + n (one indexed copy for k, one for v)
-        pos = cache_len[:, None] + torch.arange(N, device=x.device)[None, :]  # (B, N)
-        rows = torch.arange(B, device=x.device)[:, None]
-        k_cache.transpose(1, 2)[rows, pos] = k
-        v_cache.transpose(1, 2)[rows, pos] = v
+        # RoPE with the cache write fused in: k rotated and v copied to row b's positions cache_len[b] + n
+        q = rope_cache_write(q, k, v, self.cos, self.sin, k_cache, v_cache, cache_len, layout="bnhd")
         o = attention_decode(q.transpose(1, 2), k_cache, v_cache, cache_len + N)  # (B, H, N, D)
         h = _linear(o.transpose(1, 2).reshape(B, N, -1), self.wo, residual=x)
         return self._mlp(h)

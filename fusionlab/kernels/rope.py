@@ -46,7 +46,7 @@ import triton.language as tl
 from .. import runtime
 from ..ledger import Ledger
 from ._launch import KernelInputError, Launcher, cdiv, check_choice, check_tensor, launch_kwargs, next_pow2
-from ._tensors import upstream_grad
+from ._tensors import check_writable, upstream_grad
 
 OP = "rope"
 #: where the sequence and head dimensions sit in q and k: (B, H, N, D) or (B, N, H, D)
@@ -171,10 +171,11 @@ def rope_config(n_tok: int, head_dim: int, dtype: torch.dtype, gpu: bool | None 
 # -- kernels ------------------------------------------------------------------------------------------
 @triton.jit
 def _rotate_head(
-    x_ptr, y_ptr, b, h, offs_t, j, mask, c, s,
+    x_ptr, y_ptr, b, h, offs_t, out_t, j, mask, out_mask, c, s,
     stride_xb, stride_xh, stride_xn, stride_xd, stride_yb, stride_yh, stride_yn,
-    HALF: tl.constexpr, INTERLEAVED: tl.constexpr,
+    HALF: tl.constexpr, INTERLEAVED: tl.constexpr, ROTATE: tl.constexpr,
 ):  # fmt: skip
+    # reads rows offs_t of head h of x, writes rows out_t of head h of y (a cache's rows: the positions)
     if INTERLEAVED:  # pairs (2j, 2j + 1)
         d1 = 2 * j
         d2 = 2 * j + 1
@@ -182,26 +183,37 @@ def _rotate_head(
         d1 = j
         d2 = j + HALF
     rows = x_ptr + b.to(tl.int64) * stride_xb + h.to(tl.int64) * stride_xh + offs_t.to(tl.int64)[:, None] * stride_xn
-    x1 = tl.load(rows + d1[None, :] * stride_xd, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(rows + d2[None, :] * stride_xd, mask=mask, other=0.0).to(tl.float32)
-    out = y_ptr + b.to(tl.int64) * stride_yb + h.to(tl.int64) * stride_yh + offs_t.to(tl.int64)[:, None] * stride_yn
-    tl.store(out + d1[None, :], (x1 * c - x2 * s).to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(out + d2[None, :], (x2 * c + x1 * s).to(y_ptr.dtype.element_ty), mask=mask)
+    x1 = tl.load(rows + d1[None, :] * stride_xd, mask=mask, other=0.0)
+    x2 = tl.load(rows + d2[None, :] * stride_xd, mask=mask, other=0.0)
+    out = y_ptr + b.to(tl.int64) * stride_yb + h.to(tl.int64) * stride_yh + out_t.to(tl.int64)[:, None] * stride_yn
+    if ROTATE:
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
+        y1 = x1 * c - x2 * s
+        y2 = x2 * c + x1 * s
+    else:  # v into its cache: a copy, bit for bit
+        y1 = x1
+        y2 = x2
+    tl.store(out + d1[None, :], y1.to(y_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(out + d2[None, :], y2.to(y_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
 def _rope_kernel(
-    q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, off_ptr,
-    offset, n_tok, n_heads_q, n_pos,
+    q_ptr, k_ptr, v_ptr, qo_ptr, ko_ptr, vo_ptr, cos_ptr, sin_ptr, off_ptr,
+    offset, n_tok, n_heads_q, n_heads_k, n_pos, n_cache,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
     stride_qob, stride_qoh, stride_qon,
     stride_kob, stride_koh, stride_kon,
+    stride_vob, stride_voh, stride_von,
     stride_cp, stride_cj, stride_sp, stride_sj,
     SIGN: tl.constexpr, HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    INTERLEAVED: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+    INTERLEAVED: tl.constexpr, HAS_OFFSETS: tl.constexpr, CACHE: tl.constexpr,
 ):  # fmt: skip
-    # grid: (token tiles, B, H_q + H_k); a program rotates BLOCK_T tokens of one head of q or of k
+    # grid: (token tiles, B, H_q + H_k (+ H_k with CACHE)); a program rotates BLOCK_T tokens of one head
+    # of q or of k (or, with CACHE, copies them of one head of v)
     pid_t = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -218,14 +230,24 @@ def _rope_kernel(
     s = tl.load(sin_ptr + pos[:, None] * stride_sp + j[None, :] * stride_sj, mask=in_table, other=float("nan"))
     c = c.to(tl.float32)
     s = s.to(tl.float32) * SIGN  # the backward rotates by -angle
-    if h < n_heads_q:
-        _rotate_head(q_ptr, qo_ptr, b, h, offs_t, j, mask, c, s,
-                     stride_qb, stride_qh, stride_qn, stride_qd, stride_qob, stride_qoh, stride_qon,
-                     HALF, INTERLEAVED)  # fmt: skip
+    if CACHE:  # k and v land in the caches' rows at their positions; never past a cache's end
+        kv_rows = pos
+        kv_mask = mask & ((pos >= 0) & (pos < n_cache))[:, None]
     else:
-        _rotate_head(k_ptr, ko_ptr, b, h - n_heads_q, offs_t, j, mask, c, s,
+        kv_rows = offs_t
+        kv_mask = mask
+    if h < n_heads_q:
+        _rotate_head(q_ptr, qo_ptr, b, h, offs_t, offs_t, j, mask, mask, c, s,
+                     stride_qb, stride_qh, stride_qn, stride_qd, stride_qob, stride_qoh, stride_qon,
+                     HALF, INTERLEAVED, True)  # fmt: skip
+    elif h < n_heads_q + n_heads_k:
+        _rotate_head(k_ptr, ko_ptr, b, h - n_heads_q, offs_t, kv_rows, j, mask, kv_mask, c, s,
                      stride_kb, stride_kh, stride_kn, stride_kd, stride_kob, stride_koh, stride_kon,
-                     HALF, INTERLEAVED)  # fmt: skip
+                     HALF, INTERLEAVED, True)  # fmt: skip
+    else:
+        _rotate_head(v_ptr, vo_ptr, b, h - n_heads_q - n_heads_k, offs_t, kv_rows, j, mask, kv_mask, c, s,
+                     stride_vb, stride_vh, stride_vn, stride_vd, stride_vob, stride_voh, stride_von,
+                     HALF, INTERLEAVED, False)  # fmt: skip
 
 
 # -- launchers ------------------------------------------------------------------------------------------
@@ -239,8 +261,9 @@ def _bhn(x: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(q_shape, k_shape, dtype, layout: str, interleaved: bool, has_offsets: bool, sign: int):
-    """(grid, constexprs and launch options, output strides of q and k): derived once per shape."""
+def _plan(q_shape, k_shape, dtype, layout: str, interleaved: bool, has_offsets: bool, sign: int, cache: bool):
+    """(grid, constexprs and launch options, output strides of q and k): derived once per shape. With
+    ``cache`` the k and v outputs are caches the caller passes (their strides are theirs)."""
     h_dim, n_dim = LAYOUTS[layout]
     B, N, D = q_shape[0], q_shape[n_dim], q_shape[3]
     H_q, H_k = q_shape[h_dim], k_shape[h_dim]
@@ -251,50 +274,42 @@ def _plan(q_shape, k_shape, dtype, layout: str, interleaved: bool, has_offsets: 
         return (st[0], st[h_dim], st[n_dim])
 
     meta = dict(SIGN=sign, HALF=D // 2, BLOCK_T=cfg["BLOCK_T"], BLOCK_HALF=cfg["BLOCK_HALF"],
-                INTERLEAVED=interleaved, HAS_OFFSETS=has_offsets, **launch_kwargs(cfg["num_warps"]))  # fmt: skip
-    return (cdiv(N, cfg["BLOCK_T"]), B, H_q + H_k), meta, out_strides(q_shape) + out_strides(k_shape)
+                INTERLEAVED=interleaved, HAS_OFFSETS=has_offsets, CACHE=cache,
+                **launch_kwargs(cfg["num_warps"]))  # fmt: skip
+    grid = (cdiv(N, cfg["BLOCK_T"]), B, H_q + H_k * (2 if cache else 1))
+    return grid, meta, out_strides(q_shape) + out_strides(k_shape)
 
 
-def _apply(q, k, cos, sin, offset, layout, interleaved, sign):
-    """Rotate q and k by ``sign`` times their angles: one launch, two fresh outputs."""
+def _apply(q, k, cos, sin, offset, layout, interleaved, sign, v=None, k_cache=None, v_cache=None):
+    """Rotate q and k by ``sign`` times their angles: one launch. Without caches: two fresh outputs. With
+    them (decoding): k rotated into ``k_cache`` and v copied into ``v_cache`` at their positions; returns
+    q rotated and the caches."""
     qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    ko = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    if qo.numel() + ko.numel() == 0:
+    cache = k_cache is not None
+    ko = k_cache if cache else torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if qo.numel() + k.numel() == 0:
         return qo, ko
     has_offsets = isinstance(offset, torch.Tensor)
-    grid, meta, o_strides = _plan(q.shape, k.shape, q.dtype, layout, interleaved, has_offsets, sign)
+    grid, meta, o_strides = _plan(q.shape, k.shape, q.dtype, layout, interleaved, has_offsets, sign, cache)
     off_ptr = offset if has_offsets else cos  # an unused pointer when the offset is an int
     off_int = 0 if has_offsets else offset
-    # everything Triton specialises this launch on, cheaper than the launcher working it out from 33
+    if cache:  # the caches are (B, H_kv, N_max, D): their own (b, h, n) strides
+        kv_out = (*k_cache.stride()[:3], *v_cache.stride()[:3])
+        v_in, vo, n_cache = _bhn(v, layout), v_cache, k_cache.shape[2]
+    else:  # no v: its pointers and strides are k's, never used
+        kv_out = o_strides[3:] + o_strides[3:]
+        v, v_in, vo, n_cache = k, _bhn(k, layout), ko, 0
+    # everything Triton specialises this launch on, cheaper than the launcher working it out from 47
     # arguments: the plan's inputs, the strides (the ints), the dtypes, the inputs' 16-byte alignment
-    # (outputs come fresh from the caching allocator, always aligned) and the int offset's 1 / 16 classes
-    key = (
-        q.shape,
-        q.stride(),
-        k.shape,
-        k.stride(),
-        cos.shape,
-        cos.stride(),
-        sin.stride(),
-        q.dtype,
-        cos.dtype,
-        sin.dtype,
-        off_ptr.dtype,
-        layout,
-        interleaved,
-        sign,
-        off_int == 1,
-        off_int & 15,
-        off_int >= 2**31,
-        q.data_ptr() & 15,
-        k.data_ptr() & 15,
-        cos.data_ptr() & 15,
-        sin.data_ptr() & 15,
-        off_ptr.data_ptr() & 15,
-    )
-    _launch(grid, q, k, qo, ko, cos, sin, off_ptr, off_int,
-            q.shape[LAYOUTS[layout][1]], q.shape[LAYOUTS[layout][0]], cos.shape[0],
-            *_bhn(q, layout), *_bhn(k, layout), *o_strides, *cos.stride(), *sin.stride(), key=key, **meta)  # fmt: skip
+    # (fresh outputs come from the caching allocator, always aligned) and the int offset's 1 / 16 classes
+    key = (q.shape, q.stride(), k.shape, k.stride(), cos.shape, cos.stride(), sin.stride(), q.dtype, cos.dtype,
+           sin.dtype, off_ptr.dtype, layout, interleaved, sign, off_int == 1, off_int & 15, off_int >= 2**31,
+           q.data_ptr() & 15, k.data_ptr() & 15, cos.data_ptr() & 15, sin.data_ptr() & 15, off_ptr.data_ptr() & 15,
+           cache, v.stride(), kv_out, n_cache, v.data_ptr() & 15, vo.data_ptr() & 15, ko.data_ptr() & 15)  # fmt: skip
+    _launch(grid, q, k, v, qo, ko, vo, cos, sin, off_ptr, off_int,
+            q.shape[LAYOUTS[layout][1]], q.shape[LAYOUTS[layout][0]], k.shape[LAYOUTS[layout][0]], cos.shape[0],
+            n_cache, *_bhn(q, layout), *_bhn(k, layout), *v_in, *o_strides[:3], *kv_out,
+            *cos.stride(), *sin.stride(), key=key, **meta)  # fmt: skip
     return qo, ko
 
 
@@ -363,7 +378,8 @@ def _check(q, k, cos, sin, offset, layout, interleaved, grad: bool) -> None:
             raise KernelInputError(f"{OP}: offset must be contiguous. Pass offset.contiguous().")
         if offset.is_cuda or N == 0 or B == 0:
             return  # reading the offsets back would sync: out-of-table rows give NaN (module docstring)
-        lo, hi = int(offset.min()), int(offset.max())
+        host = offset.numpy()  # host memory: read with numpy, no torch op (a fused call counts only its kernels)
+        lo, hi = int(host.min()), int(host.max())
     elif isinstance(offset, int) and not isinstance(offset, bool):
         lo = hi = offset
     else:
@@ -399,3 +415,71 @@ def rope(
     if grad:
         return RoPEFunction.apply(q, k, cos, sin, offset, layout, interleaved)
     return _apply(q, k, cos, sin, offset, layout, interleaved, 1)
+
+
+def rope_cache_write_reference(q, k, v, cos, sin, k_cache, v_cache, cache_len, layout: str = "bnhd",
+                               interleaved: bool = False):  # fmt: skip
+    """The spec of :func:`rope_cache_write`, on copies: ``(q rotated, k_cache, v_cache)`` with row b's
+    rotated k and its v written at positions ``cache_len[b] + n`` (a position past the cache dropped)."""
+    qo, ko = rope_reference(q, k, cos, sin, cache_len, layout, interleaved)
+    kc, vc = k_cache.clone(), v_cache.clone()
+    if layout == "bhnd":
+        ko, v = ko.transpose(1, 2), v.transpose(1, 2)
+    B, N = k.shape[0], ko.shape[1]
+    pos = _positions(cache_len, B, N, k.device)
+    keep = pos < kc.shape[2]
+    rows = torch.arange(B, device=k.device)[:, None].expand(B, N)
+    kc.transpose(1, 2)[rows[keep], pos[keep]] = ko[keep].to(kc.dtype)
+    vc.transpose(1, 2)[rows[keep], pos[keep]] = v[keep].to(vc.dtype)
+    return qo, kc, vc
+
+
+def rope_cache_write(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_len: int | torch.Tensor,
+    layout: str = "bnhd",
+    interleaved: bool = False,
+) -> torch.Tensor:
+    """Decoding's RoPE with the KV-cache write fused in: one launch rotates q (returned, a new tensor),
+    rotates k into ``k_cache`` and copies v into ``v_cache`` (in place), row b's tokens at positions
+    ``cache_len[b] + n`` — where eager runs RoPE's kernels and then two indexed copies.
+
+    ``q``, ``k``, ``v``: the new tokens, as :func:`rope` takes them (``v`` shaped like k). ``k_cache``,
+    ``v_cache``: (B, H_kv, N_max, D), q's dtype, the last dimension contiguous, no two elements sharing
+    memory (a (B, N_max, H_kv, D) cache transposed is written in place). ``cache_len``: an int or an
+    int32/int64 tensor (B,), each row's length before this step (the caller advances it). A position
+    past N_max is refused where that is free (an int, or the interpreter); on a GPU such a token is not
+    written (the kernel masks it). Not differentiable (decoding). Reference:
+    :func:`rope_cache_write_reference`.
+    """
+    _check(q, k, cos, sin, cache_len, layout, interleaved, False)
+    check_tensor(v, "v", op=OP, ndim=4, contiguous=False, grad=False, max_numel=None)
+    if v.shape != k.shape or v.dtype != k.dtype:
+        raise KernelInputError(f"{OP}: v must be shaped like k ({tuple(k.shape)}, {k.dtype}), got {tuple(v.shape)}.")
+    h_dim, n_dim = LAYOUTS[layout]
+    B, N, H_k, D = k.shape[0], k.shape[n_dim], k.shape[h_dim], k.shape[3]
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(c, name, op=OP, ndim=4, contiguous=False, max_numel=None)
+        check_writable(c, name, op=OP)
+        if c.dtype != k.dtype or c.shape[0] != B or c.shape[1] != H_k or c.shape[3] != D:
+            raise KernelInputError(
+                f"{OP}: {name} must be (B, H_kv, N_max, D) = ({B}, {H_k}, N_max, {D}) in {k.dtype}, got "
+                f"{tuple(c.shape)} in {c.dtype}."
+            )
+    if k_cache.shape != v_cache.shape:
+        raise KernelInputError(f"{OP}: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ.")
+    n_max = k_cache.shape[2]
+    if isinstance(cache_len, torch.Tensor):
+        hi = None if cache_len.is_cuda or B == 0 else int(cache_len.numpy().max())  # no sync on a GPU
+    else:
+        hi = cache_len
+    if hi is not None and N and hi + N > n_max:
+        raise KernelInputError(f"{OP}: positions up to {hi + N - 1} do not fit a cache of N_max={n_max}.")
+    qo, _ = _apply(q, k, cos, sin, cache_len, layout, interleaved, 1, v, k_cache, v_cache)
+    return qo
