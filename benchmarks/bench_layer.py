@@ -40,7 +40,7 @@ from fusionlab import bench
 from fusionlab.kernels.attention_decode import attention_decode
 from fusionlab.kernels.linear import linear
 from fusionlab.kernels.rmsnorm import rmsnorm
-from fusionlab.kernels.rope import rope, rope_eager
+from fusionlab.kernels.rope import rope, rope_cache_write, rope_eager
 from fusionlab.kernels.swiglu import swiglu
 from fusionlab.model import LLAMA3_8B, LlamaLayer, LlamaLayerReference
 
@@ -201,7 +201,21 @@ def host(run, ref, lay):
     g = torch.randn(1, 1, LLAMA3_8B["ffn"], device="cuda", dtype=DT)
     qt, kt = q.transpose(1, 2), k.transpose(1, 2)
     cos, sin = lay.cos, lay.sin
+    kc2, vc2 = torch.zeros_like(kc), torch.zeros_like(kc)
+    rows, steps = torch.arange(1, device="cuda")[:, None], torch.arange(1, device="cuda")[None, :]
+
+    def eager_rope_write():  # what the reference's decode step runs: RoPE, then two indexed copies
+        qr, kr = rope_eager(qt, kt, cos, sin, lens)
+        pos = lens[:, None] + steps
+        kc2.transpose(1, 2)[rows, pos] = kr.transpose(1, 2)
+        vc2.transpose(1, 2)[rows, pos] = kt.transpose(1, 2)
+        return qr
+
     pairs = {
+        "rope + cache write": (
+            lambda: rope_cache_write(q, k, k, cos, sin, kc2, vc2, lens, "bnhd"),
+            eager_rope_write,
+        ),
         "rmsnorm": (lambda: rmsnorm(x, w, 1e-5), lambda: F.rms_norm(x, (hid,), w, 1e-5)),
         "linear (qkv)": (lambda: linear(x, lay.wqkv), lambda: F.linear(x, lay.wqkv)),
         "linear + residual (o_proj)": (
