@@ -196,7 +196,8 @@ def _decode_split_kernel(
         kv_mask = (offs_n < end)[:, None] & d_ok[None, :]
         k = tl.load(k_base + offs_n.to(tl.int64)[:, None] * stride_kn + d[None, :], mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k)) * qk_scale  # (BLOCK_M, BLOCK_N), base-2 units
-        s = tl.where(offs_n[None, :] <= last[:, None], s, float("-inf"))
+        # a key past the split's end (the last tile of a row's length) or past what the query sees: -inf
+        s = tl.where((offs_n < end)[None, :] & (offs_n[None, :] <= last[:, None]), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
         p = tl.math.exp2(s - m_use[:, None])
