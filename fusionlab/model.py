@@ -38,6 +38,7 @@ from .kernels._attention import attention_flops
 from .kernels.attention import attention, attention_ledger
 from .kernels.attention_decode import attention_decode
 from .kernels.linear import linear, linear_ledger
+from .kernels.linear_cross_entropy import linear_cross_entropy
 from .kernels.matmul import matmul
 from .kernels.rmsnorm import rmsnorm, rmsnorm_flops, rmsnorm_ledger
 from .kernels.rope import rope, rope_cache_write, rope_eager, rope_flops, rope_ledger, rope_tables
@@ -153,6 +154,9 @@ class LinearFunction(torch.autograd.Function):
 
 
 def _linear(x, weight, residual=None):
+    # mixed precision: fp32 master weights meet bf16 activations as a bf16 copy (autograd casts the
+    # gradient back); a no-op when the dtypes already match
+    weight = weight.to(x.dtype)
     if torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)
     ):
@@ -247,6 +251,52 @@ class LlamaLayer(nn.Module):
         return self._mlp(h)
 
 
+class TinyLlama(nn.Module):
+    """A small language model of these layers, for the proof that every backward is right: trained
+    side by side, the fused model's loss curve must follow eager's.
+
+    ``fused=False``: :class:`LlamaLayerReference` layers, ``F.rms_norm`` and ``F.cross_entropy`` of the
+    whole logits (eager). ``fused=True``: :class:`LlamaLayer` layers, :func:`~fusionlab.kernels.rmsnorm.rmsnorm`
+    and :func:`~fusionlab.kernels.linear_cross_entropy.linear_cross_entropy` (the logits never whole).
+    Both embed with ``nn.Embedding``. ``compute_dtype``: the activations' dtype (bf16 for mixed
+    precision over fp32 parameters; None: the parameters'). ``forward(tokens, targets)`` returns the
+    mean loss. :meth:`load_reference_state_dict` loads an eager model's weights into a fused one."""
+
+    def __init__(self, vocab, n_layers, hidden, n_heads, n_kv_heads, ffn, *, fused=True, eps=1e-5,
+                 rope_base=10000.0, max_positions=1024, compute_dtype=None):  # fmt: skip
+        super().__init__()
+        self.fused, self.eps, self.hidden, self.compute_dtype = fused, eps, hidden, compute_dtype
+        layer = LlamaLayer if fused else LlamaLayerReference
+        kw = dict(eps=eps, rope_base=rope_base, max_positions=max_positions)
+        self.embed = nn.Embedding(vocab, hidden)
+        self.layers = nn.ModuleList(layer(hidden, n_heads, n_kv_heads, ffn, **kw) for _ in range(n_layers))
+        self.norm = _rms_weight(hidden)
+        self.lm_head = nn.Parameter(torch.randn(vocab, hidden) * hidden**-0.5)
+
+    @torch.no_grad()
+    def load_reference_state_dict(self, sd: dict) -> TinyLlama:
+        self.embed.weight.copy_(sd["embed.weight"])
+        self.norm.copy_(sd["norm"])
+        self.lm_head.copy_(sd["lm_head"])
+        for i, layer in enumerate(self.layers):
+            prefix = f"layers.{i}."
+            layer.load_reference_state_dict({k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)})
+        return self
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        if self.compute_dtype is not None:
+            x = x.to(self.compute_dtype)
+        for layer in self.layers:
+            x = layer(x)
+        if self.fused:
+            h = rmsnorm(x, self.norm, self.eps)
+            return linear_cross_entropy(h.view(-1, self.hidden), self.lm_head.to(h.dtype), targets.reshape(-1))
+        h = F.rms_norm(x, (self.hidden,), self.norm.to(x.dtype), self.eps)
+        logits = F.linear(h, self.lm_head.to(h.dtype))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
 @dataclass(frozen=True)
 class LayerPart:
     """One step of the layer's forward: its FLOPs, and the bytes and kernels of eager's schedule
@@ -312,4 +362,5 @@ def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: in
     return parts
 
 
-__all__ = ["LLAMA3_8B", "LayerPart", "LinearFunction", "LlamaLayer", "LlamaLayerReference", "llama_layer_ledger"]
+__all__ = ["LLAMA3_8B", "LayerPart", "LinearFunction", "LlamaLayer", "LlamaLayerReference", "TinyLlama",
+           "llama_layer_ledger"]  # fmt: skip
