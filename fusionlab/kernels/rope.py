@@ -30,6 +30,10 @@ not the kernel). A position past ``P - 1`` is refused on the host where that is 
 or the interpreter); on a GPU a tensor of offsets is not read back (it would sync), and such a row's
 output is NaN.
 
+Decoding writes each new token's k and v into a KV cache: :func:`rope_cache_write` rotates k straight
+into the cache's rows at the tokens' positions and copies v into its cache in the same launch, where
+eager runs RoPE's kernels and then two indexed copies (and the rotated k makes a round trip through HBM).
+
 All arithmetic is fp32 whatever the storage (fp16/bf16 rounded once, on the store). Hugging Face's
 Llama casts the tables to x's dtype first (:func:`rope_eager` does too), so in bf16 it rounds c and s
 to 8 bits before multiplying; the kernel and :func:`rope_reference` do not.
