@@ -18,15 +18,14 @@ JSON goes to ``$OUT/decode.json``; a compact table is printed last.
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
 import os
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
-import triton
 
 import fusionlab
 from fusionlab import bench
@@ -64,13 +63,7 @@ class Run:
     def __init__(self, out: str, budget: float):
         self.out, self.t0, self.budget = out, time.time(), budget
         self.data = {
-            "meta": {
-                "device": torch.cuda.get_device_name(),
-                "torch": torch.__version__,
-                "triton": triton.__version__,
-                "fusionlab": fusionlab.__file__,
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            },
+            "meta": {**bench.metadata(), "command": " ".join(sys.argv), "fusionlab": fusionlab.__file__},
             "rows": [],
             "lengths": [],
             "host": {},

@@ -24,15 +24,14 @@ Stops starting new parts after ``--budget`` seconds. JSON goes to ``$OUT/layer.j
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
+import sys
 import time
 import traceback
 
 import torch
 import torch.nn.functional as F
-import triton
 
 import fusionlab
 from benchmarks.bench_decode import host_us, rel_err
@@ -245,11 +244,9 @@ class Run:
         self.out, self.t0, self.budget = out, time.time(), budget
         self.data = {
             "meta": {
-                "device": torch.cuda.get_device_name(),
-                "torch": torch.__version__,
-                "triton": triton.__version__,
+                **bench.metadata(),
+                "command": " ".join(sys.argv),
                 "fusionlab": fusionlab.__file__,
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "shapes": LLAMA3_8B,
             },
             "prefill": {},

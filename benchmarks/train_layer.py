@@ -15,16 +15,16 @@ after ``--budget`` seconds. JSON goes to ``$OUT/train.json``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import torch
-import triton
 
 import fusionlab
+from fusionlab import bench
 from fusionlab.model import TinyLlama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,11 +44,9 @@ def main():
     t0 = time.time()
     data = torch.tensor(list(b"\n".join((ROOT / t).read_bytes() for t in TEXTS)), dtype=torch.int64)
     meta = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
+        **bench.metadata(),
+        "command": " ".join(sys.argv),
         "fusionlab": fusionlab.__file__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "config": CONFIG,
         "bytes_of_text": len(data),
         **vars(args),
