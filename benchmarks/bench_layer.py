@@ -11,7 +11,9 @@ first (norm-relative error < 2e-2).
 - ``prefill``: batch x sequence = 4 x 4096: forward (no grad) and forward + backward (every weight's
   gradient and dx), each timed with ``fusionlab.bench.time_ms`` (fwd+bwd: ``queued_ms``, the host out
   of the way), and the peak memory of fwd+bwd (``bench.peak_bytes``), for eager, ``torch.compile``
-  (default; ``--max-autotune`` adds mode="max-autotune", minutes of compiling) and the package's layer.
+  (default; ``--max-autotune`` adds mode="max-autotune", minutes of compiling) and the package's layer;
+  first, the weight gradients ``dy^T x`` of the four matmuls both ways :func:`fusionlab.model.weight_grad`
+  offers and by cuBLAS.
 - ``decode``: one token per row, a KV cache of 4096 keys (each row at a different length near 4k),
   batch 1 and 64: eager, the package's layer as launched, the package's layer captured in a CUDA
   graph, and ``torch.compile(mode="reduce-overhead")`` of the reference's decode step.
@@ -41,7 +43,7 @@ from fusionlab.kernels.linear import linear
 from fusionlab.kernels.rmsnorm import rmsnorm
 from fusionlab.kernels.rope import rope, rope_cache_write, rope_eager
 from fusionlab.kernels.swiglu import swiglu
-from fusionlab.model import LLAMA3_8B, LlamaLayer, LlamaLayerReference
+from fusionlab.model import LLAMA3_8B, LlamaLayer, LlamaLayerReference, weight_grad
 
 DT = torch.bfloat16
 N_CACHE = 4096
@@ -67,7 +69,27 @@ def _clear_grads(*mods):
             p.grad = None
 
 
+def weight_grads(run, T):
+    """dW = dy^T x of the layer's four matmuls at T tokens: weight_grad's two ways and cuBLAS."""
+    hid, ffn = LLAMA3_8B["hidden"], LLAMA3_8B["ffn"]
+    qkv = (LLAMA3_8B["n_heads"] + 2 * LLAMA3_8B["n_kv_heads"]) * (hid // LLAMA3_8B["n_heads"])
+    for name, n, k in (("qkv", qkv, hid), ("o", hid, hid), ("gate_up", 2 * ffn, hid), ("down", hid, ffn)):
+        dy = torch.randn(T, n, device="cuda", dtype=DT)
+        x = torch.randn(T, k, device="cuda", dtype=DT)
+        row = {"N": n, "K": k, "M": T}
+        for how in ("copy", "strided"):
+            try:
+                row[f"{how} ms"] = bench.time_ms(lambda how=how: weight_grad(dy, x, how))
+            except Exception as e:
+                row[f"{how} error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        row["cublas ms"] = bench.time_ms(lambda: dy.t() @ x)
+        run.data["weight_grad"][name] = row
+        print("weight_grad", name, json.dumps(row), flush=True)
+    run.save()
+
+
 def prefill(run, ref, lay, B, N, max_autotune):
+    weight_grads(run, B * N)
     x = torch.randn(B, N, LLAMA3_8B["hidden"], device="cuda", dtype=DT)
     dy = torch.randn_like(x)
     with torch.no_grad():
@@ -250,6 +272,7 @@ class Run:
                 "shapes": LLAMA3_8B,
             },
             "prefill": {},
+            "weight_grad": {},
             "decode": {},
             "host": {},
         }

@@ -127,10 +127,29 @@ class LlamaLayerReference(nn.Module):
         return h + m.down_proj(F.silu(m.gate_proj(n2)) * m.up_proj(n2))
 
 
+#: how :func:`weight_grad` reads the transposed operand: "copy" (one operand transposed to a row-major
+#: copy, so the matmul can take its Hopper TMA path, which needs A's rows contiguous) or "strided" (read
+#: in place by the plain kernel). ``benchmarks/bench_layer.py`` times both.
+WEIGHT_GRAD = "copy"
+
+
+def weight_grad(dy2: torch.Tensor, x2: torch.Tensor, how: str | None = None) -> torch.Tensor:
+    """``dW = dy^T x`` for dy (M, N) and x (M, K): the sum over the M rows of both, so one of them is
+    read down its columns. ``"copy"`` makes the narrower of the two a row-major transposed copy (dy^T
+    when N <= K, else x^T, then dW^T transposed back); ``"strided"`` hands the matmul dy's transposed
+    view."""
+    how = WEIGHT_GRAD if how is None else how
+    if how == "strided":
+        return matmul(dy2.t(), x2)
+    if dy2.shape[1] <= x2.shape[1]:
+        return matmul(dy2.t().contiguous(), x2)
+    return matmul(x2.t().contiguous(), dy2).t().contiguous()
+
+
 class LinearFunction(torch.autograd.Function):
     """``linear(x, W, residual=r)`` (the residual added in the matmul's epilogue) with a backward of two
-    package matmuls: ``dx = dy W`` (M x N by N x K) and ``dW = dy^T x`` (N x M by M x K, dy read
-    transposed in place); the residual's gradient is dy itself, no kernel."""
+    package matmuls: ``dx = dy W`` (M x N by N x K) and ``dW = dy^T x`` (:func:`weight_grad`); the
+    residual's gradient is dy itself, no kernel."""
 
     @staticmethod
     def forward(ctx, x, weight, residual):
@@ -149,7 +168,7 @@ class LinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dx = matmul(dy2, weight).view(x.shape)
         if ctx.needs_input_grad[1]:
-            dw = matmul(dy2.t(), x2)
+            dw = weight_grad(dy2, x2)
         return dx, dw, (dy if ctx.has_residual and ctx.needs_input_grad[2] else None)
 
 
@@ -362,5 +381,5 @@ def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: in
     return parts
 
 
-__all__ = ["LLAMA3_8B", "LayerPart", "LinearFunction", "LlamaLayer", "LlamaLayerReference", "TinyLlama",
-           "llama_layer_ledger"]  # fmt: skip
+__all__ = ["LLAMA3_8B", "WEIGHT_GRAD", "LayerPart", "LinearFunction", "LlamaLayer", "LlamaLayerReference", "TinyLlama",
+           "llama_layer_ledger", "weight_grad"]  # fmt: skip

@@ -7,7 +7,7 @@ import torch
 
 from fusionlab import runtime
 from fusionlab.instrument import LaunchCounter
-from fusionlab.model import LLAMA3_8B, LlamaLayer, LlamaLayerReference, TinyLlama, llama_layer_ledger
+from fusionlab.model import LLAMA3_8B, LlamaLayer, LlamaLayerReference, TinyLlama, llama_layer_ledger, weight_grad
 
 DEV = runtime.DEVICE
 # tiny: hidden 64, 4 query heads and 2 KV heads of 16, FFN 96 (GQA 2:1, every kernel's masks in play)
@@ -177,3 +177,13 @@ def test_a_tiny_model_trains_like_eager():
             losses.append(loss.item())
         # fp32: the curves agree to ~1e-7; a gradient 10% off in one tensor (RoPE's dq) moves them ~5e-5
         assert abs(losses[1] - losses[0]) <= (2e-2 if dtype else 2e-6) * abs(losses[0]), losses
+
+
+@pytest.mark.parametrize("how", ["copy", "strided"])
+def test_weight_grad_both_ways(how):
+    dtype = torch.float16 if runtime.is_gpu() else torch.float32
+    for n, k in ((24, 40), (40, 24)):  # dy the narrower, then x
+        dy, x = torch.randn(33, n, device=DEV, dtype=dtype), torch.randn(33, k, device=DEV, dtype=dtype)
+        got = weight_grad(dy, x, how)
+        assert got.shape == (n, k) and got.is_contiguous()
+        torch.testing.assert_close(got.double(), dy.double().t() @ x.double(), atol=TOL * 10, rtol=TOL)
