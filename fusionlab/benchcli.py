@@ -203,25 +203,40 @@ def schedule_kwargs(make_cases) -> dict:
     return bench.ceiling_kwargs(make_cases, bench.Ceilings(copy_GBps=1.0, matmul_TFLOPs=1e12, vector_TFLOPs=1e12))
 
 
-def suite_thunk(suite: str, *names: str):
-    """The ncu target for a suite (:func:`fusionlab.measure.ncu.measure_cases`): its cases (those named,
-    or all but peak-memory ones), each with the fused ledger's bytes and its own schedule's."""
+#: cases the trips suite leaves out, with why: the bench still times them
+TRIPS_LEAVE_OUT = {
+    "adamw gpt2-small loop": "a per-tensor loop launches about 1,200 kernels (148 tensors, 8 ops each), each "
+    "profiled alone; foreach makes the same trips in a few dozen launches, and is counted",
+}
+
+
+def suite_cases(suite: str, *names: str, part: str | None = None):
+    """The ncu cases of a suite: its cases (those named, or all but peak-memory ones and
+    :data:`TRIPS_LEAVE_OUT`), each with the fused ledger's bytes and its own schedule's, as a thunk
+    (:func:`fusionlab.measure.ncu.cases_thunk`)."""
     make_cases = suite_module(suite).cases
     cases = [c for c in make_cases(**schedule_kwargs(make_cases)) if c.group not in NOT_TRAFFIC]
-    if names:
-        cases = [c for c in cases if c.name in names]
+    cases = [c for c in cases if c.name in names] if names else [c for c in cases if c.name not in TRIPS_LEAVE_OUT]
     return ncu.cases_thunk(
         (
-            {
-                "name": c.name,
-                "group": c.group,
-                "ledger_bytes": c.nbytes,
-                "schedule_bytes": c.predicted_ms * 1e6 if c.predicted_ms else None,
-            },
-            c.fn,
-        )
-        for c in cases
+            (
+                {
+                    "name": c.name,
+                    "group": c.group,
+                    "ledger_bytes": c.nbytes,
+                    "schedule_bytes": c.predicted_ms * 1e6 if c.predicted_ms else None,
+                },
+                c.fn,
+            )
+            for c in cases
+        ),
+        part,
     )
+
+
+def suite_thunk(suite: str, *names: str):
+    """The ncu target for a suite (:func:`fusionlab.measure.ncu.measure_cases`): :func:`suite_cases`."""
+    return suite_cases(suite, *names)
 
 
 def _info(name: str, group: str, led, fused: bool = True, **extra) -> dict:
@@ -375,6 +390,18 @@ def experiment_thunk(name: str):
     return ncu.cases_thunk(EXPERIMENTS[name]())
 
 
+def parts_thunk(*parts: str):
+    """The ncu target of several parts in one process: a stage a part
+    (:func:`fusionlab.measure.ncu.stages_child`), each built when its turn comes and freed after."""
+
+    def build(part: str):
+        if part in EXPERIMENTS:
+            return lambda: ncu.cases_thunk(EXPERIMENTS[part](), part)
+        return lambda: suite_cases(part, part=part)
+
+    return [(part, build(part)) for part in parts]
+
+
 def target_of(part: str) -> tuple[str, tuple[str, ...]]:
     """The ncu target and arguments of a part of the trips suite: an experiment or a lesson's suite."""
     if part in EXPERIMENTS:
@@ -382,6 +409,45 @@ def target_of(part: str) -> tuple[str, tuple[str, ...]]:
     if part in SUITES:
         return "fusionlab.benchcli:suite_thunk", (part,)
     raise SystemExit(f"no part {part!r}: the experiments {', '.join(EXPERIMENTS)}; the suites {', '.join(SUITES)}")
+
+
+#: the trips suite's parts in the order they are recorded: the experiments, then the lessons in course order
+TRIPS_PARTS = (*EXPERIMENTS, *sorted(SUITES, key=lambda s: (int(re.sub(r"\D", "", s)), s)))
+
+
+def trips_runs(specs=(), cache_controls=ncu.CACHE_CONTROLS) -> list[tuple[str, str]]:
+    """The ``(part, cache control)`` runs that ``specs`` ask for, in the order they are recorded. A spec is
+    a part (``lesson4b``: under the settings it has by default: the experiments :data:`EXPERIMENT_CONTROLS`,
+    the suites both) or a part and one setting (``lesson4b:none``); none: every part of :data:`TRIPS_PARTS`.
+    Only settings among ``cache_controls`` run. The order: the experiments (what the lessons cite), then
+    every suite flushed, then every suite not."""
+    want: dict[str, list[str]] = {}
+    for spec in specs or TRIPS_PARTS:
+        part, _, cc = spec.partition(":")
+        target_of(part)  # an unknown part fails here, before any run
+        if cc and cc not in ncu.CACHE_CONTROLS:
+            raise SystemExit(f"{spec!r}: the cache settings are {', '.join(ncu.CACHE_CONTROLS)}")
+        default = EXPERIMENT_CONTROLS.get(part, ("all",)) if part in EXPERIMENTS else ncu.CACHE_CONTROLS
+        for c in [cc] if cc else default:
+            if c in cache_controls and c not in want.setdefault(part, []):
+                want[part].append(c)
+    order = {p: i for i, p in enumerate(TRIPS_PARTS)}
+    parts = sorted(want, key=order.__getitem__)
+    runs = [(p, cc) for p in parts if p in EXPERIMENTS for cc in ncu.CACHE_CONTROLS if cc in want[p]]
+    return runs + [(p, cc) for cc in ncu.CACHE_CONTROLS for p in parts if p not in EXPERIMENTS and cc in want[p]]
+
+
+def trips_batches(runs: list[tuple[str, str]]) -> list[tuple[list[str], str]]:
+    """Consecutive runs of one cache setting, and of experiments or of suites, as one ncu run each
+    (:func:`parts_thunk`): one start of Python and torch for many parts."""
+    out: list[tuple[list[str], str]] = []
+    for part, cc in runs:
+        kind = part in EXPERIMENTS
+        if out and out[-1][1] == cc and (out[-1][0][-1] in EXPERIMENTS) == kind:
+            out[-1][0].append(part)
+        else:
+            out.append(([part], cc))
+    return out
 
 
 def measure_trips(suite: str, names=(), cache_controls=("all",), timeout: float = 600) -> dict[str, dict]:
@@ -413,16 +479,27 @@ def trips_path(out_dir: Path, meta: dict) -> Path:
     return out_dir / f"{slug}-{meta['date']}-{meta['time'].replace(':', '').rstrip('Z')}.json"
 
 
+#: seconds kept back from a batch's deadline for the stage under way when it passes, and ncu's report
+DEADLINE_MARGIN_S = 45
+#: an unflushed batch replays the whole program once a pass of the profiler (one or a few): its first
+#: pass gets this share of the time left to start stages in
+APPLICATION_REPLAY_SHARE = 1 / 3
+
+
 def record_trips(
-    parts, out_dir: Path = TRIPS_DIR, *, budget_s: float = 330, cache_controls=ncu.CACHE_CONTROLS, command: str = ""
+    parts=(), out_dir: Path = TRIPS_DIR, *, budget_s: float = 450, cache_controls=ncu.CACHE_CONTROLS, command: str = ""
 ) -> Path:
-    """The trips suite: each part of :data:`EXPERIMENTS` under the cache settings
-    :data:`EXPERIMENT_CONTROLS` gives it, then every lesson's suite with caches flushed, then without,
-    while ``budget_s`` lasts; one JSON file (schema :data:`TRIPS_SCHEMA`, :func:`trips_path`), rewritten
-    after every run so that what was measured survives a part that fails or a budget that runs out (those
-    are listed under ``"missing"``)."""
+    """The trips suite: the runs :func:`trips_runs` makes of ``parts`` (default: all), grouped into one ncu
+    run a batch (:func:`trips_batches`), while ``budget_s`` lasts. Each batch starts no part past its
+    deadline (the budget less :data:`DEADLINE_MARGIN_S`; an unflushed one, whose passes each run the whole
+    program, :data:`APPLICATION_REPLAY_SHARE` of it), so a batch that would overrun keeps the parts it
+    finished; a batch that fails outright is run again a part at a time. One JSON file (schema
+    :data:`TRIPS_SCHEMA`, :func:`trips_path`), rewritten after every run so that what was measured survives
+    a part that fails or a budget that runs out (those are listed under ``"missing"``); ``meta["runs"]``
+    holds each ncu run's parts, setting and seconds."""
     t0 = time.perf_counter()
     meta = trips_meta(command or "python benchmarks/record_trips.py")
+    meta["runs"] = []
     path = trips_path(out_dir, meta)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = {"schema": TRIPS_SCHEMA, "meta": meta, "metrics": list(ncu.METRICS), "parts": {}, "missing": {}}
@@ -431,38 +508,51 @@ def record_trips(
         meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
         path.write_text(json.dumps(data, indent=1) + "\n")
 
-    # the experiments flushed and not, then every suite flushed, then every suite not: what the lessons
-    # cite first, should the budget run out
-    extra = [p for p in parts if p in EXPERIMENTS]
-    suites = [p for p in parts if p not in EXPERIMENTS]
-    runs = [(p, cc) for p in extra for cc in EXPERIMENT_CONTROLS.get(p, ("all",)) if cc in cache_controls]
-    runs += [(p, cc) for cc in cache_controls for p in suites]
-    for part, cc in runs:
+    def run(batch: list[str], cc: str) -> bool:
+        """One ncu run of ``batch``; False where it failed outright (nothing of it kept)."""
         left = budget_s - (time.perf_counter() - t0)
         if left < 20:
-            data["missing"][f"{part} {cc}"] = f"the budget of {budget_s:.0f} s ran out"
-            save()
-            continue
-        target, args = target_of(part)
+            for part in batch:
+                data["missing"][f"{part} {cc}"] = f"the budget of {budget_s:.0f} s ran out"
+            return True
+        share = 1.0 if cc == ncu.CACHE_CONTROLS[0] else APPLICATION_REPLAY_SHARE
+        deadline = time.time() + max(0.0, share * (left - DEADLINE_MARGIN_S))
         t1 = time.perf_counter()
+        ok, got, failed = True, {}, {}
         try:
-            got = ncu.measure_cases(target, *args, cache_controls=(cc,), timeout=left)
+            got, failed = ncu.measure_stages(
+                "fusionlab.benchcli:parts_thunk", *batch, cache_control=cc, timeout=left, deadline=deadline
+            )
         except subprocess.TimeoutExpired:
-            data["missing"][f"{part} {cc}"] = f"ncu ran past the {left:.0f} s left of the budget"
-            got = {}
+            failed = {p: f"ncu ran past the {left:.0f} s left of the budget" for p in batch}
         except ncu.NcuUnavailable as e:  # no counters on this machine at all: nothing else will run
             data["missing"]["everything"] = str(e)
             save()
             raise
         except Exception as e:  # noqa: BLE001 - ncu failed, or its output did not fit: this run's loss only
-            data["missing"][f"{part} {cc}"] = f"{type(e).__name__}: {e}"[-1500:]
-            got = {}
-        cases = data["parts"].setdefault(part, {})
-        for name, entry in got.items():
-            cases.setdefault(name, {}).update(entry)
-        print(f"{part} ({'flushed' if cc == 'all' else 'not flushed'}): {len(got)} cases, "
-              f"{time.perf_counter() - t1:.0f} s", flush=True)  # fmt: skip
+            failed = {p: f"{type(e).__name__}: {e}"[-1500:] for p in batch}
+            ok = False
+        seconds = time.perf_counter() - t1
+        for part in batch:
+            if part in got:
+                cases = data["parts"].setdefault(part, {})
+                for name, entry in got[part].items():
+                    cases.setdefault(name, {}).update(entry)
+                data["missing"].pop(f"{part} {cc}", None)
+            else:
+                data["missing"][f"{part} {cc}"] = failed.get(part, "not started: the batch's deadline had passed")
+        kernels = sum(len(c.get(cc, {}).get("kernels", [])) for p in got.values() for c in p.values())
+        meta["runs"].append({"parts": batch, "cache_control": cc, "seconds": round(seconds, 1), "kernels": kernels})
+        print(f"{' '.join(batch)} ({'flushed' if cc == 'all' else 'not flushed'}): "
+              f"{sum(len(v) for v in got.values())} cases, {kernels} kernels, {seconds:.0f} s", flush=True)  # fmt: skip
         save()
+        return ok
+
+    for batch, cc in trips_batches(trips_runs(parts, cache_controls)):
+        if not run(batch, cc) and len(batch) > 1:
+            for part in batch:  # one part that crashes its process costs only itself
+                run([part], cc)
+    save()
     return path
 
 
