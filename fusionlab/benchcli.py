@@ -624,13 +624,66 @@ def trips_table(cases: dict) -> str:
 
 
 # -- the two paths --------------------------------------------------------------------------------------
-def live(suites, op, use_ncu: bool) -> dict[str, dict]:
-    """Each suite timed here: ``{suite: {"rows", "ceilings", "label"}}``."""
+#: what the whole course's live bench promises to fit on a GPU (the issue's bar: under ten minutes)
+BENCH_BUDGET_S = 600
+#: the whole bench's wall time per suite, one file a GPU run (``bench-time-<device>-<date>-<time>.json``,
+#: written next to the bench's JSON by every live run of all the lessons and copied here)
+BENCH_TIME_DIR = bench.RECORDED_DIR / "bench"
+
+
+def left_out_by_budget(suite: str, elapsed_s: float, budget_s: float | None, estimates: dict[str, float]) -> str | None:
+    """Why ``suite`` is not started ``elapsed_s`` into a bench of ``budget_s`` seconds (None: it is): the
+    budget is spent, or this suite's recorded wall time on this GPU (``estimates``) would overrun it."""
+    if budget_s is None:
+        return None
+    if elapsed_s >= budget_s:
+        return f"the bench's budget of {budget_s:.0f} s was spent ({elapsed_s:.0f} s)"
+    if suite in estimates and elapsed_s + estimates[suite] > budget_s:
+        return (
+            f"it took {estimates[suite]:.0f} s when timed on this GPU, past the {budget_s - elapsed_s:.0f} s "
+            f"left of the bench's budget of {budget_s:.0f} s"
+        )
+    return None
+
+
+def bench_timings(device: str | None = None, directory: Path | None = None) -> list[dict]:
+    """The recorded wall times of the whole live bench (:data:`BENCH_TIME_DIR`), oldest first, of devices
+    whose name contains ``device`` (every device if None)."""
+    d = BENCH_TIME_DIR if directory is None else Path(directory)
+    found = [json.loads(p.read_text()) for p in sorted(d.glob("bench-time-*.json"))] if d.is_dir() else []
+    found = [t for t in found if device is None or device.lower() in t["meta"]["device"].lower()]
+    return sorted(found, key=lambda t: (t["meta"]["date"], t["meta"].get("time", "")))
+
+
+def describe_timing(t: dict) -> str:
+    """One recorded bench timing in a line: device, date, whole time against the budget, each suite's."""
+    m = t["meta"]
+    suites = ", ".join(f"{s} {sec:.0f} s" for s, sec in t["wall_s"].items())
+    left = f"; left out: {', '.join(t['left_out'])}" if t.get("left_out") else ""
+    ncu_note = " with --ncu" if t.get("ncu") else ""
+    return (
+        f"{m['device']}, {m['date']}, torch {m['torch']}, triton {m['triton']}: the whole bench{ncu_note} took "
+        f"{t['total_s'] / 60:.1f} min (budget {t['budget_s'] / 60:.0f} min) — {suites}{left}"
+    )
+
+
+def live(suites, op, use_ncu: bool, budget_s: float | None = None) -> dict[str, dict]:
+    """Each suite timed here: ``{suite: {"rows", "ceilings", "label", "wall_s"}}``; a suite that the
+    budget (``budget_s`` seconds from the start, :func:`left_out_by_budget`) leaves out is said so and
+    kept as ``{"left_out": why}``."""
+    t0 = time.perf_counter()
     ceil = bench.ceilings()
     label = bench.source_label()
     print(label, f"\ncopy {ceil.copy_GBps:.0f} GB/s, matmul {ceil.matmul_TFLOPs:.0f} TFLOP/s", flush=True)
+    timed = bench_timings(runtime.info().device_name)
+    estimates = timed[-1]["wall_s"] if timed and not op and bool(timed[-1].get("ncu")) == use_ncu else {}
     out: dict[str, dict] = {}
     for suite in suites:
+        t1 = time.perf_counter()
+        if why := left_out_by_budget(suite, t1 - t0, budget_s, estimates):
+            print(f"\n[{suite}] left out: {why}", flush=True)
+            out[suite] = {"left_out": why}
+            continue
         make_cases = suite_module(suite).cases
         cases = [c for c in make_cases(**bench.ceiling_kwargs(make_cases, ceil)) if matches(c.name, c.group, op)]
         if not cases:
@@ -651,8 +704,9 @@ def live(suites, op, use_ncu: bool) -> dict[str, dict]:
             except (ncu.NcuFailed, subprocess.TimeoutExpired) as e:  # this suite's only
                 print(f"  no counters for {suite}: {e}", file=sys.stderr)
         rows = [row(r, ceil, trips, suite) for r in results]
-        out[suite] = {"rows": rows, "ceilings": ceil, "label": label}
-        print(f"\n[{suite}]\n{table(rows)}", flush=True)
+        wall = time.perf_counter() - t1
+        out[suite] = {"rows": rows, "ceilings": ceil, "label": label, "wall_s": round(wall, 1)}
+        print(f"\n[{suite}] {wall:.0f} s\n{table(rows)}", flush=True)
     return out
 
 
@@ -687,6 +741,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="the trips suite: ledger against DRAM and L2 bytes (recorded; with --ncu on a GPU, counted here)",
     )
     ap.add_argument("--device", default=None, help="recorded results of this device (e.g. H100)")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=BENCH_BUDGET_S,
+        help=f"seconds the live bench may take: no suite starts past it (default {BENCH_BUDGET_S})",
+    )
+    ap.add_argument("--timings", action="store_true", help="how long the whole bench took on each recorded GPU")
     ap.add_argument("--out", type=Path, default=Path("."), help="folder for the JSON and the roofline PNG")
 
 
@@ -716,17 +777,39 @@ def main(a: argparse.Namespace) -> int:
             print(f"wrote {path}")
             return 0 if show_trips(parts, None, a.out) else 1
         return 0 if show_trips(parts, a.device) else 1
+    if a.timings:
+        timings = bench_timings(a.device)
+        for t in timings:
+            print(describe_timing(t))
+        if not timings:
+            print(f"no bench timed yet in {BENCH_TIME_DIR}: `python -m fusionlab bench` on a GPU writes one")
+        return 0 if timings else 1
     if runtime.is_gpu() and not a.recorded:
-        results = live(suites, a.op, a.ncu)
+        t0 = time.perf_counter()
+        timed = live(suites, a.op, a.ncu, a.budget)
+        total = time.perf_counter() - t0
+        results = {s: r for s, r in timed.items() if "rows" in r}
         source = "measured"
+        left_out = [s for s, r in timed.items() if "left_out" in r]
+        print(f"\nthe whole bench: {total:.0f} s ({total / 60:.1f} min) of its {a.budget:.0f} s budget; "
+              + ", ".join(f"{s} {r['wall_s']:.0f} s" for s, r in results.items())
+              + (f"; left out: {', '.join(left_out)}" if left_out else ""), flush=True)  # fmt: skip
+        if a.lesson is None and not a.op:  # the whole course: its time is what the README points to
+            meta = bench.metadata()
+            timing = {"meta": meta, "budget_s": a.budget, "total_s": round(total, 1), "ncu": a.ncu,
+                      "wall_s": {s: r["wall_s"] for s, r in results.items()}, "left_out": left_out}  # fmt: skip
+            slug = re.sub(r"[^a-z0-9]+", "-", meta["device"].lower()).strip("-")
+            a.out.mkdir(parents=True, exist_ok=True)
+            tp = a.out / f"bench-time-{slug}-{meta['date']}-{meta['time'].replace(':', '').rstrip('Z')}.json"
+            tp.write_text(json.dumps(timing, indent=1) + "\n")
+            print(f"wrote {tp} (the whole bench's time on this GPU; fusionlab/recorded/bench/ keeps them)")
     else:
         if not a.recorded:
             print(f"No GPU Triton supports here ({runtime.REASON}): showing RECORDED GPU results.", flush=True)
+            for t in {t["meta"]["device"]: t for t in bench_timings(a.device)}.values():  # newest a GPU
+                print(f"  live, it takes: {describe_timing(t)}")
         results = recorded(suites, a.op, a.device)
         source = "recorded"
-    if not results:
-        print("no case matched", file=sys.stderr)
-        return 1
     date = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
     stem = f"bench-{source}-{date}" + (f"-lesson{a.lesson}" if a.lesson else "")
     a.out.mkdir(parents=True, exist_ok=True)
