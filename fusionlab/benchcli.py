@@ -437,13 +437,18 @@ def trips_runs(specs=(), cache_controls=ncu.CACHE_CONTROLS) -> list[tuple[str, s
     return runs + [(p, cc) for cc in ncu.CACHE_CONTROLS for p in parts if p not in EXPERIMENTS and cc in want[p]]
 
 
+#: parts in one ncu run at most: each run starts Python, torch and the profiler once for all its parts,
+#: but a run killed past its time keeps nothing, so a run holds a few parts, not all of them
+MAX_BATCH = 4
+
+
 def trips_batches(runs: list[tuple[str, str]]) -> list[tuple[list[str], str]]:
     """Consecutive runs of one cache setting, and of experiments or of suites, as one ncu run each
-    (:func:`parts_thunk`): one start of Python and torch for many parts."""
+    (:func:`parts_thunk`), :data:`MAX_BATCH` parts at most."""
     out: list[tuple[list[str], str]] = []
     for part, cc in runs:
         kind = part in EXPERIMENTS
-        if out and out[-1][1] == cc and (out[-1][0][-1] in EXPERIMENTS) == kind:
+        if out and out[-1][1] == cc and (out[-1][0][-1] in EXPERIMENTS) == kind and len(out[-1][0]) < MAX_BATCH:
             out[-1][0].append(part)
         else:
             out.append(([part], cc))
@@ -480,7 +485,7 @@ def trips_path(out_dir: Path, meta: dict) -> Path:
 
 
 #: seconds kept back from a batch's deadline for the stage under way when it passes, and ncu's report
-DEADLINE_MARGIN_S = 45
+DEADLINE_MARGIN_S = 75
 #: an unflushed batch replays the whole program once a pass of the profiler (one or a few): its first
 #: pass gets this share of the time left to start stages in
 APPLICATION_REPLAY_SHARE = 1 / 3

@@ -207,8 +207,10 @@ def test_parts_and_settings_are_chosen_ordered_and_batched():
         (["lesson1", "lesson4b"], "none"),
     ]
     every = benchcli.trips_batches(benchcli.trips_runs())
-    assert [cc for _, cc in every] == ["all", "none", "all", "none"]  # four ncu runs for the whole suite
-    assert every[2][0].index("lesson4") < every[2][0].index("lesson4b") < every[2][0].index("lesson5")
+    assert [cc for _, cc in every] == ["all", "none", "all", "all", "all", "none", "none", "none"]
+    flushed = [p for parts, cc in every[2:5] for p in parts]
+    assert flushed.index("lesson4") < flushed.index("lesson4b") < flushed.index("lesson5")
+    assert max(len(parts) for parts, _ in every) == benchcli.MAX_BATCH
     assert benchcli.trips_runs(["lesson1"], ("all",)) == [("lesson1", "all")]
     for bad in ("lesson99", "lesson1:warm"):
         with pytest.raises(SystemExit):
