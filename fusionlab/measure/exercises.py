@@ -23,6 +23,7 @@ compares the ledger with the package's own ledger of the same schedule instead, 
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import torch
@@ -35,8 +36,9 @@ from ..ledger import READ, WRITE, Ledger, human_bytes
 from .compare import against_ledger, ledger_by_tensor
 from .interpreter import InterpreterTrips
 from .ncu import NcuFailed, NcuUnavailable
+from .ncu import cases_thunk as ncu_cases_thunk
 from .own import counted as gpu_counted
-from .own import l2_size
+from .own import l2_size, unavailable
 
 
 # -- the comparison ---------------------------------------------------------------------------------------
@@ -120,11 +122,9 @@ SLACK = 256 * 1024
 def _counters(fns: dict, builder: str, specs: list[list]) -> list[dict] | None:
     """The GPU's counters of the learner's kernel at each spec, or None (and why, said once) where they
     cannot be had here."""
-    from .own import unavailable
-
     said = unavailable()
     try:
-        return gpu_counted(fns, builder, specs)
+        return gpu_counted(fns, f"{__name__}:cases_target", builder, specs)
     except NcuUnavailable as e:
         if said is None:
             print(
@@ -384,3 +384,37 @@ def check_attention_trips(my_ledger) -> grading.Passed:
         shapes.append(f"N_q={N_q}, N_k={N_k}")
     note = _gpu_note() if runtime.is_gpu() else f" (counted in the interpreter at {len(shapes)} shapes drawn afresh)"
     return grading.passed(f"✓ attention ledger: {tiles}{note}")
+
+
+# -- the inputs each exercise's kernel is counted at on a GPU: built in ncu's process -------------------
+def _silu_case(g, n, dtype):
+    x = torch.randn(int(n), device="cuda", dtype=getattr(torch, dtype))
+    return lambda: g["silu"](x)
+
+
+def _row_var_case(g, rows, n, block):
+    x = torch.randn(int(rows), int(n), device="cuda")
+    return lambda: g["row_var"](x, int(block))
+
+
+def _matmul_case(g, M, N, K, block_m, block_n):
+    a, b = torch.randn(int(M), int(K), device="cuda"), torch.randn(int(K), int(N), device="cuda")
+    return lambda: run_matmul(a, b, int(block_m), int(block_n))
+
+
+def _attention_case(g, B, H, N_q, N_k, D, block_m):
+    q = torch.randn(int(B), int(H), int(N_q), int(D), device="cuda")
+    k, v = (torch.randn(int(B), int(H), int(N_k), int(D), device="cuda") for _ in "kv")
+    return lambda: run_attention(q, k, v, int(block_m))
+
+
+#: exercise -> the function that builds one case's inputs (from the learner's functions ``g`` and the
+#: spec's arguments) and returns the call that runs the kernel
+BUILDERS = {"silu": _silu_case, "row_var": _row_var_case, "matmul": _matmul_case, "attention": _attention_case}
+
+
+def cases_target(g: dict, builder: str, specs: str):
+    """What ncu's process profiles (:func:`fusionlab.measure.own.counted`): a case a spec (a JSON list of
+    argument lists), named by its index, in order."""
+    make = BUILDERS[builder]
+    return ncu_cases_thunk(({"name": str(i)}, make(g, *spec)) for i, spec in enumerate(json.loads(specs)))

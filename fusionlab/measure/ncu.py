@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import importlib
 import io
 import json
@@ -539,8 +540,6 @@ def stages_child(stages) -> None:
     the stages' tensors never share the GPU's memory. A stage whose build fails is reported in the cases
     file (``part_error``) and costs only itself. After :data:`DEADLINE_ENV`'s time no stage starts; the
     stages run are written beside the cases file, and a later pass of an application replay runs those."""
-    import gc
-
     import torch
 
     side = os.environ.get(CASES_ENV)

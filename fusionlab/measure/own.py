@@ -5,8 +5,8 @@ ncu profiles a process of its own (:func:`fusionlab.measure.ncu.profile`), and a
 notebook cannot be imported by one. :func:`module_source` writes it out: the learner's functions, their
 Triton kernels and whatever else of the notebook they use (helpers, constants), found by the names their
 code uses, with the modules and package functions they use imported by name. That module, beside a
-target that builds the exercise's inputs on the GPU (:data:`BUILDERS`), is what ncu runs
-(:func:`counted`), caches flushed before each kernel.
+target that builds the exercise's inputs on the GPU (``fusionlab.measure.exercises.cases_target``), is
+what ncu runs (:func:`counted`), caches flushed before each kernel.
 
 Where ncu cannot count (no ``ncu``, no permission to read the counters, as on a hosted notebook such
 as Colab; or the learner's code cannot be rebuilt in a process of its own), :func:`counted` raises
@@ -116,49 +116,15 @@ def _import_line(name: str, obj) -> str:
     return f"from {module} import {qual} as {name}" if qual != name else f"from {module} import {name}"
 
 
+#: the target the written-out module adds: it hands its own globals (the learner's functions) to the
+#: function that builds the cases (``module:function``, called with them, the builder's name and the specs)
 TARGET = """
 
 def _fusionlab_target(builder, specs):
-    from fusionlab.measure import own
+    import {module} as _cases
 
-    return own.cases_target(globals(), builder, specs)
+    return _cases.{function}(globals(), builder, specs)
 """
-
-
-# -- the inputs each exercise's kernel is counted at: ncu's child builds them on the GPU -----------------
-def _silu(g, n, dtype):
-    x = torch.randn(int(n), device="cuda", dtype=getattr(torch, dtype))
-    return lambda: g["silu"](x)
-
-
-def _row_var(g, rows, n, block):
-    x = torch.randn(int(rows), int(n), device="cuda")
-    return lambda: g["row_var"](x, int(block))
-
-
-def _matmul(g, M, N, K, block_m, block_n):
-    from .exercises import run_matmul
-
-    a, b = torch.randn(int(M), int(K), device="cuda"), torch.randn(int(K), int(N), device="cuda")
-    return lambda: run_matmul(a, b, int(block_m), int(block_n))
-
-
-def _attention(g, B, H, N_q, N_k, D, block_m):
-    from .exercises import run_attention
-
-    q = torch.randn(int(B), int(H), int(N_q), int(D), device="cuda")
-    k, v = (torch.randn(int(B), int(H), int(N_k), int(D), device="cuda") for _ in "kv")
-    return lambda: run_attention(q, k, v, int(block_m))
-
-
-#: exercise -> the function that builds one case's inputs and returns the call that runs the kernel
-BUILDERS = {"silu": _silu, "row_var": _row_var, "matmul": _matmul, "attention": _attention}
-
-
-def cases_target(g: dict, builder: str, specs: str):
-    """The thunk ncu's child profiles: a case a spec (a JSON list of argument lists), in order."""
-    make = BUILDERS[builder]
-    return ncu.cases_thunk(({"name": str(i)}, make(g, *spec)) for i, spec in enumerate(json.loads(specs)))
 
 
 @contextlib.contextmanager
@@ -179,9 +145,11 @@ def unavailable() -> str | None:
     return _UNAVAILABLE[0] if _UNAVAILABLE else None
 
 
-def counted(fns: dict, builder: str, specs: list[list], timeout: float = 300) -> list[dict]:
-    """Nsight Compute's counters of the learner's ``fns`` run at each of ``specs`` (:data:`BUILDERS`'s
-    ``builder`` makes the inputs), caches flushed before each kernel: a dict a spec, ``dram_read``,
+def counted(fns: dict, cases: str, builder: str, specs: list[list], timeout: float = 300) -> list[dict]:
+    """Nsight Compute's counters of the learner's ``fns`` run at each of ``specs``, caches flushed before
+    each kernel. ``cases`` (``module:function``) builds them in ncu's process, called with the
+    written-out module's globals, ``builder`` and the specs as JSON, and returns the thunk of
+    :func:`fusionlab.measure.ncu.cases_thunk` (a case a spec, named by its index): a dict a spec, ``dram_read``,
     ``dram_write``, ``l2_bytes``, ``time_ns`` and ``kernels`` (:func:`fusionlab.measure.ncu.counters_of`).
     :class:`~fusionlab.measure.ncu.NcuUnavailable` where they cannot be had (remembered: :func:`unavailable`)."""
     if _UNAVAILABLE:
@@ -189,10 +157,14 @@ def counted(fns: dict, builder: str, specs: list[list], timeout: float = 300) ->
     try:
         ncu.find_ncu()
         ncu._check_gpu()
-        source = module_source(fns) + TARGET
-    except (ncu.NcuUnavailable, SourceError) as e:
+    except ncu.NcuUnavailable as e:  # this machine's: the same on every try
         _UNAVAILABLE.append(str(e))
-        raise ncu.NcuUnavailable(str(e)) from None
+        raise
+    module, _, function = cases.partition(":")
+    try:
+        source = module_source(fns) + TARGET.format(module=module, function=function)
+    except SourceError as e:  # the learner's code's: it may change before the next check
+        raise ncu.NcuUnavailable(f"your code cannot be run in a process of its own for the profiler: {e}") from None
     name = "_fusionlab_own_" + hashlib.sha1(source.encode()).hexdigest()[:12]
     with tempfile.TemporaryDirectory() as folder:
         Path(folder, name + ".py").write_text(source)
