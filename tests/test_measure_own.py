@@ -47,28 +47,33 @@ def _row_var_kernel(x_ptr, v_ptr, n, stride, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     base = x_ptr + row * stride
     offs = tl.arange(0, BLOCK)
-    acc = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, n, BLOCK):
-        acc += tl.load(base + start + offs, mask=start + offs < n, other=0.0).to(tl.float32)
-    mean = tl.sum(acc, 0) / n
-    acc = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, n, BLOCK):
-        x = tl.load(base + start + offs, mask=start + offs < n, other=0.0).to(tl.float32)
-        d = tl.where(start + offs < n, x - mean, 0.0)
-        acc += d * d
-    tl.store(v_ptr + row, (tl.sum(acc, 0) / n).to(v_ptr.dtype.element_ty))
+    if n <= BLOCK:  # the row on chip: loaded once
+        x = tl.load(base + offs, mask=offs < n, other=0.0).to(tl.float32)
+        d = tl.where(offs < n, x - tl.sum(x, 0) / n, 0.0)
+        var = tl.sum(d * d, 0) / n
+    else:  # two passes: the mean, then the squares
+        acc = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, n, BLOCK):
+            acc += tl.load(base + start + offs, mask=start + offs < n, other=0.0).to(tl.float32)
+        mean = tl.sum(acc, 0) / n
+        acc = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, n, BLOCK):
+            x = tl.load(base + start + offs, mask=start + offs < n, other=0.0).to(tl.float32)
+            d = tl.where(start + offs < n, x - mean, 0.0)
+            acc += d * d
+        var = tl.sum(acc, 0) / n
+    tl.store(v_ptr + row, var.to(v_ptr.dtype.element_ty))
 
 
 def row_var(x, block):
-    """Two passes over every row, whatever its width (the ledger must say so)."""
     rows, n = x.shape
     v = torch.empty(rows, dtype=x.dtype, device=x.device)
-    _row_var_kernel[(rows,)](x, v, n, x.stride(0), BLOCK=block)
+    _row_var_kernel[(rows,)](x, v, n, x.stride(0), BLOCK=block if n > block else triton.next_power_of_2(n))
     return v
 
 
 def row_var_ledger(rows, n, dtype, block):
-    return Ledger(dtype_bytes=dtype).op("var", reads={"x": 2 * rows * n}, writes={"v": rows})
+    return Ledger(dtype_bytes=dtype).op("var", reads={"x": rows * n * (1 if n <= block else 2)}, writes={"v": rows})
 
 
 def test_the_learners_code_is_written_out_as_a_module_that_runs_the_same(tmp_path, monkeypatch):

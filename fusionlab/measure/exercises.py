@@ -147,6 +147,11 @@ def compare_with_dram(led: Ledger, c: dict, where: str, l2: int) -> None:
         raise CheckFailed(
             f"{where}: your ledger says {human_bytes(want_r)} read; your kernel, {how}, read {human_bytes(r)} "
             f"from DRAM.{_why(want_r, round(r))}"
+            + (
+                " On a GPU a re-read of what the program loaded moments before comes from its caches, not DRAM."
+                if r < want_r
+                else ""
+            )  # fmt: skip
         )
     if not want_w - l2 - SLACK <= w <= (1 + DRAM_TOLERANCE) * want_w + SLACK:
         raise CheckFailed(
