@@ -566,8 +566,10 @@ read_trips = trips_files.read
 
 def counters_here_or_recorded(part: str, device: str | None = None, controls=("all",)) -> trips_files.Part | None:
     """A part's counters (caches flushed, and not if ``controls`` says so) measured here where ncu can
-    read this GPU's counters (a minute or two a part), else the newest recording on ``device`` (None
-    while there is none); a lesson shows either with its :attr:`~fusionlab.measure.recorded.Part.label`."""
+    read this GPU's counters (a minute or two a part), else the newest recording on ``device`` (this GPU
+    by default), or where that device has none, another's (None while no device has one:
+    :func:`fusionlab.measure.recorded.for_device`); a lesson shows either with its
+    :attr:`~fusionlab.measure.recorded.Part.label`, which names the device."""
     if runtime.is_gpu():
         try:
             target, args = target_of(part)
@@ -577,7 +579,7 @@ def counters_here_or_recorded(part: str, device: str | None = None, controls=("a
             print(f"No counters on this machine ({str(e).split(':')[0]}); reading the recording.", file=sys.stderr)
         except (ncu.NcuFailed, subprocess.TimeoutExpired) as e:
             print(f"ncu could not count {part!r} here ({type(e).__name__}); reading the recording.", file=sys.stderr)
-    return trips_files.newest(part, device, TRIPS_DIR)
+    return trips_files.for_device(part, device, TRIPS_DIR)
 
 
 def recorded_trips(part: str, device: str | None = None) -> tuple[dict, dict] | None:

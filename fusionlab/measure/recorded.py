@@ -24,7 +24,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from ..bench import RECORDED_DIR
+from ..bench import recorded as recorded_timings
 
 #: the recorded counters, one file a run
 TRIPS_DIR = RECORDED_DIR / "trips"
@@ -166,14 +169,19 @@ def newest(part: str, device: str | None = None, directory: Path | None = None) 
 
 
 def this_device() -> str | None:
-    """The name of this machine's CUDA GPU, or None without one."""
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    """The GPU whose recordings a lesson shows by default: this machine's CUDA GPU, or on a machine
+    without one the device of the recorded timings the lessons show (:func:`fusionlab.bench.recorded`),
+    so that counters and timings are of one device; None where there are neither."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    try:
+        return recorded_timings().meta["device"]
+    except FileNotFoundError:
+        return None
 
 
 def for_device(part: str, device: str | None = None, directory: Path | None = None) -> Part | None:
-    """The recording of ``part`` a lesson shows: that of ``device`` (default: this machine's GPU) where
+    """The recording of ``part`` a lesson shows: that of ``device`` (default: :func:`this_device`) where
     there is one, else the newest of any device, its label naming the device it is of and the one that
     has none yet; None while no device has one."""
     device = device or this_device()
