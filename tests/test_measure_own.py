@@ -129,11 +129,11 @@ def test_without_counters_the_check_says_why_once_and_falls_back(monkeypatch, ca
         raise ncu.NcuUnavailable(ncu.permission_message("==ERROR== ERR_NVGPUCTRPERM"))
 
     monkeypatch.setattr(ncu, "find_ncu", no_permission)
-    assert ex._counters({"silu": silu}, "silu", [[1024, "float32"]]) is None
+    assert ex.gpu_counters({"silu": silu}, "silu", [[1024, "float32"]]) is None
     first = capsys.readouterr().out
     assert "No GPU counters for your kernel here: ncu is here but may not read" in first
     assert "package's count of the same schedule instead" in first
-    assert ex._counters({"silu": silu}, "silu", [[1024, "float32"]]) is None  # remembered: no second try
+    assert ex.gpu_counters({"silu": silu}, "silu", [[1024, "float32"]]) is None  # remembered: no second try
     assert capsys.readouterr().out == "" and "ERR_NVGPUCTRPERM" in own.unavailable()
 
 

@@ -119,7 +119,7 @@ L2_TOLERANCE = 0.05
 SLACK = 256 * 1024
 
 
-def _counters(fns: dict, builder: str, specs: list[list]) -> list[dict] | None:
+def gpu_counters(fns: dict, builder: str, specs: list[list]) -> list[dict] | None:
     """The GPU's counters of the learner's kernel at each spec, or None (and why, said once) where they
     cannot be had here."""
     said = unavailable()
@@ -177,7 +177,7 @@ def _on_gpu(fns: dict, builder: str, specs: list[list], ledger_at, compare, meas
     """The check on this GPU's counters: the learner's ledger at each spec (``ledger_at(spec)`` returns
     ``(where, ledger)``) held against the counters of the kernel run there (``compare``); the note that
     says so, or None where there are no counters here (the caller falls back)."""
-    got = _counters(fns, builder, specs)
+    got = gpu_counters(fns, builder, specs)
     if got is None:
         return None
     for spec, c in zip(specs, got, strict=True):
