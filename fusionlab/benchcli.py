@@ -545,7 +545,8 @@ def record_trips(
                     cases.setdefault(name, {}).update(entry)
                 data["missing"].pop(f"{part} {cc}", None)
             else:
-                data["missing"][f"{part} {cc}"] = failed.get(part, "not started: the batch's deadline had passed")
+                why = "no counters came back: not started before the batch's deadline, or none of its cases ran"
+                data["missing"][f"{part} {cc}"] = failed.get(part, why)
         kernels = sum(len(c.get(cc, {}).get("kernels", [])) for p in got.values() for c in p.values())
         meta["runs"].append({"parts": batch, "cache_control": cc, "seconds": round(seconds, 1), "kernels": kernels})
         print(f"{' '.join(batch)} ({'flushed' if cc == 'all' else 'not flushed'}): "
