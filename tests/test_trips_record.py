@@ -59,14 +59,19 @@ for i, (name, r, w, l2) in enumerate(rows):
 """
 
 
-@pytest.fixture
-def fake_ncu(tmp_path, monkeypatch):
+def _stand_in(script: str, tmp_path, monkeypatch):
+    """``script`` written as an executable ncu that fusionlab finds, the GPU check passed."""
     path = tmp_path / "ncu"
-    path.write_text(FAKE.format(python=sys.executable, header=HEADER))
+    path.write_text(script.format(python=sys.executable, header=HEADER))
     path.chmod(0o755)
     monkeypatch.setenv("FUSIONLAB_NCU", str(path))
     monkeypatch.setattr(ncu, "_check_gpu", lambda: None)
     return path
+
+
+@pytest.fixture
+def fake_ncu(tmp_path, monkeypatch):
+    return _stand_in(FAKE, tmp_path, monkeypatch)
 
 
 def test_the_recorder_files_counters_by_case_and_cache_setting_with_device_date_and_versions(tmp_path, fake_ncu):
@@ -188,12 +193,7 @@ for i, (name, r) in enumerate(rows):
 
 @pytest.fixture
 def staged_ncu(tmp_path, monkeypatch):
-    path = tmp_path / "ncu"
-    path.write_text(STAGED.format(python=sys.executable, header=HEADER))
-    path.chmod(0o755)
-    monkeypatch.setenv("FUSIONLAB_NCU", str(path))
-    monkeypatch.setattr(ncu, "_check_gpu", lambda: None)
-    return path
+    return _stand_in(STAGED, tmp_path, monkeypatch)
 
 
 def test_parts_and_settings_are_chosen_ordered_and_batched():
