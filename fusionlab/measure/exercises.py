@@ -113,8 +113,10 @@ def _gpu_note() -> str:
 
 #: DRAM reads of a kernel at about a gigabyte, caches flushed first, against its ledger's reads
 DRAM_TOLERANCE = 0.03
-#: bytes through the L2 against the ledger's whole trips (loads served there included)
-L2_TOLERANCE = 0.05
+#: bytes through the L2 against the ledger's whole trips (loads served there included): looser than DRAM's,
+#: as a program may find a tile another program on its SM just loaded in the SM's own cache; a ledger that
+#: forgets the re-reads is off by the number of tiles (32 and more at these sizes)
+L2_TOLERANCE = 0.10
 #: bytes any count may differ by whatever the size (a few sectors at the tensors' edges)
 SLACK = 256 * 1024
 
