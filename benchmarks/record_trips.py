@@ -47,7 +47,7 @@ from fusionlab.measure import ncu  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("parts", nargs="*", default=[], help="parts, or part:setting (default: every part)")
-    ap.add_argument("--parts", dest="more", nargs="+", default=[], help="the same, after an option")
+    ap.add_argument("--parts", dest="more", nargs="+", default=[], metavar="PART", help="the same, after an option")
     ap.add_argument("--out", type=Path, default=benchcli.TRIPS_DIR)
     ap.add_argument("--budget", type=float, default=450, help="seconds for everything (default 450)")
     ap.add_argument("--flushed-only", action="store_true", help="skip the runs without a flush")
