@@ -639,17 +639,20 @@ BENCH_BUDGET_S = 600
 BENCH_TIME_DIR = bench.RECORDED_DIR / "bench"
 
 
-def left_out_by_budget(suite: str, elapsed_s: float, budget_s: float | None, estimates: dict[str, float]) -> str | None:
+def left_out_by_budget(
+    suite: str, elapsed_s: float, budget_s: float | None, estimates: dict[str, float], longest_s: float = 0.0
+) -> str | None:
     """Why ``suite`` is not started ``elapsed_s`` into a bench of ``budget_s`` seconds (None: it is): the
-    budget is spent, or this suite's recorded wall time on this GPU (``estimates``) would overrun it."""
+    budget is spent, or this suite's recorded wall time on this GPU (``estimates``) would overrun it, or,
+    never timed here, the longest suite of this run so far (``longest_s``) would."""
     if budget_s is None:
         return None
     if elapsed_s >= budget_s:
         return f"the bench's budget of {budget_s:.0f} s was spent ({elapsed_s:.0f} s)"
-    if suite in estimates and elapsed_s + estimates[suite] > budget_s:
+    guess, how = (estimates[suite], "it took") if suite in estimates else (longest_s, "the longest suite so far took")
+    if elapsed_s + guess > budget_s:
         return (
-            f"it took {estimates[suite]:.0f} s when timed on this GPU, past the {budget_s - elapsed_s:.0f} s "
-            f"left of the bench's budget of {budget_s:.0f} s"
+            f"{how} {guess:.0f} s, past the {budget_s - elapsed_s:.0f} s left of the bench's budget of {budget_s:.0f} s"
         )
     return None
 
@@ -668,6 +671,7 @@ def describe_timing(t: dict) -> str:
     m = t["meta"]
     suites = ", ".join(f"{s} {sec:.0f} s" for s, sec in t["wall_s"].items())
     left = f"; left out: {', '.join(t['left_out'])}" if t.get("left_out") else ""
+    left += "" if t.get("complete", True) else "; CUT SHORT before its end"
     ncu_note = " with --ncu" if t.get("ncu") else ""
     return (
         f"{m['device']}, {m['date']}, torch {m['torch']}, triton {m['triton']}: the whole bench{ncu_note} took "
@@ -675,10 +679,10 @@ def describe_timing(t: dict) -> str:
     )
 
 
-def live(suites, op, use_ncu: bool, budget_s: float | None = None) -> dict[str, dict]:
+def live(suites, op, use_ncu: bool, budget_s: float | None = None, on_suite=None) -> dict[str, dict]:
     """Each suite timed here: ``{suite: {"rows", "ceilings", "label", "wall_s"}}``; a suite that the
     budget (``budget_s`` seconds from the start, :func:`left_out_by_budget`) leaves out is said so and
-    kept as ``{"left_out": why}``."""
+    kept as ``{"left_out": why}``. ``on_suite(out)`` is called after each suite (a record kept as it goes)."""
     t0 = time.perf_counter()
     ceil = bench.ceilings()
     label = bench.source_label()
@@ -688,7 +692,8 @@ def live(suites, op, use_ncu: bool, budget_s: float | None = None) -> dict[str, 
     out: dict[str, dict] = {}
     for suite in suites:
         t1 = time.perf_counter()
-        if why := left_out_by_budget(suite, t1 - t0, budget_s, estimates):
+        longest = max((r["wall_s"] for r in out.values() if "wall_s" in r), default=0.0)
+        if why := left_out_by_budget(suite, t1 - t0, budget_s, estimates, longest):
             print(f"\n[{suite}] left out: {why}", flush=True)
             out[suite] = {"left_out": why}
             continue
@@ -715,6 +720,8 @@ def live(suites, op, use_ncu: bool, budget_s: float | None = None) -> dict[str, 
         wall = time.perf_counter() - t1
         out[suite] = {"rows": rows, "ceilings": ceil, "label": label, "wall_s": round(wall, 1)}
         print(f"\n[{suite}] {wall:.0f} s\n{table(rows)}", flush=True)
+        if on_suite is not None:
+            on_suite(out)
     return out
 
 
@@ -794,7 +801,28 @@ def main(a: argparse.Namespace) -> int:
         return 0 if timings else 1
     if runtime.is_gpu() and not a.recorded:
         t0 = time.perf_counter()
-        timed = live(suites, a.op, a.ncu, a.budget)
+        meta = bench.metadata()
+        slug = re.sub(r"[^a-z0-9]+", "-", meta["device"].lower()).strip("-")
+        tp = a.out / f"bench-time-{slug}-{meta['date']}-{meta['time'].replace(':', '').rstrip('Z')}.json"
+
+        def keep_time(timed: dict, done: bool = False) -> None:
+            """The whole course's bench time (what the README points to), rewritten after each suite so
+            that a run cut short keeps what it timed (``"complete": false``)."""
+            if a.lesson is not None or a.op:
+                return
+            a.out.mkdir(parents=True, exist_ok=True)
+            timing = {
+                "meta": meta,
+                "budget_s": a.budget,
+                "total_s": round(time.perf_counter() - t0, 1),
+                "ncu": a.ncu,
+                "complete": done,
+                "wall_s": {s: r["wall_s"] for s, r in timed.items() if "rows" in r},
+                "left_out": [s for s, r in timed.items() if "left_out" in r],
+            }
+            tp.write_text(json.dumps(timing, indent=1) + "\n")
+
+        timed = live(suites, a.op, a.ncu, a.budget, on_suite=keep_time)
         total = time.perf_counter() - t0
         results = {s: r for s, r in timed.items() if "rows" in r}
         source = "measured"
@@ -802,14 +830,8 @@ def main(a: argparse.Namespace) -> int:
         print(f"\nthe whole bench: {total:.0f} s ({total / 60:.1f} min) of its {a.budget:.0f} s budget; "
               + ", ".join(f"{s} {r['wall_s']:.0f} s" for s, r in results.items())
               + (f"; left out: {', '.join(left_out)}" if left_out else ""), flush=True)  # fmt: skip
-        if a.lesson is None and not a.op:  # the whole course: its time is what the README points to
-            meta = bench.metadata()
-            timing = {"meta": meta, "budget_s": a.budget, "total_s": round(total, 1), "ncu": a.ncu,
-                      "wall_s": {s: r["wall_s"] for s, r in results.items()}, "left_out": left_out}  # fmt: skip
-            slug = re.sub(r"[^a-z0-9]+", "-", meta["device"].lower()).strip("-")
-            a.out.mkdir(parents=True, exist_ok=True)
-            tp = a.out / f"bench-time-{slug}-{meta['date']}-{meta['time'].replace(':', '').rstrip('Z')}.json"
-            tp.write_text(json.dumps(timing, indent=1) + "\n")
+        keep_time(timed, done=True)
+        if a.lesson is None and not a.op:
             print(f"wrote {tp} (the whole bench's time on this GPU; fusionlab/recorded/bench/ keeps them)")
     else:
         if not a.recorded:

@@ -156,6 +156,7 @@ def test_the_bench_starts_no_suite_past_its_budget_or_one_its_recorded_time_woul
     assert "took 120 s" in benchcli.left_out_by_budget("lesson7", 500.0, 600.0, est)
     assert benchcli.left_out_by_budget("lesson2", 500.0, 600.0, est) is None  # never timed: it starts
     assert "was spent" in benchcli.left_out_by_budget("lesson2", 600.0, 600.0, est)
+    assert "the longest suite so far took 150 s" in benchcli.left_out_by_budget("lesson2", 500.0, 600.0, est, 150.0)
 
 
 def test_the_whole_bench_time_is_read_back_per_gpu(tmp_path, monkeypatch, capsys):
