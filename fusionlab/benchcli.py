@@ -548,7 +548,8 @@ def record_trips(
                 why = "no counters came back: not started before the batch's deadline, or none of its cases ran"
                 data["missing"][f"{part} {cc}"] = failed.get(part, why)
         kernels = sum(len(c.get(cc, {}).get("kernels", [])) for p in got.values() for c in p.values())
-        meta["runs"].append({"parts": batch, "cache_control": cc, "seconds": round(seconds, 1), "kernels": kernels})
+        run_log = {"parts": batch, "cache_control": cc, "seconds": round(seconds, 1), "kernels": kernels}
+        meta["runs"].append({**run_log, "program_runs": ncu.last_passes() if ok and got else None})
         print(f"{' '.join(batch)} ({'flushed' if cc == 'all' else 'not flushed'}): "
               f"{sum(len(v) for v in got.values())} cases, {kernels} kernels, {seconds:.0f} s", flush=True)  # fmt: skip
         save()

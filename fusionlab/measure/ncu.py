@@ -360,6 +360,9 @@ DEADLINE_ENV = "FUSIONLAB_NCU_DEADLINE"
 #: the suffix of the file, beside :data:`CASES_ENV`'s, where the first pass of an application replay
 #: writes the stages it ran: every later pass runs the same ones (ncu matches kernels across passes)
 PLAN_SUFFIX = ".plan"
+#: the suffix of the file, beside :data:`CASES_ENV`'s, where each run of the program adds a line: how many
+#: times the profiler ran it (an application replay runs it once a pass)
+PASSES_SUFFIX = ".passes"
 
 
 def _append_infos(infos: list[dict]) -> None:
@@ -435,8 +438,22 @@ def _profile_cases(target: str, args, cache_control: str, timeout: float, deadli
             else:
                 os.environ[k] = v
         Path(side).unlink(missing_ok=True)
+        passes = Path(side + PASSES_SUFFIX)
+        runs = len(passes.read_text().splitlines()) if passes.is_file() else 0
+        passes.unlink(missing_ok=True)
         Path(side + PLAN_SUFFIX).unlink(missing_ok=True)
+    _PASSES[:] = [runs]
     return infos, kernels
+
+
+#: how many times the program ran in the last :func:`_profile_cases` (:func:`last_passes`)
+_PASSES: list[int] = []
+
+
+def last_passes() -> int | None:
+    """How many times the profiler ran the program in the last measurement (an application replay runs it
+    once a pass; a kernel replay once), None before any."""
+    return _PASSES[0] if _PASSES else None
 
 
 def _attribute(infos: list[dict], kernels: list[KernelCounters]) -> list[tuple[dict, dict | None]]:
@@ -574,6 +591,8 @@ def _child(target: str, args: list[str]) -> int:
     sys.stdout = sys.stderr
     if side := os.environ.get(CASES_ENV):
         Path(side).write_text("[]")  # each pass of an application replay writes the cases file whole
+        with open(side + PASSES_SUFFIX, "a") as f:
+            f.write("run\n")
     factory = _resolve(target)
     if factory is None:  # a script, profiled whole
         cudart = torch.cuda.cudart()
