@@ -238,3 +238,15 @@ def test_a_lesson_shows_its_devices_recording_else_another_named_as_such(tmp_pat
     part = recorded.for_device("cliff", "NVIDIA H100 80GB HBM3", tmp_path)
     assert part.device == "NVIDIA H200" and "on NVIDIA H200 (none recorded on NVIDIA H100 80GB HBM3 yet)" in part.label
     assert recorded.for_device("lesson7", "H100", tmp_path) is None
+
+
+def test_lesson1_shows_another_devices_regimes_named_where_this_one_has_none(tmp_path, monkeypatch):
+    from fusionlab import benchcli
+
+    if benchcli.runtime.is_gpu():
+        pytest.skip("on a GPU the regimes are counted here where ncu works")
+    (tmp_path / "h200.json").write_text(json.dumps(synthetic(device="NVIDIA H200")))
+    monkeypatch.setattr(benchcli, "TRIPS_DIR", tmp_path)
+    t = traffic.here_or_recorded("NVIDIA H100 80GB HBM3")
+    assert isinstance(t, traffic.Traffic) and t.sizes() == [16 * MiB, 1024 * MiB]
+    assert "on NVIDIA H200 (none recorded on NVIDIA H100 80GB HBM3 yet)" in t.label
