@@ -100,3 +100,22 @@ def test_suite_shape_on_gpu_matches_float64():
         got = s.backward_thunk(s._forwards()[impl], q, k, v, do, True)()
         for g, w in zip(got, want, strict=True):
             assert ((g.double() - w).norm() / w.norm()).item() < 2e-2, impl
+
+
+def test_memory_bar_counts_what_the_schedule_adds():
+    # O, dQ, dK, dV in bf16 and lse in fp32: 2 GiB of outputs at N = 131072, 16 heads of 128
+    assert s.returned_bytes(131072) == 4 * 16 * 131072 * 128 * 2 + 16 * 131072 * 4
+    peak = s.returned_bytes(131072) + 2**24  # the H200 recording's peak: 16 MiB of D and lse's copy beyond them
+    within = [bench.Result(s.peak_name("ours", 131072), 1.0, peak, 0, s.PEAK_GROUP)]
+    (bar, met, detail), *_ = s.bars(within)
+    assert bar.startswith("N = 131072") and met and detail.startswith("16.0 MiB")
+    over = [bench.Result(s.peak_name("ours", 131072), 1.0, s.returned_bytes(131072) + 3 * 2**30, 0, s.PEAK_GROUP)]
+    assert not s.bars(over)[0][1]
+    assert s.peaks_from(within)[0].workspace_bytes == 2**24
+
+
+def test_live_cases_are_the_backward_timings_at_the_live_sizes(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(s, "timing_cases", lambda *a, **k: seen.update(k) or [])
+    assert s.cases(live=True) == []
+    assert seen["ns"] == s.LIVE_NS and seen["fwd_bwd"] is False

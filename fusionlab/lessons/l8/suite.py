@@ -21,10 +21,11 @@ All in bf16, heads of 16, 16k x 16 token-heads per timing shape (N = 1k: B = 16;
   ``"bits <impl> <grad>"`` the elements of that gradient whose bits differed from the first run in any
   run, ``"runs <impl>"`` the number of distinct results (dQ, dK, dV together) among the runs.
 - **Peak memory** (group :data:`PEAK_GROUP`): B = 1, H = 16, D = 128, causal, forward + backward at
-  N = 1k ... 128k, ours and eager. ``nbytes`` is the peak allocated beyond the inputs (the three
-  gradients included: any backward returns them), measured by ``torch.cuda.max_memory_allocated``
-  when the case is built; where eager runs out of memory the sweep records a case of
-  :data:`OOM_GROUP` and tries no longer N. :func:`peaks_from` reads them back.
+  N = 1k ... 128k, ours and eager. ``nbytes`` is the peak allocated beyond the inputs (O, lse and the three
+  gradients included: any forward + backward returns them; :attr:`Peak.workspace_bytes` takes them
+  out), measured by ``torch.cuda.max_memory_allocated`` when the case is built; where eager runs out of
+  memory the sweep records a case of :data:`OOM_GROUP` and tries no longer N. :func:`peaks_from` reads
+  them back.
 - **The Hopper road** (group ``"hopper ..."``, sm_90 only): the backward with its Q/dO and K/V loads
   through tensor descriptors (``backward_config={"TMA": True}``) and the atomic schedule with dQ added
   by the copy engine's bulk reduce-add (``{"TMA_REDUCE": True}``), head dim 128, N = 4k and 16k.
@@ -74,6 +75,9 @@ PEAK_NS = (1024, 4096, 16384, 32768, 131072)
 PEAK_VARIANTS = ("eager", "ours")
 PEAK_GROUP = "peak memory"
 OOM_GROUP = "eager out of memory"
+#: the notebook's live run (``cases(live=True)``): the backward timings at these N only (its tables read
+#: N = 16384, and eager at 4096)
+LIVE_NS = (4096, 16384)
 #: the Hopper steps: name -> (deterministic, backward_config)
 HOPPER = {"ours tma loads": (True, {"TMA": True}), "atomic tma reduce": (False, {"TMA_REDUCE": True})}
 HOPPER_NS = (4096, 16384)
@@ -111,12 +115,29 @@ def oom_name(n: int) -> str:
 @dataclass(frozen=True)
 class Peak:
     """One peak-memory measurement of forward + backward (B = 1, H = 16, D = 128, causal): bytes allocated
-    at the peak beyond the inputs, the gradients included. ``peak_bytes`` is None where it ran out of
-    memory."""
+    at the peak beyond the inputs (q, k, v, dO), the gradients included. ``peak_bytes`` is None where it ran
+    out of memory. :attr:`workspace_bytes`: the peak beyond what the op hands back as well."""
 
     variant: str
     n: int
     peak_bytes: int | None
+
+    @property
+    def returned_bytes(self) -> int:
+        """What any attention forward + backward hands back, whatever its schedule: O and dQ, dK, dV
+        (bf16) and the forward's fp32 log-sum-exp, all alive at the backward's end."""
+        return returned_bytes(self.n)
+
+    @property
+    def workspace_bytes(self) -> int | None:
+        """The extra memory of the schedule itself: the peak beyond the inputs and :attr:`returned_bytes`
+        (eager: its N x N matrices; ours: D and the copy of lse the passes read)."""
+        return None if self.peak_bytes is None else self.peak_bytes - self.returned_bytes
+
+
+def returned_bytes(n: int, heads: int = HEADS, d: int = PEAK_D) -> int:
+    """O, dQ, dK, dV in bf16 and lse in fp32 for one sequence of ``n`` at ``heads`` heads of ``d``."""
+    return 4 * heads * n * d * 2 + heads * n * 4
 
 
 @dataclass(frozen=True)
@@ -181,9 +202,13 @@ def _predicted(impl, B, n, d, causal, copy_GBps, matmul_TFLOPs) -> float | None:
     return max(mm, attention_backward_bytes(B, HEADS, n, n, d, DTYPE) / (copy_GBps * 1e9) * 1e3)
 
 
-def timing_cases(copy_GBps=None, matmul_TFLOPs=None, device="cuda", dims=HEAD_DIMS, ns=NS) -> list[Case]:
+def timing_cases(
+    copy_GBps=None, matmul_TFLOPs=None, device="cuda", dims=HEAD_DIMS, ns=NS, impls=tuple(IMPLS), fwd_bwd=True
+) -> list[Case]:
+    """The backward timings (``impls``: keys of :data:`IMPLS`) and, with ``fwd_bwd``, forward + backward of
+    :data:`FWD_BWD`, at head dims ``dims`` and sequence lengths ``ns``."""
     out = []
-    forwards = _forwards()
+    forwards = {impl: f for impl, f in _forwards().items() if impl in impls or (fwd_bwd and impl in FWD_BWD)}
     for d in dims:
         for n in ns:
             B = TOKEN_HEADS // (n * HEADS)
@@ -193,7 +218,7 @@ def timing_cases(copy_GBps=None, matmul_TFLOPs=None, device="cuda", dims=HEAD_DI
                 nbytes = attention_backward_bytes(B, HEADS, n, n, d, DTYPE)
                 group = shape_tag(d, n, causal)
                 for impl, fwd in forwards.items():
-                    if impl == "eager" and n not in EAGER_NS:
+                    if impl not in impls or (impl == "eager" and n not in EAGER_NS):
                         continue
                     thunk = _works(functools.partial(backward_thunk, fwd, q, k, v, do, causal))
                     if thunk is None:
@@ -201,7 +226,7 @@ def timing_cases(copy_GBps=None, matmul_TFLOPs=None, device="cuda", dims=HEAD_DI
                     pred = _predicted(impl, B, n, d, causal, copy_GBps, matmul_TFLOPs)
                     out.append(Case(case_name(d, n, causal, impl), thunk, nbytes, flops, group, pred))
                 fwd_flops = attention_flops(B, HEADS, n, n, d, causal) * 7 // 2
-                for impl in FWD_BWD:
+                for impl in FWD_BWD if fwd_bwd else ():
                     thunk = _works(functools.partial(fwd_bwd_thunk, forwards[impl], q, k, v, do, causal))
                     if thunk is not None:
                         out.append(Case(fwd_bwd_name(d, n, causal, impl), thunk, nbytes, fwd_flops, "fwd+bwd " + group))
@@ -363,6 +388,10 @@ def peaks_from(results) -> list[Peak]:
 #: issue 39's bars, in one run: ours' backward against SDPA's flash and cuDNN backends, and forward +
 #: backward against flash
 BAR_FLASH, BAR_CUDNN, BAR_FWD_BWD = 1.1, 0.8, 1.2
+#: and the memory bar: forward + backward at N = 131072 (B 1, H 16, D 128) in under 2 GiB of extra memory,
+#: extra read as beyond the inputs and what the op returns (:attr:`Peak.workspace_bytes`): O and the three
+#: gradients alone take 2 GiB at that size, so no schedule could meet a reading that counted them
+MEMORY_BAR_N, MEMORY_BAR_GIB = 131072, 2
 
 
 def bars(results) -> list[tuple[str, bool, str]]:
@@ -388,6 +417,14 @@ def bars(results) -> list[tuple[str, bool, str]]:
             out.append(
                 (bar, met == len(ratios), f"{met} of {len(ratios)} shapes; worst {ratios[worst]:.2f}x at {worst}")
             )
+    for p in peaks_from(results):
+        if p.variant == "ours" and p.n == MEMORY_BAR_N:
+            out.append((
+                f"N = {p.n} forward + backward: extra memory < {MEMORY_BAR_GIB} GiB",
+                p.workspace_bytes < MEMORY_BAR_GIB * 2**30,
+                f"{p.workspace_bytes / 2**20:.1f} MiB beyond the inputs, O, lse and the gradients "
+                f"({p.peak_bytes / 2**30:.3f} GiB beyond the inputs alone)",
+            ))  # fmt: skip
     for b in bits_from(results):
         if b.impl == "ours":
             out.append(
@@ -396,8 +433,15 @@ def bars(results) -> list[tuple[str, bool, str]]:
     return out
 
 
-def cases(copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, device="cuda") -> list[Case]:
-    """All lesson 8 cases. With the measured ceilings each backward timing also carries ``predicted_ms``."""
+def cases(
+    copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, device="cuda", live: bool = False
+) -> list[Case]:
+    """All lesson 8 cases. With the measured ceilings each backward timing also carries ``predicted_ms``.
+    ``live``: only what the notebook's live bars and tables read (the backward timings at :data:`LIVE_NS`):
+    the probes and the peaks have cells of their own, and the whole suite runs for minutes, past a
+    notebook cell's time limit."""
+    if live:
+        return timing_cases(copy_GBps, matmul_TFLOPs, device, ns=LIVE_NS, fwd_bwd=False)
     return [
         *timing_cases(copy_GBps, matmul_TFLOPs, device),
         *hopper_cases(device),
