@@ -218,16 +218,19 @@ def _fp8_inner(
             else:
                 k = tl.load(k_ptrs)
                 vt = tl.load(vt_ptrs)
-        c = c_row * tl.load(ks_ptr + start_n // BLOCK_N)
-        qk = tl.dot(q, tl.trans(k)) * c  # log2 units
+        c = c_row * tl.load(ks_ptr + start_n // BLOCK_N)  # > 0: the scores in log2 units are qk * c
+        qk = tl.dot(q, tl.trans(k))
+        # P times 2^8: e4m3's normal range instead of its subnormals (the module's docstring)
         if MASKED:
             keep = offs_n[None, :] < n_k
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= offs_n[None, :])
-            qk = tl.where(keep, qk, float("-inf"))
-        m_ij = tl.maximum(m_i, tl.max(qk, 1))
-        # P times 2^8: e4m3's normal range instead of its subnormals (the module's docstring)
-        p = tl.math.exp2(qk - (m_ij[:, None] - 8.0))
+            qk = tl.where(keep, qk * c, float("-inf"))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            p = tl.math.exp2(qk - (m_ij[:, None] - 8.0))
+        else:  # the row max of the raw scores, then scale and subtract in one FMA per score
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * c)
+            p = tl.math.exp2(qk * c - (m_ij[:, None] - 8.0))
         alpha = tl.math.exp2(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
