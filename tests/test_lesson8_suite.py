@@ -119,3 +119,41 @@ def test_live_cases_are_the_backward_timings_at_the_live_sizes(monkeypatch):
     monkeypatch.setattr(s, "timing_cases", lambda *a, **k: seen.update(k) or [])
     assert s.cases(live=True) == []
     assert seen["ns"] == s.LIVE_NS and seen["fwd_bwd"] is False
+
+
+def test_hopper_recordings_read_back(tmp_path):
+    from fusionlab.lessons.l8 import hopper
+
+    dev = {"kind": "device", "name": "GPU X", "torch": "2.11", "triton": "3.6", "date": "2026-11-27"}
+    fp8 = [
+        dev,
+        {"kind": "gate", "o": 0.04, "lse": 0.02, "o_kernel": 0.015, "o_bf16": 0.003, "ok": True},
+        {"kind": "gate", "o": 0.05, "lse": 0.03, "o_kernel": 0.02, "o_bf16": 0.004, "ok": True},
+        {"kind": "time", "d": 128, "n": 4096, "causal": False, "speedup": 1.5, "speedup_with_quant": 1.1,
+         "bf16_tflops": 500.0, "fp8_tflops": 750.0},
+        {"kind": "time", "d": 128, "n": 8192, "causal": True, "error": "did not build"},
+    ]  # fmt: skip
+    ws = [
+        dev,
+        {"kind": "package", "d": 128, "n": 4096, "dtype": "bf16", "tflops": 500.0, "err": 1e-3, "nonfinite": 0},
+        {"kind": "tutorial", "d": 128, "n": 4096, "dtype": "bf16", "block_n": 64, "stages": 3, "ws": False,
+         "tflops": 450.0, "err": 1e-3, "nonfinite": 0},
+        {"kind": "tutorial", "d": 128, "n": 4096, "dtype": "bf16", "block_n": 64, "stages": 3, "ws": True,
+         "tflops": 550.0, "err": 1e-3, "nonfinite": 0},
+        {"kind": "tutorial", "d": 128, "n": 4096, "dtype": "bf16", "block_n": 64, "stages": 4, "ws": True,
+         "tflops": 900.0, "err": float("nan"), "nonfinite": 12},
+        {"kind": "tutorial", "d": 128, "n": 4096, "dtype": "bf16", "block_n": 128, "stages": 4, "ws": True,
+         "error": "OutOfResources"},
+    ]  # fmt: skip
+    (tmp_path / "fp8-gpu-x-2026-11-27.json").write_text(json.dumps(fp8))
+    (tmp_path / "ws-gpu-x-2026-11-27.json").write_text(json.dumps(ws))
+    (rec,) = hopper.recordings("fp8", tmp_path)
+    assert rec.label() == "recorded 2026-11-27 on GPU X, torch 2.11, triton 3.6"
+    s8 = hopper.fp8_summary(rec)
+    assert [t["n"] for t in s8["times"]] == [4096] and s8["gate_passed"]
+    assert s8["gate"] == {"o": 0.05, "lse": 0.03, "o_kernel": 0.02, "o_bf16": 0.004}
+    (w,) = hopper.ws_summary(hopper.recordings("ws", tmp_path)[0])
+    # the fast configuration with non-finite values is never the best: it is listed as bad, with the one
+    # that did not compile
+    assert w["ws"]["tflops"] == 550.0 and w["plain"]["tflops"] == 450.0 and w["package"]["tflops"] == 500.0
+    assert len(w["bad"]) == 2
