@@ -157,3 +157,14 @@ def test_hopper_recordings_read_back(tmp_path):
     # that did not compile
     assert w["ws"]["tflops"] == 550.0 and w["plain"]["tflops"] == 450.0 and w["package"]["tflops"] == 500.0
     assert len(w["bad"]) == 2
+
+
+def test_fp8_bar_reads_the_forward_pairs():
+    res = []
+    for n in s.FP8_ATTN_NS:
+        for causal in (False, True):
+            res.append(bench.Result(s.fp8_attention_name(n, causal, "bf16"), 1.5, 1, 1, s.FP8_ATTN_GROUP))
+            res.append(bench.Result(s.fp8_attention_name(n, causal, "fp8"), 1.0 if n > 4096 else 1.2, 1, 1, "x"))
+    (bar, met, detail), *_ = s.bars(res)
+    assert bar.startswith("FP8 forward >= 1.4x") and not met
+    assert detail == "2 of 4 shapes; worst 1.25x at D=128 N=4096 full"

@@ -31,6 +31,8 @@ All in bf16, heads of 16, 16k x 16 token-heads per timing shape (N = 1k: B = 16;
   by the copy engine's bulk reduce-add (``{"TMA_REDUCE": True}``), head dim 128, N = 4k and 16k.
 - **The FP8 ceiling** (group :data:`FP8_GROUP`): 8192-square matmuls in bf16 and in e4m3
   (``torch._scaled_mm``), the most an FP8 attention could gain where the products set the time.
+- **The FP8 forward** (group :data:`FP8_ATTN_GROUP`, sm_89 and newer): the package's e4m3 forward on
+  quantised inputs against its bf16 forward, head dim 128, N = 4k and 16k, causal and not.
 
 A backend this GPU or build lacks (cuDNN attention before sm_80, TMA before Hopper) is left out
 rather than failing the suite.
@@ -261,8 +263,8 @@ FP8_CASES = {"bf16": "matmul bf16", "e4m3": "matmul fp8 e4m3", "e4m3 fast": "mat
 
 def fp8_cases(device="cuda") -> list[Case]:
     """What FP8 can offer an attention kernel at most: the tensor cores' e4m3 rate against bf16's, measured
-    with cuBLAS square matmuls (no FP8 attention kernel here yet). Left out where FP8 matmuls are not
-    supported (before sm_89)."""
+    with cuBLAS square matmuls (the package's FP8 forward itself: :func:`fp8_attention_cases`). Left out
+    where FP8 matmuls are not supported (before sm_89)."""
     a, b = (torch.randn(FP8_N, FP8_N, device=device, dtype=DTYPE) for _ in range(2))
     one = torch.ones((), device=device, dtype=torch.float32)
     a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()  # cuBLAS wants the second column-major
@@ -277,6 +279,45 @@ def fp8_cases(device="cuda") -> list[Case]:
         if thunk is not None:
             # bytes: a and b read, the bf16 product written
             out.append(Case(FP8_CASES[key], thunk, FP8_N**2 * (6 if key == "bf16" else 4), 2 * FP8_N**3, FP8_GROUP))
+    return out
+
+
+#: the FP8 forward against the bf16 forward (``fusionlab.kernels.attention_fp8``), head dim 128
+FP8_ATTN_NS = (4096, 16384)
+FP8_ATTN_GROUP = "fp8 attention"
+
+
+def fp8_attention_name(n: int, causal: bool, impl: str) -> str:
+    """``impl``: "bf16" (the package's forward) or "fp8" (the e4m3 kernel on inputs already quantised)."""
+    return f"{shape_tag(128, n, causal)} fwd {impl}"
+
+
+def fp8_attention_cases(device="cuda") -> list[Case]:
+    """The package's FP8 forward on e4m3 inputs already quantised (a model writes them in the epilogue of
+    the layer before) against its bf16 forward, head dim 128, at :data:`FP8_ATTN_NS` (16k x 16 token-heads),
+    causal and not; both counted with the forward's FLOPs. Left out before sm_89."""
+    from ...kernels.attention_fp8 import attention_fp8_config, attention_fp8_quantized, quantize_fp8
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        return []
+    out = []
+    for n in FP8_ATTN_NS:
+        B = TOKEN_HEADS // (n * HEADS)
+        q, k, v, _ = qkv_do(B, HEADS, n, 128, device)
+        for causal in (False, True):
+            cfg = attention_fp8_config(128, causal, n)
+            x = quantize_fp8(q, k, v, cfg["BLOCK_M"], cfg["BLOCK_N"])
+            flops = attention_flops(B, HEADS, n, n, 128, causal)
+            nbytes = 4 * B * HEADS * n * 128 * 2  # bf16: q, k, v read and o written once
+            thunks = {
+                "bf16": lambda q=q, k=k, v=v, c=causal: attention(q, k, v, causal=c),
+                "fp8": lambda x=x, c=causal: attention_fp8_quantized(x, c),
+            }
+            for impl, fn in thunks.items():
+                thunk = _works(lambda fn=fn: fn)
+                if thunk is not None:
+                    b = nbytes if impl == "bf16" else nbytes * 5 // 8  # e4m3 inputs: one byte an element
+                    out.append(Case(fp8_attention_name(n, causal, impl), thunk, b, flops, FP8_ATTN_GROUP))
     return out
 
 
@@ -387,7 +428,7 @@ def peaks_from(results) -> list[Peak]:
 
 #: issue 39's bars, in one run: ours' backward against SDPA's flash and cuDNN backends, and forward +
 #: backward against flash
-BAR_FLASH, BAR_CUDNN, BAR_FWD_BWD = 1.1, 0.8, 1.2
+BAR_FLASH, BAR_CUDNN, BAR_FWD_BWD, BAR_FP8 = 1.1, 0.8, 1.2, 1.4
 #: and the memory bar: forward + backward at N = 131072 (B 1, H 16, D 128) in under 2 GiB of extra memory,
 #: extra read as beyond the inputs and what the op returns (:attr:`Peak.workspace_bytes`): O and the three
 #: gradients alone take 2 GiB at that size, so no schedule could meet a reading that counted them
@@ -417,6 +458,17 @@ def bars(results) -> list[tuple[str, bool, str]]:
             out.append(
                 (bar, met == len(ratios), f"{met} of {len(ratios)} shapes; worst {ratios[worst]:.2f}x at {worst}")
             )
+    fp8 = {}
+    for n in FP8_ATTN_NS:
+        for causal in (False, True):
+            bf, f8 = r.get(fp8_attention_name(n, causal, "bf16")), r.get(fp8_attention_name(n, causal, "fp8"))
+            if bf is not None and f8 is not None:
+                fp8[shape_tag(128, n, causal)] = bf.ms / f8.ms
+    if fp8:
+        worst = min(fp8, key=fp8.get)
+        met = sum(v >= BAR_FP8 for v in fp8.values())
+        out.append((f"FP8 forward >= {BAR_FP8}x the bf16 forward (D 128)", met == len(fp8),
+                    f"{met} of {len(fp8)} shapes; worst {fp8[worst]:.2f}x at {worst}"))  # fmt: skip
     for p in peaks_from(results):
         if p.variant == "ours" and p.n == MEMORY_BAR_N:
             out.append((
@@ -446,6 +498,7 @@ def cases(
         *timing_cases(copy_GBps, matmul_TFLOPs, device),
         *hopper_cases(device),
         *fp8_cases(device),
+        *fp8_attention_cases(device),
         *bits_cases(device),
         *peak_cases(device),
     ]
