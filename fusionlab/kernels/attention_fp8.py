@@ -58,6 +58,7 @@ import triton.language as tl
 from .. import runtime
 from ._attention import LOG2E, TensorDescriptor, default_scale, hopper, scores64
 from ._launch import KernelInputError, cdiv, check_tensor, launch_kwargs
+from .attention_backward import key_range
 
 OP = "attention_fp8"
 FP8 = torch.float8_e4m3fn
@@ -270,13 +271,7 @@ def _fp8_fwd_kernel(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    n_full = (n_k // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        lo_mask = tl.minimum(m0, n_full)  # m0 is a multiple of BLOCK_M, hence of BLOCK_N
-        hi = tl.minimum(m0 + BLOCK_M, n_k)  # keys above the diagonal: never loaded
-    else:
-        lo_mask = n_full
-        hi = n_k
+    lo_mask, hi = key_range(m0, n_k, BLOCK_M, BLOCK_N, CAUSAL)
     k_src = k_desc if TMA else k_base
     vt_src = vt_desc if TMA else vt_base
     acc, l_i, m_i = _fp8_inner(acc, l_i, m_i, q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0, offs_d,
