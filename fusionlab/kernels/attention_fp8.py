@@ -200,11 +200,12 @@ def _fp8_inner(
     acc, l_i, m_i, q, k_src, vt_src, ks_ptr, k_row, vt_row, offs_m, offs_n0, offs_d, n_k, stride_kn, stride_vd,
     c_row, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    TMA: tl.constexpr, EMULATE: tl.constexpr,
+    TMA: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr,
 ):  # fmt: skip
     """Key blocks ``[lo, hi)``: the online softmax with e4m3 products. ``c_row``: s_q * scale * log2(e)
-    (the Q block's part of the scores' multiplier); each step multiplies in its K block's scale."""
-    for start_n in tl.range(lo, hi, BLOCK_N):
+    (the Q block's part of the scores' multiplier); each step multiplies in its K block's scale. ``WS``:
+    the loop warp-specialised by Triton (producer warps load, consumer warps compute)."""
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
         if TMA:
@@ -247,10 +248,18 @@ def _fp8_fwd_kernel(
     q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr, lse_ptr, q_desc, k_desc, vt_desc,
     n_q, n_k, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    TMA: tl.constexpr, EMULATE: tl.constexpr,
+    TMA: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr,
 ):  # fmt: skip
     # grid: (query tiles, H, B); q8, k8 (B, H, N, D) and vt8 (B, H, D, N_k) contiguous. Query tiles from
     # the last: a causal head's longest tiles start first
+    if WS:  # Triton's warp specialisation on Hopper wants descriptors made on the device
+        rows = tl.num_programs(1) * tl.num_programs(2)
+        q_desc = tl.make_tensor_descriptor(q_ptr, shape=[rows * n_q, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                           block_shape=[BLOCK_M, HEAD_DIM])  # fmt: skip
+        k_desc = tl.make_tensor_descriptor(k_ptr, shape=[rows * n_k, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])  # fmt: skip
+        vt_desc = tl.make_tensor_descriptor(vt_ptr, shape=[rows * HEAD_DIM, n_k], strides=[n_k, 1],
+                                            block_shape=[HEAD_DIM, BLOCK_N])  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(2).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
     m0 = pid_m * BLOCK_M
@@ -276,10 +285,10 @@ def _fp8_fwd_kernel(
     vt_src = vt_desc if TMA else vt_base
     acc, l_i, m_i = _fp8_inner(acc, l_i, m_i, q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0, offs_d,
                                n_k, HEAD_DIM, n_k, c_row, 0, lo_mask,
-                               HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, EMULATE)  # fmt: skip
+                               HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, EMULATE, WS)  # fmt: skip
     acc, l_i, m_i = _fp8_inner(acc, l_i, m_i, q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0, offs_d,
                                n_k, HEAD_DIM, n_k, c_row, lo_mask, hi,
-                               HEAD_DIM, BLOCK_N, True, CAUSAL, TMA, EMULATE)  # fmt: skip
+                               HEAD_DIM, BLOCK_N, True, CAUSAL, TMA, EMULATE, False)  # fmt: skip
     vs = tl.load(vs_ptr + bh * HEAD_DIM + offs_d)
     o = acc * (vs[None, :] / l_i[:, None])
     o_ptrs = o_ptr + (bh * n_q + offs_m.to(tl.int64))[:, None] * HEAD_DIM + offs_d[None, :]
@@ -289,6 +298,13 @@ def _fp8_fwd_kernel(
 
 
 # -- the launcher ---------------------------------------------------------------------------------
+@functools.cache
+def _device_descriptor_allocator() -> None:
+    """Descriptors made on the device need global scratch memory per launch; Triton asks for it through
+    the allocator set here (once, torch's caching allocator). Only the ``WS`` experiment makes them."""
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
+
+
 def _check_fp8(x: Fp8Inputs, causal, scale) -> None:
     if not isinstance(x, Fp8Inputs):
         raise KernelInputError(f"{OP}: pass what quantize_fp8 returns, got {type(x).__name__}.")
@@ -319,7 +335,9 @@ def attention_fp8_quantized(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The FP8 forward on quantised inputs: ``(o, lse)``, o (B, H, N_q, D) in ``out_dtype``, lse fp32
     (natural log). ``config``: tile overrides (``num_warps``, ``num_stages``; ``BLOCK_M``/``BLOCK_N`` must
-    be the blocks ``x`` was quantised over)."""
+    be the blocks ``x`` was quantised over; ``"WS": True``: the unmasked loop warp-specialised by Triton,
+    with descriptors made on the device, where the descriptors' layout rules hold — an experiment,
+    off by default)."""
     _check_fp8(x, causal, scale)
     B, H, N_q, D = x.q8.shape
     N_k = x.k8.shape[2]
@@ -341,17 +359,20 @@ def attention_fp8_quantized(
         TensorDescriptor is not None and (hopper() or not gpu) and N_k % 16 == 0 and N_k > 0
         and B * H * max(N_q + bm, N_k + bn, D) < 2**31
     )  # fmt: skip
-    if tma:
+    ws = bool(cfg.get("WS")) and tma
+    if ws and gpu:
+        _device_descriptor_allocator()
+    if tma and not ws:
         q_desc = TensorDescriptor(x.q8.view(-1, D), [B * H * N_q, D], [D, 1], [bm, D])
         k_desc = TensorDescriptor(x.k8.view(-1, D), [B * H * N_k, D], [D, 1], [bn, D])
         vt_desc = TensorDescriptor(x.vt8.view(-1, N_k), [B * H * D, N_k], [N_k, 1], [D, bn])
     else:
-        q_desc = k_desc = vt_desc = x.q8  # placeholders: the kernel reads the pointers
+        q_desc = k_desc = vt_desc = x.q8  # placeholders: the kernel reads the pointers or makes descriptors
     grid = (cdiv(N_q, bm), H, B)
     qk_scale = default_scale(D, scale) * LOG2E
     _fp8_fwd_kernel[grid](
         x.q8, x.k8, x.vt8, x.q_scale, x.k_scale, x.v_scale, o, lse, q_desc, k_desc, vt_desc, N_q, N_k, qk_scale,
-        HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, TMA=tma, EMULATE=not gpu,
+        HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, TMA=tma, EMULATE=not gpu, WS=ws,
         **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
     )  # fmt: skip
     return o, lse
