@@ -106,6 +106,19 @@ def test_refusals():
         attention_fp8_quantized((x.q8, x.k8, x.vt8))
     with pytest.raises(KernelInputError, match="causal"):
         attention_fp8_quantized(x, causal=1)
+    with pytest.raises(KernelInputError, match="unknown config"):
+        attention_fp8_quantized(x, config={"TMA": True})
+    with pytest.raises(KernelInputError, match="WS"):
+        attention_fp8_quantized(x, config={"WS": "yes"})
+
+
+def test_warp_specialised_loop_gives_the_same_bits():
+    # in the interpreter warp_specialize changes nothing of the arithmetic: the descriptors made on the
+    # device read what the host's do
+    q, k, v = _qkv(1, 2, 64, 64, 64)
+    cfg = attention_fp8_config(64, True, 64)
+    x = quantize_fp8(q, k, v, cfg["BLOCK_M"], cfg["BLOCK_N"])
+    assert torch.equal(attention_fp8_quantized(x, True)[0], attention_fp8_quantized(x, True, config={"WS": True})[0])
 
 
 @gpu_only

@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ._attention import LOG2E, TensorDescriptor, default_scale, hopper, scores64
+from ._attention import LOG2E, TensorDescriptor, config_key, default_scale, hopper, scores64
 from ._launch import KernelInputError, cdiv, check_tensor, launch_kwargs
 from .attention_backward import key_range
 
@@ -75,6 +75,8 @@ GPU_TABLE = {
     (64, False): (128, 128, 8, 3), (64, True): (128, 64, 4, 3),
     (128, False): (128, 128, 8, 3), (128, True): (128, 64, 8, 3),
 }  # fmt: skip
+#: what ``config`` may override
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "WS")
 #: the interpreter: few programs, but a causal diagonal of several blocks and partial last blocks
 INTERPRETER_TILE = (32, 16, 4, 1)
 
@@ -342,7 +344,7 @@ def attention_fp8_quantized(
     B, H, N_q, D = x.q8.shape
     N_k = x.k8.shape[2]
     gpu = runtime.is_gpu()
-    cfg = {**_config(D, causal, N_q, N_k, gpu), **(config or {})}
+    cfg = {**_config(D, causal, N_q, N_k, gpu), **dict(config_key(config, OP, CONFIG_KEYS, flags=("WS",)))}
     bm, bn = x.block_m, x.block_n
     if (cfg["BLOCK_M"], cfg["BLOCK_N"]) != (bm, bn) or bm % bn or bn < 16:
         raise KernelInputError(
