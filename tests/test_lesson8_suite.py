@@ -144,6 +144,8 @@ def test_hopper_recordings_read_back(tmp_path):
          "tflops": 900.0, "err": float("nan"), "nonfinite": 12},
         {"kind": "tutorial", "d": 128, "n": 4096, "dtype": "bf16", "block_n": 128, "stages": 4, "ws": True,
          "error": "OutOfResources"},
+        {"kind": "fp8", "d": 128, "n": 4096, "dtype": "bf16", "tile": [128, 128, 8, 3], "ws": True, "tflops": 700.0},
+        {"kind": "fp8", "d": 128, "n": 4096, "dtype": "bf16", "tile": [128, 128, 8, 3], "ws": False, "tflops": 650.0},
     ]  # fmt: skip
     (tmp_path / "fp8-gpu-x-2026-11-27.json").write_text(json.dumps(fp8))
     (tmp_path / "ws-gpu-x-2026-11-27.json").write_text(json.dumps(ws))
@@ -157,6 +159,8 @@ def test_hopper_recordings_read_back(tmp_path):
     # that did not compile
     assert w["ws"]["tflops"] == 550.0 and w["plain"]["tflops"] == 450.0 and w["package"]["tflops"] == 500.0
     assert len(w["bad"]) == 2
+    (f8,) = hopper.ws_fp8(hopper.recordings("ws", tmp_path)[0])
+    assert f8["tile"] == (128, 128, 8, 3) and f8["ws"]["tflops"] == 700.0 and f8["plain"]["tflops"] == 650.0
 
 
 def test_fp8_bar_reads_the_forward_pairs():

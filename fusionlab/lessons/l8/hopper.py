@@ -81,3 +81,14 @@ def ws_summary(rec: Recording) -> list[dict]:
         out.append({"d": d, "n": n, "dtype": dtype, "package": package, "plain": best[False], "ws": best[True],
                     "bad": [r for r in tut if not good(r)]})  # fmt: skip
     return out
+
+
+def ws_fp8(rec: Recording) -> list[dict]:
+    """The FP8 forward's rows of the warp-specialisation probe (kind "fp8"), per tile: ``"tile"``, and
+    ``"plain"``/``"ws"`` (each the row, or None where it was not measured)."""
+    out: dict = {}
+    for r in rec.of("fp8"):
+        out.setdefault(tuple(r["tile"]), {"tile": tuple(r["tile"]), "plain": None, "ws": None})[
+            "ws" if r["ws"] else "plain"
+        ] = r
+    return list(out.values())
