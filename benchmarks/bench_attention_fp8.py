@@ -84,7 +84,7 @@ def main():
             o64 = torch.softmax(s, -1) @ vd
             ob, _ = attention(q, k, v, causal)
             row["o_bf16"] = float((ob.double() - o64).norm() / o64.norm())
-            row["ok"] = row["o"] < 0.08 and row["o_kernel"] < 0.04 and row["lse"] < 0.1
+            row["ok"] = row["o"] < 0.08 and row["o_kernel"] < 0.04 and row["lse"] < 0.25
         except Exception as e:  # noqa: BLE001  (a failing case is a result; the timing still runs)
             row.update(ok=False, error=f"{type(e).__name__}: {e}"[:300], trace=traceback.format_exc()[-600:])
         log(row)
