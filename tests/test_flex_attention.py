@@ -129,15 +129,18 @@ def test_ref_max_overflow_falls_back_to_the_online_loop():
                attention_reference(q, k, v, block_mask=bm, score_mod=alibi(1)), max(TOL, 1e-3))  # fmt: skip
 
 
-@pytest.mark.parametrize("kernel_m", [16, 32])
-def test_kernel_tiles_inside_the_masks(kernel_m):
-    # a mask built at 64-row tiles, the kernel at 16 or 32: each kernel tile reads its mask tile's lists
-    n = 100
+@pytest.mark.parametrize("kernel_m, kernel_n", [(32, 16), (16, 64)])
+def test_kernel_tiles_inside_the_masks(kernel_m, kernel_n):
+    # a mask built at 64 x 64 tiles, the kernel's inside them: each kernel Q tile reads its mask tile's lists,
+    # each listed key block runs as 64 / kernel_n of the kernel's. N = 96: the mask's last key block hangs past
+    # the keys, and with kernel_n = 16 a part of it lies wholly past them, though 16 divides N
+    n = 96
     q, k, v = _qkv(1, 2, 2, n, n, 16, seed=10)
-    bm = block_mask(sliding_window(20), None, None, n, n, device=DEV, block_m=64, block_n=16)
-    for ref in (0, 2):
-        got = attention(q, k, v, block_mask=bm, config={"BLOCK_M": kernel_m, "REF_MAX": ref})
-        _close(got, attention_reference(q, k, v, block_mask=bm))
+    for mask in (sliding_window(20), document_mask(_docs(n, [30, 41, 25]).to(DEV))):
+        bm = block_mask(mask, None, None, n, n, device=DEV, block_m=64, block_n=64)
+        for ref in (0, 2):
+            got = attention(q, k, v, block_mask=bm, config={"BLOCK_M": kernel_m, "BLOCK_N": kernel_n, "REF_MAX": ref})
+            _close(got, attention_reference(q, k, v, block_mask=bm))
 
 
 @triton.jit
@@ -253,10 +256,9 @@ def test_errors():
         attention(q[:, :, :10], k, v, block_mask=bm)
     with pytest.raises(KernelInputError, match="forward only"):
         attention(q.requires_grad_(), k, v, score_mod=softcap(5.0))
-    with pytest.raises(KernelInputError, match="key blocks are the mask's"):
-        attention(q.detach(), k, v, block_mask=bm, config={"BLOCK_N": 2 * bm.block_n})
-    with pytest.raises(KernelInputError, match="does not divide"):
-        attention(q.detach(), k, v, block_mask=bm, config={"BLOCK_M": 2 * bm.block_m})
+    for name, size in (("BLOCK_N", bm.block_n), ("BLOCK_M", bm.block_m)):
+        with pytest.raises(KernelInputError, match=f"config {name}=.* does not divide"):
+            attention(q.detach(), k, v, block_mask=bm, config={name: 2 * size})
     with pytest.raises(KernelInputError, match="reads a tensor on meta"):
         attention(q.detach(), k, v, score_mod=relative_bias(torch.zeros(2, 3, device="meta")))
     with pytest.raises(KernelInputError, match="MaskMod"):

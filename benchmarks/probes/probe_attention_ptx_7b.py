@@ -97,15 +97,17 @@ def _spec(n, d, causal, variant, dtype=torch.bfloat16, mods=None):
 
 def main(argv):
     if "--mods" in argv:
-        n, d = 1024, 64
-        q = torch.empty(2, 8, n, d, dtype=torch.bfloat16)
-        cases = [(A.softcap(30.0), None), (A.alibi(8), None), (None, A.causal_mask()), (None, A.sliding_window(256)),
-                 (None, A.prefix_lm(100)), (None, A.document_mask(torch.arange(n) // 128))]  # fmt: skip
-        for sm, mask in cases:
-            bm = None if mask is None else A.block_mask(mask, None, None, n, n, device="cpu")
-            mods = A._mods(q, q, False, sm, bm)
-            h, _ = _spec(n, d, False, "tma", mods=mods)
-            print(h, mods.names, flush=True)
+        for n, d in ((1024, 64), (4096, 64), (4096, 128)):  # short and long sequences: both tables' rows
+            q = torch.empty(2, 8, n, d, dtype=torch.bfloat16)
+            cases = [(A.softcap(30.0), None), (A.alibi(8), None), (None, A.causal_mask()),
+                     (None, A.sliding_window(256)), (None, A.prefix_lm(100)),
+                     (None, A.document_mask(torch.arange(n) // 128))]  # fmt: skip
+            for sm, mask in cases:
+                bm = None if mask is None else A.block_mask(mask, None, None, n, n, device="cpu")
+                mods = A._mods(q, q, False, sm, bm)
+                h, meta = _spec(n, d, False, "tma", mods=mods)
+                print(h, f"N={n} D={d}", mods.names, meta["BLOCK_M"], meta["BLOCK_N"], meta["num_warps"],
+                      meta["num_stages"], flush=True)  # fmt: skip
         return
     for n, d, causal, variant in LAUNCHES:
         h, meta = _spec(n, d, causal, variant)

@@ -379,9 +379,12 @@ class BlockMask:
                 f"{full} full + {part} partial of {total} blocks, density {(full + part) / total:.3f})")  # fmt: skip
 
 
-#: the block mask's tiles on a GPU (the kernel runs at the mask's tiles); the interpreter takes lesson 7's
-#: 32 x 16 so small tests reach full, partial and empty blocks
-MOD_TILE = (128, 64)
+#: the block mask's tiles on a GPU; the kernel's tiles lie inside them (a Q tile a part of the mask's, a key
+#: block a part of the mask's), each head dim at its own. 64 x 128: the best of the 2026-11-27 sweep at head dim
+#: 64 (a window's and the documents' edge blocks waste less than with 128-row tiles); head dim 128 runs 64 x 64
+#: inside them (benchmarks/notes_lesson7b.md). The interpreter takes lesson 7's 32 x 16, so small tests reach
+#: full, partial and empty blocks
+MOD_TILE = (64, 128)
 MOD_TILE_INTERPRETER = (32, 16)
 
 

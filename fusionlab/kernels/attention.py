@@ -146,6 +146,11 @@ PLAIN_TABLE = {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)}
 #: two diagonal blocks, so small tests reach every code path
 INTERPRETER_TILE = (32, 16)
 _CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA_STORE", "REF_MAX")
+#: lesson 7b: the modification path's (BLOCK_M, BLOCK_N, num_warps, num_stages) on the TMA path, by (head-dim
+#: class, block mask), where TMA_TABLE's row is not its best (benchmarks/notes_lesson7b.md, 2026-11-27 "the
+#: first sweep"): a score modification on the dense non-causal loop past LONG queries, and a block mask at
+#: any length (the kernel's tiles lie inside the mask's 64 x 128, ``MOD_TILE``)
+MOD_TMA_TABLE = {(64, False): (64, 128, 4, 2), (64, True): (64, 128, 4, 2), (128, True): (64, 64, 4, 3)}
 
 
 def _tma_by_default(B: int, H: int, N_q: int, N_k: int, D: int, causal: bool) -> bool:
@@ -383,17 +388,18 @@ def _attention_inner_mod(
     lo, hi, idx_ptr, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     EVEN_N: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, INDEXED: tl.constexpr, STEP: tl.constexpr,
-    REF: tl.constexpr, FIRST: tl.constexpr,
+    REF: tl.constexpr, FIRST: tl.constexpr, BN_DIV: tl.constexpr,
 ):  # fmt: skip
     """:func:`_attention_inner` with a modification: key blocks ``[lo, hi)`` (``INDEXED``: entries
-    ``[lo, hi)`` of the block mask's list ``idx_ptr``, key block numbers), the online softmax on
+    ``[lo, hi)`` of the block mask's list ``idx_ptr``, key block numbers, each ``BN_DIV`` of the kernel's
+    blocks: entry ``j // BN_DIV``, part ``j % BN_DIV``), the online softmax on
     :func:`_mod_scores`. No folded scale: the modification needs the scaled score before the exponential.
     ``REF`` (lesson 7's ``REF_MAX``): ``m_i`` is a fixed reference, no running max and no rescale; the
     tile's first block sets it (``FIRST``: 1 the block at key 0, 2 entry 0 of the list, 0 none here)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for j in tl.range(lo, hi, STEP):
         if INDEXED:
-            start_n = tl.load(idx_ptr + j) * BLOCK_N
+            start_n = tl.load(idx_ptr + j // BN_DIV) * (BLOCK_N * BN_DIV) + (j % BN_DIV) * BLOCK_N
         else:
             start_n = j
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -430,7 +436,7 @@ def _mod_pass(
     acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k, sm_scale,
     lo_mask, hi, idx, n_whole, n_part, bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr,
-    SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, SPARSE: tl.constexpr, REF: tl.constexpr,
+    SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, SPARSE: tl.constexpr, REF: tl.constexpr, BN_DIV: tl.constexpr,
 ):  # fmt: skip
     """Every key block of a Q tile, once. ``SPARSE`` (a block mask): the tile's full blocks with no element
     mask, then its partial blocks through the mask function; an empty block is in neither list, so it is
@@ -438,25 +444,25 @@ def _mod_pass(
     if SPARSE:
         acc, l_i, m_i = _attention_inner_mod(
             acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
-            sm_scale, 0, n_whole, idx, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-            HEAD_DIM, BLOCK_N, False, False, TMA, EVEN_N, SCORE_MOD, None, True, 1, REF, 2,
+            sm_scale, 0, n_whole * BN_DIV, idx, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
+            HEAD_DIM, BLOCK_N, False, False, TMA, EVEN_N, SCORE_MOD, None, True, 1, REF, 2, BN_DIV,
         )  # fmt: skip
         acc, l_i, m_i = _attention_inner_mod(
             acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
-            sm_scale, 0, n_part, idx + bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-            HEAD_DIM, BLOCK_N, True, False, TMA, EVEN_N, SCORE_MOD, MASK_MOD, True, 1, REF, 0,
+            sm_scale, 0, n_part * BN_DIV, idx + bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0,
+            mask_a1, HEAD_DIM, BLOCK_N, True, False, TMA, EVEN_N, SCORE_MOD, MASK_MOD, True, 1, REF, 0, BN_DIV,
         )  # fmt: skip
     else:
         acc, l_i, m_i = _attention_inner_mod(
             acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
             sm_scale, 0, lo_mask, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-            HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, False, BLOCK_N, REF, 1,
+            HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, False, BLOCK_N, REF, 1, 1,
         )  # fmt: skip
         if CAUSAL or not EVEN_N:
             acc, l_i, m_i = _attention_inner_mod(
                 acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d,
                 n_k, sm_scale, lo_mask, hi, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-                HEAD_DIM, BLOCK_N, True, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, False, BLOCK_N, REF, 1,
+                HEAD_DIM, BLOCK_N, True, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, False, BLOCK_N, REF, 1, 1,
             )  # fmt: skip
     return acc, l_i, m_i
 
@@ -468,14 +474,15 @@ def _attention_mod(
     bm_num, bm_idx, bm_sb, bm_sh, bm_tn,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
-    SPARSE: tl.constexpr, BM_DIV: tl.constexpr, REF: tl.constexpr,
+    SPARSE: tl.constexpr, BM_DIV: tl.constexpr, BN_DIV: tl.constexpr, REF: tl.constexpr,
 ):  # fmt: skip
     """A Q tile's key blocks with a modification (:func:`_mod_pass`). ``BM_DIV``: the block mask's Q tile
     holds that many of the kernel's (their lists are the mask tile's: a block full for it is full for
-    each part, a partial one is masked element by element). ``REF``: first against a fixed
-    reference max, the tile's first block's (a full block with a block mask: every row sees all of it,
-    so the reference is finite; a tile with no full block takes the online loop); a row that overflows
-    or sees no key sends the tile through the online loop from the start, as lesson 7's kernel does."""
+    each part, a partial one is masked element by element); ``BN_DIV``: its key block holds that many.
+    ``REF``: first against a fixed reference max, the tile's first block's (a full block with a block
+    mask: every row sees all of it, so the reference is finite; a tile with no full block takes the online
+    loop); a row that overflows or sees no key sends the tile through the online loop from the start, as
+    lesson 7's kernel does."""
     n_whole = 0
     n_part = 0
     idx = bm_idx
@@ -495,6 +502,7 @@ def _attention_mod(
                 acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d,
                 n_k, sm_scale, lo_mask, hi, idx, n_whole, n_part, bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1,
                 mask_aux, mask_a0, mask_a1, HEAD_DIM, BLOCK_N, CAUSAL, TMA, EVEN_N, SCORE_MOD, MASK_MOD, SPARSE, True,
+                BN_DIV,
             )  # fmt: skip
             ok = (l_i > 0) & (tl.sum(tl.abs(acc), 1) + l_i < float("inf"))
             online = tl.max(tl.where(ok, 0, 1), 0)
@@ -508,6 +516,7 @@ def _attention_mod(
             acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d,
             n_k, sm_scale, lo_mask, hi, idx, n_whole, n_part, bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1,
             mask_aux, mask_a0, mask_a1, HEAD_DIM, BLOCK_N, CAUSAL, TMA, EVEN_N, SCORE_MOD, MASK_MOD, SPARSE, False,
+            BN_DIV,
         )  # fmt: skip
     return acc, l_i, m_i
 
@@ -520,7 +529,7 @@ def _attention_kernel(
     CAUSAL: tl.constexpr, SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, TMA_STORE: tl.constexpr,
     REF_MAX: tl.constexpr = 0,
     MOD: tl.constexpr = False, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
-    SPARSE: tl.constexpr = False, BM_DIV: tl.constexpr = 1,
+    SPARSE: tl.constexpr = False, BM_DIV: tl.constexpr = 1, BN_DIV: tl.constexpr = 1,
     mod_aux=None, mod_a0=None, mod_a1=None, mask_aux=None, mask_a0=None, mask_a1=None,
     bm_num=None, bm_idx=None, bm_sb=None, bm_sh=None, bm_tn=None,
 ):  # fmt: skip
@@ -572,7 +581,8 @@ def _attention_kernel(
             acc, l_i, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
             offs_m, offs_d, n_k, qk_scale * 0.6931471805599453, lo_mask, hi, pid_m, off_b, off_h,
             mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1, bm_num, bm_idx, bm_sb, bm_sh, bm_tn,
-            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, TMA, EVEN_N, SCORE_MOD, MASK_MOD, SPARSE, BM_DIV, REF_MAX > 0,
+            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, TMA, EVEN_N, SCORE_MOD, MASK_MOD, SPARSE, BM_DIV, BN_DIV,
+            REF_MAX > 0,
         )  # fmt: skip
     elif REF_MAX:
         if REF_MAX == 2:
@@ -666,7 +676,9 @@ def softcap(cap: float) -> ScoreMod:
 @triton.jit
 def _alibi(score, b, h, q_idx, kv_idx, aux, n_heads, a1):
     slope = tl.math.exp2(-8.0 * (h + 1) / n_heads)
-    return score + slope * (kv_idx - q_idx).to(tl.float32)
+    # the indices to float as the row and the column they are (BLOCK_M + BLOCK_N conversions), not as the
+    # block their difference is: an int-to-float conversion runs at a quarter of the FMA rate, as exp2 does
+    return score + (slope * kv_idx.to(tl.float32) - slope * q_idx.to(tl.float32))
 
 
 def _alibi_ref(s, b, h, q, kv, aux, n_heads, a1):
@@ -864,18 +876,21 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
             raise KernelInputError(f"{OP}: variant='tma' needs triton >= 3.4 (tensor descriptors).")
         tma = False
     overrides = dict(config_key)
+    if mod is not None and tma:
+        d_class = 64 if D <= 64 else (128 if D <= 128 else 256)
+        sparse = mod[1] is not None
+        row = MOD_TMA_TABLE.get((d_class, sparse)) if sparse or (not causal and N_q > LONG) else None
+        for name, value in zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), row or (), strict=False):
+            overrides.setdefault(name, value)
     if mod is not None and mod[1] is not None:
-        mask_m, mask_n = mod
-        if overrides.get("BLOCK_N", mask_n) != mask_n:
-            raise KernelInputError(f"{OP}: config BLOCK_N={overrides['BLOCK_N']} but the block mask was built with "
-                                   f"block_n={mask_n}; the kernel's key blocks are the mask's (block_mask(..., "
-                                   "block_n=...)).")  # fmt: skip
-        if mask_m % overrides.get("BLOCK_M", mask_m):
-            raise KernelInputError(f"{OP}: config BLOCK_M={overrides['BLOCK_M']} does not divide the block mask's "
-                                   f"block_m={mask_m}; a kernel Q tile must lie inside one of the mask's.")  # fmt: skip
-        overrides["BLOCK_N"] = mask_n
-        table_m = _config(N_q, N_k, D, causal, tma, gpu)["BLOCK_M"]
-        overrides.setdefault("BLOCK_M", table_m if table_m <= mask_m and mask_m % table_m == 0 else mask_m)
+        base = {**_config(N_q, N_k, D, causal, tma, gpu), **overrides}
+        for name, mask_t in zip(("BLOCK_M", "BLOCK_N"), mod, strict=True):
+            if name in dict(config_key) and mask_t % overrides[name]:
+                raise KernelInputError(f"{OP}: config {name}={overrides[name]} does not divide the block mask's "
+                                       f"{name.lower()}={mask_t}; the kernel's tiles lie inside the mask's "
+                                       f"(block_mask(..., {name.lower()}=...)).")  # fmt: skip
+            # the table's tile where it divides the mask's, else the mask's own
+            overrides[name] = base[name] if base[name] <= mask_t and mask_t % base[name] == 0 else mask_t
     cfg = {**_config(N_q, N_k, D, causal, tma, gpu), **overrides}
     descs = None
     if tma:
@@ -906,7 +921,9 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
     if mod is not None:
         meta["MOD"] = True
         if mod[0] is not None:
-            meta["BM_DIV"] = mod[0] // bm
+            meta["BM_DIV"], meta["BN_DIV"] = mod[0] // bm, mod[1] // bn
+            # a part of the mask's last key block may lie wholly past N_k: it is masked like the block
+            meta["EVEN_N"] = N_k % mod[1] == 0
     return _Plan(ints, meta, (cdiv(N_q, bm), H, B), descs, store, config_key)
 
 
