@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ...kernels._launch import element_size
+from ...ledger import Ledger
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,6 @@ def trip_ledger(block_mask, D: int, dtype=torch.bfloat16):
     block-sparse kernel, one fused step per Q tile that reads only the K and V blocks in its lists.
     Returns ``(ledger, notes)``: ``notes`` says, frame by frame, which blocks each Q tile visits and skips.
     """
-    from ...ledger import Ledger
-
     _, _, n_q, n_k = block_mask.shape
     bm, bn = block_mask.block_m, block_mask.block_n
     led = Ledger(dtype_bytes=dtype, outputs=("O",), sizes={"mask": 1})

@@ -39,6 +39,7 @@ from ...kernels.attention import (
     sliding_window,
     softcap,
 )
+from .ledger import mask_ledger
 
 DTYPE = torch.bfloat16
 HEADS = 16
@@ -175,8 +176,6 @@ def _works(fn) -> bool:
 def timing_cases(copy_GBps=None, matmul_TFLOPs=None, device="cuda", dims=HEAD_DIMS, ns=NS, mods=(*MODS, PLAIN),
                  impls=tuple(IMPLS), config=None) -> list[Case]:  # fmt: skip
     """The cases of :data:`MODS` at each head dim and N; ``config``: tile overrides for ours (a sweep)."""
-    from .ledger import mask_ledger
-
     out = []
     for n in ns:
         B = max(1, TOKENS // n)
