@@ -143,6 +143,15 @@ def test_kernel_tiles_inside_the_masks(kernel_m, kernel_n):
             _close(got, attention_reference(q, k, v, block_mask=bm))
 
 
+def test_heads_side_by_side_layout():
+    # q, k, v as (B, N, H, D) transposed, read in place: the modification path addresses tiles as lesson 7 does
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in _qkv(1, 2, 2, 40, 40, 16, seed=11))
+    assert not q.is_contiguous()
+    bm = block_mask(sliding_window(9), None, None, 40, 40, device=DEV)
+    sm = softcap(2.0)
+    _close(attention(q, k, v, score_mod=sm, block_mask=bm), attention_reference(q, k, v, score_mod=sm, block_mask=bm))
+
+
 @triton.jit
 def _head_window(b, h, q_idx, kv_idx, aux, a0, a1):
     return (q_idx >= kv_idx) & (q_idx - kv_idx < 4 + 8 * h + 20 * b)
