@@ -42,11 +42,12 @@ EXTRA_MODS = ("softcap_exp2",)
 
 def _call(mod: str, n: int, cfg_name: str, q, k, v):
     """Ours for ``mod`` at configuration ``cfg_name``: a thunk."""
-    from fusionlab.kernels import attention as A
+    from fusionlab.kernels import attention_mods as M
+    from fusionlab.kernels.attention import attention
     from fusionlab.lessons.l7b import suite
 
     if mod == "softcap_exp2":
-        sm, mask, causal = A.ScoreMod(A._softcap, a0=suite.CAP, name="softcap exp2"), None, False
+        sm, mask, causal = M.ScoreMod(M._softcap, a0=suite.CAP, name="softcap exp2"), None, False
     else:
         sm, mask, causal = suite.ours_mods(mod, n, q.device)
     cfg = SWEEP[cfg_name]
@@ -55,14 +56,14 @@ def _call(mod: str, n: int, cfg_name: str, q, k, v):
         bm_, bn_, w, st, ref = cfg
         config = {k: x for k, x in (("num_warps", w), ("num_stages", st), ("REF_MAX", ref)) if x is not None}
         if mod == "causal" and bm_ is not None:  # the tile sweep runs causal through the block lists
-            mask, causal = A.causal_mask(), False
+            mask, causal = M.causal_mask(), False
         if bm_ is not None:
             config.update(BLOCK_M=bm_, BLOCK_N=bn_)
     bm = None
     if mask is not None:  # the mask at its default tiles (64 x 128) or larger: the kernel's lie inside them
         tiles = {} if cfg is None or cfg[0] is None else {"block_m": max(64, cfg[0]), "block_n": max(128, cfg[1])}
-        bm = A.block_mask(mask, None, None, n, n, q.device, **tiles)
-    return lambda: A.attention(q, k, v, causal, score_mod=sm, block_mask=bm, config=config or None)
+        bm = M.block_mask(mask, None, None, n, n, q.device, **tiles)
+    return lambda: attention(q, k, v, causal, score_mod=sm, block_mask=bm, config=config or None)
 
 
 def _compile_worker(tasks):

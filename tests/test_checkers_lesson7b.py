@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from fusionlab.grading import CheckFailed
-from fusionlab.kernels.attention import MaskMod
+from fusionlab.kernels.attention_mods import MaskMod
 from fusionlab.lessons.l7b import checkers as ex
 
 pytestmark = pytest.mark.lesson7

@@ -74,8 +74,6 @@ NOT_ENTRY_POINTS = {
     "make_plan": "multi_tensor_adamw's device tables, after its checks (fusionlab.optim's path)",
     "run_plan": "multi_tensor_adamw's launch, after its checks (fusionlab.optim's path; tests/test_adamw.py)",
     "rope_tables": "cos/sin tables built in torch",
-    **dict.fromkeys(("softcap", "alibi", "relative_bias"), "a score modification for attention's kernel, no launch"),
-    **dict.fromkeys(("causal_mask", "sliding_window", "prefix_lm", "document_mask"), "a mask function, no launch"),
 }
 
 

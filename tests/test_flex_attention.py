@@ -16,12 +16,11 @@ from conftest import gpu_only
 
 from fusionlab import runtime
 from fusionlab.kernels import KernelInputError
-from fusionlab.kernels.attention import (
+from fusionlab.kernels.attention import attention, attention_reference
+from fusionlab.kernels.attention_mods import (
     MaskMod,
     ScoreMod,
     alibi,
-    attention,
-    attention_reference,
     block_mask,
     causal_mask,
     document_mask,

@@ -31,6 +31,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from fusionlab.kernels import attention as A  # noqa: E402
+from fusionlab.kernels import attention_mods as M  # noqa: E402
 
 DT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 #: (N, D, causal, variant): the suite's sizes, each TMA_TABLE class, and the pointer path
@@ -99,12 +100,12 @@ def main(argv):
     if "--mods" in argv:
         for n, d in ((1024, 64), (4096, 64), (4096, 128)):  # short and long sequences: both tables' rows
             q = torch.empty(2, 8, n, d, dtype=torch.bfloat16)
-            cases = [(A.softcap(30.0), None), (A.alibi(8), None), (None, A.causal_mask()),
-                     (None, A.sliding_window(256)), (None, A.prefix_lm(100)),
-                     (None, A.document_mask(torch.arange(n) // 128))]  # fmt: skip
+            cases = [(M.softcap(30.0), None), (M.alibi(8), None), (None, M.causal_mask()),
+                     (None, M.sliding_window(256)), (None, M.prefix_lm(100)),
+                     (None, M.document_mask(torch.arange(n) // 128))]  # fmt: skip
             for sm, mask in cases:
-                bm = None if mask is None else A.block_mask(mask, None, None, n, n, device="cpu")
-                mods = A._mods(q, q, False, sm, bm)
+                bm = None if mask is None else M.block_mask(mask, None, None, n, n, device="cpu")
+                mods = M._mods(q, q, False, sm, bm)
                 h, meta = _spec(n, d, False, "tma", mods=mods)
                 print(h, f"N={n} D={d}", mods.names, meta["BLOCK_M"], meta["BLOCK_N"], meta["num_warps"],
                       meta["num_stages"], flush=True)  # fmt: skip

@@ -55,26 +55,32 @@ from . import _attention, attention_backward
 from ._attention import (
     LOG2E,
     OP,
-    BlockMask,
-    MaskMod,
-    ScoreMod,
     TensorDescriptor,
+    _kv_tile,
     attention_bytes,
     attention_eager,
     attention_flops,
     attention_ledger,
-    block_mask,
     default_scale,
     descriptor,
     row_layout,
 )
 from ._launch import KernelInputError, cdiv, element_size, launch_kwargs, next_pow2
 from ._tensors import upstream_grad
+from .attention_mods import (
+    BlockMask,
+    MaskMod,
+    ScoreMod,
+    _attention_mod,
+    _mod_errors,
+    _mods,
+    _score_mod,
+    mod_overrides,
+    modified_scores64,
+)
 
 __all__ = ["attention", "attention_reference", "attention_eager", "attention_ledger", "attention_flops",
-           "attention_bytes", "attention_config", "AttentionFunction", "ScoreMod", "MaskMod", "BlockMask",
-           "block_mask", "softcap", "alibi", "relative_bias", "causal_mask", "sliding_window", "prefix_lm",
-           "document_mask"]  # fmt: skip
+           "attention_bytes", "attention_config", "AttentionFunction"]  # fmt: skip
 
 VARIANTS = (None, "auto", "plain", "tma")
 _hopper = _attention.hopper
@@ -108,7 +114,7 @@ def attention_reference(
         s, _, vd = _attention.scores64(q, k, v, causal, scale)
     else:
         mask = block_mask.mask if isinstance(block_mask, BlockMask) else block_mask
-        s, _, vd = _attention.modified_scores64(q, k, v, causal, scale, _score_mod(score_mod), mask)
+        s, _, vd = modified_scores64(q, k, v, causal, scale, _score_mod(score_mod), mask)
     lse = torch.logsumexp(s, dim=-1)  # -inf for an empty row (N_k = 0)
     if s.shape[-1] == 0:
         o = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=torch.float64, device=q.device)
@@ -146,11 +152,6 @@ PLAIN_TABLE = {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)}
 #: two diagonal blocks, so small tests reach every code path
 INTERPRETER_TILE = (32, 16)
 _CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA_STORE", "REF_MAX")
-#: lesson 7b: the modification path's (BLOCK_M, BLOCK_N, num_warps, num_stages) on the TMA path, by (head-dim
-#: class, block mask), where TMA_TABLE's row is not its best (benchmarks/notes_lesson7b.md, 2026-11-27 "the
-#: first sweep"): a score modification on the dense non-causal loop past LONG queries, and a block mask at
-#: any length (the kernel's tiles lie inside the mask's 64 x 128, ``MOD_TILE``)
-MOD_TMA_TABLE = {(64, False): (64, 128, 4, 2), (64, True): (64, 128, 4, 2), (128, True): (64, 64, 4, 3)}
 
 
 def _tma_by_default(B: int, H: int, N_q: int, N_k: int, D: int, causal: bool) -> bool:
@@ -203,28 +204,6 @@ def _config_key(config: dict | None) -> tuple:
 
 
 # -- the kernel -----------------------------------------------------------------------------------
-@triton.jit
-def _kv_tile(
-    src, row, col, start_n, offs_n, stride, offs_d, n_k,
-    HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, EVEN_N: tl.constexpr, TMA: tl.constexpr, ZERO_TAIL: tl.constexpr,
-):  # fmt: skip
-    """One (BLOCK_N, BLOCK_D) tile of K or V, keys ``start_n + [0, BLOCK_N)``. ``ZERO_TAIL`` (V): on
-    the TMA path, rows past ``n_k`` belong to the next head; they are zeroed (``0 * inf`` would be
-    NaN). K's rows there need nothing: their scores are masked to -inf whatever they hold."""
-    if TMA:
-        t = src.load([row + start_n, col])
-        if ZERO_TAIL and MASKED and not EVEN_N:
-            t = tl.where(offs_n[:, None] < n_k, t, 0.0)
-    else:
-        ptrs = src + offs_n.to(tl.int64)[:, None] * stride + offs_d[None, :]
-        d_mask = offs_d[None, :] < HEAD_DIM  # all true unless the head dim is padded
-        if MASKED and not EVEN_N:
-            t = tl.load(ptrs, mask=(offs_n[:, None] < n_k) & d_mask, other=0.0)
-        else:
-            t = tl.load(ptrs, mask=d_mask, other=0.0)
-    return t
-
-
 @triton.jit
 def _block_max(
     qk, m_i, offs_m, offs_n, n_k, qk_scale,
@@ -357,170 +336,6 @@ def _attention_inner_ref(
     return acc, l_t, m_ref
 
 
-# -- lesson 7b: the learner's modification, in the same kernel ---------------------------------------
-@triton.jit
-def _mod_scores(
-    qk, offs_m, offs_n, off_b, off_h, n_k, sm_scale, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
-):  # fmt: skip
-    """A block's scores in base-2 units: scaled to natural units (the modification sees what the spec
-    writes, ``Q K^T * scale``), modified, then times log2(e). ``MASKED``: the key bound, the causal
-    mask and the mask function set what they hide to -inf (a full block needs none of them)."""
-    s = qk * sm_scale
-    q_idx = offs_m[:, None]
-    kv_idx = offs_n[None, :]
-    if SCORE_MOD is not None:
-        s = SCORE_MOD(s, off_b, off_h, q_idx, kv_idx, mod_aux, mod_a0, mod_a1)
-    s = s * 1.4426950408889634
-    if MASKED:
-        keep = kv_idx < n_k
-        if CAUSAL:
-            keep = keep & (q_idx >= kv_idx)
-        if MASK_MOD is not None:
-            keep = keep & MASK_MOD(off_b, off_h, q_idx, kv_idx, mask_aux, mask_a0, mask_a1)
-        s = tl.where(keep, s, float("-inf"))
-    return s
-
-
-@triton.jit
-def _attention_inner_mod(
-    acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k, sm_scale,
-    lo, hi, idx_ptr, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
-    EVEN_N: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, INDEXED: tl.constexpr, STEP: tl.constexpr,
-    REF: tl.constexpr, FIRST: tl.constexpr, BN_DIV: tl.constexpr,
-):  # fmt: skip
-    """:func:`_attention_inner` with a modification: key blocks ``[lo, hi)`` (``INDEXED``: entries
-    ``[lo, hi)`` of the block mask's list ``idx_ptr``, key block numbers, each ``BN_DIV`` of the kernel's
-    blocks: entry ``j // BN_DIV``, part ``j % BN_DIV``), the online softmax on
-    :func:`_mod_scores`. No folded scale: the modification needs the scaled score before the exponential.
-    ``REF`` (lesson 7's ``REF_MAX``): ``m_i`` is a fixed reference, no running max and no rescale; the
-    tile's first block sets it (``FIRST``: 1 the block at key 0, 2 entry 0 of the list, 0 none here)."""
-    offs_n0 = tl.arange(0, BLOCK_N)
-    for j in tl.range(lo, hi, STEP):
-        if INDEXED:
-            start_n = tl.load(idx_ptr + j // BN_DIV) * (BLOCK_N * BN_DIV) + (j % BN_DIV) * BLOCK_N
-        else:
-            start_n = j
-        start_n = tl.multiple_of(start_n, BLOCK_N)
-        offs_n = start_n + offs_n0
-        k = _kv_tile(k_src, k_row, k_col, start_n, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, False)
-        qk = tl.dot(q, tl.trans(k))
-        s = _mod_scores(qk, offs_m, offs_n, off_b, off_h, n_k, sm_scale, mod_aux, mod_a0, mod_a1, mask_aux,
-                        mask_a0, mask_a1, MASKED, CAUSAL, SCORE_MOD, MASK_MOD)  # fmt: skip
-        if REF:
-            if FIRST == 1:
-                if start_n == 0:
-                    m_i = tl.max(s, 1)
-            elif FIRST == 2:
-                if j == 0:
-                    m_i = tl.max(s, 1)
-            p = tl.math.exp2(s - m_i[:, None])
-            l_i += tl.sum(p, 1)
-        else:
-            m_ij = tl.maximum(m_i, tl.max(s, 1))
-            # a row every score of which is -inf so far (a mask, or a modification, hid them) subtracts 0
-            m_sub = tl.where(tl.abs(m_ij) < float("inf"), m_ij, 0.0)
-            p = tl.math.exp2(s - m_sub[:, None])
-            alpha = tl.math.exp2(tl.where(tl.abs(m_i) < float("inf"), m_i, m_sub) - m_sub)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            m_i = m_ij
-        v = _kv_tile(v_src, v_row, v_col, start_n, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, True)
-        acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, l_i, m_i
-
-
-@triton.jit
-def _mod_pass(
-    acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k, sm_scale,
-    lo_mask, hi, idx, n_whole, n_part, bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr,
-    SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, SPARSE: tl.constexpr, REF: tl.constexpr, BN_DIV: tl.constexpr,
-):  # fmt: skip
-    """Every key block of a Q tile, once. ``SPARSE`` (a block mask): the tile's full blocks with no element
-    mask, then its partial blocks through the mask function; an empty block is in neither list, so it is
-    never loaded. Without one: lesson 7's split, ``[0, lo_mask)`` unmasked and ``[lo_mask, hi)`` masked."""
-    if SPARSE:
-        acc, l_i, m_i = _attention_inner_mod(
-            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
-            sm_scale, 0, n_whole * BN_DIV, idx, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-            HEAD_DIM, BLOCK_N, False, False, TMA, EVEN_N, SCORE_MOD, None, True, 1, REF, 2, BN_DIV,
-        )  # fmt: skip
-        acc, l_i, m_i = _attention_inner_mod(
-            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
-            sm_scale, 0, n_part * BN_DIV, idx + bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0,
-            mask_a1, HEAD_DIM, BLOCK_N, True, False, TMA, EVEN_N, SCORE_MOD, MASK_MOD, True, 1, REF, 0, BN_DIV,
-        )  # fmt: skip
-    else:
-        acc, l_i, m_i = _attention_inner_mod(
-            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
-            sm_scale, 0, lo_mask, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-            HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, False, BLOCK_N, REF, 1, 1,
-        )  # fmt: skip
-        if CAUSAL or not EVEN_N:
-            acc, l_i, m_i = _attention_inner_mod(
-                acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d,
-                n_k, sm_scale, lo_mask, hi, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-                HEAD_DIM, BLOCK_N, True, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, False, BLOCK_N, REF, 1, 1,
-            )  # fmt: skip
-    return acc, l_i, m_i
-
-
-@triton.jit
-def _attention_mod(
-    acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k, sm_scale,
-    lo_mask, hi, pid_m, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-    bm_num, bm_idx, bm_sb, bm_sh, bm_tn,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
-    SPARSE: tl.constexpr, BM_DIV: tl.constexpr, BN_DIV: tl.constexpr, REF: tl.constexpr,
-):  # fmt: skip
-    """A Q tile's key blocks with a modification (:func:`_mod_pass`). ``BM_DIV``: the block mask's Q tile
-    holds that many of the kernel's (their lists are the mask tile's: a block full for it is full for
-    each part, a partial one is masked element by element); ``BN_DIV``: its key block holds that many.
-    ``REF``: first against a fixed reference max, the tile's first block's (a full block with a block
-    mask: every row sees all of it, so the reference is finite; a tile with no full block takes the online
-    loop); a row that overflows or sees no key sends the tile through the online loop from the start, as
-    lesson 7's kernel does."""
-    n_whole = 0
-    n_part = 0
-    idx = bm_idx
-    if SPARSE:
-        tile = off_b * bm_sb + off_h * bm_sh + pid_m // BM_DIV
-        n_whole = tl.load(bm_num + 2 * tile)
-        n_part = tl.load(bm_num + 2 * tile + 1)
-        idx = bm_idx + 2 * tile.to(tl.int64) * bm_tn
-    online = tl.full((), 1, tl.int32)  # a tensor in every branch: the compiler needs one type
-    if REF:
-        if SPARSE:
-            use_ref = n_whole > 0
-        else:
-            use_ref = True
-        if use_ref:
-            acc, l_i, m_ref = _mod_pass(
-                acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d,
-                n_k, sm_scale, lo_mask, hi, idx, n_whole, n_part, bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1,
-                mask_aux, mask_a0, mask_a1, HEAD_DIM, BLOCK_N, CAUSAL, TMA, EVEN_N, SCORE_MOD, MASK_MOD, SPARSE, True,
-                BN_DIV,
-            )  # fmt: skip
-            ok = (l_i > 0) & (tl.sum(tl.abs(acc), 1) + l_i < float("inf"))
-            online = tl.max(tl.where(ok, 0, 1), 0)
-            if online > 0:
-                acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-                l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-            else:
-                m_i = m_ref
-    if online > 0:
-        acc, l_i, m_i = _mod_pass(
-            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d,
-            n_k, sm_scale, lo_mask, hi, idx, n_whole, n_part, bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1,
-            mask_aux, mask_a0, mask_a1, HEAD_DIM, BLOCK_N, CAUSAL, TMA, EVEN_N, SCORE_MOD, MASK_MOD, SPARSE, False,
-            BN_DIV,
-        )  # fmt: skip
-    return acc, l_i, m_i
-
-
 @triton.jit
 def _attention_kernel(
     q_src, k_src, v_src, o_ptr, o_desc, lse_ptr, kv_group, n_q, n_k, qk_scale, q_rb, q_rh, q_cb, q_ch, stride_qm,
@@ -643,206 +458,6 @@ def _attention_kernel(
     tl.store(lse_base + offs_m, lse, mask=row_ok)
 
 
-# -- lesson 7b: the common modifications, ready-made ----------------------------------------------
-# Each is a @triton.jit function for the kernel and a torch function for the float64 reference, with
-# the same arguments: (score, b, h, q_idx, kv_idx, aux, a0, a1) for a score modification, the same less
-# the score for a mask. Only exp2 and arithmetic: the interpreter runs them as the GPU does.
-@triton.jit
-def _softcap(score, b, h, q_idx, kv_idx, aux, cap, a1):
-    # cap * tanh(score / cap), tanh(x) = 1 - 2 / (exp(2x) + 1): one exp2, one add, one division a score
-    return cap - 2.0 * cap / (tl.math.exp2(score * (2.8853900817779268 / cap)) + 1.0)
-
-
-@triton.jit
-def _softcap_tanh(score, b, h, q_idx, kv_idx, aux, cap, a1):
-    # the GPU's own tanh: one special-function instruction (relative error about 2^-11, below the bf16
-    # rounding of P that follows), where the exp2 form takes two (the exponential and the division's
-    # reciprocal); the interpreter has no inline assembly
-    t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [score * (1.0 / cap)], dtype=tl.float32,
-                                  is_pure=True, pack=1)  # fmt: skip
-    return cap * t
-
-
-def softcap(cap: float) -> ScoreMod:
-    """Gemma 2's logit soft-capping: ``cap * tanh(score / cap)``, the scores squeezed into (-cap, cap). On a
-    GPU, PTX's ``tanh.approx.f32``; in the interpreter, ``tanh`` from ``exp2``."""
-    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
-        raise KernelInputError(f"{OP}: softcap takes a positive cap, got {cap!r}.")
-    fn = _softcap_tanh if runtime.is_gpu() else _softcap
-    return ScoreMod(fn, lambda s, b, h, q, kv, aux, c, a1: c * torch.tanh(s / c), None, float(cap), None,
-                    f"softcap({cap:g})")  # fmt: skip
-
-
-@triton.jit
-def _alibi(score, b, h, q_idx, kv_idx, aux, n_heads, a1):
-    slope = tl.math.exp2(-8.0 * (h + 1) / n_heads)
-    # the indices to float as the row and the column they are (BLOCK_M + BLOCK_N conversions), not as the
-    # block their difference is: an int-to-float conversion runs at a quarter of the FMA rate, as exp2 does
-    return score + (slope * kv_idx.to(tl.float32) - slope * q_idx.to(tl.float32))
-
-
-def _alibi_ref(s, b, h, q, kv, aux, n_heads, a1):
-    return s + torch.exp2(-8.0 * (h + 1) / n_heads) * (kv - q)
-
-
-def alibi(n_heads: int) -> ScoreMod:
-    """ALiBi (Press et al., 2022): ``score + m_h (kv_idx - q_idx)``, head h's slope ``m_h = 2^(-8 (h+1) / H)``."""
-    if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
-        raise KernelInputError(f"{OP}: alibi takes the number of query heads, got {n_heads!r}.")
-    return ScoreMod(_alibi, _alibi_ref, None, float(n_heads), None, f"alibi({n_heads})")
-
-
-@triton.jit
-def _relative_bias(score, b, h, q_idx, kv_idx, table, max_dist, a1):
-    d = tl.minimum(tl.maximum(kv_idx - q_idx, -max_dist), max_dist)
-    return score + tl.load(table + h * (2 * max_dist + 1) + d + max_dist)
-
-
-def _relative_bias_ref(s, b, h, q, kv, table, max_dist, a1):
-    d = (kv - q).clamp(-max_dist, max_dist) + max_dist
-    return s + table.double()[h, d]
-
-
-def relative_bias(table: torch.Tensor) -> ScoreMod:
-    """A learned relative position bias (T5's, without the buckets): ``score + table[h, clamp(kv_idx - q_idx,
-    -R, R) + R]`` for a ``(H, 2R + 1)`` float32 table."""
-    if not isinstance(table, torch.Tensor) or table.ndim != 2 or table.shape[1] % 2 == 0:
-        raise KernelInputError(f"{OP}: relative_bias takes an (H, 2R + 1) tensor, got "
-                               f"{getattr(table, 'shape', type(table).__name__)}.")  # fmt: skip
-    table = table.float().contiguous()
-    return ScoreMod(_relative_bias, _relative_bias_ref, table, (table.shape[1] - 1) // 2, None,
-                    f"relative_bias(R={(table.shape[1] - 1) // 2})")  # fmt: skip
-
-
-@triton.jit
-def _causal(b, h, q_idx, kv_idx, aux, a0, a1):
-    return q_idx >= kv_idx
-
-
-def causal_mask() -> MaskMod:
-    """Query i sees keys j <= i (top-left, as ``causal=True``), as a block mask."""
-    return MaskMod(_causal, lambda b, h, q, kv, aux, a0, a1: q >= kv, name="causal")
-
-
-@triton.jit
-def _sliding_window(b, h, q_idx, kv_idx, aux, window, a1):
-    return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
-
-
-def sliding_window(window: int) -> MaskMod:
-    """Mistral's sliding window: query i sees the ``window`` keys ``i - window < j <= i`` (itself included)."""
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise KernelInputError(f"{OP}: sliding_window takes a window of at least 1 key, got {window!r}.")
-    return MaskMod(_sliding_window, lambda b, h, q, kv, aux, w, a1: (q >= kv) & (q - kv < w), None, window, None,
-                   f"sliding_window({window})")  # fmt: skip
-
-
-@triton.jit
-def _prefix_lm(b, h, q_idx, kv_idx, aux, prefix, a1):
-    return (kv_idx < prefix) | (q_idx >= kv_idx)
-
-
-def prefix_lm(prefix: int) -> MaskMod:
-    """Prefix-LM: the first ``prefix`` keys are seen by every query (bidirectional), the rest causally."""
-    if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
-        raise KernelInputError(f"{OP}: prefix_lm takes a prefix length >= 0, got {prefix!r}.")
-    return MaskMod(_prefix_lm, lambda b, h, q, kv, aux, p, a1: (kv < p) | (q >= kv), None, prefix, None,
-                   f"prefix_lm({prefix})")  # fmt: skip
-
-
-@triton.jit
-def _document(b, h, q_idx, kv_idx, doc, n, causal):
-    # indices past the sequence (a tile's padding) read the last token's document: those are masked anyway
-    same = tl.load(doc + tl.minimum(q_idx, n - 1)) == tl.load(doc + tl.minimum(kv_idx, n - 1))
-    return same & ((q_idx >= kv_idx) | (causal == 0))
-
-
-def _document_ref(b, h, q, kv, doc, n, causal):
-    same = doc[q.clamp(max=n - 1)] == doc[kv.clamp(max=n - 1)]
-    return same & (q >= kv) if causal else same
-
-
-def document_mask(doc_ids: torch.Tensor, causal: bool = True) -> MaskMod:
-    """Packed sequences: query i sees key j only inside its own document (``doc_ids[i] == doc_ids[j]``, an
-    int tensor of one document id per token, shared by the batch), and ``causal``: only j <= i."""
-    if not isinstance(doc_ids, torch.Tensor) or doc_ids.ndim != 1 or not doc_ids.numel() or doc_ids.is_floating_point():
-        raise KernelInputError(f"{OP}: document_mask takes a 1-D int tensor of document ids, one per token.")
-    return MaskMod(_document, _document_ref, doc_ids.to(torch.int32).contiguous(), doc_ids.numel(), int(causal),
-                   f"document_mask({'causal' if causal else 'bidirectional'})")  # fmt: skip
-
-
-def _mod_errors() -> tuple:
-    """What a modification that cannot compile raises: the GPU's compiler, or the interpreter running it as
-    Python (read at the call: without Triton, importing this module must not touch its attributes)."""
-    return (triton.CompilationError, TypeError, NameError, AttributeError, ValueError, AssertionError,
-            getattr(triton.runtime.errors, "InterpreterError", TypeError))  # fmt: skip
-
-
-class _Mods(NamedTuple):
-    """A call's checked modifications: the block mask's tiles (``(None, None)`` without one), the
-    kernel's keyword arguments, and their names for an error."""
-
-    tiles: tuple
-    kwargs: dict
-    names: str
-
-
-def _jitted(fn) -> bool:
-    return isinstance(fn, triton.runtime.jit.JITFunction) or type(fn).__name__ == "InterpretedFunction"
-
-
-def _score_mod(score_mod) -> ScoreMod | None:
-    """A bare ``@triton.jit`` function as a :class:`ScoreMod` with no arguments (and no reference)."""
-    if score_mod is None or isinstance(score_mod, ScoreMod):
-        return score_mod
-    if _jitted(score_mod):
-        return ScoreMod(score_mod, name=getattr(score_mod, "__name__", "score_mod"))
-    raise KernelInputError(f"{OP}: score_mod must be a ScoreMod (softcap(30.0), alibi(H), ...) or a @triton.jit "
-                           f"function (score, b, h, q_idx, kv_idx, aux, a0, a1) -> score; got "
-                           f"{type(score_mod).__name__}. A plain Python function cannot run inside the kernel: "
-                           "decorate it with @triton.jit.")  # fmt: skip
-
-
-def _mods(q, k, causal, score_mod, bmask) -> _Mods:
-    """The checks of a call's modifications, and the kernel arguments that carry them."""
-    kwargs, names, tiles = {}, [], (None, None)
-    sm = _score_mod(score_mod)
-    for what, mod in (("score_mod", sm), ("mask", getattr(bmask, "mask", None))):
-        aux = getattr(mod, "aux", None)
-        if isinstance(aux, torch.Tensor) and aux.device != q.device:
-            raise KernelInputError(f"{OP}: {what} {mod.name!r} reads a tensor on {aux.device}, q is on {q.device}; "
-                                   "build it from a tensor on q's device.")  # fmt: skip
-    if sm is not None:
-        if not _jitted(sm.fn):
-            raise KernelInputError(f"{OP}: score_mod {sm.name!r}: fn must be a @triton.jit function, got "
-                                   f"{type(sm.fn).__name__}.")  # fmt: skip
-        kwargs.update(SCORE_MOD=sm.fn, mod_aux=sm.aux, mod_a0=sm.a0, mod_a1=sm.a1)
-        names.append(f"score_mod {sm.name!r}")
-    if bmask is not None:
-        if not isinstance(bmask, BlockMask):
-            raise KernelInputError(f"{OP}: block_mask must come from block_mask(mask, B, H, N_q, N_k) (a BlockMask), "
-                                   f"got {type(bmask).__name__}.")  # fmt: skip
-        if not _jitted(bmask.mask.fn):
-            raise KernelInputError(f"{OP}: mask {bmask.mask.name!r}: fn must be a @triton.jit function.")
-        if causal:
-            raise KernelInputError(f"{OP}: causal=True with a block_mask: put causality in the mask (causal_mask(), "
-                                   "sliding_window(w), document_mask(ids)) and pass causal=False.")  # fmt: skip
-        B, H, N_q = q.shape[:3]
-        Bm, Hm, Nm_q, Nm_k = bmask.shape
-        if (Nm_q, Nm_k) != (N_q, k.shape[2]) or Bm not in (1, B) or Hm not in (1, H):
-            raise KernelInputError(f"{OP}: the block mask was built for (B, H, N_q, N_k) = {bmask.shape}, the call is "
-                                   f"{(B, H, N_q, k.shape[2])}; build one per shape (B or H 1: shared).")  # fmt: skip
-        if bmask.num.device != q.device:
-            raise KernelInputError(f"{OP}: the block mask is on {bmask.num.device}, q on {q.device}.")
-        T_m = bmask.num.shape[2]
-        kwargs.update(SPARSE=True, MASK_MOD=bmask.mask.fn, mask_aux=bmask.mask.aux, mask_a0=bmask.mask.a0,
-                      mask_a1=bmask.mask.a1, bm_num=bmask.num, bm_idx=bmask.idx, bm_sb=(Hm * T_m if Bm > 1 else 0),
-                      bm_sh=(T_m if Hm > 1 else 0), bm_tn=bmask.idx.shape[-1])  # fmt: skip
-        tiles = (bmask.block_m, bmask.block_n)
-        names.append(f"mask {bmask.mask.name!r}")
-    return _Mods(tiles, kwargs, " and ".join(names))
-
-
 # -- the launcher ---------------------------------------------------------------------------------
 class _Plan(NamedTuple):
     """Everything a launch derives from shapes, strides, dtype and options: computed once per
@@ -876,21 +491,9 @@ def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant
             raise KernelInputError(f"{OP}: variant='tma' needs triton >= 3.4 (tensor descriptors).")
         tma = False
     overrides = dict(config_key)
-    if mod is not None and tma:
-        d_class = 64 if D <= 64 else (128 if D <= 128 else 256)
-        sparse = mod[1] is not None
-        row = MOD_TMA_TABLE.get((d_class, sparse)) if sparse or (not causal and N_q > LONG) else None
-        for name, value in zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), row or (), strict=False):
-            overrides.setdefault(name, value)
-    if mod is not None and mod[1] is not None:
-        base = {**_config(N_q, N_k, D, causal, tma, gpu), **overrides}
-        for name, mask_t in zip(("BLOCK_M", "BLOCK_N"), mod, strict=True):
-            if name in dict(config_key) and mask_t % overrides[name]:
-                raise KernelInputError(f"{OP}: config {name}={overrides[name]} does not divide the block mask's "
-                                       f"{name.lower()}={mask_t}; the kernel's tiles lie inside the mask's "
-                                       f"(block_mask(..., {name.lower()}=...)).")  # fmt: skip
-            # the table's tile where it divides the mask's, else the mask's own
-            overrides[name] = base[name] if base[name] <= mask_t and mask_t % base[name] == 0 else mask_t
+    if mod is not None:
+        overrides = mod_overrides(mod, overrides, config_key, lambda o: {**_config(N_q, N_k, D, causal, tma, gpu), **o},
+                                  D, causal, tma, N_q > LONG)  # fmt: skip
     cfg = {**_config(N_q, N_k, D, causal, tma, gpu), **overrides}
     descs = None
     if tma:
@@ -1028,10 +631,10 @@ def attention(
 
     Lesson 7b, forward only: ``score_mod`` (a :class:`ScoreMod`, or a bare ``@triton.jit`` function
     ``(score, b, h, q_idx, kv_idx, aux, a0, a1) -> score``) modifies the scaled scores in registers before
-    the exponential (:func:`softcap`, :func:`alibi`, :func:`relative_bias`); ``block_mask`` (from
-    :func:`block_mask`, built once per shape) lists the key blocks each Q tile visits, full ones with no
-    element mask, partial ones through the mask function (:func:`causal_mask`, :func:`sliding_window`,
-    :func:`document_mask`, :func:`prefix_lm`), and empty ones are never loaded. A row the mask empties
+    the exponential (:mod:`.attention_mods`: ``softcap``, ``alibi``, ``relative_bias``); ``block_mask`` (from
+    ``attention_mods.block_mask``, built once per shape) lists the key blocks each Q tile visits, full ones with no
+    element mask, partial ones through the mask function (``causal_mask``, ``sliding_window``,
+    ``document_mask``, ``prefix_lm``), and empty ones are never loaded. A row the mask empties
     gives O = 0 and lse = -inf. Without either, the kernel is lesson 7's, compiled the same.
     """
     grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))

@@ -28,14 +28,8 @@ import torch
 from ... import grading, runtime
 from ...grading import CheckFailed, call_learner, fail
 from ...kernels import KernelInputError
-from ...kernels.attention import (
-    MaskMod,
-    ScoreMod,
-    attention,
-    attention_reference,
-    block_mask,
-    softcap,
-)
+from ...kernels.attention import attention, attention_reference
+from ...kernels.attention_mods import MaskMod, ScoreMod, block_mask, softcap
 
 Passed, _passed = grading.Passed, grading.passed
 

@@ -29,16 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from ...bench import Case
-from ...kernels.attention import (
-    alibi,
-    attention,
-    attention_bytes,
-    block_mask,
-    causal_mask,
-    document_mask,
-    sliding_window,
-    softcap,
-)
+from ...kernels.attention import attention, attention_bytes
+from ...kernels.attention_mods import alibi, block_mask, causal_mask, document_mask, sliding_window, softcap
 from .ledger import mask_ledger
 
 DTYPE = torch.bfloat16
