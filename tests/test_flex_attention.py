@@ -20,6 +20,7 @@ from fusionlab.kernels.attention import attention, attention_reference
 from fusionlab.kernels.attention_mods import (
     MaskMod,
     ScoreMod,
+    _mods,
     alibi,
     block_mask,
     causal_mask,
@@ -114,6 +115,20 @@ def test_block_mask_matches_reference(mask, with_mod, ref):
     sm = softcap(3.0) if with_mod else None
     got = attention(q, k, v, score_mod=sm, block_mask=bm, config={"REF_MAX": ref})
     _close(got, attention_reference(q, k, v, score_mod=sm, block_mask=bm))
+
+
+def test_an_unbounded_modification_takes_the_online_loop():
+    # ALiBi's bias grows with the distance: a reference max would overflow and run tiles twice, so the plan
+    # takes the online loop; softcap's scores are bounded and keep the table's REF_MAX; a config decides first
+    from fusionlab.kernels.attention import _config, _plan
+
+    q = torch.empty(1, 2, 45, 32, device=DEV, dtype=DT)
+    table = _config(45, 45, 32, False, False, GPU)["REF_MAX"]
+    for sm, want in ((alibi(2), 0), (softcap(3.0), table)):
+        tiles = _mods(q, q, False, sm, None).tiles
+        for key, ref in (((("REF_MAX", 2),), 2), ((), want)):
+            plan = _plan(q.shape, q.stride(), q.shape, q.stride(), q.stride(), q.dtype, False, None, key, tiles)
+            assert plan.meta["REF_MAX"] == ref, (sm.name, key)
 
 
 def test_ref_max_overflow_falls_back_to_the_online_loop():

@@ -474,8 +474,9 @@ class _Plan(NamedTuple):
 @functools.lru_cache(maxsize=1024)
 def _plan(q_shape, q_stride, k_shape, k_stride, v_stride, dtype, causal, variant, config_key, mod=None) -> _Plan:
     """``mod`` (lesson 7b): None for lesson 7's kernel, else the block mask's ``(block_m, block_n)``
-    ((None, None) without one): the modification path, its key blocks the mask's and its Q tiles the table's
-    where they divide the mask's (``REF_MAX`` 1 or 2: a reference max with row sums; 0: the online loop)."""
+    ((None, None) without one) and whether the reference max may run: the modification path
+    (:func:`~fusionlab.kernels.attention_mods.mod_overrides`; ``REF_MAX`` 1 or 2: a reference max with row
+    sums; 0: the online loop)."""
     B, H, N_q, D = q_shape
     H_kv, N_k = k_shape[1], k_shape[2]
     gpu = runtime.is_gpu()

@@ -44,7 +44,10 @@ class ScoreMod(NamedTuple):
     -> score`` the kernel applies to each block of scaled fp32 scores in registers (``q_idx`` a column,
     ``kv_idx`` a row of token indices, ``h`` the query head); ``ref``, the same on torch tensors (float64,
     broadcasting), for the reference; ``aux`` a tensor and ``a0``, ``a1`` numbers it reads (None: not
-    passed)."""
+    passed). ``bounded``: the modified scores stay in a narrow range (softcap's ``(-cap, cap)``), so the
+    kernel may sum every block against the first block's max (``REF_MAX``); a modification that moves the
+    max from block to block by far (ALiBi's bias grows with the distance) would overflow that sum and run
+    the tile twice, so it takes the online loop."""
 
     fn: object
     ref: Callable | None = None
@@ -52,6 +55,7 @@ class ScoreMod(NamedTuple):
     a0: float | int | None = None
     a1: float | int | None = None
     name: str = "score_mod"
+    bounded: bool = False
 
 
 class MaskMod(NamedTuple):
@@ -229,7 +233,7 @@ def softcap(cap: float) -> ScoreMod:
         raise KernelInputError(f"{OP}: softcap takes a positive cap, got {cap!r}.")
     fn = _softcap_tanh if runtime.is_gpu() else _softcap
     return ScoreMod(fn, lambda s, b, h, q, kv, aux, c, a1: c * torch.tanh(s / c), None, float(cap), None,
-                    f"softcap({cap:g})")  # fmt: skip
+                    f"softcap({cap:g})", bounded=True)  # fmt: skip
 
 
 @triton.jit
@@ -399,7 +403,8 @@ def _mods(q, k, causal, score_mod, bmask) -> _Mods:
                       bm_sh=(T_m if Hm > 1 else 0), bm_tn=bmask.idx.shape[-1])  # fmt: skip
         tiles = (bmask.block_m, bmask.block_n)
         names.append(f"mask {bmask.mask.name!r}")
-    return _Mods(tiles, kwargs, " and ".join(names))
+    # the plan's key: the mask's tiles, and whether the reference-max loop may run (no unbounded modification)
+    return _Mods((*tiles, sm is None or sm.bounded), kwargs, " and ".join(names))
 
 
 #: the modification path's (BLOCK_M, BLOCK_N, num_warps, num_stages) on the TMA path, by (head-dim
@@ -413,11 +418,14 @@ def mod_overrides(
     mod, overrides: dict, config_key: tuple, config_of, D: int, causal: bool, tma: bool, long: bool
 ) -> dict:
     """The plan's tile overrides for the modification path (``mod``: a block mask's ``(block_m, block_n)``, or
-    ``(None, None)``): :data:`MOD_TMA_TABLE`'s row where it applies, then, with a block mask, the kernel's
-    tiles inside the mask's (the table's where they divide it, else the mask's own; a config override that
-    does not divide it is refused). ``config_of(overrides)``: the plan's whole configuration with them."""
+    ``(None, None)``, and whether the reference-max loop may run): :data:`MOD_TMA_TABLE`'s row where it
+    applies, then, with a block mask, the kernel's tiles inside the mask's (the table's where they divide
+    it, else the mask's own; a config override that does not divide it is refused). ``config_of(overrides)``:
+    the plan's whole configuration with them."""
     overrides = dict(overrides)
     sparse = mod[1] is not None
+    if not mod[2]:  # an unbounded score modification: the online loop, unless the config says otherwise
+        overrides.setdefault("REF_MAX", 0)
     if tma:
         d_class = 64 if D <= 64 else (128 if D <= 128 else 256)
         row = MOD_TMA_TABLE.get((d_class, sparse)) if sparse or (not causal and long) else None
@@ -425,7 +433,7 @@ def mod_overrides(
             overrides.setdefault(name, value)
     if sparse:
         base = config_of(overrides)
-        for name, mask_t in zip(("BLOCK_M", "BLOCK_N"), mod, strict=True):
+        for name, mask_t in zip(("BLOCK_M", "BLOCK_N"), mod[:2], strict=True):
             if name in dict(config_key) and mask_t % overrides[name]:
                 raise KernelInputError(f"{OP}: config {name}={overrides[name]} does not divide the block mask's "
                                        f"{name.lower()}={mask_t}; the kernel's tiles lie inside the mask's "
