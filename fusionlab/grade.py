@@ -45,7 +45,7 @@ from . import _exercise, _triton, bench, grading, instrument, ledger
 from ._triton import _base_fn
 
 #: `from fusionlab.lessons.l4 import checkers as ex`: the alias of a lesson's checkers in a notebook
-_IMPORT = re.compile(r"from\s+fusionlab\.lessons\.(l\d+)\s+import\s+checkers\s+as\s+(\w+)")
+_IMPORT = re.compile(r"from\s+fusionlab\.lessons\.(l\d+[a-z]?)\s+import\s+checkers\s+as\s+(\w+)")
 #: checkers whose answer is not a function of inputs the grader can send (they compile the learner's
 #: function in the grader's own process): graded in the notebook only
 NOT_REMOTE = {"check_what_it_fused"}
