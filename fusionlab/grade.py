@@ -368,7 +368,12 @@ class RemoteAnswer:
                     + "): an answer is graded as it is, not with the checks switched off."
                 )
             for t, after in zip(mine, reply["args_after"], strict=True):  # what the answer did to its inputs
-                if not torch.equal(grading._bits(t), grading._bits(after)):
+                whole, mine_whole = after.untyped_storage(), t.untyped_storage()
+                if whole.nbytes() == mine_whole.nbytes() and after.storage_offset() == t.storage_offset():
+                    # the buffer the input sits in, guard behind it included: a store past the input's end
+                    # (an in-place update's chunk mask) is then seen here as in the notebook
+                    mine_whole.copy_(whole)
+                elif not torch.equal(grading._bits(t), grading._bits(after)):
                     t.copy_(after.to(t.device))
             if "unsendable" in reply:
                 raise TypeError(f"the answer returned something that is not data: {reply['unsendable']}")
