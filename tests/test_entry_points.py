@@ -27,6 +27,7 @@ from fusionlab.kernels import KernelInputError
 from fusionlab.kernels._tensors import overlaps
 from fusionlab.kernels.adamw import adamw_reference, multi_tensor_adamw
 from fusionlab.kernels.attention import attention, attention_reference
+from fusionlab.kernels.attention_decode import attention_decode, attention_decode_reference
 from fusionlab.kernels.bias_gelu import bias_gelu, bias_gelu_reference
 from fusionlab.kernels.chain import chain, chain_reference
 from fusionlab.kernels.cos import cos, cos_cos, cos_cos_reference
@@ -44,6 +45,7 @@ from fusionlab.kernels.rmsnorm_linear import (
     rmsnorm_linear_reference,
     rmsnorm_rstd,
 )
+from fusionlab.kernels.rope import rope, rope_cache_write, rope_cache_write_reference, rope_reference, rope_tables
 from fusionlab.kernels.softmax import online_softmax_reference_blocks, online_softmax_stats, softmax, softmax_reference
 from fusionlab.kernels.swiglu import swiglu, swiglu_reference
 
@@ -71,6 +73,7 @@ NOT_ENTRY_POINTS = {
     "philox_counters": "arithmetic on a shape",
     "make_plan": "multi_tensor_adamw's device tables, after its checks (fusionlab.optim's path)",
     "run_plan": "multi_tensor_adamw's launch, after its checks (fusionlab.optim's path; tests/test_adamw.py)",
+    "rope_tables": "cos/sin tables built in torch",
 }
 
 
@@ -197,6 +200,16 @@ def _adamw_ref(p, g, m, v):
     return adamw_reference(p, g, m, v, step=3, **ADAMW_HP)
 
 
+CACHE_LEN = (3, 5)  # rope_cache_write's rows: their cache lengths
+
+
+def _cache_write(fn, q, k, v, c, s, kc, vc):
+    """rope_cache_write writes the caches in place: it runs on fresh copies of them (a Case's inputs must
+    be left as they were), and returns them beside q."""
+    kc, vc = _plain(kc), _plain(vc)
+    return fn(q, k, v, c, s, kc, vc, torch.tensor(CACHE_LEN, device=DEV)), kc, vc
+
+
 def _ref_stats(x):
     s = online_softmax_reference_blocks(x, 16)
     return (s.m, s.l)
@@ -294,6 +307,29 @@ CASES = {
         lambda h, w, t: linear_cross_entropy_reference(h, w, t, reduction="none"),
         lambda: [_r(4, 16), _r(10, 16), _target(4, 10)],
         grad=(0, 1),
+    ),
+    "attention_decode": Case(
+        "attention_decode",
+        attention_decode,
+        attention_decode_reference,
+        lambda: [_r(1, 4, 3, 16).to(ATTN_DTYPE), _r(1, 2, 40, 16).to(ATTN_DTYPE), _r(1, 2, 40, 16).to(ATTN_DTYPE)],
+        tol=MM_TOL,
+    ),
+    "rope_cache_write": Case(
+        "rope_cache_write",
+        lambda q, k, v, c, s, kc, vc: _cache_write(rope_cache_write, q, k, v, c, s, kc, vc),
+        lambda q, k, v, c, s, kc, vc: rope_cache_write_reference(q, k, v, c, s, kc, vc, torch.tensor(CACHE_LEN)),
+        lambda: [
+            _r(2, 2, 4, 16),
+            _r(2, 2, 2, 16),
+            _r(2, 2, 2, 16),
+            *rope_tables(16, 16),
+            _r(2, 2, 16, 16),
+            _r(2, 2, 16, 16),
+        ],
+    ),
+    "rope": Case(
+        "rope", rope, rope_reference, lambda: [_r(2, 3, 16, 16), _r(2, 3, 16, 16), *rope_tables(16, 16)], grad=(0, 1)
     ),
 }
 

@@ -28,6 +28,7 @@ LAYERS = [
         "fusionlab.instrument",
         "fusionlab.measure",
         "fusionlab.optim",
+        "fusionlab.model",
     },
     {"fusionlab.viz"},
     {"fusionlab.lessons", "fusionlab.record", "fusionlab.benchcli", "fusionlab.grade", "fusionlab.__main__"},

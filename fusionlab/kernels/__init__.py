@@ -31,6 +31,7 @@ from . import (
     adamw,
     attention,
     attention_backward,
+    attention_decode,
     bias_gelu,
     chain,
     cos,
@@ -43,6 +44,7 @@ from . import (
     matmul,
     rmsnorm,
     rmsnorm_linear,
+    rope,
     softmax,
     swiglu,
 )
@@ -70,4 +72,6 @@ __all__ = [
     "softmax",
     "swiglu",
     "pdl_supported",
+    "rope",
+    "attention_decode",
 ]

@@ -1,0 +1,359 @@
+"""Lesson 9: flash-decoding — attention for one (or a few) new query tokens against a KV cache.
+
+When a model generates, each step brings one query token per sequence, and it attends to every key
+in the cache. FlashAttention's schedule (:mod:`.attention`) gives each program a tile of queries of
+one head: at decode time that is one query, one program per head, and each program walks the whole
+cache alone — with batch 1 and 32 heads, 32 programs on a GPU of 132 SMs, each reading N_k keys in
+sequence. The cache is what must be read (every key and value once: the op is memory-bound), and a
+quarter of the GPU reading it is a quarter of the bandwidth.
+
+Flash-decoding (Dao, Haziza, Massa, Sizov, "Flash-Decoding for long-context inference", 2023) splits
+the *keys* across programs. Program (split s, batch b, KV head h) runs lesson 4's online softmax over
+its slice of the cache and writes a partial result: the running max ``m``, the sum ``l`` of
+``exp(s - m)``, and the unnormalised ``acc = sum exp(s - m) v``. A second small kernel combines the
+splits exactly as the online softmax combines blocks: ``M = max_s m_s``,
+``L = sum_s l_s exp(m_s - M)``, ``O = sum_s acc_s exp(m_s - M) / L``. With enough splits every SM reads
+its share of the cache; the partials are ``(D + 2)`` fp32 numbers per query row per split, small
+beside the cache (:func:`attention_decode_ledger`). One split needs no combine: that program writes O.
+
+Grouped-query attention: the G = H_q / H_kv query heads that share a KV head are rows of one
+program's Q tile, so each K and V tile is read once for all of them, and ``tl.dot`` gets G x N_q
+rows (padded to 16) instead of a matrix-vector product per head. Query head h reads KV head
+``h // G``, as :func:`~fusionlab.kernels.attention.attention` and ``repeat_interleave`` do.
+
+Which keys a query sees: ``cache_len`` (an int tensor of shape (B,), optional) is the number of valid
+keys of each batch row (the cache is allocated for N_k, rows fill it at different speeds); without it
+every row has N_k. The N_q queries are the *last* N_q tokens of their row (already written to the
+cache), so with ``causal=True`` query i sees keys ``j <= len - N_q + i`` (SDPA's bottom-right causal
+alignment); with one query that is every valid key. A query that sees no key gets O = 0. On a GPU
+the lengths are never read back on the host (that would sync): out-of-range values are clamped to
+[0, N_k] in the kernel; the interpreter refuses them.
+
+Numerics as the forward's: scores, ``m``, ``l``, ``acc`` in fp32; ``exp`` is ``exp2`` with
+``scale * log2(e)`` folded in, so ``m`` is in base-2 units; P cast to the input dtype for ``P V``.
+Reference: :func:`attention_decode_reference`; eager: :func:`attention_decode_eager` (SDPA).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .. import runtime
+from ..ledger import Ledger
+from ._attention import LOG2E, check_inputs, config_key, default_scale
+from ._launch import KernelInputError, Launcher, cdiv, launch_kwargs, next_pow2, sm_count
+
+OP = "attention_decode"
+_CONFIG_KEYS = ("BLOCK_N", "num_warps", "num_stages", "SPLITS")
+#: the most queries per row a call takes: decoding (1), speculative or chunked decoding (a few)
+MAX_QUERIES = 16
+#: GPU: enough splits for this many programs per SM (two resident programs hide each other's latency)
+PROGRAMS_PER_SM = 2
+#: the fewest keys a split is given: below this the partials' traffic and the combine cost more than
+#: the extra programs gain
+MIN_SPLIT_KEYS = 128
+
+
+# -- spec, eager, ledger, flops --------------------------------------------------------------------
+def _visible(B: int, N_q: int, N_k: int, cache_len, causal: bool, device) -> torch.Tensor:
+    """(B, N_q, N_k) bool: which keys each query of each row sees."""
+    lens = torch.full((B,), N_k, device=device) if cache_len is None else cache_len.to(device, torch.int64)
+    j = torch.arange(N_k, device=device)
+    i = torch.arange(N_q, device=device)
+    last = lens[:, None] - N_q + i[None, :] if causal else (lens - 1)[:, None].expand(B, N_q)
+    return (j[None, None, :] <= last[:, :, None]) & (j[None, None, :] < lens[:, None, None])
+
+
+def attention_decode_reference(q, k, v, cache_len=None, causal: bool = True, scale: float | None = None):
+    """The spec: ``softmax(Q K^T scale, visible keys only) V`` in fp32 (float64 for float64 inputs), K and
+    V repeated to the query heads; a query with no visible key gets 0. Returned in q's dtype."""
+    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+    B, H, N_q, D = q.shape
+    group = H // k.shape[1]
+    kw = k.to(wide).repeat_interleave(group, dim=1)
+    vw = v.to(wide).repeat_interleave(group, dim=1)
+    s = (q.to(wide) @ kw.transpose(-2, -1)) * default_scale(D, scale)
+    vis = _visible(B, N_q, k.shape[2], cache_len, causal, q.device)[:, None]  # (B, 1, N_q, N_k)
+    p = torch.softmax(s.masked_fill(~vis, float("-inf")), dim=-1)
+    p = torch.where(vis.any(-1, keepdim=True), p, 0.0)  # a row with no key: 0, not softmax's NaN
+    return (p @ vw).to(q.dtype)
+
+
+def attention_decode_eager(q, k, v, cache_len=None, causal: bool = True, scale: float | None = None):
+    """What eager PyTorch runs: ``F.scaled_dot_product_attention`` with ``enable_gqa``, and a boolean
+    mask only where one is needed (lengths per row, or several causal queries)."""
+    B, _, N_q, _ = q.shape
+    mask = None
+    if cache_len is not None or (causal and N_q > 1):
+        mask = _visible(B, N_q, k.shape[2], cache_len, causal, q.device)[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+
+
+def attention_decode_flops(B: int, H: int, N_q: int, N_k: int, D: int) -> int:
+    """Nominal FLOPs of the two matmuls over every key (``4 B H N_q N_k D``)."""
+    return 4 * B * H * N_q * N_k * D
+
+
+def attention_decode_ledger(
+    B: int, H: int, H_kv: int, N_q: int, N_k: int, D: int, dtype=torch.bfloat16, *, splits: int = 1
+) -> Ledger:
+    """Trips of one decode attention call, eager's math path and the kernels'.
+
+    Eager (SDPA's math path, as :mod:`._attention`'s ``attention_eager`` counts it, with GQA's
+    ``repeat_interleave`` of K and V to the query heads first): repeat, scores ``Q K^T``, softmax,
+    ``P V``. Fused: the split kernel reads Q, K and V once and writes ``splits`` partials per query row
+    (``acc``: D fp32 numbers, ``m`` and ``l``: one each); the combine reads them and writes O. One split
+    writes O directly."""
+    rows = B * H * N_q
+    kv, kv_rep, s = B * H_kv * N_k * D, B * H * N_k * D, B * H * N_q * N_k
+    led = Ledger(dtype_bytes=dtype, outputs=("o",), sizes={"partials": torch.float32})
+    led.op("repeat k", reads={"k": kv}, writes={"k_rep": kv_rep})
+    led.op("repeat v", reads={"v": kv}, writes={"v_rep": kv_rep})
+    led.op("q @ k^T", reads={"q": rows * D, "k_rep": kv_rep}, writes={"s": s})
+    led.op("softmax", reads={"s": s}, writes={"p": s})
+    led.op("p @ v", reads={"p": s, "v_rep": kv_rep}, writes={"o": rows * D})
+    if splits == 1:
+        led.fused("decode", reads={"q": rows * D, "k": kv, "v": kv}, writes={"o": rows * D})
+    else:
+        part = rows * splits * (D + 2)
+        led.fused("split", reads={"q": rows * D, "k": kv, "v": kv}, writes={"partials": part})
+        led.fused("combine", reads={"partials": part}, writes={"o": rows * D})
+    return led
+
+
+# -- configuration ----------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4096)
+def _config(B: int, H_kv: int, N_k: int, D: int, rows: int, gpu: bool, sms: int) -> dict:
+    block_d = max(16, next_pow2(D))
+    if gpu:
+        block_n, num_warps, num_stages = (64, 4, 3) if block_d <= 128 else (32, 4, 2)
+        want = PROGRAMS_PER_SM * sms  # programs that fill the GPU
+        splits = max(1, min(cdiv(want, B * H_kv), cdiv(N_k, MIN_SPLIT_KEYS)))
+    else:  # the interpreter: few, large programs; two splits once there is more than a tile of keys
+        block_n, num_warps, num_stages = 32, 4, 1
+        splits = 1 if N_k <= block_n else 2
+    return dict(BLOCK_M=max(16, next_pow2(rows)), BLOCK_N=block_n, BLOCK_D=block_d, num_warps=num_warps,
+                num_stages=num_stages, SPLITS=splits)  # fmt: skip
+
+
+def attention_decode_config(B: int, H: int, H_kv: int, N_q: int, N_k: int, D: int) -> dict:
+    """The launch configuration the launcher picks: ``{"BLOCK_M", "BLOCK_N", "BLOCK_D", "num_warps",
+    "num_stages", "SPLITS"}``.
+
+    ``BLOCK_M``: the G x N_q query rows of one KV head, padded to 16 (``tl.dot``'s least). ``SPLITS``:
+    on a GPU, enough key splits that B x H_kv x SPLITS programs give :data:`PROGRAMS_PER_SM` per SM,
+    but no split under :data:`MIN_SPLIT_KEYS` keys (the sweep in ``benchmarks/bench_decode.py`` tests
+    this rule); in the interpreter one split up to a tile of keys, else two (both paths run in tests).
+    Each split's keys are a whole number of ``BLOCK_N`` tiles."""
+    return dict(_config(int(B), int(H_kv), int(N_k), int(D), (H // H_kv) * N_q, runtime.is_gpu(), sm_count()))
+
+
+# -- kernels ----------------------------------------------------------------------------------------
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, ws_ptr,
+    n_kv_heads, n_k, split_len, n_partials, qk_scale,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    GROUP: tl.constexpr, N_Q: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEN: tl.constexpr, CAUSAL: tl.constexpr,
+    SPLIT: tl.constexpr,
+):  # fmt: skip
+    # grid: (splits, B * H_kv). One program: the GROUP x N_Q query rows of one KV head, one slice of keys.
+    sid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_kv_heads
+    hk = bh % n_kv_heads
+    r = tl.arange(0, BLOCK_M)
+    row_ok = r < GROUP * N_Q
+    h = hk * GROUP + r // N_Q  # query head of row r
+    i = r % N_Q  # its query index
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q_rows = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + i * stride_qn
+    q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if HAS_LEN:  # this row's cache length, clamped to the cache: never a read outside it
+        kv_len = tl.minimum(tl.maximum(tl.load(len_ptr + b).to(tl.int32), 0), n_k)
+    else:
+        kv_len = n_k
+    if CAUSAL:  # the queries are the row's last N_Q tokens: query i sees keys up to len - N_Q + i
+        last = kv_len - N_Q + i
+    else:
+        last = kv_len - 1 + 0 * i
+    start = sid * split_len
+    end = tl.minimum(start + split_len, kv_len)
+    k_base = k_ptr + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = v_ptr + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for j0 in range(start, end, BLOCK_N):
+        offs_n = j0 + tl.arange(0, BLOCK_N)
+        kv_mask = (offs_n < end)[:, None] & d_ok[None, :]
+        k = tl.load(k_base + offs_n.to(tl.int64)[:, None] * stride_kn + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # (BLOCK_M, BLOCK_N), base-2 units
+        # a key past the split's end (the last tile of a row's length) or past what the query sees: -inf
+        s = tl.where((offs_n < end)[None, :] & (offs_n[None, :] <= last[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+        p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + offs_n.to(tl.int64)[:, None] * stride_vn + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    # row r of this program is row (b H_kv + hk) GROUP N_Q + r of O viewed as (B H_q N_q, D)
+    p_row = bh.to(tl.int64) * (GROUP * N_Q) + r
+    out_mask = row_ok[:, None] & d_ok[None, :]
+    if SPLIT:  # partials: acc (n_partials rows of D), then m and l; row p_row's split sid
+        part = p_row * tl.num_programs(0) + sid
+        tl.store(ws_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=out_mask)
+        tl.store(ws_ptr + n_partials * HEAD_DIM + part, m_i, mask=row_ok)
+        tl.store(ws_ptr + n_partials * (HEAD_DIM + 1) + part, l_i, mask=row_ok)
+    else:
+        o = tl.where(l_i[:, None] == 0, 0.0, acc / l_i[:, None])  # no key seen: 0; a NaN stays NaN
+        tl.store(o_ptr + p_row[:, None] * HEAD_DIM + d[None, :], o.to(o_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _decode_combine_kernel(
+    ws_ptr, o_ptr, n_splits, n_partials,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    # grid: (B H_q N_q,). One program: one query row's splits, combined at once (lesson 4's merge)
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < n_splits
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    part = row * n_splits + s
+    m = tl.load(ws_ptr + n_partials * HEAD_DIM + part, mask=s_ok, other=float("-inf"))
+    l = tl.load(ws_ptr + n_partials * (HEAD_DIM + 1) + part, mask=s_ok, other=0.0)
+    acc = tl.load(ws_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    m_max = tl.max(m, 0)
+    m_use = tl.where(m_max == float("-inf"), 0.0, m_max)  # no split saw a key
+    w = tl.math.exp2(m - m_use)  # a split that saw no key: exp2(-inf) = 0
+    total = tl.sum(l * w, 0)
+    o = tl.sum(acc * w[:, None], 0)
+    o = tl.where(total == 0, 0.0, o / total)  # no key seen: 0; a NaN stays NaN
+    tl.store(o_ptr + row * HEAD_DIM + d, o.to(o_ptr.dtype.element_ty), mask=d_ok)
+
+
+# -- launcher ---------------------------------------------------------------------------------------
+_launch_split = Launcher(_decode_split_kernel)
+_launch_combine = Launcher(_decode_combine_kernel)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(q_shape, k_shape, has_len: bool, causal: bool, key: tuple, sms: int):
+    """(split grid, split constexprs, split_len, combine grid, combine constexprs, partial rows):
+    derived once per shape and options, so a call does its checks, two allocations and the launches."""
+    B, H, N_q, D = q_shape
+    H_kv, N_k = k_shape[1], k_shape[2]
+    group = H // H_kv
+    cfg = {**_config(B, H_kv, N_k, D, group * N_q, runtime.is_gpu(), sms), **dict(key)}
+    bn = cfg["BLOCK_N"]
+    split_len = cdiv(cdiv(max(N_k, 1), cfg["SPLITS"]), bn) * bn  # a whole number of key tiles
+    splits = cdiv(max(N_k, 1), split_len)
+    rows = B * H * N_q
+    meta = dict(GROUP=group, N_Q=N_q, HEAD_DIM=D, BLOCK_M=max(16, next_pow2(group * N_q)), BLOCK_N=bn,
+                BLOCK_D=cfg["BLOCK_D"], HAS_LEN=has_len, CAUSAL=causal, SPLIT=splits > 1,
+                **launch_kwargs(cfg["num_warps"], cfg["num_stages"]))  # fmt: skip
+    combine = dict(HEAD_DIM=D, BLOCK_S=max(2, next_pow2(splits)), BLOCK_D=cfg["BLOCK_D"], **launch_kwargs(4))
+    return (splits, B * H_kv), meta, split_len, (rows,), combine, rows
+
+
+def _check_len(cache_len, B: int, N_k: int, device) -> None:
+    if cache_len is None:
+        return
+    if not isinstance(cache_len, torch.Tensor) or cache_len.dtype not in (torch.int32, torch.int64):
+        raise KernelInputError(
+            f"{OP}: cache_len must be None or an int32/int64 tensor of shape (B,), got {cache_len!r}."
+        )
+    if cache_len.shape != (B,) or cache_len.device != device or not cache_len.is_contiguous():
+        raise KernelInputError(
+            f"{OP}: cache_len must be a contiguous tensor of shape (B,) = ({B},) on {device}, got shape "
+            f"{tuple(cache_len.shape)} on {cache_len.device}."
+        )
+    if not cache_len.is_cuda and B:  # free in the interpreter; a GPU would sync (the kernel clamps)
+        host = cache_len.numpy()  # host memory: read with numpy, no torch op (a call counts only its kernels)
+        lo, hi = int(host.min()), int(host.max())
+        if lo < 0 or hi > N_k:
+            raise KernelInputError(f"{OP}: cache_len holds {lo}..{hi}; each row's length must be in [0, N_k={N_k}].")
+
+
+def attention_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_len: torch.Tensor | None = None,
+    causal: bool = True,
+    scale: float | None = None,
+    *,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Attention of a few new queries against a KV cache, keys split across programs (flash-decoding).
+
+    ``q``: (B, H_q, N_q, D) with N_q up to :data:`MAX_QUERIES`; ``k``, ``v``: the cache, (B, H_kv, N_k, D),
+    H_q a multiple of H_kv (GQA); any strides with the last dimension contiguous (a (B, N_k, H_kv, D)
+    cache transposed is read in place). fp16/bf16 on a GPU, fp32/fp16 in the interpreter. ``cache_len``:
+    None (every row has N_k keys) or an int32/int64 tensor (B,) of each row's valid keys. ``causal``: the
+    queries are each row's last N_q tokens (bottom-right). ``config``: overrides for a sweep
+    (``BLOCK_N``, ``num_warps``, ``num_stages``, ``SPLITS``). Returns O (B, H_q, N_q, D), contiguous, in
+    q's dtype. Forward only (decoding needs no gradient). Reference: :func:`attention_decode_reference`.
+    """
+    check_inputs(q, k, v, causal, scale, op=OP)
+    B, H, N_q, D = q.shape
+    N_k = k.shape[2]
+    if N_q > MAX_QUERIES:
+        raise KernelInputError(
+            f"{OP}: {N_q} queries per row; decoding takes at most {MAX_QUERIES} (use attention() for a prefill)."
+        )
+    _check_len(cache_len, B, N_k, q.device)
+    if B * k.shape[1] > 65535:
+        raise KernelInputError(f"{OP}: B x H_kv = {B * k.shape[1]}; the grid holds at most 65535. Split the batch.")
+    plan_key = config_key(config, OP, _CONFIG_KEYS, choices={"SPLITS": tuple(range(1, 1025))})
+    o = torch.empty((B, H, N_q, D), dtype=q.dtype, device=q.device)
+    if o.numel() == 0:
+        return o
+    if N_k == 0:
+        return o.zero_()
+    grid, meta, split_len, c_grid, c_meta, rows = _plan(q.shape, k.shape, cache_len is not None, causal, plan_key,
+                                                        sm_count())  # fmt: skip
+    ws = torch.empty(rows * grid[0] * (D + 2), dtype=torch.float32, device=q.device) if meta["SPLIT"] else o
+    lens = cache_len if cache_len is not None else o  # an unused pointer without lengths
+    qk_scale = default_scale(D, scale) * LOG2E
+    # the workspace: acc of every (row, split) partial (D fp32 each), then their m, then their l
+    n_partials = rows * grid[0]
+    # everything Triton specialises the two launches on (each launcher keeps its own table), cheaper than
+    # working it out from 23 arguments: the plan's inputs (shapes, options: the ints and constexprs), the
+    # strides, the dtypes and the inputs' 16-byte alignment (o and ws come fresh from the caching allocator)
+    key = (
+        q.shape,
+        q.stride(),
+        k.shape,
+        k.stride(),
+        v.stride(),
+        q.dtype,
+        lens.dtype,
+        causal,
+        plan_key,
+        q.data_ptr() & 15,
+        k.data_ptr() & 15,
+        v.data_ptr() & 15,
+        lens.data_ptr() & 15,
+    )
+    _launch_split(grid, q, k, v, lens, o, ws, k.shape[1], N_k, split_len, n_partials, qk_scale,
+                  q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                  v.stride(0), v.stride(1), v.stride(2), key=key, **meta)  # fmt: skip
+    if meta["SPLIT"]:
+        _launch_combine(c_grid, ws, o, grid[0], n_partials, key=key, **c_meta)
+    return o
+
+
+__all__ = ["attention_decode", "attention_decode_reference", "attention_decode_eager", "attention_decode_ledger",
+           "attention_decode_flops", "attention_decode_config"]  # fmt: skip

@@ -1,0 +1,385 @@
+"""Lesson 9: one Llama-style decoder layer, written plainly in torch and assembled from the course's kernels.
+
+The layer (Llama 2/3, Mistral, Qwen 2: pre-norm, grouped-query attention, rotary embeddings, SwiGLU)::
+
+    h   = x + o_proj(attention(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1)))   n1 = rmsnorm(x)
+    out = h + down_proj(silu(gate_proj(n2)) * up_proj(n2))                         n2 = rmsnorm(h)
+
+:class:`LlamaLayerReference` is the spec in plain torch (``F.rms_norm``, ``nn.Linear``, Hugging Face's
+rotate-half RoPE, SDPA with ``enable_gqa``), with Hugging Face's parameter names, so a
+``LlamaDecoderLayer``'s ``state_dict`` loads into it. :class:`LlamaLayer` runs the same layer on the
+package's kernels only, forward and backward:
+
+- RMSNorm: :func:`~fusionlab.kernels.rmsnorm.rmsnorm` (lesson 4);
+- the Q, K and V projections as one matmul over the concatenated weight
+  (:func:`~fusionlab.kernels.linear.linear`, lesson 6), q and k rotated by
+  :func:`~fusionlab.kernels.rope.rope` where they lie in its output (no copy), v read in place;
+- causal attention with GQA: :func:`~fusionlab.kernels.attention.attention` (lessons 7 and 8);
+- the output projection with the residual added in its epilogue (lesson 6);
+- gate and up as one matmul, :func:`~fusionlab.kernels.swiglu.swiglu` on its two halves (lesson 5);
+- the down projection with the residual in its epilogue.
+
+The package's ``linear`` has no backward of its own; :class:`LinearFunction` gives it one from the
+package's :func:`~fusionlab.kernels.matmul.matmul` (``dx = dy W``, ``dW = dy^T x``, the residual's
+gradient is dy). Decoding (:meth:`LlamaLayer.decode`) writes the new token's k and v into a KV cache at
+each row's length inside RoPE's kernel (:func:`~fusionlab.kernels.rope.rope_cache_write`) and runs
+:func:`~fusionlab.kernels.attention_decode.attention_decode`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .kernels._attention import attention_flops
+from .kernels.attention import attention, attention_ledger
+from .kernels.attention_decode import attention_decode
+from .kernels.linear import linear, linear_ledger
+from .kernels.linear_cross_entropy import linear_cross_entropy
+from .kernels.matmul import matmul
+from .kernels.rmsnorm import rmsnorm, rmsnorm_flops, rmsnorm_ledger
+from .kernels.rope import rope, rope_cache_write, rope_eager, rope_flops, rope_ledger, rope_tables
+from .kernels.swiglu import swiglu, swiglu_flops, swiglu_ledger
+from .ledger import dtype_bytes
+
+#: Llama-3-8B's layer: hidden 4096, 32 query heads, 8 KV heads (head dim 128), FFN 14336
+LLAMA3_8B = dict(hidden=4096, n_heads=32, n_kv_heads=8, ffn=14336, eps=1e-5, rope_base=500000.0)
+
+
+class _Holder(nn.Module):
+    """A named group of submodules (``self_attn``, ``mlp``), as Hugging Face nests them."""
+
+
+def _rms_weight(n: int) -> nn.Parameter:
+    return nn.Parameter(torch.ones(n))
+
+
+class LlamaLayerReference(nn.Module):
+    """The spec in plain torch, Hugging Face's ``LlamaDecoderLayer`` parameter names, no bias anywhere.
+
+    ``forward(x, offset=0)``: ``x`` (B, N, hidden); token n of every row sits at position offset + n;
+    causal attention over the N tokens. Rotary tables from :func:`~fusionlab.kernels.rope.rope_tables`
+    (``max_positions`` rows), applied as Hugging Face does (:func:`~fusionlab.kernels.rope.rope_eager`).
+    """
+
+    def __init__(self, hidden, n_heads, n_kv_heads, ffn, eps=1e-5, rope_base=10000.0, max_positions=4096):
+        super().__init__()
+        self.hidden, self.n_heads, self.n_kv_heads, self.eps = hidden, n_heads, n_kv_heads, eps
+        self.head_dim = hidden // n_heads
+        hd = self.head_dim
+        self.input_layernorm = _Holder()
+        self.input_layernorm.weight = _rms_weight(hidden)
+        self.post_attention_layernorm = _Holder()
+        self.post_attention_layernorm.weight = _rms_weight(hidden)
+        self.self_attn = _Holder()
+        self.self_attn.q_proj = nn.Linear(hidden, n_heads * hd, bias=False)
+        self.self_attn.k_proj = nn.Linear(hidden, n_kv_heads * hd, bias=False)
+        self.self_attn.v_proj = nn.Linear(hidden, n_kv_heads * hd, bias=False)
+        self.self_attn.o_proj = nn.Linear(n_heads * hd, hidden, bias=False)
+        self.mlp = _Holder()
+        self.mlp.gate_proj = nn.Linear(hidden, ffn, bias=False)
+        self.mlp.up_proj = nn.Linear(hidden, ffn, bias=False)
+        self.mlp.down_proj = nn.Linear(ffn, hidden, bias=False)
+        cos, sin = rope_tables(max_positions, hd, rope_base, device="cpu", dtype=torch.float64)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        B, N, _ = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        a = self.self_attn
+        n1 = F.rms_norm(x, (self.hidden,), self.input_layernorm.weight, self.eps)
+        q = a.q_proj(n1).view(B, N, H, D).transpose(1, 2)  # (B, H, N, D)
+        k = a.k_proj(n1).view(B, N, Hkv, D).transpose(1, 2)
+        v = a.v_proj(n1).view(B, N, Hkv, D).transpose(1, 2)
+        q, k = rope_eager(q, k, self.cos.to(x.dtype), self.sin.to(x.dtype), offset)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        h = x + a.o_proj(o.transpose(1, 2).reshape(B, N, H * D))
+        n2 = F.rms_norm(h, (self.hidden,), self.post_attention_layernorm.weight, self.eps)
+        m = self.mlp
+        return h + m.down_proj(F.silu(m.gate_proj(n2)) * m.up_proj(n2))
+
+    def decode(self, x, k_cache, v_cache, cache_len):
+        """One decoding step in plain torch, as :meth:`LlamaLayer.decode` (same arguments): the new k and
+        v written into the caches at each row's length, then SDPA over the cache with a boolean mask of
+        each query's visible keys."""
+        B, N, _ = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        a = self.self_attn
+        n1 = F.rms_norm(x, (self.hidden,), self.input_layernorm.weight, self.eps)
+        q = a.q_proj(n1).view(B, N, H, D).transpose(1, 2)
+        k = a.k_proj(n1).view(B, N, Hkv, D).transpose(1, 2)
+        v = a.v_proj(n1).view(B, N, Hkv, D).transpose(1, 2)
+        q, k = rope_eager(q, k, self.cos.to(x.dtype), self.sin.to(x.dtype), cache_len)
+        pos = cache_len[:, None] + torch.arange(N, device=x.device)[None, :]  # (B, N)
+        rows = torch.arange(B, device=x.device)[:, None]
+        k_cache.transpose(1, 2)[rows, pos] = k.transpose(1, 2)
+        v_cache.transpose(1, 2)[rows, pos] = v.transpose(1, 2)
+        keys = torch.arange(k_cache.shape[2], device=x.device)
+        mask = (keys[None, None, :] <= pos[:, :, None])[:, None]  # (B, 1, N, N_max): up to itself
+        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
+        h = x + a.o_proj(o.transpose(1, 2).reshape(B, N, H * D))
+        n2 = F.rms_norm(h, (self.hidden,), self.post_attention_layernorm.weight, self.eps)
+        m = self.mlp
+        return h + m.down_proj(F.silu(m.gate_proj(n2)) * m.up_proj(n2))
+
+
+#: how :func:`weight_grad` reads the transposed operand: "copy" (one operand transposed to a row-major
+#: copy, so the matmul can take its Hopper TMA path, which needs A's rows contiguous) or "strided" (read
+#: in place by the plain kernel). ``benchmarks/bench_layer.py`` times both.
+WEIGHT_GRAD = "copy"
+
+
+def weight_grad(dy2: torch.Tensor, x2: torch.Tensor, how: str | None = None) -> torch.Tensor:
+    """``dW = dy^T x`` for dy (M, N) and x (M, K): the sum over the M rows of both, so one of them is
+    read down its columns. ``"copy"`` makes the narrower of the two a row-major transposed copy (dy^T
+    when N <= K, else x^T, then dW^T transposed back); ``"strided"`` hands the matmul dy's transposed
+    view."""
+    how = WEIGHT_GRAD if how is None else how
+    if how == "strided":
+        return matmul(dy2.t(), x2)
+    if dy2.shape[1] <= x2.shape[1]:
+        return matmul(dy2.t().contiguous(), x2)
+    return matmul(x2.t().contiguous(), dy2).t().contiguous()
+
+
+class LinearFunction(torch.autograd.Function):
+    """``linear(x, W, residual=r)`` (the residual added in the matmul's epilogue) with a backward of two
+    package matmuls: ``dx = dy W`` (M x N by N x K) and ``dW = dy^T x`` (:func:`weight_grad`); the
+    residual's gradient is dy itself, no kernel."""
+
+    @staticmethod
+    def forward(ctx, x, weight, residual):
+        ctx.save_for_backward(x, weight)
+        ctx.has_residual = residual is not None
+        return linear(x, weight, residual=residual)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        if dy2.stride(-1) != 1 or dy2.is_neg():
+            dy2 = dy2.resolve_neg().contiguous()
+        x2 = x.reshape(-1, x.shape[-1])
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = matmul(dy2, weight).view(x.shape)
+        if ctx.needs_input_grad[1]:
+            dw = weight_grad(dy2, x2)
+        return dx, dw, (dy if ctx.has_residual and ctx.needs_input_grad[2] else None)
+
+
+def _linear(x, weight, residual=None):
+    # mixed precision: fp32 master weights meet bf16 activations as a bf16 copy (autograd casts the
+    # gradient back); a no-op when the dtypes already match
+    weight = weight.to(x.dtype)
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)
+    ):
+        return LinearFunction.apply(x, weight, residual)
+    return linear(x, weight, residual=residual)
+
+
+class LlamaLayer(nn.Module):
+    """:class:`LlamaLayerReference`'s layer on the package's kernels (module docstring), differentiable.
+
+    Parameters: ``attn_norm`` and ``ffn_norm`` (hidden,), ``wqkv`` ((H + 2 H_kv) D, hidden), ``wo``
+    (hidden, H D), ``w_gate_up`` (2 ffn, hidden: gate's rows, then up's), ``w_down`` (hidden, ffn).
+    :meth:`load_reference_state_dict` takes a :class:`LlamaLayerReference` (or Hugging Face
+    ``LlamaDecoderLayer``) ``state_dict`` and concatenates the projections.
+    """
+
+    def __init__(self, hidden, n_heads, n_kv_heads, ffn, eps=1e-5, rope_base=10000.0, max_positions=4096):
+        super().__init__()
+        self.hidden, self.n_heads, self.n_kv_heads, self.ffn, self.eps = hidden, n_heads, n_kv_heads, ffn, eps
+        self.head_dim = D = hidden // n_heads
+        self.attn_norm = _rms_weight(hidden)
+        self.ffn_norm = _rms_weight(hidden)
+        self.wqkv = nn.Parameter(torch.empty((n_heads + 2 * n_kv_heads) * D, hidden))
+        self.wo = nn.Parameter(torch.empty(hidden, n_heads * D))
+        self.w_gate_up = nn.Parameter(torch.empty(2 * ffn, hidden))
+        self.w_down = nn.Parameter(torch.empty(hidden, ffn))
+        for w in (self.wqkv, self.wo, self.w_gate_up, self.w_down):
+            nn.init.normal_(w, std=hidden**-0.5)
+        cos, sin = rope_tables(max_positions, D, rope_base, device="cpu")
+        self.register_buffer("cos", cos, persistent=False)  # fp32 tables whatever the weights' dtype
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # .to(dtype) casts every floating buffer: the rotary tables stay fp32 (the kernel computes in fp32
+        # and would otherwise read angles rounded to 8 bits), only their device follows the module
+        cos, sin = self.cos, self.sin
+        super()._apply(fn, recurse)
+        self.cos, self.sin = cos.to(self.cos.device), sin.to(self.sin.device)
+        return self
+
+    @torch.no_grad()
+    def load_reference_state_dict(self, sd: dict) -> LlamaLayer:
+        """Copy a reference (Hugging Face-named) ``state_dict`` in: q, k, v stacked into ``wqkv``, gate and
+        up into ``w_gate_up``. Returns self."""
+        p = "self_attn."
+        self.attn_norm.copy_(sd["input_layernorm.weight"])
+        self.ffn_norm.copy_(sd["post_attention_layernorm.weight"])
+        self.wqkv.copy_(torch.cat([sd[p + "q_proj.weight"], sd[p + "k_proj.weight"], sd[p + "v_proj.weight"]]))
+        self.wo.copy_(sd[p + "o_proj.weight"])
+        self.w_gate_up.copy_(torch.cat([sd["mlp.gate_proj.weight"], sd["mlp.up_proj.weight"]]))
+        self.w_down.copy_(sd["mlp.down_proj.weight"])
+        return self
+
+    def _attention_input(self, x):
+        """n1 = rmsnorm(x), its QKV projection, and q, k, v as (B, N, heads, D) views of it."""
+        B, N, _ = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = _linear(rmsnorm(x, self.attn_norm, self.eps), self.wqkv)  # (B, N, (H + 2 Hkv) D)
+        q = qkv[..., : H * D].view(B, N, H, D)  # strided views: rope and attention read them in place
+        k = qkv[..., H * D : (H + Hkv) * D].view(B, N, Hkv, D)
+        v = qkv[..., (H + Hkv) * D :].view(B, N, Hkv, D)
+        return q, k, v
+
+    def _mlp(self, h):
+        n2 = rmsnorm(h, self.ffn_norm, self.eps)
+        gu = _linear(n2, self.w_gate_up)  # (B, N, 2 ffn)
+        return _linear(swiglu(gu[..., : self.ffn], gu[..., self.ffn :]), self.w_down, residual=h)
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """``x`` (B, N, hidden) -> (B, N, hidden), causal over the N tokens at positions offset + n."""
+        B, N, _ = x.shape
+        x = x.contiguous()  # the residual of o_proj's epilogue is read as (B N, hidden) rows
+        q, k, v = self._attention_input(x)
+        q, k = rope(q, k, self.cos, self.sin, offset, layout="bnhd")  # (B, N, H, D), contiguous
+        o, _ = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)  # (B, H, N, D)
+        h = _linear(o.transpose(1, 2).reshape(B, N, -1), self.wo, residual=x)
+        return self._mlp(h)
+
+    @torch.no_grad()
+    def decode(self, x, k_cache, v_cache, cache_len):
+        """One decoding step: ``x`` (B, N_new, hidden) are each row's next tokens (N_new small), at
+        positions ``cache_len[b] + n``; their k and v are written into ``k_cache``, ``v_cache``
+        ((B, H_kv, N_max, D), in place) there, and they attend to everything up to themselves. Returns the
+        layer's output; the caller advances ``cache_len`` by N_new."""
+        B, N, _ = x.shape
+        x = x.contiguous()
+        q, k, v = self._attention_input(x)
+        # RoPE with the cache write fused in: k rotated and v copied to row b's positions cache_len[b] + n
+        q = rope_cache_write(q, k, v, self.cos, self.sin, k_cache, v_cache, cache_len, layout="bnhd")
+        o = attention_decode(q.transpose(1, 2), k_cache, v_cache, cache_len + N)  # (B, H, N, D)
+        h = _linear(o.transpose(1, 2).reshape(B, N, -1), self.wo, residual=x)
+        return self._mlp(h)
+
+
+class TinyLlama(nn.Module):
+    """A small language model of these layers, for the proof that every backward is right: trained
+    side by side, the fused model's loss curve must follow eager's.
+
+    ``fused=False``: :class:`LlamaLayerReference` layers, ``F.rms_norm`` and ``F.cross_entropy`` of the
+    whole logits (eager). ``fused=True``: :class:`LlamaLayer` layers, :func:`~fusionlab.kernels.rmsnorm.rmsnorm`
+    and :func:`~fusionlab.kernels.linear_cross_entropy.linear_cross_entropy` (the logits never whole).
+    Both embed with ``nn.Embedding``. ``compute_dtype``: the activations' dtype (bf16 for mixed
+    precision over fp32 parameters; None: the parameters'). ``forward(tokens, targets)`` returns the
+    mean loss. :meth:`load_reference_state_dict` loads an eager model's weights into a fused one."""
+
+    def __init__(self, vocab, n_layers, hidden, n_heads, n_kv_heads, ffn, *, fused=True, eps=1e-5,
+                 rope_base=10000.0, max_positions=1024, compute_dtype=None):  # fmt: skip
+        super().__init__()
+        self.fused, self.eps, self.hidden, self.compute_dtype = fused, eps, hidden, compute_dtype
+        layer = LlamaLayer if fused else LlamaLayerReference
+        kw = dict(eps=eps, rope_base=rope_base, max_positions=max_positions)
+        self.embed = nn.Embedding(vocab, hidden)
+        self.layers = nn.ModuleList(layer(hidden, n_heads, n_kv_heads, ffn, **kw) for _ in range(n_layers))
+        self.norm = _rms_weight(hidden)
+        self.lm_head = nn.Parameter(torch.randn(vocab, hidden) * hidden**-0.5)
+
+    @torch.no_grad()
+    def load_reference_state_dict(self, sd: dict) -> TinyLlama:
+        self.embed.weight.copy_(sd["embed.weight"])
+        self.norm.copy_(sd["norm"])
+        self.lm_head.copy_(sd["lm_head"])
+        for i, layer in enumerate(self.layers):
+            prefix = f"layers.{i}."
+            layer.load_reference_state_dict({k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)})
+        return self
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        if self.compute_dtype is not None:
+            x = x.to(self.compute_dtype)
+        for layer in self.layers:
+            x = layer(x)
+        if self.fused:
+            h = rmsnorm(x, self.norm, self.eps)
+            return linear_cross_entropy(h.view(-1, self.hidden), self.lm_head.to(h.dtype), targets.reshape(-1))
+        h = F.rms_norm(x, (self.hidden,), self.norm.to(x.dtype), self.eps)
+        logits = F.linear(h, self.lm_head.to(h.dtype))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+@dataclass(frozen=True)
+class LayerPart:
+    """One step of the layer's forward: its FLOPs, and the bytes and kernels of eager's schedule
+    (:class:`LlamaLayerReference`) and of :class:`LlamaLayer`'s."""
+
+    name: str
+    flops: int
+    eager_bytes: int
+    fused_bytes: int
+    eager_kernels: int
+    fused_kernels: int
+
+    def predict_ms(self, tflops: float, gbps: float, fused: bool = True) -> float:
+        """The roofline's floor: the longer of the FLOPs at ``tflops`` and the bytes at ``gbps``."""
+        nbytes = self.fused_bytes if fused else self.eager_bytes
+        return max(self.flops / (tflops * 1e9), nbytes / (gbps * 1e6))
+
+
+def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: int, ffn: int, dtype=torch.bfloat16,
+                       **_) -> list[LayerPart]:  # fmt: skip
+    """The forward, part by part, for ``B x N`` tokens (``**LLAMA3_8B`` fits the keywords): each op's own
+    ledger (its module's ``*_ledger``), so the layer's count is the sum of the lessons' counts.
+
+    Eager runs the projections as separate matmuls (q, k, v: three; gate, up: two), each reading its
+    input, and adds the residuals in kernels of their own; the package's layer runs one matmul for QKV
+    and one for gate/up, and adds the residuals in the epilogues. Both run flash attention (SDPA's, the
+    package's: the same trips) and copy attention's output to (B, N, H D) rows. Eager's RMSNorm and
+    RoPE are counted op by op as their modules' eager functions run them. The matmuls' weights are read
+    once (the ideal tile: :func:`~fusionlab.kernels.matmul.matmul_ledger` counts the re-reads)."""
+    T, D = B * N, hidden // n_heads
+    es = dtype_bytes(dtype)
+    parts = []
+
+    def add(name, flops, eager, fused, ek, fk):
+        parts.append(LayerPart(name, int(flops), int(eager), int(fused), ek, fk))
+
+    def norm(name):
+        led = rmsnorm_ledger(T, hidden, dtype, residual=False)
+        add(name, rmsnorm_flops(T, hidden, residual=False), led.unfused_bytes, led.fused_bytes, led.kernels_unfused, 1)
+
+    def matmuls(name, k, widths, residual=False):
+        # eager: one matmul per width, each reading x; fused: one matmul over the stacked weights
+        eager = sum(linear_ledger(T, k, n, dtype, bias=False, activation=None).unfused_bytes for n in widths)
+        fused = linear_ledger(T, k, sum(widths), dtype, bias=False, activation=None, residual=residual)
+        if residual:  # eager's add: reads the matmul's output and the residual, writes the sum
+            eager += 3 * T * sum(widths) * es
+        add(name, 2 * T * k * sum(widths), eager, fused.fused_bytes, len(widths) + residual, 1)
+
+    norm("attn_norm")
+    matmuls("q, k, v projections", hidden, [n_heads * D, n_kv_heads * D, n_kv_heads * D])
+    led = rope_ledger(T * n_heads * D, T * n_kv_heads * D, T * D, dtype)
+    add("rope", rope_flops(T * n_heads * D, T * n_kv_heads * D), led.unfused_bytes, led.fused_bytes,
+        led.kernels_unfused, 1)  # fmt: skip
+    flash = attention_ledger(B, n_heads, N, N, D, dtype, causal=True, h_kv=n_kv_heads).fused_bytes
+    add("attention", attention_flops(B, n_heads, N, N, D, causal=True), flash, flash, 1, 1)
+    add("o to rows (copy)", 0, 2 * T * n_heads * D * es, 2 * T * n_heads * D * es, 1, 1)
+    matmuls("o_proj + residual", n_heads * D, [hidden], residual=True)
+    norm("ffn_norm")
+    matmuls("gate, up projections", hidden, [ffn, ffn])
+    led = swiglu_ledger(T * ffn, dtype)
+    add("swiglu", swiglu_flops(T * ffn), led.unfused_bytes, led.fused_bytes, led.kernels_unfused, 1)
+    matmuls("down_proj + residual", ffn, [hidden], residual=True)
+    return parts
+
+
+__all__ = ["LLAMA3_8B", "WEIGHT_GRAD", "LayerPart", "LinearFunction", "LlamaLayer", "LlamaLayerReference", "TinyLlama",
+           "llama_layer_ledger", "weight_grad"]  # fmt: skip

@@ -1,0 +1,134 @@
+"""Flash-decoding: a few queries against a KV cache, keys split across programs and the partials combined."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fusionlab import runtime
+from fusionlab.instrument import LaunchCounter
+from fusionlab.kernels import KernelInputError
+from fusionlab.kernels.attention_decode import (
+    attention_decode,
+    attention_decode_config,
+    attention_decode_eager,
+    attention_decode_flops,
+    attention_decode_ledger,
+    attention_decode_reference,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's inf - inf in masked interpreter lanes
+DEV = runtime.DEVICE
+DTYPES = [pytest.param(torch.float16, 2e-3, id="fp16")]
+if runtime.is_gpu():
+    DTYPES.append(pytest.param(torch.bfloat16, 1.6e-2, id="bf16"))
+else:
+    DTYPES.insert(0, pytest.param(torch.float32, 1e-4, id="fp32"))  # the GPU kernel takes 16-bit inputs only
+
+# (B, H_q, H_kv, N_q, N_k, D): each comment names the path it exercises
+SHAPES = [
+    (1, 1, 1, 1, 1, 16),  # one key, one query: one program, one masked tile
+    (2, 8, 2, 1, 100, 32),  # GQA 4:1, keys not a multiple of the tile
+    (3, 6, 2, 2, 40, 24),  # two queries per row (causal), a head dim that is not a power of two
+    (1, 4, 4, 3, 70, 16),  # multi-head (G = 1), three queries
+    (2, 32, 8, 1, 130, 128),  # Llama-3-8B's heads: 4 query heads per KV head, D 128
+]
+
+
+def _qkv(B, H, H_kv, N_q, N_k, D, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, N_q, D, generator=gen)
+    k = torch.randn(B, H_kv, N_k, D, generator=gen)
+    v = torch.randn(B, H_kv, N_k, D, generator=gen)
+    return [t.to(DEV, dtype) for t in (q, k, v)]
+
+
+def _want(q, k, v, cache_len=None, causal=True):
+    return attention_decode_reference(q.double(), k.double(), v.double(), cache_len, causal)
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("splits", [None, 1, 3], ids=["default", "one split", "three splits"])
+def test_matches_float64(shape, splits, dtype, tol):
+    q, k, v = _qkv(*shape, dtype)
+    cfg = None if splits is None else {"SPLITS": splits}
+    got = attention_decode(q, k, v, config=cfg)
+    torch.testing.assert_close(got.double(), _want(q, k, v), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("causal", [True, False])
+def test_cache_lengths_per_row(causal, dtype, tol):
+    """Each row's own length, including 0 (no key: O = 0) and the whole cache; splits past a row's
+    length see no key and must not disturb the combine."""
+    B, H, H_kv, N_q, N_k, D = 5, 8, 2, 2, 97, 32
+    q, k, v = _qkv(B, H, H_kv, N_q, N_k, D, dtype, seed=1)
+    lens = torch.tensor([0, 1, 33, 64, 97], device=DEV)
+    for splits in (1, 4):
+        got = attention_decode(q, k, v, lens, causal, config={"SPLITS": splits})
+        want = _want(q, k, v, lens, causal)
+        torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+    assert got[0].abs().max() == 0  # the empty row
+    # keys past a row's length are never read: poisoning them changes nothing
+    k2, v2 = k.clone(), v.clone()
+    k2[2, :, 33:] = float("nan")
+    v2[2, :, 33:] = float("inf")
+    torch.testing.assert_close(attention_decode(q, k2, v2, lens, causal, config={"SPLITS": 4}), got, atol=0, rtol=0)
+
+
+def test_matches_sdpa_and_the_prefill_attention():
+    """The eager baseline is SDPA with GQA; the last query of a causal prefill is a decode step."""
+    B, H, H_kv, N, D = 2, 8, 2, 50, 32
+    dtype = torch.float16 if runtime.is_gpu() else torch.float32
+    q, k, v = _qkv(B, H, H_kv, N, N, D, dtype, seed=2)
+    got = attention_decode(q[:, :, -3:], k, v)  # the last three tokens, bottom-right causal
+    want = _want(q, k, v)[:, :, -3:]
+    torch.testing.assert_close(got.double(), want, atol=2e-3, rtol=2e-3)
+    eager = attention_decode_eager(q[:, :, -3:], k, v)
+    torch.testing.assert_close(eager.double(), want, atol=2e-3, rtol=2e-3)
+
+
+def test_a_transposed_cache_is_read_in_place():
+    """A cache kept as (B, N_k, H_kv, D) is passed transposed: no copy, the same answer."""
+    B, H, H_kv, N_k, D = 2, 4, 2, 45, 16
+    dtype = torch.float16 if runtime.is_gpu() else torch.float32
+    q, k, v = _qkv(B, H, H_kv, 1, N_k, D, dtype, seed=3)
+    kt, vt = k.transpose(1, 2).contiguous().transpose(1, 2), v.transpose(1, 2).contiguous().transpose(1, 2)
+    with LaunchCounter() as counter:
+        got = attention_decode(q, kt, vt, config={"SPLITS": 2})
+    assert counter.names == ["_decode_split_kernel", "_decode_combine_kernel"] and counter.passes == []
+    torch.testing.assert_close(got.double(), _want(q, k, v), atol=1e-3, rtol=1e-3)
+    with LaunchCounter() as counter:
+        attention_decode(q, kt, vt, config={"SPLITS": 1})
+    assert counter.names == ["_decode_split_kernel"], "one split writes O itself"
+
+
+def test_refusals():
+    q, k, v = _qkv(2, 4, 2, 1, 10, 16, torch.float16)
+    with pytest.raises(KernelInputError, match="at most"):
+        attention_decode(torch.randn(2, 4, 17, 16, device=DEV, dtype=torch.float16), k, v)
+    with pytest.raises(KernelInputError, match=r"shape \(B,\)"):
+        attention_decode(q, k, v, torch.tensor([1, 2, 3], device=DEV))
+    with pytest.raises(KernelInputError, match="int32/int64"):
+        attention_decode(q, k, v, torch.tensor([1.0, 2.0], device=DEV))
+    if not runtime.is_gpu():  # free to read in the interpreter; a GPU clamps instead of syncing
+        with pytest.raises(KernelInputError, match=r"\[0, N_k=10\]"):
+            attention_decode(q, k, v, torch.tensor([1, 11]))
+    with pytest.raises(KernelInputError, match="multiple of H_kv"):
+        attention_decode(q[:, :3], k, v)
+    with pytest.raises(KernelInputError, match="SPLITS"):
+        attention_decode(q, k, v, config={"SPLITS": 0})
+
+
+def test_config_ledger_and_flops():
+    cfg = attention_decode_config(1, 32, 8, 1, 4096, 128)
+    assert cfg["BLOCK_M"] == 16 and cfg["BLOCK_D"] == 128  # 4 query heads per KV head, padded to tl.dot's 16
+    if runtime.is_gpu():  # B x H_kv = 8 programs per split: split until the GPU is full
+        assert cfg["SPLITS"] > 1
+    led = attention_decode_ledger(1, 32, 8, 1, 4096, 128, torch.bfloat16, splits=16)
+    kv = 8 * 4096 * 128
+    rows = 32
+    assert led.fused_bytes == 2 * (rows * 128 + 2 * kv + rows * 128) + 4 * 2 * rows * 16 * 130
+    assert led.unfused_bytes > 4 * led.fused_bytes  # eager repeats K and V to 32 heads and writes the scores
+    assert attention_decode_flops(1, 32, 1, 4096, 128) == 4 * 32 * 4096 * 128
