@@ -21,8 +21,13 @@ package's kernels only, forward and backward:
 
 The package's ``linear`` has no backward of its own; :class:`LinearFunction` gives it one from the
 package's :func:`~fusionlab.kernels.matmul.matmul` (``dx = dy W``, ``dW = dy^T x``, the residual's
-gradient is dy). Decoding (:meth:`LlamaLayer.decode`) writes the new token's k and v into a KV cache at
-each row's length inside RoPE's kernel (:func:`~fusionlab.kernels.rope.rope_cache_write`) and runs
+gradient is dy). Two more save memory for the backward by recomputing a cheap op instead of storing
+its output (what ``torch.compile``'s partitioner does): :class:`NormLinearFunction` keeps x, not
+rmsnorm(x), for the QKV and gate/up projections, and :class:`SwiGLULinearFunction` keeps g and u, not
+silu(g) u, for the down projection.
+
+Decoding (:meth:`LlamaLayer.decode`) writes the new token's k and v into a KV cache at each row's
+length inside RoPE's kernel (:func:`~fusionlab.kernels.rope.rope_cache_write`) and runs
 :func:`~fusionlab.kernels.attention_decode.attention_decode`.
 """
 
@@ -35,6 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .kernels._attention import attention_flops
+from .kernels._tensors import upstream_grad
 from .kernels.attention import attention, attention_ledger
 from .kernels.attention_decode import attention_decode
 from .kernels.linear import linear, linear_ledger
@@ -146,6 +152,17 @@ def weight_grad(dy2: torch.Tensor, x2: torch.Tensor, how: str | None = None) -> 
     return matmul(x2.t().contiguous(), dy2).t().contiguous()
 
 
+def _grad_rows(dy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Autograd's gradient as the (M, N) rows a matmul reads: through the shared normaliser (a negated
+    view resolved, a strided last dimension copied), then viewed as rows."""
+    dy = upstream_grad(dy, dtype)
+    return dy.reshape(-1, dy.shape[-1])
+
+
+def _needs_grad(*ts) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
+
+
 class LinearFunction(torch.autograd.Function):
     """``linear(x, W, residual=r)`` (the residual added in the matmul's epilogue) with a backward of two
     package matmuls: ``dx = dy W`` (M x N by N x K) and ``dW = dy^T x`` (:func:`weight_grad`); the
@@ -160,27 +177,96 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        dy2 = dy.reshape(-1, dy.shape[-1])
-        if dy2.stride(-1) != 1 or dy2.is_neg():
-            dy2 = dy2.resolve_neg().contiguous()
-        x2 = x.reshape(-1, x.shape[-1])
+        dy2 = _grad_rows(dy, x.dtype)
         dx = dw = None
         if ctx.needs_input_grad[0]:
             dx = matmul(dy2, weight).view(x.shape)
         if ctx.needs_input_grad[1]:
-            dw = weight_grad(dy2, x2)
+            dw = weight_grad(dy2, x.reshape(-1, x.shape[-1]))
         return dx, dw, (dy if ctx.has_residual and ctx.needs_input_grad[2] else None)
+
+
+class NormLinearFunction(torch.autograd.Function):
+    """``linear(rmsnorm(x, gamma), W)`` that saves x, not the normalised rows: the backward recomputes
+    them (one RMSNorm pass, as ``torch.compile``'s partitioner would) for dW, then runs RMSNorm's own
+    backward on the way to dx and dgamma. Saves a (tokens x hidden) activation per norm."""
+
+    @staticmethod
+    def forward(ctx, x, gamma, weight, eps):
+        ctx.save_for_backward(x, gamma, weight)
+        ctx.eps = eps
+        return linear(rmsnorm(x, gamma, eps), weight)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, gamma, weight = ctx.saved_tensors
+        need_x, need_g, need_w = ctx.needs_input_grad[:3]
+        with torch.enable_grad():
+            xr, gr = x.detach().requires_grad_(need_x), gamma.detach().requires_grad_(need_g)
+            n = rmsnorm(xr, gr, ctx.eps)
+        dy2 = _grad_rows(dy, x.dtype)
+        dw = weight_grad(dy2, n.detach().reshape(-1, n.shape[-1])) if need_w else None
+        dx = dg = None
+        if need_x or need_g:
+            dn = matmul(dy2, weight).view(n.shape)
+            wanted = [t for t, need in ((xr, need_x), (gr, need_g)) if need]
+            grads = list(torch.autograd.grad(n, wanted, dn))
+            dx = grads.pop(0) if need_x else None
+            dg = grads.pop(0) if need_g else None
+        return dx, dg, dw, None
+
+
+class SwiGLULinearFunction(torch.autograd.Function):
+    """``linear(swiglu(g, u), W, residual=r)`` that saves g and u, not h = silu(g) u: the backward
+    recomputes h (one SwiGLU pass) for dW and runs SwiGLU's own backward for dg, du. Saves the
+    (tokens x ffn) activation h, the layer's largest."""
+
+    @staticmethod
+    def forward(ctx, g, u, weight, residual):
+        ctx.save_for_backward(g, u, weight)
+        ctx.has_residual = residual is not None
+        return linear(swiglu(g, u), weight, residual=residual)
+
+    @staticmethod
+    def backward(ctx, dy):
+        g, u, weight = ctx.saved_tensors
+        need_g, need_u, need_w, need_r = ctx.needs_input_grad
+        with torch.enable_grad():
+            gr, ur = g.detach().requires_grad_(need_g), u.detach().requires_grad_(need_u)
+            h = swiglu(gr, ur)
+        dy2 = _grad_rows(dy, g.dtype)
+        dw = weight_grad(dy2, h.detach().reshape(-1, h.shape[-1])) if need_w else None
+        dg = du = None
+        if need_g or need_u:
+            dh = matmul(dy2, weight).view(h.shape)
+            wanted = [t for t, need in ((gr, need_g), (ur, need_u)) if need]
+            grads = list(torch.autograd.grad(h, wanted, dh))
+            dg = grads.pop(0) if need_g else None
+            du = grads.pop(0) if need_u else None
+        return dg, du, dw, (dy if ctx.has_residual and need_r else None)
 
 
 def _linear(x, weight, residual=None):
     # mixed precision: fp32 master weights meet bf16 activations as a bf16 copy (autograd casts the
     # gradient back); a no-op when the dtypes already match
     weight = weight.to(x.dtype)
-    if torch.is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)
-    ):
+    if _needs_grad(x, weight, residual):
         return LinearFunction.apply(x, weight, residual)
     return linear(x, weight, residual=residual)
+
+
+def _norm_linear(x, gamma, weight, eps):
+    weight = weight.to(x.dtype)
+    if _needs_grad(x, gamma, weight):
+        return NormLinearFunction.apply(x, gamma, weight, eps)
+    return linear(rmsnorm(x, gamma, eps), weight)
+
+
+def _swiglu_linear(g, u, weight, residual):
+    weight = weight.to(g.dtype)
+    if _needs_grad(g, u, weight, residual):
+        return SwiGLULinearFunction.apply(g, u, weight, residual)
+    return linear(swiglu(g, u), weight, residual=residual)
 
 
 class LlamaLayer(nn.Module):
@@ -233,16 +319,15 @@ class LlamaLayer(nn.Module):
         """n1 = rmsnorm(x), its QKV projection, and q, k, v as (B, N, heads, D) views of it."""
         B, N, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = _linear(rmsnorm(x, self.attn_norm, self.eps), self.wqkv)  # (B, N, (H + 2 Hkv) D)
+        qkv = _norm_linear(x, self.attn_norm, self.wqkv, self.eps)  # (B, N, (H + 2 Hkv) D)
         q = qkv[..., : H * D].view(B, N, H, D)  # strided views: rope and attention read them in place
         k = qkv[..., H * D : (H + Hkv) * D].view(B, N, Hkv, D)
         v = qkv[..., (H + Hkv) * D :].view(B, N, Hkv, D)
         return q, k, v
 
     def _mlp(self, h):
-        n2 = rmsnorm(h, self.ffn_norm, self.eps)
-        gu = _linear(n2, self.w_gate_up)  # (B, N, 2 ffn)
-        return _linear(swiglu(gu[..., : self.ffn], gu[..., self.ffn :]), self.w_down, residual=h)
+        gu = _norm_linear(h, self.ffn_norm, self.w_gate_up, self.eps)  # (B, N, 2 ffn)
+        return _swiglu_linear(gu[..., : self.ffn], gu[..., self.ffn :], self.w_down, h)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """``x`` (B, N, hidden) -> (B, N, hidden), causal over the N tokens at positions offset + n."""
@@ -250,6 +335,8 @@ class LlamaLayer(nn.Module):
         x = x.contiguous()  # the residual of o_proj's epilogue is read as (B N, hidden) rows
         q, k, v = self._attention_input(x)
         q, k = rope(q, k, self.cos, self.sin, offset, layout="bnhd")  # (B, N, H, D), contiguous
+        if torch.is_grad_enabled():  # attention saves v: a view would keep all of qkv alive until backward
+            v = v.contiguous()
         o, _ = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)  # (B, H, N, D)
         h = _linear(o.transpose(1, 2).reshape(B, N, -1), self.wo, residual=x)
         return self._mlp(h)
@@ -381,5 +468,6 @@ def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: in
     return parts
 
 
-__all__ = ["LLAMA3_8B", "WEIGHT_GRAD", "LayerPart", "LinearFunction", "LlamaLayer", "LlamaLayerReference", "TinyLlama",
+__all__ = ["LLAMA3_8B", "WEIGHT_GRAD", "LayerPart", "LinearFunction", "LlamaLayer", "LlamaLayerReference",
+           "NormLinearFunction", "SwiGLULinearFunction", "TinyLlama",
            "llama_layer_ledger", "weight_grad"]  # fmt: skip
