@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from .kernels._attention import attention_flops
 from .kernels._tensors import upstream_grad
 from .kernels.attention import attention, attention_ledger
-from .kernels.attention_decode import attention_decode
+from .kernels.attention_decode import attention_decode, attention_decode_config, attention_decode_ledger
 from .kernels.linear import linear, linear_ledger
 from .kernels.linear_cross_entropy import linear_cross_entropy
 from .kernels.matmul import matmul
@@ -421,10 +421,21 @@ class LayerPart:
         return max(self.flops / (tflops * 1e9), nbytes / (gbps * 1e6))
 
 
+def _decode_ledger(B, H, H_kv, N, n_cache, D, dtype):
+    cfg = attention_decode_config(B, H, H_kv, N, n_cache, D)
+    return attention_decode_ledger(B, H, H_kv, N, n_cache, D, dtype, splits=cfg["SPLITS"])
+
+
 def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: int, ffn: int, dtype=torch.bfloat16,
-                       **_) -> list[LayerPart]:  # fmt: skip
+                       *, n_cache: int | None = None, **_) -> list[LayerPart]:  # fmt: skip
     """The forward, part by part, for ``B x N`` tokens (``**LLAMA3_8B`` fits the keywords): each op's own
     ledger (its module's ``*_ledger``), so the layer's count is the sum of the lessons' counts.
+
+    ``n_cache``: a decoding step instead, the N new tokens of each row attending to a KV cache of
+    ``n_cache`` keys: eager writes k and v into the cache with two indexed copies after RoPE, the fused
+    step inside RoPE's kernel (:func:`~fusionlab.kernels.rope.rope_cache_write`); attention reads the
+    cache once in both (SDPA's flash path; with a mask it may take a slower one), split over programs
+    in the fused step (:func:`~fusionlab.kernels.attention_decode.attention_decode_ledger`).
 
     Eager runs the projections as separate matmuls (q, k, v: three; gate, up: two), each reading its
     input, and adds the residuals in kernels of their own; the package's layer runs one matmul for QKV
@@ -454,10 +465,21 @@ def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: in
     norm("attn_norm")
     matmuls("q, k, v projections", hidden, [n_heads * D, n_kv_heads * D, n_kv_heads * D])
     led = rope_ledger(T * n_heads * D, T * n_kv_heads * D, T * D, dtype)
-    add("rope", rope_flops(T * n_heads * D, T * n_kv_heads * D), led.unfused_bytes, led.fused_bytes,
-        led.kernels_unfused, 1)  # fmt: skip
-    flash = attention_ledger(B, n_heads, N, N, D, dtype, causal=True, h_kv=n_kv_heads).fused_bytes
-    add("attention", attention_flops(B, n_heads, N, N, D, causal=True), flash, flash, 1, 1)
+    rope_flop = rope_flops(T * n_heads * D, T * n_kv_heads * D)
+    if n_cache is None:
+        add("rope", rope_flop, led.unfused_bytes, led.fused_bytes, led.kernels_unfused, 1)
+        flash = attention_ledger(B, n_heads, N, N, D, dtype, causal=True, h_kv=n_kv_heads).fused_bytes
+        add("attention", attention_flops(B, n_heads, N, N, D, causal=True), flash, flash, 1, 1)
+    else:
+        kv_new = T * n_kv_heads * D  # the new tokens' k (or v)
+        # eager: RoPE's ops, then each indexed copy reads the new k (v) and writes it into the cache; fused:
+        # RoPE's kernel reads v too and writes k and v into the cache instead of a fresh k
+        add("rope + cache write", rope_flop, led.unfused_bytes + 4 * kv_new * es, led.fused_bytes + 2 * kv_new * es,
+            led.kernels_unfused + 2, 1)  # fmt: skip
+        n_kv = B * n_kv_heads * n_cache * D * es * 2
+        split = _decode_ledger(B, n_heads, n_kv_heads, N, n_cache, D, dtype)
+        add("attention (KV cache)", 4 * B * n_heads * N * n_cache * D, n_kv + 2 * T * n_heads * D * es,
+            split.fused_bytes, 1, 2 if split.schedule[-1][0] == "combine" else 1)  # fmt: skip
     add("o to rows (copy)", 0, 2 * T * n_heads * D * es, 2 * T * n_heads * D * es, 1, 1)
     matmuls("o_proj + residual", n_heads * D, [hidden], residual=True)
     norm("ffn_norm")

@@ -187,3 +187,20 @@ def test_weight_grad_both_ways(how):
         got = weight_grad(dy, x, how)
         assert got.shape == (n, k) and got.is_contiguous()
         torch.testing.assert_close(got.double(), dy.double().t() @ x.double(), atol=TOL * 10, rtol=TOL)
+
+
+def test_decode_step_ledger_counts_the_weights_and_the_cache():
+    """One token per row against a 4k cache: the weights are read once per step whatever B, the cache
+    once per row; the fused step has one kernel per part (attention: split and combine)."""
+    parts = {p.name: p for p in llama_layer_ledger(1, 1, n_cache=4096, **LLAMA3_8B)}
+    es, hid, ffn, kv = 2, 4096, 14336, 8 * 128
+    weights = (hid * (hid + 2 * kv) + hid * hid + 2 * ffn * hid + ffn * hid) * es
+    matmul_parts = ("q, k, v projections", "o_proj + residual", "gate, up projections", "down_proj + residual")
+    assert sum(parts[n].fused_bytes for n in matmul_parts) >= weights
+    assert sum(parts[n].fused_bytes for n in matmul_parts) < weights * 1.001  # the activations are noise
+    cache = 2 * 4096 * kv * es
+    att = parts["attention (KV cache)"]
+    assert cache < att.fused_bytes < cache * 1.05 and att.eager_bytes >= cache
+    rope_part = parts["rope + cache write"]
+    assert rope_part.fused_kernels == 1 and rope_part.eager_kernels == 12  # RoPE's ten, two indexed copies
+    assert "rope" not in parts and "attention" not in parts
