@@ -480,7 +480,8 @@ def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: in
         split = _decode_ledger(B, n_heads, n_kv_heads, N, n_cache, D, dtype)
         add("attention (KV cache)", 4 * B * n_heads * N * n_cache * D, n_kv + 2 * T * n_heads * D * es,
             split.fused_bytes, 1, 2 if split.schedule[-1][0] == "combine" else 1)  # fmt: skip
-    add("o to rows (copy)", 0, 2 * T * n_heads * D * es, 2 * T * n_heads * D * es, 1, 1)
+    if N > 1:  # one token a row: attention's (B, H, 1, D) output is already (B, 1, H D) rows, no copy
+        add("o to rows (copy)", 0, 2 * T * n_heads * D * es, 2 * T * n_heads * D * es, 1, 1)
     matmuls("o_proj + residual", n_heads * D, [hidden], residual=True)
     norm("ffn_norm")
     matmuls("gate, up projections", hidden, [ffn, ffn])

@@ -203,4 +203,16 @@ def test_decode_step_ledger_counts_the_weights_and_the_cache():
     assert cache < att.fused_bytes < cache * 1.05 and att.eager_bytes >= cache
     rope_part = parts["rope + cache write"]
     assert rope_part.fused_kernels == 1 and rope_part.eager_kernels == 12  # RoPE's ten, two indexed copies
-    assert "rope" not in parts and "attention" not in parts
+    assert "rope" not in parts and "attention" not in parts and "o to rows (copy)" not in parts
+
+
+def test_decode_step_launches_what_the_ledger_counts():
+    _, lay = _pair()
+    x = torch.randn(2, 1, 64, device=DEV, dtype=DTYPE)
+    kc, vc = torch.zeros(2, 2, 40, 16, device=DEV, dtype=DTYPE), torch.zeros(2, 2, 40, 16, device=DEV, dtype=DTYPE)
+    lens = torch.tensor([3, 30], device=DEV)
+    with LaunchCounter() as counter:
+        lay.decode(x, kc, vc, lens)
+    parts = llama_layer_ledger(2, 1, n_cache=40, dtype=DTYPE, **CFG)
+    assert counter.passes == [] and counter.torch_ops == ["add"], (counter.passes, counter.torch_ops)  # len + N
+    assert len(counter.names) == sum(p.fused_kernels for p in parts), counter.names
