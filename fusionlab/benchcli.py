@@ -203,25 +203,40 @@ def schedule_kwargs(make_cases) -> dict:
     return bench.ceiling_kwargs(make_cases, bench.Ceilings(copy_GBps=1.0, matmul_TFLOPs=1e12, vector_TFLOPs=1e12))
 
 
-def suite_thunk(suite: str, *names: str):
-    """The ncu target for a suite (:func:`fusionlab.measure.ncu.measure_cases`): its cases (those named,
-    or all but peak-memory ones), each with the fused ledger's bytes and its own schedule's."""
+#: cases the trips suite leaves out, with why: the bench still times them
+TRIPS_LEAVE_OUT = {
+    "adamw gpt2-small loop": "a per-tensor loop launches about 1,200 kernels (148 tensors, 8 ops each), each "
+    "profiled alone; foreach makes the same trips in a few dozen launches, and is counted",
+}
+
+
+def suite_cases(suite: str, *names: str, part: str | None = None):
+    """The ncu cases of a suite: its cases (those named, or all but peak-memory ones and
+    :data:`TRIPS_LEAVE_OUT`), each with the fused ledger's bytes and its own schedule's, as a thunk
+    (:func:`fusionlab.measure.ncu.cases_thunk`)."""
     make_cases = suite_module(suite).cases
     cases = [c for c in make_cases(**schedule_kwargs(make_cases)) if c.group not in NOT_TRAFFIC]
-    if names:
-        cases = [c for c in cases if c.name in names]
+    cases = [c for c in cases if c.name in names] if names else [c for c in cases if c.name not in TRIPS_LEAVE_OUT]
     return ncu.cases_thunk(
         (
-            {
-                "name": c.name,
-                "group": c.group,
-                "ledger_bytes": c.nbytes,
-                "schedule_bytes": c.predicted_ms * 1e6 if c.predicted_ms else None,
-            },
-            c.fn,
-        )
-        for c in cases
+            (
+                {
+                    "name": c.name,
+                    "group": c.group,
+                    "ledger_bytes": c.nbytes,
+                    "schedule_bytes": c.predicted_ms * 1e6 if c.predicted_ms else None,
+                },
+                c.fn,
+            )
+            for c in cases
+        ),
+        part,
     )
+
+
+def suite_thunk(suite: str, *names: str):
+    """The ncu target for a suite (:func:`fusionlab.measure.ncu.measure_cases`): :func:`suite_cases`."""
+    return suite_cases(suite, *names)
 
 
 def _info(name: str, group: str, led, fused: bool = True, **extra) -> dict:
@@ -375,6 +390,18 @@ def experiment_thunk(name: str):
     return ncu.cases_thunk(EXPERIMENTS[name]())
 
 
+def parts_thunk(*parts: str):
+    """The ncu target of several parts in one process: a stage a part
+    (:func:`fusionlab.measure.ncu.stages_child`), each built when its turn comes and freed after."""
+
+    def build(part: str):
+        if part in EXPERIMENTS:
+            return lambda: ncu.cases_thunk(EXPERIMENTS[part](), part)
+        return lambda: suite_cases(part, part=part)
+
+    return [(part, build(part)) for part in parts]
+
+
 def target_of(part: str) -> tuple[str, tuple[str, ...]]:
     """The ncu target and arguments of a part of the trips suite: an experiment or a lesson's suite."""
     if part in EXPERIMENTS:
@@ -382,6 +409,50 @@ def target_of(part: str) -> tuple[str, tuple[str, ...]]:
     if part in SUITES:
         return "fusionlab.benchcli:suite_thunk", (part,)
     raise SystemExit(f"no part {part!r}: the experiments {', '.join(EXPERIMENTS)}; the suites {', '.join(SUITES)}")
+
+
+#: the trips suite's parts in the order they are recorded: the experiments, then the lessons in course order
+TRIPS_PARTS = (*EXPERIMENTS, *sorted(SUITES, key=lambda s: (int(re.sub(r"\D", "", s)), s)))
+
+
+def trips_runs(specs=(), cache_controls=ncu.CACHE_CONTROLS) -> list[tuple[str, str]]:
+    """The ``(part, cache control)`` runs that ``specs`` ask for, in the order they are recorded. A spec is
+    a part (``lesson4b``: under the settings it has by default: the experiments :data:`EXPERIMENT_CONTROLS`,
+    the suites both) or a part and one setting (``lesson4b:none``); none: every part of :data:`TRIPS_PARTS`.
+    Only settings among ``cache_controls`` run. The order: the experiments (what the lessons cite), then
+    every suite flushed, then every suite not."""
+    want: dict[str, list[str]] = {}
+    for spec in specs or TRIPS_PARTS:
+        part, _, cc = spec.partition(":")
+        target_of(part)  # an unknown part fails here, before any run
+        if cc and cc not in ncu.CACHE_CONTROLS:
+            raise SystemExit(f"{spec!r}: the cache settings are {', '.join(ncu.CACHE_CONTROLS)}")
+        default = EXPERIMENT_CONTROLS.get(part, ("all",)) if part in EXPERIMENTS else ncu.CACHE_CONTROLS
+        for c in [cc] if cc else default:
+            if c in cache_controls and c not in want.setdefault(part, []):
+                want[part].append(c)
+    order = {p: i for i, p in enumerate(TRIPS_PARTS)}
+    parts = sorted(want, key=order.__getitem__)
+    runs = [(p, cc) for p in parts if p in EXPERIMENTS for cc in ncu.CACHE_CONTROLS if cc in want[p]]
+    return runs + [(p, cc) for cc in ncu.CACHE_CONTROLS for p in parts if p not in EXPERIMENTS and cc in want[p]]
+
+
+#: parts in one ncu run at most: each run starts Python, torch and the profiler once for all its parts,
+#: but a run killed past its time keeps nothing, so a run holds a few parts, not all of them
+MAX_BATCH = 4
+
+
+def trips_batches(runs: list[tuple[str, str]]) -> list[tuple[list[str], str]]:
+    """Consecutive runs of one cache setting, and of experiments or of suites, as one ncu run each
+    (:func:`parts_thunk`), :data:`MAX_BATCH` parts at most."""
+    out: list[tuple[list[str], str]] = []
+    for part, cc in runs:
+        kind = part in EXPERIMENTS
+        if out and out[-1][1] == cc and (out[-1][0][-1] in EXPERIMENTS) == kind and len(out[-1][0]) < MAX_BATCH:
+            out[-1][0].append(part)
+        else:
+            out.append(([part], cc))
+    return out
 
 
 def measure_trips(suite: str, names=(), cache_controls=("all",), timeout: float = 600) -> dict[str, dict]:
@@ -413,16 +484,27 @@ def trips_path(out_dir: Path, meta: dict) -> Path:
     return out_dir / f"{slug}-{meta['date']}-{meta['time'].replace(':', '').rstrip('Z')}.json"
 
 
+#: seconds kept back from a batch's deadline for the stage under way when it passes, and ncu's report
+DEADLINE_MARGIN_S = 75
+#: an unflushed batch replays the whole program once a pass of the profiler (one or a few): its first
+#: pass gets this share of the time left to start stages in
+APPLICATION_REPLAY_SHARE = 1 / 3
+
+
 def record_trips(
-    parts, out_dir: Path = TRIPS_DIR, *, budget_s: float = 330, cache_controls=ncu.CACHE_CONTROLS, command: str = ""
+    parts=(), out_dir: Path = TRIPS_DIR, *, budget_s: float = 450, cache_controls=ncu.CACHE_CONTROLS, command: str = ""
 ) -> Path:
-    """The trips suite: each part of :data:`EXPERIMENTS` under the cache settings
-    :data:`EXPERIMENT_CONTROLS` gives it, then every lesson's suite with caches flushed, then without,
-    while ``budget_s`` lasts; one JSON file (schema :data:`TRIPS_SCHEMA`, :func:`trips_path`), rewritten
-    after every run so that what was measured survives a part that fails or a budget that runs out (those
-    are listed under ``"missing"``)."""
+    """The trips suite: the runs :func:`trips_runs` makes of ``parts`` (default: all), grouped into one ncu
+    run a batch (:func:`trips_batches`), while ``budget_s`` lasts. Each batch starts no part past its
+    deadline (the budget less :data:`DEADLINE_MARGIN_S`; an unflushed one, whose passes each run the whole
+    program, :data:`APPLICATION_REPLAY_SHARE` of it), so a batch that would overrun keeps the parts it
+    finished; a batch that fails outright is run again a part at a time. One JSON file (schema
+    :data:`TRIPS_SCHEMA`, :func:`trips_path`), rewritten after every run so that what was measured survives
+    a part that fails or a budget that runs out (those are listed under ``"missing"``); ``meta["runs"]``
+    holds each ncu run's parts, setting and seconds."""
     t0 = time.perf_counter()
     meta = trips_meta(command or "python benchmarks/record_trips.py")
+    meta["runs"] = []
     path = trips_path(out_dir, meta)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = {"schema": TRIPS_SCHEMA, "meta": meta, "metrics": list(ncu.METRICS), "parts": {}, "missing": {}}
@@ -431,38 +513,53 @@ def record_trips(
         meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
         path.write_text(json.dumps(data, indent=1) + "\n")
 
-    # the experiments flushed and not, then every suite flushed, then every suite not: what the lessons
-    # cite first, should the budget run out
-    extra = [p for p in parts if p in EXPERIMENTS]
-    suites = [p for p in parts if p not in EXPERIMENTS]
-    runs = [(p, cc) for p in extra for cc in EXPERIMENT_CONTROLS.get(p, ("all",)) if cc in cache_controls]
-    runs += [(p, cc) for cc in cache_controls for p in suites]
-    for part, cc in runs:
+    def run(batch: list[str], cc: str) -> bool:
+        """One ncu run of ``batch``; False where it failed outright (nothing of it kept)."""
         left = budget_s - (time.perf_counter() - t0)
         if left < 20:
-            data["missing"][f"{part} {cc}"] = f"the budget of {budget_s:.0f} s ran out"
-            save()
-            continue
-        target, args = target_of(part)
+            for part in batch:
+                data["missing"][f"{part} {cc}"] = f"the budget of {budget_s:.0f} s ran out"
+            return True
+        share = 1.0 if cc == ncu.CACHE_CONTROLS[0] else APPLICATION_REPLAY_SHARE
+        deadline = time.time() + max(0.0, share * (left - DEADLINE_MARGIN_S))
         t1 = time.perf_counter()
+        ok, got, failed = True, {}, {}
         try:
-            got = ncu.measure_cases(target, *args, cache_controls=(cc,), timeout=left)
+            got, failed = ncu.measure_stages(
+                "fusionlab.benchcli:parts_thunk", *batch, cache_control=cc, timeout=left, deadline=deadline
+            )
         except subprocess.TimeoutExpired:
-            data["missing"][f"{part} {cc}"] = f"ncu ran past the {left:.0f} s left of the budget"
-            got = {}
+            failed = {p: f"ncu ran past the {left:.0f} s left of the budget" for p in batch}
         except ncu.NcuUnavailable as e:  # no counters on this machine at all: nothing else will run
             data["missing"]["everything"] = str(e)
             save()
             raise
         except Exception as e:  # noqa: BLE001 - ncu failed, or its output did not fit: this run's loss only
-            data["missing"][f"{part} {cc}"] = f"{type(e).__name__}: {e}"[-1500:]
-            got = {}
-        cases = data["parts"].setdefault(part, {})
-        for name, entry in got.items():
-            cases.setdefault(name, {}).update(entry)
-        print(f"{part} ({'flushed' if cc == 'all' else 'not flushed'}): {len(got)} cases, "
-              f"{time.perf_counter() - t1:.0f} s", flush=True)  # fmt: skip
+            failed = {p: f"{type(e).__name__}: {e}"[-1500:] for p in batch}
+            ok = False
+        seconds = time.perf_counter() - t1
+        for part in batch:
+            if part in got:
+                cases = data["parts"].setdefault(part, {})
+                for name, entry in got[part].items():
+                    cases.setdefault(name, {}).update(entry)
+                data["missing"].pop(f"{part} {cc}", None)
+            else:
+                why = "no counters came back: not started before the batch's deadline, or none of its cases ran"
+                data["missing"][f"{part} {cc}"] = failed.get(part, why)
+        kernels = sum(len(c.get(cc, {}).get("kernels", [])) for p in got.values() for c in p.values())
+        run_log = {"parts": batch, "cache_control": cc, "seconds": round(seconds, 1), "kernels": kernels}
+        meta["runs"].append({**run_log, "program_runs": ncu.last_passes() if ok and got else None})
+        print(f"{' '.join(batch)} ({'flushed' if cc == 'all' else 'not flushed'}): "
+              f"{sum(len(v) for v in got.values())} cases, {kernels} kernels, {seconds:.0f} s", flush=True)  # fmt: skip
         save()
+        return ok
+
+    for batch, cc in trips_batches(trips_runs(parts, cache_controls)):
+        if not run(batch, cc) and len(batch) > 1:
+            for part in batch:  # one part that crashes its process costs only itself
+                run([part], cc)
+    save()
     return path
 
 
@@ -471,8 +568,10 @@ read_trips = trips_files.read
 
 def counters_here_or_recorded(part: str, device: str | None = None, controls=("all",)) -> trips_files.Part | None:
     """A part's counters (caches flushed, and not if ``controls`` says so) measured here where ncu can
-    read this GPU's counters (a minute or two a part), else the newest recording on ``device`` (None
-    while there is none); a lesson shows either with its :attr:`~fusionlab.measure.recorded.Part.label`."""
+    read this GPU's counters (a minute or two a part), else the newest recording on ``device`` (this GPU
+    by default), or where that device has none, another's (None while no device has one:
+    :func:`fusionlab.measure.recorded.for_device`); a lesson shows either with its
+    :attr:`~fusionlab.measure.recorded.Part.label`, which names the device."""
     if runtime.is_gpu():
         try:
             target, args = target_of(part)
@@ -482,7 +581,7 @@ def counters_here_or_recorded(part: str, device: str | None = None, controls=("a
             print(f"No counters on this machine ({str(e).split(':')[0]}); reading the recording.", file=sys.stderr)
         except (ncu.NcuFailed, subprocess.TimeoutExpired) as e:
             print(f"ncu could not count {part!r} here ({type(e).__name__}); reading the recording.", file=sys.stderr)
-    return trips_files.newest(part, device, TRIPS_DIR)
+    return trips_files.for_device(part, device, TRIPS_DIR)
 
 
 def recorded_trips(part: str, device: str | None = None) -> tuple[dict, dict] | None:
@@ -534,13 +633,71 @@ def trips_table(cases: dict) -> str:
 
 
 # -- the two paths --------------------------------------------------------------------------------------
-def live(suites, op, use_ncu: bool) -> dict[str, dict]:
-    """Each suite timed here: ``{suite: {"rows", "ceilings", "label"}}``."""
+#: what the whole course's live bench promises to fit on a GPU (the issue's bar: under ten minutes)
+BENCH_BUDGET_S = 600
+#: the whole bench's wall time per suite, one file a GPU run (``bench-time-<device>-<date>-<time>.json``,
+#: written next to the bench's JSON by every live run of all the lessons and copied here)
+BENCH_TIME_DIR = bench.RECORDED_DIR / "bench"
+
+
+def left_out_by_budget(
+    suite: str, elapsed_s: float, budget_s: float | None, estimates: dict[str, float], longest_s: float = 0.0
+) -> str | None:
+    """Why ``suite`` is not started ``elapsed_s`` into a bench of ``budget_s`` seconds (None: it is): the
+    budget is spent, or this suite's recorded wall time on this GPU (``estimates``) would overrun it, or,
+    never timed here, the longest suite of this run so far (``longest_s``) would."""
+    if budget_s is None:
+        return None
+    if elapsed_s >= budget_s:
+        return f"the bench's budget of {budget_s:.0f} s was spent ({elapsed_s:.0f} s)"
+    guess, how = (estimates[suite], "it took") if suite in estimates else (longest_s, "the longest suite so far took")
+    if elapsed_s + guess > budget_s:
+        return (
+            f"{how} {guess:.0f} s, past the {budget_s - elapsed_s:.0f} s left of the bench's budget of {budget_s:.0f} s"
+        )
+    return None
+
+
+def bench_timings(device: str | None = None, directory: Path | None = None) -> list[dict]:
+    """The recorded wall times of the whole live bench (:data:`BENCH_TIME_DIR`), oldest first, of devices
+    whose name contains ``device`` (every device if None)."""
+    d = BENCH_TIME_DIR if directory is None else Path(directory)
+    found = [json.loads(p.read_text()) for p in sorted(d.glob("bench-time-*.json"))] if d.is_dir() else []
+    found = [t for t in found if device is None or device.lower() in t["meta"]["device"].lower()]
+    return sorted(found, key=lambda t: (t["meta"]["date"], t["meta"].get("time", "")))
+
+
+def describe_timing(t: dict) -> str:
+    """One recorded bench timing in a line: device, date, whole time against the budget, each suite's."""
+    m = t["meta"]
+    suites = ", ".join(f"{s} {sec:.0f} s" for s, sec in t["wall_s"].items())
+    left = f"; left out: {', '.join(t['left_out'])}" if t.get("left_out") else ""
+    left += "" if t.get("complete", True) else "; CUT SHORT before its end"
+    ncu_note = " with --ncu" if t.get("ncu") else ""
+    return (
+        f"{m['device']}, {m['date']}, torch {m['torch']}, triton {m['triton']}: the whole bench{ncu_note} took "
+        f"{t['total_s'] / 60:.1f} min (budget {t['budget_s'] / 60:.0f} min) — {suites}{left}"
+    )
+
+
+def live(suites, op, use_ncu: bool, budget_s: float | None = None, on_suite=None) -> dict[str, dict]:
+    """Each suite timed here: ``{suite: {"rows", "ceilings", "label", "wall_s"}}``; a suite that the
+    budget (``budget_s`` seconds from the start, :func:`left_out_by_budget`) leaves out is said so and
+    kept as ``{"left_out": why}``. ``on_suite(out)`` is called after each suite (a record kept as it goes)."""
+    t0 = time.perf_counter()
     ceil = bench.ceilings()
     label = bench.source_label()
     print(label, f"\ncopy {ceil.copy_GBps:.0f} GB/s, matmul {ceil.matmul_TFLOPs:.0f} TFLOP/s", flush=True)
+    timed = bench_timings(runtime.info().device_name)
+    estimates = timed[-1]["wall_s"] if timed and not op and bool(timed[-1].get("ncu")) == use_ncu else {}
     out: dict[str, dict] = {}
     for suite in suites:
+        t1 = time.perf_counter()
+        longest = max((r["wall_s"] for r in out.values() if "wall_s" in r), default=0.0)
+        if why := left_out_by_budget(suite, t1 - t0, budget_s, estimates, longest):
+            print(f"\n[{suite}] left out: {why}", flush=True)
+            out[suite] = {"left_out": why}
+            continue
         make_cases = suite_module(suite).cases
         cases = [c for c in make_cases(**bench.ceiling_kwargs(make_cases, ceil)) if matches(c.name, c.group, op)]
         if not cases:
@@ -561,8 +718,11 @@ def live(suites, op, use_ncu: bool) -> dict[str, dict]:
             except (ncu.NcuFailed, subprocess.TimeoutExpired) as e:  # this suite's only
                 print(f"  no counters for {suite}: {e}", file=sys.stderr)
         rows = [row(r, ceil, trips, suite) for r in results]
-        out[suite] = {"rows": rows, "ceilings": ceil, "label": label}
-        print(f"\n[{suite}]\n{table(rows)}", flush=True)
+        wall = time.perf_counter() - t1
+        out[suite] = {"rows": rows, "ceilings": ceil, "label": label, "wall_s": round(wall, 1)}
+        print(f"\n[{suite}] {wall:.0f} s\n{table(rows)}", flush=True)
+        if on_suite is not None:
+            on_suite(out)
     return out
 
 
@@ -597,6 +757,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="the trips suite: ledger against DRAM and L2 bytes (recorded; with --ncu on a GPU, counted here)",
     )
     ap.add_argument("--device", default=None, help="recorded results of this device (e.g. H100)")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=BENCH_BUDGET_S,
+        help=f"seconds the live bench may take: no suite starts past it (default {BENCH_BUDGET_S})",
+    )
+    ap.add_argument("--timings", action="store_true", help="how long the whole bench took on each recorded GPU")
     ap.add_argument("--out", type=Path, default=Path("."), help="folder for the JSON and the roofline PNG")
 
 
@@ -626,17 +793,54 @@ def main(a: argparse.Namespace) -> int:
             print(f"wrote {path}")
             return 0 if show_trips(parts, None, a.out) else 1
         return 0 if show_trips(parts, a.device) else 1
+    if a.timings:
+        timings = bench_timings(a.device)
+        for t in timings:
+            print(describe_timing(t))
+        if not timings:
+            print(f"no bench timed yet in {BENCH_TIME_DIR}: `python -m fusionlab bench` on a GPU writes one")
+        return 0 if timings else 1
     if runtime.is_gpu() and not a.recorded:
-        results = live(suites, a.op, a.ncu)
+        t0 = time.perf_counter()
+        meta = bench.metadata()
+        slug = re.sub(r"[^a-z0-9]+", "-", meta["device"].lower()).strip("-")
+        tp = a.out / f"bench-time-{slug}-{meta['date']}-{meta['time'].replace(':', '').rstrip('Z')}.json"
+
+        def keep_time(timed: dict, done: bool = False) -> None:
+            """The whole course's bench time (what the README points to), rewritten after each suite so
+            that a run cut short keeps what it timed (``"complete": false``)."""
+            if a.lesson is not None or a.op:
+                return
+            a.out.mkdir(parents=True, exist_ok=True)
+            timing = {
+                "meta": meta,
+                "budget_s": a.budget,
+                "total_s": round(time.perf_counter() - t0, 1),
+                "ncu": a.ncu,
+                "complete": done,
+                "wall_s": {s: r["wall_s"] for s, r in timed.items() if "rows" in r},
+                "left_out": [s for s, r in timed.items() if "left_out" in r],
+            }
+            tp.write_text(json.dumps(timing, indent=1) + "\n")
+
+        timed = live(suites, a.op, a.ncu, a.budget, on_suite=keep_time)
+        total = time.perf_counter() - t0
+        results = {s: r for s, r in timed.items() if "rows" in r}
         source = "measured"
+        left_out = [s for s, r in timed.items() if "left_out" in r]
+        print(f"\nthe whole bench: {total:.0f} s ({total / 60:.1f} min) of its {a.budget:.0f} s budget; "
+              + ", ".join(f"{s} {r['wall_s']:.0f} s" for s, r in results.items())
+              + (f"; left out: {', '.join(left_out)}" if left_out else ""), flush=True)  # fmt: skip
+        keep_time(timed, done=True)
+        if a.lesson is None and not a.op:
+            print(f"wrote {tp} (the whole bench's time on this GPU; fusionlab/recorded/bench/ keeps them)")
     else:
         if not a.recorded:
             print(f"No GPU Triton supports here ({runtime.REASON}): showing RECORDED GPU results.", flush=True)
+            for t in {t["meta"]["device"]: t for t in bench_timings(a.device)}.values():  # newest a GPU
+                print(f"  live, it takes: {describe_timing(t)}")
         results = recorded(suites, a.op, a.device)
         source = "recorded"
-    if not results:
-        print("no case matched", file=sys.stderr)
-        return 1
     date = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
     stem = f"bench-{source}-{date}" + (f"-lesson{a.lesson}" if a.lesson else "")
     a.out.mkdir(parents=True, exist_ok=True)

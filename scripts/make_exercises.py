@@ -245,8 +245,8 @@ def _analyse(source: str, from_line: int | None) -> tuple[set[str], set[str], se
 
 
 # -- the generator ----------------------------------------------------------------------------------
-#: the import of a lesson's checkers, after which the exercise switches on short messages
-CHECKERS_IMPORT = re.compile(r"^from fusionlab\.lessons\.l\d+ import checkers as ex\s*$", re.M)
+#: the import of a lesson's checkers (l4b, l7b: a second half), after which the exercise switches on short messages
+CHECKERS_IMPORT = re.compile(r"^from fusionlab\.lessons\.l\d+[a-z]? import checkers as ex\s*$", re.M)
 #: (the semicolon: the call returns whether it installed them, which the cell would otherwise show as `True`)
 SHORT_MESSAGES = "fl.grading.install_notebook_messages(exercise=True);  # a blank not yet filled: one short message"
 

@@ -37,9 +37,12 @@ import triton
 import triton.language as tl
 
 from fusionlab.grading import CheckFailed
+from fusionlab.ledger import Ledger
 from fusionlab.lessons.l1 import checkers as l1
 from fusionlab.lessons.l2 import checkers as l2
+from fusionlab.lessons.l3 import checkers as l3
 from fusionlab.lessons.l4 import checkers as l4
+from fusionlab.lessons.l4b import checkers as l4b
 from fusionlab.lessons.l5 import checkers as l5
 from fusionlab.lessons.l6 import checkers as l6
 from fusionlab.lessons.l7 import checkers as l7
@@ -143,7 +146,11 @@ CHEATS = [
         ),
         id="l6-rmsnorm_matmul",
     ),
+    pytest.param(l5.check_geglu, l5.geglu_reference, id="l5-geglu"),
+    pytest.param(l5.check_geglu_backward, l5.geglu_bwd_reference, id="l5-geglu_backward"),
+    pytest.param(l6.check_silu_gate, l6.silu_gate_reference.__wrapped__, id="l6-silu_gate"),
     pytest.param(l7.check_flash_forward, _flash, id="l7-flash"),
+    pytest.param(l7.check_flash_forward_causal, lambda q, k, v: _flash(q, k, v, causal=True), id="l7-flash_causal"),
     pytest.param(l7.check_sliding_window, _window, id="l7-sliding_window"),
 ]
 
@@ -403,6 +410,27 @@ def _rms_16_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps, BLOCK_N: tl.c
         tl.store(y_ptr + row * n_cols + offs, (n * w).to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _rms_one_tile_16_kernel(x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_N)
+    mask = offs < n_cols
+    h = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0) + tl.load(r_ptr + row * n_cols + offs, mask=mask,
+                                                                          other=0.0)  # fmt: skip
+    tl.store(h_ptr + row * n_cols + offs, h, mask=mask)
+    ms = tl.sum(h * h, axis=0).to(tl.float32) / n_cols  # the mistake: h * h and its sum in the 16-bit type
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    n = (h.to(tl.float32) / tl.sqrt(ms + eps)).to(y_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(y_ptr + row * n_cols + offs, (n * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_one_tile_16(x, r, w, eps):
+    # rejected before only where fp16's squares overflow ("differ", on a CPU); on a GPU (bf16) it passed
+    h, y = torch.empty_like(x), torch.empty_like(x)
+    _rms_one_tile_16_kernel[(x.shape[0],)](x, r, w, h, y, x.shape[1], eps, BLOCK_N=triton.next_power_of_2(x.shape[1]))
+    return y, h
+
+
 def rms_16(x, r, w, eps):
     h, y = torch.empty_like(x), torch.empty_like(x)
     _rms_16_kernel[(x.shape[0],)](x, r, w, h, y, x.shape[1], eps, BLOCK_N=min(triton.next_power_of_2(x.shape[1]), 1024))
@@ -416,14 +444,15 @@ def rms_16(x, r, w, eps):
         pytest.param(
             l4.check_add_rmsnorm,
             rms_16,
-            "float16.*(differ|inf|fp32)",
+            r"sums in 16 bits \((tl.sum of a|a) b?float16",  # seen by type: on a GPU in the kernel's IR
             id="l4-sum-of-squares-in-fp16",
-            marks=pytest.mark.skipif(
-                runtime.HALF != torch.float16,
-                reason="shown by fp16's overflow (h² near 300² past 65504); the GPU's half type is bf16, whose range "
-                "has no such overflow: not yet probed there",
-            ),
         ),
+        pytest.param(
+            l4.check_add_rmsnorm,
+            rms_one_tile_16,
+            r"sums in 16 bits \(tl.sum of a b?float16 tensor\)",
+            id="l4-one-tile-sum-of-squares-in-fp16",
+        ),  # fmt: skip
     ],
 )
 def test_precision_mistakes_are_named(check, wrong, match):
@@ -575,7 +604,7 @@ def dwdb_16(x, dy, mean, rstd):
 
 
 def test_layernorm_dwdb_names_sums_kept_in_16_bits():
-    with pytest.raises(CheckFailed, match=r"differ.*fp32"):  # (a general case may catch it first)
+    with pytest.raises(CheckFailed, match=r"sums in 16 bits \(a b?float16 accumulator"):  # seen by type first
         l4.check_layernorm_dwdb(dwdb_16)
 
 
@@ -722,6 +751,325 @@ def ce_smooth_16(logits, target, ignore_index, label_smoothing=0.0):
 @pytest.mark.skipif(runtime.HALF != torch.float16, reason="fp16's 65504 is the limit passed; bf16 reaches 3e38")
 def test_cross_entropy_ignore_names_a_row_sum_kept_in_16_bits():
     # only the loss is NaN (0 * inf where label_smoothing is 0), on the logits near 1e4: not an ignored row's target
-    with pytest.raises(CheckFailed, match=r"logits near 10000.*fp32 as they are loaded") as err:
+    with pytest.raises(CheckFailed, match=r"sums in 16 bits \(tl.sum of a float16 tensor\)") as err:  # by type
         l5.check_cross_entropy_ignore(ce_smooth_16)
     assert "ignored row's target" not in str(err.value)
+
+
+# -- lesson 4b: dropout and AdamW run as every kernel check runs (guards, torch refused, inputs concealed) ---
+@triton.jit
+def _dropout_kernel(x_ptr, r_ptr, h_ptr, n, p, seed, BLOCK: tl.constexpr, LE: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs <= n if LE else offs < n  # LE: the mask off by one
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    r = tl.load(r_ptr + offs, mask=mask).to(tl.float32)
+    keep = tl.rand(seed, offs) >= p
+    tl.store(h_ptr + offs, r + tl.where(keep, x / (1 - p), 0.0), mask=mask)
+
+
+def dropout(le=False, into=None):
+    def answer(x, r, p, seed):
+        h = torch.empty_like(x) if into is None else r  # into: h written over the residual
+        _dropout_kernel[(triton.cdiv(x.numel(), 1024),)](x, r, h, x.numel(), p, seed, BLOCK=1024, LE=le)
+        return h
+
+    return answer
+
+
+def _torch_dropout(x, r, p, seed):
+    keep = torch.rand(x.shape, generator=torch.Generator(x.device).manual_seed(seed), device=x.device) >= p
+    return r + torch.where(keep, x / (1 - p), 0.0)
+
+
+def _torch_dropout_backward(dh, p, seed):
+    keep = torch.rand(dh.shape, generator=torch.Generator(dh.device).manual_seed(seed), device=dh.device) >= p
+    return torch.where(keep, dh / (1 - p), 0.0)
+
+
+@pytest.mark.parametrize(
+    "answer, match",
+    [
+        pytest.param(dropout(le=True), "1 element past the end", id="mask-off-by-one"),
+        pytest.param(dropout(into="r"), r"changed input 1", id="h-written-over-the-residual"),
+        pytest.param(
+            lambda x, r, p, s: _copy_in([_torch_dropout(x, r, p, s)], [x, r]),
+            "computes with torch",
+            id="torch-then-a-copy-kernel",
+        ),  # fmt: skip
+        pytest.param(in_a_thread(_torch_dropout), NAMED_OUTSIDE, id="torch-in-a-thread"),
+    ],
+)
+def test_dropout_add_names_each_mistake_and_cheat(answer, match):
+    # (the off-by-one store and the residual overwritten were accepted and rejected as "0 kept" before; torch
+    # outside the kernel, with one copy kernel, was accepted)
+    with pytest.raises(CheckFailed, match=match):
+        l4b.check_dropout_add(answer)
+
+
+def test_dropout_backward_refuses_torch():
+    with pytest.raises(CheckFailed, match="computes with torch"):
+        l4b.check_dropout_backward(dropout(), lambda dh, p, s: _copy_in([_torch_dropout_backward(dh, p, s)], [dh]))
+    with pytest.raises(CheckFailed, match=NAMED_OUTSIDE):
+        l4b.check_dropout_backward(dropout(), in_a_thread(_torch_dropout_backward))
+
+
+def test_streams_take_any_pair_of_whole_numbers():
+    counters = 4096
+    assert l4b.check_streams(lambda s, layer: [1234 + s, layer * counters], counters).startswith("✓")
+    assert l4b.check_streams(lambda s, layer: (np.int64(1234 + s), np.int64(layer * counters)), counters).startswith(
+        "✓"
+    )
+
+
+@triton.jit
+def _touch_kernel(a_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(a_ptr + offs, tl.load(a_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def adamw_in_torch(ps, gs, ms, vs, step, lr, b1, b2, eps, wd):
+    # the update in torch, and one launch that touches a parameter: once accepted
+    for p, g, m, v in zip(ps, gs, ms, vs, strict=True):
+        p.mul_(1 - lr * wd)
+        m.mul_(b1).add_(g, alpha=1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        p.sub_(lr / (1 - b1**step) * m / (v.sqrt() / (1 - b2**step) ** 0.5 + eps))
+    _touch_kernel[(1,)](ps[0], 1, BLOCK=16)
+
+
+def test_adamw_refuses_torch_doing_the_update():
+    with pytest.raises(CheckFailed, match="computes with torch"):
+        l4b.check_adamw(adamw_in_torch)
+
+
+# -- lessons 1 and 3: the numbers and the ledger, as a learner writes them -----------------------------------
+def _silu_ledger(ops):
+    def make_ledger(n, dtype):
+        led = Ledger(dtype_bytes=dtype)
+        for name, reads, writes in ops:
+            led.op(name, reads={t: n * k for t, k in reads.items()}, writes={t: n for t in writes})
+        return led
+
+    return make_ledger
+
+
+@pytest.mark.parametrize(
+    "ops, match",
+    [
+        pytest.param([("silu", {"x": 1}, ["y"])], r"1 op; eager runs 2 kernels", id="one-op"),
+        pytest.param(
+            [("mul", {"s": 1, "x": 1}, ["y"]), ("sigmoid", {"x": 1}, ["s"])],
+            "not in the order they run",
+            id="ops-out-of-order",
+        ),  # fmt: skip
+        pytest.param(
+            [("sigmoid", {"x": 4}, ["s"]), ("mul", {"s": 4, "x": 4}, ["y"])],
+            "Count elements, not bytes",
+            id="bytes-for-elements",
+        ),  # fmt: skip
+        pytest.param([("sigmoid", {"x": 1}, ["s"]), ("mul", {"s": 1}, ["y"])], "'mul reads x'", id="mul-without-x"),
+    ],
+)
+def test_silu_ledger_names_each_mistake(ops, match):
+    # (out of order, bytes and one op were reported as a trip missing, naming no cause)
+    with pytest.raises(CheckFailed, match=match):
+        l1.check_silu_ledger(_silu_ledger(ops))
+
+
+def test_silu_ledger_accepts_other_names():
+    # the same trips with ops and tensors named otherwise: once rejected for the names
+    ops = [("sig", {"x": 1}, ["sig_x"]), ("multiply", {"x": 1, "sig_x": 1}, ["out"])]
+    assert l1.check_silu_ledger(_silu_ledger(ops)).startswith("✓")
+
+
+def test_numbers_of_any_real_type_are_accepted_and_a_tensor_is_named():
+    # a numpy scalar was rejected as "not right" (intensity) or "expected a finite number" (a prediction)
+    assert l1.check_add_intensity(np.float32(1 / 12)).startswith("✓")
+    assert l1.check_predict_eager_ms(lambda n, b, bw: np.float32(4 * n * b / bw / 1e6)).startswith("✓")
+    assert l3.check_layer_speedup(lambda m, e, c: np.float64((m + e) / (m + c))).startswith("✓")
+    with pytest.raises(CheckFailed, match=r"returned a tensor.*\.item\(\)"):
+        l1.check_add_intensity(torch.tensor(1 / 12))
+
+
+@pytest.mark.parametrize(
+    "predict, match",
+    [
+        pytest.param(lambda n, b, bw: 4 * n * b / (bw * 2**30) * 1e3, r"1e9 bytes per second, not 2\*\*30", id="GiB"),
+        pytest.param(lambda n, b, bw: 4 * n / (bw * 1e9) * 1e3, "Use dtype_bytes", id="no-bytes"),
+        pytest.param(lambda n, b, bw: 4 * n * 4 / (bw * 1e9) * 1e3, "Use dtype_bytes", id="always-4-bytes"),
+        pytest.param(lambda n, b, bw: 4 * n * b * 8 / (bw * 1e9) * 1e3, "not bits", id="bits"),
+    ],
+)
+def test_eager_prediction_names_the_unit_slips(predict, match):
+    with pytest.raises(CheckFailed, match=match):
+        l1.check_predict_eager_ms(predict)
+
+
+def test_intensity_and_speedups_name_upside_down_and_percent():
+    with pytest.raises(CheckFailed, match="Upside down"):
+        l1.check_add_intensity(12)
+    with pytest.raises(CheckFailed, match="in percent"):
+        l3.check_layer_speedup(lambda m, e, c: ((m + e) / (m + c) - 1) * 100)
+    with pytest.raises(CheckFailed, match="in percent"):
+        l3.check_fusion_ceiling(lambda m, e: e / m * 100)
+    assert l3._count(np.int64(3), "n_eager", "f") == 3  # a numpy count (np.sum of a mask) is a count
+
+
+def test_the_gpu_reads_16_bit_sums_off_the_kernels_ir():
+    # what a GPU run checks (Triton's IR of the kernel it ran), built here for sm_90 without one: an add
+    # reduction or an accumulator carried by a loop in bf16 is named, fp32 ones (flash's) are not
+    from fusionlab import _triton
+
+    def ttir(kernel, pointers, scalars, const):
+        sig = {**{n: t for n, t in pointers.items()}, **scalars, **dict.fromkeys(const, "constexpr")}
+        return _triton.compile_for(kernel, sig, const, num_warps=4)["ttir"]
+
+    def sums(ir):
+        return [w for p, w in grading._IR_HALF_SUMS if p.search(ir)] + grading._half_accumulators_in_ir(ir)
+
+    half = dict.fromkeys(("x_ptr", "dy_ptr", "dw_ptr", "db_ptr"), "*bf16")
+    stats = {"mean_ptr": "*fp32", "rstd_ptr": "*fp32"}
+    dwdb = ttir(_dwdb_16_kernel, {**half, **stats}, {"n_rows": "i32", "n_cols": "i32"}, {"BLOCK_M": 128})
+    assert sums(dwdb) == ["a bfloat16 accumulator carried by a loop"]
+    rows = ttir(
+        _rms_one_tile_16_kernel,
+        dict.fromkeys(("x_ptr", "r_ptr", "w_ptr", "h_ptr", "y_ptr"), "*fp16"),
+        {"n_cols": "i32", "eps": "fp32"},
+        {"BLOCK_N": 256},
+    )
+    assert sums(rows) == ["tl.sum of a {} tensor"]
+    strides = dict.fromkeys(
+        "stride_qh stride_qm stride_kh stride_kn stride_vh stride_vn stride_oh stride_om".split(), "i32"
+    )
+    flash = ttir(
+        _causal_every_block_kernel,
+        {**dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "o_ptr"), "*bf16"), "lse_ptr": "*fp32"},
+        {"n_q": "i32", "n_k": "i32", "scale": "fp32", **strides},
+        {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_M": 64, "BLOCK_N": 32},
+    )
+    assert sums(flash) == []
+
+
+@triton.jit
+def _adds_16_kernel(x_ptr, r_ptr, y_ptr, STEPS: tl.constexpr):
+    offs = tl.arange(0, 16)
+    acc = tl.load(x_ptr + offs)
+    for _ in tl.static_range(STEPS):  # STEPS 16-bit adds, each adding to the last one's result
+        acc = acc + tl.load(r_ptr + offs)
+    tl.store(y_ptr + offs, acc)
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="the interpreter's chain of adds (a GPU reads the IR instead)")
+def test_one_16_bit_add_is_not_a_sum_three_are():
+    x, r = torch.randn(16, dtype=torch.float16), torch.randn(16, dtype=torch.float16)
+    for steps, want in ((1, []), (2, []), (3, ["a float16 accumulator (acc += ... with acc in float16)"])):
+        box = grading.Sandbox()
+        with box:
+            _adds_16_kernel[(1,)](x, r, torch.empty_like(x), STEPS=steps)
+        assert box.half_sums == want, steps
+
+
+# -- a load with no mask, its lanes past the end thrown away by the store's mask ------------------------------
+@triton.jit
+def _exp_cos_load_unmasked_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs).to(tl.float32)  # the mistake: the store is masked, the load is not
+    tl.store(y_ptr + offs, tl.exp(tl.cos(x)).to(y_ptr.dtype.element_ty), mask=offs < n)
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="the interpreter sees each load's lanes; a GPU's loads are not watched")
+def test_exp_cos_names_a_load_past_the_end_that_the_store_throws_away():
+    # right values (the NaN lanes are never stored): accepted before
+    def answer(x):
+        y = torch.empty_like(x)
+        _exp_cos_load_unmasked_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+        return y
+
+    with pytest.raises(CheckFailed, match=r"loads past the end of input 0 .*mask every load"):
+        l1.check_exp_cos(answer)
+
+
+# -- lesson 4b's AdamW: a chunk's mask off by one, and three mistakes inside the tolerance of 0.99's betas ----
+@triton.jit
+def _adamw_kernel(table_ptr, chunks_ptr, lr, beta1, beta2, eps, wd, step_size, inv_sqrt_bc2, BLOCK: tl.constexpr,
+                  MISTAKE: tl.constexpr):  # fmt: skip
+    t = tl.load(chunks_ptr + 2 * tl.program_id(0))
+    start = tl.load(chunks_ptr + 2 * tl.program_id(0) + 1)
+    row = table_ptr + 5 * t
+    p_ptr = tl.load(row + 0).to(tl.pointer_type(tl.float32))
+    g_ptr = tl.load(row + 1).to(tl.pointer_type(tl.float32))
+    m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
+    v_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs <= tl.load(row + 4) if MISTAKE == "<=" else offs < tl.load(row + 4)
+    p, g = tl.load(p_ptr + offs, mask=mask), tl.load(g_ptr + offs, mask=mask)
+    m, v = tl.load(m_ptr + offs, mask=mask), tl.load(v_ptr + offs, mask=mask)
+    if MISTAKE != "decay after":
+        p = p * (1.0 - lr * wd)
+    m = beta1 * m + (1.0 - beta1) * g
+    v = beta2 * v + (1.0 - beta2) * g * g
+    if MISTAKE == "eps inside":
+        p = p - step_size * m / tl.sqrt(v * inv_sqrt_bc2 * inv_sqrt_bc2 + eps)
+    else:
+        p = p - step_size * m / (tl.sqrt(v) * inv_sqrt_bc2 + eps)
+    if MISTAKE == "decay after":
+        p = p * (1.0 - lr * wd)
+    tl.store(p_ptr + offs, p, mask=mask)
+    tl.store(m_ptr + offs, m, mask=mask)
+    tl.store(v_ptr + offs, v, mask=mask)
+
+
+def adamw_with(mistake):
+    def adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay):
+        rows = [[p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel()]
+                for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs, strict=True)]  # fmt: skip
+        chunks = [[i, s] for i, p in enumerate(params) for s in range(0, p.numel(), 1024)]
+        table = torch.tensor(rows, dtype=torch.int64).to(runtime.DEVICE)
+        chunk_table = torch.tensor(chunks, dtype=torch.int64).to(runtime.DEVICE)
+        k = step - 1 if mistake == "step - 1" and step > 1 else step  # the corrections of the step before
+        _adamw_kernel[(len(chunks),)](table, chunk_table, lr, beta1, beta2, eps, weight_decay, lr / (1 - beta1**k),
+                                      (1 - beta2**k) ** -0.5, BLOCK=1024, MISTAKE=mistake)  # fmt: skip
+
+    return adamw_step
+
+
+@pytest.mark.parametrize(
+    "mistake, match",
+    [
+        pytest.param("<=", r"1 element past the end of params\[0\]", id="mask-off-by-one"),  # crashed the process
+        pytest.param("eps inside", "eps inside the square root", id="eps-inside-the-root"),  # accepted
+        pytest.param("step - 1", "bias correction of the step before", id="step-minus-one"),  # "no bias correction"
+        pytest.param("decay after", "the decay after the update", id="decay-after-the-update"),  # "differ"
+    ],
+)
+def test_adamw_names_each_mistake(mistake, match):
+    assert l4b.check_adamw(adamw_with("none")).startswith("✓ adamw_step")
+    with pytest.raises(CheckFailed, match=match):
+        l4b.check_adamw(adamw_with(mistake))
+
+
+@triton.jit
+def _dropout_offsets_kernel(x_ptr, r_ptr, h_ptr, n, p, seed, BLOCK: tl.constexpr, RAND: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    r = tl.load(r_ptr + offs, mask=mask).to(tl.float32)
+    if RAND == "block":  # the mistake: the offsets within the block, so every block draws the same numbers
+        keep = tl.rand(seed, tl.arange(0, BLOCK)) >= p
+    else:  # the mistake: one number a program
+        keep = tl.rand(seed, offs * 0 + tl.program_id(0)) >= p
+    tl.store(h_ptr + offs, r + tl.where(keep, x / (1 - p), 0.0), mask=mask)
+
+
+@pytest.mark.parametrize(
+    "rand, match", [("block", "repeats every 1024 elements"), ("program", "kept or dropped together")]
+)
+def test_dropout_names_random_numbers_not_each_elements_own(rand, match):
+    # both keep about 1 - p of the elements: called a keep rate outside 5 sigma before, or accepted
+    def answer(x, r, p, seed):
+        h = torch.empty_like(x)
+        _dropout_offsets_kernel[(triton.cdiv(x.numel(), 1024),)](x, r, h, x.numel(), p, seed, BLOCK=1024, RAND=rand)
+        return h
+
+    with pytest.raises(CheckFailed, match=match):
+        l4b.check_dropout_add(answer)

@@ -100,3 +100,75 @@ def test_suite_shape_on_gpu_matches_float64():
         got = s.backward_thunk(s._forwards()[impl], q, k, v, do, True)()
         for g, w in zip(got, want, strict=True):
             assert ((g.double() - w).norm() / w.norm()).item() < 2e-2, impl
+
+
+def test_memory_bar_counts_what_the_schedule_adds():
+    # O, dQ, dK, dV in bf16 and lse in fp32: 2 GiB of outputs at N = 131072, 16 heads of 128
+    assert s.returned_bytes(131072) == 4 * 16 * 131072 * 128 * 2 + 16 * 131072 * 4
+    peak = 2164260864  # both 2026-11-26 recordings: 2.016 GiB beyond q, k, v and dO
+    within = [bench.Result(s.peak_name("ours", 131072), 1.0, peak, 0, s.PEAK_GROUP)]
+    (bar, met, detail), *_ = s.bars(within)
+    assert bar.startswith("N = 131072") and met and detail.startswith("8.0 MiB")
+    over = [bench.Result(s.peak_name("ours", 131072), 1.0, s.returned_bytes(131072) + 3 * 2**30, 0, s.PEAK_GROUP)]
+    assert not s.bars(over)[0][1]
+    assert s.peaks_from(within)[0].workspace_bytes == 2**23
+
+
+def test_live_cases_are_the_backward_timings_at_the_live_sizes(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(s, "timing_cases", lambda *a, **k: seen.update(k) or [])
+    assert s.cases(live=True) == []
+    assert seen["ns"] == s.LIVE_NS and seen["fwd_bwd"] is False
+
+
+def test_hopper_recordings_read_back(tmp_path):
+    from fusionlab.lessons.l8 import hopper
+
+    dev = {"kind": "device", "name": "GPU X", "torch": "2.11", "triton": "3.6", "date": "2026-11-27"}
+    fp8 = [
+        dev,
+        {"kind": "gate", "o": 0.04, "lse": 0.02, "o_kernel": 0.015, "o_bf16": 0.003, "ok": True},
+        {"kind": "gate", "o": 0.05, "lse": 0.03, "o_kernel": 0.02, "o_bf16": 0.004, "ok": True},
+        {"kind": "time", "d": 128, "n": 4096, "causal": False, "speedup": 1.5, "speedup_with_quant": 1.1,
+         "bf16_tflops": 500.0, "fp8_tflops": 750.0},
+        {"kind": "time", "d": 128, "n": 8192, "causal": True, "error": "did not build"},
+    ]  # fmt: skip
+    ws = [
+        dev,
+        {"kind": "package", "d": 128, "n": 4096, "dtype": "bf16", "tflops": 500.0, "err": 1e-3, "nonfinite": 0},
+        {"kind": "tutorial", "d": 128, "n": 4096, "dtype": "bf16", "block_n": 64, "stages": 3, "ws": False,
+         "tflops": 450.0, "err": 1e-3, "nonfinite": 0},
+        {"kind": "tutorial", "d": 128, "n": 4096, "dtype": "bf16", "block_n": 64, "stages": 3, "ws": True,
+         "tflops": 550.0, "err": 1e-3, "nonfinite": 0},
+        {"kind": "tutorial", "d": 128, "n": 4096, "dtype": "bf16", "block_n": 64, "stages": 4, "ws": True,
+         "tflops": 900.0, "err": float("nan"), "nonfinite": 12},
+        {"kind": "tutorial", "d": 128, "n": 4096, "dtype": "bf16", "block_n": 128, "stages": 4, "ws": True,
+         "error": "OutOfResources"},
+        {"kind": "fp8", "d": 128, "n": 4096, "dtype": "bf16", "tile": [128, 128, 8, 3], "ws": True, "tflops": 700.0},
+        {"kind": "fp8", "d": 128, "n": 4096, "dtype": "bf16", "tile": [128, 128, 8, 3], "ws": False, "tflops": 650.0},
+    ]  # fmt: skip
+    (tmp_path / "fp8-gpu-x-2026-11-27.json").write_text(json.dumps(fp8))
+    (tmp_path / "ws-gpu-x-2026-11-27.json").write_text(json.dumps(ws))
+    (rec,) = hopper.recordings("fp8", tmp_path)
+    assert rec.label() == "recorded 2026-11-27 on GPU X, torch 2.11, triton 3.6"
+    s8 = hopper.fp8_summary(rec)
+    assert [t["n"] for t in s8["times"]] == [4096] and s8["gate_passed"]
+    assert s8["gate"] == {"o": 0.05, "lse": 0.03, "o_kernel": 0.02, "o_bf16": 0.004}
+    (w,) = hopper.ws_summary(hopper.recordings("ws", tmp_path)[0])
+    # the fast configuration with non-finite values is never the best: it is listed as bad, with the one
+    # that did not compile
+    assert w["ws"]["tflops"] == 550.0 and w["plain"]["tflops"] == 450.0 and w["package"]["tflops"] == 500.0
+    assert len(w["bad"]) == 2
+    (f8,) = hopper.ws_fp8(hopper.recordings("ws", tmp_path)[0])
+    assert f8["tile"] == (128, 128, 8, 3) and f8["ws"]["tflops"] == 700.0 and f8["plain"]["tflops"] == 650.0
+
+
+def test_fp8_bar_reads_the_forward_pairs():
+    res = []
+    for n in s.FP8_ATTN_NS:
+        for causal in (False, True):
+            res.append(bench.Result(s.fp8_attention_name(n, causal, "bf16"), 1.5, 1, 1, s.FP8_ATTN_GROUP))
+            res.append(bench.Result(s.fp8_attention_name(n, causal, "fp8"), 1.0 if n > 4096 else 1.2, 1, 1, "x"))
+    (bar, met, detail), *_ = s.bars(res)
+    assert bar.startswith("FP8 forward >= 1.4x") and not met
+    assert detail == "2 of 4 shapes; worst 1.25x at D=128 N=4096 full"

@@ -147,3 +147,30 @@ def test_a_crowded_roofline_numbers_its_points_and_no_two_labels_overlap():
     r = fig.canvas.get_renderer()
     boxes = [t.get_window_extent(r) for t in labels]
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+
+
+def test_the_bench_starts_no_suite_past_its_budget_or_one_its_recorded_time_would_overrun():
+    est = {"lesson7": 120.0}
+    assert benchcli.left_out_by_budget("lesson7", 100.0, None, est) is None
+    assert benchcli.left_out_by_budget("lesson7", 100.0, 600.0, est) is None
+    assert "took 120 s" in benchcli.left_out_by_budget("lesson7", 500.0, 600.0, est)
+    assert benchcli.left_out_by_budget("lesson2", 500.0, 600.0, est) is None  # never timed: it starts
+    assert "was spent" in benchcli.left_out_by_budget("lesson2", 600.0, 600.0, est)
+    assert "the longest suite so far took 150 s" in benchcli.left_out_by_budget("lesson2", 500.0, 600.0, est, 150.0)
+
+
+def test_the_whole_bench_time_is_read_back_per_gpu(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(benchcli, "BENCH_TIME_DIR", tmp_path)
+    assert cli.main(["bench", "--timings"]) == 1 and "no bench timed yet" in capsys.readouterr().out
+    for device, date, total in (
+        ("NVIDIA H100 80GB HBM3", "2026-11-26", 400.0),
+        ("NVIDIA H100 80GB HBM3", "2026-11-27", 300.0),
+    ):
+        meta = {"device": device, "date": date, "time": "03:10:00Z", "torch": "2.11.0", "triton": "3.6.0"}
+        t = {"meta": meta, "budget_s": 600, "total_s": total, "ncu": False, "wall_s": {"lesson1": 20.0}, "left_out": []}
+        (tmp_path / f"bench-time-h100-{date}.json").write_text(json.dumps(t))
+    assert [t["total_s"] for t in benchcli.bench_timings("H100")] == [400.0, 300.0]
+    assert benchcli.bench_timings("H200") == []
+    assert cli.main(["bench", "--timings", "--device", "H100"]) == 0
+    out = capsys.readouterr().out
+    assert "2026-11-27, torch 2.11.0, triton 3.6.0: the whole bench took 5.0 min (budget 10 min) — lesson1 20 s" in out

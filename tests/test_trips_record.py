@@ -59,14 +59,19 @@ for i, (name, r, w, l2) in enumerate(rows):
 """
 
 
-@pytest.fixture
-def fake_ncu(tmp_path, monkeypatch):
+def _stand_in(script: str, tmp_path, monkeypatch):
+    """``script`` written as an executable ncu that fusionlab finds, the GPU check passed."""
     path = tmp_path / "ncu"
-    path.write_text(FAKE.format(python=sys.executable, header=HEADER))
+    path.write_text(script.format(python=sys.executable, header=HEADER))
     path.chmod(0o755)
     monkeypatch.setenv("FUSIONLAB_NCU", str(path))
     monkeypatch.setattr(ncu, "_check_gpu", lambda: None)
     return path
+
+
+@pytest.fixture
+def fake_ncu(tmp_path, monkeypatch):
+    return _stand_in(FAKE, tmp_path, monkeypatch)
 
 
 def test_the_recorder_files_counters_by_case_and_cache_setting_with_device_date_and_versions(tmp_path, fake_ncu):
@@ -158,3 +163,105 @@ def test_a_case_that_cannot_run_is_left_out_of_the_thunk_with_its_error(tmp_path
     ncu.cases_thunk([({"name": "ok"}, lambda: ran.append(1)), ({"name": "too big"}, too_big)])
     infos = json.loads(side.read_text())
     assert ran == [1] and infos[0] == {"name": "ok"} and infos[1]["error"] == "MemoryError: 2 GiB more"
+
+
+# -- parts chosen, batched into one ncu run, and read back merged ------------------------------------
+STAGED = r"""#!{python}
+import json, os, sys
+args = sys.argv[1:]
+if "--version" in args:
+    print("Version 2025.3.1.0 (fake)")
+    raise SystemExit(0)
+cc = args[args.index("--cache-control") + 1]
+parts = args[args.index("--child") + 2:]
+if os.environ.get("FAKE_NCU_CRASH") in parts and len(parts) > 1:
+    print("==ERROR== the application crashed", file=sys.stderr)
+    raise SystemExit(3)
+infos, rows = [], []
+for p in parts:
+    infos.append({{"name": "fused", "group": "g", "ledger_bytes": 100, "schedule_bytes": 100, "part": p}})
+    rows += [("_fusionlab_case_marker", 0), ("k_" + p, 60 if cc == "all" else 30)]
+open(os.environ["FUSIONLAB_NCU_CASES"], "w").write(json.dumps(infos))
+print({header!r})
+for i, (name, r) in enumerate(rows):
+    for metric, v in (("dram__bytes_read.sum", r), ("dram__bytes_write.sum", 40),
+                      ("gpu__time_duration.sum", 1000), ("lts__t_bytes.sum", 100)):
+        cells = [str(i), "1", "python", "h", name, "1", "7", "(1, 1, 1)", "(1, 1, 1)", "0", "9.0", "s", metric, "byte"]
+        print(",".join(f'"{{c}}"' for c in [*cells, v]))
+"""
+
+
+@pytest.fixture
+def staged_ncu(tmp_path, monkeypatch):
+    return _stand_in(STAGED, tmp_path, monkeypatch)
+
+
+def test_parts_and_settings_are_chosen_ordered_and_batched():
+    runs = benchcli.trips_runs(["lesson4b", "regimes:none", "lesson1:none", "large"])
+    want = [("large", "all"), ("regimes", "none"), ("lesson4b", "all"), ("lesson1", "none"), ("lesson4b", "none")]
+    assert runs == want
+    assert benchcli.trips_batches(runs) == [
+        (["large"], "all"),
+        (["regimes"], "none"),
+        (["lesson4b"], "all"),
+        (["lesson1", "lesson4b"], "none"),
+    ]
+    every = benchcli.trips_batches(benchcli.trips_runs())
+    assert [cc for _, cc in every] == ["all", "none", "all", "all", "all", "none", "none", "none"]
+    flushed = [p for parts, cc in every[2:5] for p in parts]
+    assert flushed.index("lesson4") < flushed.index("lesson4b") < flushed.index("lesson5")
+    assert max(len(parts) for parts, _ in every) == benchcli.MAX_BATCH
+    assert benchcli.trips_runs(["lesson1"], ("all",)) == [("lesson1", "all")]
+    for bad in ("lesson99", "lesson1:warm"):
+        with pytest.raises(SystemExit):
+            benchcli.trips_runs([bad])
+
+
+def test_a_batch_of_parts_is_one_ncu_run_and_a_crashing_batch_is_run_part_by_part(tmp_path, staged_ncu, monkeypatch):
+    data = benchcli.read_trips(benchcli.record_trips(["lesson1", "lesson2"], tmp_path, budget_s=120))
+    assert not data["missing"]
+    assert [(r["parts"], r["cache_control"]) for r in data["meta"]["runs"]] == [
+        (["lesson1", "lesson2"], "all"),
+        (["lesson1", "lesson2"], "none"),
+    ]
+    for part in ("lesson1", "lesson2"):
+        c = data["parts"][part]["fused"]
+        assert c["all"]["dram_read"] == 60 and c["none"]["dram_read"] == 30
+        assert c["all"]["kernels"][0]["name"] == f"k_{part}"
+    monkeypatch.setenv("FAKE_NCU_CRASH", "lesson2")
+    data = benchcli.read_trips(benchcli.record_trips(["lesson1:all", "lesson2:all"], tmp_path, budget_s=120))
+    assert [r["parts"] for r in data["meta"]["runs"]] == [["lesson1", "lesson2"], ["lesson1"], ["lesson2"]]
+    assert data["parts"]["lesson1"]["fused"]["all"]["dram_read"] == 60 and not data["missing"]
+
+
+def test_stages_past_the_deadline_are_not_started_and_a_replay_runs_the_first_passes_stages(tmp_path, monkeypatch):
+    side = tmp_path / "cases.json"
+    side.write_text("[]")
+    monkeypatch.setenv(ncu.CASES_ENV, str(side))
+    monkeypatch.setattr(ncu, "_window", lambda thunk: thunk())
+    ran = []
+
+    def stage(name, fail=False):
+        def build():
+            if fail:
+                raise MemoryError("too big")
+            return ncu.cases_thunk([({"name": "c"}, lambda: ran.append(name))], name)
+
+        return name, build
+
+    monkeypatch.setattr(ncu, "marker", lambda: None)
+    monkeypatch.setenv(ncu.DEADLINE_ENV, repr(time.time() + 3600))
+    stages = [stage("a"), stage("b", fail=True), stage("c")]
+    ncu.stages_child(stages)
+    infos = json.loads(side.read_text())
+    assert [i.get("part") for i in infos] == ["a", "b", "c"] and "too big" in infos[1]["part_error"]
+    assert json.loads((tmp_path / ("cases.json" + ncu.PLAN_SUFFIX)).read_text()) == ["a", "b", "c"]
+    (tmp_path / ("cases.json" + ncu.PLAN_SUFFIX)).write_text('["a"]')  # a later pass: the first pass's stages
+    monkeypatch.setenv(ncu.DEADLINE_ENV, repr(time.time() - 1))
+    ran.clear()
+    ncu.stages_child(stages)
+    assert ran == ["a", "a"]  # warmed up in cases_thunk, then the profiled call
+    (tmp_path / ("cases.json" + ncu.PLAN_SUFFIX)).unlink()
+    ran.clear()
+    ncu.stages_child(stages)  # a first pass past its deadline starts nothing
+    assert ran == [] and json.loads((tmp_path / ("cases.json" + ncu.PLAN_SUFFIX)).read_text()) == []

@@ -209,3 +209,44 @@ def test_a_summary_puts_hbm_beside_l2_for_each_case_that_ran(trips_dir):
     text = part.summary(["torch.softmax 32768x4096", "softmax fused 32768x4096", "absent"])
     assert "torch.softmax 32768x4096  HBM  0.96× its ledger, through L2  1.50×" in text
     assert "absent" not in text and text.endswith(part.label)
+
+
+def test_a_later_recording_of_the_unflushed_runs_is_read_together_with_the_flushed_one(tmp_path):
+    flushed = synthetic(date="2026-11-26")
+    for c in flushed["parts"]["eager_softmax"].values():
+        c.pop("none", None)
+    later = synthetic(date="2026-11-27")
+    later["parts"] = {"eager_softmax": {n: {**{k: v for k, v in c.items() if k != "all"}, "none": c["all"]}
+                                        for n, c in flushed["parts"]["eager_softmax"].items()}}  # fmt: skip
+    (tmp_path / "a.json").write_text(json.dumps(flushed))
+    (tmp_path / "b.json").write_text(json.dumps(later))
+    part = recorded.newest("eager_softmax", "H100", tmp_path)
+    name = "torch.softmax 32768x4096"
+    assert part.dram(name, recorded.FLUSHED) == part.dram(name, recorded.WARM) > 0
+    assert part.meta["date"] == "2026-11-27" and "2026-11-27 and 2026-11-26" in part.label
+    other = synthetic(device="NVIDIA H200", date="2026-11-28")  # another device's never fills in
+    (tmp_path / "c.json").write_text(json.dumps(other))
+    assert recorded.newest("eager_softmax", "H100", tmp_path).dates == ("2026-11-27", "2026-11-26")
+
+
+def test_a_lesson_shows_its_devices_recording_else_another_named_as_such(tmp_path):
+    (tmp_path / "h200.json").write_text(json.dumps(synthetic(device="NVIDIA H200", date="2026-11-26")))
+    (tmp_path / "h100.json").write_text(json.dumps(synthetic(date="2026-11-25")))
+    assert recorded.for_device("cliff", "NVIDIA H100 80GB HBM3", tmp_path).device == "NVIDIA H100 80GB HBM3"
+    assert recorded.for_device("cliff", "H200", tmp_path).device == "NVIDIA H200"
+    (tmp_path / "h100.json").unlink()
+    part = recorded.for_device("cliff", "NVIDIA H100 80GB HBM3", tmp_path)
+    assert part.device == "NVIDIA H200" and "on NVIDIA H200 (none recorded on NVIDIA H100 80GB HBM3 yet)" in part.label
+    assert recorded.for_device("lesson7", "H100", tmp_path) is None
+
+
+def test_lesson1_shows_another_devices_regimes_named_where_this_one_has_none(tmp_path, monkeypatch):
+    from fusionlab import benchcli
+
+    if benchcli.runtime.is_gpu():
+        pytest.skip("on a GPU the regimes are counted here where ncu works")
+    (tmp_path / "h200.json").write_text(json.dumps(synthetic(device="NVIDIA H200")))
+    monkeypatch.setattr(benchcli, "TRIPS_DIR", tmp_path)
+    t = traffic.here_or_recorded("NVIDIA H100 80GB HBM3")
+    assert isinstance(t, traffic.Traffic) and t.sizes() == [16 * MiB, 1024 * MiB]
+    assert "on NVIDIA H200 (none recorded on NVIDIA H100 80GB HBM3 yet)" in t.label

@@ -5,13 +5,17 @@ the backward's launches. So the backward is built first and cannot import the fo
 lives here, below both (and lesson 7's FA1 schedule, :mod:`.attention_fa1`, takes it from here too):
 the spec's float64 scores; the eager baseline and its arithmetic (FLOPs, the forward's trips, on which
 the backward's ledger builds); the input checks, the default scale and the config overrides' checks;
-what the GPU can do (tensor descriptors, by measured compute capability) and the descriptors' geometry.
+what the GPU can do (tensor descriptors, by measured compute capability) and the descriptors' geometry;
+lesson 7b's modifications and block masks on the host (their float64 scores, the block lists).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -308,3 +312,164 @@ def descriptor(shape, layout, es: int, block_rows: int, block_d: int):
     else:
         return None
     return ([rows, cols], [sn, 1], [block_rows, block_d])
+
+
+# -- lesson 7b: score modifications and block masks, the host's half -------------------------------
+class ScoreMod(NamedTuple):
+    """A score modification: ``fn``, a ``@triton.jit`` function ``(score, b, h, q_idx, kv_idx, aux, a0, a1)
+    -> score`` the kernel applies to each block of scaled fp32 scores in registers (``q_idx`` a column,
+    ``kv_idx`` a row of token indices, ``h`` the query head); ``ref``, the same on torch tensors (float64,
+    broadcasting), for the reference; ``aux`` a tensor and ``a0``, ``a1`` numbers it reads (None: not
+    passed)."""
+
+    fn: object
+    ref: Callable | None = None
+    aux: torch.Tensor | None = None
+    a0: float | int | None = None
+    a1: float | int | None = None
+    name: str = "score_mod"
+
+
+class MaskMod(NamedTuple):
+    """A mask function: ``fn``, a ``@triton.jit`` function ``(b, h, q_idx, kv_idx, aux, a0, a1) -> keep``
+    (True where query ``q_idx`` sees key ``kv_idx``), run on the partial blocks only; ``ref``, the same
+    on torch tensors, from which :func:`block_mask` builds the block lists and the reference its mask."""
+
+    fn: object
+    ref: Callable
+    aux: torch.Tensor | None = None
+    a0: float | int | None = None
+    a1: float | int | None = None
+    name: str = "mask"
+
+
+@dataclass(frozen=True, eq=False)
+class BlockMask:
+    """Which key blocks each Q tile visits, built once per shape by :func:`block_mask`.
+
+    ``num`` (B', H', T_m, 2) int32: per Q tile, how many *full* blocks (every query of the tile sees
+    every key of the block: no element mask) and *partial* blocks (some do: the mask function runs on
+    them); ``idx`` (B', H', T_m, 2, T_n) int32: their key-block numbers, ascending, the rest of each row
+    unused. A block in neither list is empty: never loaded. B' and H' are 1 where the mask does not
+    depend on the batch or the head. ``visible``: the (query, key) pairs the mask keeps, over B' x H'.
+    """
+
+    mask: MaskMod
+    shape: tuple  # (B', H', N_q, N_k)
+    block_m: int
+    block_n: int
+    num: torch.Tensor
+    idx: torch.Tensor
+    visible: int
+
+    def blocks(self) -> tuple[int, int, int]:
+        """(full, partial, all) key blocks over every Q tile, summed over B' x H'."""
+        full, part = (int(x) for x in self.num.sum(dim=(0, 1, 2)).tolist())
+        return full, part, self.num.shape[0] * self.num.shape[1] * self.num.shape[2] * self.idx.shape[-1]
+
+    def density(self) -> float:
+        """The fraction of the (Q tile, key block) grid the kernel visits: full plus partial blocks."""
+        full, part, total = self.blocks()
+        return (full + part) / total
+
+    def __repr__(self) -> str:
+        full, part, total = self.blocks()
+        B, H, N_q, N_k = self.shape
+        return (f"BlockMask({self.mask.name}, B={B}, H={H}, N_q={N_q}, N_k={N_k}, tiles {self.block_m}x{self.block_n}: "
+                f"{full} full + {part} partial of {total} blocks, density {(full + part) / total:.3f})")  # fmt: skip
+
+
+#: the block mask's tiles on a GPU (the kernel runs at the mask's tiles); the interpreter takes lesson 7's
+#: 32 x 16 so small tests reach full, partial and empty blocks
+MOD_TILE = (128, 64)
+MOD_TILE_INTERPRETER = (32, 16)
+
+
+def _mask_args(mask: MaskMod):
+    return mask.aux, mask.a0, mask.a1
+
+
+def block_mask(
+    mask: MaskMod,
+    B: int | None,
+    H: int | None,
+    N_q: int,
+    N_k: int,
+    device=None,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    rows_per_chunk: int = 1024,
+) -> BlockMask:
+    """The block lists of ``mask`` for one shape (``torch.nn.attention.flex_attention.create_block_mask``'s
+    job): the mask's torch function evaluated on every (query, key) pair, a chunk of rows at a time, and
+    reduced to (BLOCK_M x BLOCK_N) blocks. ``B``, ``H`` None: the mask is the same for every batch row or
+    head. Rows past N_q do not count (they are never stored); keys past N_k are hidden, so a block that
+    hangs past N_k is never full. Tiles default to :data:`MOD_TILE` (the interpreter: 32 x 16), shrunk to
+    a short sequence; the kernel runs at the mask's tiles."""
+    if not isinstance(mask, MaskMod):
+        raise KernelInputError(f"{OP}: block_mask takes a MaskMod (causal_mask(), sliding_window(w), ...), got "
+                               f"{type(mask).__name__}.")  # fmt: skip
+    dev = torch.device(runtime.DEVICE if device is None else device)
+    default_m, default_n = MOD_TILE if runtime.is_gpu() else MOD_TILE_INTERPRETER
+    bm = min(default_m, max(16, _pow2(N_q))) if block_m is None else block_m
+    bn = min(default_n, max(16, _pow2(N_k))) if block_n is None else block_n
+    for name, value in (("block_m", bm), ("block_n", bn)):
+        check_block(value, name, OP, max_value=256)
+        if value < 16:
+            raise KernelInputError(f"{OP}: {name}={value}; tl.dot needs tiles of at least 16.")
+    Bp, Hp = (1 if B is None else B), (1 if H is None else H)
+    T_m, T_n = -(-N_q // bm), -(-N_k // bn)
+    full = torch.zeros(Bp, Hp, T_m, T_n, dtype=torch.bool, device=dev)
+    part = torch.zeros_like(full)
+    visible = 0
+    kv = torch.arange(T_n * bn, device=dev).view(1, -1)
+    kv_ok = kv < N_k
+    step = max(1, rows_per_chunk // bm) * bm
+    aux, a0, a1 = _mask_args(mask)
+    for b in range(Bp):
+        for h in range(Hp):
+            bt, ht = torch.tensor(b, device=dev), torch.tensor(h, device=dev)
+            for r0 in range(0, T_m * bm, step):
+                q = torch.arange(r0, min(r0 + step, T_m * bm), device=dev).view(-1, 1)
+                keep = torch.as_tensor(mask.ref(bt, ht, q, kv, aux, a0, a1), device=dev).expand(q.shape[0], kv.shape[1])
+                keep = keep & kv_ok
+                q_ok = q < N_q
+                visible += int((keep & q_ok).sum())
+                tiles = q.shape[0] // bm
+                seen = (keep & q_ok).view(tiles, bm, T_n, bn).any(dim=3).any(dim=1)
+                whole = (keep | ~q_ok).view(tiles, bm, T_n, bn).all(dim=3).all(dim=1)
+                t0 = r0 // bm
+                full[b, h, t0 : t0 + tiles] = whole
+                part[b, h, t0 : t0 + tiles] = seen & ~whole
+    num = torch.stack([full.sum(-1), part.sum(-1)], dim=-1).to(torch.int32)
+    # each list's block numbers first, ascending (a stable sort of "not in the list")
+    idx = torch.stack([torch.sort((~x).to(torch.int8), dim=-1, stable=True).indices for x in (full, part)], dim=-2)
+    return BlockMask(mask, (Bp, Hp, N_q, N_k), bm, bn, num.contiguous(), idx.to(torch.int32).contiguous(), visible)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def modified_scores64(q, k, v, causal: bool, scale, score_mod: ScoreMod | None, mask: MaskMod | None):
+    """:func:`scores64` with a modification: the float64 scores ``Q K^T * scale``, then ``score_mod``'s
+    torch function, then the causal mask and ``mask``'s (-inf where hidden). The modification sees every
+    score, the mask decides which count, as in the kernel."""
+    s, kd, vd = scores64(q, k, v, False, scale)
+    B, H, N_q, N_k = s.shape
+    dev = s.device
+    b = torch.arange(B, device=dev).view(B, 1, 1, 1)
+    h = torch.arange(H, device=dev).view(1, H, 1, 1)
+    qi = torch.arange(N_q, device=dev).view(N_q, 1)
+    ki = torch.arange(N_k, device=dev).view(1, N_k)
+    if score_mod is not None:
+        if score_mod.ref is None:
+            raise KernelInputError(f"{OP}: score_mod {score_mod.name!r} has no torch function (ref) for the reference.")
+        s = score_mod.ref(s, b, h, qi, ki, score_mod.aux, score_mod.a0, score_mod.a1).double()
+    keep = torch.ones(N_q, N_k, dtype=torch.bool, device=dev)
+    if causal:
+        keep = keep & (qi >= ki)
+    if mask is not None:
+        keep = keep & torch.as_tensor(mask.ref(b, h, qi, ki, *_mask_args(mask)), device=dev)
+    return s.masked_fill(~keep, float("-inf")), kd, vd

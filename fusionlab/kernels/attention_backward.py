@@ -457,6 +457,21 @@ def _bwd_dkdv_kernel(
 
 
 @triton.jit
+def key_range(m0, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """The key blocks of the query tile starting at ``m0``: ``(lo_mask, hi)``, unmasked blocks in
+    ``[0, lo_mask)``, the causal diagonal and the partial last block in ``[lo_mask, hi)``; causal keys
+    above the diagonal are never loaded. (Shared with :mod:`.attention_fp8`'s forward.)"""
+    n_full = (n_k // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        lo_mask = tl.minimum(m0, n_full)  # m0 is a multiple of BLOCK_M, hence of BLOCK_N
+        hi = tl.minimum(m0 + BLOCK_M, n_k)
+    else:
+        lo_mask = n_full
+        hi = n_k
+    return lo_mask, hi
+
+
+@triton.jit
 def _dq_inner(
     dq, q, do, lse2, di, k_base, v_base, k_desc, v_desc, k_row, stride_kn, stride_vn, offs_m, offs_d, n_k,
     qk_scale, lo, hi,
@@ -516,13 +531,7 @@ def _bwd_dq_kernel(
     lse2 = tl.load(lse_ptr + row + offs_m, mask=offs_m < n_q, other=float("inf")) * 1.4426950408889634
     di = tl.load(delta_ptr + row + offs_m, mask=offs_m < n_q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    n_full = (n_k // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        lo_mask = tl.minimum(m0, n_full)  # m0 is a multiple of BLOCK_M, hence of BLOCK_N
-        hi = tl.minimum(m0 + BLOCK_M, n_k)  # keys above the diagonal: never loaded
-    else:
-        lo_mask = n_full
-        hi = n_k
+    lo_mask, hi = key_range(m0, n_k, BLOCK_M, BLOCK_N, CAUSAL)
     k_row = (off_b * (tl.num_programs(1) // kv_group) + off_hk) * n_k  # the head's first row in (B H_kv N_k, D)
     dq = _dq_inner(dq, q, do, lse2, di, k_base, v_base, k_desc, v_desc, k_row, stride_kn, stride_vn, offs_m, offs_d,
                    n_k, qk_scale, 0, lo_mask, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA)  # fmt: skip

@@ -259,36 +259,34 @@ def _with_overrides(cfg: dict, override, n_cols: int, op: str) -> dict:
 
 # -- kernels -------------------------------------------------------------------------------------------------
 @triton.jit
-def _keep(seed, ctr, lane, threshold):
-    # four 32-bit words a counter, one for each of four neighbouring elements (lane = col % 4)
-    r0, r1, r2, r3 = tl.randint4x(seed, ctr)
-    r = tl.where(lane == 0, r0, tl.where(lane == 1, r1, tl.where(lane == 2, r2, r3)))
-    return (r >> 1).to(tl.int32) >= threshold  # 31 bits against round(p 2**31): p = 0 keeps all
+def _keep(seed, rows, start_q, n_q, offset, threshold, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
+          INT64: tl.constexpr):  # fmt: skip
+    """The keep mask of a ``[BLOCK_M, 4 BLOCK_Q]`` tile of ``rows`` from quad ``start_q``: element
+    ``(row, col)`` takes word ``col % 4`` of Philox counter ``offset + row n_q + col // 4``.
 
-
-@triton.jit
-def _tile(pid_rows, start_q, n_cols, n_q, offset, BLOCK_Q: tl.constexpr, INT64: tl.constexpr):
-    """A [BLOCK_M, BLOCK_Q, 4] tile of rows ``pid_rows`` from quad ``start_q``: column indices, Philox
-    counters (one a quad) and the lane of each element."""
-    q = start_q + tl.arange(0, BLOCK_Q)[None, :, None]
-    lane = tl.arange(0, 4)[None, None, :]
-    cols = q * 4 + lane
-    rows = pid_rows[:, None, None]
+    One ``tl.randint4x`` call makes four words on a ``[BLOCK_M, BLOCK_Q]`` tile of counters, and
+    ``join`` + ``reshape`` lay them into the row as r0 r1 r2 r3. The row stays a plain 2-D tile, so its
+    loads and stores are 16-byte vectors; a ``[BLOCK_M, BLOCK_Q, 4]`` tile (one Philox call a quad along
+    the last axis) lets the compiler see only four contiguous elements, 8 bytes of bf16."""
+    r = rows[:, None]
     if INT64:
-        rows = rows.to(tl.int64)
-    ctr = offset + rows * n_q + q
-    return cols, ctr, lane
+        r = r.to(tl.int64)
+    ctr = offset + r * n_q + start_q + tl.arange(0, BLOCK_Q)[None, :]
+    r0, r1, r2, r3 = tl.randint4x(seed, ctr)
+    bits = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK_M, 4 * BLOCK_Q])
+    return (bits >> 1).to(tl.int32) >= threshold  # 31 bits against round(p 2**31): p = 0 keeps all
 
 
 @triton.jit
-def _h_tile(x_ptr, r_ptr, h_ptr, rows3, cols, mask, ctr, lane, stride_x, stride_r, stride_h, seed, threshold, scale,
-            DROPOUT: tl.constexpr):  # fmt: skip
-    x = tl.load(x_ptr + rows3 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    r = tl.load(r_ptr + rows3 * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+def _h_tile(x_ptr, r_ptr, h_ptr, rows, rows2, start_q, cols, mask, n_q, offset, stride_x, stride_r, stride_h,
+            seed, threshold, scale, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, DROPOUT: tl.constexpr,
+            INT64: tl.constexpr):  # fmt: skip
+    x = tl.load(x_ptr + rows2 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + rows2 * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
     if DROPOUT:
-        x = tl.where(_keep(seed, ctr, lane, threshold), x * scale, 0.0)
+        x = tl.where(_keep(seed, rows, start_q, n_q, offset, threshold, BLOCK_M, BLOCK_Q, INT64), x * scale, 0.0)
     h = (r + x).to(h_ptr.dtype.element_ty)  # h is stored: statistics come from the rounded value
-    tl.store(h_ptr + rows3 * stride_h + cols, h, mask=mask)
+    tl.store(h_ptr + rows2 * stride_h + cols, h, mask=mask)
     return h.to(tl.float32)
 
 
@@ -302,57 +300,58 @@ def _dropout_norm_fwd_kernel(
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
-    rows3 = rows[:, None, None]
+    rows2 = rows[:, None]
     if INT64:
-        rows3 = rows3.to(tl.int64)
+        rows2 = rows2.to(tl.int64)
     n_q = (n_cols + 3) // 4
+    tile = tl.arange(0, 4 * BLOCK_Q)[None, :]
     if SINGLE_TILE:
-        cols, ctr, lane = _tile(rows, 0, n_cols, n_q, offset, BLOCK_Q, INT64)
-        mask = row_ok[:, None, None] & (cols < n_cols)
-        h = _h_tile(x_ptr, r_ptr, h_ptr, rows3, cols, mask, ctr, lane, stride_x, stride_r, n_cols, seed,
-                    threshold, scale, DROPOUT)  # fmt: skip
+        cols = tile
+        mask = row_ok[:, None] & (cols < n_cols)
+        h = _h_tile(x_ptr, r_ptr, h_ptr, rows, rows2, 0, cols, mask, n_q, offset, stride_x, stride_r, n_cols,
+                    seed, threshold, scale, BLOCK_M, BLOCK_Q, DROPOUT, INT64)  # fmt: skip
         if RMS:
             mean = tl.zeros([BLOCK_M], dtype=tl.float32)
             d = h
         else:
-            mean = tl.sum(tl.sum(h, axis=2), axis=1) / n_cols
-            d = tl.where(mask, h - mean[:, None, None], 0.0)
-        rstd = tl.rsqrt(tl.sum(tl.sum(d * d, axis=2), axis=1) / n_cols + eps)
+            mean = tl.sum(h, axis=1) / n_cols
+            d = tl.where(mask, h - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(d * d, axis=1) / n_cols + eps)
         w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-        y = d * rstd[:, None, None] * w
+        y = d * rstd[:, None] * w
         if HAS_BIAS:
             y += tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rows3 * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + rows2 * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         # a row wider than a tile: pass 1 writes h and sums it; pass 2 re-reads h for the variance
         # (two passes, not E[h²] - mean²: no cancellation); pass 3 re-reads h and writes y
-        acc = tl.zeros([BLOCK_M, BLOCK_Q, 4], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, 4 * BLOCK_Q], dtype=tl.float32)
         for start_q in range(0, n_q, BLOCK_Q):
-            cols, ctr, lane = _tile(rows, start_q, n_cols, n_q, offset, BLOCK_Q, INT64)
-            mask = row_ok[:, None, None] & (cols < n_cols)
-            acc += _h_tile(x_ptr, r_ptr, h_ptr, rows3, cols, mask, ctr, lane, stride_x, stride_r, n_cols, seed,
-                           threshold, scale, DROPOUT)  # fmt: skip
+            cols = start_q * 4 + tile
+            mask = row_ok[:, None] & (cols < n_cols)
+            acc += _h_tile(x_ptr, r_ptr, h_ptr, rows, rows2, start_q, cols, mask, n_q, offset, stride_x, stride_r,
+                           n_cols, seed, threshold, scale, BLOCK_M, BLOCK_Q, DROPOUT, INT64)  # fmt: skip
         if RMS:
             mean = tl.zeros([BLOCK_M], dtype=tl.float32)
         else:
-            mean = tl.sum(tl.sum(acc, axis=2), axis=1) / n_cols
-        acc = tl.zeros([BLOCK_M, BLOCK_Q, 4], dtype=tl.float32)
+            mean = tl.sum(acc, axis=1) / n_cols
+        acc = tl.zeros([BLOCK_M, 4 * BLOCK_Q], dtype=tl.float32)
         for start_q in range(0, n_q, BLOCK_Q):
-            cols = (start_q + tl.arange(0, BLOCK_Q)[None, :, None]) * 4 + tl.arange(0, 4)[None, None, :]
-            mask = row_ok[:, None, None] & (cols < n_cols)
-            h = tl.load(h_ptr + rows3 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-            d = tl.where(mask, h - mean[:, None, None], 0.0)
+            cols = start_q * 4 + tile
+            mask = row_ok[:, None] & (cols < n_cols)
+            h = tl.load(h_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+            d = tl.where(mask, h - mean[:, None], 0.0)
             acc += d * d
-        rstd = tl.rsqrt(tl.sum(tl.sum(acc, axis=2), axis=1) / n_cols + eps)
+        rstd = tl.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
         for start_q in range(0, n_q, BLOCK_Q):
-            cols = (start_q + tl.arange(0, BLOCK_Q)[None, :, None]) * 4 + tl.arange(0, 4)[None, None, :]
-            mask = row_ok[:, None, None] & (cols < n_cols)
-            h = tl.load(h_ptr + rows3 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+            cols = start_q * 4 + tile
+            mask = row_ok[:, None] & (cols < n_cols)
+            h = tl.load(h_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
             w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-            y = (h - mean[:, None, None]) * rstd[:, None, None] * w
+            y = (h - mean[:, None]) * rstd[:, None] * w
             if HAS_BIAS:
                 y += tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-            tl.store(y_ptr + rows3 * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.store(y_ptr + rows2 * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(mean_ptr + rows, mean, mask=row_ok)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
@@ -369,75 +368,72 @@ def _dropout_norm_bwd_kernel(
     row_start = pid * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
     n_q = (n_cols + 3) // 4
+    tile = tl.arange(0, 4 * BLOCK_Q)
     if SINGLE_TILE:
-        q = tl.arange(0, BLOCK_Q)[None, :, None]
-        cols = q * 4 + tl.arange(0, 4)[None, None, :]
+        cols = tile[None, :]
         col_ok = cols < n_cols
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        dw = tl.zeros([BLOCK_M, BLOCK_Q, 4], dtype=tl.float32)
-        db = tl.zeros([BLOCK_M, BLOCK_Q, 4], dtype=tl.float32)
+        dw = tl.zeros([BLOCK_M, 4 * BLOCK_Q], dtype=tl.float32)
+        db = tl.zeros([BLOCK_M, 4 * BLOCK_Q], dtype=tl.float32)
         # NUM_STAGES > 1: the next rows' dy, h (and grad_h) are loaded while this row computes
         for m0 in tl.range(row_start, row_end, BLOCK_M, num_stages=NUM_STAGES):
             rows = m0 + tl.arange(0, BLOCK_M)
             row_ok = rows < row_end
-            cols, ctr, lane = _tile(rows, 0, n_cols, n_q, offset, BLOCK_Q, INT64)
-            rows3 = rows[:, None, None]
+            rows2 = rows[:, None]
             if INT64:
-                rows3 = rows3.to(tl.int64)
-            mask = row_ok[:, None, None] & col_ok
-            dy = tl.load(dy_ptr + rows3 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-            h = tl.load(h_ptr + rows3 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-            mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)[:, None, None]
-            rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)[:, None, None]
+                rows2 = rows2.to(tl.int64)
+            mask = row_ok[:, None] & col_ok
+            dy = tl.load(dy_ptr + rows2 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+            h = tl.load(h_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+            mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)[:, None]
+            rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)[:, None]
             nh = tl.where(mask, (h - mean) * rstd, 0.0)
             g = dy * w
-            c1 = (tl.sum(tl.sum(g * nh, axis=2), axis=1) / n_cols)[:, None, None]
+            c1 = (tl.sum(g * nh, axis=1) / n_cols)[:, None]
             if RMS:
                 dh = rstd * (g - nh * c1)
             else:
-                c2 = (tl.sum(tl.sum(g, axis=2), axis=1) / n_cols)[:, None, None]
+                c2 = (tl.sum(g, axis=1) / n_cols)[:, None]
                 dh = rstd * (g - c2 - nh * c1)
             if HAS_GH:
-                dh += tl.load(gh_ptr + rows3 * stride_gh + cols, mask=mask, other=0.0).to(tl.float32)
-            tl.store(dr_ptr + rows3 * n_cols + cols, dh.to(dr_ptr.dtype.element_ty), mask=mask)
+                dh += tl.load(gh_ptr + rows2 * stride_gh + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(dr_ptr + rows2 * n_cols + cols, dh.to(dr_ptr.dtype.element_ty), mask=mask)
             if DROPOUT:  # the forward's mask, regenerated from (seed, offset, position): never read
-                dh = tl.where(_keep(seed, ctr, lane, threshold), dh * scale, 0.0)
-            tl.store(dx_ptr + rows3 * n_cols + cols, dh.to(dx_ptr.dtype.element_ty), mask=mask)
+                keep = _keep(seed, rows, 0, n_q, offset, threshold, BLOCK_M, BLOCK_Q, INT64)
+                dh = tl.where(keep, dh * scale, 0.0)
+            tl.store(dx_ptr + rows2 * n_cols + cols, dh.to(dx_ptr.dtype.element_ty), mask=mask)
             dw += dy * nh
             db += dy
-        dw_row = tl.sum(dw, axis=0)
-        db_row = tl.sum(db, axis=0)
-        cols2 = tl.arange(0, BLOCK_Q)[:, None] * 4 + tl.arange(0, 4)[None, :]
-        tl.store(part_ptr + pid * n_cols + cols2, dw_row, mask=cols2 < n_cols)
-        tl.store(part_ptr + (n_programs + pid) * n_cols + cols2, db_row, mask=cols2 < n_cols)
+        tl.store(part_ptr + pid * n_cols + tile, tl.sum(dw, axis=0), mask=tile < n_cols)
+        tl.store(part_ptr + (n_programs + pid) * n_cols + tile, tl.sum(db, axis=0), mask=tile < n_cols)
     else:
         # rows wider than a tile, one at a time: pass 1 sums g n̂ (and g), pass 2 writes dh and dx and
         # adds dy n̂, dy into this program's own (zeroed) rows of the partial-sum buffer
         for row in range(row_start, row_end):
             rows = row + tl.arange(0, 1)
-            rows3 = rows[:, None, None]
+            rows2 = rows[:, None]
             if INT64:
-                rows3 = rows3.to(tl.int64)
-            mean = tl.load(mean_ptr + rows)[:, None, None]
-            rstd = tl.load(rstd_ptr + rows)[:, None, None]
-            a1 = tl.zeros([1, BLOCK_Q, 4], dtype=tl.float32)
-            a2 = tl.zeros([1, BLOCK_Q, 4], dtype=tl.float32)
+                rows2 = rows2.to(tl.int64)
+            mean = tl.load(mean_ptr + rows)[:, None]
+            rstd = tl.load(rstd_ptr + rows)[:, None]
+            a1 = tl.zeros([1, 4 * BLOCK_Q], dtype=tl.float32)
+            a2 = tl.zeros([1, 4 * BLOCK_Q], dtype=tl.float32)
             for start_q in range(0, n_q, BLOCK_Q):
-                cols = (start_q + tl.arange(0, BLOCK_Q)[None, :, None]) * 4 + tl.arange(0, 4)[None, None, :]
+                cols = start_q * 4 + tile[None, :]
                 mask = cols < n_cols
-                dy = tl.load(dy_ptr + rows3 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-                h = tl.load(h_ptr + rows3 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_ptr + rows2 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                h = tl.load(h_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
                 w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
                 g = dy * w
                 a1 += g * tl.where(mask, (h - mean) * rstd, 0.0)
                 a2 += g
-            c1 = (tl.sum(tl.sum(a1, axis=2), axis=1) / n_cols)[:, None, None]
-            c2 = (tl.sum(tl.sum(a2, axis=2), axis=1) / n_cols)[:, None, None]
+            c1 = (tl.sum(a1, axis=1) / n_cols)[:, None]
+            c2 = (tl.sum(a2, axis=1) / n_cols)[:, None]
             for start_q in range(0, n_q, BLOCK_Q):
-                cols, ctr, lane = _tile(rows, start_q, n_cols, n_q, offset, BLOCK_Q, INT64)
+                cols = start_q * 4 + tile[None, :]
                 mask = cols < n_cols
-                dy = tl.load(dy_ptr + rows3 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-                h = tl.load(h_ptr + rows3 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_ptr + rows2 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                h = tl.load(h_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
                 w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
                 nh = tl.where(mask, (h - mean) * rstd, 0.0)
                 g = dy * w
@@ -446,11 +442,12 @@ def _dropout_norm_bwd_kernel(
                 else:
                     dh = rstd * (g - c2 - nh * c1)
                 if HAS_GH:
-                    dh += tl.load(gh_ptr + rows3 * stride_gh + cols, mask=mask, other=0.0).to(tl.float32)
-                tl.store(dr_ptr + rows3 * n_cols + cols, dh.to(dr_ptr.dtype.element_ty), mask=mask)
+                    dh += tl.load(gh_ptr + rows2 * stride_gh + cols, mask=mask, other=0.0).to(tl.float32)
+                tl.store(dr_ptr + rows2 * n_cols + cols, dh.to(dr_ptr.dtype.element_ty), mask=mask)
                 if DROPOUT:
-                    dh = tl.where(_keep(seed, ctr, lane, threshold), dh * scale, 0.0)
-                tl.store(dx_ptr + rows3 * n_cols + cols, dh.to(dx_ptr.dtype.element_ty), mask=mask)
+                    keep = _keep(seed, rows, start_q, n_q, offset, threshold, 1, BLOCK_Q, INT64)
+                    dh = tl.where(keep, dh * scale, 0.0)
+                tl.store(dx_ptr + rows2 * n_cols + cols, dh.to(dx_ptr.dtype.element_ty), mask=mask)
                 pw = part_ptr + pid * n_cols + cols
                 pb = part_ptr + (n_programs + pid) * n_cols + cols
                 tl.store(pw, tl.load(pw, mask=mask, other=0.0) + dy * nh, mask=mask)

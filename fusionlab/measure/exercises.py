@@ -11,13 +11,20 @@ reduction kernels are the learner's own, checked first as every kernel of the co
 The matmul and the attention are the package's kernels run with the learner's tiles: the ledger is the
 exercise.
 
-On a GPU the kernels run compiled, so the interpreter cannot count them: each check then compares the
-ledger with the count the package's own ledger makes of the same schedule, and says so. Counting a
-kernel's bytes on a GPU is :mod:`fusionlab.measure.ncu`'s (the recorded trips of the course's kernels:
-:mod:`fusionlab.measure.recorded`).
+On a GPU the kernels run compiled, so the interpreter cannot count them: there the GPU counts them. The
+learner's kernel runs under Nsight Compute (:mod:`fusionlab.measure.own`), caches flushed, at sizes of
+about a gigabyte, far past the L2: the element-wise and reduction kernels' DRAM bytes are held against
+the ledger (reads within :data:`DRAM_TOLERANCE`; writes may fall short by up to the L2's size, the tail
+of the output still in it when the kernel ends), the matmul's and attention's L2 bytes (every load and
+store crosses the L2; their re-reads are served there, so DRAM sees fewer) within :data:`L2_TOLERANCE`.
+Where the counters cannot be read (no ``ncu``; no permission, as on Colab) the check says why once and
+compares the ledger with the package's own ledger of the same schedule instead, and says so.
 """
 
 from __future__ import annotations
+
+import json
+import subprocess
 
 import torch
 
@@ -28,6 +35,10 @@ from ..kernels.matmul import matmul, matmul_ledger
 from ..ledger import READ, WRITE, Ledger, human_bytes
 from .compare import against_ledger, ledger_by_tensor
 from .interpreter import InterpreterTrips
+from .ncu import NcuFailed, NcuUnavailable
+from .ncu import cases_thunk as ncu_cases_thunk
+from .own import counted as gpu_counted
+from .own import l2_size, unavailable
 
 
 # -- the comparison ---------------------------------------------------------------------------------------
@@ -95,9 +106,90 @@ def compare_with_count(led: Ledger, counted: dict[tuple[str, str], int], where: 
 
 def _gpu_note() -> str:
     return (
-        " (on this GPU the kernels run compiled, so the ledger was held against the package's count of the "
-        "same schedule; on a CPU the interpreter counts your kernel's own loads)"
+        " (on this GPU the kernels run compiled and its counters could not be read, so the ledger was held "
+        "against the package's count of the same schedule; on a CPU the interpreter counts your kernel's own loads)"
     )
+
+
+#: DRAM reads of a kernel at about a gigabyte, caches flushed first, against its ledger's reads
+DRAM_TOLERANCE = 0.03
+#: bytes through the L2 against the ledger's whole trips (loads served there included): looser than DRAM's,
+#: as a program may find a tile another program on its SM just loaded in the SM's own cache; a ledger that
+#: forgets the re-reads is off by the number of tiles (32 and more at these sizes)
+L2_TOLERANCE = 0.10
+#: bytes any count may differ by whatever the size (a few sectors at the tensors' edges)
+SLACK = 256 * 1024
+
+
+def gpu_counters(fns: dict, builder: str, specs: list[list]) -> list[dict] | None:
+    """The GPU's counters of the learner's kernel at each spec, or None (and why, said once) where they
+    cannot be had here."""
+    said = unavailable()
+    try:
+        return gpu_counted(fns, f"{__name__}:cases_target", builder, specs)
+    except NcuUnavailable as e:
+        if said is None:
+            print(
+                "No GPU counters for your kernel here: " + str(e).split("\n")[0][:400] + "\nThe checks hold your "
+                "ledger against the package's count of the same schedule instead."
+            )
+    except (NcuFailed, subprocess.TimeoutExpired) as e:
+        print(f"Nsight Compute could not count your kernel ({type(e).__name__}: {str(e)[-300:]}); the check holds "
+              "your ledger against the package's count of the same schedule instead.")  # fmt: skip
+    return None
+
+
+def compare_with_dram(led: Ledger, c: dict, where: str, l2: int) -> None:
+    """Fail unless the DRAM bytes the GPU counted (caches flushed) are the ledger's fused trips: reads
+    within :data:`DRAM_TOLERANCE`, writes short by no more than the L2 holds."""
+    want_r, want_w = _totals(ledger_by_tensor(led))
+    r, w = c["dram_read"], c["dram_write"]
+    how = "counted by the GPU (Nsight Compute, caches flushed before it)"
+    if abs(r - want_r) > DRAM_TOLERANCE * want_r + SLACK:
+        raise CheckFailed(
+            f"{where}: your ledger says {human_bytes(want_r)} read; your kernel, {how}, read {human_bytes(r)} "
+            f"from DRAM.{_why(want_r, round(r))}"
+            + (
+                " On a GPU a re-read of what the program loaded moments before comes from its caches, not DRAM."
+                if r < want_r
+                else ""
+            )  # fmt: skip
+        )
+    if not want_w - l2 - SLACK <= w <= (1 + DRAM_TOLERANCE) * want_w + SLACK:
+        raise CheckFailed(
+            f"{where}: your ledger says {human_bytes(want_w)} written; your kernel, {how}, wrote {human_bytes(w)} to "
+            f"DRAM (up to the L2's {human_bytes(l2)} may still be in it when the kernel ends).{_why(want_w, round(w))}"
+        )
+
+
+def compare_with_l2(led: Ledger, c: dict, where: str) -> None:
+    """Fail unless the bytes through the L2 (every load and store the kernel makes) are the ledger's fused
+    trips within :data:`L2_TOLERANCE`; DRAM's bytes are shown beside them (the re-reads the L2 served)."""
+    want = led.fused_bytes
+    got = c["l2_bytes"]
+    if abs(got - want) > L2_TOLERANCE * want + SLACK:
+        raise CheckFailed(
+            f"{where}: your ledger says {human_bytes(want)} in all; the kernel, counted by the GPU (Nsight Compute), "
+            f"moved {human_bytes(got)} through the L2 (and {human_bytes(c['dram_read'] + c['dram_write'])} from and "
+            f"to DRAM: the re-reads the L2 served).{_why(want, round(got))}"
+        )
+
+
+def _on_gpu(fns: dict, builder: str, specs: list[list], ledger_at, compare, measure: str) -> str | None:
+    """The check on this GPU's counters: the learner's ledger at each spec (``ledger_at(spec)`` returns
+    ``(where, ledger)``) held against the counters of the kernel run there (``compare``); the note that
+    says so, or None where there are no counters here (the caller falls back)."""
+    got = gpu_counters(fns, builder, specs)
+    if got is None:
+        return None
+    for spec, c in zip(specs, got, strict=True):
+        where, led = ledger_at(spec)
+        compare(_ledger(led, where), c, where)
+    return f" (counted by this GPU under Nsight Compute at {len(specs)} sizes past its L2: {measure})"
+
+
+def _dram(led: Ledger, c: dict, where: str) -> None:
+    compare_with_dram(led, c, where, l2_size())
 
 
 # -- 1. element-wise --------------------------------------------------------------------------------------
@@ -121,6 +213,17 @@ def check_silu_trips(silu, silu_ledger) -> grading.Passed:
         hint="y = x * sigmoid(x), in fp32, stored in x's dtype.",
         quiet=True,
     )
+    if runtime.is_gpu():
+        # about a gigabyte a tensor, far past the L2, one element past a block boundary drawn afresh
+        specs = [[2**28 + grading.drawn_length(0, 8), grading.dtype_name(d)] for d in (torch.float32, runtime.HALF)]
+
+        def at(spec):
+            where = f"silu_ledger({spec[0]}, {spec[1]})"
+            return where, call_learner(silu_ledger, spec[0], getattr(torch, spec[1]), name="silu_ledger", where=where)
+
+        note = _on_gpu({"silu": silu}, "silu", specs, at, _dram, "DRAM bytes against your ledger")
+        if note:
+            return grading.passed(f"✓ silu: correct in one launch, and your ledger is its trips{note}")
     sizes = grading.drawn_sizes(2, 6, 12)
     for n in sizes:
         for dtype in (torch.float32, runtime.HALF):
@@ -158,6 +261,21 @@ def check_row_var_trips(row_var, row_var_ledger) -> grading.Passed:
             hint="mean first, then the mean of (x - mean)², in fp32; one program a row.",
             quiet=True,
         )
+    if runtime.is_gpu():
+        # one tile a row (read once), and rows of 4 MiB with 512 of them in flight, 2 GiB against an L2 of
+        # tens of MiB: a second pass over a row comes back from DRAM
+        specs = [[2**18, 1024 - grading.drawn_length(2, 8), 1024], [512, 2**20 + grading.drawn_length(2, 8), 1024]]
+
+        def at(spec):
+            rows, n, block = spec
+            where = f"row_var_ledger({rows}, {n}, float32, block={block})"
+            return where, call_learner(
+                row_var_ledger, rows, n, torch.float32, block, name="row_var_ledger", where=where
+            )
+
+        note = _on_gpu({"row_var": row_var}, "row_var", specs, at, _dram, "DRAM bytes against your ledger")
+        if note:
+            return grading.passed(f"✓ row_var: correct in one launch, and your ledger is its trips{note}")
     rows = grading.drawn_length(2, 5)
     checked = []
     for n, block in ((grading.drawn_length(3, 5), 64), (grading.drawn_length(7, 9), 64), (100, 128)):
@@ -193,8 +311,22 @@ def check_matmul_trips(my_ledger) -> grading.Passed:
     @ B`` (tensors named A, B, C) with tiles of ``block_m x block_n``, every program reading the whole K
     extent of its rows of A and its columns of B."""
     rng = grading.fresh_generator()
+    tiles = ((16, 16), (32, 16), (16, 64))
+    if runtime.is_gpu():
+        # whole tiles and 64-element rows: no partial 32-byte sector at any edge for the L2 to round up
+        specs = [[64 * int(torch.randint(8, 17, (1,), generator=rng)) for _ in range(3)] + [bm, bn] for bm, bn in tiles]
+
+        def at(spec):
+            where = "my_ledger({}, {}, {}, block_m={}, block_n={}, float32)".format(*spec)
+            return where, call_learner(my_ledger, *spec, torch.float32, name="my_ledger", where=where)
+
+        note = _on_gpu({}, "matmul", specs, at, compare_with_l2, "bytes through the L2, where re-reads are served")
+        if note:
+            return grading.passed(
+                f"✓ matmul ledger: A read once per column of tiles, B once per row of tiles, C written once{note}"
+            )
     shapes = []
-    for block_m, block_n in ((16, 16), (32, 16), (16, 64)):
+    for block_m, block_n in tiles:
         M, N, K = (int(torch.randint(17, 90, (1,), generator=rng)) for _ in range(3))
         where = f"my_ledger({M}, {N}, {K}, block_m={block_m}, block_n={block_n}, float32)"
         led = _ledger(
@@ -227,6 +359,20 @@ def check_attention_trips(my_ledger) -> grading.Passed:
     (tensors named Q, K, V, O and lse, the row's log-sum-exp in fp32) with query tiles of ``block_m``
     rows, K and V streamed past each tile."""
     rng = grading.fresh_generator()
+    tiles = "K and V read once per query tile, Q read and O written once"
+    if runtime.is_gpu():
+        lengths = [64 * int(torch.randint(8, 17, (1,), generator=rng)) for _ in range(4)]
+        specs = [[1, 2, lengths[2 * i], lengths[2 * i + 1], 64, bm] for i, bm in enumerate((16, 32))]
+
+        def at(spec):
+            B, H, N_q, N_k, D, bm = spec
+            where = f"my_ledger({B}, {H}, {N_q}, {N_k}, {D}, float32, block_m={bm})"
+            led = call_learner(my_ledger, B, H, N_q, N_k, D, torch.float32, bm, name="my_ledger", where=where)
+            return where, led
+
+        note = _on_gpu({}, "attention", specs, at, compare_with_l2, "bytes through the L2, where K and V are re-read")
+        if note:
+            return grading.passed(f"✓ attention ledger: {tiles}{note}")
     shapes = []
     for block_m in (16, 32):
         B, H = 1, int(torch.randint(1, 3, (1,), generator=rng))
@@ -243,6 +389,39 @@ def check_attention_trips(my_ledger) -> grading.Passed:
             counted = _counted(lambda q=q, k=k, v=v, bm=block_m: run_attention(q, k, v, bm), ATTENTION_NAMES)
         compare_with_count(led, counted, where, by_tensor=True)
         shapes.append(f"N_q={N_q}, N_k={N_k}")
-    tiles = "K and V read once per query tile, Q read and O written once"
     note = _gpu_note() if runtime.is_gpu() else f" (counted in the interpreter at {len(shapes)} shapes drawn afresh)"
     return grading.passed(f"✓ attention ledger: {tiles}{note}")
+
+
+# -- the inputs each exercise's kernel is counted at on a GPU: built in ncu's process -------------------
+def _silu_case(g, n, dtype):
+    x = torch.randn(int(n), device="cuda", dtype=getattr(torch, dtype))
+    return lambda: g["silu"](x)
+
+
+def _row_var_case(g, rows, n, block):
+    x = torch.randn(int(rows), int(n), device="cuda")
+    return lambda: g["row_var"](x, int(block))
+
+
+def _matmul_case(g, M, N, K, block_m, block_n):
+    a, b = torch.randn(int(M), int(K), device="cuda"), torch.randn(int(K), int(N), device="cuda")
+    return lambda: run_matmul(a, b, int(block_m), int(block_n))
+
+
+def _attention_case(g, B, H, N_q, N_k, D, block_m):
+    q = torch.randn(int(B), int(H), int(N_q), int(D), device="cuda")
+    k, v = (torch.randn(int(B), int(H), int(N_k), int(D), device="cuda") for _ in "kv")
+    return lambda: run_attention(q, k, v, int(block_m))
+
+
+#: exercise -> the function that builds one case's inputs (from the learner's functions ``g`` and the
+#: spec's arguments) and returns the call that runs the kernel
+BUILDERS = {"silu": _silu_case, "row_var": _row_var_case, "matmul": _matmul_case, "attention": _attention_case}
+
+
+def cases_target(g: dict, builder: str, specs: str):
+    """What ncu's process profiles (:func:`fusionlab.measure.own.counted`): a case a spec (a JSON list of
+    argument lists), named by its index, in order."""
+    make = BUILDERS[builder]
+    return ncu_cases_thunk(({"name": str(i)}, make(g, *spec)) for i, spec in enumerate(json.loads(specs)))

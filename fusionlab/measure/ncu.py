@@ -23,7 +23,10 @@ the given string arguments, it builds its inputs and returns a callable, the *th
 to warm up (compile, autotune) outside the profiled window, then once inside it. Or a target is the
 path of a Python script, run whole inside the profiled window (its compiles included). The child process
 sends its own prints to stderr, so ncu's CSV has stdout to itself. A thunk that runs several cases
-calls :func:`marker` before each, and :func:`split_cases` tells their kernels apart.
+calls :func:`marker` before each, and :func:`split_cases` tells their kernels apart. A target may
+instead return *stages*, ``(name, build)`` pairs: each is built, warmed up and profiled in its own
+window, then freed, all in one process (:func:`stages_child`, :func:`measure_stages`): one start of
+Python, torch and ncu for many parts of cases instead of one a part.
 
 **Where ncu cannot run.** :class:`NcuUnavailable` says why, in words a learner can act on: no CUDA GPU
 (then :mod:`fusionlab.measure.interpreter` counts a Triton kernel's logical trips on the CPU), no ``ncu``
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import importlib
 import io
 import json
@@ -50,6 +54,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -348,18 +353,37 @@ def split_cases(kernels: list[KernelCounters], names: list[str]) -> list[KernelC
 #: the environment variable naming the file where a target of several cases (:func:`cases_thunk`) writes
 #: what it knows of each case (its name, its ledger's bytes...), for the parent to read
 CASES_ENV = "FUSIONLAB_NCU_CASES"
+#: the environment variable holding the time (seconds since the epoch) after which a target of several
+#: stages (:func:`stages_child`) starts no further stage, so that a run that would overrun its budget ends
+#: with the stages it finished instead of being killed with none
+DEADLINE_ENV = "FUSIONLAB_NCU_DEADLINE"
+#: the suffix of the file, beside :data:`CASES_ENV`'s, where the first pass of an application replay
+#: writes the stages it ran: every later pass runs the same ones (ncu matches kernels across passes)
+PLAN_SUFFIX = ".plan"
+#: the suffix of the file, beside :data:`CASES_ENV`'s, where each run of the program adds a line: how many
+#: times the profiler ran it (an application replay runs it once a pass)
+PASSES_SUFFIX = ".passes"
 
 
-def cases_thunk(cases) -> object:
+def _append_infos(infos: list[dict]) -> None:
+    if path := os.environ.get(CASES_ENV):
+        p = Path(path)
+        old = json.loads(p.read_text()) if p.is_file() and p.read_text().strip() else []
+        p.write_text(json.dumps(old + infos))
+
+
+def cases_thunk(cases, part: str | None = None) -> object:
     """The thunk of a target that runs several cases: ``cases`` holds ``(info, fn)`` pairs, ``info`` a
     dict with at least ``"name"``. Each ``fn`` is called once here (compile, autotune): one that raises is
     left out, its error kept in its info, so that one case that cannot run at this size costs only
-    itself. The infos go, as JSON, to the file :data:`CASES_ENV` names; the thunk runs each remaining
-    case once after the marker kernel (:func:`split_cases` tells their kernels apart)."""
+    itself. The infos (each with ``"part": part`` where given) are added, as JSON, to the file
+    :data:`CASES_ENV` names; the thunk runs each remaining case once after the marker kernel
+    (:func:`split_cases` tells their kernels apart)."""
     import torch
 
     infos, kept = [], []
     for info, fn in cases:
+        info = {**info, "part": part} if part is not None else info
         try:
             fn()
             if torch.cuda.is_available():  # an asynchronous error shows here, charged to its case
@@ -370,8 +394,7 @@ def cases_thunk(cases) -> object:
             continue
         infos.append(info)
         kept.append(fn)
-    if path := os.environ.get(CASES_ENV):
-        Path(path).write_text(json.dumps(infos))
+    _append_infos(infos)
 
     def thunk():
         for fn in kept:
@@ -392,6 +415,67 @@ def counters_of(kernels: list[KernelCounters]) -> dict:
     }
 
 
+def _profile_cases(target: str, args, cache_control: str, timeout: float, deadline: float | None = None):
+    """Profile a target of several cases once: ``(infos, kernels)``, the infos its cases (and stages)
+    wrote and every kernel ncu counted, in launch order."""
+    fd, side = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    env = {CASES_ENV: side, DEADLINE_ENV: None if deadline is None else repr(deadline)}
+    old = {k: os.environ.get(k) for k in env}
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        kernels = profile(target, *args, cache_control=cache_control, timeout=timeout)
+        text = Path(side).read_text()
+        infos = json.loads(text) if text.strip() else []
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        Path(side).unlink(missing_ok=True)
+        passes = Path(side + PASSES_SUFFIX)
+        runs = len(passes.read_text().splitlines()) if passes.is_file() else 0
+        passes.unlink(missing_ok=True)
+        Path(side + PLAN_SUFFIX).unlink(missing_ok=True)
+    _PASSES[:] = [runs]
+    return infos, kernels
+
+
+#: how many times the program ran in the last :func:`_profile_cases` (:func:`last_passes`)
+_PASSES: list[int] = []
+
+
+def last_passes() -> int | None:
+    """How many times the profiler ran the program in the last measurement (an application replay runs it
+    once a pass; a kernel replay once), None before any."""
+    return _PASSES[0] if _PASSES else None
+
+
+def _attribute(infos: list[dict], kernels: list[KernelCounters]) -> list[tuple[dict, dict | None]]:
+    """Each case's info with its counters (:func:`counters_of`), None for a case that failed to run.
+    Cases are told apart by position (two parts may share a case name)."""
+    ran = [i for i in infos if "error" not in i and "part_error" not in i]
+    by_case = split_cases(kernels, [str(j) for j in range(len(ran))])
+    grouped: dict[str, list[KernelCounters]] = {}
+    for k in by_case:
+        grouped.setdefault(k.case, []).append(k)
+    out, j = [], 0
+    for info in infos:
+        if "part_error" in info:
+            continue
+        if "error" in info:
+            out.append((info, None))
+            continue
+        out.append((info, counters_of(grouped.get(str(j), []))))
+        j += 1
+    return out
+
+
 def measure_cases(target: str, *args: str, cache_controls=CACHE_CONTROLS, timeout: float = 600) -> dict[str, dict]:
     """The counters of every case of a target built with :func:`cases_thunk`: ``{case: {**info,
     cache_control: counters_of(its kernels)}}`` for each of ``cache_controls`` (``"all"``: caches flushed
@@ -399,26 +483,33 @@ def measure_cases(target: str, *args: str, cache_controls=CACHE_CONTROLS, timeou
     ``timeout``: seconds for each ncu run."""
     out: dict[str, dict] = {}
     for cc in cache_controls:
-        fd, side = tempfile.mkstemp(suffix=".json")
-        os.close(fd)
-        old = os.environ.get(CASES_ENV)
-        os.environ[CASES_ENV] = side
-        try:
-            kernels = profile(target, *args, cache_control=cc, timeout=timeout)
-            infos = json.loads(Path(side).read_text())
-        finally:
-            if old is None:
-                os.environ.pop(CASES_ENV, None)
-            else:
-                os.environ[CASES_ENV] = old
-            Path(side).unlink(missing_ok=True)
-        ran = [i for i in infos if "error" not in i]
-        by_case = split_cases(kernels, [i["name"] for i in ran])
-        for info in infos:
+        infos, kernels = _profile_cases(target, args, cc, timeout)
+        for info, counted in _attribute(infos, kernels):
             entry = out.setdefault(info["name"], dict(info))
-            if "error" not in info:
-                entry[cc] = counters_of([k for k in by_case if k.case == info["name"]])
+            if counted is not None:
+                entry[cc] = counted
     return out
+
+
+def measure_stages(
+    target: str, *args: str, cache_control: str = "all", timeout: float = 600, deadline: float | None = None
+) -> tuple[dict[str, dict[str, dict]], dict[str, str]]:
+    """One ncu run of a target of several stages (:func:`stages_child`; each stage a part of cases built
+    with :func:`cases_thunk` and its ``part``): ``({part: {case: {**info, cache_control: counters}}},
+    {part: why it has no counters})``. ``deadline`` (seconds since the epoch): no stage starts after it;
+    the stages it left out are among the second dict's."""
+    infos, kernels = _profile_cases(target, args, cache_control, timeout, deadline)
+    parts: dict[str, dict[str, dict]] = {}
+    failed: dict[str, str] = {}
+    for info in infos:
+        if "part_error" in info:
+            failed[info["part"]] = info["part_error"]
+    only = args[0] if len(args) == 1 else ""  # a target of one part may write infos without it
+    for info, counted in _attribute(infos, kernels):
+        entry = parts.setdefault(info.get("part") or only, {}).setdefault(info["name"], dict(info))
+        if counted is not None:
+            entry[cache_control] = counted
+    return parts, failed
 
 
 _MARKER_KERNEL: list = []
@@ -445,28 +536,78 @@ def _resolve(target: str):
     return getattr(importlib.import_module(module), fn)
 
 
+def _window(thunk) -> None:
+    """Run ``thunk`` once to warm up (compile, autotune, allocate) outside the profiled window, then
+    once inside it."""
+    import torch
+
+    cudart = torch.cuda.cudart()
+    thunk()
+    torch.cuda.synchronize()
+    cudart.cudaProfilerStart()
+    thunk()
+    torch.cuda.synchronize()
+    cudart.cudaProfilerStop()
+
+
+def stages_child(stages) -> None:
+    """Run a target's stages, ``(name, build)`` pairs, one after another in this one process (one start
+    of Python, torch and the profiler for them all): each ``build()`` makes its inputs and returns its
+    thunk, profiled in a window of its own (:func:`_window`), then freed before the next is built, so
+    the stages' tensors never share the GPU's memory. A stage whose build fails is reported in the cases
+    file (``part_error``) and costs only itself. After :data:`DEADLINE_ENV`'s time no stage starts; the
+    stages run are written beside the cases file, and a later pass of an application replay runs those."""
+    import torch
+
+    side = os.environ.get(CASES_ENV)
+    plan_path = Path(side + PLAN_SUFFIX) if side else None
+    planned = json.loads(plan_path.read_text()) if plan_path and plan_path.is_file() else None
+    deadline = float(os.environ.get(DEADLINE_ENV) or "inf")
+    ran = []
+    for name, build in stages:
+        if planned is not None and name not in planned:
+            continue
+        if planned is None and time.time() > deadline:
+            print(f"stage {name}: not started, past the deadline", file=sys.stderr)
+            continue
+        ran.append(name)
+        try:
+            thunk = build()
+        except Exception as e:  # noqa: BLE001 - one stage's failure is its own loss
+            _append_infos([{"part": name, "part_error": f"{type(e).__name__}: {e}"[:600]}])
+        else:
+            _window(thunk)
+            del thunk
+        gc.collect()
+        torch.cuda.empty_cache()
+    if plan_path is not None and planned is None:
+        plan_path.write_text(json.dumps(ran))
+
+
 def _child(target: str, args: list[str]) -> int:
     import torch
 
     os.dup2(2, 1)  # the program's prints go to stderr: stdout carries ncu's CSV alone
     sys.stdout = sys.stderr
-    cudart = torch.cuda.cudart()
+    if side := os.environ.get(CASES_ENV):
+        Path(side).write_text("[]")  # each pass of an application replay writes the cases file whole
+        with open(side + PASSES_SUFFIX, "a") as f:
+            f.write("run\n")
     factory = _resolve(target)
     if factory is None:  # a script, profiled whole
+        cudart = torch.cuda.cudart()
         cudart.cudaProfilerStart()
         runpy.run_path(target, run_name="__main__")
         torch.cuda.synchronize()
         cudart.cudaProfilerStop()
         return 0
     thunk = factory(*args)
+    if isinstance(thunk, list):  # stages, each built and profiled in turn
+        stages_child(thunk)
+        return 0
     if not callable(thunk):
-        raise TypeError(f"{target} returned {type(thunk).__name__}, not the callable to profile")
-    thunk()  # compile, autotune and allocate outside the profiled window
-    torch.cuda.synchronize()
-    cudart.cudaProfilerStart()
-    thunk()
-    torch.cuda.synchronize()
-    cudart.cudaProfilerStop()
+        raise TypeError(f"{target} returned {type(thunk).__name__}, not the callable to profile (or stages)")
+    _window(thunk)
     return 0
 
 

@@ -24,7 +24,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from ..bench import RECORDED_DIR
+from ..bench import recorded as recorded_timings
 
 #: the recorded counters, one file a run
 TRIPS_DIR = RECORDED_DIR / "trips"
@@ -55,14 +58,24 @@ class Part:
     cases: dict[str, dict]
     #: counted here, now (not read from a recording)
     live: bool = False
+    #: the dates of every recording a case or setting was taken from, newest first (:func:`newest`)
+    dates: tuple[str, ...] = ()
+    #: the device the reader asked for, where the recording is of another (:func:`for_device`)
+    wanted: str | None = None
+
+    @property
+    def device(self) -> str:
+        return self.meta["device"]
 
     @property
     def label(self) -> str:
         m = self.meta
         if self.live:
             return f"measured here with Nsight Compute on {m['device']}, torch {m['torch']}, triton {m['triton']}"
+        dates = " and ".join(self.dates) if len(self.dates) > 1 else m["date"]
+        other = f" (none recorded on {self.wanted} yet)" if self.wanted else ""
         return (
-            f"RECORDED with Nsight Compute ({m.get('ncu') or 'ncu'}) on {m['device']}, {m['date']}, "
+            f"RECORDED with Nsight Compute ({m.get('ncu') or 'ncu'}) on {m['device']}{other}, {dates}, "
             f"torch {m['torch']}, triton {m['triton']} — not measured on this machine"
         )
 
@@ -125,13 +138,60 @@ def runs(directory: Path | None = None) -> list[dict]:
     return sorted(found, key=lambda d: (d["meta"]["date"], d["meta"].get("time", "")))
 
 
+def _on(device: str | None, meta: dict) -> bool:
+    return device is None or device.lower() in meta["device"].lower()
+
+
 def newest(part: str, device: str | None = None, directory: Path | None = None) -> Part | None:
-    """The newest recording of ``part`` on a device whose name contains ``device`` (any if None), or None
-    while there is none: two runs of one day may each hold some parts."""
-    for data in reversed(runs(directory)):
-        if part in data["parts"] and (device is None or device.lower() in data["meta"]["device"].lower()):
-            return Part(part, data["meta"], data["parts"][part])
-    return None
+    """The newest recording of ``part`` on a device whose name contains ``device`` (that of the newest
+    recording holding it if None), or None while there is none. A recording that lacks a case or a cache
+    setting of it (one recorded the flushed runs, a later one the unflushed) is filled in from the older
+    recordings of the same device, each case and setting from the newest that holds it."""
+    found = [d for d in reversed(runs(directory)) if part in d["parts"] and _on(device, d["meta"])]
+    if not found:
+        return None
+    base = found[0]
+    same = [d for d in found if d["meta"]["device"] == base["meta"]["device"]]
+    cases = {name: dict(c) for name, c in base["parts"][part].items()}
+    dates = [base["meta"]["date"]]
+    for older in same[1:]:
+        used = False
+        for name, c in older["parts"][part].items():
+            mine = cases.setdefault(name, {k: v for k, v in c.items() if k not in CACHE_CONTROLS})
+            for cc in CACHE_CONTROLS:
+                if cc in c and cc not in mine:
+                    mine[cc] = c[cc]
+                    mine.pop("error", None)
+                    used = True
+        if used and older["meta"]["date"] not in dates:
+            dates.append(older["meta"]["date"])
+    return Part(part, base["meta"], cases, dates=tuple(dates))
+
+
+def this_device() -> str | None:
+    """The GPU whose recordings a lesson shows by default: this machine's CUDA GPU, or on a machine
+    without one the device of the recorded timings the lessons show (:func:`fusionlab.bench.recorded`),
+    so that counters and timings are of one device; None where there are neither."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    try:
+        return recorded_timings().meta["device"]
+    except FileNotFoundError:
+        return None
+
+
+def for_device(part: str, device: str | None = None, directory: Path | None = None) -> Part | None:
+    """The recording of ``part`` a lesson shows: that of ``device`` (default: :func:`this_device`) where
+    there is one, else the newest of any device, its label naming the device it is of and the one that
+    has none yet; None while no device has one."""
+    device = device or this_device()
+    found = newest(part, device, directory) if device else None
+    if found is not None:
+        return found
+    other = newest(part, None, directory)
+    if other is not None and device:
+        other.wanted = device
+    return other
 
 
 def missing_message(part: str, device: str | None) -> str:

@@ -58,6 +58,12 @@ def check_predict_eager_ms(predict) -> grading.Passed:
                 tip = " That is one pass: eager runs two kernels, each reading and writing the whole tensor."
             elif abs(ratio - 1000) < 10 or abs(ratio - 0.001) < 1e-5:
                 tip = " Check the units: GB/s is 1e9 bytes per second, and the answer is in milliseconds."
+            elif abs(ratio - 1e9 / 2**30) < 1e-3:
+                tip = " GB/s is 1e9 bytes per second, not 2**30."
+            elif abs(ratio * b - 1) < 0.01 or abs(ratio * b / 4 - 1) < 0.01:
+                tip = " Use dtype_bytes: each element is that many bytes."
+            elif abs(ratio - 8) < 0.01:
+                tip = " Count bytes, not bits."
             raise CheckFailed(f"predict({n}, {b}, {bw}) = {got:.6g} ms, expected {want:.6g} ms.{tip}")
     msg = "✓ prediction: 4 passes of n elements (two kernels, each one read and one write) over the copy bandwidth"
     return grading.passed(msg)
@@ -66,12 +72,15 @@ def check_predict_eager_ms(predict) -> grading.Passed:
 def check_add_intensity(intensity: float) -> grading.Passed:
     """Exercise 4: the arithmetic intensity of ``z = x + y`` on same-shape fp32 tensors."""
     want = 1 / 12
-    if not isinstance(intensity, (int, float)) or abs(intensity - want) > 0.01 * want:
+    got = number(intensity, "add_intensity", "FLOP per byte")  # a numpy scalar is a number too
+    if abs(got - want) > 0.01 * want:
         tip = ""
-        if isinstance(intensity, (int, float)) and abs(intensity - 1 / 8) < 1e-3:
+        if abs(got - 1 / 8) < 1e-3:
             tip = " Did you forget the write of z?"
-        elif isinstance(intensity, (int, float)) and abs(intensity - 1 / 3) < 1e-3:
+        elif abs(got - 1 / 3) < 1e-3:
             tip = " Count bytes, not elements: fp32 has 4 bytes per element."
+        elif abs(got - 12) < 0.1:
+            tip = " Upside down: intensity is FLOPs divided by bytes."
         raise CheckFailed(f"intensity {intensity!r} FLOP/byte is not right.{tip}")
     msg = "✓ intensity: 1 FLOP per 12 bytes — far below any GPU's balance point, so memory-bound"
     return grading.passed(msg)

@@ -68,11 +68,11 @@ def here_or_recorded(device: str | None = None) -> Traffic | None:
     """Counted here under ncu where it can read this GPU's counters (about two minutes: flushed and not),
     else :func:`recorded`."""
     part = benchcli.counters_here_or_recorded(PART, device, controls=_recorded.CACHE_CONTROLS)
-    return None if part is None else Traffic(part.name, part.meta, part.cases, part.live)
+    return None if part is None else Traffic(**vars(part))
 
 
 def recorded(device: str | None = None, directory=None) -> Traffic | None:
     """The newest recording of the regimes on a device whose name contains ``device`` (any if None), or
     None while there is none."""
     part = _recorded.newest(PART, device, directory)
-    return None if part is None else Traffic(part.name, part.meta, part.cases)
+    return None if part is None else Traffic(**vars(part))

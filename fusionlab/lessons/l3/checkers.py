@@ -8,6 +8,7 @@ function and inputs, so running a checker cell again is instant.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -54,11 +55,11 @@ def what_it_fused(fn, inputs) -> Fused:
 
 
 def _count(value, what: str, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # a numpy int is a count too
         if isinstance(value, (list, tuple)):
             raise CheckFailed(f"{name}: {what} should be a number; you gave a list — count it with len(...).")
         raise CheckFailed(f"{name}: {what} should be a whole number, got {value!r}.")
-    return value
+    return int(value)
 
 
 def check_what_it_fused(fn, inputs, *, n_eager, n_generated, n_library) -> grading.Passed:
@@ -118,6 +119,7 @@ def layer_speedup(matmul_ms: float, small_eager_ms: float, small_compiled_ms: fl
     return (matmul_ms + small_eager_ms) / (matmul_ms + small_compiled_ms)
 
 
+_PERCENT = " That is the gain in percent; a speedup is a ratio, time before over time after (1.3, not 30)."
 _AMDAHL_CASES = ((1.6385, 0.5012, 0.2098), (1.0, 1.0, 0.5), (0.0, 0.8, 0.2), (10.0, 0.4, 0.1), (0.3, 2.0, 0.5))
 
 
@@ -142,6 +144,8 @@ def check_layer_speedup(predict) -> grading.Passed:
                 " That is the layer with the small ops costing nothing at all (exercise 3); compiled, they "
                 "still take small_compiled_ms."
             )
+        elif abs(got - (want - 1) * 100) < 1e-6 * max(want * 100, 1.0):
+            tip = _PERCENT
         raise CheckFailed(f"{call} = {got:.6g}, expected {want:.6g}.{tip}")
     msg = "✓ layer speedup: (matmul + small ops eager) / (matmul + small ops compiled) — the matmul does not move"
     return grading.passed(msg)
@@ -171,6 +175,8 @@ def check_fusion_ceiling(ceiling) -> grading.Passed:
             tip = " Upside down: time before (matmul + small ops) divided by time after (matmul alone)."
         elif abs(got - se / mm) < 1e-6 * max(se / mm, 1e-12):
             tip = " Close: the time saved over the time left — but a speedup is time before over time after."
+        elif abs(got - (want - 1) * 100) < 1e-6 * max(want * 100, 1.0):
+            tip = _PERCENT
         raise CheckFailed(f"{call} = {got:.6g}, expected {want:.6g}.{tip}")
     msg = "✓ ceiling: (matmul + small ops) / matmul — with the small ops free, only the matmul is left"
     return grading.passed(msg)

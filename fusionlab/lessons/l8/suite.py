@@ -21,15 +21,18 @@ All in bf16, heads of 16, 16k x 16 token-heads per timing shape (N = 1k: B = 16;
   ``"bits <impl> <grad>"`` the elements of that gradient whose bits differed from the first run in any
   run, ``"runs <impl>"`` the number of distinct results (dQ, dK, dV together) among the runs.
 - **Peak memory** (group :data:`PEAK_GROUP`): B = 1, H = 16, D = 128, causal, forward + backward at
-  N = 1k ... 128k, ours and eager. ``nbytes`` is the peak allocated beyond the inputs (the three
-  gradients included: any backward returns them), measured by ``torch.cuda.max_memory_allocated``
-  when the case is built; where eager runs out of memory the sweep records a case of
-  :data:`OOM_GROUP` and tries no longer N. :func:`peaks_from` reads them back.
+  N = 1k ... 128k, ours and eager. ``nbytes`` is the peak allocated beyond the inputs (O, lse and the three
+  gradients included: any forward + backward returns them; :attr:`Peak.workspace_bytes` takes them
+  out), measured by ``torch.cuda.max_memory_allocated`` when the case is built; where eager runs out of
+  memory the sweep records a case of :data:`OOM_GROUP` and tries no longer N. :func:`peaks_from` reads
+  them back.
 - **The Hopper road** (group ``"hopper ..."``, sm_90 only): the backward with its Q/dO and K/V loads
   through tensor descriptors (``backward_config={"TMA": True}``) and the atomic schedule with dQ added
   by the copy engine's bulk reduce-add (``{"TMA_REDUCE": True}``), head dim 128, N = 4k and 16k.
 - **The FP8 ceiling** (group :data:`FP8_GROUP`): 8192-square matmuls in bf16 and in e4m3
   (``torch._scaled_mm``), the most an FP8 attention could gain where the products set the time.
+- **The FP8 forward** (group :data:`FP8_ATTN_GROUP`, sm_89 and newer): the package's e4m3 forward on
+  quantised inputs against its bf16 forward, head dim 128, N = 4k and 16k, causal and not.
 
 A backend this GPU or build lacks (cuDNN attention before sm_80, TMA before Hopper) is left out
 rather than failing the suite.
@@ -74,6 +77,9 @@ PEAK_NS = (1024, 4096, 16384, 32768, 131072)
 PEAK_VARIANTS = ("eager", "ours")
 PEAK_GROUP = "peak memory"
 OOM_GROUP = "eager out of memory"
+#: the notebook's live run (``cases(live=True)``): the backward timings at these N only (its tables read
+#: N = 16384, and eager at 4096)
+LIVE_NS = (4096, 16384)
 #: the Hopper steps: name -> (deterministic, backward_config)
 HOPPER = {"ours tma loads": (True, {"TMA": True}), "atomic tma reduce": (False, {"TMA_REDUCE": True})}
 HOPPER_NS = (4096, 16384)
@@ -111,12 +117,29 @@ def oom_name(n: int) -> str:
 @dataclass(frozen=True)
 class Peak:
     """One peak-memory measurement of forward + backward (B = 1, H = 16, D = 128, causal): bytes allocated
-    at the peak beyond the inputs, the gradients included. ``peak_bytes`` is None where it ran out of
-    memory."""
+    at the peak beyond the inputs (q, k, v, dO), the gradients included. ``peak_bytes`` is None where it ran
+    out of memory. :attr:`workspace_bytes`: the peak beyond what the op hands back as well."""
 
     variant: str
     n: int
     peak_bytes: int | None
+
+    @property
+    def returned_bytes(self) -> int:
+        """What any attention forward + backward hands back, whatever its schedule: O and dQ, dK, dV
+        (bf16) and the forward's fp32 log-sum-exp, all alive at the backward's end."""
+        return returned_bytes(self.n)
+
+    @property
+    def workspace_bytes(self) -> int | None:
+        """The extra memory of the schedule itself: the peak beyond the inputs and :attr:`returned_bytes`
+        (eager: its N x N matrices; ours: D and the copy of lse the passes read)."""
+        return None if self.peak_bytes is None else self.peak_bytes - self.returned_bytes
+
+
+def returned_bytes(n: int, heads: int = HEADS, d: int = PEAK_D) -> int:
+    """O, dQ, dK, dV in bf16 and lse in fp32 for one sequence of ``n`` at ``heads`` heads of ``d``."""
+    return 4 * heads * n * d * 2 + heads * n * 4
 
 
 @dataclass(frozen=True)
@@ -181,9 +204,13 @@ def _predicted(impl, B, n, d, causal, copy_GBps, matmul_TFLOPs) -> float | None:
     return max(mm, attention_backward_bytes(B, HEADS, n, n, d, DTYPE) / (copy_GBps * 1e9) * 1e3)
 
 
-def timing_cases(copy_GBps=None, matmul_TFLOPs=None, device="cuda", dims=HEAD_DIMS, ns=NS) -> list[Case]:
+def timing_cases(
+    copy_GBps=None, matmul_TFLOPs=None, device="cuda", dims=HEAD_DIMS, ns=NS, impls=tuple(IMPLS), fwd_bwd=True
+) -> list[Case]:
+    """The backward timings (``impls``: keys of :data:`IMPLS`) and, with ``fwd_bwd``, forward + backward of
+    :data:`FWD_BWD`, at head dims ``dims`` and sequence lengths ``ns``."""
     out = []
-    forwards = _forwards()
+    forwards = {impl: f for impl, f in _forwards().items() if impl in impls or (fwd_bwd and impl in FWD_BWD)}
     for d in dims:
         for n in ns:
             B = TOKEN_HEADS // (n * HEADS)
@@ -193,7 +220,7 @@ def timing_cases(copy_GBps=None, matmul_TFLOPs=None, device="cuda", dims=HEAD_DI
                 nbytes = attention_backward_bytes(B, HEADS, n, n, d, DTYPE)
                 group = shape_tag(d, n, causal)
                 for impl, fwd in forwards.items():
-                    if impl == "eager" and n not in EAGER_NS:
+                    if impl not in impls or (impl == "eager" and n not in EAGER_NS):
                         continue
                     thunk = _works(functools.partial(backward_thunk, fwd, q, k, v, do, causal))
                     if thunk is None:
@@ -201,7 +228,7 @@ def timing_cases(copy_GBps=None, matmul_TFLOPs=None, device="cuda", dims=HEAD_DI
                     pred = _predicted(impl, B, n, d, causal, copy_GBps, matmul_TFLOPs)
                     out.append(Case(case_name(d, n, causal, impl), thunk, nbytes, flops, group, pred))
                 fwd_flops = attention_flops(B, HEADS, n, n, d, causal) * 7 // 2
-                for impl in FWD_BWD:
+                for impl in FWD_BWD if fwd_bwd else ():
                     thunk = _works(functools.partial(fwd_bwd_thunk, forwards[impl], q, k, v, do, causal))
                     if thunk is not None:
                         out.append(Case(fwd_bwd_name(d, n, causal, impl), thunk, nbytes, fwd_flops, "fwd+bwd " + group))
@@ -236,8 +263,8 @@ FP8_CASES = {"bf16": "matmul bf16", "e4m3": "matmul fp8 e4m3", "e4m3 fast": "mat
 
 def fp8_cases(device="cuda") -> list[Case]:
     """What FP8 can offer an attention kernel at most: the tensor cores' e4m3 rate against bf16's, measured
-    with cuBLAS square matmuls (no FP8 attention kernel here yet). Left out where FP8 matmuls are not
-    supported (before sm_89)."""
+    with cuBLAS square matmuls (the package's FP8 forward itself: :func:`fp8_attention_cases`). Left out
+    where FP8 matmuls are not supported (before sm_89)."""
     a, b = (torch.randn(FP8_N, FP8_N, device=device, dtype=DTYPE) for _ in range(2))
     one = torch.ones((), device=device, dtype=torch.float32)
     a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()  # cuBLAS wants the second column-major
@@ -252,6 +279,45 @@ def fp8_cases(device="cuda") -> list[Case]:
         if thunk is not None:
             # bytes: a and b read, the bf16 product written
             out.append(Case(FP8_CASES[key], thunk, FP8_N**2 * (6 if key == "bf16" else 4), 2 * FP8_N**3, FP8_GROUP))
+    return out
+
+
+#: the FP8 forward against the bf16 forward (``fusionlab.kernels.attention_fp8``), head dim 128
+FP8_ATTN_NS = (4096, 16384)
+FP8_ATTN_GROUP = "fp8 attention"
+
+
+def fp8_attention_name(n: int, causal: bool, impl: str) -> str:
+    """``impl``: "bf16" (the package's forward) or "fp8" (the e4m3 kernel on inputs already quantised)."""
+    return f"{shape_tag(128, n, causal)} fwd {impl}"
+
+
+def fp8_attention_cases(device="cuda") -> list[Case]:
+    """The package's FP8 forward on e4m3 inputs already quantised (a model writes them in the epilogue of
+    the layer before) against its bf16 forward, head dim 128, at :data:`FP8_ATTN_NS` (16k x 16 token-heads),
+    causal and not; both counted with the forward's FLOPs. Left out before sm_89."""
+    from ...kernels.attention_fp8 import attention_fp8_config, attention_fp8_quantized, quantize_fp8
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        return []
+    out = []
+    for n in FP8_ATTN_NS:
+        B = TOKEN_HEADS // (n * HEADS)
+        q, k, v, _ = qkv_do(B, HEADS, n, 128, device)
+        for causal in (False, True):
+            cfg = attention_fp8_config(128, causal, n)
+            x = quantize_fp8(q, k, v, cfg["BLOCK_M"], cfg["BLOCK_N"])
+            flops = attention_flops(B, HEADS, n, n, 128, causal)
+            nbytes = 4 * B * HEADS * n * 128 * 2  # bf16: q, k, v read and o written once
+            thunks = {
+                "bf16": lambda q=q, k=k, v=v, c=causal: attention(q, k, v, causal=c),
+                "fp8": lambda x=x, c=causal: attention_fp8_quantized(x, c),
+            }
+            for impl, fn in thunks.items():
+                thunk = _works(lambda fn=fn: fn)
+                if thunk is not None:
+                    b = nbytes if impl == "bf16" else nbytes * 5 // 8  # e4m3 inputs: one byte an element
+                    out.append(Case(fp8_attention_name(n, causal, impl), thunk, b, flops, FP8_ATTN_GROUP))
     return out
 
 
@@ -362,7 +428,11 @@ def peaks_from(results) -> list[Peak]:
 
 #: issue 39's bars, in one run: ours' backward against SDPA's flash and cuDNN backends, and forward +
 #: backward against flash
-BAR_FLASH, BAR_CUDNN, BAR_FWD_BWD = 1.1, 0.8, 1.2
+BAR_FLASH, BAR_CUDNN, BAR_FWD_BWD, BAR_FP8 = 1.1, 0.8, 1.2, 1.4
+#: and the memory bar: forward + backward at N = 131072 (B 1, H 16, D 128) in under 2 GiB of extra memory,
+#: extra read as beyond the inputs and what the op returns (:attr:`Peak.workspace_bytes`): O and the three
+#: gradients alone take 2 GiB at that size, so no schedule could meet a reading that counted them
+MEMORY_BAR_N, MEMORY_BAR_GIB = 131072, 2
 
 
 def bars(results) -> list[tuple[str, bool, str]]:
@@ -388,6 +458,25 @@ def bars(results) -> list[tuple[str, bool, str]]:
             out.append(
                 (bar, met == len(ratios), f"{met} of {len(ratios)} shapes; worst {ratios[worst]:.2f}x at {worst}")
             )
+    fp8 = {}
+    for n in FP8_ATTN_NS:
+        for causal in (False, True):
+            bf, f8 = r.get(fp8_attention_name(n, causal, "bf16")), r.get(fp8_attention_name(n, causal, "fp8"))
+            if bf is not None and f8 is not None:
+                fp8[shape_tag(128, n, causal)] = bf.ms / f8.ms
+    if fp8:
+        worst = min(fp8, key=fp8.get)
+        met = sum(v >= BAR_FP8 for v in fp8.values())
+        out.append((f"FP8 forward >= {BAR_FP8}x the bf16 forward (D 128)", met == len(fp8),
+                    f"{met} of {len(fp8)} shapes; worst {fp8[worst]:.2f}x at {worst}"))  # fmt: skip
+    for p in peaks_from(results):
+        if p.variant == "ours" and p.n == MEMORY_BAR_N:
+            out.append((
+                f"N = {p.n} forward + backward: extra memory < {MEMORY_BAR_GIB} GiB",
+                p.workspace_bytes < MEMORY_BAR_GIB * 2**30,
+                f"{p.workspace_bytes / 2**20:.1f} MiB beyond the inputs, O, lse and the gradients "
+                f"({p.peak_bytes / 2**30:.3f} GiB beyond the inputs alone)",
+            ))  # fmt: skip
     for b in bits_from(results):
         if b.impl == "ours":
             out.append(
@@ -396,12 +485,20 @@ def bars(results) -> list[tuple[str, bool, str]]:
     return out
 
 
-def cases(copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, device="cuda") -> list[Case]:
-    """All lesson 8 cases. With the measured ceilings each backward timing also carries ``predicted_ms``."""
+def cases(
+    copy_GBps: float | None = None, matmul_TFLOPs: float | None = None, device="cuda", live: bool = False
+) -> list[Case]:
+    """All lesson 8 cases. With the measured ceilings each backward timing also carries ``predicted_ms``.
+    ``live``: only what the notebook's live bars and tables read (the backward timings at :data:`LIVE_NS`):
+    the probes and the peaks have cells of their own, and the whole suite runs for minutes, past a
+    notebook cell's time limit."""
+    if live:
+        return timing_cases(copy_GBps, matmul_TFLOPs, device, ns=LIVE_NS, fwd_bwd=False)
     return [
         *timing_cases(copy_GBps, matmul_TFLOPs, device),
         *hopper_cases(device),
         *fp8_cases(device),
+        *fp8_attention_cases(device),
         *bits_cases(device),
         *peak_cases(device),
     ]

@@ -1,0 +1,416 @@
+"""Lesson 8's FA3 step: an FP8 (e4m3) attention forward with per-block scales, for Hopper.
+
+FlashAttention-3's third idea (after warp specialisation and ping-pong) is FP8: Hopper's tensor cores
+multiply e4m3 at twice bf16's rate, so a forward whose time is set by its two matmuls could run up to
+twice as fast, for an error that has to be measured. This module is that step, forward only (FP8
+training is out of the course's scope).
+
+Quantisation (:func:`quantize_fp8`, plain torch: memory-bound, done once per tensor):
+
+- **Q**: one scale per block of ``BLOCK_M`` query rows of a head, ``amax / 448`` (448: e4m3's largest
+  finite value), so one outlier row spoils only its block;
+- **K**: one scale per block of ``BLOCK_N`` key rows of a head;
+- **V**: one scale per channel of a head (``amax`` over the sequence), stored **transposed**,
+  ``(B, H, D, N_k)``. Transposed because Hopper's FP8 ``wgmma`` reads both operands K-major: in
+  ``P V`` the reduction runs over keys, so V's keys must be contiguous (Triton's fused-attention tutorial
+  does the same: its FP8 V is a transposed view). Per channel rather than per key block because a
+  channel's scale factors out of the sum over keys, ``O[:, d] = s_v[d] * sum_j P[:, j] V8[j, d]``, and is
+  applied once in the epilogue; a per-key-block scale would need its own product and add every step.
+
+The kernel (:func:`attention_fp8_quantized`): the package forward's online softmax with
+``s = (Q8 K8^T) * (s_q * s_k * scale)`` — the two block scales fold into the one multiply that scales
+the scores already — and ``P`` cast to e4m3 for the second product. ``P <= 1`` after the max is
+subtracted; e4m3 has full precision only down to 2^-6, so P is computed as ``exp2(s - m + 8)``, i.e.
+times 256 (at most 256 < 448), which moves the small probabilities out of e4m3's subnormals for free (the
+row sum ``l`` carries the same factor and ``O = acc / l`` cancels it; lse subtracts the 8 back). The
+accumulators, the max and the sum are fp32; O comes out in bf16 (or what ``out_dtype`` asks), with the
+natural-log ``lse`` as the package's forward returns it.
+
+Scope: head dims 32, 64, 128; any N_q, N_k (masked last blocks); causal (top-left, as the package);
+H_q == H_kv; finite inputs. On a GPU it needs FP8 tensor cores (compute capability 8.9 or more; the
+tiles are tuned on Hopper). Loads go through host tensor descriptors on Hopper when the layout allows
+(``TMA``), through pointers elsewhere.
+
+The interpreter: Triton's interpreter reads e4m3 and multiplies it exactly, but its in-kernel cast from
+fp32 to e4m3 rounds wrongly across a binade (7.97 became 4.0 under Triton 3.9). So on the interpreter
+the kernel first rounds P to e4m3's grid in fp32 arithmetic (:func:`_round_e4m3`, round to nearest
+even) and casts only exact values. The GPU path casts directly; both round P the same way.
+
+The error is stated against float64 (:func:`attention_fp8_error`): of the whole (quantise, kernel)
+path against the exact attention of the bf16 inputs, and of the kernel against
+:func:`attention_fp8_reference` — the exact attention of the *dequantised* inputs — which separates
+what the inputs' quantisation costs from what the kernel's FP8 P costs.
+
+Reference: Shah et al., "FlashAttention-3" (2024), section 3.3 (block quantisation, V transposed for
+FP8 wgmma); Triton's tutorial 06, fused attention, its FP8 path.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from ._attention import LOG2E, TensorDescriptor, config_key, default_scale, hopper, scores64
+from ._launch import KernelInputError, cdiv, check_tensor, launch_kwargs
+from .attention_backward import key_range
+
+OP = "attention_fp8"
+FP8 = torch.float8_e4m3fn
+#: e4m3's largest finite magnitude
+FP8_MAX = 448.0
+#: P is computed times 2**P_SHIFT (see the module's docstring)
+P_SHIFT = 8
+HEAD_DIMS = (32, 64, 128)
+#: (BLOCK_M, BLOCK_N, num_warps, num_stages) by (head dim, causal) on a GPU. The starting tiles (Triton's
+#: tutorial FP8 sweep's range); benchmarks/bench_attention_fp8.py sweeps them and
+#: benchmarks/notes_attention_backward.md ("FP8 forward") records what was measured
+GPU_TABLE = {
+    (32, False): (128, 64, 4, 3), (32, True): (128, 64, 4, 3),
+    (64, False): (128, 128, 8, 3), (64, True): (128, 64, 4, 3),
+    (128, False): (128, 128, 8, 3), (128, True): (128, 64, 8, 3),
+}  # fmt: skip
+#: what ``config`` may override
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "WS")
+#: the interpreter: few programs, but a causal diagonal of several blocks and partial last blocks
+INTERPRETER_TILE = (32, 16, 4, 1)
+
+
+class Fp8Inputs(NamedTuple):
+    """Q, K, V in e4m3 with their scales (:func:`quantize_fp8`): ``q8`` (B, H, N_q, D), ``k8`` (B, H, N_k,
+    D), ``vt8`` (B, H, D, N_k): V transposed; ``q_scale`` (B, H, cdiv(N_q, block_m)), ``k_scale`` (B, H,
+    cdiv(N_k, block_n)), ``v_scale`` (B, H, D), fp32; the block sizes the scales were taken over."""
+
+    q8: torch.Tensor
+    k8: torch.Tensor
+    vt8: torch.Tensor
+    q_scale: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    block_m: int
+    block_n: int
+
+
+def _block_scales(t: torch.Tensor, block: int) -> torch.Tensor:
+    """amax / 448 of each block of ``block`` rows of each head (fp32, a zero block gets scale 1)."""
+    B, H, N, D = t.shape
+    pad = cdiv(N, block) * block - N
+    tp = torch.nn.functional.pad(t, (0, 0, 0, pad)) if pad else t
+    amax = tp.reshape(B, H, -1, block * D).abs().amax(-1).float()
+    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+
+
+def _expand(scales: torch.Tensor, block: int, n: int) -> torch.Tensor:
+    """Per-block scales repeated to per-row, (B, H, n, 1)."""
+    return scales.repeat_interleave(block, dim=-1)[..., :n, None]
+
+
+def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int) -> Fp8Inputs:
+    """Q and K with a scale per block of rows, V with a scale per channel, stored transposed (the
+    module's docstring says why each)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(t, name, op=OP, dtypes=(torch.bfloat16, torch.float16, torch.float32), ndim=4, contiguous=False)
+    qs, ks = _block_scales(q, block_m), _block_scales(k, block_n)
+    vamax = v.abs().amax(2).float()
+    vs = torch.where(vamax > 0, vamax / FP8_MAX, torch.ones_like(vamax))
+    q8 = (q.float() / _expand(qs, block_m, q.shape[2])).to(FP8)
+    k8 = (k.float() / _expand(ks, block_n, k.shape[2])).to(FP8)
+    vt8 = (v.float() / vs[:, :, None, :]).to(FP8).transpose(2, 3).contiguous()
+    return Fp8Inputs(q8, k8, vt8, qs, ks, vs, int(block_m), int(block_n))
+
+
+def dequantize_fp8(x: Fp8Inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the e4m3 inputs stand for, in float64: ``(q, k, v)``, v back in (B, H, N_k, D)."""
+    q = x.q8.double() * _expand(x.q_scale.double(), x.block_m, x.q8.shape[2])
+    k = x.k8.double() * _expand(x.k_scale.double(), x.block_n, x.k8.shape[2])
+    v = x.vt8.double().transpose(2, 3) * x.v_scale.double()[:, :, None, :]
+    return q, k, v
+
+
+def attention_fp8_reference(x: Fp8Inputs, causal: bool = False, scale: float | None = None):
+    """The exact (float64) attention of the dequantised inputs: ``(o, lse)``. What the kernel would give
+    with no rounding of its own; the gap to it is the FP8 P's (and fp32 sums') error."""
+    q, k, v = dequantize_fp8(x)
+    s, _, vd = scores64(q, k, v, causal, default_scale(q.shape[-1], scale))
+    lse = torch.logsumexp(s, -1)
+    return torch.exp(s - lse[..., None]) @ vd, lse
+
+
+def attention_fp8_emulated(x: Fp8Inputs, causal: bool = False, scale: float | None = None):
+    """The kernel's arithmetic in float64, key block by key block: ``(o, lse)``. The same online softmax
+    with the same running maxima, P times 2^8 rounded to e4m3 by torch's cast (round to nearest even)
+    before ``P V``, the row sum of the unrounded P; what it leaves out is only the kernel's fp32 rounding.
+    The kernel matches it to that rounding (tests/test_attention_fp8.py), which checks the scales, the
+    shift, the masks and P's cast separately from the error FP8 itself costs."""
+    B, H, N_q, D = x.q8.shape
+    N_k, bn = x.k8.shape[2], x.block_n
+    c_row = _expand(x.q_scale.double(), x.block_m, N_q) * (default_scale(D, scale) * LOG2E)
+    q8, k8, vt8 = x.q8.double(), x.k8.double(), x.vt8.double()
+    m = torch.full((B, H, N_q, 1), float("-inf"), dtype=torch.float64, device=q8.device)
+    l = torch.zeros_like(m)  # noqa: E741  (the row sum's name in every FlashAttention paper)
+    acc = torch.zeros((B, H, N_q, D), dtype=torch.float64, device=q8.device)
+    rows = torch.arange(N_q, device=q8.device)[:, None]
+    for j0 in range(0, N_k, bn):
+        s = (q8 @ k8[:, :, j0 : j0 + bn].transpose(-2, -1)) * c_row * x.k_scale.double()[:, :, j0 // bn, None, None]
+        if causal:
+            s = s.masked_fill(rows < torch.arange(j0, min(j0 + bn, N_k), device=q8.device)[None, :], float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p = torch.exp2(s - (m_new - P_SHIFT))
+        alpha = torch.exp2(m - m_new)
+        l = l * alpha + p.sum(-1, keepdim=True)  # noqa: E741
+        p8 = p.float().to(FP8).double()
+        acc = acc * alpha + p8 @ vt8[:, :, :, j0 : j0 + bn].transpose(-2, -1)
+        m = m_new
+    o = acc * x.v_scale.double()[:, :, None, :] / l
+    return o, ((m + torch.log2(l)).squeeze(-1) - P_SHIFT) * math.log(2.0)
+
+
+# -- the configuration ----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=256)
+def _config(d: int, causal: bool, n_q: int, n_k: int, gpu: bool) -> dict:
+    bm, bn, nw, ns = GPU_TABLE[(d, causal)] if gpu else INTERPRETER_TILE
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": ns}
+
+
+def attention_fp8_config(D: int, causal: bool = False, N_q: int = 4096, N_k: int | None = None) -> dict:
+    """The tiles the launcher picks: ``BLOCK_M`` (queries a program holds; Q's quantisation block),
+    ``BLOCK_N`` (keys a step; K's quantisation block), ``num_warps``, ``num_stages``."""
+    return dict(_config(int(D), bool(causal), int(N_q), int(N_q if N_k is None else N_k), runtime.is_gpu()))
+
+
+# -- the kernel -----------------------------------------------------------------------------------
+@triton.jit
+def _round_e4m3(x):
+    """fp32 values rounded to e4m3's grid (round to nearest even, saturating at 448): normal numbers keep
+    3 of fp32's 23 mantissa bits, subnormals (below 2^-6) are multiples of 2^-9. The interpreter's own
+    cast rounds wrongly; the values this returns cast exactly."""
+    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576  # 0xFFF00000: RNE of the low 20 bits
+    normal = bits.to(tl.float32, bitcast=True)
+    sub = (x + 16384.0) - 16384.0  # fp32's ulp at 2^14 is 2^-9: RNE to a multiple of 2^-9
+    return tl.where(tl.abs(x) < 0.015625, sub, normal)
+
+
+@triton.jit
+def _fp8_inner(
+    acc, l_i, m_i, q, k_src, vt_src, ks_ptr, k_row, vt_row, offs_m, offs_n0, offs_d, n_k, stride_kn, stride_vd,
+    c_row, lo, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    TMA: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr,
+):  # fmt: skip
+    """Key blocks ``[lo, hi)``: the online softmax with e4m3 products. ``c_row``: s_q * scale * log2(e)
+    (the Q block's part of the scores' multiplier); each step multiplies in its K block's scale. ``WS``:
+    the loop warp-specialised by Triton (producer warps load, consumer warps compute)."""
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + offs_n0
+        if TMA:
+            k = k_src.load([k_row + start_n, 0])
+            vt = vt_src.load([vt_row, start_n])
+        else:
+            k_ptrs = k_src + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :]
+            vt_ptrs = vt_src + offs_d.to(tl.int64)[:, None] * stride_vd + offs_n[None, :]
+            if MASKED:
+                k = tl.load(k_ptrs, mask=offs_n[:, None] < n_k, other=0.0)
+                vt = tl.load(vt_ptrs, mask=offs_n[None, :] < n_k, other=0.0)
+            else:
+                k = tl.load(k_ptrs)
+                vt = tl.load(vt_ptrs)
+        c = c_row * tl.load(ks_ptr + start_n // BLOCK_N)  # > 0: the scores in log2 units are qk * c
+        qk = tl.dot(q, tl.trans(k))
+        # P times 2^8: e4m3's normal range instead of its subnormals (the module's docstring)
+        if MASKED:
+            keep = offs_n[None, :] < n_k
+            if CAUSAL:
+                keep = keep & (offs_m[:, None] >= offs_n[None, :])
+            qk = tl.where(keep, qk * c, float("-inf"))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            p = tl.math.exp2(qk - (m_ij[:, None] - 8.0))
+        else:  # the row max of the raw scores, then scale and subtract in one FMA per score
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * c)
+            p = tl.math.exp2(qk * c - (m_ij[:, None] - 8.0))
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if EMULATE:
+            p = _round_e4m3(p)
+        acc = tl.dot(p.to(tl.float8e4nv), tl.trans(vt), acc)
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fp8_fwd_kernel(
+    q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr, lse_ptr, q_desc, k_desc, vt_desc,
+    n_q, n_k, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    TMA: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr,
+):  # fmt: skip
+    # grid: (query tiles, H, B); q8, k8 (B, H, N, D) and vt8 (B, H, D, N_k) contiguous. Query tiles from
+    # the last: a causal head's longest tiles start first
+    if WS:  # Triton's warp specialisation on Hopper wants descriptors made on the device
+        rows = tl.num_programs(1) * tl.num_programs(2)
+        q_desc = tl.make_tensor_descriptor(q_ptr, shape=[rows * n_q, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                           block_shape=[BLOCK_M, HEAD_DIM])  # fmt: skip
+        k_desc = tl.make_tensor_descriptor(k_ptr, shape=[rows * n_k, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])  # fmt: skip
+        vt_desc = tl.make_tensor_descriptor(vt_ptr, shape=[rows * HEAD_DIM, n_k], strides=[n_k, 1],
+                                            block_shape=[HEAD_DIM, BLOCK_N])  # fmt: skip
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    bh = tl.program_id(2).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    if TMA:
+        q = q_desc.load([(bh * n_q + m0).to(tl.int32), 0])
+    else:
+        q_ptrs = q_ptr + (bh * n_q + offs_m.to(tl.int64))[:, None] * HEAD_DIM + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=offs_m[:, None] < n_q, other=0.0)
+    c_row = tl.load(qs_ptr + bh * tl.cdiv(n_q, BLOCK_M) + pid_m) * qk_scale
+    ks_base = ks_ptr + bh * tl.cdiv(n_k, BLOCK_N)
+    k_base = k_ptr + bh * n_k * HEAD_DIM
+    vt_base = vt_ptr + bh * HEAD_DIM * n_k
+    k_row = (bh * n_k).to(tl.int32)
+    vt_row = (bh * HEAD_DIM).to(tl.int32)
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    lo_mask, hi = key_range(m0, n_k, BLOCK_M, BLOCK_N, CAUSAL)
+    k_src = k_desc if TMA else k_base
+    vt_src = vt_desc if TMA else vt_base
+    acc, l_i, m_i = _fp8_inner(acc, l_i, m_i, q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0, offs_d,
+                               n_k, HEAD_DIM, n_k, c_row, 0, lo_mask,
+                               HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, EMULATE, WS)  # fmt: skip
+    acc, l_i, m_i = _fp8_inner(acc, l_i, m_i, q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0, offs_d,
+                               n_k, HEAD_DIM, n_k, c_row, lo_mask, hi,
+                               HEAD_DIM, BLOCK_N, True, CAUSAL, TMA, EMULATE, False)  # fmt: skip
+    vs = tl.load(vs_ptr + bh * HEAD_DIM + offs_d)
+    o = acc * (vs[None, :] / l_i[:, None])
+    o_ptrs = o_ptr + (bh * n_q + offs_m.to(tl.int64))[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < n_q)
+    lse = (m_i + tl.math.log2(l_i) - 8.0) * 0.6931471805599453  # base 2 -> natural, the 2^8 taken back
+    tl.store(lse_ptr + bh * n_q + offs_m, lse, mask=offs_m < n_q)
+
+
+# -- the launcher ---------------------------------------------------------------------------------
+@functools.cache
+def _device_descriptor_allocator() -> None:
+    """Descriptors made on the device need global scratch memory per launch; Triton asks for it through
+    the allocator set here (once, torch's caching allocator). Only the ``WS`` experiment makes them."""
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
+
+
+def _check_fp8(x: Fp8Inputs, causal, scale) -> None:
+    if not isinstance(x, Fp8Inputs):
+        raise KernelInputError(f"{OP}: pass what quantize_fp8 returns, got {type(x).__name__}.")
+    for name in ("q8", "k8", "vt8"):
+        check_tensor(getattr(x, name), name, op=OP, dtypes=(FP8,), ndim=4)
+    for name in ("q_scale", "k_scale", "v_scale"):
+        check_tensor(getattr(x, name), name, op=OP, dtypes=(torch.float32,), ndim=3)
+    B, H, N_q, D = x.q8.shape
+    if x.k8.shape[:2] != (B, H) or x.k8.shape[3] != D or x.vt8.shape != (B, H, D, x.k8.shape[2]):
+        raise KernelInputError(
+            f"{OP}: q8 {tuple(x.q8.shape)}, k8 {tuple(x.k8.shape)}, vt8 {tuple(x.vt8.shape)}: expected (B, H, N_q, D), "
+            "(B, H, N_k, D) and V transposed, (B, H, D, N_k) (grouped-query attention is not taken)."
+        )
+    if D not in HEAD_DIMS:
+        raise KernelInputError(f"{OP}: head dim {D}; the FP8 kernel takes {HEAD_DIMS}.")
+    if x.k8.shape[2] == 0:
+        raise KernelInputError(f"{OP}: no keys (N_k = 0): every row's softmax would be empty.")
+    if not isinstance(causal, bool):
+        raise KernelInputError(f"{OP}: causal must be True or False, got {causal!r}.")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise KernelInputError(f"{OP}: scale must be a number (or None for 1/sqrt(D)), got {scale!r}.")
+    if runtime.is_gpu() and (runtime.CAPABILITY or (0, 0)) < (8, 9):
+        raise KernelInputError(f"{OP}: e4m3 tensor cores need compute capability 8.9 or more (Ada, Hopper).")
+
+
+def attention_fp8_quantized(
+    x: Fp8Inputs, causal: bool = False, scale: float | None = None, *, out_dtype=torch.bfloat16, config=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FP8 forward on quantised inputs: ``(o, lse)``, o (B, H, N_q, D) in ``out_dtype``, lse fp32
+    (natural log). ``config``: tile overrides (``num_warps``, ``num_stages``; ``BLOCK_M``/``BLOCK_N`` must
+    be the blocks ``x`` was quantised over; ``"WS": True``: the unmasked loop warp-specialised by Triton,
+    with descriptors made on the device, where the descriptors' layout rules hold — an experiment,
+    off by default)."""
+    _check_fp8(x, causal, scale)
+    B, H, N_q, D = x.q8.shape
+    N_k = x.k8.shape[2]
+    gpu = runtime.is_gpu()
+    cfg = {**_config(D, causal, N_q, N_k, gpu), **dict(config_key(config, OP, CONFIG_KEYS, flags=("WS",)))}
+    bm, bn = x.block_m, x.block_n
+    if (cfg["BLOCK_M"], cfg["BLOCK_N"]) != (bm, bn) or bm % bn or bn < 16:
+        raise KernelInputError(
+            f"{OP}: inputs quantised over blocks {bm} x {bn}; the kernel's tiles are {cfg['BLOCK_M']} x "
+            f"{cfg['BLOCK_N']} (and BLOCK_M must be a multiple of BLOCK_N >= 16)."
+        )
+    o = torch.empty((B, H, N_q, D), dtype=out_dtype, device=x.q8.device)
+    lse = torch.empty((B, H, N_q), dtype=torch.float32, device=x.q8.device)
+    if N_q == 0 or B == 0 or H == 0:
+        return o, lse
+    # descriptors: Hopper (or the interpreter), row strides 16-byte aligned (vt8's row is N_k bytes), and
+    # row coordinates within int32
+    tma = (
+        TensorDescriptor is not None and (hopper() or not gpu) and N_k % 16 == 0 and N_k > 0
+        and B * H * max(N_q + bm, N_k + bn, D) < 2**31
+    )  # fmt: skip
+    ws = bool(cfg.get("WS")) and tma
+    if ws and gpu:
+        _device_descriptor_allocator()
+    if tma and not ws:
+        q_desc = TensorDescriptor(x.q8.view(-1, D), [B * H * N_q, D], [D, 1], [bm, D])
+        k_desc = TensorDescriptor(x.k8.view(-1, D), [B * H * N_k, D], [D, 1], [bn, D])
+        vt_desc = TensorDescriptor(x.vt8.view(-1, N_k), [B * H * D, N_k], [N_k, 1], [D, bn])
+    else:
+        q_desc = k_desc = vt_desc = x.q8  # placeholders: the kernel reads the pointers or makes descriptors
+    grid = (cdiv(N_q, bm), H, B)
+    qk_scale = default_scale(D, scale) * LOG2E
+    _fp8_fwd_kernel[grid](
+        x.q8, x.k8, x.vt8, x.q_scale, x.k_scale, x.v_scale, o, lse, q_desc, k_desc, vt_desc, N_q, N_k, qk_scale,
+        HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, TMA=tma, EMULATE=not gpu, WS=ws,
+        **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
+    )  # fmt: skip
+    return o, lse
+
+
+def attention_fp8(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None, *, config=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise (:func:`quantize_fp8`, at the kernel's tiles) and run the FP8 forward: ``(o, lse)`` with o in
+    q's dtype. The quantisation is plain torch, several memory-bound passes: a model that feeds FP8
+    attention produces Q, K, V in e4m3 in the epilogue of the layer before, so the lesson times the kernel
+    on quantised inputs and states the quantisation's cost beside it."""
+    D = q.shape[-1] if isinstance(q, torch.Tensor) and q.ndim == 4 else None
+    if D not in HEAD_DIMS:
+        raise KernelInputError(f"{OP}: q must be (B, H, N_q, D) with a head dim D in {HEAD_DIMS}.")
+    cfg = {**attention_fp8_config(D, causal, q.shape[2], k.shape[2]), **(config or {})}
+    x = quantize_fp8(q, k, v, cfg["BLOCK_M"], cfg["BLOCK_N"])
+    return attention_fp8_quantized(x, causal, scale, out_dtype=q.dtype, config=config)
+
+
+def attention_fp8_error(q, k, v, causal: bool = False, scale: float | None = None, *, config=None) -> dict:
+    """The FP8 path's error against float64: ``"o"`` (norm-relative) and ``"lse"`` (the largest absolute
+    difference, natural log) against the exact attention of ``q, k, v`` (everything FP8 costs), and
+    ``"o_kernel"`` (norm-relative) against the exact attention of the dequantised inputs (what the kernel's
+    FP8 P and fp32 sums cost, the inputs' rounding taken out)."""
+    D = q.shape[-1]
+    cfg = {**attention_fp8_config(D, causal, q.shape[2], k.shape[2]), **(config or {})}
+    x = quantize_fp8(q, k, v, cfg["BLOCK_M"], cfg["BLOCK_N"])
+    o, lse = attention_fp8_quantized(x, causal, scale, out_dtype=q.dtype, config=config)
+    s, _, vd = scores64(q, k, v, causal, default_scale(D, scale))
+    lse64 = torch.logsumexp(s, -1)
+    o64 = torch.exp(s - lse64[..., None]) @ vd
+    o_deq, _ = attention_fp8_reference(x, causal, scale)
+
+    def rel(a, b):
+        return float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
+
+    lse_err = float((lse.double() - lse64).abs().max()) if lse.numel() else 0.0
+    return {"o": rel(o, o64), "lse": lse_err, "o_kernel": rel(o, o_deq)}

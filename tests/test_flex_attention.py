@@ -1,0 +1,269 @@
+"""Lesson 7b: lesson 7's forward with a score modification and a block mask, against the float64 reference
+(N not a multiple of a tile, N_q != N_k, grouped-query heads), the block lists against the mask they come
+from, empty blocks never loaded, the reference against ``torch.nn.attention.flex_attention`` (eager), and
+clear errors. Interpreter sizes (32 x 16 tiles); the GPU cases (marked ``gpu``) run bf16 at head dims 64
+and 128 and the mask's 128 x 64 tiles."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from conftest import gpu_only
+
+from fusionlab import runtime
+from fusionlab.kernels import KernelInputError
+from fusionlab.kernels.attention import (
+    MaskMod,
+    ScoreMod,
+    alibi,
+    attention,
+    attention_reference,
+    block_mask,
+    causal_mask,
+    document_mask,
+    prefix_lm,
+    relative_bias,
+    sliding_window,
+    softcap,
+)
+
+pytestmark = [
+    pytest.mark.lesson7,
+    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+]
+
+DEV = runtime.DEVICE
+GPU = runtime.is_gpu()
+DT = torch.bfloat16 if GPU else torch.float32
+TOL = 2e-2 if GPU else 1e-5  # norm-relative on O; bf16 rounds P before P V
+
+
+def _qkv(B, H, H_kv, N_q, N_k, D, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, N_q, D, generator=g).to(DEV, DT)
+    k = torch.randn(B, H_kv, N_k, D, generator=g).to(DEV, DT)
+    v = torch.randn(B, H_kv, N_k, D, generator=g).to(DEV, DT)
+    return q, k, v
+
+
+def _close(got, ref, tol=TOL):
+    o, lse = got
+    ro, rlse = ref
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(rlse)), "a row the mask empties differs"
+    fin = torch.isfinite(rlse)
+    assert (lse[fin] - rlse[fin]).abs().max() < (5e-2 if GPU else 1e-4)
+    err = (o.double() - ro.double()).norm() / ro.double().norm().clamp_min(1e-30)
+    assert err < tol, f"O off by {err:.2e} of its norm"
+
+
+def _docs(n, sizes):
+    ids = torch.cat([torch.full((s,), i) for i, s in enumerate(sizes)])
+    return ids[:n] if ids.numel() >= n else torch.cat([ids, torch.full((n - ids.numel(),), len(sizes))])
+
+
+SCORE_MODS = {
+    "softcap": lambda H: softcap(2.0),
+    "alibi": lambda H: alibi(H),
+    "relative_bias": lambda H: relative_bias(torch.linspace(-1, 1, H * 9).view(H, 9).to(DEV)),
+}
+MASKS = {
+    "causal": lambda n: causal_mask(),
+    "sliding_window": lambda n: sliding_window(7),
+    "prefix_lm": lambda n: prefix_lm(12),
+    "document": lambda n: document_mask(_docs(n, [10, 20, 3]).to(DEV)),
+    "document_bidirectional": lambda n: document_mask(_docs(n, [17, 9]).to(DEV), causal=False),
+}
+
+
+#: the two softmax loops of the modification path: online (a running max), and against a reference max
+#: (lesson 7's REF_MAX: the tile's first block's max, no rescale; the GPU's default on the TMA path)
+LOOPS = [pytest.param(0, id="online"), pytest.param(2, id="ref_max")]
+
+
+@pytest.mark.parametrize("ref", LOOPS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("mod", list(SCORE_MODS))
+def test_score_mod_matches_reference(mod, causal, ref):
+    # N_q = 45 (a partial Q tile and a partial key block), N_k = 45; GQA 4:2
+    q, k, v = _qkv(1, 4, 2, 45, 45, 32, seed=1)
+    sm = SCORE_MODS[mod](4)
+    got = attention(q, k, v, causal, score_mod=sm, config={"REF_MAX": ref})
+    _close(got, attention_reference(q, k, v, causal, score_mod=sm))
+
+
+def test_score_mod_changes_the_answer():
+    # a modification that reached the kernel: the output moves, by the reference's amount
+    q, k, v = _qkv(1, 2, 2, 33, 40, 16, seed=2)
+    plain = attention(q, k, v)[0]
+    capped = attention(q * 4, k, v, score_mod=softcap(1.0))
+    assert (capped[0] - plain).abs().max() > 1e-2
+    _close(capped, attention_reference(q * 4, k, v, score_mod=softcap(1.0)))
+
+
+@pytest.mark.parametrize("ref", LOOPS)
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("with_mod", [False, True], ids=["mask", "mask+softcap"])
+def test_block_mask_matches_reference(mask, with_mod, ref):
+    n = 45
+    q, k, v = _qkv(2, 2, 1, n, n, 32, seed=3)
+    bm = block_mask(MASKS[mask](n), None, None, n, n, device=DEV)
+    sm = softcap(3.0) if with_mod else None
+    got = attention(q, k, v, score_mod=sm, block_mask=bm, config={"REF_MAX": ref})
+    _close(got, attention_reference(q, k, v, score_mod=sm, block_mask=bm))
+
+
+def test_ref_max_overflow_falls_back_to_the_online_loop():
+    # the first block's max far below a later one (2**127 in base 2 overflows exp2): the tile reruns online
+    q, k, v = _qkv(1, 1, 1, 40, 40, 16, seed=9)
+    q, k = q * 0.1, k * 0.1
+    q[..., 0], k[..., 0] = 30.0, 0.0
+    k[0, 0, 30:, 0] = 30.0  # scores near 900 / 4 = 225 nats, 325 in base 2, in the last blocks only
+    for bm in (None, block_mask(prefix_lm(40), None, None, 40, 40, device=DEV)):
+        # scores near 225 carry an fp32 rounding of about 1e-5 into every exp (lesson 7's SHIFT_O_TOL)
+        _close(attention(q, k, v, block_mask=bm, score_mod=alibi(1), config={"REF_MAX": 2}),
+               attention_reference(q, k, v, block_mask=bm, score_mod=alibi(1)), max(TOL, 1e-3))  # fmt: skip
+
+
+@triton.jit
+def _head_window(b, h, q_idx, kv_idx, aux, a0, a1):
+    return (q_idx >= kv_idx) & (q_idx - kv_idx < 4 + 8 * h)
+
+
+def test_mask_by_head_and_rectangular():
+    # a mask that differs per head (H' = H) on N_q != N_k: the lists are indexed by head
+    m = MaskMod(_head_window, lambda b, h, q, kv, aux, a0, a1: (q >= kv) & (q - kv < 4 + 8 * h), name="head_window")
+    q, k, v = _qkv(1, 3, 3, 37, 50, 16, seed=4)
+    bm = block_mask(m, None, 3, 37, 50, device=DEV)
+    assert bm.num.shape[:2] == (1, 3)
+    _close(attention(q, k, v, block_mask=bm), attention_reference(q, k, v, block_mask=bm))
+
+
+@triton.jit
+def _future_only(b, h, q_idx, kv_idx, aux, a0, a1):
+    return kv_idx > q_idx
+
+
+def test_empty_row_gives_zero_and_minus_inf():
+    m = MaskMod(_future_only, lambda b, h, q, kv, aux, a0, a1: kv > q, name="future_only")
+    n = 40
+    q, k, v = _qkv(1, 1, 1, n, n, 16, seed=5)
+    bm = block_mask(m, None, None, n, n, device=DEV)
+    o, lse = attention(q, k, v, block_mask=bm)
+    assert torch.isneginf(lse[0, 0, -1]) and torch.all(o[0, 0, -1] == 0)
+    _close((o, lse), attention_reference(q, k, v, block_mask=bm))
+
+
+@pytest.mark.parametrize("mask", ["sliding_window", "document", "prefix_lm"])
+def test_block_lists_match_the_mask(mask):
+    # full: every (query < N_q, key) pair of the block visible; partial: some; neither: none
+    n_q, n_k = 70, 61
+    m = MASKS[mask](max(n_q, n_k))
+    bm = block_mask(m, None, None, n_q, n_k, device="cpu" if m.aux is None else m.aux.device)
+    dense = m.ref(torch.tensor(0), torch.tensor(0), torch.arange(n_q).view(-1, 1), torch.arange(n_k).view(1, -1),
+                  None if m.aux is None else m.aux.cpu(), m.a0, m.a1)  # fmt: skip
+    T_m, T_n = bm.num.shape[2], bm.idx.shape[-1]
+    for t in range(T_m):
+        rows = dense[t * bm.block_m : (t + 1) * bm.block_m]
+        want_full, want_part = [], []
+        for j in range(T_n):
+            blk = rows[:, j * bm.block_n : (j + 1) * bm.block_n]
+            whole = blk.all() and (j + 1) * bm.block_n <= n_k
+            (want_full if whole else want_part if blk.any() else []).append(j)
+        nf, np_ = bm.num[0, 0, t].tolist()
+        assert bm.idx[0, 0, t, 0, :nf].tolist() == want_full, f"tile {t}: full blocks"
+        assert bm.idx[0, 0, t, 1, :np_].tolist() == want_part, f"tile {t}: partial blocks"
+    assert bm.visible == int(dense.sum())
+    full, part, total = bm.blocks()
+    assert 0 < full + part < total and bm.density() == (full + part) / total
+
+
+def test_empty_blocks_are_never_loaded():
+    # V's key 2 is NaN: a Q tile that loads its block gets NaN (0 * NaN in P V); a tile whose lists
+    # leave the block out never reads it and stays finite
+    n, w = 96, 5
+    q, k, v = _qkv(1, 1, 1, n, n, 16, seed=6)
+    v[0, 0, 2] = float("nan")
+    bm = block_mask(sliding_window(w), None, None, n, n, device=DEV)
+    o, _ = attention(q, k, v, block_mask=bm)
+    blk = 2 // bm.block_n
+    for t in range(bm.num.shape[2]):
+        nf, np_ = bm.num[0, 0, t].tolist()
+        visits = blk in bm.idx[0, 0, t, 0, :nf].tolist() + bm.idx[0, 0, t, 1, :np_].tolist()
+        rows = o[0, 0, t * bm.block_m : (t + 1) * bm.block_m]
+        assert bool(torch.isnan(rows).any()) == visits, f"tile {t}: visits={visits}"
+    assert torch.isfinite(o[0, 0, bm.block_m :]).all()  # tiles past the window's reach never load key 2
+
+
+def test_reference_agrees_with_flex_attention():
+    # the semantics of softcap, ALiBi and the sliding window are flex_attention's common examples
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    n, H = 45, 2
+    q, k, v = (t.double().cpu() for t in _qkv(1, H, H, n, n, 16, seed=7))
+
+    def flex_alibi(s, b, h, qi, ki):
+        return s + torch.exp2(-8.0 * (h + 1) / H) * (ki - qi)
+
+    def flex_sw(b, h, qi, ki):
+        return (qi >= ki) & (qi - ki < 7)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fbm = create_block_mask(flex_sw, None, None, n, n, device="cpu")
+        for ours, theirs in [(softcap(2.0), lambda s, b, h, qi, ki: 2.0 * torch.tanh(s / 2.0)), (alibi(H), flex_alibi)]:
+            want, want_lse = flex_attention(q, k, v, score_mod=theirs, block_mask=fbm, return_lse=True)
+            got, got_lse = attention_reference(q, k, v, score_mod=ours, block_mask=sliding_window(7))
+            assert (got - want).abs().max() < 1e-10 and (got_lse.double() - want_lse).abs().max() < 1e-5
+
+
+@triton.jit
+def _not_a_score(score, b, h, q_idx, kv_idx, aux, a0, a1):
+    return score + tl.no_such_function(score)
+
+
+def test_errors():
+    q, k, v = _qkv(1, 2, 2, 20, 20, 16)
+    with pytest.raises(KernelInputError, match="decorate it with @triton.jit"):
+        attention(q, k, v, score_mod=lambda s, *a: s)
+    with pytest.raises(KernelInputError, match="_not_a_score.*did not compile"):
+        attention(q, k, v, score_mod=_not_a_score)
+    with pytest.raises(KernelInputError, match="did not compile"):
+        attention(q, k, v, score_mod=ScoreMod(_head_window, name="a mask as a score_mod"))  # wrong arity
+    bm = block_mask(causal_mask(), None, None, 20, 20, device=DEV)
+    with pytest.raises(KernelInputError, match="put causality in the mask"):
+        attention(q, k, v, True, block_mask=bm)
+    with pytest.raises(KernelInputError, match="built for"):
+        attention(q[:, :, :10], k, v, block_mask=bm)
+    with pytest.raises(KernelInputError, match="forward only"):
+        attention(q.requires_grad_(), k, v, score_mod=softcap(5.0))
+    with pytest.raises(KernelInputError, match="mask's tiles"):
+        attention(q.detach(), k, v, block_mask=bm, config={"BLOCK_N": 2 * bm.block_n})
+    with pytest.raises(KernelInputError, match="reads a tensor on meta"):
+        attention(q.detach(), k, v, score_mod=relative_bias(torch.zeros(2, 3, device="meta")))
+    with pytest.raises(KernelInputError, match="MaskMod"):
+        block_mask(lambda b, h, qi, ki: qi >= ki, None, None, 20, 20)
+    with pytest.raises(KernelInputError, match="window of at least 1"):
+        sliding_window(0)
+    with pytest.raises(KernelInputError, match="positive cap"):
+        softcap(-1.0)
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("case", ["softcap", "alibi", "sliding_window", "document", "causal_mask"])
+def test_gpu_bf16(case, D):
+    n = 1000  # not a multiple of 128 or 64
+    q, k, v = _qkv(2, 4, 2, n, n, D, seed=8)
+    sm = {"softcap": softcap(20.0), "alibi": alibi(4)}.get(case)
+    mask = {"sliding_window": sliding_window(100), "document": document_mask(_docs(n, [300, 500, 200]).to(DEV)),
+            "causal_mask": causal_mask()}.get(case)  # fmt: skip
+    bm = None if mask is None else block_mask(mask, None, None, n, n)
+    for variant in ("plain", "tma") if torch.cuda.get_device_capability() >= (9, 0) else ("plain",):
+        _close(attention(q, k, v, score_mod=sm, block_mask=bm, variant=variant),
+               attention_reference(q, k, v, score_mod=sm, block_mask=bm))  # fmt: skip

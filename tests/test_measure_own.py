@@ -1,0 +1,183 @@
+"""A learner's own kernel counted by the GPU (fusionlab.measure.own and the GPU path of the measured-trips
+checkers). On a CPU: the learner's code written out as a module of its own (it runs there as here), the
+counters held against a ledger (a forgotten re-read fails, with the factor named), and the fallback said
+once where ncu cannot count. On a GPU with ncu: the answer keys pass against the counters of the kernels
+below, written as a learner writes them, and a ledger that forgets a re-read fails."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from conftest import ncu_or_skip
+
+from fusionlab import runtime
+from fusionlab.grading import CheckFailed
+from fusionlab.ledger import Ledger
+from fusionlab.measure import exercises as ex
+from fusionlab.measure import ncu, own
+
+BLOCK = 256  # a notebook's constant, used by the launcher below
+
+
+@triton.jit
+def _silu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(y_ptr + offs, (x * tl.sigmoid(x)).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _grid(n):
+    return (triton.cdiv(n, BLOCK),)
+
+
+def silu(x):
+    y = torch.empty_like(x)
+    _silu_kernel[_grid(x.numel())](x, y, x.numel(), BLOCK=BLOCK)
+    return y
+
+
+@triton.jit
+def _row_var_kernel(x_ptr, v_ptr, n, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    base = x_ptr + row * stride
+    offs = tl.arange(0, BLOCK)
+    if n <= BLOCK:  # the row on chip: loaded once
+        x = tl.load(base + offs, mask=offs < n, other=0.0).to(tl.float32)
+        d = tl.where(offs < n, x - tl.sum(x, 0) / n, 0.0)
+        var = tl.sum(d * d, 0) / n
+    else:  # two passes: the mean, then the squares
+        acc = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, n, BLOCK):
+            acc += tl.load(base + start + offs, mask=start + offs < n, other=0.0).to(tl.float32)
+        mean = tl.sum(acc, 0) / n
+        acc = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, n, BLOCK):
+            x = tl.load(base + start + offs, mask=start + offs < n, other=0.0).to(tl.float32)
+            d = tl.where(start + offs < n, x - mean, 0.0)
+            acc += d * d
+        var = tl.sum(acc, 0) / n
+    tl.store(v_ptr + row, var.to(v_ptr.dtype.element_ty))
+
+
+def row_var(x, block):
+    rows, n = x.shape
+    v = torch.empty(rows, dtype=x.dtype, device=x.device)
+    _row_var_kernel[(rows,)](x, v, n, x.stride(0), BLOCK=block if n > block else triton.next_power_of_2(n))
+    return v
+
+
+def row_var_ledger(rows, n, dtype, block):
+    return Ledger(dtype_bytes=dtype).op("var", reads={"x": rows * n * (1 if n <= block else 2)}, writes={"v": rows})
+
+
+def test_the_learners_code_is_written_out_as_a_module_that_runs_the_same(tmp_path, monkeypatch):
+    src = own.module_source({"silu": silu, "row_var": row_var}, inline={__name__})
+    assert "import triton.language as tl" in src and "BLOCK = 256" in src
+    for name in ("def _silu_kernel", "def _grid", "def silu", "def _row_var_kernel", "def row_var"):
+        assert name in src, name
+    assert "def row_var_ledger" not in src  # only what the kernels' launchers use
+    (tmp_path / "written_out.py").write_text(src)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("written_out")
+    try:
+        x = torch.randn(3, 70, device=runtime.DEVICE)
+        assert torch.equal(mod.silu(x), silu(x))
+        assert torch.allclose(mod.row_var(x, 16), x.var(dim=-1, unbiased=False), atol=1e-5)
+    finally:
+        sys.modules.pop("written_out", None)
+
+
+def test_code_from_an_importable_module_is_imported_not_copied():
+    src = own.module_source({"silu": silu})  # this file is not a notebook: imported by its name
+    assert f"from {__name__} import silu" in src and "def silu" not in src
+    with pytest.raises(own.SourceError, match="not a function"):
+        own.module_source({"x": 3})
+
+
+def test_dram_counts_against_a_ledger_name_a_forgotten_reread(monkeypatch):
+    rows, n = 512, 2**20
+    once = Ledger(dtype_bytes=torch.float32).op("var", reads={"x": rows * n}, writes={"v": rows})
+    twice = row_var_ledger(rows, n, torch.float32, 1024)
+    measured = {"dram_read": 2 * rows * n * 4 * 0.995, "dram_write": 0.0, "l2_bytes": 0.0}
+    ex.compare_with_dram(twice, measured, "row_var_ledger(...)", l2=50 * 2**20)
+    with pytest.raises(CheckFailed, match=r"says 2.00 GiB read; .*read 3.98 GiB from DRAM\. The kernel moved it twice"):
+        ex.compare_with_dram(once, measured, "row_var_ledger(...)", l2=50 * 2**20)
+    short = {**measured, "dram_write": 0.0}
+    big_out = Ledger(dtype_bytes=torch.float32).op("var", reads={"x": 2 * rows * n}, writes={"v": 2**28})
+    with pytest.raises(CheckFailed, match="written.*up to the L2's 50.00 MiB"):
+        ex.compare_with_dram(big_out, short, "w", l2=50 * 2**20)
+
+
+def test_l2_counts_hold_the_rereads_dram_does_not_see():
+    led = Ledger(dtype_bytes=torch.float32).op("matmul", reads={"A": 64 * 2**20, "B": 64 * 2**20}, writes={"C": 2**20})
+    seen = {"l2_bytes": led.fused_bytes * 1.01, "dram_read": 2**23, "dram_write": 2**22}
+    ex.compare_with_l2(led, seen, "my_ledger(...)")
+    with pytest.raises(CheckFailed, match="through the L2 .*the re-reads the L2 served"):
+        ex.compare_with_l2(led, {**seen, "l2_bytes": led.fused_bytes * 2}, "my_ledger(...)")
+
+
+def test_without_counters_the_check_says_why_once_and_falls_back(monkeypatch, capsys):
+    monkeypatch.setattr(own, "_UNAVAILABLE", [])
+
+    def no_permission():
+        raise ncu.NcuUnavailable(ncu.permission_message("==ERROR== ERR_NVGPUCTRPERM"))
+
+    monkeypatch.setattr(ncu, "find_ncu", no_permission)
+    assert ex.gpu_counters({"silu": silu}, "silu", [[1024, "float32"]]) is None
+    first = capsys.readouterr().out
+    assert "No GPU counters for your kernel here: ncu is here but may not read" in first
+    assert "package's count of the same schedule instead" in first
+    assert ex.gpu_counters({"silu": silu}, "silu", [[1024, "float32"]]) is None  # remembered: no second try
+    assert capsys.readouterr().out == "" and "ERR_NVGPUCTRPERM" in own.unavailable()
+
+
+# -- on a GPU with ncu -------------------------------------------------------------------------------
+def _gpu(monkeypatch):
+    ncu_or_skip(triton_gpu=True)
+    monkeypatch.setattr(own, "_UNAVAILABLE", [])
+    monkeypatch.setattr(own, "INLINE_MODULES", frozenset({"__main__", __name__}))  # as if a notebook's
+
+
+def test_gpu_the_learners_silu_and_row_var_are_held_against_their_dram_bytes(monkeypatch):
+    _gpu(monkeypatch)
+
+    def silu_ledger(n, dtype):  # the learner's own (the checker's answer key may not be called)
+        return Ledger(dtype_bytes=dtype).op("silu", reads={"x": n}, writes={"y": n})
+
+    msg = ex.check_silu_trips(silu, silu_ledger).message
+    assert "counted by this GPU under Nsight Compute" in msg, msg
+    msg = ex.check_row_var_trips(row_var, row_var_ledger).message
+    assert "counted by this GPU under Nsight Compute" in msg, msg
+
+    def forgets_the_second_pass(rows, n, dtype, block):
+        return Ledger(dtype_bytes=dtype).op("var", reads={"x": rows * n}, writes={"v": rows})
+
+    with pytest.raises(CheckFailed, match="from DRAM"):
+        ex.check_row_var_trips(row_var, forgets_the_second_pass)
+
+
+def test_gpu_the_matmul_and_attention_ledgers_are_held_against_the_l2(monkeypatch):
+    import math
+
+    _gpu(monkeypatch)
+
+    def mm(M, N, K, bm, bn, dtype):
+        reads = {"A": M * K * math.ceil(N / bn), "B": K * N * math.ceil(M / bm)}
+        return Ledger(dtype_bytes=dtype).op("matmul", reads=reads, writes={"C": M * N})
+
+    def attn(B, H, N_q, N_k, D, dtype, bm):
+        t = math.ceil(N_q / bm)
+        reads = {"Q": B * H * N_q * D, "K": B * H * N_k * D * t, "V": B * H * N_k * D * t}
+        # dtype is fp32 here, so lse (fp32 always) counts at the same 4 bytes
+        return Ledger(dtype_bytes=dtype).op("attention", reads=reads, writes={"O": B * H * N_q * D, "lse": B * H * N_q})
+
+    assert "through the L2" in ex.check_matmul_trips(mm).message
+    assert "through the L2" in ex.check_attention_trips(attn).message
+    with pytest.raises(CheckFailed, match="through the L2"):
+        ex.check_matmul_trips(lambda M, N, K, bm, bn, dtype: mm(M, N, K, M, N, dtype))  # one read of each
