@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import gpu_only
 
 from fusionlab import runtime
 from fusionlab.instrument import LaunchCounter
@@ -216,3 +217,34 @@ def test_decode_step_launches_what_the_ledger_counts():
     parts = llama_layer_ledger(2, 1, n_cache=40, dtype=DTYPE, **CFG)
     assert counter.passes == [] and counter.torch_ops == ["add"], (counter.passes, counter.torch_ops)  # len + N
     assert len(counter.names) == sum(p.fused_kernels for p in parts), counter.names
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_decode_step_replays_in_a_cuda_graph():
+    """The decode step captures (no host sync, no allocation outside the graph's pool) and each replay
+    gives the launched step's output and cache writes; the lengths are read on the device, so a replay
+    after they move writes at the new positions."""
+    _, lay = _pair(seed=5)
+    B, n_max = 3, 48
+    x = torch.randn(B, 1, 64, device=DEV, dtype=DTYPE)
+    kc, vc = (torch.randn(B, 2, n_max, 16, device=DEV, dtype=DTYPE) for _ in range(2))
+    lens = torch.tensor([3, 20, 40], device=DEV)
+    k_want, v_want = kc.clone(), vc.clone()
+    want = lay.decode(x, k_want, v_want, lens)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        lay.decode(x, kc.clone(), vc.clone(), lens)  # warm-up off the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = lay.decode(x, kc, vc, lens)
+    graph.replay()
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    torch.testing.assert_close(kc, k_want, atol=0, rtol=0)
+    torch.testing.assert_close(vc, v_want, atol=0, rtol=0)
+    lens += 1  # the next step: new positions, the same graph
+    lay.decode(x, k_want, v_want, lens)
+    graph.replay()
+    torch.testing.assert_close(kc, k_want, atol=0, rtol=0)
