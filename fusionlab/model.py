@@ -186,6 +186,25 @@ class LinearFunction(torch.autograd.Function):
         return dx, dw, (dy if ctx.has_residual and ctx.needs_input_grad[2] else None)
 
 
+def _recomputed_backward(op, a, b, weight, dy, needs):
+    """The backward of ``linear(op(a, b), W)`` when ``op``'s output was not kept: recomputed under autograd
+    (op's own kernels and backward) for ``dW = dy^T op(a, b)``, then ``op``'s backward takes ``dy W`` to
+    ``(da, db)``. ``needs``: autograd's ``needs_input_grad`` for a, b, W. Returns ``(da, db, dW)``."""
+    need_a, need_b, need_w = needs[:3]
+    with torch.enable_grad():
+        ar, br = a.detach().requires_grad_(need_a), b.detach().requires_grad_(need_b)
+        t = op(ar, br)
+    dy2 = _grad_rows(dy, a.dtype)
+    dw = weight_grad(dy2, t.detach().reshape(-1, t.shape[-1])) if need_w else None
+    grads = [None, None]
+    if need_a or need_b:
+        wanted = [i for i, need in enumerate((need_a, need_b)) if need]
+        found = torch.autograd.grad(t, [(ar, br)[i] for i in wanted], matmul(dy2, weight).view(t.shape))
+        for i, grad in zip(wanted, found, strict=True):
+            grads[i] = grad
+    return grads[0], grads[1], dw
+
+
 class NormLinearFunction(torch.autograd.Function):
     """``linear(rmsnorm(x, gamma), W)`` that saves x, not the normalised rows: the backward recomputes
     them (one RMSNorm pass, as ``torch.compile``'s partitioner would) for dW, then runs RMSNorm's own
@@ -200,19 +219,8 @@ class NormLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, gamma, weight = ctx.saved_tensors
-        need_x, need_g, need_w = ctx.needs_input_grad[:3]
-        with torch.enable_grad():
-            xr, gr = x.detach().requires_grad_(need_x), gamma.detach().requires_grad_(need_g)
-            n = rmsnorm(xr, gr, ctx.eps)
-        dy2 = _grad_rows(dy, x.dtype)
-        dw = weight_grad(dy2, n.detach().reshape(-1, n.shape[-1])) if need_w else None
-        dx = dg = None
-        if need_x or need_g:
-            dn = matmul(dy2, weight).view(n.shape)
-            wanted = [t for t, need in ((xr, need_x), (gr, need_g)) if need]
-            grads = list(torch.autograd.grad(n, wanted, dn))
-            dx = grads.pop(0) if need_x else None
-            dg = grads.pop(0) if need_g else None
+        eps = ctx.eps
+        dx, dg, dw = _recomputed_backward(lambda a, b: rmsnorm(a, b, eps), x, gamma, weight, dy, ctx.needs_input_grad)
         return dx, dg, dw, None
 
 
@@ -230,20 +238,8 @@ class SwiGLULinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         g, u, weight = ctx.saved_tensors
-        need_g, need_u, need_w, need_r = ctx.needs_input_grad
-        with torch.enable_grad():
-            gr, ur = g.detach().requires_grad_(need_g), u.detach().requires_grad_(need_u)
-            h = swiglu(gr, ur)
-        dy2 = _grad_rows(dy, g.dtype)
-        dw = weight_grad(dy2, h.detach().reshape(-1, h.shape[-1])) if need_w else None
-        dg = du = None
-        if need_g or need_u:
-            dh = matmul(dy2, weight).view(h.shape)
-            wanted = [t for t, need in ((gr, need_g), (ur, need_u)) if need]
-            grads = list(torch.autograd.grad(h, wanted, dh))
-            dg = grads.pop(0) if need_g else None
-            du = grads.pop(0) if need_u else None
-        return dg, du, dw, (dy if ctx.has_residual and need_r else None)
+        dg, du, dw = _recomputed_backward(swiglu, g, u, weight, dy, ctx.needs_input_grad)
+        return dg, du, dw, (dy if ctx.has_residual and ctx.needs_input_grad[3] else None)
 
 
 def _linear(x, weight, residual=None):
