@@ -64,7 +64,9 @@ def graph_us(fn, reps: int = 20) -> float:
     x (flush, call) captured in one CUDA graph, minus ``reps`` flushes alone, per call (fastest of three
     replays). A small decode call costs the host more than the GPU, and do_bench then times the host."""
     if not _FLUSH:
-        _FLUSH.append(torch.empty(256 * 2**20, dtype=torch.int8, device="cuda"))
+        # 128 MiB: over twice an H100's or H200's 50 MB L2, and a short memset, so that the flush's own
+        # time (subtracted) varies little beside a 10 us kernel
+        _FLUSH.append(torch.empty(128 * 2**20, dtype=torch.int8, device="cuda"))
     flush = _FLUSH[0]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
