@@ -13,7 +13,8 @@ package's kernels only, forward and backward:
 - RMSNorm: :func:`~fusionlab.kernels.rmsnorm.rmsnorm` (lesson 4);
 - the Q, K and V projections as one matmul over the concatenated weight
   (:func:`~fusionlab.kernels.linear.linear`, lesson 6), q and k rotated by
-  :func:`~fusionlab.kernels.rope.rope` where they lie in its output (no copy), v read in place;
+  :func:`~fusionlab.kernels.rope.rope` where they lie in its output (no copy), v read in place (copied
+  out under autograd, so that attention's saved v does not keep all of the projection's output alive);
 - causal attention with GQA: :func:`~fusionlab.kernels.attention.attention` (lessons 7 and 8);
 - the output projection with the residual added in its epilogue (lesson 6);
 - gate and up as one matmul, :func:`~fusionlab.kernels.swiglu.swiglu` on its two halves (lesson 5);
@@ -39,9 +40,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .kernels._attention import attention_flops
-from .kernels._tensors import upstream_grad
-from .kernels.attention import attention, attention_ledger
+from .kernels._tensors import upstream_grad  # the shared normaliser every backward's gradient goes through
+from .kernels.attention import attention, attention_flops, attention_ledger
 from .kernels.attention_decode import attention_decode, attention_decode_config, attention_decode_ledger
 from .kernels.linear import linear, linear_ledger
 from .kernels.linear_cross_entropy import linear_cross_entropy
