@@ -13,8 +13,8 @@ package's kernels only, forward and backward:
 - RMSNorm: :func:`~fusionlab.kernels.rmsnorm.rmsnorm` (lesson 4);
 - the Q, K and V projections as one matmul over the concatenated weight
   (:func:`~fusionlab.kernels.linear.linear`, lesson 6), q and k rotated by
-  :func:`~fusionlab.kernels.rope.rope` where they lie in its output (no copy), v read in place (copied
-  out under autograd, so that attention's saved v does not keep all of the projection's output alive);
+  :func:`~fusionlab.kernels.rope.rope` where they lie in its output (no copy), v read in place (under
+  autograd copied out by :class:`SplitHeadsFunction`, whose backward hands back qkv's gradient whole);
 - causal attention with GQA: :func:`~fusionlab.kernels.attention.attention` (lessons 7 and 8);
 - the output projection with the residual added in its epilogue (lesson 6);
 - gate and up as one matmul, :func:`~fusionlab.kernels.swiglu.swiglu` on its two halves (lesson 5);
@@ -225,21 +225,48 @@ class NormLinearFunction(torch.autograd.Function):
 
 
 class SwiGLULinearFunction(torch.autograd.Function):
-    """``linear(swiglu(g, u), W, residual=r)`` that saves g and u, not h = silu(g) u: the backward
-    recomputes h (one SwiGLU pass) for dW and runs SwiGLU's own backward for dg, du. Saves the
-    (tokens x ffn) activation h, the layer's largest."""
+    """``linear(swiglu(g, u), W, residual=r)`` with g and u the two halves of the gate/up projection's
+    output ``gu``, that saves gu, not h = silu(g) u: the backward recomputes h (one SwiGLU pass) for dW,
+    runs SwiGLU's own backward for dg, du, and hands gu's gradient back whole (one concatenation, where
+    autograd's slices would write two zero-filled gu-sized tensors and add them). Saves the (tokens x ffn)
+    activation h, the layer's largest."""
 
     @staticmethod
-    def forward(ctx, g, u, weight, residual):
-        ctx.save_for_backward(g, u, weight)
+    def forward(ctx, gu, weight, residual):
+        ffn = gu.shape[-1] // 2
+        ctx.save_for_backward(gu, weight)
         ctx.has_residual = residual is not None
-        return linear(swiglu(g, u), weight, residual=residual)
+        return linear(swiglu(gu[..., :ffn], gu[..., ffn:]), weight, residual=residual)
 
     @staticmethod
     def backward(ctx, dy):
-        g, u, weight = ctx.saved_tensors
-        dg, du, dw = _recomputed_backward(swiglu, g, u, weight, dy, ctx.needs_input_grad)
-        return dg, du, dw, (dy if ctx.has_residual and ctx.needs_input_grad[3] else None)
+        gu, weight = ctx.saved_tensors
+        ffn = gu.shape[-1] // 2
+        need_gu, need_w, need_r = ctx.needs_input_grad
+        dg, du, dw = _recomputed_backward(swiglu, gu[..., :ffn], gu[..., ffn:], weight, dy, (need_gu, need_gu, need_w))
+        dgu = torch.cat((dg, du), dim=-1) if need_gu else None
+        return dgu, dw, (dy if ctx.has_residual and need_r else None)
+
+
+class SplitHeadsFunction(torch.autograd.Function):
+    """The QKV projection's output (B, N, (H + 2 H_kv) D) as q and k (views, (B, N, heads, D): RoPE reads
+    them in place) and v (a copy: attention saves it, and a view would keep all of qkv alive until the
+    backward). The backward hands qkv's gradient back whole, one concatenation of dq, dk, dv, where
+    autograd's slices would write three zero-filled qkv-sized tensors and add them."""
+
+    @staticmethod
+    def forward(ctx, qkv, n_heads, n_kv_heads, head_dim):
+        B, N, _ = qkv.shape
+        a, b = n_heads * head_dim, (n_heads + n_kv_heads) * head_dim
+        ctx.shape = (B, N)
+        q = qkv[..., :a].view(B, N, n_heads, head_dim)
+        k = qkv[..., a:b].view(B, N, n_kv_heads, head_dim)
+        return q, k, qkv[..., b:].reshape(B, N, n_kv_heads, head_dim).contiguous()
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        B, N = ctx.shape
+        return torch.cat([g.reshape(B, N, -1) for g in (dq, dk, dv)], dim=-1), None, None, None
 
 
 def _linear(x, weight, residual=None):
@@ -258,11 +285,12 @@ def _norm_linear(x, gamma, weight, eps):
     return linear(rmsnorm(x, gamma, eps), weight)
 
 
-def _swiglu_linear(g, u, weight, residual):
-    weight = weight.to(g.dtype)
-    if _needs_grad(g, u, weight, residual):
-        return SwiGLULinearFunction.apply(g, u, weight, residual)
-    return linear(swiglu(g, u), weight, residual=residual)
+def _swiglu_linear(gu, weight, residual):
+    weight = weight.to(gu.dtype)
+    if _needs_grad(gu, weight, residual):
+        return SwiGLULinearFunction.apply(gu, weight, residual)
+    ffn = gu.shape[-1] // 2
+    return linear(swiglu(gu[..., :ffn], gu[..., ffn:]), weight, residual=residual)
 
 
 class LlamaLayer(nn.Module):
@@ -316,6 +344,8 @@ class LlamaLayer(nn.Module):
         B, N, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = _norm_linear(x, self.attn_norm, self.wqkv, self.eps)  # (B, N, (H + 2 Hkv) D)
+        if _needs_grad(qkv):
+            return SplitHeadsFunction.apply(qkv, H, Hkv, D)
         q = qkv[..., : H * D].view(B, N, H, D)  # strided views: rope and attention read them in place
         k = qkv[..., H * D : (H + Hkv) * D].view(B, N, Hkv, D)
         v = qkv[..., (H + Hkv) * D :].view(B, N, Hkv, D)
@@ -323,7 +353,7 @@ class LlamaLayer(nn.Module):
 
     def _mlp(self, h):
         gu = _norm_linear(h, self.ffn_norm, self.w_gate_up, self.eps)  # (B, N, 2 ffn)
-        return _swiglu_linear(gu[..., : self.ffn], gu[..., self.ffn :], self.w_down, h)
+        return _swiglu_linear(gu, self.w_down, h)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """``x`` (B, N, hidden) -> (B, N, hidden), causal over the N tokens at positions offset + n."""
@@ -331,8 +361,6 @@ class LlamaLayer(nn.Module):
         x = x.contiguous()  # the residual of o_proj's epilogue is read as (B N, hidden) rows
         q, k, v = self._attention_input(x)
         q, k = rope(q, k, self.cos, self.sin, offset, layout="bnhd")  # (B, N, H, D), contiguous
-        if torch.is_grad_enabled():  # attention saves v: a view would keep all of qkv alive until backward
-            v = v.contiguous()
         o, _ = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)  # (B, H, N, D)
         h = _linear(o.transpose(1, 2).reshape(B, N, -1), self.wo, residual=x)
         return self._mlp(h)
@@ -488,5 +516,5 @@ def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: in
 
 
 __all__ = ["LLAMA3_8B", "WEIGHT_GRAD", "LayerPart", "LinearFunction", "LlamaLayer", "LlamaLayerReference",
-           "NormLinearFunction", "SwiGLULinearFunction", "TinyLlama",
+           "NormLinearFunction", "SplitHeadsFunction", "SwiGLULinearFunction", "TinyLlama",
            "llama_layer_ledger", "weight_grad"]  # fmt: skip
