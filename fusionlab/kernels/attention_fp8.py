@@ -71,13 +71,14 @@ P_SHIFT = 8
 #: 2^(REF_SHIFT + REF_ROOM) stays under e4m3's 448 (the kernel writes these two numbers as literals)
 REF_SHIFT, REF_ROOM = 4, 4.8
 HEAD_DIMS = (32, 64, 128)
-#: (BLOCK_M, BLOCK_N, num_warps, num_stages) by (head dim, causal) on a GPU. The starting tiles (Triton's
-#: tutorial FP8 sweep's range); benchmarks/bench_attention_fp8.py sweeps them and
-#: benchmarks/notes_attention_backward.md ("FP8 forward") records what was measured
+#: (BLOCK_M, BLOCK_N, num_warps, num_stages) by (head dim, causal) on a GPU. Head dim 128: the fastest of
+#: eight tiles summed over N = 4k and 16k on an H100 (2026-11-27, benchmarks/bench_attention_fp8.py;
+#: benchmarks/notes_attention_backward.md, "FP8 forward, warp specialisation, backward tiles"). Head dims
+#: 32 and 64: starting tiles from the range of Triton's tutorial FP8 sweep (64's lost to bf16 there)
 GPU_TABLE = {
     (32, False): (128, 64, 4, 3), (32, True): (128, 64, 4, 3),
     (64, False): (128, 128, 8, 3), (64, True): (128, 64, 4, 3),
-    (128, False): (128, 128, 8, 3), (128, True): (128, 64, 8, 3),
+    (128, False): (128, 128, 4, 3), (128, True): (64, 64, 4, 3),
 }  # fmt: skip
 #: what ``config`` may override
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "WS", "REF")
