@@ -108,6 +108,9 @@ def test_refusals():
         attention_fp8_quantized((x.q8, x.k8, x.vt8))
     with pytest.raises(KernelInputError, match="causal"):
         attention_fp8_quantized(x, causal=1)
+    with pytest.raises(KernelInputError, match="no keys"):
+        attention_fp8(*_qkv(1, 1, 8, 0, 32))
+    assert attention_fp8(*_qkv(1, 1, 0, 8, 32))[0].shape == (1, 1, 0, 32)  # no queries: nothing to do
     with pytest.raises(KernelInputError, match="unknown config"):
         attention_fp8_quantized(x, config={"TMA": True})
     with pytest.raises(KernelInputError, match="WS"):

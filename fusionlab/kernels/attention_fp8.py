@@ -120,6 +120,8 @@ def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int
     module's docstring says why each)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(t, name, op=OP, dtypes=(torch.bfloat16, torch.float16, torch.float32), ndim=4, contiguous=False)
+    if k.shape[2] == 0:
+        raise KernelInputError(f"{OP}: no keys (N_k = 0): every row's softmax would be empty.")
     qs, ks = _block_scales(q, block_m), _block_scales(k, block_n)
     vamax = v.abs().amax(2).float()
     vs = torch.where(vamax > 0, vamax / FP8_MAX, torch.ones_like(vamax))
