@@ -71,19 +71,19 @@ P_SHIFT = 8
 #: 2^(REF_SHIFT + REF_ROOM) stays under e4m3's 448 (the kernel writes these two numbers as literals)
 REF_SHIFT, REF_ROOM = 4, 4.8
 HEAD_DIMS = (32, 64, 128)
-#: (BLOCK_M, BLOCK_N, num_warps, num_stages) by (head dim, causal) on a GPU. Head dim 128: the fastest of
+#: (BLOCK_M, BLOCK_N, num_warps, num_stages, REF) by (head dim, causal) on a GPU. Head dim 128: the fastest of
 #: eight tiles summed over N = 4k and 16k on an H100 (2026-11-27, benchmarks/bench_attention_fp8.py;
 #: benchmarks/notes_attention_backward.md, "FP8 forward, warp specialisation, backward tiles"). Head dims
 #: 32 and 64: starting tiles from the range of Triton's tutorial FP8 sweep (64's lost to bf16 there)
 GPU_TABLE = {
-    (32, False): (128, 64, 4, 3), (32, True): (128, 64, 4, 3),
-    (64, False): (128, 128, 8, 3), (64, True): (128, 64, 4, 3),
-    (128, False): (128, 128, 4, 3), (128, True): (64, 64, 4, 3),
+    (32, False): (128, 64, 4, 3, False), (32, True): (128, 64, 4, 3, False),
+    (64, False): (128, 128, 8, 3, False), (64, True): (128, 64, 4, 3, False),
+    (128, False): (128, 128, 4, 3, False), (128, True): (64, 64, 4, 3, False),
 }  # fmt: skip
 #: what ``config`` may override
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "WS", "REF")
 #: the interpreter: few programs, but a causal diagonal of several blocks and partial last blocks
-INTERPRETER_TILE = (32, 16, 4, 1)
+INTERPRETER_TILE = (32, 16, 4, 1, False)
 
 
 class Fp8Inputs(NamedTuple):
@@ -205,13 +205,14 @@ def _emulate(x: Fp8Inputs, causal: bool, scale, ref: bool):
 # -- the configuration ----------------------------------------------------------------------------
 @functools.lru_cache(maxsize=256)
 def _config(d: int, causal: bool, n_q: int, n_k: int, gpu: bool) -> dict:
-    bm, bn, nw, ns = GPU_TABLE[(d, causal)] if gpu else INTERPRETER_TILE
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": ns, "REF": False}
+    bm, bn, nw, ns, ref = GPU_TABLE[(d, causal)] if gpu else INTERPRETER_TILE
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": ns, "REF": ref}
 
 
 def attention_fp8_config(D: int, causal: bool = False, N_q: int = 4096, N_k: int | None = None) -> dict:
     """The tiles the launcher picks: ``BLOCK_M`` (queries a program holds; Q's quantisation block),
-    ``BLOCK_N`` (keys a step; K's quantisation block), ``num_warps``, ``num_stages``."""
+    ``BLOCK_N`` (keys a step; K's quantisation block), ``num_warps``, ``num_stages``, and ``REF`` (the
+    fixed-reference schedule)."""
     return dict(_config(int(D), bool(causal), int(N_q), int(N_q if N_k is None else N_k), runtime.is_gpu()))
 
 
