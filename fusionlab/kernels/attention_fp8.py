@@ -72,12 +72,13 @@ P_SHIFT = 8
 REF_SHIFT, REF_ROOM = 4, 4.8
 HEAD_DIMS = (32, 64, 128)
 #: (BLOCK_M, BLOCK_N, num_warps, num_stages, REF) by (head dim, causal) on a GPU. Head dim 128: the fastest of
-#: eight tiles summed over N = 4k and 16k on an H100 (2026-11-27, benchmarks/bench_attention_fp8.py;
-#: benchmarks/notes_attention_backward.md, "FP8 forward, warp specialisation, backward tiles"). Head dims
-#: 32 and 64: starting tiles from the range of Triton's tutorial FP8 sweep (64's lost to bf16 there)
+#: eight tiles summed over N = 4k and 16k on an H100, and again of seven with REF off and on on an H200
+#: (2026-11-27, benchmarks/bench_attention_fp8.py; benchmarks/notes_attention_backward.md, "FP8 forward,
+#: warp specialisation, backward tiles"): REF was slower at every tile but one. Head dim 64: the H200
+#: sweep's fastest of three; 32: not measured, 64's causal tile
 GPU_TABLE = {
     (32, False): (128, 64, 4, 3, False), (32, True): (128, 64, 4, 3, False),
-    (64, False): (128, 128, 8, 3, False), (64, True): (128, 64, 4, 3, False),
+    (64, False): (128, 128, 4, 3, False), (64, True): (128, 128, 4, 3, False),
     (128, False): (128, 128, 4, 3, False), (128, True): (64, 64, 4, 3, False),
 }  # fmt: skip
 #: what ``config`` may override
