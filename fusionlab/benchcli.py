@@ -563,7 +563,8 @@ def record_trips(
         run_log = {"parts": batch, "cache_control": cc, "seconds": round(seconds, 1), "kernels": kernels}
         meta["runs"].append({**run_log, "program_runs": ncu.last_passes() if ok and got else None})
         print(f"{' '.join(batch)} ({'flushed' if cc == 'all' else 'not flushed'}): "
-              f"{sum(len(v) for v in got.values())} cases, {kernels} kernels, {seconds:.0f} s", flush=True)  # fmt: skip
+              f"{sum(len(v) for v in got.values())} cases, {kernels} kernels, {seconds:.0f} s, "
+              f"program run {meta['runs'][-1]['program_runs']} time(s)", flush=True)  # fmt: skip
         save()
         return ok
 
