@@ -815,7 +815,7 @@ def main(a: argparse.Namespace) -> int:
         return 0 if timings else 1
     if runtime.is_gpu() and not a.recorded:
         t0 = time.perf_counter()
-        meta = bench.metadata()
+        meta = {**bench.metadata(), "command": f"python -m fusionlab bench --budget {a.budget:.0f}" + " --ncu" * a.ncu}
         slug = re.sub(r"[^a-z0-9]+", "-", meta["device"].lower()).strip("-")
         tp = a.out / f"bench-time-{slug}-{meta['date']}-{meta['time'].replace(':', '').rstrip('Z')}.json"
 
