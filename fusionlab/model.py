@@ -13,7 +13,8 @@ package's kernels only, forward and backward:
 - RMSNorm: :func:`~fusionlab.kernels.rmsnorm.rmsnorm` (lesson 4);
 - the Q, K and V projections as one matmul over the concatenated weight
   (:func:`~fusionlab.kernels.linear.linear`, lesson 6), q and k rotated by
-  :func:`~fusionlab.kernels.rope.rope` where they lie in its output (no copy), v read in place;
+  :func:`~fusionlab.kernels.rope.rope` where they lie in its output (no copy), v read in place (under
+  autograd copied out by :class:`SplitHeadsFunction`, whose backward hands back qkv's gradient whole);
 - causal attention with GQA: :func:`~fusionlab.kernels.attention.attention` (lessons 7 and 8);
 - the output projection with the residual added in its epilogue (lesson 6);
 - gate and up as one matmul, :func:`~fusionlab.kernels.swiglu.swiglu` on its two halves (lesson 5);
@@ -21,8 +22,13 @@ package's kernels only, forward and backward:
 
 The package's ``linear`` has no backward of its own; :class:`LinearFunction` gives it one from the
 package's :func:`~fusionlab.kernels.matmul.matmul` (``dx = dy W``, ``dW = dy^T x``, the residual's
-gradient is dy). Decoding (:meth:`LlamaLayer.decode`) writes the new token's k and v into a KV cache at
-each row's length inside RoPE's kernel (:func:`~fusionlab.kernels.rope.rope_cache_write`) and runs
+gradient is dy). Two more save memory for the backward by recomputing a cheap op instead of storing
+its output (what ``torch.compile``'s partitioner does): :class:`NormLinearFunction` keeps x, not
+rmsnorm(x), for the QKV and gate/up projections, and :class:`SwiGLULinearFunction` keeps g and u, not
+silu(g) u, for the down projection.
+
+Decoding (:meth:`LlamaLayer.decode`) writes the new token's k and v into a KV cache at each row's
+length inside RoPE's kernel (:func:`~fusionlab.kernels.rope.rope_cache_write`) and runs
 :func:`~fusionlab.kernels.attention_decode.attention_decode`.
 """
 
@@ -34,9 +40,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .kernels._attention import attention_flops
-from .kernels.attention import attention, attention_ledger
-from .kernels.attention_decode import attention_decode
+from .kernels._tensors import upstream_grad  # the shared normaliser every backward's gradient goes through
+from .kernels.attention import attention, attention_flops, attention_ledger
+from .kernels.attention_decode import attention_decode, attention_decode_config, attention_decode_ledger
 from .kernels.linear import linear, linear_ledger
 from .kernels.linear_cross_entropy import linear_cross_entropy
 from .kernels.matmul import matmul
@@ -127,10 +133,11 @@ class LlamaLayerReference(nn.Module):
         return h + m.down_proj(F.silu(m.gate_proj(n2)) * m.up_proj(n2))
 
 
-#: how :func:`weight_grad` reads the transposed operand: "copy" (one operand transposed to a row-major
-#: copy, so the matmul can take its Hopper TMA path, which needs A's rows contiguous) or "strided" (read
-#: in place by the plain kernel). ``benchmarks/bench_layer.py`` times both.
-WEIGHT_GRAD = "copy"
+#: how :func:`weight_grad` reads the transposed operand: "strided" (read in place by the plain kernel) or
+#: "copy" (one operand transposed to a row-major copy, so the matmul can take its Hopper TMA path, which
+#: needs A's rows contiguous). ``benchmarks/bench_layer.py`` times both: on an H200 (2026-11-27) at the
+#: 8B layer's four shapes, 16k tokens, strided took 0.84-5.90 ms and the copies 1.13-6.37 (cuBLAS 0.84-5.83).
+WEIGHT_GRAD = "strided"
 
 
 def weight_grad(dy2: torch.Tensor, x2: torch.Tensor, how: str | None = None) -> torch.Tensor:
@@ -144,6 +151,17 @@ def weight_grad(dy2: torch.Tensor, x2: torch.Tensor, how: str | None = None) -> 
     if dy2.shape[1] <= x2.shape[1]:
         return matmul(dy2.t().contiguous(), x2)
     return matmul(x2.t().contiguous(), dy2).t().contiguous()
+
+
+def _grad_rows(dy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Autograd's gradient as the (M, N) rows a matmul reads: through the shared normaliser (a negated
+    view resolved, a strided last dimension copied), then viewed as rows."""
+    dy = upstream_grad(dy, dtype)
+    return dy.reshape(-1, dy.shape[-1])
+
+
+def _needs_grad(*ts) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
 
 
 class LinearFunction(torch.autograd.Function):
@@ -160,27 +178,120 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        dy2 = dy.reshape(-1, dy.shape[-1])
-        if dy2.stride(-1) != 1 or dy2.is_neg():
-            dy2 = dy2.resolve_neg().contiguous()
-        x2 = x.reshape(-1, x.shape[-1])
+        dy2 = _grad_rows(dy, x.dtype)
         dx = dw = None
         if ctx.needs_input_grad[0]:
             dx = matmul(dy2, weight).view(x.shape)
         if ctx.needs_input_grad[1]:
-            dw = weight_grad(dy2, x2)
+            dw = weight_grad(dy2, x.reshape(-1, x.shape[-1]))
         return dx, dw, (dy if ctx.has_residual and ctx.needs_input_grad[2] else None)
+
+
+def _recomputed_backward(op, a, b, weight, dy, needs):
+    """The backward of ``linear(op(a, b), W)`` when ``op``'s output was not kept: recomputed under autograd
+    (op's own kernels and backward) for ``dW = dy^T op(a, b)``, then ``op``'s backward takes ``dy W`` to
+    ``(da, db)``. ``needs``: autograd's ``needs_input_grad`` for a, b, W. Returns ``(da, db, dW)``."""
+    need_a, need_b, need_w = needs[:3]
+    with torch.enable_grad():
+        ar, br = a.detach().requires_grad_(need_a), b.detach().requires_grad_(need_b)
+        t = op(ar, br)
+    dy2 = _grad_rows(dy, a.dtype)
+    dw = weight_grad(dy2, t.detach().reshape(-1, t.shape[-1])) if need_w else None
+    grads = [None, None]
+    if need_a or need_b:
+        wanted = [i for i, need in enumerate((need_a, need_b)) if need]
+        found = torch.autograd.grad(t, [(ar, br)[i] for i in wanted], matmul(dy2, weight).view(t.shape))
+        for i, grad in zip(wanted, found, strict=True):
+            grads[i] = grad
+    return grads[0], grads[1], dw
+
+
+class NormLinearFunction(torch.autograd.Function):
+    """``linear(rmsnorm(x, gamma), W)`` that saves x, not the normalised rows: the backward recomputes
+    them (one RMSNorm pass, as ``torch.compile``'s partitioner would) for dW, then runs RMSNorm's own
+    backward on the way to dx and dgamma. Saves a (tokens x hidden) activation per norm."""
+
+    @staticmethod
+    def forward(ctx, x, gamma, weight, eps):
+        ctx.save_for_backward(x, gamma, weight)
+        ctx.eps = eps
+        return linear(rmsnorm(x, gamma, eps), weight)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, gamma, weight = ctx.saved_tensors
+        eps = ctx.eps
+        dx, dg, dw = _recomputed_backward(lambda a, b: rmsnorm(a, b, eps), x, gamma, weight, dy, ctx.needs_input_grad)
+        return dx, dg, dw, None
+
+
+class SwiGLULinearFunction(torch.autograd.Function):
+    """``linear(swiglu(g, u), W, residual=r)`` with g and u the two halves of the gate/up projection's
+    output ``gu``, that saves gu, not h = silu(g) u: the backward recomputes h (one SwiGLU pass) for dW,
+    runs SwiGLU's own backward for dg, du, and hands gu's gradient back whole (one concatenation, where
+    autograd's slices would write two zero-filled gu-sized tensors and add them). Saves the (tokens x ffn)
+    activation h, the layer's largest."""
+
+    @staticmethod
+    def forward(ctx, gu, weight, residual):
+        ffn = gu.shape[-1] // 2
+        ctx.save_for_backward(gu, weight)
+        ctx.has_residual = residual is not None
+        return linear(swiglu(gu[..., :ffn], gu[..., ffn:]), weight, residual=residual)
+
+    @staticmethod
+    def backward(ctx, dy):
+        gu, weight = ctx.saved_tensors
+        ffn = gu.shape[-1] // 2
+        need_gu, need_w, need_r = ctx.needs_input_grad
+        dg, du, dw = _recomputed_backward(swiglu, gu[..., :ffn], gu[..., ffn:], weight, dy, (need_gu, need_gu, need_w))
+        dgu = torch.cat((dg, du), dim=-1) if need_gu else None
+        return dgu, dw, (dy if ctx.has_residual and need_r else None)
+
+
+class SplitHeadsFunction(torch.autograd.Function):
+    """The QKV projection's output (B, N, (H + 2 H_kv) D) as q and k (views, (B, N, heads, D): RoPE reads
+    them in place) and v (a copy: attention saves it, and a view would keep all of qkv alive until the
+    backward). The backward hands qkv's gradient back whole, one concatenation of dq, dk, dv, where
+    autograd's slices would write three zero-filled qkv-sized tensors and add them."""
+
+    @staticmethod
+    def forward(ctx, qkv, n_heads, n_kv_heads, head_dim):
+        B, N, _ = qkv.shape
+        a, b = n_heads * head_dim, (n_heads + n_kv_heads) * head_dim
+        ctx.shape = (B, N)
+        q = qkv[..., :a].view(B, N, n_heads, head_dim)
+        k = qkv[..., a:b].view(B, N, n_kv_heads, head_dim)
+        return q, k, qkv[..., b:].reshape(B, N, n_kv_heads, head_dim).contiguous()
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        B, N = ctx.shape
+        return torch.cat([g.reshape(B, N, -1) for g in (dq, dk, dv)], dim=-1), None, None, None
 
 
 def _linear(x, weight, residual=None):
     # mixed precision: fp32 master weights meet bf16 activations as a bf16 copy (autograd casts the
     # gradient back); a no-op when the dtypes already match
     weight = weight.to(x.dtype)
-    if torch.is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)
-    ):
+    if _needs_grad(x, weight, residual):
         return LinearFunction.apply(x, weight, residual)
     return linear(x, weight, residual=residual)
+
+
+def _norm_linear(x, gamma, weight, eps):
+    weight = weight.to(x.dtype)
+    if _needs_grad(x, gamma, weight):
+        return NormLinearFunction.apply(x, gamma, weight, eps)
+    return linear(rmsnorm(x, gamma, eps), weight)
+
+
+def _swiglu_linear(gu, weight, residual):
+    weight = weight.to(gu.dtype)
+    if _needs_grad(gu, weight, residual):
+        return SwiGLULinearFunction.apply(gu, weight, residual)
+    ffn = gu.shape[-1] // 2
+    return linear(swiglu(gu[..., :ffn], gu[..., ffn:]), weight, residual=residual)
 
 
 class LlamaLayer(nn.Module):
@@ -233,16 +344,17 @@ class LlamaLayer(nn.Module):
         """n1 = rmsnorm(x), its QKV projection, and q, k, v as (B, N, heads, D) views of it."""
         B, N, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = _linear(rmsnorm(x, self.attn_norm, self.eps), self.wqkv)  # (B, N, (H + 2 Hkv) D)
+        qkv = _norm_linear(x, self.attn_norm, self.wqkv, self.eps)  # (B, N, (H + 2 Hkv) D)
+        if _needs_grad(qkv):
+            return SplitHeadsFunction.apply(qkv, H, Hkv, D)
         q = qkv[..., : H * D].view(B, N, H, D)  # strided views: rope and attention read them in place
         k = qkv[..., H * D : (H + Hkv) * D].view(B, N, Hkv, D)
         v = qkv[..., (H + Hkv) * D :].view(B, N, Hkv, D)
         return q, k, v
 
     def _mlp(self, h):
-        n2 = rmsnorm(h, self.ffn_norm, self.eps)
-        gu = _linear(n2, self.w_gate_up)  # (B, N, 2 ffn)
-        return _linear(swiglu(gu[..., : self.ffn], gu[..., self.ffn :]), self.w_down, residual=h)
+        gu = _norm_linear(h, self.ffn_norm, self.w_gate_up, self.eps)  # (B, N, 2 ffn)
+        return _swiglu_linear(gu, self.w_down, h)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """``x`` (B, N, hidden) -> (B, N, hidden), causal over the N tokens at positions offset + n."""
@@ -334,10 +446,21 @@ class LayerPart:
         return max(self.flops / (tflops * 1e9), nbytes / (gbps * 1e6))
 
 
+def _decode_ledger(B, H, H_kv, N, n_cache, D, dtype):
+    cfg = attention_decode_config(B, H, H_kv, N, n_cache, D)
+    return attention_decode_ledger(B, H, H_kv, N, n_cache, D, dtype, splits=cfg["SPLITS"])
+
+
 def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: int, ffn: int, dtype=torch.bfloat16,
-                       **_) -> list[LayerPart]:  # fmt: skip
+                       *, n_cache: int | None = None, **_) -> list[LayerPart]:  # fmt: skip
     """The forward, part by part, for ``B x N`` tokens (``**LLAMA3_8B`` fits the keywords): each op's own
     ledger (its module's ``*_ledger``), so the layer's count is the sum of the lessons' counts.
+
+    ``n_cache``: a decoding step instead, the N new tokens of each row attending to a KV cache of
+    ``n_cache`` keys: eager writes k and v into the cache with two indexed copies after RoPE, the fused
+    step inside RoPE's kernel (:func:`~fusionlab.kernels.rope.rope_cache_write`); attention reads the
+    cache once in both (SDPA's flash path; with a mask it may take a slower one), split over programs
+    in the fused step (:func:`~fusionlab.kernels.attention_decode.attention_decode_ledger`).
 
     Eager runs the projections as separate matmuls (q, k, v: three; gate, up: two), each reading its
     input, and adds the residuals in kernels of their own; the package's layer runs one matmul for QKV
@@ -367,11 +490,23 @@ def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: in
     norm("attn_norm")
     matmuls("q, k, v projections", hidden, [n_heads * D, n_kv_heads * D, n_kv_heads * D])
     led = rope_ledger(T * n_heads * D, T * n_kv_heads * D, T * D, dtype)
-    add("rope", rope_flops(T * n_heads * D, T * n_kv_heads * D), led.unfused_bytes, led.fused_bytes,
-        led.kernels_unfused, 1)  # fmt: skip
-    flash = attention_ledger(B, n_heads, N, N, D, dtype, causal=True, h_kv=n_kv_heads).fused_bytes
-    add("attention", attention_flops(B, n_heads, N, N, D, causal=True), flash, flash, 1, 1)
-    add("o to rows (copy)", 0, 2 * T * n_heads * D * es, 2 * T * n_heads * D * es, 1, 1)
+    rope_flop = rope_flops(T * n_heads * D, T * n_kv_heads * D)
+    if n_cache is None:
+        add("rope", rope_flop, led.unfused_bytes, led.fused_bytes, led.kernels_unfused, 1)
+        flash = attention_ledger(B, n_heads, N, N, D, dtype, causal=True, h_kv=n_kv_heads).fused_bytes
+        add("attention", attention_flops(B, n_heads, N, N, D, causal=True), flash, flash, 1, 1)
+    else:
+        kv_new = T * n_kv_heads * D  # the new tokens' k (or v)
+        # eager: RoPE's ops, then each indexed copy reads the new k (v) and writes it into the cache; fused:
+        # RoPE's kernel reads v too and writes k and v into the cache instead of a fresh k
+        add("rope + cache write", rope_flop, led.unfused_bytes + 4 * kv_new * es, led.fused_bytes + 2 * kv_new * es,
+            led.kernels_unfused + 2, 1)  # fmt: skip
+        n_kv = B * n_kv_heads * n_cache * D * es * 2
+        split = _decode_ledger(B, n_heads, n_kv_heads, N, n_cache, D, dtype)
+        add("attention (KV cache)", 4 * B * n_heads * N * n_cache * D, n_kv + 2 * T * n_heads * D * es,
+            split.fused_bytes, 1, 2 if split.schedule[-1][0] == "combine" else 1)  # fmt: skip
+    if N > 1:  # one token a row: attention's (B, H, 1, D) output is already (B, 1, H D) rows, no copy
+        add("o to rows (copy)", 0, 2 * T * n_heads * D * es, 2 * T * n_heads * D * es, 1, 1)
     matmuls("o_proj + residual", n_heads * D, [hidden], residual=True)
     norm("ffn_norm")
     matmuls("gate, up projections", hidden, [ffn, ffn])
@@ -381,5 +516,6 @@ def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: in
     return parts
 
 
-__all__ = ["LLAMA3_8B", "WEIGHT_GRAD", "LayerPart", "LinearFunction", "LlamaLayer", "LlamaLayerReference", "TinyLlama",
+__all__ = ["LLAMA3_8B", "WEIGHT_GRAD", "LayerPart", "LinearFunction", "LlamaLayer", "LlamaLayerReference",
+           "NormLinearFunction", "SplitHeadsFunction", "SwiGLULinearFunction", "TinyLlama",
            "llama_layer_ledger", "weight_grad"]  # fmt: skip

@@ -31,7 +31,7 @@ SHAPES = [
     (2, 8, 2, 1, 100, 32),  # GQA 4:1, keys not a multiple of the tile
     (3, 6, 2, 2, 40, 24),  # two queries per row (causal), a head dim that is not a power of two
     (1, 4, 4, 3, 70, 16),  # multi-head (G = 1), three queries
-    (2, 32, 8, 1, 130, 128),  # Llama-3-8B's heads: 4 query heads per KV head, D 128
+    (2, 32, 8, 1, 70, 128),  # Llama-3-8B's heads: 4 query heads per KV head, D 128
 ]
 
 
@@ -57,11 +57,14 @@ def test_matches_float64(shape, splits, dtype, tol):
     torch.testing.assert_close(got.double(), _want(q, k, v), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("dtype,tol", DTYPES)
 @pytest.mark.parametrize("causal", [True, False])
-def test_cache_lengths_per_row(causal, dtype, tol):
+def test_cache_lengths_per_row(causal):
     """Each row's own length, including 0 (no key: O = 0) and the whole cache; splits past a row's
     length see no key and must not disturb the combine."""
+    # one dtype each (the dtypes' own paths run in test_matches_float64): fp16 causal, the other not
+    dtype, tol = (
+        (torch.float16, 2e-3) if causal else ((torch.bfloat16, 1.6e-2) if runtime.is_gpu() else (torch.float32, 1e-4))
+    )
     B, H, H_kv, N_q, N_k, D = 5, 8, 2, 2, 97, 32
     q, k, v = _qkv(B, H, H_kv, N_q, N_k, D, dtype, seed=1)
     lens = torch.tensor([0, 1, 33, 64, 97], device=DEV)
@@ -91,7 +94,7 @@ def test_matches_sdpa_and_the_prefill_attention():
 
 def test_a_transposed_cache_is_read_in_place():
     """A cache kept as (B, N_k, H_kv, D) is passed transposed: no copy, the same answer."""
-    B, H, H_kv, N_k, D = 2, 4, 2, 45, 16
+    B, H, H_kv, N_k, D = 2, 4, 2, 300, 16  # two splits of whole key tiles in the interpreter and on a GPU
     dtype = torch.float16 if runtime.is_gpu() else torch.float32
     q, k, v = _qkv(B, H, H_kv, 1, N_k, D, dtype, seed=3)
     kt, vt = k.transpose(1, 2).contiguous().transpose(1, 2), v.transpose(1, 2).contiguous().transpose(1, 2)

@@ -162,3 +162,19 @@ def test_adamw_checker_passes_the_solution_and_names_each_mistake():
 
     with pytest.raises(CheckFailed, match="one a tensor"):
         ex.check_adamw(per_tensor)
+
+
+def test_the_grading_command_finds_lesson_4b_s_exercises():
+    # its import pattern took lesson numbers alone (l4), so a notebook of lesson 4b had no exercise to grade
+    from pathlib import Path
+
+    from fusionlab.grade import read_notebook
+
+    nb = Path(__file__).resolve().parent.parent / "solutions" / "04b_randomness_and_many_tensors.ipynb"
+    _, exercises = read_notebook(str(nb))
+    assert [(e.lesson, e.checker) for e in exercises] == [
+        ("l4b", "check_dropout_add"),
+        ("l4b", "check_dropout_backward"),
+        ("l4b", "check_streams"),
+        ("l4b", "check_adamw"),
+    ]

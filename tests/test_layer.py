@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import gpu_only
 
 from fusionlab import runtime
 from fusionlab.instrument import LaunchCounter
@@ -187,3 +188,63 @@ def test_weight_grad_both_ways(how):
         got = weight_grad(dy, x, how)
         assert got.shape == (n, k) and got.is_contiguous()
         torch.testing.assert_close(got.double(), dy.double().t() @ x.double(), atol=TOL * 10, rtol=TOL)
+
+
+def test_decode_step_ledger_counts_the_weights_and_the_cache():
+    """One token per row against a 4k cache: the weights are read once per step whatever B, the cache
+    once per row; the fused step has one kernel per part (attention: split and combine)."""
+    parts = {p.name: p for p in llama_layer_ledger(1, 1, n_cache=4096, **LLAMA3_8B)}
+    es, hid, ffn, kv = 2, 4096, 14336, 8 * 128
+    weights = (hid * (hid + 2 * kv) + hid * hid + 2 * ffn * hid + ffn * hid) * es
+    matmul_parts = ("q, k, v projections", "o_proj + residual", "gate, up projections", "down_proj + residual")
+    assert sum(parts[n].fused_bytes for n in matmul_parts) >= weights
+    assert sum(parts[n].fused_bytes for n in matmul_parts) < weights * 1.001  # the activations are noise
+    cache = 2 * 4096 * kv * es
+    att = parts["attention (KV cache)"]
+    assert cache < att.fused_bytes < cache * 1.05 and att.eager_bytes >= cache
+    rope_part = parts["rope + cache write"]
+    assert rope_part.fused_kernels == 1 and rope_part.eager_kernels == 12  # RoPE's ten, two indexed copies
+    assert "rope" not in parts and "attention" not in parts and "o to rows (copy)" not in parts
+
+
+def test_decode_step_launches_what_the_ledger_counts():
+    _, lay = _pair()
+    x = torch.randn(2, 1, 64, device=DEV, dtype=DTYPE)
+    kc, vc = torch.zeros(2, 2, 40, 16, device=DEV, dtype=DTYPE), torch.zeros(2, 2, 40, 16, device=DEV, dtype=DTYPE)
+    lens = torch.tensor([3, 30], device=DEV)
+    with LaunchCounter() as counter:
+        lay.decode(x, kc, vc, lens)
+    parts = llama_layer_ledger(2, 1, n_cache=40, dtype=DTYPE, **CFG)
+    assert counter.passes == [] and counter.torch_ops == ["add"], (counter.passes, counter.torch_ops)  # len + N
+    assert len(counter.names) == sum(p.fused_kernels for p in parts), counter.names
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_decode_step_replays_in_a_cuda_graph():
+    """The decode step captures (no host sync, no allocation outside the graph's pool) and each replay
+    gives the launched step's output and cache writes; the lengths are read on the device, so a replay
+    after they move writes at the new positions."""
+    _, lay = _pair(seed=5)
+    B, n_max = 3, 48
+    x = torch.randn(B, 1, 64, device=DEV, dtype=DTYPE)
+    kc, vc = (torch.randn(B, 2, n_max, 16, device=DEV, dtype=DTYPE) for _ in range(2))
+    lens = torch.tensor([3, 20, 40], device=DEV)
+    k_want, v_want = kc.clone(), vc.clone()
+    want = lay.decode(x, k_want, v_want, lens)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        lay.decode(x, kc.clone(), vc.clone(), lens)  # warm-up off the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = lay.decode(x, kc, vc, lens)
+    graph.replay()
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    torch.testing.assert_close(kc, k_want, atol=0, rtol=0)
+    torch.testing.assert_close(vc, v_want, atol=0, rtol=0)
+    lens += 1  # the next step: new positions, the same graph
+    lay.decode(x, k_want, v_want, lens)
+    graph.replay()
+    torch.testing.assert_close(kc, k_want, atol=0, rtol=0)

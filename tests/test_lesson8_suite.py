@@ -118,7 +118,7 @@ def test_live_cases_are_the_backward_timings_at_the_live_sizes(monkeypatch):
     seen = {}
     monkeypatch.setattr(s, "timing_cases", lambda *a, **k: seen.update(k) or [])
     assert s.cases(live=True) == []
-    assert seen["ns"] == s.LIVE_NS and seen["fwd_bwd"] is False
+    assert seen["ns"] == s.LIVE_NS and seen["dims"] == s.LIVE_DIMS and seen["fwd_bwd"] is False
 
 
 def test_hopper_recordings_read_back(tmp_path):

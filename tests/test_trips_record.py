@@ -105,6 +105,10 @@ def test_what_the_budget_or_ncu_cannot_give_is_listed_as_missing(tmp_path, fake_
     assert not data["parts"] and set(data["missing"]) == want
     assert all("budget" in why for why in data["missing"].values())
 
+    # time left, but less than a stage's margin: no ncu run is started that could start nothing
+    data = benchcli.read_trips(benchcli.record_trips(["cliff"], out, budget_s=benchcli.DEADLINE_MARGIN_S))
+    assert data["meta"]["runs"] == [] and "ran out" in data["missing"]["cliff all"]
+
     monkeypatch.setenv("FAKE_NCU_MODE", "fail")
     data = benchcli.read_trips(benchcli.record_trips(["cliff"], out, budget_s=120, cache_controls=("all",)))
     assert "crashed" in data["missing"]["cliff all"]

@@ -1,6 +1,6 @@
 """Does Triton's automatic warp specialisation speed up the attention forward on Hopper, and is it right?
 
-    PYTHONPATH=. python3 benchmarks/probes/probe_ws_attention.py [--out $OUT] [--deadline 170]
+    PYTHONPATH=. python3 benchmarks/probes/probe_ws_attention.py [--out $OUT] [--deadline 170] [--only fp8]
 
 FlashAttention-3's first step is warp specialisation: producer warps issue the copy engine's loads while
 consumer warps do the matmuls and the softmax. Triton 3.6 does it automatically for a loop written
@@ -166,6 +166,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--deadline", type=float, default=170.0, help="seconds after which no new case starts")
+    ap.add_argument("--only", default=None, help="run only the CASES of this kernel: tutorial or fp8")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--jsonl", default=None, help=argparse.SUPPRESS)
@@ -182,6 +183,8 @@ def main():
     # each shape in a child process: a compiler that aborts (an assertion in a pass) takes the child, not
     # the probe; the configuration it was on is recorded as a crash and the next child goes on after it
     for kind, d, dname, n in CASES:
+        if a.only and kind != a.only:
+            continue
         start, total = 0, len(_configs(kind))
         while start < total and time.time() < until:
             jsonl = os.path.join(a.out, f"ws_{kind}_{d}_{dname}_{n}_{start}.jsonl")

@@ -59,8 +59,9 @@ forward took them; dO as autograd hands it over). ``config={"TMA": True}`` (Hopp
 Q and dO in the dK/dV loop and K and V in the dQ loop through tensor descriptors over the (B H N, D)
 rows of contiguous tensors, a partial last block through the pointers. ``config={"TMA_REDUCE": True}``
 (Hopper, atomic schedule): dQ's tiles added by the copy engine's bulk reduce-add instead of one atomic
-per element. Both are off by default until measured faster (benchmarks/notes_attention_backward.md has
-every measurement behind the defaults and the tiles).
+per element. The TMA loads are on by default on Hopper where they were measured faster (:data:`TMA_LOADS`,
+from :data:`TMA_MIN_N` queries; ``{"TMA": False}`` turns them off), the reduce-add is off
+(benchmarks/notes_attention_backward.md has every measurement behind the defaults and the tiles).
 
 Autograd: :class:`fusionlab.kernels.attention.AttentionFunction` runs the forward kernel and
 :func:`_backward`'s launches; ``attention(...)`` on inputs that require grad goes through it. This module
@@ -239,6 +240,13 @@ GPU_TABLE = {
     (128, False): (64, 128, 8, 3, 128, 64, 8, 3),
     (128, True): (64, 64, 4, 2, 128, 64, 8, 3),
 }
+#: (head-dim class, causal) whose loads go through tensor descriptors by default on Hopper, from
+#: :data:`TMA_MIN_N` queries on: the shapes that missed the cuDNN bar, where TMA loads with the table's
+#: tiles were the fastest of 26 configurations on an H100 (2026-11-27, N = 4k and 16k: 2-9% over the
+#: pointer loads, benchmarks/notes_attention_backward.md, "FP8 forward, warp specialisation, backward
+#: tiles"); head dim 64 without a mask was not measured with them
+TMA_LOADS = frozenset({(128, False), (128, True), (64, True)})
+TMA_MIN_N = 4096
 #: the interpreter: every program is Python, so few of them; still small enough that the tests' short
 #: sequences reach a causal diagonal of several blocks and a partial last block
 INTERPRETER_TABLE = (16, 32, 4, 1, 32, 16, 4, 1)
@@ -581,6 +589,8 @@ def _config_key(config: dict | None) -> tuple:
 def _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, key) -> _Plan:
     gpu = runtime.is_gpu()
     cfg = {**_config(D, causal, gpu), **dict(key)}
+    if "TMA" not in dict(key) and gpu and N_q >= TMA_MIN_N and (max(64, cfg["BLOCK_D"]), causal) in TMA_LOADS:
+        cfg["TMA"] = True  # still only where the layout allows it (contiguous, aligned: checked per call)
     bm1, bn1, bm2, bn2, bd = cfg["BLOCK_M1"], cfg["BLOCK_N1"], cfg["BLOCK_M2"], cfg["BLOCK_N2"], cfg["BLOCK_D"]
     if causal and (bn1 % bm1 or bm2 % bn2):
         raise KernelInputError(

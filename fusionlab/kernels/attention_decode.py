@@ -37,6 +37,7 @@ Reference: :func:`attention_decode_reference`; eager: :func:`attention_decode_ea
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,14 +47,12 @@ import triton.language as tl
 from .. import runtime
 from ..ledger import Ledger
 from ._attention import LOG2E, check_inputs, config_key, default_scale
-from ._launch import KernelInputError, Launcher, cdiv, launch_kwargs, next_pow2, sm_count
+from ._launch import KernelInputError, Launcher, cdiv, current_device, launch_kwargs, next_pow2, sm_count
 
 OP = "attention_decode"
 _CONFIG_KEYS = ("BLOCK_N", "num_warps", "num_stages", "SPLITS")
 #: the most queries per row a call takes: decoding (1), speculative or chunked decoding (a few)
 MAX_QUERIES = 16
-#: GPU: enough splits for this many programs per SM (two resident programs hide each other's latency)
-PROGRAMS_PER_SM = 2
 #: the fewest keys a split is given: below this the partials' traffic and the combine cost more than
 #: the extra programs gain
 MIN_SPLIT_KEYS = 128
@@ -131,9 +130,11 @@ def attention_decode_ledger(
 def _config(B: int, H_kv: int, N_k: int, D: int, rows: int, gpu: bool, sms: int) -> dict:
     block_d = max(16, next_pow2(D))
     if gpu:
-        block_n, num_warps, num_stages = (64, 4, 3) if block_d <= 128 else (32, 4, 2)
-        want = PROGRAMS_PER_SM * sms  # programs that fill the GPU
-        splits = max(1, min(cdiv(want, B * H_kv), cdiv(N_k, MIN_SPLIT_KEYS)))
+        # an H100's sweep (benchmarks/bench_decode.py, 2026-11-27): 128-key tiles, 3 stages, and about one
+        # program per SM; more splits than that only add partials (B 16 x 4k keys: 1 split 104 us, 3 splits
+        # 110), fewer leave SMs idle (B 1 x 32k: 8 to 16 splits 64 us, 2 splits 168)
+        block_n, num_warps, num_stages = (128, 4, 3) if block_d <= 128 else (32, 4, 2)
+        splits = max(1, min(round(sms / (B * H_kv)), cdiv(N_k, MIN_SPLIT_KEYS)))
     else:  # the interpreter: few, large programs; two splits once there is more than a tile of keys
         block_n, num_warps, num_stages = 32, 4, 1
         splits = 1 if N_k <= block_n else 2
@@ -146,9 +147,9 @@ def attention_decode_config(B: int, H: int, H_kv: int, N_q: int, N_k: int, D: in
     "num_stages", "SPLITS"}``.
 
     ``BLOCK_M``: the G x N_q query rows of one KV head, padded to 16 (``tl.dot``'s least). ``SPLITS``:
-    on a GPU, enough key splits that B x H_kv x SPLITS programs give :data:`PROGRAMS_PER_SM` per SM,
-    but no split under :data:`MIN_SPLIT_KEYS` keys (the sweep in ``benchmarks/bench_decode.py`` tests
-    this rule); in the interpreter one split up to a tile of keys, else two (both paths run in tests).
+    on a GPU, as many key splits as make B x H_kv x SPLITS programs about one per SM, but no split under
+    :data:`MIN_SPLIT_KEYS` keys (``benchmarks/bench_decode.py``'s sweep chose the rule and the tiles);
+    in the interpreter one split up to a tile of keys, else two (both paths run in tests).
     Each split's keys are a whole number of ``BLOCK_N`` tiles."""
     return dict(_config(int(B), int(H_kv), int(N_k), int(D), (H // H_kv) * N_q, runtime.is_gpu(), sm_count()))
 
@@ -248,23 +249,35 @@ _launch_split = Launcher(_decode_split_kernel)
 _launch_combine = Launcher(_decode_combine_kernel)
 
 
+class _Plan(NamedTuple):
+    """Everything a call derives from shapes and options, computed once per combination (:func:`_plan`)."""
+
+    grid: tuple  # (splits, B * H_kv)
+    meta: dict  # the split kernel's constexprs and launch options
+    ints: tuple  # its scalar arguments: H_kv, N_k, split_len, partials, qk_scale
+    c_grid: tuple  # the combine's grid, (B H_q N_q,)
+    c_meta: dict
+    ws_numel: int  # fp32 workspace elements (0: one split, no workspace)
+
+
 @functools.lru_cache(maxsize=1024)
-def _plan(q_shape, k_shape, has_len: bool, causal: bool, key: tuple, sms: int):
-    """(split grid, split constexprs, split_len, combine grid, combine constexprs, partial rows):
-    derived once per shape and options, so a call does its checks, two allocations and the launches."""
+def _plan(q_shape, k_shape, has_len: bool, causal: bool, scale, key: tuple, device: int) -> _Plan:
     B, H, N_q, D = q_shape
     H_kv, N_k = k_shape[1], k_shape[2]
     group = H // H_kv
-    cfg = {**_config(B, H_kv, N_k, D, group * N_q, runtime.is_gpu(), sms), **dict(key)}
+    cfg = {**_config(B, H_kv, N_k, D, group * N_q, runtime.is_gpu(), sm_count()), **dict(key)}
     bn = cfg["BLOCK_N"]
     split_len = cdiv(cdiv(max(N_k, 1), cfg["SPLITS"]), bn) * bn  # a whole number of key tiles
     splits = cdiv(max(N_k, 1), split_len)
     rows = B * H * N_q
+    # the workspace: acc of every (row, split) partial (D fp32 each), then their m, then their l
+    n_partials = rows * splits
     meta = dict(GROUP=group, N_Q=N_q, HEAD_DIM=D, BLOCK_M=max(16, next_pow2(group * N_q)), BLOCK_N=bn,
                 BLOCK_D=cfg["BLOCK_D"], HAS_LEN=has_len, CAUSAL=causal, SPLIT=splits > 1,
                 **launch_kwargs(cfg["num_warps"], cfg["num_stages"]))  # fmt: skip
     combine = dict(HEAD_DIM=D, BLOCK_S=max(2, next_pow2(splits)), BLOCK_D=cfg["BLOCK_D"], **launch_kwargs(4))
-    return (splits, B * H_kv), meta, split_len, (rows,), combine, rows
+    ints = (H_kv, N_k, split_len, n_partials, default_scale(D, scale) * LOG2E)
+    return _Plan((splits, B * H_kv), meta, ints, (rows,), combine, n_partials * (D + 2) if splits > 1 else 0)
 
 
 def _check_len(cache_len, B: int, N_k: int, device) -> None:
@@ -307,51 +320,37 @@ def attention_decode(
     q's dtype. Forward only (decoding needs no gradient). Reference: :func:`attention_decode_reference`.
     """
     check_inputs(q, k, v, causal, scale, op=OP)
-    B, H, N_q, D = q.shape
-    N_k = k.shape[2]
+    q_shape, k_shape = q.shape, k.shape
+    B, H, N_q, D = q_shape
+    N_k = k_shape[2]
     if N_q > MAX_QUERIES:
         raise KernelInputError(
             f"{OP}: {N_q} queries per row; decoding takes at most {MAX_QUERIES} (use attention() for a prefill)."
         )
-    _check_len(cache_len, B, N_k, q.device)
-    if B * k.shape[1] > 65535:
-        raise KernelInputError(f"{OP}: B x H_kv = {B * k.shape[1]}; the grid holds at most 65535. Split the batch.")
-    plan_key = config_key(config, OP, _CONFIG_KEYS, choices={"SPLITS": tuple(range(1, 1025))})
-    o = torch.empty((B, H, N_q, D), dtype=q.dtype, device=q.device)
+    has_len = cache_len is not None
+    if has_len:
+        _check_len(cache_len, B, N_k, q.device)
+    if B * k_shape[1] > 65535:
+        raise KernelInputError(f"{OP}: B x H_kv = {B * k_shape[1]}; the grid holds at most 65535. Split the batch.")
+    plan_key = () if config is None else config_key(config, OP, _CONFIG_KEYS, choices={"SPLITS": range(1, 1025)})
+    o = torch.empty(q_shape, dtype=q.dtype, device=q.device)
     if o.numel() == 0:
         return o
     if N_k == 0:
         return o.zero_()
-    grid, meta, split_len, c_grid, c_meta, rows = _plan(q.shape, k.shape, cache_len is not None, causal, plan_key,
-                                                        sm_count())  # fmt: skip
-    ws = torch.empty(rows * grid[0] * (D + 2), dtype=torch.float32, device=q.device) if meta["SPLIT"] else o
-    lens = cache_len if cache_len is not None else o  # an unused pointer without lengths
-    qk_scale = default_scale(D, scale) * LOG2E
-    # the workspace: acc of every (row, split) partial (D fp32 each), then their m, then their l
-    n_partials = rows * grid[0]
+    plan = _plan(q_shape, k_shape, has_len, causal, scale, plan_key, current_device() if q.is_cuda else -1)
+    ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=q.device) if plan.ws_numel else o
+    lens = cache_len if has_len else o  # an unused pointer without lengths
+    qs, ks, vs = q.stride(), k.stride(), v.stride()
     # everything Triton specialises the two launches on (each launcher keeps its own table), cheaper than
     # working it out from 23 arguments: the plan's inputs (shapes, options: the ints and constexprs), the
     # strides, the dtypes and the inputs' 16-byte alignment (o and ws come fresh from the caching allocator)
-    key = (
-        q.shape,
-        q.stride(),
-        k.shape,
-        k.stride(),
-        v.stride(),
-        q.dtype,
-        lens.dtype,
-        causal,
-        plan_key,
-        q.data_ptr() & 15,
-        k.data_ptr() & 15,
-        v.data_ptr() & 15,
-        lens.data_ptr() & 15,
-    )
-    _launch_split(grid, q, k, v, lens, o, ws, k.shape[1], N_k, split_len, n_partials, qk_scale,
-                  q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                  v.stride(0), v.stride(1), v.stride(2), key=key, **meta)  # fmt: skip
-    if meta["SPLIT"]:
-        _launch_combine(c_grid, ws, o, grid[0], n_partials, key=key, **c_meta)
+    key = (q_shape, qs, k_shape, ks, vs, q.dtype, lens.dtype, causal, plan_key,
+           q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, lens.data_ptr() & 15)  # fmt: skip
+    _launch_split(plan.grid, q, k, v, lens, o, ws, *plan.ints, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
+                  vs[0], vs[1], vs[2], key=key, **plan.meta)  # fmt: skip
+    if plan.ws_numel:
+        _launch_combine(plan.c_grid, ws, o, plan.grid[0], plan.ints[3], key=key, **plan.c_meta)
     return o
 
 

@@ -66,19 +66,25 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 #: P is computed times 2**P_SHIFT (see the module's docstring)
 P_SHIFT = 8
+#: the REF schedule (config ``"REF"``): P = 2^(s - m_ref + REF_SHIFT) against block 0's row max, and a row
+#: whose scores pass that reference by more than REF_ROOM (base 2) sends its tile through the online loop:
+#: 2^(REF_SHIFT + REF_ROOM) stays under e4m3's 448 (the kernel writes these two numbers as literals)
+REF_SHIFT, REF_ROOM = 4, 4.8
 HEAD_DIMS = (32, 64, 128)
-#: (BLOCK_M, BLOCK_N, num_warps, num_stages) by (head dim, causal) on a GPU. The starting tiles (Triton's
-#: tutorial FP8 sweep's range); benchmarks/bench_attention_fp8.py sweeps them and
-#: benchmarks/notes_attention_backward.md ("FP8 forward") records what was measured
+#: (BLOCK_M, BLOCK_N, num_warps, num_stages, REF) by (head dim, causal) on a GPU. Head dim 128: the fastest of
+#: eight tiles summed over N = 4k and 16k on an H100, and again of seven with REF off and on on an H200
+#: (2026-11-27, benchmarks/bench_attention_fp8.py; benchmarks/notes_attention_backward.md, "FP8 forward,
+#: warp specialisation, backward tiles"): REF was slower at every tile but one. Head dim 64: the H200
+#: sweep's fastest of three; 32: not measured, 64's causal tile
 GPU_TABLE = {
-    (32, False): (128, 64, 4, 3), (32, True): (128, 64, 4, 3),
-    (64, False): (128, 128, 8, 3), (64, True): (128, 64, 4, 3),
-    (128, False): (128, 128, 8, 3), (128, True): (128, 64, 8, 3),
+    (32, False): (128, 64, 4, 3, False), (32, True): (128, 64, 4, 3, False),
+    (64, False): (128, 128, 4, 3, False), (64, True): (128, 128, 4, 3, False),
+    (128, False): (128, 128, 4, 3, False), (128, True): (64, 64, 4, 3, False),
 }  # fmt: skip
 #: what ``config`` may override
-CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "WS")
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "WS", "REF")
 #: the interpreter: few programs, but a causal diagonal of several blocks and partial last blocks
-INTERPRETER_TILE = (32, 16, 4, 1)
+INTERPRETER_TILE = (32, 16, 4, 1, False)
 
 
 class Fp8Inputs(NamedTuple):
@@ -115,6 +121,8 @@ def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int
     module's docstring says why each)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(t, name, op=OP, dtypes=(torch.bfloat16, torch.float16, torch.float32), ndim=4, contiguous=False)
+    if k.shape[2] == 0:
+        raise KernelInputError(f"{OP}: no keys (N_k = 0): every row's softmax would be empty.")
     qs, ks = _block_scales(q, block_m), _block_scales(k, block_n)
     vamax = v.abs().amax(2).float()
     vs = torch.where(vamax > 0, vamax / FP8_MAX, torch.ones_like(vamax))
@@ -141,12 +149,27 @@ def attention_fp8_reference(x: Fp8Inputs, causal: bool = False, scale: float | N
     return torch.exp(s - lse[..., None]) @ vd, lse
 
 
-def attention_fp8_emulated(x: Fp8Inputs, causal: bool = False, scale: float | None = None):
+def attention_fp8_emulated(x: Fp8Inputs, causal: bool = False, scale: float | None = None, ref: bool = False):
     """The kernel's arithmetic in float64, key block by key block: ``(o, lse)``. The same online softmax
     with the same running maxima, P times 2^8 rounded to e4m3 by torch's cast (round to nearest even)
     before ``P V``, the row sum of the unrounded P; what it leaves out is only the kernel's fp32 rounding.
     The kernel matches it to that rounding (tests/test_attention_fp8.py), which checks the scales, the
-    shift, the masks and P's cast separately from the error FP8 itself costs."""
+    shift, the masks and P's cast separately from the error FP8 itself costs. ``ref``: the kernel's
+    ``REF`` schedule, block 0's row max as a fixed reference and P times 2^4, and a query tile with a row
+    that passes the reference by more than 4.8 (base 2) taken from the online schedule instead."""
+    if ref:
+        o_ref, lse_ref, bad = _emulate(x, causal, scale, True)
+        o_on, lse_on, _ = _emulate(x, causal, scale, False)
+        n_q, bm = x.q8.shape[2], x.block_m
+        pad = cdiv(n_q, bm) * bm - n_q
+        tiles = torch.nn.functional.pad(bad, (0, pad)).view(*bad.shape[:2], -1, bm).any(-1)
+        redo = tiles.repeat_interleave(bm, dim=-1)[..., :n_q]
+        return torch.where(redo[..., None], o_on, o_ref), torch.where(redo, lse_on, lse_ref)
+    return _emulate(x, causal, scale, False)[:2]
+
+
+def _emulate(x: Fp8Inputs, causal: bool, scale, ref: bool):
+    """:func:`attention_fp8_emulated`'s arithmetic for one schedule: ``(o, lse, rows past the reference)``."""
     B, H, N_q, D = x.q8.shape
     N_k, bn = x.k8.shape[2], x.block_n
     c_row = _expand(x.q_scale.double(), x.block_m, N_q) * (default_scale(D, scale) * LOG2E)
@@ -155,31 +178,42 @@ def attention_fp8_emulated(x: Fp8Inputs, causal: bool = False, scale: float | No
     l = torch.zeros_like(m)  # noqa: E741  (the row sum's name in every FlashAttention paper)
     acc = torch.zeros((B, H, N_q, D), dtype=torch.float64, device=q8.device)
     rows = torch.arange(N_q, device=q8.device)[:, None]
+    bad = torch.zeros((B, H, N_q), dtype=torch.bool, device=q8.device)
     for j0 in range(0, N_k, bn):
         s = (q8 @ k8[:, :, j0 : j0 + bn].transpose(-2, -1)) * c_row * x.k_scale.double()[:, :, j0 // bn, None, None]
         if causal:
             s = s.masked_fill(rows < torch.arange(j0, min(j0 + bn, N_k), device=q8.device)[None, :], float("-inf"))
-        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-        p = torch.exp2(s - (m_new - P_SHIFT))
-        alpha = torch.exp2(m - m_new)
-        l = l * alpha + p.sum(-1, keepdim=True)  # noqa: E741
+        m_blk = s.amax(-1, keepdim=True)
+        if ref:
+            m = m_blk if j0 == 0 else m
+            bad |= (m_blk > m + REF_ROOM).squeeze(-1)
+            p = torch.exp2(s - (m - REF_SHIFT))
+            l = l + p.sum(-1, keepdim=True)  # noqa: E741
+            alpha = torch.ones_like(m)
+        else:
+            m_new = torch.maximum(m, m_blk)
+            p = torch.exp2(s - (m_new - P_SHIFT))
+            alpha = torch.exp2(m - m_new)
+            l = l * alpha + p.sum(-1, keepdim=True)  # noqa: E741
+            m = m_new
         p8 = p.float().to(FP8).double()
         acc = acc * alpha + p8 @ vt8[:, :, :, j0 : j0 + bn].transpose(-2, -1)
-        m = m_new
     o = acc * x.v_scale.double()[:, :, None, :] / l
-    return o, ((m + torch.log2(l)).squeeze(-1) - P_SHIFT) * math.log(2.0)
+    shift = REF_SHIFT if ref else P_SHIFT
+    return o, ((m + torch.log2(l)).squeeze(-1) - shift) * math.log(2.0), bad
 
 
 # -- the configuration ----------------------------------------------------------------------------
 @functools.lru_cache(maxsize=256)
 def _config(d: int, causal: bool, n_q: int, n_k: int, gpu: bool) -> dict:
-    bm, bn, nw, ns = GPU_TABLE[(d, causal)] if gpu else INTERPRETER_TILE
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": ns}
+    bm, bn, nw, ns, ref = GPU_TABLE[(d, causal)] if gpu else INTERPRETER_TILE
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": ns, "REF": ref}
 
 
 def attention_fp8_config(D: int, causal: bool = False, N_q: int = 4096, N_k: int | None = None) -> dict:
     """The tiles the launcher picks: ``BLOCK_M`` (queries a program holds; Q's quantisation block),
-    ``BLOCK_N`` (keys a step; K's quantisation block), ``num_warps``, ``num_stages``."""
+    ``BLOCK_N`` (keys a step; K's quantisation block), ``num_warps``, ``num_stages``, and ``REF`` (the
+    fixed-reference schedule)."""
     return dict(_config(int(D), bool(causal), int(N_q), int(N_q if N_k is None else N_k), runtime.is_gpu()))
 
 
@@ -199,14 +233,17 @@ def _round_e4m3(x):
 
 @triton.jit
 def _fp8_inner(
-    acc, l_i, m_i, q, k_src, vt_src, ks_ptr, k_row, vt_row, offs_m, offs_n0, offs_d, n_k, stride_kn, stride_vd,
-    c_row, lo, hi,
+    acc, l_i, m_i, bad, q, k_src, vt_src, ks_ptr, k_row, vt_row, offs_m, offs_n0, offs_d, n_k, stride_kn,
+    stride_vd, c_row, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    TMA: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr,
+    TMA: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr, REF: tl.constexpr,
 ):  # fmt: skip
     """Key blocks ``[lo, hi)``: the online softmax with e4m3 products. ``c_row``: s_q * scale * log2(e)
     (the Q block's part of the scores' multiplier); each step multiplies in its K block's scale. ``WS``:
-    the loop warp-specialised by Triton (producer warps load, consumer warps compute)."""
+    the loop warp-specialised by Triton (producer warps load, consumer warps compute). ``REF``: ``m_i`` is
+    a fixed reference, block 0's row max, and P = 2^(s - m_ref + 4): no rescale of ``acc`` and ``l``; a
+    row whose scores pass the reference by more than 4.8 (base 2: its P would pass e4m3's 448 and
+    saturate) is flagged in ``bad`` and the kernel redoes the tile online."""
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
@@ -224,25 +261,59 @@ def _fp8_inner(
                 vt = tl.load(vt_ptrs)
         c = c_row * tl.load(ks_ptr + start_n // BLOCK_N)  # > 0: the scores in log2 units are qk * c
         qk = tl.dot(q, tl.trans(k))
-        # P times 2^8: e4m3's normal range instead of its subnormals (the module's docstring)
         if MASKED:
             keep = offs_n[None, :] < n_k
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= offs_n[None, :])
             qk = tl.where(keep, qk * c, float("-inf"))
-            m_ij = tl.maximum(m_i, tl.max(qk, 1))
-            p = tl.math.exp2(qk - (m_ij[:, None] - 8.0))
+            m_blk = tl.max(qk, 1)
         else:  # the row max of the raw scores, then scale and subtract in one FMA per score
-            m_ij = tl.maximum(m_i, tl.max(qk, 1) * c)
-            p = tl.math.exp2(qk * c - (m_ij[:, None] - 8.0))
-        alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+            m_blk = tl.max(qk, 1) * c
+        if REF:
+            if start_n == 0:  # every row sees key 0: block 0's max is finite for finite inputs
+                m_i = m_blk
+            bad = bad | (m_blk > m_i + 4.8).to(tl.int32)  # REF_ROOM: 2^(4 + 4.8) < 448
+            if MASKED:
+                p = tl.math.exp2(qk - (m_i[:, None] - 4.0))
+            else:
+                p = tl.math.exp2(qk * c - (m_i[:, None] - 4.0))
+            l_i += tl.sum(p, 1)
+        else:
+            # P times 2^8: e4m3's normal range instead of its subnormals (the module's docstring)
+            m_ij = tl.maximum(m_i, m_blk)
+            if MASKED:
+                p = tl.math.exp2(qk - (m_ij[:, None] - 8.0))
+            else:
+                p = tl.math.exp2(qk * c - (m_ij[:, None] - 8.0))
+            alpha = tl.math.exp2(m_i - m_ij)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            m_i = m_ij
         if EMULATE:
             p = _round_e4m3(p)
         acc = tl.dot(p.to(tl.float8e4nv), tl.trans(vt), acc)
-        m_i = m_ij
-    return acc, l_i, m_i
+    return acc, l_i, m_i, bad
+
+
+@triton.jit
+def _fp8_tile(
+    q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0, offs_d, n_k, c_row, lo_mask, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    TMA: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr, REF: tl.constexpr,
+):  # fmt: skip
+    """Every key block of a Q tile: ``[0, lo_mask)`` unmasked, ``[lo_mask, hi)`` masked. Returns
+    ``(acc, l, m, bad)``; with ``REF``, ``m`` is the reference and ``bad`` flags the rows it failed."""
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    bad = tl.zeros([BLOCK_M], dtype=tl.int32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc, l_i, m_i, bad = _fp8_inner(acc, l_i, m_i, bad, q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0,
+                                    offs_d, n_k, HEAD_DIM, n_k, c_row, 0, lo_mask,
+                                    HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, EMULATE, WS, REF)  # fmt: skip
+    acc, l_i, m_i, bad = _fp8_inner(acc, l_i, m_i, bad, q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0,
+                                    offs_d, n_k, HEAD_DIM, n_k, c_row, lo_mask, hi,
+                                    HEAD_DIM, BLOCK_N, True, CAUSAL, TMA, EMULATE, False, REF)  # fmt: skip
+    return acc, l_i, m_i, bad
 
 
 @triton.jit
@@ -250,7 +321,7 @@ def _fp8_fwd_kernel(
     q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr, lse_ptr, q_desc, k_desc, vt_desc,
     n_q, n_k, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    TMA: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr,
+    TMA: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr, REF: tl.constexpr,
 ):  # fmt: skip
     # grid: (query tiles, H, B); q8, k8 (B, H, N, D) and vt8 (B, H, D, N_k) contiguous. Query tiles from
     # the last: a causal head's longest tiles start first
@@ -279,23 +350,29 @@ def _fp8_fwd_kernel(
     vt_base = vt_ptr + bh * HEAD_DIM * n_k
     k_row = (bh * n_k).to(tl.int32)
     vt_row = (bh * HEAD_DIM).to(tl.int32)
-    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     lo_mask, hi = key_range(m0, n_k, BLOCK_M, BLOCK_N, CAUSAL)
     k_src = k_desc if TMA else k_base
     vt_src = vt_desc if TMA else vt_base
-    acc, l_i, m_i = _fp8_inner(acc, l_i, m_i, q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0, offs_d,
-                               n_k, HEAD_DIM, n_k, c_row, 0, lo_mask,
-                               HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, EMULATE, WS)  # fmt: skip
-    acc, l_i, m_i = _fp8_inner(acc, l_i, m_i, q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0, offs_d,
-                               n_k, HEAD_DIM, n_k, c_row, lo_mask, hi,
-                               HEAD_DIM, BLOCK_N, True, CAUSAL, TMA, EMULATE, False)  # fmt: skip
+    shift = 8.0
+    if REF:  # against block 0's max; a row that passes it by too much sends the tile through the online loop
+        acc, l_i, m_i, bad = _fp8_tile(q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0, offs_d, n_k,
+                                       c_row, lo_mask, hi, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, TMA, EMULATE, WS,
+                                       True)  # fmt: skip
+        shift = 4.0
+        if tl.max(bad, 0) > 0:
+            acc, l_i, m_i, bad = _fp8_tile(q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0, offs_d, n_k,
+                                           c_row, lo_mask, hi, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, TMA, EMULATE, WS,
+                                           False)  # fmt: skip
+            shift = 8.0
+    else:
+        acc, l_i, m_i, bad = _fp8_tile(q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0, offs_d, n_k,
+                                       c_row, lo_mask, hi, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, TMA, EMULATE, WS,
+                                       False)  # fmt: skip
     vs = tl.load(vs_ptr + bh * HEAD_DIM + offs_d)
     o = acc * (vs[None, :] / l_i[:, None])
     o_ptrs = o_ptr + (bh * n_q + offs_m.to(tl.int64))[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < n_q)
-    lse = (m_i + tl.math.log2(l_i) - 8.0) * 0.6931471805599453  # base 2 -> natural, the 2^8 taken back
+    lse = (m_i + tl.math.log2(l_i) - shift) * 0.6931471805599453  # base 2 -> natural, P's factor taken back
     tl.store(lse_ptr + bh * n_q + offs_m, lse, mask=offs_m < n_q)
 
 
@@ -344,7 +421,7 @@ def attention_fp8_quantized(
     B, H, N_q, D = x.q8.shape
     N_k = x.k8.shape[2]
     gpu = runtime.is_gpu()
-    cfg = {**_config(D, causal, N_q, N_k, gpu), **dict(config_key(config, OP, CONFIG_KEYS, flags=("WS",)))}
+    cfg = {**_config(D, causal, N_q, N_k, gpu), **dict(config_key(config, OP, CONFIG_KEYS, flags=("WS", "REF")))}
     bm, bn = x.block_m, x.block_n
     if (cfg["BLOCK_M"], cfg["BLOCK_N"]) != (bm, bn) or bm % bn or bn < 16:
         raise KernelInputError(
@@ -374,7 +451,7 @@ def attention_fp8_quantized(
     qk_scale = default_scale(D, scale) * LOG2E
     _fp8_fwd_kernel[grid](
         x.q8, x.k8, x.vt8, x.q_scale, x.k_scale, x.v_scale, o, lse, q_desc, k_desc, vt_desc, N_q, N_k, qk_scale,
-        HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, TMA=tma, EMULATE=not gpu, WS=ws,
+        HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, TMA=tma, EMULATE=not gpu, WS=ws, REF=bool(cfg["REF"]),
         **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
     )  # fmt: skip
     return o, lse

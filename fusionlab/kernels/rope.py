@@ -328,7 +328,8 @@ class RoPEFunction(torch.autograd.Function):
             ctx.save_for_backward(cos, sin, offset)
         else:
             ctx.save_for_backward(cos, sin)
-        ctx.offset, ctx.layout, ctx.interleaved = offset, layout, interleaved
+        ctx.offset = None if isinstance(offset, torch.Tensor) else offset  # a tensor goes through save_for_backward
+        ctx.layout, ctx.interleaved = layout, interleaved
         ctx.dtypes = (q.dtype, k.dtype)
         return qo, ko
 

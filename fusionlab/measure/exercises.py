@@ -113,12 +113,16 @@ def _gpu_note() -> str:
 
 #: DRAM reads of a kernel at about a gigabyte, caches flushed first, against its ledger's reads
 DRAM_TOLERANCE = 0.03
-#: bytes through the L2 against the ledger's whole trips (loads served there included): looser than DRAM's,
-#: as a program may find a tile another program on its SM just loaded in the SM's own cache; a ledger that
-#: forgets the re-reads is off by the number of tiles (32 and more at these sizes)
+#: bytes through the L2 against the ledger's whole trips (loads served there included): at most this much
+#: more (sectors at the edges)...
 L2_TOLERANCE = 0.10
-#: bytes any count may differ by whatever the size (a few sectors at the tensors' edges)
-SLACK = 256 * 1024
+#: ...and at most this much less: a program may find a tile another program on its SM just loaded in the
+#: SM's own cache (the H200, 2026-11-27: 0.88x at 640 x 576 x 704, tiles of 16 x 16). A ledger that forgets
+#: the re-reads is off by the number of tiles (32 and more at these sizes)
+L2_SERVED_BY_L1 = 0.25
+#: bytes any count may differ by whatever the size (the H200, 2026-11-27, wrote 331 KiB to DRAM for a
+#: kernel whose output is 2 KiB): a thousandth of the gigabyte-sized counts'
+SLACK = 2**20
 
 
 def gpu_counters(fns: dict, builder: str, specs: list[list]) -> list[dict] | None:
@@ -163,11 +167,12 @@ def compare_with_dram(led: Ledger, c: dict, where: str, l2: int) -> None:
 
 
 def compare_with_l2(led: Ledger, c: dict, where: str) -> None:
-    """Fail unless the bytes through the L2 (every load and store the kernel makes) are the ledger's fused
-    trips within :data:`L2_TOLERANCE`; DRAM's bytes are shown beside them (the re-reads the L2 served)."""
+    """Fail unless the bytes through the L2 (every load and store the kernel makes, less what the SMs' own
+    caches served) are the ledger's fused trips, :data:`L2_TOLERANCE` over or :data:`L2_SERVED_BY_L1`
+    under at most; DRAM's bytes are shown beside them (the re-reads the L2 served)."""
     want = led.fused_bytes
     got = c["l2_bytes"]
-    if abs(got - want) > L2_TOLERANCE * want + SLACK:
+    if not (1 - L2_SERVED_BY_L1) * want - SLACK <= got <= (1 + L2_TOLERANCE) * want + SLACK:
         raise CheckFailed(
             f"{where}: your ledger says {human_bytes(want)} in all; the kernel, counted by the GPU (Nsight Compute), "
             f"moved {human_bytes(got)} through the L2 (and {human_bytes(c['dram_read'] + c['dram_write'])} from and "
@@ -263,8 +268,12 @@ def check_row_var_trips(row_var, row_var_ledger) -> grading.Passed:
         )
     if runtime.is_gpu():
         # one tile a row (read once), and rows of 4 MiB with 512 of them in flight, 2 GiB against an L2 of
-        # tens of MiB: a second pass over a row comes back from DRAM
-        specs = [[2**18, 1024 - grading.drawn_length(2, 8), 1024], [512, 2**20 + grading.drawn_length(2, 8), 1024]]
+        # tens of MiB: a second pass over a row comes back from DRAM. Rows start on 128-byte lines: with rows
+        # of 2**20 + 255 floats the H100 (2026-11-27) read 1.135x what the two passes ask for
+        specs = [
+            [2**18, 1024 - 32 * grading.drawn_length(0, 3), 1024],
+            [512, 2**20 + 32 * grading.drawn_length(0, 3), 1024],
+        ]
 
         def at(spec):
             rows, n, block = spec

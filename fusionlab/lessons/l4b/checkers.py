@@ -55,12 +55,13 @@ def _refuse_a_stored_mask(x: torch.Tensor, where: str, seed: int):
     allocation beside h of a bit an element or more (bool or uint8: a byte; packed: a bit) is a mask."""
 
     def check(box, h) -> None:
-        big = [
-            a
-            for a in box.allocations
-            if 8 * a.numel() * a.element_size() >= x.numel()
-            and not (isinstance(h, torch.Tensor) and a.data_ptr() == h.data_ptr())
-        ]
+        big = [a for a in box.allocations if 8 * a.numel() * a.element_size() >= x.numel()]
+        if isinstance(h, torch.Tensor):
+            # h itself: the same memory, or (the grading command's report, allocations as meta tensors of their
+            # shapes) the first of h's shape and dtype
+            own = [a for a in big if a.device.type != "meta" and a.data_ptr() == h.data_ptr()]
+            own = own or [a for a in big if a.device.type == "meta" and (a.shape, a.dtype) == (h.shape, h.dtype)][:1]
+            big = [a for a in big if not any(a is o for o in own)]
         if big:
             raise fail(
                 f"{where}: your answer allocates a {tuple(big[0].shape)} {big[0].dtype} tensor beside h: a "
