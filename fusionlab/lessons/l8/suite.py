@@ -50,6 +50,7 @@ import torch
 from ...bench import Case, peak_bytes
 from ...kernels.attention import attention, attention_eager, attention_flops
 from ...kernels.attention_backward import attention_backward_bytes, attention_backward_flops, attention_backward_ledger
+from ...kernels.attention_fp8 import attention_fp8_config, attention_fp8_quantized, quantize_fp8
 
 # lesson 7's shapes (the backward is timed where the forward was), its SDPA pinned to one backend, its thunk
 # that survives running out of memory
@@ -302,8 +303,6 @@ def fp8_attention_cases(device="cuda") -> list[Case]:
     """The package's FP8 forward on e4m3 inputs already quantised (a model writes them in the epilogue of
     the layer before) against its bf16 forward, head dim 128, at :data:`FP8_ATTN_NS` (16k x 16 token-heads),
     causal and not; both counted with the forward's FLOPs. Left out before sm_89."""
-    from ...kernels.attention_fp8 import attention_fp8_config, attention_fp8_quantized, quantize_fp8
-
     if torch.cuda.get_device_capability() < (8, 9):
         return []
     out = []
