@@ -180,11 +180,12 @@ def _innermost_classes() -> list[type]:
 
 
 @contextlib.contextmanager
-def kernel_run_hook(before: Callable, after: Callable):
+def kernel_run_hook(before: Callable, after: Callable, launched: Callable | None = None):
     """Call ``before(kernel, args, kwargs)`` as each run of a kernel itself begins, after any heuristics
     function or autotuner hook has run, and ``after(kernel, args, kwargs)`` when it ends (also when it
-    raises); ``kernel`` is the jit function, ``args``/``kwargs`` its call's arguments. A compile-only
-    run (``warmup``) is left alone."""
+    raises); ``kernel`` is the jit function, ``args``/``kwargs`` its call's arguments. ``launched(kernel,
+    compiled)``: the build this run launched (what the jit function's run returns), where it returned.
+    A compile-only run (``warmup``) is left alone."""
     patched = []
     for cls in _innermost_classes():
         orig = cls.__dict__.get("run")
@@ -196,7 +197,10 @@ def kernel_run_hook(before: Callable, after: Callable):
                 return __orig(self_, *args, **kwargs)
             before(self_, args, kwargs)
             try:
-                return __orig(self_, *args, **kwargs)
+                compiled = __orig(self_, *args, **kwargs)
+                if launched is not None:
+                    launched(self_, compiled)
+                return compiled
             finally:
                 after(self_, args, kwargs)
 

@@ -405,24 +405,21 @@ def _half_accumulators_in_ir(ttir: str) -> list[str]:
     return found
 
 
-def _half_sums_in_ir(kernel) -> list[str]:
-    """On a GPU: the 16-bit sums in the Triton IR of every build of ``kernel`` (a jit function) in its cache
-    (one kernel's builds, its specialisations). [] where this Triton keeps no such cache or IR."""
-    found = []
-    try:
-        caches = getattr(kernel, "device_caches", None) or getattr(kernel, "cache", None) or {}
-        for entry in caches.values():
-            builds = entry[0] if isinstance(entry, tuple) else entry
-            for compiled in builds.values():
-                ttir = compiled.asm.get("ttir", "") if hasattr(compiled, "asm") else ""
-                texts = [
-                    what.format("bfloat16" if m.group(1) == "bf16" else "float16")
-                    for pattern, what in _IR_HALF_SUMS
-                    for m in pattern.finditer(ttir)
-                ]
-                found += [t for t in texts + _half_accumulators_in_ir(ttir) if t not in found]
-    except Exception:  # an unknown cache layout: no verdict
-        return found
+def _half_sums_in_ir(compiled) -> list[str]:
+    """On a GPU: the 16-bit sums in the Triton IR of ``compiled``, one build that a run launched (only the
+    builds the answer launched: an earlier build of the same kernel, another specialisation or a version
+    the learner has since fixed, is not the answer's). [] where the build keeps no IR."""
+    asm = getattr(compiled, "asm", None)
+    ttir = asm.get("ttir", "") if isinstance(asm, dict) else ""
+    texts = [
+        what.format("bfloat16" if m.group(1) == "bf16" else "float16")
+        for pattern, what in _IR_HALF_SUMS
+        for m in pattern.finditer(ttir)
+    ]
+    found: list[str] = []
+    for t in texts + _half_accumulators_in_ir(ttir):
+        if t not in found:
+            found.append(t)
     return found
 
 
@@ -485,6 +482,8 @@ class Sandbox(LaunchCounter):
         self._rooms: list = []
         self._room_of: list = []
         self._kernels: list = []
+        #: the builds the answer's runs launched (GPU): the IR its 16-bit sums are read from
+        self._builds: list = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -551,6 +550,10 @@ class Sandbox(LaunchCounter):
     def decoy_of(self, t: torch.Tensor) -> torch.Tensor | None:
         """The decoy ``t`` holds outside kernel runs (None: not concealed)."""
         return next((d for c, _, d in self._concealed if c is t), None)
+
+    def _launched(self, kernel, compiled) -> None:
+        if compiled is not None and not any(c is compiled for c in self._builds):
+            self._builds.append(compiled)
 
     def _run_begins(self, kernel, args, kwargs) -> None:
         if not any(k is kernel for k in self._kernels):
@@ -707,7 +710,7 @@ class Sandbox(LaunchCounter):
     def __enter__(self):
         ACTIVE.append(self)
         self._threads = {t.ident for t in threading.enumerate()}
-        self._run_hook = _triton.kernel_run_hook(self._run_begins, self._run_ends)
+        self._run_hook = _triton.kernel_run_hook(self._run_begins, self._run_ends, self._launched)
         self._run_hook.__enter__()
         if not runtime.is_gpu():
             self._watch_rooms()
@@ -738,8 +741,8 @@ class Sandbox(LaunchCounter):
                 self._half_hook.__exit__(None, None, None)
                 self._half_hook = self._half_state = None
             elif runtime.is_gpu():
-                for kernel in self._kernels:
-                    for what in _half_sums_in_ir(kernel):
+                for compiled in self._builds:
+                    for what in _half_sums_in_ir(compiled):
                         self._on_half_sum(what)
             self._run_hook.__exit__(None, None, None)
             self._show(real=True)

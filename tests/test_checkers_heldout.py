@@ -26,6 +26,7 @@ from __future__ import annotations  # noqa: I001  (fusionlab before triton: see 
 
 import sys
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -948,6 +949,11 @@ def test_the_gpu_reads_16_bit_sums_off_the_kernels_ir():
         {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_M": 64, "BLOCK_N": 32},
     )
     assert sums(flash) == []
+    # the sandbox reads the builds its runs launched, one at a time: not every build in the kernel's cache
+    # (a learner's earlier, since fixed, version of the same kernel would be named forever)
+    build = types.SimpleNamespace
+    assert grading._half_sums_in_ir(build(asm={"ttir": dwdb})) == ["a bfloat16 accumulator carried by a loop"]
+    assert grading._half_sums_in_ir(build(asm={"ttir": flash})) == grading._half_sums_in_ir(None) == []
 
 
 @triton.jit
