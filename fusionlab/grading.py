@@ -410,7 +410,7 @@ def _half_sums_in_ir(compiled) -> list[str]:
     builds the answer launched: an earlier build of the same kernel, another specialisation or a version
     the learner has since fixed, is not the answer's). [] where the build keeps no IR."""
     asm = getattr(compiled, "asm", None)
-    ttir = asm.get("ttir", "") if isinstance(asm, dict) else ""
+    ttir = asm.get("ttir", "") if hasattr(asm, "get") else ""
     texts = [
         what.format("bfloat16" if m.group(1) == "bf16" else "float16")
         for pattern, what in _IR_HALF_SUMS
