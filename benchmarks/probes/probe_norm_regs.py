@@ -25,6 +25,8 @@ torch.cuda.is_available = lambda: True  # before fusionlab decides its mode: the
 torch.cuda.get_device_capability = lambda *a: (9, 0)
 torch.cuda.get_device_name = lambda *a: "NVIDIA H100 (pretended)"
 
+from probe_ptx_identity import OPTIONS, scalar  # noqa: E402  (this folder: a launch's signature, one way)
+
 import fusionlab.kernels.layernorm as LN  # noqa: E402
 import fusionlab.kernels.rmsnorm as RMS  # noqa: E402
 from fusionlab import runtime  # noqa: E402
@@ -32,7 +34,6 @@ from fusionlab.kernels import _launch  # noqa: E402
 
 SHAPES = [(32768, 4096), (4096, 5120), (32768, 8192), (4096, 11008), (64, 16384), (8, 20000), (33, 1000)]
 DT = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
-OPTIONS = ("num_warps", "num_stages", "maxnreg", "launch_pdl")
 
 
 class Recorder:
@@ -50,14 +51,6 @@ def fake_h100():
     _launch._sm_count = lambda i: 132
     _launch.DEFAULT_DRAM_GBPS = 3350.0
     _launch._IS_CUDA = False  # the tensors stay on the CPU: nothing is launched
-
-
-def scalar(v):
-    if isinstance(v, bool):
-        return "i1"
-    if isinstance(v, int):
-        return "i32" if -(2**31) <= v < 2**31 else "i64"
-    return "fp32"
 
 
 def spec(fn, args, kwargs):
