@@ -6,8 +6,10 @@ lives here, below both (and lesson 7's FA1 schedule, :mod:`.attention_fa1`, take
 the spec's float64 scores; the eager baseline and its arithmetic (FLOPs, the forward's trips, on which
 the backward's ledger builds); the input checks, the default scale and the config overrides' checks;
 what the GPU can do (tensor descriptors, by measured compute capability) and the descriptors' geometry;
-and the forward's tile loader, which lesson 7's kernel and lesson 7b's modification path
-(:mod:`.attention_mods`) both call.
+the forward's tile loader, which lesson 7's kernel and lesson 7b's modification path
+(:mod:`.attention_mods`) both call; and the forward's score-block steps (a block's new row max, its
+``P``), with the loop Hopper's default takes (``REF_MAX``: every block against block 0's row max, no
+rescale), which the kernel in :mod:`.attention` calls beside its online loop.
 """
 
 from __future__ import annotations
@@ -335,3 +337,110 @@ def _kv_tile(
         else:
             t = tl.load(ptrs, mask=d_mask, other=0.0)
     return t
+
+
+# -- the forward's score blocks: lesson 7's online loop and Hopper's reference-max loop take them alike --
+@triton.jit
+def _block_max(
+    qk, m_i, offs_m, offs_n, n_k, qk_scale,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NEG: tl.constexpr, EVEN_N: tl.constexpr,
+):  # fmt: skip
+    """The new running max of a block's raw scores ``qk``. Returns ``(qk, m_ij)``: on masked blocks
+    ``qk`` comes back scaled with the mask applied (-inf), elsewhere untouched (:func:`_block_p`
+    scales it in the same FMA that subtracts the max)."""
+    if MASKED:
+        if CAUSAL:
+            keep = offs_m[:, None] >= offs_n[None, :]  # top-left: query i sees keys j <= i
+            if not EVEN_N:
+                keep = keep & (offs_n[None, :] < n_k)
+        else:
+            keep = offs_n[None, :] < n_k
+        qk = tl.where(keep, qk * qk_scale, float("-inf"))
+        # every row sees key 0, so for finite inputs m is finite from the first block on
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+    else:
+        # the max of the scaled scores from the unscaled ones (one multiply per row, not per
+        # score), then scale and subtract in one FMA per score
+        if SCALE_NEG:
+            m_ij = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    return qk, m_ij
+
+
+@triton.jit
+def _block_p(qk, m_ij, qk_scale, MASKED: tl.constexpr):
+    """``P = exp(s - m)``, base 2 with log2(e) folded into ``qk_scale``."""
+    if MASKED:
+        qk = qk - m_ij[:, None]
+    else:
+        qk = qk * qk_scale - m_ij[:, None]
+    return tl.math.exp2(qk)
+
+
+@triton.jit
+def _attention_inner_ref(
+    acc, l_t, m_ref, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+    offs_m, offs_d, n_k, qk_scale, lo, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, ROW_SUM: tl.constexpr,
+):  # fmt: skip
+    """Key blocks ``[lo, hi)`` against a fixed reference ``m_ref`` (``REF_MAX``): block 0's row max,
+    taken when the loop that holds block 0 reaches it (``m_ref`` is -inf until then). Then
+    ``p = exp2(s - m_ref)`` with no running max, no rescale of ``acc`` and no
+    per-block row max; ``l_t`` adds the P tiles elementwise (the kernel reduces it once) or, ``ROW_SUM``,
+    their row sums. Exact for any finite reference as long as nothing overflows; the kernel checks that
+    at the end and falls back to the online loop if not. Block 0 is taken inside the loop, not before it
+    (benchmarks/notes_attention.md, 2026-11-24: a tile loaded outside the loop has shared memory of
+    its own)."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + offs_n0
+        k = _kv_tile(k_src, k_row, k_col, start_n, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, False)
+        qk = tl.dot(q, tl.trans(k))
+        # each row sees key 0, so block 0's row max is finite for finite inputs
+        if MASKED:
+            qk, m_blk = _block_max(qk, m_ref, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
+            if start_n == 0:
+                m_ref = m_blk
+        else:
+            if start_n == 0:
+                _, m_ref = _block_max(qk, m_ref, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
+        p = _block_p(qk, m_ref, qk_scale, MASKED)
+        if ROW_SUM:  # l_t is (BLOCK_M,): one cross-thread sum a block, no tile of partial sums to keep
+            l_t += tl.sum(p, 1)
+        else:
+            l_t += p
+        v = _kv_tile(v_src, v_row, v_col, start_n, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, True)
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, l_t, m_ref
+
+
+@triton.jit
+def _attention_ref(
+    acc, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+    offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, ROW_SUM: tl.constexpr,
+):  # fmt: skip
+    """A Q tile's key blocks against block 0's row max (``REF_MAX``): ``[0, lo_mask)`` unmasked, then
+    ``[lo_mask, hi)`` masked. Returns ``(acc, l, m_ref)``; the kernel checks for overflow."""
+    if ROW_SUM:
+        l_t = tl.zeros([BLOCK_M], dtype=tl.float32)
+    else:
+        l_t = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc, l_t, m_ref = _attention_inner_ref(
+        acc, l_t, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+        offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
+        HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, EVEN_N, ROW_SUM,
+    )  # fmt: skip
+    if CAUSAL or not EVEN_N:
+        acc, l_t, m_ref = _attention_inner_ref(
+            acc, l_t, m_ref, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+            offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
+            HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N, ROW_SUM,
+        )  # fmt: skip
+    if not ROW_SUM:
+        l_t = tl.sum(l_t, 1)
+    return acc, l_t, m_ref

@@ -16,8 +16,8 @@ Numerics: scores, ``m``, ``l``, ``acc`` in fp32; ``P`` cast to the input dtype f
 cores' operand). ``exp`` is ``exp2`` with ``scale * log2(e)`` folded into one multiply-add per score, so
 ``m`` is in base-2 units and ``lse = ln(2) * (m + log2(l))``. On Hopper the default drops the running
 max (``REF_MAX``, lesson 5's trick): softmax is exact against *any* reference, so every block sums
-``exp(s - m_ref)`` against block 0's row max with no rescale (:func:`_attention_inner_ref`); a tile where
-that overflows reruns through the online loop. Non-finite inputs give the float64 reference's O and lse
+``exp(s - m_ref)`` against block 0's row max with no rescale (:func:`~._attention._attention_ref`); a
+tile where that overflows reruns through the online loop. Non-finite inputs give the float64 reference's O and lse
 (:func:`attention_reference`; where a row max is infinite the online loop subtracts 0 instead), except
 that a NaN or inf in V reaches only the rows of the tiles that load its key.
 
@@ -56,6 +56,9 @@ from ._attention import (
     LOG2E,
     OP,
     TensorDescriptor,
+    _attention_ref,
+    _block_max,
+    _block_p,
     _kv_tile,
     attention_bytes,
     attention_eager,
@@ -205,44 +208,6 @@ def _config_key(config: dict | None) -> tuple:
 
 # -- the kernel -----------------------------------------------------------------------------------
 @triton.jit
-def _block_max(
-    qk, m_i, offs_m, offs_n, n_k, qk_scale,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCALE_NEG: tl.constexpr, EVEN_N: tl.constexpr,
-):  # fmt: skip
-    """The new running max of a block's raw scores ``qk``. Returns ``(qk, m_ij)``: on masked blocks
-    ``qk`` comes back scaled with the mask applied (-inf), elsewhere untouched (:func:`_block_p`
-    scales it in the same FMA that subtracts the max)."""
-    if MASKED:
-        if CAUSAL:
-            keep = offs_m[:, None] >= offs_n[None, :]  # top-left: query i sees keys j <= i
-            if not EVEN_N:
-                keep = keep & (offs_n[None, :] < n_k)
-        else:
-            keep = offs_n[None, :] < n_k
-        qk = tl.where(keep, qk * qk_scale, float("-inf"))
-        # every row sees key 0, so for finite inputs m is finite from the first block on
-        m_ij = tl.maximum(m_i, tl.max(qk, 1))
-    else:
-        # the max of the scaled scores from the unscaled ones (one multiply per row, not per
-        # score), then scale and subtract in one FMA per score
-        if SCALE_NEG:
-            m_ij = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
-        else:
-            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    return qk, m_ij
-
-
-@triton.jit
-def _block_p(qk, m_ij, qk_scale, MASKED: tl.constexpr):
-    """``P = exp(s - m)``, base 2 with log2(e) folded into ``qk_scale``."""
-    if MASKED:
-        qk = qk - m_ij[:, None]
-    else:
-        qk = qk * qk_scale - m_ij[:, None]
-    return tl.math.exp2(qk)
-
-
-@triton.jit
 def _attention_inner(
     acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k, qk_scale,
     lo, hi,
@@ -295,45 +260,6 @@ def _attention_online(
             HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N,
         )  # fmt: skip
     return acc, l_i, m_i
-
-
-@triton.jit
-def _attention_inner_ref(
-    acc, l_t, m_ref, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
-    offs_m, offs_d, n_k, qk_scale, lo, hi,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, ROW_SUM: tl.constexpr,
-):  # fmt: skip
-    """Key blocks ``[lo, hi)`` against a fixed reference ``m_ref`` (``REF_MAX``): block 0's row max,
-    taken when the loop that holds block 0 reaches it (``m_ref`` is -inf until then). Then
-    ``p = exp2(s - m_ref)`` with no running max, no rescale of ``acc`` and no
-    per-block row max; ``l_t`` adds the P tiles elementwise (the kernel reduces it once) or, ``ROW_SUM``,
-    their row sums. Exact for any finite reference as long as nothing overflows; the kernel checks that
-    at the end and falls back to the online loop if not. Block 0 is taken inside the loop, not before it
-    (benchmarks/notes_attention.md, 2026-11-24: a tile loaded outside the loop has shared memory of
-    its own)."""
-    offs_n0 = tl.arange(0, BLOCK_N)
-    for start_n in tl.range(lo, hi, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)
-        offs_n = start_n + offs_n0
-        k = _kv_tile(k_src, k_row, k_col, start_n, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, False)
-        qk = tl.dot(q, tl.trans(k))
-        # each row sees key 0, so block 0's row max is finite for finite inputs
-        if MASKED:
-            qk, m_blk = _block_max(qk, m_ref, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
-            if start_n == 0:
-                m_ref = m_blk
-        else:
-            if start_n == 0:
-                _, m_ref = _block_max(qk, m_ref, offs_m, offs_n, n_k, qk_scale, MASKED, CAUSAL, SCALE_NEG, EVEN_N)
-        p = _block_p(qk, m_ref, qk_scale, MASKED)
-        if ROW_SUM:  # l_t is (BLOCK_M,): one cross-thread sum a block, no tile of partial sums to keep
-            l_t += tl.sum(p, 1)
-        else:
-            l_t += p
-        v = _kv_tile(v_src, v_row, v_col, start_n, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, True)
-        acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, l_t, m_ref
 
 
 @triton.jit
@@ -399,23 +325,12 @@ def _attention_kernel(
             HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, TMA, EVEN_N, SCORE_MOD, MASK_MOD, SPARSE, BM_DIV, BN_DIV,
             REF_MAX > 0,
         )  # fmt: skip
-    elif REF_MAX:
-        if REF_MAX == 2:
-            l_t = tl.zeros([BLOCK_M], dtype=tl.float32)
-        else:
-            l_t = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc, l_t, m_ref = _attention_inner_ref(
-            acc, l_t, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
-            offs_m, offs_d, n_k, qk_scale, 0, lo_mask,
-            HEAD_DIM, BLOCK_N, False, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2,
+    elif REF_MAX:  # Hopper's default: every block against block 0's row max (_attention.py)
+        acc, l_i, m_ref = _attention_ref(
+            acc, m_i, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
+            offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
+            HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2,
         )  # fmt: skip
-        if CAUSAL or not EVEN_N:
-            acc, l_t, m_ref = _attention_inner_ref(
-                acc, l_t, m_ref, q, k_base, v_base, k_row, k_col, v_row, v_col, stride_kn, stride_vn,
-                offs_m, offs_d, n_k, qk_scale, lo_mask, hi,
-                HEAD_DIM, BLOCK_N, True, CAUSAL, SCALE_NEG, TMA, EVEN_N, REF_MAX == 2,
-            )  # fmt: skip
-        l_i = l_t if REF_MAX == 2 else tl.sum(l_t, 1)
         # exact unless something overflowed: a later score 2**127 above the reference (p = inf), P past
         # fp16's 65504, an acc past fp32; or the inputs held inf/NaN. Any such row sends the whole
         # tile through the online loop, from the start (NaN compares false, so it is caught too)
