@@ -366,9 +366,14 @@ def recorded_runs() -> list[Recorded]:
     return sorted(runs, key=lambda r: (r.meta["date"], r.meta.get("time", "")))
 
 
+#: the suites a run of the whole course starts with: a run that holds them is a base for the CPU view
+BASE_SUITES = ("lesson1", "lesson2", "lesson3")
+
+
 def recorded(path: str | Path | None = None, *, device: str | None = None, suite: str | None = None) -> Recorded:
-    """The recorded GPU run the CPU view is built on: of the runs that hold the most suites, the newest
-    (a later run of a few suites does not lend its label and ceilings to lessons it does not hold).
+    """The recorded GPU run the CPU view is built on: the newest run that holds :data:`BASE_SUITES` (a
+    later run of a few suites, a lesson recorded again, does not lend its label and ceilings to lessons
+    it does not hold; where no run holds them, the newest of those that hold the most suites).
     ``device`` (e.g. ``"H100"``) picks among runs on a device whose name contains it; ``suite``, the
     newest run that holds that suite; ``path``, one file as it is."""
     if path is not None:
@@ -385,8 +390,9 @@ def recorded(path: str | Path | None = None, *, device: str | None = None, suite
             f"no recorded GPU results{where} in {RECORDED_DIR}; run `python -m fusionlab.record` on a GPU"
         )
     if suite is None:
+        base = [r for r in runs if set(BASE_SUITES) <= set(r.suites)]
         most = max(len(r.suites) for r in runs)
-        runs = [r for r in runs if len(r.suites) == most]
+        runs = base or [r for r in runs if len(r.suites) == most]
     return runs[-1]
 
 

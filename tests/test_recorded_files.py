@@ -1,7 +1,7 @@
 """Every file in ``fusionlab/recorded/`` is read by something: the package keeps what the notebooks read
 (the newest complete run of each device, and a file a notebook names), not every run ever recorded.
 
-What reads a recording: ``bench.recorded()`` (the newest run holding the most suites), the same per device
+What reads a recording: ``bench.recorded()`` (the newest run of the whole course), the same per device
 (``recorded(device=...)``) and per suite (``recorded(suite=...)``, with or without a device), and a
 tracked notebook or module that names a file. A run superseded on every one of these counts is dead
 weight in every install; git history keeps it.
