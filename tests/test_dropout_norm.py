@@ -72,6 +72,31 @@ def test_the_mask_is_regenerated_in_the_backward():
     torch.testing.assert_close(h2, r + torch.where(keep, x / (1 - p), 0.0))
 
 
+@pytest.mark.parametrize("used", ["h only", "y only", "strided grads"])
+def test_backward_with_one_output_or_strided_gradients(used):
+    """The backward reads dy and grad_h as row-contiguous tensors: a missing one (autograd passes None) or a
+    row-strided or expanded one gives the gradients of the float64 spec all the same."""
+    ins = _inputs((6, 48), torch.float32, "layernorm")
+    wide = torch.randn(6, 96, device=DEV)
+    gy, gh = wide[:, ::2], wide[:, 1::2]  # non-unit last stride: copied; then row-contiguous
+
+    def loss(fn, a):
+        y, h = fn(*a)
+        if used == "h only":
+            return (h * gh).sum()
+        if used == "y only":
+            return y.sum()  # an expanded gradient
+        return (y * gy).sum() + (h * gh[:, :1]).sum()  # and a stride-0 column broadcast
+
+    kw = dict(seed=5, offset=3)
+    got = torch.autograd.grad(loss(lambda *a: D.dropout_norm(*a, 0.3, **kw), ins), ins, allow_unused=True)
+    ref = [t.detach().double().requires_grad_() for t in ins]
+    want = torch.autograd.grad(loss(lambda *a: D.dropout_norm_reference(*a, 0.3, **kw), ref), ref, allow_unused=True)
+    for g, w in zip(got, want, strict=True):
+        w = torch.zeros_like(g, dtype=torch.float64) if w is None else w  # h alone: dw = db = 0
+        torch.testing.assert_close(g.double(), w, atol=1e-4 * (1 + w.abs().max().item()), rtol=1e-4)
+
+
 def test_kernel_philox_is_the_numpy_philox():
     """The kernel's keep mask, read off h with x = 1 and r = 0, is the one numpy's Philox gives."""
     shape, p = (16, 250), 0.3

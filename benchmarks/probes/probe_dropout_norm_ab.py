@@ -1,32 +1,37 @@
-"""Probe: the shipped residual + dropout + norm against ``probe_dropout_norm_h200.py``'s ``tile2d`` copy of
-the same tile, A/B, with evidence that is not the timing itself; and the backward's candidates for the
-hidden-4096 bar on an H200.
+"""Probe: residual + dropout + norm's backward as shipped until 2026-11-27 (``before``), as shipped now
+(``ship``) and ``probe_dropout_norm_h200.py``'s ``tile2d`` copy of the same tile, A/B, with evidence that is
+not the timing itself; and the backward's candidates for the hidden-4096 bar on an H200.
 
     PYTHONPATH=. python3 benchmarks/probes/probe_dropout_norm_ab.py [--budget 170]
-    PYTHONPATH=. python3 benchmarks/probes/probe_dropout_norm_ab.py --check      # CPU: the trims' mask
+    PYTHONPATH=. python3 benchmarks/probes/probe_dropout_norm_ab.py --check      # CPU: same op, same mask
 
 Why: on an H200 (2026-11-27) the shipped backward at 32768 x 8192 was up to 19 points of copy below
-``tile2d`` in one run (RMSNorm 72.9% against 92.0%), though both were written to compile to the same
-layouts, and the shipped backward at 32768 x 4096 reached 79.8% of copy (bar 90%).
+``tile2d`` in one run (RMSNorm 72.9% against 92.0%), though both held the row as the same 2-D tile, and the
+shipped backward at 32768 x 4096 reached 79.8% of copy (bar 90%). Compiled for sm_90 on a CPU (Triton 3.9),
+``before`` addressed dy and grad_h through their own row strides, h, dr and dx through N: three offset
+tensors where tile2d has one, and at 16 warps (128 registers a thread) it spilled (RMSNorm 8192: 40 bytes of
+stack, 10 LDL and 10 STL in its SASS; LayerNorm 8192: 16 bytes). ``ship`` makes dy and grad_h
+row-contiguous and addresses all five with one offset: its SASS has tile2d's opcode counts there.
 
-One GPU (an H100 or an H200), bf16, p = 0.1; JSON to ``$OUT/probe_dropout_norm_ab.json``, the compiled
-code to ``$OUT/dropout_norm_asm/``. Sections, in this order, each left out once ``--budget`` seconds are
-spent (the JSON says which):
+One GPU (an H100 or an H200), bf16, p = 0.1, a 64-bit seed (as the suite's fresh seeds); JSON to
+``$OUT/probe_dropout_norm_ab.json``, the compiled code to ``$OUT/dropout_norm_asm/``. Sections, in this
+order, each left out once ``--budget`` seconds are spent (the JSON says which):
 
-1. ``build``: each case's four kernels (shipped and tile2d, forward and backward) as they were launched:
-   grid, every scalar argument with what Triton specialises on (1, a multiple of 16, int32 or int64: the
-   seed and offset included), constexprs, num_warps, num_stages, shared memory, registers and spills
-   (Triton's count and cuobjdump's REG/STACK); the TTGIR and PTX written out, and what differs between the
-   two kernels: layouts, TTGIR ops, PTX and SASS instructions (``LDL``/``STL``: spills in the loop).
-2. ``order``: forward and backward on the GPU's clock in both orders in one process (ship, tile2d,
-   tile2d, ship).
-3. ``ncu``: the backward kernels (and the forward at LayerNorm 32768 x 8192) under Nsight Compute,
-   caches flushed: DRAM bytes against the fused ledger (re-reads show there), L2 bytes, local-memory
-   sectors (spills), registers, achieved occupancy, issue activity, instructions, the SM clock.
+1. ``build``: each case's kernels (forward: ship and tile2d; backward: before, ship and tile2d) as they
+   were launched: grid, every scalar argument with what Triton specialises on (1, a multiple of 16, int32
+   or int64: the seed and offset included), constexprs, num_warps, num_stages, shared memory, registers and
+   spills (Triton's count and cuobjdump's REG/STACK); the TTGIR and PTX written out, and what differs from
+   tile2d's: layouts, TTGIR ops in order, PTX and SASS instructions (``LDL``/``STL``: spills).
+2. ``order``: forward and backward on the GPU's clock in both orders in one process (before, ship,
+   tile2d, tile2d, ship, before).
+3. ``ncu``: the backward kernels at the two cases of the gap (and the forward at LayerNorm 32768 x 8192)
+   under Nsight Compute, caches flushed: DRAM bytes against the fused ledger (re-reads show there), L2
+   bytes, local-memory sectors (spills), registers, achieved occupancy, issue activity, instructions, the
+   SM clock.
 4. ``cands``: the backward at 32768 rows as candidates to ship: tile2d's launches (warps, programs an SM,
    row stages) and its trims (``U32``: the keep test as one unsigned compare; ``EVEN``: the column test
    folded when N fills the tile; ``DB=False``: no db sums without a bias), the shipped kernel at 4 warps.
-5. ``alone``: ship and tile2d each timed in a process of its own, at the two cases of the gap.
+5. ``alone``: each variant timed in a process of its own, at the two cases of the gap.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import time
 
 import torch
 import triton
+import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import probe_dropout_norm_h200 as P  # noqa: E402  (this folder: the tile2d variant, inputs, training)
@@ -54,14 +60,13 @@ from fusionlab.kernels import dropout_norm as dn  # noqa: E402
 from fusionlab.kernels._launch import dram_gbps  # noqa: E402
 from fusionlab.measure import ncu as NCU  # noqa: E402
 
-SEED = 1234
+SEED = 2**40 + 1234  # 64-bit, as the fresh seeds (new_seed) the suite runs with
 #: the gap's case first (RMSNorm 8192: 72.9% against 92.0%), then the bar's (LayerNorm 4096, the suite's)
 CASES = (("rmsnorm", 32768, 8192), ("layernorm", 32768, 4096), ("layernorm", 32768, 8192), ("rmsnorm", 32768, 4096))
-VARIANTS = ("ship", "tile2d")
-ALONE = CASES[:2]
-NCU_PLAN = [(c, v, "bwd") for c in CASES[:2] for v in ("ship", "tile2d")] + [
-    (CASES[2], v, d) for v in ("ship", "tile2d") for d in ("bwd", "fwd")
-]
+#: ``before``: the backward as shipped until this probe (fcd5ef9); ``ship``: the package as it is now
+VARIANTS = ("before", "ship", "tile2d")
+ALONE = [(c, v) for c in CASES[:2] for v in VARIANTS]
+NCU_PLAN = [(c, v, "bwd") for c in CASES[:2] for v in VARIANTS] + [(CASES[2], v, "fwd") for v in ("ship", "tile2d")]
 NCU_METRICS = (
     "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum",
     "l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum", "l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum",
@@ -72,6 +77,88 @@ NCU_METRICS = (
 KERNELS = r"_dropout_norm_(fwd|bwd)_kernel|_fwd_2d|_bwd_2d"
 OUT = os.environ.get("OUT", ".")
 DEVICE = "cuda" if runtime.is_gpu() else "cpu"
+
+
+# -- "before": the shipped backward as it was (dropout_norm.py at fcd5ef9), its single-tile path verbatim ---------
+@triton.jit(do_not_specialize=["seed", "offset"])
+def _bwd_before(
+    dy_ptr, gh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, part_ptr,
+    n_rows, n_cols, rows_per_program, stride_dy, stride_gh, seed, offset, threshold, scale,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, RMS: tl.constexpr,
+    HAS_GH: tl.constexpr, DROPOUT: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    row_start = pid * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, n_rows)
+    n_q = (n_cols + 3) // 4
+    tile = tl.arange(0, 4 * BLOCK_Q)
+    cols = tile[None, :]
+    col_ok = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_M, 4 * BLOCK_Q], dtype=tl.float32)
+    db = tl.zeros([BLOCK_M, 4 * BLOCK_Q], dtype=tl.float32)
+    for m0 in tl.range(row_start, row_end, BLOCK_M, num_stages=NUM_STAGES):
+        rows = m0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < row_end
+        rows2 = rows[:, None]
+        if INT64:
+            rows2 = rows2.to(tl.int64)
+        mask = row_ok[:, None] & col_ok
+        dy = tl.load(dy_ptr + rows2 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        h = tl.load(h_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)[:, None]
+        rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)[:, None]
+        nh = tl.where(mask, (h - mean) * rstd, 0.0)
+        g = dy * w
+        c1 = (tl.sum(g * nh, axis=1) / n_cols)[:, None]
+        if RMS:
+            dh = rstd * (g - nh * c1)
+        else:
+            c2 = (tl.sum(g, axis=1) / n_cols)[:, None]
+            dh = rstd * (g - c2 - nh * c1)
+        if HAS_GH:
+            dh += tl.load(gh_ptr + rows2 * stride_gh + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dr_ptr + rows2 * n_cols + cols, dh.to(dr_ptr.dtype.element_ty), mask=mask)
+        if DROPOUT:
+            keep = dn._keep(seed, rows, 0, n_q, offset, threshold, BLOCK_M, BLOCK_Q, INT64)
+            dh = tl.where(keep, dh * scale, 0.0)
+        tl.store(dx_ptr + rows2 * n_cols + cols, dh.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw += dy * nh
+        db += dy
+    tl.store(part_ptr + pid * n_cols + tile, tl.sum(dw, axis=0), mask=tile < n_cols)
+    tl.store(part_ptr + (n_programs + pid) * n_cols + tile, tl.sum(db, axis=0), mask=tile < n_cols)
+
+
+class Before(torch.autograd.Function):
+    """The package's forward; the backward as shipped before the fix, at the package's own launch."""
+
+    @staticmethod
+    def forward(ctx, x, r, w, b, norm):
+        cfg = dn.dropout_norm_config(*x.shape, x.dtype)
+        y, h, mean, rstd = dn._forward(x, r, w, b, P.P, norm, P.EPS, True, SEED, 0, cfg)
+        ctx.save_for_backward(h, w, mean, rstd)
+        ctx.args = (norm, b is not None)
+        return y, h
+
+    @staticmethod
+    def backward(ctx, dy, gh):
+        h, w, mean, rstd = ctx.saved_tensors
+        norm, has_bias = ctx.args
+        rows, n = h.shape
+        cfg = dn.dropout_norm_config(rows, n, h.dtype, backward=True)
+        per = triton.cdiv(rows, cfg["programs"])
+        programs = triton.cdiv(rows, per)
+        dr, dx = torch.empty_like(h), torch.empty_like(h)
+        part = torch.empty((2, programs, n), device=h.device, dtype=torch.float32)
+        _bwd_before[(programs,)](
+            dy, gh, h, w, mean, rstd, dr, dx, part, rows, n, per, dy.stride(0), gh.stride(0), SEED, 0,
+            dn._threshold(P.P), 1.0 / (1.0 - P.P), BLOCK_M=1, BLOCK_Q=cfg["BLOCK_N"] // 4, RMS=norm == "rmsnorm",
+            HAS_GH=True, DROPOUT=True, INT64=False, NUM_STAGES=cfg["row_stages"] if runtime.is_gpu() else 1,
+            **P._kw(cfg["num_warps"]),
+        )  # fmt: skip
+        sums = dn.sum_partials(part if has_bias else part[:1], w.dtype, checked=True)
+        return dx, dr, sums[0], (sums[1] if has_bias else None), None
 
 
 # -- the variants ----------------------------------------------------------------------------------------------
@@ -88,6 +175,8 @@ def variant(name, norm, rows, n, bwd=None):
     backward's launch updated with ``bwd``."""
     if name == "ship":
         return lambda x, r, w, b: dn.dropout_norm(x, r, w, b, P.P, norm=norm, seed=SEED)
+    if name == "before":
+        return lambda x, r, w, b: Before.apply(x, r, w, b, norm)
     vf, vb = shipped_launch(rows, n)
     vb = dict(vb, **(bwd or {}))
     return lambda x, r, w, b: P.tile2d(x, r, w, b, norm, SEED, vf, vb)
@@ -135,8 +224,9 @@ class Watch:
 
 @contextlib.contextmanager
 def watching():
+    here = sys.modules[__name__]  # this script (__main__), whose Before.backward launches _bwd_before
     names = {"ship fwd": (dn, "_launch_fwd"), "ship bwd": (dn, "_launch_bwd"), "tile2d fwd": (P, "_fwd_2d"),
-             "tile2d bwd": (P, "_bwd_2d")}  # fmt: skip
+             "tile2d bwd": (P, "_bwd_2d"), "before bwd": (here, "_bwd_before")}  # fmt: skip
     saved = {k: getattr(m, a) for k, (m, a) in names.items()}
     watches = {k: Watch(v) for k, v in saved.items()}
     for k, (m, a) in names.items():
@@ -279,33 +369,43 @@ def _brief(v, d, code) -> str:
 
 
 def build_section(out, case):
-    """Section 1 for one case: launch both variants once under :func:`watching`, describe and compare."""
+    """Section 1 for one case: launch each variant once under :func:`watching`; describe every kernel, and
+    compare each with tile2d's (``before`` runs the package's forward, so its forward is ship's)."""
     norm, rows, n = case
     t = P.inputs(rows, n, norm, DEVICE)
     folder = os.path.join(OUT, "dropout_norm_asm", f"{norm}_{rows}x{n}")
     os.makedirs(folder, exist_ok=True)
-    got = {}
+    got, code, ttgir = {}, {}, {}
     with watching() as w:
-        for v in ("ship", "tile2d"):
+        for v in VARIANTS:  # "ship" after "before": the last forward the package launched is ship's
             P.training(variant(v, norm, rows, n), *t)  # one forward, one backward
-    for d in ("fwd", "bwd"):
-        for v in VARIANTS:
-            watch = w[f"{v} {d}"]
-            launch = watch.log[-1]
-            got[f"{v} {d}"] = dict(describe(watch, launch), code=code_of(launch[3], os.path.join(folder, f"{v}_{d}")))
-        a, b = (got[f"{v} {d}"]["code"] for v in VARIANTS)
-        seq = [ttgir_sequence(getattr(w[f"{v} {d}"].log[-1][3], "asm", {}).get("ttgir", "")) for v in VARIANTS]
-        udiff = list(difflib.unified_diff(seq[0], seq[1], "ship", "tile2d", lineterm="", n=1))
-        with open(os.path.join(folder, f"ttgir_ops_{d}.diff"), "w") as f:
+    for key, watch in w.items():
+        if not watch.log:
+            continue
+        launch = watch.log[-1]
+        got[key] = describe(watch, launch)
+        code[key] = code_of(launch[3], os.path.join(folder, key.replace(" ", "_")))
+        got[key]["sass"] = {x: y for x, y in code[key]["sass"].items() if x != "ops"}
+        ttgir[key] = ttgir_sequence(getattr(launch[3], "asm", {}).get("ttgir", ""))
+    for key in [k for k in got if not k.startswith("tile2d")]:
+        ref = "tile2d " + key.split()[1]
+        udiff = list(difflib.unified_diff(ttgir[key], ttgir[ref], key, ref, lineterm="", n=1))
+        with open(os.path.join(folder, f"ttgir_ops_{key.replace(' ', '_')}_vs_tile2d.diff"), "w") as f:
             f.write("\n".join(udiff))
-        got[f"diff {d}"] = dict(differences(a, b), ttgir_sequence_lines_changed=sum(
-            1 for u in udiff if u[:1] in "+-" and u[:3] not in ("+++", "---")))  # fmt: skip
-        print(f"  {norm:9s} {rows}x{n} {d}: " + " | ".join(_brief(v, got[f"{v} {d}"], c) for v, c in
-                                                            (("ship", a), ("tile2d", b)))
-              + f" | same layouts {got[f'diff {d}']['same_layouts']}", flush=True)  # fmt: skip
-    for k in list(got):
-        if "code" in got[k]:
-            got[k]["code"] = {"sass": {x: y for x, y in got[k]["code"]["sass"].items() if x != "ops"}}
+        changed = sum(1 for u in udiff if u[:1] in "+-" and u[:3] not in ("+++", "---"))
+        got[f"diff {key} vs tile2d"] = dict(differences(code[key], code[ref]), ttgir_sequence_lines_changed=changed)
+    for key in got:
+        if not key.startswith("diff"):
+            print(f"  {norm:9s} {rows}x{n} {_brief(key, got[key], code[key])}", flush=True)
+    for key in got:
+        if key.startswith("diff"):
+            dd = got[key]
+            print(
+                f"  {norm:9s} {rows}x{n} {key}: same layouts {dd['same_layouts']}, TTGIR ops changed "
+                f"{dd['ttgir_sequence_lines_changed']}, SASS {dd['sass_total']}, REG/STACK {dd['REG/STACK']}, "
+                f"LDL/STL {dd['sass_ops'].get('LDL', [0, 0])}/{dd['sass_ops'].get('STL', [0, 0])}",
+                flush=True,
+            )
     out["build"][f"{norm} {rows}x{n}"] = got
 
 
@@ -315,9 +415,9 @@ def order_section(out, case, copy):
     t = P.inputs(rows, n, norm, DEVICE)
     x, r, w, b = t[:4]
     fb, bb = ledger_bytes(norm, rows, n)
-    fns = {v: variant(v, norm, rows, n) for v in ("ship", "tile2d")}
+    fns = {v: variant(v, norm, rows, n) for v in VARIANTS}
     calls = {v: P.training(fns[v], *t)[0] for v in fns}
-    for pos, v in enumerate(("ship", "tile2d", "tile2d", "ship")):
+    for pos, v in enumerate(VARIANTS + VARIANTS[::-1]):
         with torch.no_grad():
             f_ms = bench.queued_ms(lambda v=v: fns[v](x, r, w, b))
         b_ms = bench.queued_ms(calls[v])
@@ -462,27 +562,26 @@ def alone_child(v, norm, rows, n):
 
 
 def alone_section(out, deadline):
-    for norm, rows, n in ALONE:
-        for v in ("tile2d", "ship"):
-            left = deadline - time.monotonic()
-            if left < 12:
-                out["skipped"].append(f"alone {v} {norm} {rows}x{n}")
-                continue
-            cmd = [sys.executable, os.path.abspath(__file__), "--alone", v, norm, str(rows), str(n)]
-            try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
-            except subprocess.TimeoutExpired:
-                out["skipped"].append(f"alone {v} {norm} {rows}x{n} (timed out)")
-                continue
-            line = next((s for s in r.stdout.splitlines() if s.startswith("ALONE ")), None)
-            if line is None:
-                out["skipped"].append(f"alone {v} {norm} {rows}x{n}: {r.stderr[-400:]}")
-                continue
-            row = json.loads(line[6:])
-            out["alone"].append(row)
-            print(f"  alone {v:6s} {norm:9s} {rows}x{n} fwd {row['fwd_ms'] * 1e3:7.1f} us {row['fwd_frac']:6.1%}  "
-                  f"bwd {row['bwd_ms'] * 1e3:7.1f} us {row['bwd_frac']:6.1%}  (copy {row['copy_GBps']:.0f} GB/s)",
-                  flush=True)  # fmt: skip
+    for (norm, rows, n), v in ALONE:
+        left = deadline - time.monotonic()
+        if left < 12:
+            out["skipped"].append(f"alone {v} {norm} {rows}x{n}")
+            continue
+        cmd = [sys.executable, os.path.abspath(__file__), "--alone", v, norm, str(rows), str(n)]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
+        except subprocess.TimeoutExpired:
+            out["skipped"].append(f"alone {v} {norm} {rows}x{n} (timed out)")
+            continue
+        line = next((s for s in r.stdout.splitlines() if s.startswith("ALONE ")), None)
+        if line is None:
+            out["skipped"].append(f"alone {v} {norm} {rows}x{n}: {r.stderr[-400:]}")
+            continue
+        row = json.loads(line[6:])
+        out["alone"].append(row)
+        print(f"  alone {v:6s} {norm:9s} {rows}x{n} fwd {row['fwd_ms'] * 1e3:7.1f} us {row['fwd_frac']:6.1%}  "
+              f"bwd {row['bwd_ms'] * 1e3:7.1f} us {row['bwd_frac']:6.1%}  (copy {row['copy_GBps']:.0f} GB/s)",
+              flush=True)  # fmt: skip
 
 
 # -- CPU: the trims compute the shipped op ----------------------------------------------------------------------------
@@ -495,19 +594,23 @@ def check():
             x, r, w, b, gy, gh = P.inputs(rows, n, norm, "cpu")
 
             def ship(x, r, w, b, norm=norm):
-                return dn.dropout_norm(x, r, w, b, P.P, norm=norm, seed=77)
+                return dn.dropout_norm(x, r, w, b, P.P, norm=norm, seed=SEED)
 
             _, ref_out, ref_grads = P.training(ship, x, r, w, b, gy, gh)
+            _, out, grads = P.training(variant("before", norm, rows, n), x, r, w, b, gy, gh)
+            res = P.same_op(ref_out, ref_grads, out, grads)
+            print(norm, rows, n, "before", res)
+            ok &= res["ok"]
             for trims in ({"U32": True}, {"DB": norm == "layernorm"}, {"EVEN": True}):
                 if trims.get("EVEN") and n != triton.next_power_of_2(n):
                     continue
                 v = {"BLOCK_M": 1, "num_warps": 4, "programs": 2, "row_stages": 1, **trims}
-                fn = lambda x, r, w, b, norm=norm, v=v: P.tile2d(x, r, w, b, norm, 77, v, v)  # noqa: E731
+                fn = lambda x, r, w, b, norm=norm, v=v: P.tile2d(x, r, w, b, norm, SEED, v, v)  # noqa: E731
                 _, out, grads = P.training(fn, x, r, w, b, gy, gh)
                 res = P.same_op(ref_out, ref_grads, out, grads)
                 print(norm, rows, n, trims, res)
                 ok &= res["ok"]
-    print("check:", "every trim computes the shipped op" if ok else "DIFFERENT")
+    print("check:", "before and every trim compute the shipped op" if ok else "DIFFERENT")
     return ok
 
 

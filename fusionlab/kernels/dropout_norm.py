@@ -359,7 +359,7 @@ def _dropout_norm_fwd_kernel(
 @triton.jit(do_not_specialize=["seed", "offset"])
 def _dropout_norm_bwd_kernel(
     dy_ptr, gh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, part_ptr,
-    n_rows, n_cols, rows_per_program, stride_dy, stride_gh, seed, offset, threshold, scale,
+    n_rows, n_cols, rows_per_program, seed, offset, threshold, scale,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SINGLE_TILE: tl.constexpr, RMS: tl.constexpr,
     HAS_GH: tl.constexpr, DROPOUT: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
@@ -383,8 +383,9 @@ def _dropout_norm_bwd_kernel(
             if INT64:
                 rows2 = rows2.to(tl.int64)
             mask = row_ok[:, None] & col_ok
-            dy = tl.load(dy_ptr + rows2 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-            h = tl.load(h_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+            at = rows2 * n_cols + cols  # one offset for all five row-contiguous tensors (fewer registers)
+            dy = tl.load(dy_ptr + at, mask=mask, other=0.0).to(tl.float32)
+            h = tl.load(h_ptr + at, mask=mask, other=0.0).to(tl.float32)
             mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)[:, None]
             rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)[:, None]
             nh = tl.where(mask, (h - mean) * rstd, 0.0)
@@ -396,12 +397,12 @@ def _dropout_norm_bwd_kernel(
                 c2 = (tl.sum(g, axis=1) / n_cols)[:, None]
                 dh = rstd * (g - c2 - nh * c1)
             if HAS_GH:
-                dh += tl.load(gh_ptr + rows2 * stride_gh + cols, mask=mask, other=0.0).to(tl.float32)
-            tl.store(dr_ptr + rows2 * n_cols + cols, dh.to(dr_ptr.dtype.element_ty), mask=mask)
+                dh += tl.load(gh_ptr + at, mask=mask, other=0.0).to(tl.float32)
+            tl.store(dr_ptr + at, dh.to(dr_ptr.dtype.element_ty), mask=mask)
             if DROPOUT:  # the forward's mask, regenerated from (seed, offset, position): never read
                 keep = _keep(seed, rows, 0, n_q, offset, threshold, BLOCK_M, BLOCK_Q, INT64)
                 dh = tl.where(keep, dh * scale, 0.0)
-            tl.store(dx_ptr + rows2 * n_cols + cols, dh.to(dx_ptr.dtype.element_ty), mask=mask)
+            tl.store(dx_ptr + at, dh.to(dx_ptr.dtype.element_ty), mask=mask)
             dw += dy * nh
             db += dy
         tl.store(part_ptr + pid * n_cols + tile, tl.sum(dw, axis=0), mask=tile < n_cols)
@@ -421,7 +422,7 @@ def _dropout_norm_bwd_kernel(
             for start_q in range(0, n_q, BLOCK_Q):
                 cols = start_q * 4 + tile[None, :]
                 mask = cols < n_cols
-                dy = tl.load(dy_ptr + rows2 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
                 h = tl.load(h_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
                 w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
                 g = dy * w
@@ -432,7 +433,7 @@ def _dropout_norm_bwd_kernel(
             for start_q in range(0, n_q, BLOCK_Q):
                 cols = start_q * 4 + tile[None, :]
                 mask = cols < n_cols
-                dy = tl.load(dy_ptr + rows2 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
                 h = tl.load(h_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
                 w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
                 nh = tl.where(mask, (h - mean) * rstd, 0.0)
@@ -442,7 +443,7 @@ def _dropout_norm_bwd_kernel(
                 else:
                     dh = rstd * (g - c2 - nh * c1)
                 if HAS_GH:
-                    dh += tl.load(gh_ptr + rows2 * stride_gh + cols, mask=mask, other=0.0).to(tl.float32)
+                    dh += tl.load(gh_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
                 tl.store(dr_ptr + rows2 * n_cols + cols, dh.to(dr_ptr.dtype.element_ty), mask=mask)
                 if DROPOUT:
                     keep = _keep(seed, rows, start_q, n_q, offset, threshold, 1, BLOCK_Q, INT64)
@@ -514,11 +515,9 @@ def _backward(dy, gh, h, weight, mean, rstd, p, norm, dropout, seed, offset, cfg
     if h.numel() == 0:
         z = torch.zeros(n_cols, dtype=weight.dtype, device=h.device)
         return dx, dr, z, z.clone()
-    if dy is None:  # only h was used: y contributes nothing
-        dy2 = torch.zeros((1, n_cols), dtype=h.dtype, device=h.device).expand(n_rows, n_cols)
-    else:
-        dy2 = _rows(upstream_grad(dy, h.dtype))
-    gh2 = _rows(upstream_grad(gh, h.dtype)) if gh is not None else None
+    # dy and grad_h row-contiguous, as h, dr and dx are: the kernel addresses all five with one offset
+    dy2 = torch.zeros_like(h) if dy is None else _rows(upstream_grad(dy, h.dtype)).contiguous()
+    gh2 = _rows(upstream_grad(gh, h.dtype)).contiguous() if gh is not None else None
     programs = cfg["programs"]
     bm = cfg["BLOCK_M"]
     rows_per_program = cdiv(cdiv(n_rows, programs), bm) * bm
@@ -527,17 +526,16 @@ def _backward(dy, gh, h, weight, mean, rstd, p, norm, dropout, seed, offset, cfg
     part = alloc((2, programs, n_cols), dtype=torch.float32, device=h.device)
     args = (
         dy2, gh2 if gh2 is not None else dy2, h, weight, mean, rstd, dr, dx, part,
-        n_rows, n_cols, rows_per_program, dy2.stride(0), gh2.stride(0) if gh2 is not None else 0,
-        seed, offset, _threshold(p), 1.0 / (1.0 - p),
+        n_rows, n_cols, rows_per_program, seed, offset, _threshold(p), 1.0 / (1.0 - p),
     )  # fmt: skip
     kwargs = dict(
         BLOCK_M=bm, BLOCK_Q=cfg["BLOCK_N"] // 4, SINGLE_TILE=cfg["SINGLE_TILE"], RMS=norm == "rmsnorm",
         HAS_GH=gh2 is not None, DROPOUT=dropout,
-        INT64=_needs_int64(n_rows, n_cols, offset, dy2.stride(0), n_cols),
+        INT64=_needs_int64(n_rows, n_cols, offset, n_cols),
         NUM_STAGES=cfg.get("row_stages", 1) if runtime.is_gpu() else 1,
         **launch_kwargs(cfg["num_warps"]),
     )  # fmt: skip
-    _call(_launch_bwd, (programs,), args, 14, kwargs)
+    _call(_launch_bwd, (programs,), args, 12, kwargs)
     sums = sum_partials(part if has_bias else part[:1], weight.dtype, checked=True)
     return dx, dr, sums[0], (sums[1] if has_bias else None)
 
