@@ -74,7 +74,7 @@ NCU_METRICS = (
     "sm__warps_active.avg.pct_of_peak_sustained_active", "smsp__issue_active.avg.pct_of_peak_sustained_active",
     "smsp__inst_executed.sum", "sm__cycles_elapsed.avg.per_second",
 )  # fmt: skip
-KERNELS = r"_dropout_norm_(fwd|bwd)_kernel|_fwd_2d|_bwd_2d"
+KERNELS = r"_dropout_norm_(fwd|bwd)_kernel|_fwd_2d|_bwd_2d|_bwd_before"
 OUT = os.environ.get("OUT", ".")
 DEVICE = "cuda" if runtime.is_gpu() else "cpu"
 
@@ -510,6 +510,9 @@ def candidates(norm, n, sms):
     def at(warps, per_sm, stages=3, **kw):
         return {"num_warps": warps, "programs": per_sm * sms, "row_stages": stages, **kw}
 
+    # the launches near the 2026-11-26 H200 probe's best (4 warps, 4 programs an SM) and the H100 sweep's
+    # (8 warps, 1 an SM), two rows a step, one more stage; then the trims at the three likeliest launches
+
     if n >= 8192:
         return [("tile2d 16w 1/SM", "tile2d", at(16, 1)), ("tile2d 16w 1/SM trims", "tile2d", at(16, 1, **trims))]
     return [
@@ -518,6 +521,7 @@ def candidates(norm, n, sms):
         ("tile2d 4w 4/SM", "tile2d", at(4, 4)),
         ("tile2d 4w 2/SM", "tile2d", at(4, 2)),
         ("tile2d 8w 2/SM 4 stages", "tile2d", at(8, 2, 4)),
+        ("tile2d 8w 2/SM 2 rows a step", "tile2d", at(8, 2, BLOCK_M=2)),
         ("tile2d 8w 2/SM trims", "tile2d", at(8, 2, **trims)),
         ("tile2d 8w 1/SM trims", "tile2d", at(8, 1, **trims)),
         ("tile2d 4w 4/SM trims", "tile2d", at(4, 4, **trims)),
