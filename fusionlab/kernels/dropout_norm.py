@@ -86,7 +86,7 @@ OP = "dropout_norm"
 NORMS = ("layernorm", "rmsnorm")
 
 
-# -- spec ----------------------------------------------------------------------------------------------
+# -- spec: the stream, the trips -----------------------------------------------------------------------------
 def philox_counters(shape) -> int:
     """Philox counters one call on a tensor of ``shape`` uses: ``rows * ceil(N / 4)``. The next layer's
     stream starts that far on (its ``offset``) when the seed is shared."""
@@ -98,70 +98,6 @@ def philox_counters(shape) -> int:
 
 def _threshold(p: float) -> int:
     return min(int(round(p * 2**31)), 2**31 - 1)
-
-
-_M32 = np.uint64(0xFFFFFFFF)
-
-
-def philox_reference(seed: int, counters: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Philox-4x32-10 in numpy (uint64 arithmetic, so every product is exact): the four 32-bit words
-    for each counter (a uint64 array), as ``tl.randint4x(seed, counter)`` computes them."""
-    c = np.asarray(counters, dtype=np.uint64)
-    c0, c1 = c & _M32, c >> np.uint64(32)
-    c2 = np.zeros_like(c0)
-    c3 = np.zeros_like(c0)
-    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
-    ra, rb = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
-    for _ in range(10):
-        pa, pb = ra * c0, rb * c2  # < 2**64: exact
-        c0, c1, c2, c3 = (pb >> np.uint64(32)) ^ c1 ^ k0, pb & _M32, (pa >> np.uint64(32)) ^ c3 ^ k1, pa & _M32
-        k0 = (k0 + np.uint64(0x9E3779B9)) & _M32
-        k1 = (k1 + np.uint64(0xBB67AE85)) & _M32
-    return c0, c1, c2, c3
-
-
-def dropout_keep_reference(shape, p: float, seed: int, offset: int = 0) -> torch.Tensor:
-    """The keep mask (bool, ``shape``) the kernel makes for ``(seed, offset)``, from :func:`philox_reference`."""
-    shape = tuple(shape)
-    n = shape[-1]
-    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
-    nq = cdiv(n, 4)
-    col = np.arange(n)
-    ctr = offset + np.arange(rows)[:, None] * nq + (col // 4)[None, :]
-    words = philox_reference(seed, ctr.astype(np.uint64))
-    bits = np.choose(np.broadcast_to(col % 4, ctr.shape), words)
-    keep = (bits >> np.uint64(1)).astype(np.int64) >= _threshold(p)
-    return torch.from_numpy(keep.reshape(shape))
-
-
-def dropout_norm_reference(
-    x, residual, weight, bias=None, p: float = 0.1, *, norm="layernorm", eps=1e-5, training=True, seed=0, offset=0
-):
-    """The spec in fp32 (float64 for float64 inputs): ``(y, h)`` with the kernel's mask for ``seed``."""
-    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
-    xf, rf = x.to(wide), residual.to(wide)
-    if training and p > 0:
-        keep = dropout_keep_reference(x.shape, p, seed, offset).to(x.device)
-        xf = torch.where(keep, xf / (1 - p), torch.zeros((), dtype=wide, device=x.device))
-    h = (rf + xf).to(x.dtype)
-    hf = h.to(wide)
-    if norm == "rmsnorm":
-        y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * weight.to(wide)
-    else:
-        b = bias.to(wide) if bias is not None else None
-        y = F.layer_norm(hf, (x.shape[-1],), weight.to(wide), b, eps)
-    return y.to(x.dtype), h
-
-
-def dropout_norm_eager(x, residual, weight, bias=None, p: float = 0.1, *, norm="layernorm", eps=1e-5, training=True):
-    """What eager PyTorch runs: ``F.dropout`` (a kernel that writes the mask), an add, then the norm
-    (``F.layer_norm``, or the op-by-op RMSNorm of Hugging Face's ``LlamaRMSNorm``)."""
-    h = residual + F.dropout(x, p, training)
-    if norm == "rmsnorm":
-        hf = h.float()
-        y = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype) * weight
-        return y.to(h.dtype), h
-    return F.layer_norm(h, (h.shape[-1],), weight, bias, eps), h
 
 
 def dropout_norm_ledger(
@@ -472,7 +408,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def _needs_int64(n_rows: int, n_cols: int, offset: int, *strides: int) -> bool:
-    last = max([n_cols, *[s for s in strides]]) * max(n_rows, 1) + n_cols
+    last = max(n_cols, *strides) * max(n_rows, 1) + n_cols
     return last >= INT32_LIMIT or offset + n_rows * cdiv(n_cols, 4) >= INT32_LIMIT
 
 
@@ -540,6 +476,7 @@ def _backward(dy, gh, h, weight, mean, rstd, p, norm, dropout, seed, offset, cfg
     return dx, dr, sums[0], (sums[1] if has_bias else None)
 
 
+# -- the autograd Function and the entry ---------------------------------------------------------------------
 class DropoutNormFunction(torch.autograd.Function):
     """Saves h, w, mean and rstd, and the seed and offset: the mask is regenerated, never saved."""
 
@@ -585,20 +522,10 @@ def new_seed() -> int:
 
 
 def dropout_norm(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    p: float = 0.1,
-    *,
-    norm: str = "layernorm",
-    eps: float = 1e-5,
-    training: bool = True,
-    seed: int | None = None,
-    offset: int = 0,
-    fwd_config: dict | None = None,
-    bwd_config: dict | None = None,
-):
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, p: float = 0.1,
+    *, norm: str = "layernorm", eps: float = 1e-5, training: bool = True, seed: int | None = None, offset: int = 0,
+    fwd_config: dict | None = None, bwd_config: dict | None = None,
+):  # fmt: skip
     """``h = residual + dropout(x, p)``, ``y = norm(h) * w (+ b)`` in one kernel; returns ``(y, h)``.
 
     ``x``, ``residual``: the same shape ``(..., N)`` and dtype (fp32/fp16/bf16; no bf16 in the
@@ -652,3 +579,68 @@ def dropout_norm(
         return DropoutNormFunction.apply(x, residual, weight_c, bias_c, args)
     y, h, _, _ = _forward(_rows(x), _rows(residual), weight_c, bias_c, p, norm, eps, dropout, seed, offset, cfg)
     return y.view(x.shape), h.view(x.shape)
+
+
+# -- references: Philox in numpy, the op in fp32, eager PyTorch ----------------------------------------------
+_M32 = np.uint64(0xFFFFFFFF)
+
+
+def philox_reference(seed: int, counters: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Philox-4x32-10 in numpy (uint64 arithmetic, so every product is exact): the four 32-bit words
+    for each counter (a uint64 array), as ``tl.randint4x(seed, counter)`` computes them."""
+    c = np.asarray(counters, dtype=np.uint64)
+    c0, c1 = c & _M32, c >> np.uint64(32)
+    c2 = np.zeros_like(c0)
+    c3 = np.zeros_like(c0)
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
+    ra, rb = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+    for _ in range(10):
+        pa, pb = ra * c0, rb * c2  # < 2**64: exact
+        c0, c1, c2, c3 = (pb >> np.uint64(32)) ^ c1 ^ k0, pb & _M32, (pa >> np.uint64(32)) ^ c3 ^ k1, pa & _M32
+        k0 = (k0 + np.uint64(0x9E3779B9)) & _M32
+        k1 = (k1 + np.uint64(0xBB67AE85)) & _M32
+    return c0, c1, c2, c3
+
+
+def dropout_keep_reference(shape, p: float, seed: int, offset: int = 0) -> torch.Tensor:
+    """The keep mask (bool, ``shape``) the kernel makes for ``(seed, offset)``, from :func:`philox_reference`."""
+    shape = tuple(shape)
+    n = shape[-1]
+    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+    nq = cdiv(n, 4)
+    col = np.arange(n)
+    ctr = offset + np.arange(rows)[:, None] * nq + (col // 4)[None, :]
+    words = philox_reference(seed, ctr.astype(np.uint64))
+    bits = np.choose(np.broadcast_to(col % 4, ctr.shape), words)
+    keep = (bits >> np.uint64(1)).astype(np.int64) >= _threshold(p)
+    return torch.from_numpy(keep.reshape(shape))
+
+
+def dropout_norm_reference(
+    x, residual, weight, bias=None, p: float = 0.1, *, norm="layernorm", eps=1e-5, training=True, seed=0, offset=0
+):
+    """The spec in fp32 (float64 for float64 inputs): ``(y, h)`` with the kernel's mask for ``seed``."""
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf, rf = x.to(wide), residual.to(wide)
+    if training and p > 0:
+        keep = dropout_keep_reference(x.shape, p, seed, offset).to(x.device)
+        xf = torch.where(keep, xf / (1 - p), torch.zeros((), dtype=wide, device=x.device))
+    h = (rf + xf).to(x.dtype)
+    hf = h.to(wide)
+    if norm == "rmsnorm":
+        y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * weight.to(wide)
+    else:
+        b = bias.to(wide) if bias is not None else None
+        y = F.layer_norm(hf, (x.shape[-1],), weight.to(wide), b, eps)
+    return y.to(x.dtype), h
+
+
+def dropout_norm_eager(x, residual, weight, bias=None, p: float = 0.1, *, norm="layernorm", eps=1e-5, training=True):
+    """What eager PyTorch runs: ``F.dropout`` (a kernel that writes the mask), an add, then the norm
+    (``F.layer_norm``, or the op-by-op RMSNorm of Hugging Face's ``LlamaRMSNorm``)."""
+    h = residual + F.dropout(x, p, training)
+    if norm == "rmsnorm":
+        hf = h.float()
+        y = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype) * weight
+        return y.to(h.dtype), h
+    return F.layer_norm(h, (h.shape[-1],), weight, bias, eps), h
