@@ -97,14 +97,20 @@ def test_backward_with_one_output_or_strided_gradients(used):
         torch.testing.assert_close(g.double(), w, atol=1e-4 * (1 + w.abs().max().item()), rtol=1e-4)
 
 
-def test_kernel_philox_is_the_numpy_philox():
-    """The kernel's keep mask, read off h with x = 1 and r = 0, is the one numpy's Philox gives."""
-    shape, p = (16, 250), 0.3
+@pytest.mark.parametrize("p", [0.3, 0.75, 0.999])  # 0.75, 0.999: round(p 2**31) past 2**30 (doubled: past 2**31)
+def test_kernel_philox_is_the_numpy_philox(p):
+    """The kernel's keep mask, read off h with x = 1 and r = 0, is the one numpy's Philox gives; the
+    backward's (dx zero where dropped) too."""
+    shape = (16, 250)
     ones, zeros = torch.ones(shape, device=DEV), torch.zeros(shape, device=DEV)
     w = torch.ones(250, device=DEV)
     for seed, offset in ((0, 0), (2**40 + 3, 2**33)):  # a seed past 32 bits, a counter past 32 bits
-        _, h = D.dropout_norm(ones, zeros, w, None, p, norm="rmsnorm", seed=seed, offset=offset)
-        assert torch.equal((h != 0).cpu(), D.dropout_keep_reference(shape, p, seed, offset))
+        x = ones.clone().requires_grad_()
+        _, h = D.dropout_norm(x, zeros, w, None, p, norm="rmsnorm", seed=seed, offset=offset)
+        want = D.dropout_keep_reference(shape, p, seed, offset)
+        assert torch.equal((h != 0).cpu(), want)
+        (dx,) = torch.autograd.grad(h, x, ones)
+        assert torch.equal((dx != 0).cpu(), want)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])

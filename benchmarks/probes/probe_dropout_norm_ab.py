@@ -11,7 +11,8 @@ shipped backward at 32768 x 4096 reached 79.8% of copy (bar 90%). Compiled for s
 ``before`` addressed dy and grad_h through their own row strides, h, dr and dx through N: three offset
 tensors where tile2d has one, and at 16 warps (128 registers a thread) it spilled (RMSNorm 8192: 40 bytes of
 stack, 10 LDL and 10 STL in its SASS; LayerNorm 8192: 16 bytes). ``ship`` makes dy and grad_h
-row-contiguous and addresses all five with one offset: its SASS has tile2d's opcode counts there.
+row-contiguous and addresses all five with one offset (its SASS then had tile2d's opcode counts at five
+launches), and takes the three trims below (its SASS within a few instructions of tile2d's with them).
 
 One GPU (an H100 or an H200), bf16, p = 0.1, a 64-bit seed (as the suite's fresh seeds); JSON to
 ``$OUT/probe_dropout_norm_ab.json``, the compiled code to ``$OUT/dropout_norm_asm/``. Sections, in this

@@ -210,7 +210,8 @@ def _keep(seed, rows, start_q, n_q, offset, threshold, BLOCK_M: tl.constexpr, BL
     ctr = offset + r * n_q + start_q + tl.arange(0, BLOCK_Q)[None, :]
     r0, r1, r2, r3 = tl.randint4x(seed, ctr)
     bits = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK_M, 4 * BLOCK_Q])
-    return (bits >> 1).to(tl.int32) >= threshold  # 31 bits against round(p 2**31): p = 0 keeps all
+    # (bits >> 1) >= round(p 2**31) as one unsigned compare, bits >= 2 round(p 2**31) (< 2**32): p = 0 keeps all
+    return bits >= threshold.to(tl.uint32) * 2
 
 
 @triton.jit
@@ -297,8 +298,10 @@ def _dropout_norm_bwd_kernel(
     dy_ptr, gh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, part_ptr,
     n_rows, n_cols, rows_per_program, seed, offset, threshold, scale,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SINGLE_TILE: tl.constexpr, RMS: tl.constexpr,
-    HAS_GH: tl.constexpr, DROPOUT: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_GH: tl.constexpr, DROPOUT: tl.constexpr, INT64: tl.constexpr,
+    NUM_STAGES: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
+    # EVEN: N fills the tile, so the column test is against a constant and folds away; HAS_BIAS: db summed
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     row_start = pid * rows_per_program
@@ -307,7 +310,7 @@ def _dropout_norm_bwd_kernel(
     tile = tl.arange(0, 4 * BLOCK_Q)
     if SINGLE_TILE:
         cols = tile[None, :]
-        col_ok = cols < n_cols
+        col_ok = cols < (4 * BLOCK_Q if EVEN else n_cols)
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         dw = tl.zeros([BLOCK_M, 4 * BLOCK_Q], dtype=tl.float32)
         db = tl.zeros([BLOCK_M, 4 * BLOCK_Q], dtype=tl.float32)
@@ -340,9 +343,11 @@ def _dropout_norm_bwd_kernel(
                 dh = tl.where(keep, dh * scale, 0.0)
             tl.store(dx_ptr + at, dh.to(dx_ptr.dtype.element_ty), mask=mask)
             dw += dy * nh
-            db += dy
+            if HAS_BIAS:
+                db += dy
         tl.store(part_ptr + pid * n_cols + tile, tl.sum(dw, axis=0), mask=tile < n_cols)
-        tl.store(part_ptr + (n_programs + pid) * n_cols + tile, tl.sum(db, axis=0), mask=tile < n_cols)
+        if HAS_BIAS:
+            tl.store(part_ptr + (n_programs + pid) * n_cols + tile, tl.sum(db, axis=0), mask=tile < n_cols)
     else:
         # rows wider than a tile, one at a time: pass 1 sums g n̂ (and g), pass 2 writes dh and dx and
         # adds dy n̂, dy into this program's own (zeroed) rows of the partial-sum buffer
@@ -388,7 +393,8 @@ def _dropout_norm_bwd_kernel(
                 pw = part_ptr + pid * n_cols + cols
                 pb = part_ptr + (n_programs + pid) * n_cols + cols
                 tl.store(pw, tl.load(pw, mask=mask, other=0.0) + dy * nh, mask=mask)
-                tl.store(pb, tl.load(pb, mask=mask, other=0.0) + dy, mask=mask)
+                if HAS_BIAS:
+                    tl.store(pb, tl.load(pb, mask=mask, other=0.0) + dy, mask=mask)
 
 
 # -- launchers ----------------------------------------------------------------------------------------------
@@ -459,20 +465,19 @@ def _backward(dy, gh, h, weight, mean, rstd, p, norm, dropout, seed, offset, cfg
     rows_per_program = cdiv(cdiv(n_rows, programs), bm) * bm
     programs = cdiv(n_rows, rows_per_program)
     alloc = torch.empty if cfg["SINGLE_TILE"] else torch.zeros  # the wide path adds into its rows
-    part = alloc((2, programs, n_cols), dtype=torch.float32, device=h.device)
+    part = alloc((2 if has_bias else 1, programs, n_cols), dtype=torch.float32, device=h.device)
     args = (
         dy2, gh2 if gh2 is not None else dy2, h, weight, mean, rstd, dr, dx, part,
         n_rows, n_cols, rows_per_program, seed, offset, _threshold(p), 1.0 / (1.0 - p),
     )  # fmt: skip
     kwargs = dict(
         BLOCK_M=bm, BLOCK_Q=cfg["BLOCK_N"] // 4, SINGLE_TILE=cfg["SINGLE_TILE"], RMS=norm == "rmsnorm",
-        HAS_GH=gh2 is not None, DROPOUT=dropout,
-        INT64=_needs_int64(n_rows, n_cols, offset, n_cols),
-        NUM_STAGES=cfg.get("row_stages", 1) if runtime.is_gpu() else 1,
+        HAS_BIAS=has_bias, HAS_GH=gh2 is not None, DROPOUT=dropout, INT64=_needs_int64(n_rows, n_cols, offset, n_cols),
+        NUM_STAGES=cfg.get("row_stages", 1) if runtime.is_gpu() else 1, EVEN=n_cols == cfg["BLOCK_N"],
         **launch_kwargs(cfg["num_warps"]),
     )  # fmt: skip
     _call(_launch_bwd, (programs,), args, 12, kwargs)
-    sums = sum_partials(part if has_bias else part[:1], weight.dtype, checked=True)
+    sums = sum_partials(part, weight.dtype, checked=True)
     return dx, dr, sums[0], (sums[1] if has_bias else None)
 
 
