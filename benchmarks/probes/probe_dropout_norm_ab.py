@@ -122,7 +122,7 @@ def _bwd_before(
             dh += tl.load(gh_ptr + rows2 * stride_gh + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(dr_ptr + rows2 * n_cols + cols, dh.to(dr_ptr.dtype.element_ty), mask=mask)
         if DROPOUT:
-            keep = dn._keep(seed, rows, 0, n_q, offset, threshold, BLOCK_M, BLOCK_Q, INT64)
+            keep = P._keep_rows(seed, rows, n_q, offset, threshold, BLOCK_M, BLOCK_Q)  # fcd5ef9's _keep, INT64 off
             dh = tl.where(keep, dh * scale, 0.0)
         tl.store(dx_ptr + rows2 * n_cols + cols, dh.to(dx_ptr.dtype.element_ty), mask=mask)
         dw += dy * nh
