@@ -12,13 +12,12 @@ is made in registers and never leaves the chip.
 
 **Randomness without memory.** Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1,
 2, 3", SC 2011) is a counter-based generator: ``philox(seed, counter)`` is a pure function, ten rounds
-of multiply-and-xor on the counter keyed by the seed. Any element's random number can be computed by
-whichever program holds it, in any order, as often as wanted — so the backward *regenerates* the mask
-instead of reading it. Triton's ``tl.randint4x(seed, counter)`` gives four 32-bit numbers a call; we
-use all four, one for each of four neighbouring elements (a quarter of the arithmetic of one call an
-element, which matters: ten Philox rounds an element would cost as much time as the bytes on an H100).
+of multiply-and-xor on the counter keyed by the seed, so any program can compute any element's number,
+in any order, as often as wanted: the backward *regenerates* the mask instead of reading it. One
+``tl.randint4x(seed, counter)`` call gives four 32-bit words, one for each of four neighbouring
+elements (ten rounds an element would cost as much time as the bytes on an H100).
 
-**The stream.** Element ``(row, col)`` of a call takes lane ``col % 4`` of counter::
+**The stream.** Element ``(row, col)`` of a call takes word ``col % 4`` of counter::
 
     offset + row * ceil(N / 4) + col // 4
 
@@ -32,9 +31,9 @@ layer its own ``offset`` (advance it by :func:`philox_counters`) or its own seed
 :func:`philox_reference` is Philox written in numpy, the independent spec the tests compare with.
 
 **Numerics.** h is rounded to x's dtype (it is stored, and eager adds in that dtype); statistics are
-fp32 from the rounded h; ``y = (h - mean) * rstd * w + b`` (RMSNorm: ``h * rstd * w``, mean-square
-inside the square root, ``eps`` added to it) in fp32, rounded once to x's dtype. In eval
-(``training=False``) or with ``p = 0`` no random number is drawn and h = residual + x exactly.
+fp32 from the rounded h; ``y = (h - mean) * rstd * w + b`` (RMSNorm: ``h * rstd * w``, ``eps`` inside
+the square root) in fp32, rounded once. In eval (``training=False``) or with ``p = 0`` no random number
+is drawn and h = residual + x exactly.
 
 **Backward** (saved: h, w, and one fp32 mean and rstd a row; ``n̂ = (h - mean) rstd``, ``g = dy w``)::
 
@@ -43,10 +42,9 @@ inside the square root, ``eps`` added to it) in fp32, rounded once to x's dtype.
     dw = sum over rows of dy n̂;   db = sum over rows of dy
 
 one kernel reads dy, h (and grad_h) and writes dresidual and dx; dw and db are per-program partial
-sums added in a fixed order by :func:`fusionlab.kernels._norms.sum_partials` (deterministic, no
-atomics). Rows wider than one tile (:func:`dropout_norm_config`) are walked in tiles: the forward
-re-reads h twice (variance, then y), the backward re-reads dy and h once and adds its dw partials in
-its own fp32 buffer row.
+sums added in a fixed order by :func:`fusionlab.kernels._norms.sum_partials` (no atomics). Rows wider
+than one tile (:func:`dropout_norm_config`) are walked in tiles: the forward re-reads h twice (variance,
+then y), the backward re-reads dy and h once.
 
 References: Salmon et al. (above); Triton tutorial 04 (low-memory dropout); flash-attention's
 ``dropout_add_layer_norm``; apex ``FusedLayerNorm``.
@@ -119,11 +117,8 @@ def dropout_norm_ledger(
         led = Ledger(dtype_bytes=dtype, sizes=sizes, outputs=("h", "y", "mean", "rstd"))
         led.op("dropout", reads={"x": rn}, writes={"xd": rn, "mask": rn})
         led.op("add", reads={"xd": rn, "residual": rn}, writes={"h": rn})
-        led.op(
-            norm,
-            reads={"h": rn, "w": n, "b": n if norm == "layernorm" else 0},
-            writes={"y": rn, "mean": rows, "rstd": rows},
-        )
+        b = n if norm == "layernorm" else 0
+        led.op(norm, reads={"h": rn, "w": n, "b": b}, writes={"y": rn, "mean": rows, "rstd": rows})
         return led
     out = "dh2" if grad_h else "dh"
     led = Ledger(dtype_bytes=dtype, sizes=sizes, outputs=(out, "dx"), recomputed=("mask",))
@@ -198,12 +193,10 @@ def _with_overrides(cfg: dict, override, n_cols: int, op: str) -> dict:
 def _keep(seed, rows, start_q, n_q, offset, threshold, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
           INT64: tl.constexpr):  # fmt: skip
     """The keep mask of a ``[BLOCK_M, 4 BLOCK_Q]`` tile of ``rows`` from quad ``start_q``: element
-    ``(row, col)`` takes word ``col % 4`` of Philox counter ``offset + row n_q + col // 4``.
-
-    One ``tl.randint4x`` call makes four words on a ``[BLOCK_M, BLOCK_Q]`` tile of counters, and
-    ``join`` + ``reshape`` lay them into the row as r0 r1 r2 r3. The row stays a plain 2-D tile, so its
-    loads and stores are 16-byte vectors; a ``[BLOCK_M, BLOCK_Q, 4]`` tile (one Philox call a quad along
-    the last axis) lets the compiler see only four contiguous elements, 8 bytes of bf16."""
+    ``(row, col)`` takes word ``col % 4`` of Philox counter ``offset + row n_q + col // 4``. One
+    ``tl.randint4x`` call on a ``[BLOCK_M, BLOCK_Q]`` tile of counters, its words laid into the row as
+    r0 r1 r2 r3 by ``join`` + ``reshape``: the row stays a plain 2-D tile of 16-byte vectors (a
+    ``[BLOCK_M, BLOCK_Q, 4]`` tile would show the compiler runs of four elements: 8 bytes of bf16)."""
     r = rows[:, None]
     if INT64:
         r = r.to(tl.int64)
