@@ -76,6 +76,8 @@ NCU_METRICS = (
     "smsp__inst_executed.sum", "sm__cycles_elapsed.avg.per_second",
 )  # fmt: skip
 KERNELS = r"_dropout_norm_(fwd|bwd)_kernel|_fwd_2d|_bwd_2d|_bwd_before"
+SHIP_KEYS = ("num_warps", "programs", "row_stages", "BLOCK_M")  # what the package's configuration holds
+SECTIONS = ("build", "order", "ncu", "cands", "alone", "cands2")
 OUT = os.environ.get("OUT", ".")
 DEVICE = "cuda" if runtime.is_gpu() else "cpu"
 
@@ -464,7 +466,11 @@ def _ncu_rows(text: str) -> list[dict]:
         v = NCU._number(r[col["Metric Value"]])
         k = found.setdefault(r[col["ID"]], {"kernel": r[name]})
         if v is not None:
-            k[r[col["Metric Name"]]] = v * NCU._scale(r[col["Metric Unit"]] if "Metric Unit" in col else "")
+            try:  # bytes and nanoseconds to base units; counts (sectors, registers...) as they are
+                v *= NCU._scale(r[col["Metric Unit"]] if "Metric Unit" in col else "")
+            except ValueError:
+                pass
+            k[r[col["Metric Name"]]] = v
     return [found[i] for i in sorted(found, key=lambda i: int(i) if i.isdigit() else i)]
 
 
@@ -530,16 +536,42 @@ def candidates(norm, n, sms):
     ]
 
 
-def cands_section(out, case, copy, sms, deadline):
+def candidates_2(norm, n, sms):
+    """The second round (2026-11-27, after the first on an H200: at 32768 x 4096 two rows a step reached 89.6%
+    LayerNorm, 88.5% RMSNorm; four row stages 85.9% and 89.8%; the trims -1.7 points LayerNorm, +4 RMSNorm at
+    8 warps, 2 an SM): those two together, their programs an SM, the package's kernel (with the trims) beside
+    tile2d without them and with them."""
+    trims = {"U32": True, "EVEN": True, "DB": norm == "layernorm"}
+
+    def at(warps, per_sm, stages=3, rows=1, **kw):
+        return {"num_warps": warps, "programs": per_sm * sms, "row_stages": stages, "BLOCK_M": rows, **kw}
+
+    out = []
+    for label, cfg in (
+        ("8w 2/SM", at(8, 2)),
+        ("8w 2/SM 2 rows", at(8, 2, rows=2)),
+        ("8w 1/SM 2 rows", at(8, 1, rows=2)),
+        ("8w 2/SM 4 stages", at(8, 2, 4)),
+        ("8w 2/SM 2 rows 4 stages", at(8, 2, 4, rows=2)),
+        ("16w 1/SM 2 rows", at(16, 1, rows=2)),
+        ("4w 2/SM", at(4, 2)),
+    ):
+        out.append((f"ship {label}", "ship", cfg))
+        if "2 rows" in label and "16w" not in label or label == "8w 2/SM 4 stages":
+            out += [(f"tile2d {label}", "tile2d", cfg), (f"tile2d {label} trims", "tile2d", dict(cfg, **trims))]
+    return out
+
+
+def cands_section(out, case, copy, sms, deadline, which=candidates):
     norm, rows, n = case
     t = P.inputs(rows, n, norm, DEVICE)
     bb = ledger_bytes(norm, rows, n)[1]
-    for label, v, cfg in candidates(norm, n, sms):
+    for label, v, cfg in which(norm, n, sms):
         if time.monotonic() > deadline:
             out["skipped"].append(f"cands {norm} {rows}x{n} {label}")
             continue
         if v == "ship":
-            with P.shipped_config(bwd=cfg):
+            with P.shipped_config(bwd={k: x for k, x in cfg.items() if k in SHIP_KEYS}):
                 call = P.training(variant("ship", norm, rows, n), *t)[0]
                 ms = bench.queued_ms(call)
         else:
@@ -624,7 +656,9 @@ def main():
     ap.add_argument("--budget", type=float, default=170.0, help="seconds; sections past it are left out")
     ap.add_argument("--check", action="store_true", help="CPU: the trims against the shipped op")
     ap.add_argument("--alone", nargs=4, metavar=("VARIANT", "NORM", "ROWS", "N"), help=argparse.SUPPRESS)
+    ap.add_argument("--sections", default=",".join(SECTIONS[:5]), help=f"some of {','.join(SECTIONS)}")
     a = ap.parse_args()
+    want = set(a.sections.split(","))
     if a.check:
         raise SystemExit(0 if check() else 1)
     if a.alone:
@@ -657,18 +691,24 @@ def main():
         out["sections_s"][label] = round(time.monotonic() - s0, 1)
         torch.cuda.empty_cache()
 
-    for case in CASES:
+    for case in CASES if "build" in want else ():
         section(f"build {case}", build_section, out, case)
-    for case in CASES:
+    for case in CASES if "order" in want else ():
         section(f"order {case}", order_section, out, case, copy)
     out["gpu_state"].append(gpu_state())
-    section("ncu", lambda: ncu_section(out, max(60.0, deadline - time.monotonic() - 40)))
-    for case in (CASES[1], CASES[3], CASES[0], CASES[2]):
+    if "ncu" in want:
+        section("ncu", lambda: ncu_section(out, max(60.0, deadline - time.monotonic() - 40)))
+    for case in (CASES[1], CASES[3]) if "cands2" in want else ():
+        section(f"cands2 {case}", cands_section, out, case, copy, sms, deadline - 5, candidates_2)
+    for case in (CASES[1], CASES[3], CASES[0], CASES[2]) if "cands" in want else ():
         section(f"cands {case}", cands_section, out, case, copy, sms, deadline - 25)
-    section("alone", alone_section, out, deadline + 10)
+    if "alone" in want:
+        section("alone", alone_section, out, deadline + 10)
     out["gpu_state"].append(gpu_state())
     out["seconds"] = time.monotonic() - t0
-    dest = os.path.join(OUT, "probe_dropout_norm_ab.json")
+    dest = os.path.join(
+        OUT, f"probe_dropout_norm_ab{'' if want == set(SECTIONS[:5]) else '_' + '_'.join(sorted(want))}.json"
+    )
     with open(dest, "w") as f:
         json.dump(out, f, indent=1, default=str)
     print(f"left out: {out['skipped'] or 'nothing'}; errors: {len(out.get('errors', []))}; {out['seconds']:.0f} s; "
