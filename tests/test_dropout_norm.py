@@ -204,3 +204,15 @@ def test_ledger_counts_the_mask_eager_and_not_fused():
     assert any(t.tensor == "mask" for t in fwd.trips(fused=False))
     assert not any(t.tensor == "mask" for t in fwd.trips(fused=True) + bwd.trips(fused=True))
     assert np.isclose(bwd.fused_bytes, 4 * rn * 2 + 2 * 4096 * 4 + 4096 * 2)  # dy, h in; dh, dx out
+
+
+def test_backward_configuration_by_what_the_gpu_can_do():
+    """A GPU whose DRAM outruns its SMs (an H200, by its bandwidth) takes the backward launch measured there
+    at the widths it lists; an H100, and every forward, keep the rule by elements a thread."""
+    bf16, fast = torch.bfloat16, D.GPU_TUNING["fast_bwd"]
+    for n, want in fast.items():
+        h200 = D.dropout_norm_config(32768, n, bf16, backward=True, gpu=True, device="NVIDIA H200")
+        assert {k: h200[k] for k in want} == want
+        h100 = D.dropout_norm_config(32768, n, bf16, backward=True, gpu=True, device="NVIDIA H100 80GB HBM3")
+        assert h100 != h200 and h100["BLOCK_M"] == 1
+        assert D.dropout_norm_config(32768, n, bf16, gpu=True, device="NVIDIA H200")["BLOCK_M"] == 1

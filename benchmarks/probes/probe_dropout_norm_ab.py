@@ -150,13 +150,14 @@ class Before(torch.autograd.Function):
         norm, has_bias = ctx.args
         rows, n = h.shape
         cfg = dn.dropout_norm_config(rows, n, h.dtype, backward=True)
-        per = triton.cdiv(rows, cfg["programs"])
+        bm = cfg["BLOCK_M"] if runtime.is_gpu() else 1
+        per = triton.cdiv(triton.cdiv(rows, cfg["programs"]), bm) * bm
         programs = triton.cdiv(rows, per)
         dr, dx = torch.empty_like(h), torch.empty_like(h)
         part = torch.empty((2, programs, n), device=h.device, dtype=torch.float32)
         _bwd_before[(programs,)](
             dy, gh, h, w, mean, rstd, dr, dx, part, rows, n, per, dy.stride(0), gh.stride(0), SEED, 0,
-            dn._threshold(P.P), 1.0 / (1.0 - P.P), BLOCK_M=1, BLOCK_Q=cfg["BLOCK_N"] // 4, RMS=norm == "rmsnorm",
+            dn._threshold(P.P), 1.0 / (1.0 - P.P), BLOCK_M=bm, BLOCK_Q=cfg["BLOCK_N"] // 4, RMS=norm == "rmsnorm",
             HAS_GH=True, DROPOUT=True, INT64=False, NUM_STAGES=cfg["row_stages"] if runtime.is_gpu() else 1,
             **P._kw(cfg["num_warps"]),
         )  # fmt: skip
@@ -169,7 +170,7 @@ def shipped_launch(rows, n):
     """tile2d's forward and backward launch dicts equal to the shipped op's own configuration."""
     f = dn.dropout_norm_config(rows, n, P.DT)
     b = dn.dropout_norm_config(rows, n, P.DT, backward=True)
-    vb = {"BLOCK_M": 1, "num_warps": b["num_warps"], "programs": b["programs"], "row_stages": b.get("row_stages", 1)}
+    vb = {k: b[k] for k in SHIP_KEYS}
     return {"BLOCK_M": 1, "num_warps": f["num_warps"]}, vb
 
 

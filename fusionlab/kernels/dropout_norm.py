@@ -72,6 +72,7 @@ from ._launch import (
     check_choice,
     check_overrides,
     check_tensor,
+    dram_gbps,
     element_size,
     launch_kwargs,
     next_pow2,
@@ -134,7 +135,10 @@ def dropout_norm_ledger(
 #: set the warps; the backward runs ``warps_per_sm // num_warps`` persistent programs an SM (at least
 #: one), each summing dw over its block of rows, its row loop software-pipelined ``row_stages`` deep
 #: where the staged rows (dy, h, grad_h) fit ``stage_bytes`` of shared memory (rmsnorm.py's rule).
-#: Interpreter: few large programs (each costs milliseconds of Python).
+#: The backward on a GPU whose DRAM outruns its SMs (``fast_dram_gbps`` or more: an H200's 4.8 TB/s for an
+#: H100's 132 SMs) takes ``fast_bwd[BLOCK_N]`` where that width was measured there: more rows a step in
+#: flight (``benchmarks/notes_lesson4b.md``, 2026-11-27). Interpreter: few large programs (each costs
+#: milliseconds of Python).
 GPU_TUNING = {
     "max_single": 16384,
     "wide_block": 4096,
@@ -142,20 +146,26 @@ GPU_TUNING = {
     "warps_per_sm": 16,
     "row_stages": 3,
     "stage_bytes": 163840,
+    "fast_dram_gbps": 4000.0,
+    "fast_bwd": {4096: {"BLOCK_M": 2}},
 }
 INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 1024, "tile": 16384, "programs": 4}
 
 
-def dropout_norm_config(n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu=None) -> dict:
+def dropout_norm_config(
+    n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu=None, device: str | None = None
+) -> dict:
     """``{"BLOCK_M", "BLOCK_N", "SINGLE_TILE", "num_warps"(, "programs", "row_stages")}``. BLOCK_N is a
-    multiple of 4 (four elements share a Philox call). A copy of a cached answer: a call's host time
-    is part of a small call's cost."""
+    multiple of 4 (four elements share a Philox call). ``device``: a GPU asked about by name (default: this
+    one; :func:`~fusionlab.kernels._launch.dram_gbps`). A copy of a cached answer: a call's host time is
+    part of a small call's cost."""
     gpu = runtime.is_gpu() if gpu is None else gpu
-    return dict(_config(int(n_rows), int(n_cols), dtype, bool(backward), gpu))
+    fast = bool(gpu and backward) and dram_gbps(device) >= GPU_TUNING["fast_dram_gbps"]
+    return dict(_config(int(n_rows), int(n_cols), dtype, bool(backward), gpu, fast))
 
 
 @functools.lru_cache(maxsize=1024)
-def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool) -> dict:
+def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, fast: bool) -> dict:
     t = GPU_TUNING if gpu else INTERPRETER_TUNING
     single = n_cols <= t["max_single"]
     block_n = max(16, next_pow2(n_cols)) if single else t["wide_block"]
@@ -166,10 +176,13 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
         block_m = max(1, min(t["tile"] // block_n, next_pow2(max(n_rows, 1)))) if single else 1
         num_warps = 4
     cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SINGLE_TILE": single, "num_warps": num_warps}
+    if fast and single:
+        cfg.update(t["fast_bwd"].get(block_n, {}))
+        block_m, num_warps = cfg["BLOCK_M"], cfg["num_warps"]
     if backward:
         cap = sm_count() * max(1, t["warps_per_sm"] // num_warps) if gpu else t["programs"]
         cfg["programs"] = max(1, min(cdiv(max(n_rows, 1), block_m), cap))
-        stages = t.get("row_stages", 1) if single else 1
+        stages = cfg.get("row_stages", t.get("row_stages", 1)) if single else 1
         while stages > 1 and 3 * block_m * block_n * element_size(dtype) * (stages - 1) > t.get("stage_bytes", 0):
             stages -= 1
         cfg["row_stages"] = stages
