@@ -136,8 +136,9 @@ def dropout_norm_ledger(
 #: one), each summing dw over its block of rows, its row loop software-pipelined ``row_stages`` deep
 #: where the staged rows (dy, h, grad_h) fit ``stage_bytes`` of shared memory (rmsnorm.py's rule).
 #: The backward on a GPU whose DRAM outruns its SMs (``fast_dram_gbps`` or more: an H200's 4.8 TB/s for an
-#: H100's 132 SMs) takes ``fast_bwd[BLOCK_N]`` where that width was measured there: more rows a step in
-#: flight (``benchmarks/notes_lesson4b.md``, 2026-11-27). Interpreter: few large programs (each costs
+#: H100's 132 SMs) takes ``fast_bwd[BLOCK_N]`` where that width was measured there: at 4096, two rows a step
+#: in one program of 16 warps an SM, the H200's best launch and on an H100 slower than the rule's one row of
+#: 8 warps (``benchmarks/notes_lesson4b.md``, 2026-11-27). Interpreter: few large programs (each costs
 #: milliseconds of Python).
 GPU_TUNING = {
     "max_single": 16384,
@@ -147,7 +148,7 @@ GPU_TUNING = {
     "row_stages": 3,
     "stage_bytes": 163840,
     "fast_dram_gbps": 4000.0,
-    "fast_bwd": {4096: {"BLOCK_M": 2}},
+    "fast_bwd": {4096: {"BLOCK_M": 2, "num_warps": 16}},
 }
 INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 1024, "tile": 16384, "programs": 4}
 
