@@ -2,7 +2,7 @@
 (``ship``) and ``probe_dropout_norm_h200.py``'s ``tile2d`` copy of the same tile, A/B, with evidence that is
 not the timing itself; and the backward's candidates for the hidden-4096 bar on an H200.
 
-    PYTHONPATH=. python3 benchmarks/probes/probe_dropout_norm_ab.py [--budget 170]
+    PYTHONPATH=. python3 benchmarks/probes/probe_dropout_norm_ab.py [--budget 170] [--sections ncu,cands2]
     PYTHONPATH=. python3 benchmarks/probes/probe_dropout_norm_ab.py --check      # CPU: same op, same mask
 
 Why: on an H200 (2026-11-27) the shipped backward at 32768 x 8192 was up to 19 points of copy below
@@ -33,6 +33,10 @@ order, each left out once ``--budget`` seconds are spent (the JSON says which):
    row stages) and its trims (``U32``: the keep test as one unsigned compare; ``EVEN``: the column test
    folded when N fills the tile; ``DB=False``: no db sums without a bias), the shipped kernel at 4 warps.
 5. ``alone``: each variant timed in a process of its own, at the two cases of the gap.
+
+``--sections`` picks some (default: those five); ``cands2`` is the second round at 32768 x 4096 (two rows a
+step, four row stages, the package's kernel beside tile2d with and without the trims), whose best launch
+ships on an H200. Results: ``notes_lesson4b.md`` § 2026-11-27: the backward's gap to ``tile2d``.
 """
 
 from __future__ import annotations
