@@ -213,7 +213,8 @@ def test_ledger_counts_the_mask_eager_and_not_fused():
 
 def test_backward_configuration_by_what_the_gpu_can_do():
     """A GPU whose DRAM outruns its SMs (an H200, by its bandwidth) takes the backward launch measured there
-    at the widths it lists; an H100, and every forward, keep the rule by elements a thread."""
+    at the widths it lists, for 16-bit rows; an H100, fp32 rows and every forward keep the rule by elements a
+    thread."""
     bf16, fast = torch.bfloat16, D.GPU_TUNING["fast_bwd"]
     for n, want in fast.items():
         h200 = D.dropout_norm_config(32768, n, bf16, backward=True, gpu=True, device="NVIDIA H200")
@@ -221,3 +222,5 @@ def test_backward_configuration_by_what_the_gpu_can_do():
         h100 = D.dropout_norm_config(32768, n, bf16, backward=True, gpu=True, device="NVIDIA H100 80GB HBM3")
         assert h100 != h200 and h100["BLOCK_M"] == 1
         assert D.dropout_norm_config(32768, n, bf16, gpu=True, device="NVIDIA H200")["BLOCK_M"] == 1
+        fp32 = D.dropout_norm_config(32768, n, torch.float32, backward=True, gpu=True, device="NVIDIA H200")
+        assert fp32["BLOCK_M"] == 1  # measured with 16-bit rows only
