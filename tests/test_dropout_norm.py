@@ -39,9 +39,14 @@ def _values_and_grads(fn, ins, gy, gh):
 
 @pytest.mark.parametrize("norm", D.NORMS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,cfg", [((3, 37), None), ((2, 3, 64), None), ((3, 100), {"BLOCK_N": 16})])
+@pytest.mark.parametrize(
+    "shape,cfg",
+    [((3, 37), None), ((2, 3, 64), None), ((3, 100), {"BLOCK_N": 16}),
+     pytest.param((257, 4096), None, marks=pytest.mark.skipif(not runtime.is_gpu(), reason="GPU launch table"))],
+)  # fmt: skip
 def test_forward_and_backward_match_float64(norm, dtype, shape, cfg):
-    """Odd widths (a partial quad of four), leading dimensions, and the wide path (BLOCK_N < N)."""
+    """Odd widths (a partial quad of four), leading dimensions, and the wide path (BLOCK_N < N); on a GPU,
+    hidden 4096 at the GPU's own launch (an H200's: two rows a step, the last step half full)."""
     ins = _inputs(shape, dtype, norm)
     kw = dict(norm=norm, seed=1234, offset=5)
     gy, gh = torch.randn(shape, device=DEV, dtype=dtype), torch.randn(shape, device=DEV, dtype=dtype)
@@ -72,14 +77,45 @@ def test_the_mask_is_regenerated_in_the_backward():
     torch.testing.assert_close(h2, r + torch.where(keep, x / (1 - p), 0.0))
 
 
-def test_kernel_philox_is_the_numpy_philox():
-    """The kernel's keep mask, read off h with x = 1 and r = 0, is the one numpy's Philox gives."""
-    shape, p = (16, 250), 0.3
+@pytest.mark.parametrize("used", ["h only", "y only", "strided grads"])
+def test_backward_with_one_output_or_strided_gradients(used):
+    """The backward reads dy and grad_h as row-contiguous tensors: a missing one (autograd passes None) or a
+    row-strided or expanded one gives the gradients of the float64 spec all the same."""
+    ins = _inputs((6, 48), torch.float32, "layernorm")
+    wide = torch.randn(6, 96, device=DEV)
+    gy, gh = wide[:, ::2], wide[:, 1::2]  # non-unit last stride: copied; then row-contiguous
+
+    def loss(fn, a):
+        y, h = fn(*a)
+        if used == "h only":
+            return (h * gh).sum()
+        if used == "y only":
+            return y.sum()  # an expanded gradient
+        return (y * gy).sum() + (h * gh[:, :1]).sum()  # and a stride-0 column broadcast
+
+    kw = dict(seed=5, offset=3)
+    got = torch.autograd.grad(loss(lambda *a: D.dropout_norm(*a, 0.3, **kw), ins), ins, allow_unused=True)
+    ref = [t.detach().double().requires_grad_() for t in ins]
+    want = torch.autograd.grad(loss(lambda *a: D.dropout_norm_reference(*a, 0.3, **kw), ref), ref, allow_unused=True)
+    for g, w in zip(got, want, strict=True):
+        w = torch.zeros_like(g, dtype=torch.float64) if w is None else w  # h alone: dw = db = 0
+        torch.testing.assert_close(g.double(), w, atol=1e-4 * (1 + w.abs().max().item()), rtol=1e-4)
+
+
+@pytest.mark.parametrize("p", [0.3, 0.75, 0.999])  # 0.75, 0.999: round(p 2**31) past 2**30 (doubled: past 2**31)
+def test_kernel_philox_is_the_numpy_philox(p):
+    """The kernel's keep mask, read off h with x = 1 and r = 0, is the one numpy's Philox gives; the
+    backward's (dx zero where dropped) too."""
+    shape = (16, 250)
     ones, zeros = torch.ones(shape, device=DEV), torch.zeros(shape, device=DEV)
     w = torch.ones(250, device=DEV)
     for seed, offset in ((0, 0), (2**40 + 3, 2**33)):  # a seed past 32 bits, a counter past 32 bits
-        _, h = D.dropout_norm(ones, zeros, w, None, p, norm="rmsnorm", seed=seed, offset=offset)
-        assert torch.equal((h != 0).cpu(), D.dropout_keep_reference(shape, p, seed, offset))
+        x = ones.clone().requires_grad_()
+        _, h = D.dropout_norm(x, zeros, w, None, p, norm="rmsnorm", seed=seed, offset=offset)
+        want = D.dropout_keep_reference(shape, p, seed, offset)
+        assert torch.equal((h != 0).cpu(), want)
+        (dx,) = torch.autograd.grad(h, x, ones)
+        assert torch.equal((dx != 0).cpu(), want)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
@@ -173,3 +209,18 @@ def test_ledger_counts_the_mask_eager_and_not_fused():
     assert any(t.tensor == "mask" for t in fwd.trips(fused=False))
     assert not any(t.tensor == "mask" for t in fwd.trips(fused=True) + bwd.trips(fused=True))
     assert np.isclose(bwd.fused_bytes, 4 * rn * 2 + 2 * 4096 * 4 + 4096 * 2)  # dy, h in; dh, dx out
+
+
+def test_backward_configuration_by_what_the_gpu_can_do():
+    """A GPU whose DRAM outruns its SMs (an H200, by its bandwidth) takes the backward launch measured there
+    at the widths it lists, for 16-bit rows; an H100, fp32 rows and every forward keep the rule by elements a
+    thread."""
+    bf16, fast = torch.bfloat16, D.GPU_TUNING["fast_bwd"]
+    for n, want in fast.items():
+        h200 = D.dropout_norm_config(32768, n, bf16, backward=True, gpu=True, device="NVIDIA H200")
+        assert {k: h200[k] for k in want} == want
+        h100 = D.dropout_norm_config(32768, n, bf16, backward=True, gpu=True, device="NVIDIA H100 80GB HBM3")
+        assert h100 != h200 and h100["BLOCK_M"] == 1
+        assert D.dropout_norm_config(32768, n, bf16, gpu=True, device="NVIDIA H200")["BLOCK_M"] == 1
+        fp32 = D.dropout_norm_config(32768, n, torch.float32, backward=True, gpu=True, device="NVIDIA H200")
+        assert fp32["BLOCK_M"] == 1  # measured with 16-bit rows only

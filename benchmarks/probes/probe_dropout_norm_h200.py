@@ -61,12 +61,17 @@ SWEEP_SHAPE = (32768, 4096)  # --sweep
 
 # -- the variant: 2-D row tiles, the Philox words interleaved into them --------------------------------------
 @triton.jit
-def _keep_rows(seed, rows, n_q, offset, threshold, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr):
+def _keep_rows(seed, rows, n_q, offset, threshold, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
+               U32: tl.constexpr = False):  # fmt: skip
     """The shipped mask on a [BLOCK_M, 4 BLOCK_Q] row tile: counter ``offset + row n_q + col // 4``,
-    word ``col % 4`` of its Philox call (join(join(r0, r2), join(r1, r3)) lays them out r0 r1 r2 r3)."""
+    word ``col % 4`` of its Philox call (join(join(r0, r2), join(r1, r3)) lays them out r0 r1 r2 r3).
+    ``U32``: the same test as one unsigned compare, ``r >= 2 threshold`` (``r >> 1 >= t`` exactly when
+    ``r >= 2 t``, and ``2 t < 2**32``): an instruction an element fewer."""
     ctr = offset + rows[:, None] * n_q + tl.arange(0, BLOCK_Q)[None, :]
     r0, r1, r2, r3 = tl.randint4x(seed, ctr)
     r = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK_M, 4 * BLOCK_Q])
+    if U32:
+        return r >= threshold.to(tl.uint32) * 2
     return (r >> 1).to(tl.int32) >= threshold
 
 
@@ -111,14 +116,17 @@ def _bwd_2d(
     dy_ptr, gh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, part_ptr,
     n_rows, n_cols, rows_per_program, seed, offset, threshold, scale,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, RMS: tl.constexpr, DROPOUT: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    NUM_STAGES: tl.constexpr, U32: tl.constexpr = False, DB: tl.constexpr = True, EVEN: tl.constexpr = False,
 ):  # fmt: skip
+    # U32, DB, EVEN (probe_dropout_norm_ab.py's trims, all False/True/False as the shipped kernel): the keep
+    # test as one unsigned compare; db summed (False: no bias, RMSNorm); EVEN: N == 4 BLOCK_Q, the column
+    # test against the constant so that it folds away
     pid = tl.program_id(0)
     row_start = pid * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
     n_q = (n_cols + 3) // 4
     cols = tl.arange(0, 4 * BLOCK_Q)
-    col_ok = cols < n_cols
+    col_ok = cols < (4 * BLOCK_Q if EVEN else n_cols)
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     dw = tl.zeros([BLOCK_M, 4 * BLOCK_Q], dtype=tl.float32)
     db = tl.zeros([BLOCK_M, 4 * BLOCK_Q], dtype=tl.float32)
@@ -142,10 +150,11 @@ def _bwd_2d(
         dh += tl.load(gh_ptr + at, mask=mask, other=0.0).to(tl.float32)
         tl.store(dr_ptr + at, dh.to(dr_ptr.dtype.element_ty), mask=mask)
         if DROPOUT:
-            dh = tl.where(_keep_rows(seed, rows, n_q, offset, threshold, BLOCK_M, BLOCK_Q), dh * scale, 0.0)
+            dh = tl.where(_keep_rows(seed, rows, n_q, offset, threshold, BLOCK_M, BLOCK_Q, U32), dh * scale, 0.0)
         tl.store(dx_ptr + at, dh.to(dx_ptr.dtype.element_ty), mask=mask)
         dw += dy * nh
-        db += dy
+        if DB:
+            db += dy
     n_programs = tl.num_programs(0)
     tl.store(part_ptr + pid * n_cols + cols, tl.sum(dw, axis=0), mask=col_ok)
     tl.store(part_ptr + (n_programs + pid) * n_cols + cols, tl.sum(db, axis=0), mask=col_ok)
@@ -190,6 +199,7 @@ class Tile2D(torch.autograd.Function):
             dy.contiguous(), gh.contiguous(), h, w, mean, rstd, dr, dx, part, rows, n, per, seed, 0,
             dn._threshold(P), 1.0 / (1.0 - P), BLOCK_M=bwd["BLOCK_M"], BLOCK_Q=bq, RMS=norm == "rmsnorm",
             DROPOUT=True, NUM_STAGES=bwd["row_stages"] if runtime.is_gpu() else 1, **_kw(bwd["num_warps"]),
+            **{k: bwd[k] for k in ("U32", "DB", "EVEN") if k in bwd},
         )  # fmt: skip
         if not bwd.get("sum", True):  # ``--sweep``: the backward kernel alone, its partial sums left unsummed
             return dx, dr, part[0, 0].to(w.dtype), (part[1, 0].to(w.dtype) if has_bias else None), None

@@ -12,13 +12,12 @@ is made in registers and never leaves the chip.
 
 **Randomness without memory.** Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1,
 2, 3", SC 2011) is a counter-based generator: ``philox(seed, counter)`` is a pure function, ten rounds
-of multiply-and-xor on the counter keyed by the seed. Any element's random number can be computed by
-whichever program holds it, in any order, as often as wanted — so the backward *regenerates* the mask
-instead of reading it. Triton's ``tl.randint4x(seed, counter)`` gives four 32-bit numbers a call; we
-use all four, one for each of four neighbouring elements (a quarter of the arithmetic of one call an
-element, which matters: ten Philox rounds an element would cost as much time as the bytes on an H100).
+of multiply-and-xor on the counter keyed by the seed, so any program can compute any element's number,
+in any order, as often as wanted: the backward *regenerates* the mask instead of reading it. One
+``tl.randint4x(seed, counter)`` call gives four 32-bit words, one for each of four neighbouring
+elements (ten rounds an element would cost as much time as the bytes on an H100).
 
-**The stream.** Element ``(row, col)`` of a call takes lane ``col % 4`` of counter::
+**The stream.** Element ``(row, col)`` of a call takes word ``col % 4`` of counter::
 
     offset + row * ceil(N / 4) + col // 4
 
@@ -32,9 +31,9 @@ layer its own ``offset`` (advance it by :func:`philox_counters`) or its own seed
 :func:`philox_reference` is Philox written in numpy, the independent spec the tests compare with.
 
 **Numerics.** h is rounded to x's dtype (it is stored, and eager adds in that dtype); statistics are
-fp32 from the rounded h; ``y = (h - mean) * rstd * w + b`` (RMSNorm: ``h * rstd * w``, mean-square
-inside the square root, ``eps`` added to it) in fp32, rounded once to x's dtype. In eval
-(``training=False``) or with ``p = 0`` no random number is drawn and h = residual + x exactly.
+fp32 from the rounded h; ``y = (h - mean) * rstd * w + b`` (RMSNorm: ``h * rstd * w``, ``eps`` inside
+the square root) in fp32, rounded once. In eval (``training=False``) or with ``p = 0`` no random number
+is drawn and h = residual + x exactly.
 
 **Backward** (saved: h, w, and one fp32 mean and rstd a row; ``n̂ = (h - mean) rstd``, ``g = dy w``)::
 
@@ -43,10 +42,9 @@ inside the square root, ``eps`` added to it) in fp32, rounded once to x's dtype.
     dw = sum over rows of dy n̂;   db = sum over rows of dy
 
 one kernel reads dy, h (and grad_h) and writes dresidual and dx; dw and db are per-program partial
-sums added in a fixed order by :func:`fusionlab.kernels._norms.sum_partials` (deterministic, no
-atomics). Rows wider than one tile (:func:`dropout_norm_config`) are walked in tiles: the forward
-re-reads h twice (variance, then y), the backward re-reads dy and h once and adds its dw partials in
-its own fp32 buffer row.
+sums added in a fixed order by :func:`fusionlab.kernels._norms.sum_partials` (no atomics). Rows wider
+than one tile (:func:`dropout_norm_config`) are walked in tiles: the forward re-reads h twice (variance,
+then y), the backward re-reads dy and h once.
 
 References: Salmon et al. (above); Triton tutorial 04 (low-memory dropout); flash-attention's
 ``dropout_add_layer_norm``; apex ``FusedLayerNorm``.
@@ -74,6 +72,7 @@ from ._launch import (
     check_choice,
     check_overrides,
     check_tensor,
+    dram_gbps,
     element_size,
     launch_kwargs,
     next_pow2,
@@ -86,7 +85,7 @@ OP = "dropout_norm"
 NORMS = ("layernorm", "rmsnorm")
 
 
-# -- spec ----------------------------------------------------------------------------------------------
+# -- spec: the stream, the trips -----------------------------------------------------------------------------
 def philox_counters(shape) -> int:
     """Philox counters one call on a tensor of ``shape`` uses: ``rows * ceil(N / 4)``. The next layer's
     stream starts that far on (its ``offset``) when the seed is shared."""
@@ -98,70 +97,6 @@ def philox_counters(shape) -> int:
 
 def _threshold(p: float) -> int:
     return min(int(round(p * 2**31)), 2**31 - 1)
-
-
-_M32 = np.uint64(0xFFFFFFFF)
-
-
-def philox_reference(seed: int, counters: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Philox-4x32-10 in numpy (uint64 arithmetic, so every product is exact): the four 32-bit words
-    for each counter (a uint64 array), as ``tl.randint4x(seed, counter)`` computes them."""
-    c = np.asarray(counters, dtype=np.uint64)
-    c0, c1 = c & _M32, c >> np.uint64(32)
-    c2 = np.zeros_like(c0)
-    c3 = np.zeros_like(c0)
-    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
-    ra, rb = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
-    for _ in range(10):
-        pa, pb = ra * c0, rb * c2  # < 2**64: exact
-        c0, c1, c2, c3 = (pb >> np.uint64(32)) ^ c1 ^ k0, pb & _M32, (pa >> np.uint64(32)) ^ c3 ^ k1, pa & _M32
-        k0 = (k0 + np.uint64(0x9E3779B9)) & _M32
-        k1 = (k1 + np.uint64(0xBB67AE85)) & _M32
-    return c0, c1, c2, c3
-
-
-def dropout_keep_reference(shape, p: float, seed: int, offset: int = 0) -> torch.Tensor:
-    """The keep mask (bool, ``shape``) the kernel makes for ``(seed, offset)``, from :func:`philox_reference`."""
-    shape = tuple(shape)
-    n = shape[-1]
-    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
-    nq = cdiv(n, 4)
-    col = np.arange(n)
-    ctr = offset + np.arange(rows)[:, None] * nq + (col // 4)[None, :]
-    words = philox_reference(seed, ctr.astype(np.uint64))
-    bits = np.choose(np.broadcast_to(col % 4, ctr.shape), words)
-    keep = (bits >> np.uint64(1)).astype(np.int64) >= _threshold(p)
-    return torch.from_numpy(keep.reshape(shape))
-
-
-def dropout_norm_reference(
-    x, residual, weight, bias=None, p: float = 0.1, *, norm="layernorm", eps=1e-5, training=True, seed=0, offset=0
-):
-    """The spec in fp32 (float64 for float64 inputs): ``(y, h)`` with the kernel's mask for ``seed``."""
-    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
-    xf, rf = x.to(wide), residual.to(wide)
-    if training and p > 0:
-        keep = dropout_keep_reference(x.shape, p, seed, offset).to(x.device)
-        xf = torch.where(keep, xf / (1 - p), torch.zeros((), dtype=wide, device=x.device))
-    h = (rf + xf).to(x.dtype)
-    hf = h.to(wide)
-    if norm == "rmsnorm":
-        y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * weight.to(wide)
-    else:
-        b = bias.to(wide) if bias is not None else None
-        y = F.layer_norm(hf, (x.shape[-1],), weight.to(wide), b, eps)
-    return y.to(x.dtype), h
-
-
-def dropout_norm_eager(x, residual, weight, bias=None, p: float = 0.1, *, norm="layernorm", eps=1e-5, training=True):
-    """What eager PyTorch runs: ``F.dropout`` (a kernel that writes the mask), an add, then the norm
-    (``F.layer_norm``, or the op-by-op RMSNorm of Hugging Face's ``LlamaRMSNorm``)."""
-    h = residual + F.dropout(x, p, training)
-    if norm == "rmsnorm":
-        hf = h.float()
-        y = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype) * weight
-        return y.to(h.dtype), h
-    return F.layer_norm(h, (h.shape[-1],), weight, bias, eps), h
 
 
 def dropout_norm_ledger(
@@ -183,11 +118,8 @@ def dropout_norm_ledger(
         led = Ledger(dtype_bytes=dtype, sizes=sizes, outputs=("h", "y", "mean", "rstd"))
         led.op("dropout", reads={"x": rn}, writes={"xd": rn, "mask": rn})
         led.op("add", reads={"xd": rn, "residual": rn}, writes={"h": rn})
-        led.op(
-            norm,
-            reads={"h": rn, "w": n, "b": n if norm == "layernorm" else 0},
-            writes={"y": rn, "mean": rows, "rstd": rows},
-        )
+        b = n if norm == "layernorm" else 0
+        led.op(norm, reads={"h": rn, "w": n, "b": b}, writes={"y": rn, "mean": rows, "rstd": rows})
         return led
     out = "dh2" if grad_h else "dh"
     led = Ledger(dtype_bytes=dtype, sizes=sizes, outputs=(out, "dx"), recomputed=("mask",))
@@ -203,7 +135,11 @@ def dropout_norm_ledger(
 #: set the warps; the backward runs ``warps_per_sm // num_warps`` persistent programs an SM (at least
 #: one), each summing dw over its block of rows, its row loop software-pipelined ``row_stages`` deep
 #: where the staged rows (dy, h, grad_h) fit ``stage_bytes`` of shared memory (rmsnorm.py's rule).
-#: Interpreter: few large programs (each costs milliseconds of Python).
+#: The backward on a GPU whose DRAM outruns its SMs (``fast_dram_gbps`` or more: an H200's 4.8 TB/s for an
+#: H100's 132 SMs) takes ``fast_bwd[BLOCK_N]`` where that width was measured there: at 4096, two rows a step
+#: in one program of 16 warps an SM, the H200's best launch and on an H100 slower than the rule's one row of
+#: 8 warps (``benchmarks/notes_lesson4b.md``, 2026-11-27). Interpreter: few large programs (each costs
+#: milliseconds of Python).
 GPU_TUNING = {
     "max_single": 16384,
     "wide_block": 4096,
@@ -211,20 +147,26 @@ GPU_TUNING = {
     "warps_per_sm": 16,
     "row_stages": 3,
     "stage_bytes": 163840,
+    "fast_dram_gbps": 4000.0,
+    "fast_bwd": {4096: {"BLOCK_M": 2, "num_warps": 16}},
 }
 INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 1024, "tile": 16384, "programs": 4}
 
 
-def dropout_norm_config(n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu=None) -> dict:
+def dropout_norm_config(
+    n_rows: int, n_cols: int, dtype: torch.dtype, *, backward: bool = False, gpu=None, device: str | None = None
+) -> dict:
     """``{"BLOCK_M", "BLOCK_N", "SINGLE_TILE", "num_warps"(, "programs", "row_stages")}``. BLOCK_N is a
-    multiple of 4 (four elements share a Philox call). A copy of a cached answer: a call's host time
-    is part of a small call's cost."""
+    multiple of 4 (four elements share a Philox call). ``device``: a GPU asked about by name (default: this
+    one; :func:`~fusionlab.kernels._launch.dram_gbps`). A copy of a cached answer: a call's host time is
+    part of a small call's cost."""
     gpu = runtime.is_gpu() if gpu is None else gpu
-    return dict(_config(int(n_rows), int(n_cols), dtype, bool(backward), gpu))
+    fast = bool(gpu and backward) and dram_gbps(device) >= GPU_TUNING["fast_dram_gbps"]
+    return dict(_config(int(n_rows), int(n_cols), dtype, bool(backward), gpu, fast))
 
 
 @functools.lru_cache(maxsize=1024)
-def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool) -> dict:
+def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: bool, fast: bool) -> dict:
     t = GPU_TUNING if gpu else INTERPRETER_TUNING
     single = n_cols <= t["max_single"]
     block_n = max(16, next_pow2(n_cols)) if single else t["wide_block"]
@@ -235,10 +177,13 @@ def _config(n_rows: int, n_cols: int, dtype: torch.dtype, backward: bool, gpu: b
         block_m = max(1, min(t["tile"] // block_n, next_pow2(max(n_rows, 1)))) if single else 1
         num_warps = 4
     cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SINGLE_TILE": single, "num_warps": num_warps}
+    if fast and single and element_size(dtype) == 2:  # measured with 16-bit rows (fp32 ones stage fewer)
+        cfg.update(t["fast_bwd"].get(block_n, {}))
+        block_m, num_warps = cfg["BLOCK_M"], cfg["num_warps"]
     if backward:
         cap = sm_count() * max(1, t["warps_per_sm"] // num_warps) if gpu else t["programs"]
         cfg["programs"] = max(1, min(cdiv(max(n_rows, 1), block_m), cap))
-        stages = t.get("row_stages", 1) if single else 1
+        stages = cfg.get("row_stages", t.get("row_stages", 1)) if single else 1
         while stages > 1 and 3 * block_m * block_n * element_size(dtype) * (stages - 1) > t.get("stage_bytes", 0):
             stages -= 1
         cfg["row_stages"] = stages
@@ -262,19 +207,18 @@ def _with_overrides(cfg: dict, override, n_cols: int, op: str) -> dict:
 def _keep(seed, rows, start_q, n_q, offset, threshold, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
           INT64: tl.constexpr):  # fmt: skip
     """The keep mask of a ``[BLOCK_M, 4 BLOCK_Q]`` tile of ``rows`` from quad ``start_q``: element
-    ``(row, col)`` takes word ``col % 4`` of Philox counter ``offset + row n_q + col // 4``.
-
-    One ``tl.randint4x`` call makes four words on a ``[BLOCK_M, BLOCK_Q]`` tile of counters, and
-    ``join`` + ``reshape`` lay them into the row as r0 r1 r2 r3. The row stays a plain 2-D tile, so its
-    loads and stores are 16-byte vectors; a ``[BLOCK_M, BLOCK_Q, 4]`` tile (one Philox call a quad along
-    the last axis) lets the compiler see only four contiguous elements, 8 bytes of bf16."""
+    ``(row, col)`` takes word ``col % 4`` of Philox counter ``offset + row n_q + col // 4``. One
+    ``tl.randint4x`` call on a ``[BLOCK_M, BLOCK_Q]`` tile of counters, its words laid into the row as
+    r0 r1 r2 r3 by ``join`` + ``reshape``: the row stays a plain 2-D tile of 16-byte vectors (a
+    ``[BLOCK_M, BLOCK_Q, 4]`` tile would show the compiler runs of four elements: 8 bytes of bf16)."""
     r = rows[:, None]
     if INT64:
         r = r.to(tl.int64)
     ctr = offset + r * n_q + start_q + tl.arange(0, BLOCK_Q)[None, :]
     r0, r1, r2, r3 = tl.randint4x(seed, ctr)
     bits = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK_M, 4 * BLOCK_Q])
-    return (bits >> 1).to(tl.int32) >= threshold  # 31 bits against round(p 2**31): p = 0 keeps all
+    # (bits >> 1) >= round(p 2**31) as one unsigned compare, bits >= 2 round(p 2**31) (< 2**32): p = 0 keeps all
+    return bits >= threshold.to(tl.uint32) * 2
 
 
 @triton.jit
@@ -359,10 +303,12 @@ def _dropout_norm_fwd_kernel(
 @triton.jit(do_not_specialize=["seed", "offset"])
 def _dropout_norm_bwd_kernel(
     dy_ptr, gh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, part_ptr,
-    n_rows, n_cols, rows_per_program, stride_dy, stride_gh, seed, offset, threshold, scale,
+    n_rows, n_cols, rows_per_program, seed, offset, threshold, scale,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SINGLE_TILE: tl.constexpr, RMS: tl.constexpr,
-    HAS_GH: tl.constexpr, DROPOUT: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_GH: tl.constexpr, DROPOUT: tl.constexpr, INT64: tl.constexpr,
+    NUM_STAGES: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
+    # EVEN: N fills the tile, so the column test is against a constant and folds away; HAS_BIAS: db summed
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     row_start = pid * rows_per_program
@@ -371,7 +317,7 @@ def _dropout_norm_bwd_kernel(
     tile = tl.arange(0, 4 * BLOCK_Q)
     if SINGLE_TILE:
         cols = tile[None, :]
-        col_ok = cols < n_cols
+        col_ok = cols < (4 * BLOCK_Q if EVEN else n_cols)
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         dw = tl.zeros([BLOCK_M, 4 * BLOCK_Q], dtype=tl.float32)
         db = tl.zeros([BLOCK_M, 4 * BLOCK_Q], dtype=tl.float32)
@@ -383,8 +329,9 @@ def _dropout_norm_bwd_kernel(
             if INT64:
                 rows2 = rows2.to(tl.int64)
             mask = row_ok[:, None] & col_ok
-            dy = tl.load(dy_ptr + rows2 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-            h = tl.load(h_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+            at = rows2 * n_cols + cols  # one offset for all five row-contiguous tensors (fewer registers)
+            dy = tl.load(dy_ptr + at, mask=mask, other=0.0).to(tl.float32)
+            h = tl.load(h_ptr + at, mask=mask, other=0.0).to(tl.float32)
             mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)[:, None]
             rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)[:, None]
             nh = tl.where(mask, (h - mean) * rstd, 0.0)
@@ -396,16 +343,18 @@ def _dropout_norm_bwd_kernel(
                 c2 = (tl.sum(g, axis=1) / n_cols)[:, None]
                 dh = rstd * (g - c2 - nh * c1)
             if HAS_GH:
-                dh += tl.load(gh_ptr + rows2 * stride_gh + cols, mask=mask, other=0.0).to(tl.float32)
-            tl.store(dr_ptr + rows2 * n_cols + cols, dh.to(dr_ptr.dtype.element_ty), mask=mask)
+                dh += tl.load(gh_ptr + at, mask=mask, other=0.0).to(tl.float32)
+            tl.store(dr_ptr + at, dh.to(dr_ptr.dtype.element_ty), mask=mask)
             if DROPOUT:  # the forward's mask, regenerated from (seed, offset, position): never read
                 keep = _keep(seed, rows, 0, n_q, offset, threshold, BLOCK_M, BLOCK_Q, INT64)
                 dh = tl.where(keep, dh * scale, 0.0)
-            tl.store(dx_ptr + rows2 * n_cols + cols, dh.to(dx_ptr.dtype.element_ty), mask=mask)
+            tl.store(dx_ptr + at, dh.to(dx_ptr.dtype.element_ty), mask=mask)
             dw += dy * nh
-            db += dy
+            if HAS_BIAS:
+                db += dy
         tl.store(part_ptr + pid * n_cols + tile, tl.sum(dw, axis=0), mask=tile < n_cols)
-        tl.store(part_ptr + (n_programs + pid) * n_cols + tile, tl.sum(db, axis=0), mask=tile < n_cols)
+        if HAS_BIAS:
+            tl.store(part_ptr + (n_programs + pid) * n_cols + tile, tl.sum(db, axis=0), mask=tile < n_cols)
     else:
         # rows wider than a tile, one at a time: pass 1 sums g n̂ (and g), pass 2 writes dh and dx and
         # adds dy n̂, dy into this program's own (zeroed) rows of the partial-sum buffer
@@ -421,7 +370,7 @@ def _dropout_norm_bwd_kernel(
             for start_q in range(0, n_q, BLOCK_Q):
                 cols = start_q * 4 + tile[None, :]
                 mask = cols < n_cols
-                dy = tl.load(dy_ptr + rows2 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
                 h = tl.load(h_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
                 w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
                 g = dy * w
@@ -432,7 +381,7 @@ def _dropout_norm_bwd_kernel(
             for start_q in range(0, n_q, BLOCK_Q):
                 cols = start_q * 4 + tile[None, :]
                 mask = cols < n_cols
-                dy = tl.load(dy_ptr + rows2 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
                 h = tl.load(h_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
                 w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
                 nh = tl.where(mask, (h - mean) * rstd, 0.0)
@@ -442,7 +391,7 @@ def _dropout_norm_bwd_kernel(
                 else:
                     dh = rstd * (g - c2 - nh * c1)
                 if HAS_GH:
-                    dh += tl.load(gh_ptr + rows2 * stride_gh + cols, mask=mask, other=0.0).to(tl.float32)
+                    dh += tl.load(gh_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
                 tl.store(dr_ptr + rows2 * n_cols + cols, dh.to(dr_ptr.dtype.element_ty), mask=mask)
                 if DROPOUT:
                     keep = _keep(seed, rows, start_q, n_q, offset, threshold, 1, BLOCK_Q, INT64)
@@ -451,7 +400,8 @@ def _dropout_norm_bwd_kernel(
                 pw = part_ptr + pid * n_cols + cols
                 pb = part_ptr + (n_programs + pid) * n_cols + cols
                 tl.store(pw, tl.load(pw, mask=mask, other=0.0) + dy * nh, mask=mask)
-                tl.store(pb, tl.load(pb, mask=mask, other=0.0) + dy, mask=mask)
+                if HAS_BIAS:
+                    tl.store(pb, tl.load(pb, mask=mask, other=0.0) + dy, mask=mask)
 
 
 # -- launchers ----------------------------------------------------------------------------------------------
@@ -471,7 +421,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def _needs_int64(n_rows: int, n_cols: int, offset: int, *strides: int) -> bool:
-    last = max([n_cols, *[s for s in strides]]) * max(n_rows, 1) + n_cols
+    last = max(n_cols, *strides) * max(n_rows, 1) + n_cols
     return last >= INT32_LIMIT or offset + n_rows * cdiv(n_cols, 4) >= INT32_LIMIT
 
 
@@ -514,34 +464,31 @@ def _backward(dy, gh, h, weight, mean, rstd, p, norm, dropout, seed, offset, cfg
     if h.numel() == 0:
         z = torch.zeros(n_cols, dtype=weight.dtype, device=h.device)
         return dx, dr, z, z.clone()
-    if dy is None:  # only h was used: y contributes nothing
-        dy2 = torch.zeros((1, n_cols), dtype=h.dtype, device=h.device).expand(n_rows, n_cols)
-    else:
-        dy2 = _rows(upstream_grad(dy, h.dtype))
-    gh2 = _rows(upstream_grad(gh, h.dtype)) if gh is not None else None
+    # dy and grad_h row-contiguous, as h, dr and dx are: the kernel addresses all five with one offset
+    dy2 = torch.zeros_like(h) if dy is None else _rows(upstream_grad(dy, h.dtype)).contiguous()
+    gh2 = _rows(upstream_grad(gh, h.dtype)).contiguous() if gh is not None else None
     programs = cfg["programs"]
     bm = cfg["BLOCK_M"]
     rows_per_program = cdiv(cdiv(n_rows, programs), bm) * bm
     programs = cdiv(n_rows, rows_per_program)
     alloc = torch.empty if cfg["SINGLE_TILE"] else torch.zeros  # the wide path adds into its rows
-    part = alloc((2, programs, n_cols), dtype=torch.float32, device=h.device)
+    part = alloc((2 if has_bias else 1, programs, n_cols), dtype=torch.float32, device=h.device)
     args = (
         dy2, gh2 if gh2 is not None else dy2, h, weight, mean, rstd, dr, dx, part,
-        n_rows, n_cols, rows_per_program, dy2.stride(0), gh2.stride(0) if gh2 is not None else 0,
-        seed, offset, _threshold(p), 1.0 / (1.0 - p),
+        n_rows, n_cols, rows_per_program, seed, offset, _threshold(p), 1.0 / (1.0 - p),
     )  # fmt: skip
     kwargs = dict(
         BLOCK_M=bm, BLOCK_Q=cfg["BLOCK_N"] // 4, SINGLE_TILE=cfg["SINGLE_TILE"], RMS=norm == "rmsnorm",
-        HAS_GH=gh2 is not None, DROPOUT=dropout,
-        INT64=_needs_int64(n_rows, n_cols, offset, dy2.stride(0), n_cols),
-        NUM_STAGES=cfg.get("row_stages", 1) if runtime.is_gpu() else 1,
+        HAS_BIAS=has_bias, HAS_GH=gh2 is not None, DROPOUT=dropout, INT64=_needs_int64(n_rows, n_cols, offset, n_cols),
+        NUM_STAGES=cfg.get("row_stages", 1) if runtime.is_gpu() else 1, EVEN=n_cols == cfg["BLOCK_N"],
         **launch_kwargs(cfg["num_warps"]),
     )  # fmt: skip
-    _call(_launch_bwd, (programs,), args, 14, kwargs)
-    sums = sum_partials(part if has_bias else part[:1], weight.dtype, checked=True)
+    _call(_launch_bwd, (programs,), args, 12, kwargs)
+    sums = sum_partials(part, weight.dtype, checked=True)
     return dx, dr, sums[0], (sums[1] if has_bias else None)
 
 
+# -- the autograd Function and the entry ---------------------------------------------------------------------
 class DropoutNormFunction(torch.autograd.Function):
     """Saves h, w, mean and rstd, and the seed and offset: the mask is regenerated, never saved."""
 
@@ -587,20 +534,10 @@ def new_seed() -> int:
 
 
 def dropout_norm(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    p: float = 0.1,
-    *,
-    norm: str = "layernorm",
-    eps: float = 1e-5,
-    training: bool = True,
-    seed: int | None = None,
-    offset: int = 0,
-    fwd_config: dict | None = None,
-    bwd_config: dict | None = None,
-):
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, p: float = 0.1,
+    *, norm: str = "layernorm", eps: float = 1e-5, training: bool = True, seed: int | None = None, offset: int = 0,
+    fwd_config: dict | None = None, bwd_config: dict | None = None,
+):  # fmt: skip
     """``h = residual + dropout(x, p)``, ``y = norm(h) * w (+ b)`` in one kernel; returns ``(y, h)``.
 
     ``x``, ``residual``: the same shape ``(..., N)`` and dtype (fp32/fp16/bf16; no bf16 in the
@@ -654,3 +591,68 @@ def dropout_norm(
         return DropoutNormFunction.apply(x, residual, weight_c, bias_c, args)
     y, h, _, _ = _forward(_rows(x), _rows(residual), weight_c, bias_c, p, norm, eps, dropout, seed, offset, cfg)
     return y.view(x.shape), h.view(x.shape)
+
+
+# -- references: Philox in numpy, the op in fp32, eager PyTorch ----------------------------------------------
+_M32 = np.uint64(0xFFFFFFFF)
+
+
+def philox_reference(seed: int, counters: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Philox-4x32-10 in numpy (uint64 arithmetic, so every product is exact): the four 32-bit words
+    for each counter (a uint64 array), as ``tl.randint4x(seed, counter)`` computes them."""
+    c = np.asarray(counters, dtype=np.uint64)
+    c0, c1 = c & _M32, c >> np.uint64(32)
+    c2 = np.zeros_like(c0)
+    c3 = np.zeros_like(c0)
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
+    ra, rb = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+    for _ in range(10):
+        pa, pb = ra * c0, rb * c2  # < 2**64: exact
+        c0, c1, c2, c3 = (pb >> np.uint64(32)) ^ c1 ^ k0, pb & _M32, (pa >> np.uint64(32)) ^ c3 ^ k1, pa & _M32
+        k0 = (k0 + np.uint64(0x9E3779B9)) & _M32
+        k1 = (k1 + np.uint64(0xBB67AE85)) & _M32
+    return c0, c1, c2, c3
+
+
+def dropout_keep_reference(shape, p: float, seed: int, offset: int = 0) -> torch.Tensor:
+    """The keep mask (bool, ``shape``) the kernel makes for ``(seed, offset)``, from :func:`philox_reference`."""
+    shape = tuple(shape)
+    n = shape[-1]
+    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+    nq = cdiv(n, 4)
+    col = np.arange(n)
+    ctr = offset + np.arange(rows)[:, None] * nq + (col // 4)[None, :]
+    words = philox_reference(seed, ctr.astype(np.uint64))
+    bits = np.choose(np.broadcast_to(col % 4, ctr.shape), words)
+    keep = (bits >> np.uint64(1)).astype(np.int64) >= _threshold(p)
+    return torch.from_numpy(keep.reshape(shape))
+
+
+def dropout_norm_reference(
+    x, residual, weight, bias=None, p: float = 0.1, *, norm="layernorm", eps=1e-5, training=True, seed=0, offset=0
+):
+    """The spec in fp32 (float64 for float64 inputs): ``(y, h)`` with the kernel's mask for ``seed``."""
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf, rf = x.to(wide), residual.to(wide)
+    if training and p > 0:
+        keep = dropout_keep_reference(x.shape, p, seed, offset).to(x.device)
+        xf = torch.where(keep, xf / (1 - p), torch.zeros((), dtype=wide, device=x.device))
+    h = (rf + xf).to(x.dtype)
+    hf = h.to(wide)
+    if norm == "rmsnorm":
+        y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * weight.to(wide)
+    else:
+        b = bias.to(wide) if bias is not None else None
+        y = F.layer_norm(hf, (x.shape[-1],), weight.to(wide), b, eps)
+    return y.to(x.dtype), h
+
+
+def dropout_norm_eager(x, residual, weight, bias=None, p: float = 0.1, *, norm="layernorm", eps=1e-5, training=True):
+    """What eager PyTorch runs: ``F.dropout`` (a kernel that writes the mask), an add, then the norm
+    (``F.layer_norm``, or the op-by-op RMSNorm of Hugging Face's ``LlamaRMSNorm``)."""
+    h = residual + F.dropout(x, p, training)
+    if norm == "rmsnorm":
+        hf = h.float()
+        y = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype) * weight
+        return y.to(h.dtype), h
+    return F.layer_norm(h, (h.shape[-1],), weight, bias, eps), h
