@@ -17,6 +17,8 @@ from conftest import ncu_or_skip
 
 from fusionlab import runtime
 from fusionlab.grading import CheckFailed
+from fusionlab.kernels import _attention
+from fusionlab.kernels._launch import KernelInputError
 from fusionlab.ledger import Ledger
 from fusionlab.measure import exercises as ex
 from fusionlab.measure import ncu, own
@@ -137,7 +139,69 @@ def test_without_counters_the_check_says_why_once_and_falls_back(monkeypatch, ca
     assert capsys.readouterr().out == "" and "ERR_NVGPUCTRPERM" in own.unavailable()
 
 
+def test_ncu_that_profiles_no_kernel_says_so(tmp_path):
+    # what ncu printed on the H100 (2026-11-27) when every case of the attention exercise failed
+    fake = tmp_path / "ncu"
+    fake.write_text(
+        "#!/bin/sh\necho '==PROF== Disconnected from process 2010'\necho '==WARNING== No kernels were profiled.' >&2\n"
+    )
+    fake.chmod(0o755)
+    with pytest.raises(ncu.NcuNoKernels, match="profiled no kernel"):
+        ncu.run_ncu([str(fake)])
+
+
+def _refused_target(n):
+    """Cases that fail while warming up, as the attention exercise's fp32 inputs did on a GPU."""
+
+    def refused():
+        raise KernelInputError("attention: q is float32; on a GPU the kernel takes fp16 or bf16")
+
+    return ncu.cases_thunk([({"name": str(i)}, refused) for i in range(int(n))])
+
+
+def test_cases_that_fail_before_the_window_are_named_in_the_error(monkeypatch):
+    def child_then_nothing(target, *args, **kwargs):  # the child's part, run here; then ncu's answer
+        ncu._resolve(target)(*args)
+        raise ncu.NcuNoKernels("ncu profiled no kernel")
+
+    monkeypatch.setattr(ncu, "profile", child_then_nothing)
+    with pytest.raises(ncu.NcuNoKernels, match=r"(?s)2 of 2 cases failed before the profiled window.*0: Kern.*float32"):
+        ncu.measure_cases(f"{__name__}:_refused_target", "2", cache_controls=("all",))
+
+
+def test_a_package_kernel_ncu_cannot_count_fails_loudly_a_learners_falls_back(monkeypatch, capsys):
+    why = "ncu profiled no kernel\n1 of 1 cases failed before the profiled window:\n0: KernelInputError: refused"
+
+    def nothing(*args, **kwargs):
+        raise ncu.NcuNoKernels(why)
+
+    monkeypatch.setattr(ex, "gpu_counted", nothing)
+    with pytest.raises(ncu.NcuFailed, match="(?s)package's attention kernel.*KernelInputError: refused"):
+        ex.gpu_counters({}, "attention", [[1, 2, 512, 512, 64, 16, "bfloat16"]])
+    assert ex.gpu_counters({"silu": silu}, "silu", [[1024, "float32"]]) is None
+    out = capsys.readouterr().out
+    assert out.startswith("⚠ Nsight Compute could not count your kernel") and "KernelInputError: refused" in out
+
+
+def test_the_attention_exercise_counts_inputs_the_gpu_kernel_takes(monkeypatch):
+    # on the H100 (2026-11-27) its fp32 inputs were refused by the GPU kernel in every case, and ncu
+    # profiled nothing: the GPU's input checks, run here on the shapes and dtype the GPU check uses
+    monkeypatch.setattr(runtime, "is_gpu", lambda: True)
+    specs = ex.attention_gpu_specs(torch.Generator().manual_seed(0))
+    for B, H, _, _, D, _, dtype in specs:
+        q, k, v = ex.attention_inputs(B, H, 16, 16, D, dtype, device="cpu")  # the sizes do not matter here
+        _attention.check_inputs(q, k, v, False, None)
+    with pytest.raises(KernelInputError, match="float32"):  # what the check above would have caught
+        _attention.check_inputs(*ex.attention_inputs(1, 2, 16, 16, 64, "float32", device="cpu"), False, None)
+
+
 # -- on a GPU with ncu -------------------------------------------------------------------------------
+def test_gpu_a_window_with_no_kernel_is_an_error_not_an_empty_list():
+    ncu_or_skip()
+    with pytest.raises(ncu.NcuNoKernels, match="profiled no kernel"):
+        ncu.profile("fusionlab.measure.targets:nothing")
+
+
 def _gpu(monkeypatch):
     ncu_or_skip(triton_gpu=True)
     monkeypatch.setattr(own, "_UNAVAILABLE", [])
@@ -174,8 +238,8 @@ def test_gpu_the_matmul_and_attention_ledgers_are_held_against_the_l2(monkeypatc
     def attn(B, H, N_q, N_k, D, dtype, bm):
         t = math.ceil(N_q / bm)
         reads = {"Q": B * H * N_q * D, "K": B * H * N_k * D * t, "V": B * H * N_k * D * t}
-        # dtype is fp32 here, so lse (fp32 always) counts at the same 4 bytes
-        return Ledger(dtype_bytes=dtype).op("attention", reads=reads, writes={"O": B * H * N_q * D, "lse": B * H * N_q})
+        writes = {"O": B * H * N_q * D, "lse": B * H * N_q}  # lse is fp32 whatever the inputs' dtype
+        return Ledger(dtype_bytes=dtype, sizes={"lse": 4}).op("attention", reads=reads, writes=writes)
 
     assert "through the L2" in ex.check_matmul_trips(mm).message
     assert "through the L2" in ex.check_attention_trips(attn).message
