@@ -57,10 +57,11 @@ TRIPS_DIR = trips_files.TRIPS_DIR
 
 
 # -- choosing cases ------------------------------------------------------------------------------------
-def suites_for(lesson: int | None) -> list[str]:
+def suites_for(lesson: int | str | None) -> list[str]:
+    """The suites of ``--lesson`` (a number, or a lesson such as ``4b``; None: every lesson's)."""
     if lesson is None:
         return list(SUITES)
-    name = f"lesson{lesson}"
+    name = f"lesson{str(lesson).lower().removeprefix('lesson')}"
     if name not in SUITES:
         raise SystemExit(f"no lesson {lesson}; the lessons with a suite: {', '.join(s[6:] for s in SUITES)}")
     return [name]
@@ -760,7 +761,7 @@ def recorded(suites, op, device: str | None) -> dict[str, dict]:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--lesson", type=int, default=None, help="one lesson's suite (default: every lesson)")
+    ap.add_argument("--lesson", default=None, help="one lesson's suite, e.g. 4 or 4b (default: every lesson)")
     ap.add_argument("--op", default=None, help="only cases whose name or group has these words (e.g. rmsnorm)")
     ap.add_argument("--ncu", action="store_true", help="also count DRAM bytes with Nsight Compute (GPU)")
     ap.add_argument("--recorded", action="store_true", help="show the recorded results even on a GPU")
@@ -855,7 +856,7 @@ def main(a: argparse.Namespace) -> int:
         results = recorded(suites, a.op, a.device)
         source = "recorded"
     date = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
-    stem = f"bench-{source}-{date}" + (f"-lesson{a.lesson}" if a.lesson else "")
+    stem = f"bench-{source}-{date}" + (f"-{suites[0]}" if a.lesson is not None else "")
     a.out.mkdir(parents=True, exist_ok=True)
     js = a.out / f"{stem}.json"
     suites_js = {s: {**r, "ceilings": asdict(r["ceilings"])} for s, r in results.items()}

@@ -300,3 +300,12 @@ def test_a_recorded_suite_keeps_the_ceilings_its_predictions_were_made_with(tmp_
     if not runtime.is_gpu():
         run = bench.measure_suite("lesson5", lambda **kw: [])
         assert run.ceilings.copy_GBps == 2000.0
+
+
+def test_the_bench_takes_a_lettered_lesson():
+    from fusionlab import benchcli
+
+    assert benchcli.suites_for("4b") == ["lesson4b"] and benchcli.suites_for("7B") == ["lesson7b"]
+    assert benchcli.suites_for(4) == ["lesson4"] and benchcli.suites_for("lesson8") == ["lesson8"]
+    with pytest.raises(SystemExit, match="no lesson 4c"):
+        benchcli.suites_for("4c")

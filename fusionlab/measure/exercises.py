@@ -80,18 +80,22 @@ def _hidden(led: Ledger, tensor: str, direction: str) -> str:
     return ""
 
 
-def compare_with_count(led: Ledger, counted: dict[tuple[str, str], int], where: str, by_tensor: bool) -> None:
+def compare_with_count(
+    led: Ledger, counted: dict[tuple[str, str], int], where: str, by_tensor: bool, hints: dict[str, str] | None = None
+) -> None:
     """Fail unless the ledger's fused trips equal the counted ones: tensor by tensor (``by_tensor``: the
     learner names the tensors as the exercise says) or in total reads and writes (the learner's kernel
-    names its own parameters)."""
+    names its own parameters). ``hints``: a tensor's own advice where its count is off (before the
+    general reasons)."""
     if by_tensor:
         bad = [c for c in against_ledger(counted, led) if c.predicted != c.measured]
         if bad:
             c = bad[0]
+            why = (hints or {}).get(c.tensor) or _why(c.predicted, c.measured) or _hidden(led, c.tensor, c.direction)
             raise CheckFailed(
                 f"{where}: your ledger says {c.direction} {c.tensor} {human_bytes(c.predicted)}; the kernel, counted "
                 f"load by load in the interpreter, {'read' if c.direction == READ else 'wrote'} "
-                f"{human_bytes(c.measured)}.{_why(c.predicted, c.measured) or _hidden(led, c.tensor, c.direction)}"
+                f"{human_bytes(c.measured)}.{why}"
             )
         return
     want = _totals(ledger_by_tensor(led))
@@ -370,6 +374,10 @@ def check_matmul_trips(my_ledger) -> grading.Passed:
 
 
 # -- 4. attention -----------------------------------------------------------------------------------------
+#: where the attention ledger's lse is off: it is fp32 whatever q's dtype
+LSE_HINT = {
+    "lse": " lse is fp32 (4 bytes a row) whatever the inputs' dtype: Ledger(dtype_bytes=dtype, sizes={'lse': 4})."
+}
 ATTENTION_NAMES = {"q_src": "Q", "k_src": "K", "v_src": "V", "o_ptr|o_desc": "O", "lse_ptr": "lse"}
 
 
@@ -406,20 +414,19 @@ def check_attention_trips(my_ledger) -> grading.Passed:
         if note:
             return grading.passed(f"✓ attention ledger: {tiles}{note}")
     shapes = []
-    for block_m in (16, 32):
+    # the second shape in 16 bits: lse stays fp32 (4 bytes a row) whatever the inputs' dtype
+    for block_m, dtype in ((16, torch.float32), (32, runtime.HALF)):
         B, H = 1, int(torch.randint(1, 3, (1,), generator=rng))
         N_q, N_k = (int(torch.randint(17, 80, (1,), generator=rng)) for _ in range(2))
         D = 16
-        where = f"my_ledger({B}, {H}, {N_q}, {N_k}, {D}, float32, block_m={block_m})"
-        led = _ledger(
-            call_learner(my_ledger, B, H, N_q, N_k, D, torch.float32, block_m, name="my_ledger", where=where), where
-        )
+        where = f"my_ledger({B}, {H}, {N_q}, {N_k}, {D}, {grading.dtype_name(dtype)}, block_m={block_m})"
+        led = _ledger(call_learner(my_ledger, B, H, N_q, N_k, D, dtype, block_m, name="my_ledger", where=where), where)
         if runtime.is_gpu():
-            counted = ledger_by_tensor(attention_ledger(B, H, N_q, N_k, D, torch.float32, block_m=block_m))
+            counted = ledger_by_tensor(attention_ledger(B, H, N_q, N_k, D, dtype, block_m=block_m))
         else:
-            q, k, v = torch.randn(B, H, N_q, D), torch.randn(B, H, N_k, D), torch.randn(B, H, N_k, D)
+            q, k, v = attention_inputs(B, H, N_q, N_k, D, grading.dtype_name(dtype), device="cpu")
             counted = _counted(lambda q=q, k=k, v=v, bm=block_m: run_attention(q, k, v, bm), ATTENTION_NAMES)
-        compare_with_count(led, counted, where, by_tensor=True)
+        compare_with_count(led, counted, where, by_tensor=True, hints=LSE_HINT)
         shapes.append(f"N_q={N_q}, N_k={N_k}")
     note = _gpu_note() if runtime.is_gpu() else f" (counted in the interpreter at {len(shapes)} shapes drawn afresh)"
     return grading.passed(f"✓ attention ledger: {tiles}{note}")
