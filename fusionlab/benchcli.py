@@ -716,6 +716,10 @@ def live(suites, op, use_ncu: bool, budget_s: float | None = None, on_suite=None
         cases = [c for c in make_cases(**bench.ceiling_kwargs(make_cases, ceil)) if matches(c.name, c.group, op)]
         if not cases:
             continue
+        # building a suite's cases makes its inputs and compiles what it times (torch.compile, autotuning):
+        # kept apart from the timing itself, the part a cache or a shared shape would save
+        build = time.perf_counter() - t1
+        print(f"[{suite}] {len(cases)} cases built in {build:.0f} s (inputs, compiles); timing them...", flush=True)
         bar = Progress(len(cases))
         results = bench.run(cases, ceil=ceil, on_result=lambda r, bar=bar: bar.step(r.name))
         names = [c.name for c in cases if c.group not in NOT_TRAFFIC]
@@ -733,8 +737,14 @@ def live(suites, op, use_ncu: bool, budget_s: float | None = None, on_suite=None
                 print(f"  no counters for {suite}: {e}", file=sys.stderr)
         rows = [row(r, ceil, trips, suite) for r in results]
         wall = time.perf_counter() - t1
-        out[suite] = {"rows": rows, "ceilings": ceil, "label": label, "wall_s": round(wall, 1)}
-        print(f"\n[{suite}] {wall:.0f} s\n{table(rows)}", flush=True)
+        out[suite] = {
+            "rows": rows,
+            "ceilings": ceil,
+            "label": label,
+            "wall_s": round(wall, 1),
+            "build_s": round(build, 1),
+        }
+        print(f"\n[{suite}] {wall:.0f} s ({build:.0f} s of it building the cases)\n{table(rows)}", flush=True)
         if on_suite is not None:
             on_suite(out)
     return out
@@ -833,6 +843,7 @@ def main(a: argparse.Namespace) -> int:
                 "ncu": a.ncu,
                 "complete": done,
                 "wall_s": {s: r["wall_s"] for s, r in timed.items() if "rows" in r},
+                "build_s": {s: r["build_s"] for s, r in timed.items() if "rows" in r},
                 "left_out": [s for s, r in timed.items() if "left_out" in r],
             }
             tp.write_text(json.dumps(timing, indent=1) + "\n")
