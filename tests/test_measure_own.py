@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,6 +182,36 @@ def test_a_package_kernel_ncu_cannot_count_fails_loudly_a_learners_falls_back(mo
     assert ex.gpu_counters({"silu": silu}, "silu", [[1024, "float32"]]) is None
     out = capsys.readouterr().out
     assert out.startswith("⚠ Nsight Compute could not count your kernel") and "KernelInputError: refused" in out
+
+
+def test_the_profiled_command_follows_the_written_out_module_and_filters_no_kernel(monkeypatch, tmp_path):
+    # ncu itself faked: its command line, the child's path and what the counters come back as, on a CPU
+    seen = {}
+
+    def fake_ncu(cmd, *, timeout, env):
+        seen["cmd"], seen["env"] = cmd, env
+        target = cmd[cmd.index("--child") + 1]
+        folder = next(f for f in env["PYTHONPATH"].split(":") if Path(f, target.split(":")[0] + ".py").is_file())
+        seen["source"] = Path(folder, target.split(":")[0] + ".py").read_text()
+        Path(env[ncu.CASES_ENV]).write_text('[{"name": "0"}, {"name": "1"}]')  # as the child's cases write it
+        return (Path(__file__).parent / "data" / "ncu_details_marked.txt").read_text()
+
+    fake = tmp_path / "ncu"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("FUSIONLAB_NCU", str(fake))
+    monkeypatch.setattr(ncu, "_check_gpu", lambda: None)
+    monkeypatch.setattr(ncu, "run_ncu", fake_ncu)
+    monkeypatch.setattr(own, "_UNAVAILABLE", [])
+    got = own.counted({"silu": silu}, "fusionlab.measure.exercises:cases_target", "silu", [[8, "float32"]] * 2)
+    cmd = seen["cmd"]
+    # every kernel of the one Python process, between cudaProfilerStart and Stop, caches flushed
+    assert "--kernel-name" not in cmd and "--launch-skip" not in cmd and "--launch-count" not in cmd
+    assert cmd[cmd.index("--target-processes") + 1] == "application-only"
+    assert cmd[cmd.index("--profile-from-start") + 1] == "off" and cmd[cmd.index("--cache-control") + 1] == "all"
+    assert cmd[cmd.index("--child") - 1] == "fusionlab.measure.ncu" and cmd[cmd.index("--child") + 2] == "silu"
+    assert "def _fusionlab_target(builder, specs)" in seen["source"] and "exercises as _cases" in seen["source"]
+    assert [[k["name"] for k in c["kernels"]] for c in got] == [["_cos_kernel"], ["vectorized_elementwise_kernel"] * 2]
 
 
 def test_the_attention_exercise_counts_inputs_the_gpu_kernel_takes(monkeypatch):
