@@ -57,10 +57,16 @@ TRIPS_DIR = trips_files.TRIPS_DIR
 
 
 # -- choosing cases ------------------------------------------------------------------------------------
+def course_order(suites) -> list[str]:
+    """Suites in the order the course teaches them: ``lesson4b`` after ``lesson4``, before ``lesson5``."""
+    return sorted(suites, key=lambda s: (int(re.sub(r"\D", "", s)), s))
+
+
 def suites_for(lesson: int | str | None) -> list[str]:
-    """The suites of ``--lesson`` (a number, or a lesson such as ``4b``; None: every lesson's)."""
+    """The suites of ``--lesson`` (a number, or a lesson such as ``4b``; None: every lesson's, in course
+    order)."""
     if lesson is None:
-        return list(SUITES)
+        return course_order(SUITES)
     name = f"lesson{str(lesson).lower().removeprefix('lesson')}"
     if name not in SUITES:
         raise SystemExit(f"no lesson {lesson}; the lessons with a suite: {', '.join(s[6:] for s in SUITES)}")
@@ -417,7 +423,7 @@ def target_of(part: str) -> tuple[str, tuple[str, ...]]:
 
 
 #: the trips suite's parts in the order they are recorded: the experiments, then the lessons in course order
-TRIPS_PARTS = (*EXPERIMENTS, *sorted(SUITES, key=lambda s: (int(re.sub(r"\D", "", s)), s)))
+TRIPS_PARTS = (*EXPERIMENTS, *course_order(SUITES))
 
 
 def trips_runs(specs=(), cache_controls=ncu.CACHE_CONTROLS) -> list[tuple[str, str]]:

@@ -309,3 +309,10 @@ def test_the_bench_takes_a_lettered_lesson():
     assert benchcli.suites_for(4) == ["lesson4"] and benchcli.suites_for("lesson8") == ["lesson8"]
     with pytest.raises(SystemExit, match="no lesson 4c"):
         benchcli.suites_for("4c")
+
+
+def test_the_whole_bench_runs_the_lessons_in_course_order():
+    from fusionlab import benchcli
+
+    order = benchcli.suites_for(None)
+    assert sorted(order) == sorted(SUITES) and order.index("lesson4") < order.index("lesson4b") < order.index("lesson5")
