@@ -600,7 +600,8 @@ def counters_here_or_recorded(part: str, device: str | None = None, controls=("a
         except ncu.NcuUnavailable as e:
             print(f"No counters on this machine ({str(e).split(':')[0]}); reading the recording.", file=sys.stderr)
         except (ncu.NcuFailed, subprocess.TimeoutExpired) as e:
-            print(f"ncu could not count {part!r} here ({type(e).__name__}); reading the recording.", file=sys.stderr)
+            print(f"ncu could not count {part!r} here ({type(e).__name__}: {ncu.failure(e)}); reading the recording.",
+                  file=sys.stderr)  # fmt: skip
     return trips_files.for_device(part, device, TRIPS_DIR)
 
 

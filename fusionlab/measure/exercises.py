@@ -37,6 +37,7 @@ from .compare import against_ledger, ledger_by_tensor
 from .interpreter import InterpreterTrips
 from .ncu import NcuFailed, NcuUnavailable
 from .ncu import cases_thunk as ncu_cases_thunk
+from .ncu import failure as ncu_failure
 from .own import counted as gpu_counted
 from .own import l2_size, unavailable
 
@@ -148,18 +149,9 @@ def gpu_counters(fns: dict, builder: str, specs: list[list]) -> list[dict] | Non
         if not fns:
             raise NcuFailed(f"Nsight Compute counted nothing of the package's {builder} kernel (a fault of "
                             f"fusionlab, not of your ledger): {e}") from e  # fmt: skip
-        print(f"⚠ Nsight Compute could not count your kernel ({type(e).__name__}): {_failure(e)}\nThe check holds "
+        print(f"⚠ Nsight Compute could not count your kernel ({type(e).__name__}): {ncu_failure(e)}\nThe check holds "
               "your ledger against the package's count of the same schedule instead.")  # fmt: skip
     return None
-
-
-def _failure(e: Exception) -> str:
-    """An ncu failure in a few lines: its first line, then the cases' own errors where they wrote any
-    (:func:`fusionlab.measure.ncu._case_errors`), else the end of ncu's output."""
-    lines = str(e).split("\n")
-    at = next((i for i, line in enumerate(lines) if "failed before the profiled window" in line), None)
-    rest = "\n".join(lines[at:])[:1200] if at is not None else "\n".join(lines[1:])[-600:]
-    return lines[0][:300] + "\n" + rest
 
 
 def compare_with_dram(led: Ledger, c: dict, where: str, l2: int) -> None:

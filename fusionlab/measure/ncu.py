@@ -479,6 +479,15 @@ def _case_errors(side: str) -> str:
     return f"\n{len(bad)} of {len(infos)} cases failed before the profiled window:\n" + "\n".join(bad[:8])
 
 
+def failure(e: Exception) -> str:
+    """An ncu failure in a few lines: its first line, then the cases' own errors where they wrote any
+    (:func:`_case_errors`), else the end of ncu's output."""
+    lines = str(e).split("\n")
+    at = next((i for i, line in enumerate(lines) if "failed before the profiled window" in line), None)
+    rest = "\n".join(lines[at:])[:1200] if at is not None else "\n".join(lines[1:])[-600:]
+    return lines[0][:300] + "\n" + rest
+
+
 #: how many times the program ran in the last :func:`_profile_cases` (:func:`last_passes`)
 _PASSES: list[int] = []
 
