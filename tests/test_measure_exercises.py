@@ -64,7 +64,9 @@ def _attn(B, H, N_q, N_k, D, dtype, bm, lse_bytes=4):
     t = math.ceil(N_q / bm)
     reads = {"Q": B * H * N_q * D, "K": B * H * N_k * D * t, "V": B * H * N_k * D * t}
     sizes = {"lse": lse_bytes} if lse_bytes else {}
-    return Ledger(dtype_bytes=dtype, sizes=sizes).op("a", reads=reads, writes={"O": B * H * N_q * D, "lse": B * H * N_q})
+    return Ledger(dtype_bytes=dtype, sizes=sizes).op(
+        "a", reads=reads, writes={"O": B * H * N_q * D, "lse": B * H * N_q}
+    )
 
 
 def test_an_attention_ledger_is_held_in_16_bits_where_lse_stays_fp32():
