@@ -220,10 +220,38 @@ def test_the_attention_exercise_counts_inputs_the_gpu_kernel_takes(monkeypatch):
     monkeypatch.setattr(runtime, "is_gpu", lambda: True)
     specs = ex.attention_gpu_specs(torch.Generator().manual_seed(0))
     for B, H, _, _, D, _, dtype in specs:
-        q, k, v = ex.attention_inputs(B, H, 16, 16, D, dtype, device="cpu")  # the sizes do not matter here
+        q, k, v = ex.attention_inputs(B, H, 16, 16, D, dtype, device=runtime.DEVICE)  # the sizes do not matter
         _attention.check_inputs(q, k, v, False, None)
     with pytest.raises(KernelInputError, match="float32"):  # what the check above would have caught
-        _attention.check_inputs(*ex.attention_inputs(1, 2, 16, 16, 64, "float32", device="cpu"), False, None)
+        _attention.check_inputs(*ex.attention_inputs(1, 2, 16, 16, 64, "float32", device=runtime.DEVICE), False, None)
+
+
+def _attn_ledger(B, H, N_q, N_k, D, dtype, bm, times=None):
+    import math
+
+    t = math.ceil(N_q / bm) if times is None else times
+    reads = {"Q": B * H * N_q * D, "K": B * H * N_k * D * t, "V": B * H * N_k * D * t}
+    writes = {"O": B * H * N_q * D, "lse": B * H * N_q}  # lse is fp32 whatever the inputs' dtype
+    return Ledger(dtype_bytes=dtype, sizes={"lse": 4}).op("attention", reads=reads, writes=writes)
+
+
+def test_on_a_gpu_the_attention_ledger_is_bounded_by_the_l2_and_held_to_the_schedule(monkeypatch):
+    # the H200 (2026-11-27): 7.00 MiB through the L2 for a ledger of 18.29 MiB, the SMs' own caches serving the
+    # rest of K's and V's re-reads: the counters bound the ledger from below, the schedule's count holds it
+    share = {"l2": 0.38}
+
+    def counters(fns, builder, specs):
+        assert fns == {} and builder == "attention" and all(s[-1] in ("bfloat16", "float16") for s in specs)
+        return [{"l2_bytes": share["l2"] * _attn_ledger(*s[:5], getattr(torch, s[6]), s[5]).fused_bytes} for s in specs]
+
+    monkeypatch.setattr(runtime, "is_gpu", lambda: True)
+    monkeypatch.setattr(ex, "gpu_counters", counters)
+    msg = ex.check_attention_trips(_attn_ledger).message
+    assert "0.38-0.38x of your ledger crossed the L2" in msg and "Nsight Compute" in msg
+    with pytest.raises(CheckFailed, match="through the L2 alone, more than your ledger"):  # K and V read once
+        ex.check_attention_trips(lambda *a: _attn_ledger(*a, times=1))
+    with pytest.raises(CheckFailed, match="as the package counts its schedule"):  # K and V read twice a tile
+        ex.check_attention_trips(lambda B, H, N_q, N_k, D, dt, bm: _attn_ledger(B, H, N_q, N_k, D, dt, bm // 2))
 
 
 # -- on a GPU with ncu -------------------------------------------------------------------------------
@@ -273,6 +301,8 @@ def test_gpu_the_matmul_and_attention_ledgers_are_held_against_the_l2(monkeypatc
         return Ledger(dtype_bytes=dtype, sizes={"lse": 4}).op("attention", reads=reads, writes=writes)
 
     assert "through the L2" in ex.check_matmul_trips(mm).message
-    assert "through the L2" in ex.check_attention_trips(attn).message
+    assert "of your ledger crossed the L2" in ex.check_attention_trips(attn).message
+    with pytest.raises(CheckFailed, match="through the L2 alone"):  # K and V once: the re-reads forgotten
+        ex.check_attention_trips(lambda B, H, N_q, N_k, D, dtype, bm: attn(B, H, N_q, N_k, D, dtype, N_q))
     with pytest.raises(CheckFailed, match="through the L2"):
         ex.check_matmul_trips(lambda M, N, K, bm, bn, dtype: mm(M, N, K, M, N, dtype))  # one read of each
