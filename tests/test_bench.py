@@ -316,3 +316,31 @@ def test_the_whole_bench_runs_the_lessons_in_course_order():
 
     order = benchcli.suites_for(None)
     assert sorted(order) == sorted(SUITES) and order.index("lesson4") < order.index("lesson4b") < order.index("lesson5")
+
+
+def test_the_bench_and_the_trips_recorder_start_without_the_notebook_packages():
+    # the lent GPU machines have no Jupyter stack: `python -m fusionlab bench` failed there at import (2026-11-27)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in ('ipywidgets', 'IPython'):\n"
+        "            raise ImportError(name + ' blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import runpy\n"
+        "from fusionlab.__main__ import main\n"
+        "import fusionlab.benchcli\n"
+        "sys.argv = ['record_trips.py', '--help']\n"
+        "try:\n"
+        "    runpy.run_path('benchmarks/record_trips.py', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('started')\n"
+    )
+    got = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0 and "started" in got.stdout, got.stderr[-2000:]
