@@ -813,6 +813,11 @@ def show_trips(parts, device: str | None, directory: Path | None = None) -> int:
             continue
         found += 1
         print(f"\n[{part}] {p.label}\n{trips_table(p.cases)}")
+        wanted = EXPERIMENT_CONTROLS.get(part, ("all",)) if part in EXPERIMENTS else ncu.CACHE_CONTROLS
+        for cc in wanted:  # a setting no file of this device holds: said, with the command that records it
+            if not any(cc in c for c in p.cases.values()):
+                how = "caches flushed" if cc == "all" else "not flushed"
+                print(f"  ({how}: not recorded on {p.device} yet; `python {trips_files.SCRIPT} --parts {part}:{cc}`)")
         if part == "large":
             for name, met, ratio in trips_bars(p.cases):
                 print(f"  {'MET ' if met else 'MISS'} DRAM within {LEDGER_BAR:.0%} of the ledger: {name} {ratio}")

@@ -344,3 +344,17 @@ def test_the_bench_and_the_trips_recorder_start_without_the_notebook_packages():
     )
     got = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert got.returncode == 0 and "started" in got.stdout, got.stderr[-2000:]
+
+
+def test_bench_trips_names_a_setting_this_device_has_not_recorded(tmp_path, capsys):
+    from fusionlab import benchcli
+
+    counters = {"dram_read": 50, "dram_write": 50, "l2_bytes": 100, "time_ns": 1, "kernels": []}
+    meta = {"device": "GPU X", "date": "2026-01-01", "time": "01:00Z", "torch": "t", "triton": "t"}
+    case = {"name": "c", "group": "g", "schedule_bytes": 100, "all": counters}
+    data = {"schema": 2, "meta": meta, "metrics": [], "parts": {"lesson1": {"c": case}}, "missing": {}}
+    (tmp_path / "gpu-x-2026-01-01-0100.json").write_text(json.dumps(data))
+    assert benchcli.show_trips(["lesson1"], "GPU X", tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "not flushed: not recorded on GPU X yet; `python benchmarks/record_trips.py --parts lesson1:none`" in out
+    assert "caches flushed: not recorded" not in out
