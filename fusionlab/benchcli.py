@@ -45,8 +45,6 @@ from .lessons import SUITES, suite_module
 from .lessons.l4 import suite as l4
 from .measure import ncu
 from .measure import recorded as trips_files
-from .viz import roofline_figure
-from .viz._style import png
 
 #: groups whose ``nbytes`` is not traffic (peak memory allocated): no bandwidth, no trips
 NOT_TRAFFIC = frozenset({"peak memory"})
@@ -57,10 +55,17 @@ TRIPS_DIR = trips_files.TRIPS_DIR
 
 
 # -- choosing cases ------------------------------------------------------------------------------------
-def suites_for(lesson: int | None) -> list[str]:
+def course_order(suites) -> list[str]:
+    """Suites in the order the course teaches them: ``lesson4b`` after ``lesson4``, before ``lesson5``."""
+    return sorted(suites, key=lambda s: (int(re.sub(r"\D", "", s)), s))
+
+
+def suites_for(lesson: int | str | None) -> list[str]:
+    """The suites of ``--lesson`` (a number, or a lesson such as ``4b``; None: every lesson's, in course
+    order)."""
     if lesson is None:
-        return list(SUITES)
-    name = f"lesson{lesson}"
+        return course_order(SUITES)
+    name = f"lesson{str(lesson).lower().removeprefix('lesson')}"
     if name not in SUITES:
         raise SystemExit(f"no lesson {lesson}; the lessons with a suite: {', '.join(s[6:] for s in SUITES)}")
     return [name]
@@ -186,6 +191,13 @@ def roofline_png(rows: list[dict], ceil: bench.Ceilings, label: str, path: Path)
         roofs.append(("vector units, fp32 FMA", ceil.vector_TFLOPs))
     points = roofline_points(rows, roofs)
     if points:
+        try:  # the notebooks' drawing stack (matplotlib, IPython, ipywidgets): a GPU box may lack it
+            from .viz import roofline_figure
+            from .viz._style import png
+        except ImportError as e:
+            print(f"no roofline PNG for {label}: the charts need the notebook packages ({e}); "
+                  "the JSON holds every number", file=sys.stderr)  # fmt: skip
+            return 0
         numbered = len(points) > NAMED_POINTS
         path.write_bytes(png(roofline_figure(ceil.copy_GBps, roofs, points, label, numbered=numbered)))
     return len(points)
@@ -416,7 +428,7 @@ def target_of(part: str) -> tuple[str, tuple[str, ...]]:
 
 
 #: the trips suite's parts in the order they are recorded: the experiments, then the lessons in course order
-TRIPS_PARTS = (*EXPERIMENTS, *sorted(SUITES, key=lambda s: (int(re.sub(r"\D", "", s)), s)))
+TRIPS_PARTS = (*EXPERIMENTS, *course_order(SUITES))
 
 
 def trips_runs(specs=(), cache_controls=ncu.CACHE_CONTROLS) -> list[tuple[str, str]]:
@@ -593,7 +605,8 @@ def counters_here_or_recorded(part: str, device: str | None = None, controls=("a
         except ncu.NcuUnavailable as e:
             print(f"No counters on this machine ({str(e).split(':')[0]}); reading the recording.", file=sys.stderr)
         except (ncu.NcuFailed, subprocess.TimeoutExpired) as e:
-            print(f"ncu could not count {part!r} here ({type(e).__name__}); reading the recording.", file=sys.stderr)
+            print(f"ncu could not count {part!r} here ({type(e).__name__}: {ncu.failure(e)}); reading the recording.",
+                  file=sys.stderr)  # fmt: skip
     return trips_files.for_device(part, device, TRIPS_DIR)
 
 
@@ -715,6 +728,10 @@ def live(suites, op, use_ncu: bool, budget_s: float | None = None, on_suite=None
         cases = [c for c in make_cases(**bench.ceiling_kwargs(make_cases, ceil)) if matches(c.name, c.group, op)]
         if not cases:
             continue
+        # building a suite's cases makes its inputs and compiles what it times (torch.compile, autotuning):
+        # kept apart from the timing itself, the part a cache or a shared shape would save
+        build = time.perf_counter() - t1
+        print(f"[{suite}] {len(cases)} cases built in {build:.0f} s (inputs, compiles); timing them...", flush=True)
         bar = Progress(len(cases))
         results = bench.run(cases, ceil=ceil, on_result=lambda r, bar=bar: bar.step(r.name))
         names = [c.name for c in cases if c.group not in NOT_TRAFFIC]
@@ -732,8 +749,14 @@ def live(suites, op, use_ncu: bool, budget_s: float | None = None, on_suite=None
                 print(f"  no counters for {suite}: {e}", file=sys.stderr)
         rows = [row(r, ceil, trips, suite) for r in results]
         wall = time.perf_counter() - t1
-        out[suite] = {"rows": rows, "ceilings": ceil, "label": label, "wall_s": round(wall, 1)}
-        print(f"\n[{suite}] {wall:.0f} s\n{table(rows)}", flush=True)
+        out[suite] = {
+            "rows": rows,
+            "ceilings": ceil,
+            "label": label,
+            "wall_s": round(wall, 1),
+            "build_s": round(build, 1),
+        }
+        print(f"\n[{suite}] {wall:.0f} s ({build:.0f} s of it building the cases)\n{table(rows)}", flush=True)
         if on_suite is not None:
             on_suite(out)
     return out
@@ -760,7 +783,7 @@ def recorded(suites, op, device: str | None) -> dict[str, dict]:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--lesson", type=int, default=None, help="one lesson's suite (default: every lesson)")
+    ap.add_argument("--lesson", default=None, help="one lesson's suite, e.g. 4 or 4b (default: every lesson)")
     ap.add_argument("--op", default=None, help="only cases whose name or group has these words (e.g. rmsnorm)")
     ap.add_argument("--ncu", action="store_true", help="also count DRAM bytes with Nsight Compute (GPU)")
     ap.add_argument("--recorded", action="store_true", help="show the recorded results even on a GPU")
@@ -790,6 +813,11 @@ def show_trips(parts, device: str | None, directory: Path | None = None) -> int:
             continue
         found += 1
         print(f"\n[{part}] {p.label}\n{trips_table(p.cases)}")
+        wanted = EXPERIMENT_CONTROLS.get(part, ("all",)) if part in EXPERIMENTS else ncu.CACHE_CONTROLS
+        for cc in wanted:  # a setting no file of this device holds: said, with the command that records it
+            if not any(cc in c for c in p.cases.values()):
+                how = "caches flushed" if cc == "all" else "not flushed"
+                print(f"  ({how}: not recorded on {p.device} yet; `python {trips_files.SCRIPT} --parts {part}:{cc}`)")
         if part == "large":
             for name, met, ratio in trips_bars(p.cases):
                 print(f"  {'MET ' if met else 'MISS'} DRAM within {LEDGER_BAR:.0%} of the ledger: {name} {ratio}")
@@ -832,6 +860,7 @@ def main(a: argparse.Namespace) -> int:
                 "ncu": a.ncu,
                 "complete": done,
                 "wall_s": {s: r["wall_s"] for s, r in timed.items() if "rows" in r},
+                "build_s": {s: r["build_s"] for s, r in timed.items() if "rows" in r},
                 "left_out": [s for s, r in timed.items() if "left_out" in r],
             }
             tp.write_text(json.dumps(timing, indent=1) + "\n")
@@ -855,7 +884,7 @@ def main(a: argparse.Namespace) -> int:
         results = recorded(suites, a.op, a.device)
         source = "recorded"
     date = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
-    stem = f"bench-{source}-{date}" + (f"-lesson{a.lesson}" if a.lesson else "")
+    stem = f"bench-{source}-{date}" + (f"-{suites[0]}" if a.lesson is not None else "")
     a.out.mkdir(parents=True, exist_ok=True)
     js = a.out / f"{stem}.json"
     suites_js = {s: {**r, "ceilings": asdict(r["ceilings"])} for s, r in results.items()}

@@ -302,3 +302,61 @@ def test_a_recorded_suite_keeps_the_ceilings_its_predictions_were_made_with(tmp_
     if not runtime.is_gpu():
         run = bench.measure_suite("lesson5", lambda **kw: [])
         assert run.ceilings.copy_GBps == 2000.0
+
+
+def test_the_bench_takes_a_lettered_lesson():
+    from fusionlab import benchcli
+
+    assert benchcli.suites_for("4b") == ["lesson4b"] and benchcli.suites_for("7B") == ["lesson7b"]
+    assert benchcli.suites_for(4) == ["lesson4"] and benchcli.suites_for("lesson8") == ["lesson8"]
+    with pytest.raises(SystemExit, match="no lesson 4c"):
+        benchcli.suites_for("4c")
+
+
+def test_the_whole_bench_runs_the_lessons_in_course_order():
+    from fusionlab import benchcli
+
+    order = benchcli.suites_for(None)
+    assert sorted(order) == sorted(SUITES) and order.index("lesson4") < order.index("lesson4b") < order.index("lesson5")
+
+
+def test_the_bench_and_the_trips_recorder_start_without_the_notebook_packages():
+    # the lent GPU machines have no Jupyter stack: `python -m fusionlab bench` failed there at import (2026-11-27)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in ('ipywidgets', 'IPython'):\n"
+        "            raise ImportError(name + ' blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import runpy\n"
+        "from fusionlab.__main__ import main\n"
+        "import fusionlab.benchcli\n"
+        "sys.argv = ['record_trips.py', '--help']\n"
+        "try:\n"
+        "    runpy.run_path('benchmarks/record_trips.py', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('started')\n"
+    )
+    got = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0 and "started" in got.stdout, got.stderr[-2000:]
+
+
+def test_bench_trips_names_a_setting_this_device_has_not_recorded(tmp_path, capsys):
+    from fusionlab import benchcli
+
+    counters = {"dram_read": 50, "dram_write": 50, "l2_bytes": 100, "time_ns": 1, "kernels": []}
+    meta = {"device": "GPU X", "date": "2026-01-01", "time": "01:00Z", "torch": "t", "triton": "t"}
+    case = {"name": "c", "group": "g", "schedule_bytes": 100, "all": counters}
+    data = {"schema": 2, "meta": meta, "metrics": [], "parts": {"lesson1": {"c": case}}, "missing": {}}
+    (tmp_path / "gpu-x-2026-01-01-0100.json").write_text(json.dumps(data))
+    assert benchcli.show_trips(["lesson1"], "GPU X", tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "not flushed: not recorded on GPU X yet; `python benchmarks/record_trips.py --parts lesson1:none`" in out
+    assert "caches flushed: not recorded" not in out

@@ -58,3 +58,18 @@ def test_the_interpreter_count_is_what_the_kernel_loads():
     a, b = torch.randn(33, 20), torch.randn(20, 17)
     counted = ex._counted(lambda: ex.run_matmul(a, b, 16, 16), ex.MATMUL_NAMES)
     assert counted == {("A", READ): 33 * 20 * 4 * 2, ("B", READ): 20 * 17 * 4 * 3, ("C", WRITE): 33 * 17 * 4}
+
+
+def _attn(B, H, N_q, N_k, D, dtype, bm, lse_bytes=4):
+    t = math.ceil(N_q / bm)
+    reads = {"Q": B * H * N_q * D, "K": B * H * N_k * D * t, "V": B * H * N_k * D * t}
+    sizes = {"lse": lse_bytes} if lse_bytes else {}
+    return Ledger(dtype_bytes=dtype, sizes=sizes).op(
+        "a", reads=reads, writes={"O": B * H * N_q * D, "lse": B * H * N_q}
+    )
+
+
+def test_an_attention_ledger_is_held_in_16_bits_where_lse_stays_fp32():
+    assert "attention ledger" in ex.check_attention_trips(_attn).message
+    with pytest.raises(CheckFailed, match=r"(?s)16, (float16|bfloat16).*write lse.*lse is fp32 \(4 bytes a row\)"):
+        ex.check_attention_trips(lambda *a: _attn(*a, lse_bytes=None))  # lse at the inputs' 2 bytes

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ from conftest import ncu_or_skip
 
 from fusionlab import runtime
 from fusionlab.grading import CheckFailed
+from fusionlab.kernels import _attention
+from fusionlab.kernels._launch import KernelInputError
 from fusionlab.ledger import Ledger
 from fusionlab.measure import exercises as ex
 from fusionlab.measure import ncu, own
@@ -137,7 +140,127 @@ def test_without_counters_the_check_says_why_once_and_falls_back(monkeypatch, ca
     assert capsys.readouterr().out == "" and "ERR_NVGPUCTRPERM" in own.unavailable()
 
 
+def test_ncu_that_profiles_no_kernel_says_so(tmp_path):
+    # what ncu printed on the H100 (2026-11-27) when every case of the attention exercise failed
+    fake = tmp_path / "ncu"
+    fake.write_text(
+        "#!/bin/sh\necho '==PROF== Disconnected from process 2010'\necho '==WARNING== No kernels were profiled.' >&2\n"
+    )
+    fake.chmod(0o755)
+    with pytest.raises(ncu.NcuNoKernels, match="profiled no kernel"):
+        ncu.run_ncu([str(fake)])
+
+
+def _refused_target(n):
+    """Cases that fail while warming up, as the attention exercise's fp32 inputs did on a GPU."""
+
+    def refused():
+        raise KernelInputError("attention: q is float32; on a GPU the kernel takes fp16 or bf16")
+
+    return ncu.cases_thunk([({"name": str(i)}, refused) for i in range(int(n))])
+
+
+def test_cases_that_fail_before_the_window_are_named_in_the_error(monkeypatch):
+    def child_then_nothing(target, *args, **kwargs):  # the child's part, run here; then ncu's answer
+        ncu._resolve(target)(*args)
+        raise ncu.NcuNoKernels("ncu profiled no kernel")
+
+    monkeypatch.setattr(ncu, "profile", child_then_nothing)
+    with pytest.raises(ncu.NcuNoKernels, match=r"(?s)2 of 2 cases failed before the profiled window.*0: Kern.*float32"):
+        ncu.measure_cases(f"{__name__}:_refused_target", "2", cache_controls=("all",))
+
+
+def test_a_package_kernel_ncu_cannot_count_fails_loudly_a_learners_falls_back(monkeypatch, capsys):
+    why = "ncu profiled no kernel\n1 of 1 cases failed before the profiled window:\n0: KernelInputError: refused"
+
+    def nothing(*args, **kwargs):
+        raise ncu.NcuNoKernels(why)
+
+    monkeypatch.setattr(ex, "gpu_counted", nothing)
+    with pytest.raises(ncu.NcuFailed, match="(?s)package's attention kernel.*KernelInputError: refused"):
+        ex.gpu_counters({}, "attention", [[1, 2, 512, 512, 64, 16, "bfloat16"]])
+    assert ex.gpu_counters({"silu": silu}, "silu", [[1024, "float32"]]) is None
+    out = capsys.readouterr().out
+    assert out.startswith("⚠ Nsight Compute could not count your kernel") and "KernelInputError: refused" in out
+
+
+def test_the_profiled_command_follows_the_written_out_module_and_filters_no_kernel(monkeypatch, tmp_path):
+    # ncu itself faked: its command line, the child's path and what the counters come back as, on a CPU
+    seen = {}
+
+    def fake_ncu(cmd, *, timeout, env):
+        seen["cmd"], seen["env"] = cmd, env
+        target = cmd[cmd.index("--child") + 1]
+        folder = next(f for f in env["PYTHONPATH"].split(":") if Path(f, target.split(":")[0] + ".py").is_file())
+        seen["source"] = Path(folder, target.split(":")[0] + ".py").read_text()
+        Path(env[ncu.CASES_ENV]).write_text('[{"name": "0"}, {"name": "1"}]')  # as the child's cases write it
+        return (Path(__file__).parent / "data" / "ncu_details_marked.txt").read_text()
+
+    fake = tmp_path / "ncu"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("FUSIONLAB_NCU", str(fake))
+    monkeypatch.setattr(ncu, "_check_gpu", lambda: None)
+    monkeypatch.setattr(ncu, "run_ncu", fake_ncu)
+    monkeypatch.setattr(own, "_UNAVAILABLE", [])
+    got = own.counted({"silu": silu}, "fusionlab.measure.exercises:cases_target", "silu", [[8, "float32"]] * 2)
+    cmd = seen["cmd"]
+    # every kernel of the one Python process, between cudaProfilerStart and Stop, caches flushed
+    assert "--kernel-name" not in cmd and "--launch-skip" not in cmd and "--launch-count" not in cmd
+    assert cmd[cmd.index("--target-processes") + 1] == "application-only"
+    assert cmd[cmd.index("--profile-from-start") + 1] == "off" and cmd[cmd.index("--cache-control") + 1] == "all"
+    assert cmd[cmd.index("--child") - 1] == "fusionlab.measure.ncu" and cmd[cmd.index("--child") + 2] == "silu"
+    assert "def _fusionlab_target(builder, specs)" in seen["source"] and "exercises as _cases" in seen["source"]
+    assert [[k["name"] for k in c["kernels"]] for c in got] == [["_cos_kernel"], ["vectorized_elementwise_kernel"] * 2]
+
+
+def test_the_attention_exercise_counts_inputs_the_gpu_kernel_takes(monkeypatch):
+    # on the H100 (2026-11-27) its fp32 inputs were refused by the GPU kernel in every case, and ncu
+    # profiled nothing: the GPU's input checks, run here on the shapes and dtype the GPU check uses
+    monkeypatch.setattr(runtime, "is_gpu", lambda: True)
+    specs = ex.attention_gpu_specs(torch.Generator().manual_seed(0))
+    for B, H, _, _, D, _, dtype in specs:
+        q, k, v = ex.attention_inputs(B, H, 16, 16, D, dtype, device=runtime.DEVICE)  # the sizes do not matter
+        _attention.check_inputs(q, k, v, False, None)
+    with pytest.raises(KernelInputError, match="float32"):  # what the check above would have caught
+        _attention.check_inputs(*ex.attention_inputs(1, 2, 16, 16, 64, "float32", device=runtime.DEVICE), False, None)
+
+
+def _attn_ledger(B, H, N_q, N_k, D, dtype, bm, times=None):
+    import math
+
+    t = math.ceil(N_q / bm) if times is None else times
+    reads = {"Q": B * H * N_q * D, "K": B * H * N_k * D * t, "V": B * H * N_k * D * t}
+    writes = {"O": B * H * N_q * D, "lse": B * H * N_q}  # lse is fp32 whatever the inputs' dtype
+    return Ledger(dtype_bytes=dtype, sizes={"lse": 4}).op("attention", reads=reads, writes=writes)
+
+
+def test_on_a_gpu_the_attention_ledger_is_bounded_by_the_l2_and_held_to_the_schedule(monkeypatch):
+    # the H200 (2026-11-27): 7.00 MiB through the L2 for a ledger of 18.29 MiB, the SMs' own caches serving the
+    # rest of K's and V's re-reads: the counters bound the ledger from below, the schedule's count holds it
+    share = {"l2": 0.38}
+
+    def counters(fns, builder, specs):
+        assert fns == {} and builder == "attention" and all(s[-1] in ("bfloat16", "float16") for s in specs)
+        return [{"l2_bytes": share["l2"] * _attn_ledger(*s[:5], getattr(torch, s[6]), s[5]).fused_bytes} for s in specs]
+
+    monkeypatch.setattr(runtime, "is_gpu", lambda: True)
+    monkeypatch.setattr(ex, "gpu_counters", counters)
+    msg = ex.check_attention_trips(_attn_ledger).message
+    assert "0.38-0.38x of your ledger crossed the L2" in msg and "Nsight Compute" in msg
+    with pytest.raises(CheckFailed, match="through the L2 alone, more than your ledger"):  # K and V read once
+        ex.check_attention_trips(lambda *a: _attn_ledger(*a, times=1))
+    with pytest.raises(CheckFailed, match="as the package counts its schedule"):  # K and V read twice a tile
+        ex.check_attention_trips(lambda B, H, N_q, N_k, D, dt, bm: _attn_ledger(B, H, N_q, N_k, D, dt, bm // 2))
+
+
 # -- on a GPU with ncu -------------------------------------------------------------------------------
+def test_gpu_a_window_with_no_kernel_is_an_error_not_an_empty_list():
+    ncu_or_skip()
+    with pytest.raises(ncu.NcuNoKernels, match="profiled no kernel"):
+        ncu.profile("fusionlab.measure.targets:nothing")
+
+
 def _gpu(monkeypatch):
     ncu_or_skip(triton_gpu=True)
     monkeypatch.setattr(own, "_UNAVAILABLE", [])
@@ -174,10 +297,12 @@ def test_gpu_the_matmul_and_attention_ledgers_are_held_against_the_l2(monkeypatc
     def attn(B, H, N_q, N_k, D, dtype, bm):
         t = math.ceil(N_q / bm)
         reads = {"Q": B * H * N_q * D, "K": B * H * N_k * D * t, "V": B * H * N_k * D * t}
-        # dtype is fp32 here, so lse (fp32 always) counts at the same 4 bytes
-        return Ledger(dtype_bytes=dtype).op("attention", reads=reads, writes={"O": B * H * N_q * D, "lse": B * H * N_q})
+        writes = {"O": B * H * N_q * D, "lse": B * H * N_q}  # lse is fp32 whatever the inputs' dtype
+        return Ledger(dtype_bytes=dtype, sizes={"lse": 4}).op("attention", reads=reads, writes=writes)
 
     assert "through the L2" in ex.check_matmul_trips(mm).message
-    assert "through the L2" in ex.check_attention_trips(attn).message
+    assert "of your ledger crossed the L2" in ex.check_attention_trips(attn).message
+    with pytest.raises(CheckFailed, match="through the L2 alone"):  # K and V once: the re-reads forgotten
+        ex.check_attention_trips(lambda B, H, N_q, N_k, D, dtype, bm: attn(B, H, N_q, N_k, D, dtype, N_q))
     with pytest.raises(CheckFailed, match="through the L2"):
         ex.check_matmul_trips(lambda M, N, K, bm, bn, dtype: mm(M, N, K, M, N, dtype))  # one read of each

@@ -110,6 +110,15 @@ class NcuFailed(RuntimeError):
     """ncu ran but gave no counters; the message holds the tail of its output."""
 
 
+class NcuNoKernels(NcuFailed):
+    """ncu ran the program and profiled no kernel: nothing launched inside the profiled window (every
+    case failed before it, or the kernels ran in a process ncu does not follow)."""
+
+
+#: what ncu prints when the profiled window held no kernel of the process it follows
+NO_KERNELS = "No kernels were profiled"
+
+
 @dataclass(frozen=True)
 class KernelCounters:
     """One kernel launch as the counters saw it: bytes in bytes, time in nanoseconds."""
@@ -310,6 +319,12 @@ def run_ncu(cmd: list[str], *, timeout: float = 600, env: dict | None = None) ->
     out = proc.stdout + "\n" + proc.stderr
     if "ERR_NVGPUCTRPERM" in out:
         raise NcuUnavailable(permission_message(out))
+    if '"ID"' not in proc.stdout and NO_KERNELS in out:
+        raise NcuNoKernels(
+            "ncu profiled no kernel: nothing was launched between the program's cudaProfilerStart and Stop "
+            "(every case failed before its window, or its kernels ran in a process ncu does not follow). The "
+            f"end of its output:\n{_tail(out)}"
+        )
     if proc.returncode != 0 or '"ID"' not in proc.stdout:
         raise NcuFailed(f"ncu exited with {proc.returncode} and no counters; the end of its output:\n{_tail(out)}")
     return proc.stdout
@@ -428,7 +443,10 @@ def _profile_cases(target: str, args, cache_control: str, timeout: float, deadli
         else:
             os.environ[k] = v
     try:
-        kernels = profile(target, *args, cache_control=cache_control, timeout=timeout)
+        try:
+            kernels = profile(target, *args, cache_control=cache_control, timeout=timeout)
+        except NcuFailed as e:  # the cases' own errors say why better than ncu can
+            raise type(e)(f"{e}{_case_errors(side)}") from e
         text = Path(side).read_text()
         infos = json.loads(text) if text.strip() else []
     finally:
@@ -444,6 +462,30 @@ def _profile_cases(target: str, args, cache_control: str, timeout: float, deadli
         Path(side + PLAN_SUFFIX).unlink(missing_ok=True)
     _PASSES[:] = [runs]
     return infos, kernels
+
+
+def _case_errors(side: str) -> str:
+    """What the cases and stages of a failed profile wrote of their own failures (a case that raised
+    while warming up is left out of the profiled window: where all of them did, ncu profiles nothing)."""
+    try:
+        text = Path(side).read_text()
+        infos = json.loads(text) if text.strip() else []
+    except (OSError, ValueError):
+        return ""
+    bad = [f"{i.get('part') or i.get('name', '?')}: {i.get('error') or i.get('part_error')}" for i in infos
+           if "error" in i or "part_error" in i]  # fmt: skip
+    if not bad:
+        return ""
+    return f"\n{len(bad)} of {len(infos)} cases failed before the profiled window:\n" + "\n".join(bad[:8])
+
+
+def failure(e: Exception) -> str:
+    """An ncu failure in a few lines: its first line, then the cases' own errors where they wrote any
+    (:func:`_case_errors`), else the end of ncu's output."""
+    lines = str(e).split("\n")
+    at = next((i for i, line in enumerate(lines) if "failed before the profiled window" in line), None)
+    rest = "\n".join(lines[at:])[:1200] if at is not None else "\n".join(lines[1:])[-600:]
+    return lines[0][:300] + "\n" + rest
 
 
 #: how many times the program ran in the last :func:`_profile_cases` (:func:`last_passes`)

@@ -25,3 +25,9 @@ def cos_cos_fused(numel: str):
     """The fused Triton ``cos_cos`` on ``numel`` fp32 elements: one kernel."""
     x = _x(numel)
     return lambda: _cos.cos_cos(x)
+
+
+def nothing():
+    """A thunk that launches no kernel: ncu profiles nothing, which :func:`fusionlab.measure.ncu.run_ncu`
+    reports as an error (:class:`~fusionlab.measure.ncu.NcuNoKernels`), never as an empty list."""
+    return lambda: None
