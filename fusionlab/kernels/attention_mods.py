@@ -34,8 +34,9 @@ from .. import runtime
 from ._attention import OP, _kv_tile, scores64
 from ._launch import KernelInputError, check_block
 
-__all__ = ["ScoreMod", "MaskMod", "BlockMask", "block_mask", "modified_scores64", "mod_overrides", "softcap", "alibi",
-           "relative_bias", "causal_mask", "sliding_window", "prefix_lm", "document_mask"]  # fmt: skip
+__all__ = ["ScoreMod", "MaskMod", "BlockMask", "block_mask", "modified_scores64", "mod_overrides", "mod_error_text",
+           "softcap", "alibi", "relative_bias", "causal_mask", "sliding_window", "prefix_lm",
+           "document_mask"]  # fmt: skip
 
 
 # -- what a modification is, and the block lists -----------------------------------------------------
@@ -339,6 +340,25 @@ def _mod_errors() -> tuple:
     Python (read at the call: without Triton, importing this module must not touch its attributes)."""
     return (triton.CompilationError, TypeError, NameError, AttributeError, ValueError, AssertionError,
             getattr(triton.runtime.errors, "InterpreterError", TypeError))  # fmt: skip
+
+
+def mod_error_text(e: BaseException) -> str:
+    """Why a modification did not compile, the cause on the first line: the root of ``e``'s chain (a checker
+    or a log that keeps one line still names it). The GPU's ``CompilationError`` writes ``at L:C:``, the
+    source and a caret first and its cause last, so the cause and the line come first here, then its text;
+    the interpreter's errors are Python's own, wrapped."""
+    root = e
+    while root.__cause__ is not None:
+        root = root.__cause__
+    text = str(root).strip()[:2000]
+    if isinstance(root, triton.CompilationError) and getattr(root, "error_message", None):
+        cause = root.error_message.strip().splitlines()[-1]
+        line = getattr(root.node, "lineno", None)
+        src = (root.src or "").split("\n")
+        at = src[line - 1].strip() if line and line <= len(src) else None
+        where = f" at line {line} of the jitted function: `{at}`" if at else ""
+        return f"{cause}{where}\n{text}"
+    return f"{type(root).__name__}: {text}"
 
 
 class _Mods(NamedTuple):
