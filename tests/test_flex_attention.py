@@ -159,6 +159,29 @@ def test_kernel_tiles_inside_the_masks(kernel_m, kernel_n):
             _close(got, attention_reference(q, k, v, block_mask=bm))
 
 
+@triton.jit
+def _stripes(b, h, q_idx, kv_idx, aux, width, a1):
+    return (kv_idx // width) % 2 == 0
+
+
+@pytest.mark.parametrize("ranges", [True, False], ids=["ranges", "lists"])
+def test_full_blocks_as_ranges_or_lists(ranges, monkeypatch):
+    # the kernel runs a tile's full blocks as a range where they are consecutive (every ready-made mask), and
+    # through the list where they are not (stripes: key blocks 0, 2, 4 full, 1, 3 empty) or RANGES is off
+    import fusionlab.kernels.attention_mods as M
+
+    monkeypatch.setattr(M, "RANGES", ranges)
+    n = 260
+    q, k, v = _qkv(1, 1, 1, n, n, 16, seed=12)
+    stripes = MaskMod(_stripes, lambda b, h, q, kv, aux, w, a1: (kv // w) % 2 == 0, None, 64, None, "stripes")
+    for mask, contiguous in ((sliding_window(200), True), (document_mask(_docs(n, [20, 220]).to(DEV)), True),
+                             (stripes, False)):  # fmt: skip
+        bm = block_mask(mask, None, None, n, n, device=DEV, block_m=64, block_n=64)
+        assert bm.contiguous == contiguous and bm.blocks()[0] > 0, mask.name
+        assert _mods(q, k, False, None, bm).kwargs["SPARSE"] == (2 if ranges and contiguous else 1)
+        _close(attention(q, k, v, block_mask=bm), attention_reference(q, k, v, block_mask=bm))
+
+
 def test_heads_side_by_side_layout():
     # q, k, v as (B, N, H, D) transposed, read in place: the modification path addresses tiles as lesson 7 does
     q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in _qkv(1, 2, 2, 40, 40, 16, seed=11))

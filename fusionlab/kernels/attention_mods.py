@@ -81,6 +81,8 @@ class BlockMask:
     them); ``idx`` (B', H', T_m, 2, T_n) int32: their key-block numbers, ascending, the rest of each row
     unused. A block in neither list is empty: never loaded. B' and H' are 1 where the mask does not
     depend on the batch or the head. ``visible``: the (query, key) pairs the mask keeps, over B' x H'.
+    ``contiguous``: every tile's full blocks are consecutive (a window's, a document's, causal, prefix-LM:
+    every mask here), so the kernel runs them as a range from the first, with no list entry to load a block.
     """
 
     mask: MaskMod
@@ -90,6 +92,7 @@ class BlockMask:
     num: torch.Tensor
     idx: torch.Tensor
     visible: int
+    contiguous: bool = False
 
     def blocks(self) -> tuple[int, int, int]:
         """(full, partial, all) key blocks over every Q tile, summed over B' x H'."""
@@ -177,7 +180,11 @@ def block_mask(
     num = torch.stack([full.sum(-1), part.sum(-1)], dim=-1).to(torch.int32)
     # each list's block numbers first, ascending (a stable sort of "not in the list")
     idx = torch.stack([torch.sort((~x).to(torch.int8), dim=-1, stable=True).indices for x in (full, part)], dim=-2)
-    return BlockMask(mask, (Bp, Hp, N_q, N_k), bm, bn, num.contiguous(), idx.to(torch.int32).contiguous(), visible)
+    # full blocks consecutive: list entry k is entry 0 plus k, for every k below the tile's count
+    step = idx[..., 0, :] - idx[..., 0, :1] - torch.arange(T_n, device=dev)
+    contiguous = not bool(((step != 0) & (torch.arange(T_n, device=dev) < num[..., :1])).any())
+    return BlockMask(mask, (Bp, Hp, N_q, N_k), bm, bn, num.contiguous(), idx.to(torch.int32).contiguous(), visible,
+                     contiguous)  # fmt: skip
 
 
 def _pow2(n: int) -> int:
@@ -386,6 +393,12 @@ def _score_mod(score_mod) -> ScoreMod | None:
                            "decorate it with @triton.jit.")  # fmt: skip
 
 
+#: run a contiguous block mask's full blocks as a range (``SPARSE=2``), not through its list (``SPARSE=1``: a
+#: list entry loaded before each block's K and V). A switch for the A/B of
+#: ``benchmarks/probes/probe_7b_sparse.py``
+RANGES = True
+
+
 def _mods(q, k, causal, score_mod, bmask) -> _Mods:
     """The checks of a call's modifications, and the kernel arguments that carry them."""
     kwargs, names, tiles = {}, [], (None, None)
@@ -418,9 +431,10 @@ def _mods(q, k, causal, score_mod, bmask) -> _Mods:
         if bmask.num.device != q.device:
             raise KernelInputError(f"{OP}: the block mask is on {bmask.num.device}, q on {q.device}.")
         T_m = bmask.num.shape[2]
-        kwargs.update(SPARSE=True, MASK_MOD=bmask.mask.fn, mask_aux=bmask.mask.aux, mask_a0=bmask.mask.a0,
-                      mask_a1=bmask.mask.a1, bm_num=bmask.num, bm_idx=bmask.idx, bm_sb=(Hm * T_m if Bm > 1 else 0),
-                      bm_sh=(T_m if Hm > 1 else 0), bm_tn=bmask.idx.shape[-1])  # fmt: skip
+        kwargs.update(SPARSE=2 if bmask.contiguous and RANGES else 1, MASK_MOD=bmask.mask.fn, mask_aux=bmask.mask.aux,
+                      mask_a0=bmask.mask.a0, mask_a1=bmask.mask.a1, bm_num=bmask.num, bm_idx=bmask.idx,
+                      bm_sb=(Hm * T_m if Bm > 1 else 0), bm_sh=(T_m if Hm > 1 else 0),
+                      bm_tn=bmask.idx.shape[-1])  # fmt: skip
         tiles = (bmask.block_m, bmask.block_n)
         names.append(f"mask {bmask.mask.name!r}")
     # the plan's key: the mask's tiles, and whether the reference-max loop may run (no unbounded modification)
@@ -471,12 +485,12 @@ def _mod_scores(
     """A block's scores in base-2 units: scaled to natural units (the modification sees what the spec
     writes, ``Q K^T * scale``), modified, then times log2(e). ``MASKED``: the key bound, the causal
     mask and the mask function set what they hide to -inf (a full block needs none of them)."""
-    s = qk * sm_scale
     q_idx = offs_m[:, None]
     kv_idx = offs_n[None, :]
     if SCORE_MOD is not None:
-        s = SCORE_MOD(s, off_b, off_h, q_idx, kv_idx, mod_aux, mod_a0, mod_a1)
-    s = s * 1.4426950408889634
+        s = SCORE_MOD(qk * sm_scale, off_b, off_h, q_idx, kv_idx, mod_aux, mod_a0, mod_a1) * 1.4426950408889634
+    else:  # nothing between the two scalings: one multiply a score
+        s = qk * (sm_scale * 1.4426950408889634)
     if MASKED:
         keep = kv_idx < n_k
         if CAUSAL:
@@ -500,7 +514,7 @@ def _attention_inner_mod(
     blocks: entry ``j // BN_DIV``, part ``j % BN_DIV``), the online softmax on
     :func:`_mod_scores`. No folded scale: the modification needs the scaled score before the exponential.
     ``REF`` (lesson 7's ``REF_MAX``): ``m_i`` is a fixed reference, no running max and no rescale; the
-    tile's first block sets it (``FIRST``: 1 the block at key 0, 2 entry 0 of the list, 0 none here)."""
+    tile's first block sets it (``FIRST``: 1 the block at key 0, 2 the first of ``[lo, hi)``, 0 none here)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for j in tl.range(lo, hi, STEP):
         if INDEXED:
@@ -518,7 +532,7 @@ def _attention_inner_mod(
                 if start_n == 0:
                     m_i = tl.max(s, 1)
             elif FIRST == 2:
-                if j == 0:
+                if j == lo:
                     m_i = tl.max(s, 1)
             p = tl.math.exp2(s - m_i[:, None])
             l_i += tl.sum(p, 1)
@@ -544,14 +558,24 @@ def _mod_pass(
     SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, SPARSE: tl.constexpr, REF: tl.constexpr, BN_DIV: tl.constexpr,
 ):  # fmt: skip
     """Every key block of a Q tile, once. ``SPARSE`` (a block mask): the tile's full blocks with no element
-    mask, then its partial blocks through the mask function; an empty block is in neither list, so it is
-    never loaded. Without one: lesson 7's split, ``[0, lo_mask)`` unmasked and ``[lo_mask, hi)`` masked."""
-    if SPARSE:
+    mask (1: through the list; 2: consecutive, as a range from the list's first), then its partial blocks
+    through the mask function; an empty block is in neither list, so it is never loaded. Without one:
+    lesson 7's split, ``[0, lo_mask)`` unmasked and ``[lo_mask, hi)`` masked."""
+    if SPARSE == 2:  # consecutive full blocks: a range of keys from the first, nothing loaded to find a block
+        lo_full = tl.load(idx) * (BLOCK_N * BN_DIV)
+        acc, l_i, m_i = _attention_inner_mod(
+            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
+            sm_scale, lo_full, lo_full + n_whole * (BLOCK_N * BN_DIV), None, off_b, off_h, mod_aux, mod_a0, mod_a1,
+            mask_aux, mask_a0, mask_a1, HEAD_DIM, BLOCK_N, False, False, TMA, EVEN_N, SCORE_MOD, None, False, BLOCK_N,
+            REF, 2, 1,
+        )  # fmt: skip
+    elif SPARSE:
         acc, l_i, m_i = _attention_inner_mod(
             acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
             sm_scale, 0, n_whole * BN_DIV, idx, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
             HEAD_DIM, BLOCK_N, False, False, TMA, EVEN_N, SCORE_MOD, None, True, 1, REF, 2, BN_DIV,
         )  # fmt: skip
+    if SPARSE:
         acc, l_i, m_i = _attention_inner_mod(
             acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
             sm_scale, 0, n_part * BN_DIV, idx + bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0,
