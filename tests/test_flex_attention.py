@@ -164,22 +164,27 @@ def _stripes(b, h, q_idx, kv_idx, aux, width, a1):
     return (kv_idx // width) % 2 == 0
 
 
-@pytest.mark.parametrize("ranges", [True, False], ids=["ranges", "lists"])
-def test_full_blocks_as_ranges_or_lists(ranges, monkeypatch):
-    # the kernel runs a tile's full blocks as a range where they are consecutive (every ready-made mask), and
-    # through the list where they are not (stripes: key blocks 0, 2, 4 full, 1, 3 empty) or RANGES is off
+@pytest.mark.parametrize("ref", LOOPS)
+@pytest.mark.parametrize("loop", ["lists", "ranges", "one"])
+def test_sparse_loops(loop, ref, monkeypatch):
+    # the kernel's walks over a block mask (SPARSE_LOOP): every block through the lists; the full blocks as a
+    # range where they are consecutive (every ready-made mask); all visited blocks as one loop where they are
+    # consecutive, entered at the first full block. Stripes (key blocks 0 and 2 full, 1 and 3 empty) are
+    # neither, and take the lists whatever the setting
     import fusionlab.kernels.attention_mods as M
 
-    monkeypatch.setattr(M, "RANGES", ranges)
-    n = 260
+    monkeypatch.setattr(M, "SPARSE_LOOP", loop)
+    n = 200
     q, k, v = _qkv(1, 1, 1, n, n, 16, seed=12)
     stripes = MaskMod(_stripes, lambda b, h, q, kv, aux, w, a1: (kv // w) % 2 == 0, None, 64, None, "stripes")
-    for mask, contiguous in ((sliding_window(200), True), (document_mask(_docs(n, [20, 220]).to(DEV)), True),
-                             (stripes, False)):  # fmt: skip
+    for mask, consecutive in ((sliding_window(150), True), (document_mask(_docs(n, [20, 220]).to(DEV)), True),
+                              (stripes, False)):  # fmt: skip
         bm = block_mask(mask, None, None, n, n, device=DEV, block_m=64, block_n=64)
-        assert bm.contiguous == contiguous and bm.blocks()[0] > 0, mask.name
-        assert _mods(q, k, False, None, bm).kwargs["SPARSE"] == (2 if ranges and contiguous else 1)
-        _close(attention(q, k, v, block_mask=bm), attention_reference(q, k, v, block_mask=bm))
+        assert bm.contiguous == bm.one_run == consecutive and bm.blocks()[0] > 0, mask.name
+        want = {"lists": 1, "ranges": 2, "one": 3}[loop] if consecutive else 1
+        assert _mods(q, k, False, None, bm).kwargs["SPARSE"] == want
+        got = attention(q, k, v, block_mask=bm, config={"REF_MAX": ref})
+        _close(got, attention_reference(q, k, v, block_mask=bm))
 
 
 def test_heads_side_by_side_layout():

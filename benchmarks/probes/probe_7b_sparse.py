@@ -3,11 +3,13 @@
     PYTHONPATH=. python3 benchmarks/probes/probe_7b_sparse.py --out $OUT [--seconds 170] [--n 32768]
         [--ds 128,64] [--workers 14]
 
-Hypotheses, each one variant of :data:`VARIANTS` against the default in one run:
+Hypotheses, each a variant of :data:`BY_D` (:func:`variant` reads its name) against the default, in one run:
 
-- ``lists`` against ``ranges``: the kernel finds each full block through a list entry loaded just before the
-  block's K and V (a dependent load in front of the pipelined TMA copies) or, the masks' full blocks being
-  consecutive, as a range from the first (``attention_mods.RANGES``);
+- ``lists``, ``ranges``, ``one`` (``attention_mods.SPARSE_LOOP``): the kernel finds each block through a list
+  entry loaded just before the block's K and V (a dependent load in front of the pipelined TMA copies); or,
+  the masks' full blocks being consecutive, runs them as a range from the first, then the partial blocks
+  through their list (a second loop: its pipeline fills again); or, all visited blocks being consecutive,
+  runs one loop over them from the first full block, the element mask on the partial ones only;
 - the mask's and the kernel's tiles (``mMxN`` the block mask's, ``kMxN`` the kernel's inside it), warps and
   stages: a window's tile visits about ten mask blocks, so a 128-key mask block that is half above the
   diagonal, or a pipeline that fills twice (full blocks, then partial), weighs more than in a causal row;
@@ -35,26 +37,34 @@ import warnings
 
 import torch
 
-#: (mask tiles, kernel tiles, num_warps, num_stages) of the tile variants: head dim 128's default (64 x 64 in
-#: 64 x 128) at other stages, the mask at the kernel's tile, head dim 64's default, flex_attention's 128 x 64 w8 s3
-TILES = [((64, 64), (64, 64), 4, 3), ((64, 64), (64, 64), 4, 4), ((64, 128), (64, 64), 4, 2),
-         ((64, 128), (64, 64), 4, 4), ((64, 128), (64, 128), 4, 2), ((128, 128), (128, 64), 8, 3),
-         ((128, 128), (128, 128), 8, 2), ((128, 64), (128, 64), 8, 3), ((128, 128), (128, 64), 4, 3),
-         ((128, 128), (128, 128), 4, 3)]  # fmt: skip
-#: name: (mask tiles (block_m, block_n) or None for the default, kernel config overrides, full blocks as ranges)
-VARIANTS = {
-    "lists default": (None, {}, False),
-    "ranges default": (None, {}, True),
-    "ranges default online": (None, {"REF_MAX": 0}, True),
-    **{f"ranges m{m[0]}x{m[1]} k{k[0]}x{k[1]} w{w} s{st}": (m, {"BLOCK_M": k[0], "BLOCK_N": k[1], "num_warps": w,
-                                                               "num_stages": st}, True)
-       for m, k, w, st in TILES},
+#: (mask tiles, kernel tiles, num_warps, num_stages) by name: head dim 128's default (64 x 64 inside 64 x 128)
+#: at two stages, the mask at the kernel's tile, head dim 64's default, flex_attention's 128 x 64 w8 s3
+TILES = {
+    "m64x64 k64x64 w4 s3": ((64, 64), (64, 64), 4, 3), "m64x64 k64x64 w4 s4": ((64, 64), (64, 64), 4, 4),
+    "m64x128 k64x64 w4 s2": ((64, 128), (64, 64), 4, 2), "m128x128 k128x64 w8 s3": ((128, 128), (128, 64), 8, 3),
+    "m128x64 k128x64 w8 s3": ((128, 64), (128, 64), 8, 3), "m128x128 k128x128 w4 s3": ((128, 128), (128, 128), 4, 3),
 }  # fmt: skip
-#: the variants each head dim runs (head dim 64: fewer, its bars mostly pass)
+
+
+def variant(name: str):
+    """``"<loop> <tiles>[ online]"`` -> (the mask's tiles or None: the default, config overrides, SPARSE_LOOP)."""
+    loop, rest = name.split(" ", 1)
+    config = {"REF_MAX": 0} if rest.endswith(" online") else {}
+    rest = rest.removesuffix(" online")
+    if rest == "default":
+        return None, config, loop
+    m, k, w, st = TILES[rest]
+    return m, {**config, "BLOCK_M": k[0], "BLOCK_N": k[1], "num_warps": w, "num_stages": st}, loop
+
+
+#: the variants each head dim runs: the three loops at the default tiles (and online), then tiles
 BY_D = {
-    128: [v for v in VARIANTS if ("w4 s3" not in v or "m64x64" in v) and "k64x128" not in v],
-    64: ["lists default", "ranges default", "ranges default online", "ranges m64x64 k64x64 w4 s3",
-         "ranges m64x128 k64x128 w4 s2", "ranges m128x128 k128x64 w4 s3", "ranges m128x128 k128x128 w4 s3"],
+    128: ["lists default", "ranges default", "one default", "ranges default online", "one default online",
+          "ranges m64x64 k64x64 w4 s3", "one m64x64 k64x64 w4 s3", "ranges m64x64 k64x64 w4 s4",
+          "ranges m64x128 k64x64 w4 s2", "ranges m128x128 k128x64 w8 s3", "one m128x128 k128x64 w8 s3",
+          "ranges m128x64 k128x64 w8 s3"],
+    64: ["lists default", "ranges default", "one default", "ranges default online", "ranges m64x64 k64x64 w4 s3",
+         "one m64x64 k64x64 w4 s3", "ranges m128x128 k128x128 w4 s3"],
 }  # fmt: skip
 MASKS = ("sliding_window", "document", "causal_mask")
 FLEX_MASKS = ("sliding_window", "document")
@@ -67,20 +77,21 @@ def _mask(mod: str, n: int, device):
     return M.causal_mask() if mod == "causal_mask" else suite.ours_mods(mod, n, device)[1]
 
 
-def ours(mod: str, variant: str, q, k, v):
-    """A thunk: our forward with ``mod``'s block mask at ``variant``; the dense causal kernel for ``dense``."""
+def ours(mod: str, name: str, q, k, v):
+    """A thunk: our forward with ``mod``'s block mask at variant ``name``; lesson 7's causal kernel for
+    ``dense_causal``."""
     from fusionlab.kernels import attention_mods as M
     from fusionlab.kernels.attention import attention
 
     n = q.shape[2]
     if mod == "dense_causal":
         return lambda: attention(q, k, v, True)
-    tiles, config, ranges = VARIANTS[variant]
+    tiles, config, loop = variant(name)
     kw = {} if tiles is None else {"block_m": tiles[0], "block_n": tiles[1]}
     bm = M.block_mask(_mask(mod, n, q.device), None, None, n, n, q.device, **kw)
 
     def run():
-        M.RANGES = ranges  # read when the call's kernel arguments are built
+        M.SPARSE_LOOP = loop  # read when the call's kernel arguments are built
         return attention(q, k, v, block_mask=bm, config=config or None)
 
     return run
