@@ -43,6 +43,7 @@ TILES = {
     "m64x64 k64x64 w4 s3": ((64, 64), (64, 64), 4, 3), "m64x64 k64x64 w4 s4": ((64, 64), (64, 64), 4, 4),
     "m64x128 k64x64 w4 s2": ((64, 128), (64, 64), 4, 2), "m128x128 k128x64 w8 s3": ((128, 128), (128, 64), 8, 3),
     "m128x64 k128x64 w8 s3": ((128, 64), (128, 64), 8, 3), "m128x128 k128x128 w4 s3": ((128, 128), (128, 128), 4, 3),
+    "m64x128 k64x128 w4 s3": ((64, 128), (64, 128), 4, 3), "m128x128 k128x64 w4 s3": ((128, 128), (128, 64), 4, 3),
 }  # fmt: skip
 
 
@@ -64,7 +65,8 @@ BY_D = {
           "ranges m64x128 k64x64 w4 s2", "ranges m128x128 k128x64 w8 s3", "one m128x128 k128x64 w8 s3",
           "ranges m128x64 k128x64 w8 s3"],
     64: ["lists default", "ranges default", "one default", "ranges default online", "ranges m64x64 k64x64 w4 s3",
-         "one m64x64 k64x64 w4 s3", "ranges m128x128 k128x128 w4 s3"],
+         "one m64x64 k64x64 w4 s3", "ranges m64x128 k64x128 w4 s3", "ranges m128x128 k128x128 w4 s3",
+         "ranges m128x128 k128x64 w4 s3"],
 }  # fmt: skip
 MASKS = ("sliding_window", "document", "causal_mask")
 FLEX_MASKS = ("sliding_window", "document")
