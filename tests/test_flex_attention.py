@@ -187,6 +187,28 @@ def test_sparse_loops(loop, ref, monkeypatch):
         _close(got, attention_reference(q, k, v, block_mask=bm))
 
 
+@triton.jit
+def _gaps(b, h, q_idx, kv_idx, aux, a0, a1):
+    return (kv_idx < 64) | ((kv_idx >= 160) & (kv_idx % 2 == 0))
+
+
+def test_the_default_walk_by_head_dim():
+    # SPARSE_LOOP None: the lists at head dim 64 and below, one loop at 128 (the probe's answer), the ranges
+    # where one loop cannot run (gaps: the full blocks consecutive, the visited ones not), the lists at 256
+    import fusionlab.kernels.attention_mods as M
+
+    assert M.SPARSE_LOOP is None
+    n = 260
+    window = block_mask(sliding_window(150), None, None, n, n, device=DEV, block_m=64, block_n=64)
+    gaps = MaskMod(_gaps, lambda b, h, q, kv, aux, a0, a1: (kv < 64) | ((kv >= 160) & (kv % 2 == 0)), name="gaps")
+    gaps = block_mask(gaps, None, None, n, n, device=DEV, block_m=64, block_n=32)
+    assert gaps.contiguous and not gaps.one_run
+    for d, want_window, want_gaps in ((16, 1, 1), (64, 1, 1), (128, 3, 2), (256, 1, 1)):
+        q = torch.empty(1, 1, n, d, device=DEV, dtype=DT)
+        assert _mods(q, q, False, None, window).kwargs["SPARSE"] == want_window, d
+        assert _mods(q, q, False, None, gaps).kwargs["SPARSE"] == want_gaps, d
+
+
 def test_heads_side_by_side_layout():
     # q, k, v as (B, N, H, D) transposed, read in place: the modification path addresses tiles as lesson 7 does
     q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in _qkv(1, 2, 2, 40, 40, 16, seed=11))

@@ -403,8 +403,13 @@ def _score_mod(score_mod) -> ScoreMod | None:
 #: "ranges" (``SPARSE=2``, where the full blocks are consecutive: a range from the first, then the partial
 #: ones through their list), "one" (``SPARSE=3``, where all visited blocks are consecutive: one loop from the
 #: first full block round to the one before it, the element mask applied to the partial blocks only). A
-#: mask that is not consecutive falls back to the lists. The A/B: ``benchmarks/probes/probe_7b_sparse.py``
-SPARSE_LOOP = "ranges"
+#: mask that is not consecutive falls back to the ranges, or the lists. None: :data:`SPARSE_LOOP_BY_D`'s.
+SPARSE_LOOP = None
+#: the walk by head-dim class, from ``benchmarks/probes/probe_7b_sparse.py`` (H200, 2026-11-27, N = 32768:
+#: benchmarks/notes_lesson7b.md, "the probe's answer"). Head dim 128 at 64 x 64 kernel tiles: one loop beats
+#: the lists by a fifth to a quarter (the window, the documents, causal); head dim 64 at 64 x 128: the
+#: lists win by a few percent, and one loop runs the documents' mask function in a branch five times slower
+SPARSE_LOOP_BY_D = {64: "lists", 128: "one"}
 
 
 def _mods(q, k, causal, score_mod, bmask) -> _Mods:
@@ -439,7 +444,9 @@ def _mods(q, k, causal, score_mod, bmask) -> _Mods:
         if bmask.num.device != q.device:
             raise KernelInputError(f"{OP}: the block mask is on {bmask.num.device}, q on {q.device}.")
         T_m = bmask.num.shape[2]
-        loop = SPARSE_LOOP if (SPARSE_LOOP != "one" or bmask.one_run) else "ranges"
+        d_class = 64 if q.shape[-1] <= 64 else (128 if q.shape[-1] <= 128 else 256)
+        loop = SPARSE_LOOP or SPARSE_LOOP_BY_D.get(d_class, "lists")
+        loop = loop if (loop != "one" or bmask.one_run) else "ranges"
         sparse = {"one": 3, "ranges": 2 if bmask.contiguous else 1}.get(loop, 1)
         kwargs.update(SPARSE=sparse, MASK_MOD=bmask.mask.fn, mask_aux=bmask.mask.aux,
                       mask_a0=bmask.mask.a0, mask_a1=bmask.mask.a1, bm_num=bmask.num, bm_idx=bmask.idx,
