@@ -201,3 +201,28 @@ def test_accepts(check, fn):
 def test_rejects(check, fn, match):
     with pytest.raises(CheckFailed, match=match):
         check(fn)
+
+
+def test_a_compile_error_names_its_cause_on_the_first_line(monkeypatch):
+    # on a GPU the broken softcap fails in Triton's compiler, whose message puts "at 2:19:" and the source
+    # first and the cause last (the H100 run of 2026-11-27 showed only "at 2:19:"); raise that error here
+    import ast
+
+    from fusionlab.kernels import KernelInputError
+
+    src = "def softcap_broken(score, b, h, q_idx, kv_idx, aux, cap, a1):\n    return score + tl.not_a_function(score)"
+    node = ast.parse(src).body[0].body[0].value.right.func
+    cause = AttributeError("module 'triton.language' has no attribute 'not_a_function'")
+    err = triton.CompilationError(src, node, repr(cause))
+    assert str(err).startswith(f"at 2:{node.col_offset}:")
+
+    def gpu_attention(*args, **kwargs):
+        try:
+            raise err
+        except triton.CompilationError as e:  # as attention() wraps it
+            raise KernelInputError("attention: score_mod 'your softcap' did not compile into the attention kernel: "
+                                   f"CompilationError: {str(e)}") from e  # fmt: skip
+
+    monkeypatch.setattr(ex, "attention", gpu_attention)
+    with pytest.raises(CheckFailed, match=r"did not run inside the kernel.*not_a_function.*at line 2 .*tl\.not_a_f"):
+        ex.check_softcap(softcap_broken)

@@ -18,6 +18,8 @@ from fusionlab import runtime
 from fusionlab.kernels import KernelInputError
 from fusionlab.kernels.attention import attention, attention_reference
 from fusionlab.kernels.attention_mods import (
+    MOD_TILE,
+    MOD_TILE_INTERPRETER,
     MaskMod,
     ScoreMod,
     _mods,
@@ -157,6 +159,56 @@ def test_kernel_tiles_inside_the_masks(kernel_m, kernel_n):
             _close(got, attention_reference(q, k, v, block_mask=bm))
 
 
+@triton.jit
+def _stripes(b, h, q_idx, kv_idx, aux, width, a1):
+    return (kv_idx // width) % 2 == 0
+
+
+@pytest.mark.parametrize("loop, ref", [("lists", 0), ("ranges", 2), ("one", 0), ("one", 2)],
+                         ids=["lists-online", "ranges-ref_max", "one-online", "one-ref_max"])  # fmt: skip
+def test_sparse_loops(loop, ref, monkeypatch):
+    # the kernel's walks over a block mask (SPARSE_LOOP): every block through the lists; the full blocks as a
+    # range where they are consecutive (every ready-made mask); all visited blocks as one loop where they are
+    # consecutive, entered at the first full block. Stripes (key blocks 0 and 2 full, 1 and 3 empty) are
+    # neither, and take the lists whatever the setting
+    import fusionlab.kernels.attention_mods as M
+
+    monkeypatch.setattr(M, "SPARSE_LOOP", loop)
+    n = 200
+    q, k, v = _qkv(1, 1, 1, n, n, 16, seed=12)
+    stripes = MaskMod(_stripes, lambda b, h, q, kv, aux, w, a1: (kv // w) % 2 == 0, None, 64, None, "stripes")
+    for mask, consecutive in ((sliding_window(150), True), (document_mask(_docs(n, [20, 220]).to(DEV)), True),
+                              (stripes, False)):  # fmt: skip
+        bm = block_mask(mask, None, None, n, n, device=DEV, block_m=64, block_n=64)
+        assert bm.contiguous == bm.one_run == consecutive and bm.blocks()[0] > 0, mask.name
+        want = {"lists": 1, "ranges": 2, "one": 3}[loop] if consecutive else 1
+        assert _mods(q, k, False, None, bm).kwargs["SPARSE"] == want
+        got = attention(q, k, v, block_mask=bm, config={"REF_MAX": ref})
+        _close(got, attention_reference(q, k, v, block_mask=bm))
+
+
+@triton.jit
+def _gaps(b, h, q_idx, kv_idx, aux, a0, a1):
+    return (kv_idx < 64) | ((kv_idx >= 160) & (kv_idx % 2 == 0))
+
+
+def test_the_default_walk_by_head_dim():
+    # SPARSE_LOOP None: the lists at head dim 64 and below, one loop at 128 (the probe's answer), the ranges
+    # where one loop cannot run (gaps: the full blocks consecutive, the visited ones not), the lists at 256
+    import fusionlab.kernels.attention_mods as M
+
+    assert M.SPARSE_LOOP is None
+    n = 260
+    window = block_mask(sliding_window(150), None, None, n, n, device=DEV, block_m=64, block_n=64)
+    gaps = MaskMod(_gaps, lambda b, h, q, kv, aux, a0, a1: (kv < 64) | ((kv >= 160) & (kv % 2 == 0)), name="gaps")
+    gaps = block_mask(gaps, None, None, n, n, device=DEV, block_m=64, block_n=32)
+    assert gaps.contiguous and not gaps.one_run
+    for d, want_window, want_gaps in ((16, 1, 1), (64, 1, 1), (128, 3, 2), (256, 1, 1)):
+        q = torch.empty(1, 1, n, d, device=DEV, dtype=DT)
+        assert _mods(q, q, False, None, window).kwargs["SPARSE"] == want_window, d
+        assert _mods(q, q, False, None, gaps).kwargs["SPARSE"] == want_gaps, d
+
+
 def test_heads_side_by_side_layout():
     # q, k, v as (B, N, H, D) transposed, read in place: the modification path addresses tiles as lesson 7 does
     q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in _qkv(1, 2, 2, 40, 40, 16, seed=11))
@@ -196,15 +248,32 @@ def test_empty_row_gives_zero_and_minus_inf():
     _close((o, lse), attention_reference(q, k, v, block_mask=bm))
 
 
+# the block mask's tiles on each device, both run on any: a GPU builds its lists at MOD_TILE (the H100 run of
+# 2026-11-27 caught tests that assumed the interpreter's), and the interpreter runs the kernel's own tiles
+# inside the GPU's mask tiles (BM_DIV, BN_DIV > 1) as the GPU does at head dim 128
+TILES = {"gpu_tiles": MOD_TILE, "interpreter_tiles": MOD_TILE_INTERPRETER}
+
+
+def _tiled_mask(mask, n_q, n_k, tiles, device):
+    bm = block_mask(mask, None, None, n_q, n_k, device=device, block_m=tiles[0], block_n=tiles[1])
+    if tiles == (MOD_TILE if GPU else MOD_TILE_INTERPRETER):  # the default is this device's tiles
+        default = block_mask(mask, None, None, n_q, n_k, device=device)
+        assert (default.block_m, default.block_n) == tiles and torch.equal(default.idx, bm.idx)
+    return bm
+
+
+@pytest.mark.parametrize("tiles", TILES.values(), ids=TILES.keys())
 @pytest.mark.parametrize("mask", ["sliding_window", "document", "prefix_lm"])
-def test_block_lists_match_the_mask(mask):
-    # full: every (query < N_q, key) pair of the block visible; partial: some; neither: none
-    n_q, n_k = 70, 61
+def test_block_lists_match_the_mask(mask, tiles):
+    # full: every (query < N_q, key) pair of the block visible; partial: some; neither: none. Neither N a
+    # multiple of its tile, and enough key blocks that each mask leaves some empty
+    n_q, n_k = 4 * tiles[0] + 13, 2 * tiles[1] + 7
     m = MASKS[mask](max(n_q, n_k))
-    bm = block_mask(m, None, None, n_q, n_k, device="cpu" if m.aux is None else m.aux.device)
+    bm = _tiled_mask(m, n_q, n_k, tiles, "cpu" if m.aux is None else m.aux.device)
     dense = m.ref(torch.tensor(0), torch.tensor(0), torch.arange(n_q).view(-1, 1), torch.arange(n_k).view(1, -1),
                   None if m.aux is None else m.aux.cpu(), m.a0, m.a1)  # fmt: skip
     T_m, T_n = bm.num.shape[2], bm.idx.shape[-1]
+    assert (T_m, T_n) == (5, 3)
     for t in range(T_m):
         rows = dense[t * bm.block_m : (t + 1) * bm.block_m]
         want_full, want_part = [], []
@@ -220,21 +289,25 @@ def test_block_lists_match_the_mask(mask):
     assert 0 < full + part < total and bm.density() == (full + part) / total
 
 
-def test_empty_blocks_are_never_loaded():
+@pytest.mark.parametrize("tiles", TILES.values(), ids=TILES.keys())
+def test_empty_blocks_are_never_loaded(tiles):
     # V's key 2 is NaN: a Q tile that loads its block gets NaN (0 * NaN in P V); a tile whose lists
-    # leave the block out never reads it and stays finite
-    n, w = 96, 5
+    # leave the block out never reads it and stays finite. N reaches past the window's first two key blocks
+    w = 5
+    n = 2 * tiles[1] + 2 * tiles[0] + 3
     q, k, v = _qkv(1, 1, 1, n, n, 16, seed=6)
     v[0, 0, 2] = float("nan")
-    bm = block_mask(sliding_window(w), None, None, n, n, device=DEV)
+    bm = _tiled_mask(sliding_window(w), n, n, tiles, DEV)
     o, _ = attention(q, k, v, block_mask=bm)
     blk = 2 // bm.block_n
+    skipped = 0
     for t in range(bm.num.shape[2]):
         nf, np_ = bm.num[0, 0, t].tolist()
         visits = blk in bm.idx[0, 0, t, 0, :nf].tolist() + bm.idx[0, 0, t, 1, :np_].tolist()
         rows = o[0, 0, t * bm.block_m : (t + 1) * bm.block_m]
         assert bool(torch.isnan(rows).any()) == visits, f"tile {t}: visits={visits}"
-    assert torch.isfinite(o[0, 0, bm.block_m :]).all()  # tiles past the window's reach never load key 2
+        skipped += not visits
+    assert skipped >= 2  # tiles past the window's reach, each of which never loads key 2
 
 
 def test_reference_agrees_with_flex_attention():

@@ -34,8 +34,9 @@ from .. import runtime
 from ._attention import OP, _kv_tile, scores64
 from ._launch import KernelInputError, check_block
 
-__all__ = ["ScoreMod", "MaskMod", "BlockMask", "block_mask", "modified_scores64", "mod_overrides", "softcap", "alibi",
-           "relative_bias", "causal_mask", "sliding_window", "prefix_lm", "document_mask"]  # fmt: skip
+__all__ = ["ScoreMod", "MaskMod", "BlockMask", "block_mask", "modified_scores64", "mod_overrides", "mod_error_text",
+           "softcap", "alibi", "relative_bias", "causal_mask", "sliding_window", "prefix_lm",
+           "document_mask"]  # fmt: skip
 
 
 # -- what a modification is, and the block lists -----------------------------------------------------
@@ -80,6 +81,10 @@ class BlockMask:
     them); ``idx`` (B', H', T_m, 2, T_n) int32: their key-block numbers, ascending, the rest of each row
     unused. A block in neither list is empty: never loaded. B' and H' are 1 where the mask does not
     depend on the batch or the head. ``visible``: the (query, key) pairs the mask keeps, over B' x H'.
+    ``contiguous``: every tile's full blocks are consecutive (a window's, a document's, causal, prefix-LM:
+    every mask here), so the kernel may run them as a range from the first, with no list entry to load a
+    block; ``one_run``: every tile's visited blocks, full and partial, are consecutive too (every mask here),
+    so they may run as one loop.
     """
 
     mask: MaskMod
@@ -89,6 +94,8 @@ class BlockMask:
     num: torch.Tensor
     idx: torch.Tensor
     visible: int
+    contiguous: bool = False
+    one_run: bool = False
 
     def blocks(self) -> tuple[int, int, int]:
         """(full, partial, all) key blocks over every Q tile, summed over B' x H'."""
@@ -176,7 +183,14 @@ def block_mask(
     num = torch.stack([full.sum(-1), part.sum(-1)], dim=-1).to(torch.int32)
     # each list's block numbers first, ascending (a stable sort of "not in the list")
     idx = torch.stack([torch.sort((~x).to(torch.int8), dim=-1, stable=True).indices for x in (full, part)], dim=-2)
-    return BlockMask(mask, (Bp, Hp, N_q, N_k), bm, bn, num.contiguous(), idx.to(torch.int32).contiguous(), visible)
+    return BlockMask(mask, (Bp, Hp, N_q, N_k), bm, bn, num.contiguous(), idx.to(torch.int32).contiguous(), visible,
+                     _one_run(full), _one_run(full | part))  # fmt: skip
+
+
+def _one_run(blocks: torch.Tensor) -> bool:
+    """Whether each tile's blocks (a bool row a tile) are consecutive: at most one run of True."""
+    starts = blocks[..., :1].int() + (blocks[..., 1:] & ~blocks[..., :-1]).sum(-1, keepdim=True)
+    return bool((starts <= 1).all())
 
 
 def _pow2(n: int) -> int:
@@ -341,6 +355,25 @@ def _mod_errors() -> tuple:
             getattr(triton.runtime.errors, "InterpreterError", TypeError))  # fmt: skip
 
 
+def mod_error_text(e: BaseException) -> str:
+    """Why a modification did not compile, the cause on the first line: the root of ``e``'s chain (a checker
+    or a log that keeps one line still names it). The GPU's ``CompilationError`` writes ``at L:C:``, the
+    source and a caret first and its cause last, so the cause and the line come first here, then its text;
+    the interpreter's errors are Python's own, wrapped."""
+    root = e
+    while root.__cause__ is not None:
+        root = root.__cause__
+    text = str(root).strip()[:2000]
+    if isinstance(root, triton.CompilationError) and getattr(root, "error_message", None):
+        cause = root.error_message.strip().splitlines()[-1]
+        line = getattr(root.node, "lineno", None)
+        src = (root.src or "").split("\n")
+        at = src[line - 1].strip() if line and line <= len(src) else None
+        where = f" at line {line} of the jitted function: `{at}`" if at else ""
+        return f"{cause}{where}\n{text}"
+    return f"{type(root).__name__}: {text}"
+
+
 class _Mods(NamedTuple):
     """A call's checked modifications: the block mask's tiles (``(None, None)`` without one), the
     kernel's keyword arguments, and their names for an error."""
@@ -364,6 +397,19 @@ def _score_mod(score_mod) -> ScoreMod | None:
                            f"function (score, b, h, q_idx, kv_idx, aux, a0, a1) -> score; got "
                            f"{type(score_mod).__name__}. A plain Python function cannot run inside the kernel: "
                            "decorate it with @triton.jit.")  # fmt: skip
+
+
+#: how the kernel walks a block mask: "lists" (``SPARSE=1``: a list entry loaded before each block's K and V),
+#: "ranges" (``SPARSE=2``, where the full blocks are consecutive: a range from the first, then the partial
+#: ones through their list), "one" (``SPARSE=3``, where all visited blocks are consecutive: one loop from the
+#: first full block round to the one before it, the element mask applied to the partial blocks only). A
+#: mask that is not consecutive falls back to the ranges, or the lists. None: :data:`SPARSE_LOOP_BY_D`'s.
+SPARSE_LOOP = None
+#: the walk by head-dim class, from ``benchmarks/probes/probe_7b_sparse.py`` (H200, 2026-11-27, N = 32768:
+#: benchmarks/notes_lesson7b.md, "the probe's answer"). Head dim 128 at 64 x 64 kernel tiles: one loop beats
+#: the lists by a fifth to a quarter (the window, the documents, causal); head dim 64 at 64 x 128: the
+#: lists win by a few percent, and one loop runs the documents' mask function in a branch five times slower
+SPARSE_LOOP_BY_D = {64: "lists", 128: "one"}
 
 
 def _mods(q, k, causal, score_mod, bmask) -> _Mods:
@@ -398,9 +444,14 @@ def _mods(q, k, causal, score_mod, bmask) -> _Mods:
         if bmask.num.device != q.device:
             raise KernelInputError(f"{OP}: the block mask is on {bmask.num.device}, q on {q.device}.")
         T_m = bmask.num.shape[2]
-        kwargs.update(SPARSE=True, MASK_MOD=bmask.mask.fn, mask_aux=bmask.mask.aux, mask_a0=bmask.mask.a0,
-                      mask_a1=bmask.mask.a1, bm_num=bmask.num, bm_idx=bmask.idx, bm_sb=(Hm * T_m if Bm > 1 else 0),
-                      bm_sh=(T_m if Hm > 1 else 0), bm_tn=bmask.idx.shape[-1])  # fmt: skip
+        d_class = 64 if q.shape[-1] <= 64 else (128 if q.shape[-1] <= 128 else 256)
+        loop = SPARSE_LOOP or SPARSE_LOOP_BY_D.get(d_class, "lists")
+        loop = loop if (loop != "one" or bmask.one_run) else "ranges"
+        sparse = {"one": 3, "ranges": 2 if bmask.contiguous else 1}.get(loop, 1)
+        kwargs.update(SPARSE=sparse, MASK_MOD=bmask.mask.fn, mask_aux=bmask.mask.aux,
+                      mask_a0=bmask.mask.a0, mask_a1=bmask.mask.a1, bm_num=bmask.num, bm_idx=bmask.idx,
+                      bm_sb=(Hm * T_m if Bm > 1 else 0), bm_sh=(T_m if Hm > 1 else 0),
+                      bm_tn=bmask.idx.shape[-1])  # fmt: skip
         tiles = (bmask.block_m, bmask.block_n)
         names.append(f"mask {bmask.mask.name!r}")
     # the plan's key: the mask's tiles, and whether the reference-max loop may run (no unbounded modification)
@@ -445,32 +496,43 @@ def mod_overrides(
 # -- the kernel's half: what lesson 7's kernel calls when MOD is set -------------------------------------
 @triton.jit
 def _mod_scores(
-    qk, offs_m, offs_n, off_b, off_h, n_k, sm_scale, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
+    qk, offs_m, offs_n, off_b, off_h, n_k, sm_scale, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1, part,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
 ):  # fmt: skip
     """A block's scores in base-2 units: scaled to natural units (the modification sees what the spec
     writes, ``Q K^T * scale``), modified, then times log2(e). ``MASKED``: the key bound, the causal
-    mask and the mask function set what they hide to -inf (a full block needs none of them)."""
-    s = qk * sm_scale
+    mask and the mask function set what they hide to -inf (a full block needs none of them); 2: only where
+    ``part`` (a block of a loop that runs full and partial blocks both)."""
     q_idx = offs_m[:, None]
     kv_idx = offs_n[None, :]
     if SCORE_MOD is not None:
-        s = SCORE_MOD(s, off_b, off_h, q_idx, kv_idx, mod_aux, mod_a0, mod_a1)
-    s = s * 1.4426950408889634
-    if MASKED:
-        keep = kv_idx < n_k
-        if CAUSAL:
-            keep = keep & (q_idx >= kv_idx)
-        if MASK_MOD is not None:
-            keep = keep & MASK_MOD(off_b, off_h, q_idx, kv_idx, mask_aux, mask_a0, mask_a1)
-        s = tl.where(keep, s, float("-inf"))
+        s = SCORE_MOD(qk * sm_scale, off_b, off_h, q_idx, kv_idx, mod_aux, mod_a0, mod_a1) * 1.4426950408889634
+    else:  # nothing between the two scalings: one multiply a score
+        s = qk * (sm_scale * 1.4426950408889634)
+    if MASKED == 2:
+        if part:
+            s = tl.where(_keep(q_idx, kv_idx, off_b, off_h, n_k, mask_aux, mask_a0, mask_a1, CAUSAL, MASK_MOD), s,
+                         float("-inf"))  # fmt: skip
+    elif MASKED:
+        s = tl.where(_keep(q_idx, kv_idx, off_b, off_h, n_k, mask_aux, mask_a0, mask_a1, CAUSAL, MASK_MOD), s,
+                     float("-inf"))  # fmt: skip
     return s
+
+
+@triton.jit
+def _keep(q_idx, kv_idx, off_b, off_h, n_k, mask_aux, mask_a0, mask_a1, CAUSAL: tl.constexpr, MASK_MOD: tl.constexpr):
+    keep = kv_idx < n_k
+    if CAUSAL:
+        keep = keep & (q_idx >= kv_idx)
+    if MASK_MOD is not None:
+        keep = keep & MASK_MOD(off_b, off_h, q_idx, kv_idx, mask_aux, mask_a0, mask_a1)
+    return keep
 
 
 @triton.jit
 def _attention_inner_mod(
     acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k, sm_scale,
-    lo, hi, idx_ptr, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
+    lo, hi, idx_ptr, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1, u_lo, rot, f_lo, f_hi,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     EVEN_N: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, INDEXED: tl.constexpr, STEP: tl.constexpr,
     REF: tl.constexpr, FIRST: tl.constexpr, BN_DIV: tl.constexpr,
@@ -480,25 +542,33 @@ def _attention_inner_mod(
     blocks: entry ``j // BN_DIV``, part ``j % BN_DIV``), the online softmax on
     :func:`_mod_scores`. No folded scale: the modification needs the scaled score before the exponential.
     ``REF`` (lesson 7's ``REF_MAX``): ``m_i`` is a fixed reference, no running max and no rescale; the
-    tile's first block sets it (``FIRST``: 1 the block at key 0, 2 entry 0 of the list, 0 none here)."""
+    tile's first block sets it (``FIRST``: 1 the block at key 0, 2 the first of ``[lo, hi)``, 0 none here).
+    ``INDEXED == 2``: kernel blocks ``u_lo + (rot + j) % hi`` (a run of consecutive blocks entered at its first
+    full one), ``MASKED == 2``: the element mask on those outside ``[f_lo, f_hi)`` only, decided per block."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for j in tl.range(lo, hi, STEP):
-        if INDEXED:
+        part = True
+        if INDEXED == 2:
+            blk = u_lo + (rot + j) % hi
+            part = (blk < f_lo) | (blk >= f_hi)
+            start_n = blk * BLOCK_N
+        elif INDEXED:
             start_n = tl.load(idx_ptr + j // BN_DIV) * (BLOCK_N * BN_DIV) + (j % BN_DIV) * BLOCK_N
         else:
             start_n = j
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
-        k = _kv_tile(k_src, k_row, k_col, start_n, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, False)
+        k = _kv_tile(k_src, k_row, k_col, start_n, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, MASKED > 0, EVEN_N, TMA,
+                     False)  # fmt: skip
         qk = tl.dot(q, tl.trans(k))
         s = _mod_scores(qk, offs_m, offs_n, off_b, off_h, n_k, sm_scale, mod_aux, mod_a0, mod_a1, mask_aux,
-                        mask_a0, mask_a1, MASKED, CAUSAL, SCORE_MOD, MASK_MOD)  # fmt: skip
+                        mask_a0, mask_a1, part, MASKED, CAUSAL, SCORE_MOD, MASK_MOD)  # fmt: skip
         if REF:
             if FIRST == 1:
                 if start_n == 0:
                     m_i = tl.max(s, 1)
             elif FIRST == 2:
-                if j == 0:
+                if j == lo:
                     m_i = tl.max(s, 1)
             p = tl.math.exp2(s - m_i[:, None])
             l_i += tl.sum(p, 1)
@@ -511,7 +581,8 @@ def _attention_inner_mod(
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None]
             m_i = m_ij
-        v = _kv_tile(v_src, v_row, v_col, start_n, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, MASKED, EVEN_N, TMA, True)
+        v = _kv_tile(v_src, v_row, v_col, start_n, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, MASKED > 0, EVEN_N, TMA,
+                     True)  # fmt: skip
         acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_i
 
@@ -524,30 +595,59 @@ def _mod_pass(
     SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, SPARSE: tl.constexpr, REF: tl.constexpr, BN_DIV: tl.constexpr,
 ):  # fmt: skip
     """Every key block of a Q tile, once. ``SPARSE`` (a block mask): the tile's full blocks with no element
-    mask, then its partial blocks through the mask function; an empty block is in neither list, so it is
-    never loaded. Without one: lesson 7's split, ``[0, lo_mask)`` unmasked and ``[lo_mask, hi)`` masked."""
-    if SPARSE:
+    mask (1: through the list; 2: consecutive, as a range from the list's first), then its partial blocks
+    through the mask function; an empty block is in neither list, so it is never loaded. 3: the visited
+    blocks consecutive, one loop over them that starts at the first full block and comes round to the
+    partial ones before it, the element mask on the partial blocks only (:data:`SPARSE_LOOP`). Without a
+    block mask: lesson 7's split, ``[0, lo_mask)`` unmasked and ``[lo_mask, hi)`` masked."""
+    if SPARSE == 3:  # all visited blocks consecutive: one loop, entered at the first full block
+        f_lo = tl.load(idx) * BN_DIV
+        f_hi = f_lo + n_whole * BN_DIV
+        if n_whole == 0:
+            f_lo = tl.load(idx + bm_tn) * BN_DIV
+            f_hi = f_lo
+        u_lo = f_lo
+        u_hi = f_hi
+        if n_part > 0:
+            u_lo = tl.minimum(u_lo, tl.load(idx + bm_tn) * BN_DIV)
+            u_hi = tl.maximum(u_hi, (tl.load(idx + bm_tn + n_part - 1) + 1) * BN_DIV)
+        acc, l_i, m_i = _attention_inner_mod(
+            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
+            sm_scale, 0, u_hi - u_lo, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
+            u_lo, f_lo - u_lo, f_lo, f_hi, HEAD_DIM, BLOCK_N, 2, False, TMA, EVEN_N, SCORE_MOD, MASK_MOD, 2, 1, REF,
+            2, 1,
+        )  # fmt: skip
+    elif SPARSE == 2:  # consecutive full blocks: a range of keys from the first, nothing loaded to find a block
+        lo_full = tl.load(idx) * (BLOCK_N * BN_DIV)
+        acc, l_i, m_i = _attention_inner_mod(
+            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
+            sm_scale, lo_full, lo_full + n_whole * (BLOCK_N * BN_DIV), None, off_b, off_h, mod_aux, mod_a0, mod_a1,
+            mask_aux, mask_a0, mask_a1, 0, 0, 0, 0, HEAD_DIM, BLOCK_N, 0, False, TMA, EVEN_N, SCORE_MOD, None, 0,
+            BLOCK_N, REF, 2, 1,
+        )  # fmt: skip
+    elif SPARSE:
         acc, l_i, m_i = _attention_inner_mod(
             acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
             sm_scale, 0, n_whole * BN_DIV, idx, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-            HEAD_DIM, BLOCK_N, False, False, TMA, EVEN_N, SCORE_MOD, None, True, 1, REF, 2, BN_DIV,
+            0, 0, 0, 0, HEAD_DIM, BLOCK_N, 0, False, TMA, EVEN_N, SCORE_MOD, None, 1, 1, REF, 2, BN_DIV,
         )  # fmt: skip
+    if SPARSE == 1 or SPARSE == 2:
         acc, l_i, m_i = _attention_inner_mod(
             acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
             sm_scale, 0, n_part * BN_DIV, idx + bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0,
-            mask_a1, HEAD_DIM, BLOCK_N, True, False, TMA, EVEN_N, SCORE_MOD, MASK_MOD, True, 1, REF, 0, BN_DIV,
+            mask_a1, 0, 0, 0, 0, HEAD_DIM, BLOCK_N, 1, False, TMA, EVEN_N, SCORE_MOD, MASK_MOD, 1, 1, REF, 0, BN_DIV,
         )  # fmt: skip
-    else:
+    elif not SPARSE:
         acc, l_i, m_i = _attention_inner_mod(
             acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
             sm_scale, 0, lo_mask, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-            HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, False, BLOCK_N, REF, 1, 1,
+            0, 0, 0, 0, HEAD_DIM, BLOCK_N, 0, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, 0, BLOCK_N, REF, 1, 1,
         )  # fmt: skip
         if CAUSAL or not EVEN_N:
             acc, l_i, m_i = _attention_inner_mod(
                 acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d,
                 n_k, sm_scale, lo_mask, hi, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-                HEAD_DIM, BLOCK_N, True, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, False, BLOCK_N, REF, 1, 1,
+                0, 0, 0, 0, HEAD_DIM, BLOCK_N, 1, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, 0, BLOCK_N, REF, 1, 1,
             )  # fmt: skip
     return acc, l_i, m_i
 

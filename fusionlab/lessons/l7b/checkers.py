@@ -20,7 +20,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -29,7 +28,7 @@ from ... import grading, runtime
 from ...grading import CheckFailed, call_learner, fail
 from ...kernels import KernelInputError
 from ...kernels.attention import attention, attention_reference
-from ...kernels.attention_mods import MaskMod, ScoreMod, block_mask, softcap
+from ...kernels.attention_mods import MaskMod, ScoreMod, block_mask, mod_error_text, softcap
 
 Passed, _passed = grading.Passed, grading.passed
 
@@ -167,8 +166,7 @@ def check_softcap(fn) -> Passed:
             k, v = (torch.randn(B, H, n_k, d, generator=gen).to(runtime.DEVICE, dtype) for _ in range(2))
             mod = ScoreMod(fn, a0=SOFTCAP_CAP, name="your softcap")
             try:
-                run = functools.partial(attention, score_mod=mod)
-                o, _ = call_learner(run, q, k, v, causal, name=name, where=where, seed=seed)
+                o, _ = call_learner(_run_score_mod, q, k, v, causal, mod, name=name, where=where, seed=seed)
             except CheckFailed as e:
                 if "not done yet" in str(e):
                     raise
@@ -202,6 +200,16 @@ _SOFTCAP_HINTS = {
     "clamp": "that is a hard clamp to [-cap, cap]; softcap is smooth, cap * tanh(score / cap).",
     "unchanged": "the scores came back unchanged: return the capped score (and read cap from the argument a0).",
 }
+
+
+def _run_score_mod(q, k, v, causal, mod):
+    try:
+        return attention(q, k, v, causal, score_mod=mod)
+    except KernelInputError as e:
+        if e.__cause__ is None:
+            raise
+        # call_learner keeps an error's first line; the GPU's compiler writes the cause on its last
+        raise KernelInputError(f"score_mod {mod.name!r} did not compile: {mod_error_text(e)}") from e
 
 
 def _kernel_reason(e: CheckFailed) -> str:
