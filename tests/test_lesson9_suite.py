@@ -91,3 +91,27 @@ def test_tiny_share_and_bars_read_a_recording(tmp_path):
     # the package's layer as slow as eager: the forward bars are missed
     slow = [bench.Result(r.name, 13.0 if r.name == s.layer_name("fwd", "fused") else r.ms, r.nbytes) for r in back]
     assert not all(met for _, met, _ in s.bars(slow))
+
+
+def test_the_trip_ledger_moves_the_parts_bytes():
+    from fusionlab.lessons.l9.ledger import layer_trip_ledger
+
+    shapes = {k: LLAMA3_8B[k] for k in ("hidden", "n_heads", "n_kv_heads", "ffn")}
+    led = layer_trip_ledger(*s.PREFILL, **shapes)
+    parts = llama_layer_ledger(*s.PREFILL, **shapes)
+    assert led.unfused_bytes == sum(p.eager_bytes for p in parts)
+    assert led.fused_bytes == pytest.approx(sum(p.fused_bytes for p in parts), rel=1e-2)
+    assert len(led.ops) == len(parts) and all(f"({p.eager_kernels} kernel" in o.name for p, o in zip(parts, led.ops))
+
+
+def test_the_training_recording_reads_back():
+    from fusionlab.lessons.l9.training import training_runs
+
+    runs = training_runs()
+    assert runs, "no recorded training run in fusionlab/lessons/l9/"
+    for run in runs:
+        steps, eager = run.curve("eager")
+        _, fused = run.curve("fused")
+        assert steps == sorted(steps) and len(eager) == len(fused) > 10
+        assert run.worst_rel_diff == pytest.approx(max(abs(f - e) / e for e, f in zip(eager, fused)))
+        assert run.meta["capability"] != "cpu" and "RECORDED on" in run.label()
