@@ -101,7 +101,9 @@ def test_the_trip_ledger_moves_the_parts_bytes():
     parts = llama_layer_ledger(*s.PREFILL, **shapes)
     assert led.unfused_bytes == sum(p.eager_bytes for p in parts)
     assert led.fused_bytes == pytest.approx(sum(p.fused_bytes for p in parts), rel=1e-2)
-    assert len(led.ops) == len(parts) and all(f"({p.eager_kernels} kernel" in o.name for p, o in zip(parts, led.ops))
+    assert len(led.ops) == len(parts) and all(
+        f"({p.eager_kernels} kernel" in o.name for p, o in zip(parts, led.ops, strict=True)
+    )
 
 
 def test_the_training_recording_reads_back():
@@ -113,5 +115,5 @@ def test_the_training_recording_reads_back():
         steps, eager = run.curve("eager")
         _, fused = run.curve("fused")
         assert steps == sorted(steps) and len(eager) == len(fused) > 10
-        assert run.worst_rel_diff == pytest.approx(max(abs(f - e) / e for e, f in zip(eager, fused)))
+        assert run.worst_rel_diff == pytest.approx(max(abs(f - e) / e for e, f in zip(eager, fused, strict=True)))
         assert run.meta["capability"] != "cpu" and "RECORDED on" in run.label()
