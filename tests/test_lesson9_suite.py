@@ -117,3 +117,38 @@ def test_the_training_recording_reads_back():
         assert steps == sorted(steps) and len(eager) == len(fused) > 10
         assert run.worst_rel_diff == pytest.approx(max(abs(f - e) / e for e, f in zip(eager, fused, strict=True)))
         assert run.meta["capability"] != "cpu" and "RECORDED on" in run.label()
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not runtime.is_gpu(), reason="needs a CUDA GPU that Triton supports")
+def test_the_suites_thunks_on_the_gpu():
+    """What the recording times computes what it says: each part fused against eager at the 8B layer's
+    shapes (256 tokens), the decode step launched and replayed from its CUDA graph against eager's, and the
+    three flash-decoding cases built (split, one split, SDPA)."""
+    ref, lay = s.make_layers(s.N_CACHE)
+    with torch.no_grad():
+        for part, pair in s.part_thunks(ref, lay, 1, 256).items():
+            e, f = pair["eager"](), pair["fused"]()
+            if part == "attention":
+                f = f[0]
+            elif part == "rope":
+                e = torch.cat([t.transpose(1, 2).flatten() for t in e])
+                f = torch.cat([t.flatten() for t in f])
+            elif part in ("q, k, v projections", "gate, up projections"):
+                e = torch.cat(e, dim=-1)
+            assert _rel(f.flatten(), e.flatten()) < 2e-2, part
+        x, kc, vc, lens = s.decode_inputs(1, lay)
+        want = ref.decode(x, kc.clone(), vc.clone(), lens)
+        kf, vf = kc.clone(), vc.clone()
+        replay = s.graphed(lambda: lay.decode(x, kf, vf, lens))
+        replay()
+        assert _rel(lay.decode(x, kf, vf, lens), want) < 2e-2
+    cases = s.decode_cases(ref, lay, batches=(1,), impls=("eager", "fused", "fused graph"))
+    assert [c.name for c in cases] == [s.decode_name(1, i) for i in ("eager", "fused", "fused graph")]
+    split = s.split_cases(3000.0, shapes=((1, 4096),))
+    assert [c.name for c in split] == [s.split_name(1, 4096, i) for i in s.SPLIT_IMPLS]
+    assert all(c.predicted_ms > 0 for c in split)
