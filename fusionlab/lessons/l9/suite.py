@@ -127,17 +127,17 @@ def _works(make):
         return None
 
 
-def graphed(fn):
-    """``fn()`` captured in a CUDA graph (after a warm-up on a side stream); returns the replay."""
+def graphed(fn, *args):
+    """``fn(*args)`` captured in a CUDA graph (after a warm-up on a side stream); returns the replay."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(2):
-            fn()
+            fn(*args)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
+        fn(*args)
     return g.replay
 
 
@@ -275,7 +275,7 @@ def layer_cases(ref, lay, copy_GBps=None, matmul_TFLOPs=None, device="cuda", pre
 
 
 # -- decoding ---------------------------------------------------------------------------------------
-class _DecodeStep(torch.nn.Module):
+class DecodeStep(torch.nn.Module):
     """The reference's decode step with its caches as buffers (static to ``cudagraphs``)."""
 
     def __init__(self, ref, kc, vc):
@@ -327,7 +327,7 @@ def decode_cases(ref, lay, copy_GBps=None, matmul_TFLOPs=None, device="cuda", ba
 
 
 def _reduce_overhead(ref, x, kc, vc, lens):
-    step = torch.compile(_DecodeStep(ref, kc.clone(), vc.clone()), mode="reduce-overhead", dynamic=False)
+    step = torch.compile(DecodeStep(ref, kc.clone(), vc.clone()), mode="reduce-overhead", dynamic=False)
     for _ in range(3):  # cudagraphs records on the second or third call
         step(x, lens)
     return lambda: step(x, lens)
