@@ -4,8 +4,10 @@ alone, the weights read once per row, elements for bytes, a missing MLP matrix, 
 forgotten or counted per KV head. The split: ranges that drop the tail or read a key twice, GQA's head
 mapping wrong, the scale forgotten, acc divided by l, m not the max, NaN in an empty split. The combine
 (a Triton kernel): no rescaling by exp(m_s - M), l forgotten, the weights' sum for L, the mean of the
-splits, one split, exp2, NaN where no key was seen, torch doing the work. And the floor agrees with the
-fused step's full ledger (``fusionlab.model.llama_layer_ledger``)."""
+splits, one split, exp2, NaN where no key was seen, torch doing the work. RoPE with the cache write:
+GPT-J's interleaved pairs, the rotation backwards, positions one late or early, the tokens written at 0,
+k cached unrotated, q unrotated. And the floor agrees with the fused step's full ledger
+(``fusionlab.model.llama_layer_ledger``)."""
 
 from __future__ import annotations  # noqa: I001  (fusionlab before triton: see test_checkers_lesson2.py)
 
@@ -223,3 +225,57 @@ def test_combine_inputs_hold_empty_splits_and_an_empty_row():
     acc, m, l = ex.combine_inputs(9, 5, 16, g.fresh_generator(), device="cpu")  # noqa: E741
     assert (l[1] == 0).all() and torch.isinf(m[1]).all() and (acc[1] == 0).all()
     assert ((l == 0) & (l.sum(-1, keepdim=True) > 0)).any()  # a split with no key in a row that has keys
+
+
+# -- exercise 4: RoPE and the cache write ---------------------------------------------------------------
+def _rope_write(interleaved=False, sign=1, shift=0, at_zero=False, raw_k=False, raw_q=False, no_write=False,
+                swap_halves=False):  # fmt: skip
+    def fn(q, k, v, cos, sin, k_cache, v_cache, cache_len):
+        B, N = q.shape[:2]
+        pos = cache_len[:, None] + shift + torch.arange(N)
+        c, s = cos[pos][:, :, None], sign * sin[pos][:, :, None]
+
+        def rot(x):
+            if interleaved:
+                x1, x2 = x[..., 0::2], x[..., 1::2]
+                return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+            half = x.shape[-1] // 2
+            x1, x2 = x[..., :half], x[..., half:]
+            if swap_halves:
+                return torch.cat((x2 * c + x1 * s, x1 * c - x2 * s), dim=-1)
+            return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+        kr = k if raw_k else rot(k)
+        at = torch.arange(N)[None, :].expand(B, N) if at_zero else pos
+        for b in range(B):
+            for n in range(N):
+                if not no_write:
+                    k_cache[b, :, at[b, n]] = kr[b, n]
+                    v_cache[b, :, at[b, n]] = v[b, n]
+        return q.clone() if raw_q else rot(q)
+
+    return fn
+
+
+ROPE_WRONG = {
+    "interleaved pairs": (_rope_write(interleaved=True), "interleaved pairs"),
+    "rotation backwards": (_rope_write(sign=-1), "backwards"),
+    "one late": (_rope_write(shift=1), "one too far"),
+    "one early": (_rope_write(shift=-1), "one too early"),
+    "written at zero": (_rope_write(at_zero=True), "positions 0, 1"),
+    "k cached unrotated": (_rope_write(raw_k=True), "before the rotation"),
+    "q unrotated": (_rope_write(raw_q=True), "q is not rotated"),
+    "no write": (_rope_write(no_write=True), "caches are unchanged"),
+    "halves swapped": (_rope_write(swap_halves=True), "differ from the spec"),
+}
+
+
+def test_rope_cache_write_accepts_the_spec():
+    assert "✓" in str(ex.check_rope_cache_write(_rope_write()))
+
+
+@pytest.mark.parametrize("mistake", ROPE_WRONG)
+def test_rope_cache_write_rejects(mistake):
+    fn, match = ROPE_WRONG[mistake]
+    with pytest.raises(CheckFailed, match=match):
+        ex.check_rope_cache_write(fn)

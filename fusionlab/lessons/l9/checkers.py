@@ -17,6 +17,10 @@
    inputs unchanged, torch doing none of the work). Names the combine without rescaling by
    ``exp(m_s - M)``, ``l`` forgotten (no division, or a division by the weights alone), the mean of the
    splits' outputs, one split kept, ``exp2`` for ``exp``, and NaN where a split (or a whole row) saw no key.
+4. ``check_rope_cache_write``: decoding's RoPE with the cache write, in float64 torch, ``fn(q, k, v, cos, sin,
+   k_cache, v_cache, cache_len) -> q_rot``. Names GPT-J's interleaved pairs for Llama's rotate-half, the
+   rotation backwards, positions one late or one early, the tokens written at 0 whatever the row's length,
+   k cached unrotated, and q left unrotated.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 
 from ... import grading, runtime
 from ...grading import CheckFailed, answer_key, call_learner, fail, number
+from ...kernels.rope import rope_reference, rope_tables
 from .ledger import MODELS, decode_floor
 
 Passed, _passed = grading.Passed, grading.passed
@@ -383,3 +388,111 @@ def _run_combine(fn, R, S, D, seed):
     i = int(((o - w).abs() > tol + tol * w.abs()).any(-1).nonzero()[0])
     raise fail(f"{where}: row {i} of O is off by up to {float((o[i] - w[i]).abs().max()):.3g}. O = sum_s exp(m_s - M) "
                "acc_s / sum_s exp(m_s - M) l_s with M = max_s m_s.", seed)  # fmt: skip
+
+
+# -- exercise 4: RoPE and the KV cache write, in torch ----------------------------------------------------
+def _rope_write(q, k, v, cos, sin, kc, vc, lens, *, interleaved=False, sign=1, shift=0, at_zero=False,
+                raw_k=False, raw_q=False):  # fmt: skip
+    """The spec (all defaults) and the mistakes the checker names, float64, on copies: ``(q rotated, k_cache,
+    v_cache)``. ``interleaved``: GPT-J's pairs; ``sign=-1``: the rotation backwards; ``shift``: every
+    position off by that many; ``at_zero``: the new tokens written at 0, 1, ... (the cache length ignored,
+    the rotation right); ``raw_k``: k written unrotated; ``raw_q``: q not rotated."""
+    off = lens + shift
+    qo, ko = rope_reference(q, k, cos, sign * sin, off, layout="bnhd", interleaved=interleaved)
+    qo = q.clone() if raw_q else qo
+    kc, vc = kc.clone(), vc.clone()
+    B, N = k.shape[:2]
+    pos = (torch.zeros_like(off) if at_zero else off)[:, None] + torch.arange(N)
+    rows = torch.arange(B)[:, None].expand(B, N)
+    kc.transpose(1, 2)[rows, pos] = k if raw_k else ko
+    vc.transpose(1, 2)[rows, pos] = v
+    return qo, kc, vc
+
+
+ROPE_MISTAKES = {
+    "interleaved": (
+        dict(interleaved=True),
+        "you rotated the interleaved pairs (2j, 2j + 1), GPT-J's convention; "
+        "Llama's rotate-half pairs feature j with feature j + D/2 of the same head: x1 = x[..., :D/2], "
+        "x2 = x[..., D/2:].",
+    ),
+    "backwards": (
+        dict(sign=-1),
+        "the rotation runs backwards: y1 = x1 cos - x2 sin, y2 = x2 cos + x1 sin (rotate_half(x) = cat(-x2, x1)).",
+    ),
+    "one late": (
+        dict(shift=1),
+        "every position is one too far: row b's new token n sits at cache_len[b] + n (the "
+        "length before this step: the first new token takes the first free slot).",
+    ),
+    "one early": (
+        dict(shift=-1),
+        "every position is one too early: row b's new token n sits at cache_len[b] + n, "
+        "and cache_len is the length before this step, not the index of the last token.",
+    ),
+    "at zero": (
+        dict(at_zero=True),
+        "the new tokens were written at positions 0, 1, ... of every row: each row "
+        "has its own length, and its tokens go after it, at cache_len[b] + n (overwriting the row's "
+        "first keys instead).",
+    ),
+    "raw k": (
+        dict(raw_k=True),
+        "the cache holds k before the rotation: attention reads the cached keys as they "
+        "are, so write the rotated k (the queries of later steps are rotated by their own positions).",
+    ),
+    "raw q": (
+        dict(raw_q=True),
+        "q is not rotated: both q and k turn by their positions; only then does a score "
+        "depend on the distance between the two tokens.",
+    ),
+}
+#: (B, N new tokens, H, H_kv, D, cache slots): one token a row, then two; GQA 4/2 and none
+ROPE_CASES = ((3, 1, 4, 2, 16, 40), (2, 2, 2, 2, 8, 24), (4, 1, 8, 2, 16, 70))
+
+
+def check_rope_cache_write(fn) -> Passed:
+    """Exercise 4: ``fn(q, k, v, cos, sin, k_cache, v_cache, cache_len) -> q_rot`` in float64 torch: ``q``
+    (B, N, H, D), ``k`` and ``v`` (B, N, H_kv, D), tables (P, D/2), caches (B, H_kv, N_max, D) written in
+    place: row b's new token n, rotated by position ``cache_len[b] + n`` (rotate-half), at that position."""
+    name = "rope_cache_write"
+    if not callable(fn):
+        raise CheckFailed(f"{name}: pass your function, got {type(fn).__name__}.")
+    seed = grading.new_seed()
+    checks = 0
+    with grading.seeded(seed):
+        gen = grading.fresh_generator()
+        for B, N, H, H_kv, D, slots in ROPE_CASES:
+            cos, sin = rope_tables(slots + 8, D, device="cpu", dtype=torch.float64)
+            q = torch.randn(B, N, H, D, generator=gen, dtype=torch.float64)
+            k, v = (torch.randn(B, N, H_kv, D, generator=gen, dtype=torch.float64) for _ in range(2))
+            kc, vc = (torch.randn(B, H_kv, slots, D, generator=gen, dtype=torch.float64) for _ in range(2))
+            # each row its own length: one row empty, one near the end of the cache, the others drawn
+            lens = torch.randperm(slots - N - 1, generator=gen)[:B]
+            lens[0], lens[-1] = 0, slots - N - 1
+            where = f"{name}, (B, N, H, H_kv, D) = {(B, N, H, H_kv, D)}, cache_len = {lens.tolist()}"
+            kc_got, vc_got = kc.clone(), vc.clone()
+            out = call_learner(fn, q.clone(), k.clone(), v.clone(), cos, sin, kc_got, vc_got, lens.clone(),
+                               name=name, where=where, seed=seed)  # fmt: skip
+            if not isinstance(out, torch.Tensor) or out.shape != q.shape:
+                raise fail(f"{where}: return q rotated, a tensor of q's shape {tuple(q.shape)}; got "
+                           f"{getattr(out, 'shape', type(out).__name__)}.", seed)  # fmt: skip
+            got = (out.detach().double(), kc_got, vc_got)
+            want = _rope_write(q, k, v, cos, sin, kc, vc, lens)
+            if all(torch.allclose(g, w, atol=1e-10, rtol=1e-10) for g, w in zip(got, want, strict=True)):
+                checks += 1
+                continue
+            for kw, hint in ROPE_MISTAKES.values():
+                alt = _rope_write(q, k, v, cos, sin, kc, vc, lens, **kw)
+                if all(torch.allclose(g, a, atol=1e-10, rtol=1e-10) for g, a in zip(got, alt, strict=True)):
+                    raise fail(f"{where}: {hint}", seed)
+            if torch.equal(kc_got, kc) and torch.equal(vc_got, vc):
+                raise fail(f"{where}: the caches are unchanged: write row b's rotated k and its v into k_cache and "
+                           "v_cache (in place) at positions cache_len[b] + n.", seed)  # fmt: skip
+            bad = [n for n, g, w in zip(("q", "k_cache", "v_cache"), got, want, strict=True)
+                   if not torch.allclose(g, w, atol=1e-10, rtol=1e-10)]  # fmt: skip
+            raise fail(f"{where}: {', '.join(bad)} differ from the spec: token n of row b at position p = "
+                       "cache_len[b] + n, y1 = x1 cos(p theta) - x2 sin(p theta), y2 = x2 cos + x1 sin with x1, x2 the "
+                       "two halves of a head; k rotated and v as it is written at p.", seed)  # fmt: skip
+    return _passed(f"✓ {name}: {checks} checks passed (one and two new tokens a row, each row its own length, "
+                   "GQA 4/2 and none; float64)", checks)  # fmt: skip
