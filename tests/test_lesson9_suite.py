@@ -69,6 +69,9 @@ def _fake_run(fused_factor=0.5):
     for B in s.DECODE_BATCHES:
         for impl, ms in zip(s.DECODE_IMPLS, (1.4, 1.2, 0.2, 0.25), strict=True):
             out.append(bench.Result(s.decode_name(B, impl), ms, group=f"decode B={B}"))
+    for B, n_k in s.SPLIT_SHAPES:
+        for impl, ms in zip(s.SPLIT_IMPLS, (0.05, 0.2, 0.06), strict=True):
+            out.append(bench.Result(s.split_name(B, n_k, impl), ms, group=s.SPLIT_GROUP))
     return out
 
 
@@ -87,7 +90,7 @@ def test_tiny_share_and_bars_read_a_recording(tmp_path):
     assert share["fused"] == pytest.approx(0.5 * tiny / (0.5 * tiny + 4 * big))
     assert s.tiny_share(back, "predicted_ms")["eager"] == pytest.approx(share["eager"])
     bars = {bar: met for bar, met, _ in s.bars(back)}
-    assert len(bars) == 6 and all(bars.values())
+    assert len(bars) == 7 and all(bars.values())
     # the package's layer as slow as eager: the forward bars are missed
     slow = [bench.Result(r.name, 13.0 if r.name == s.layer_name("fwd", "fused") else r.ms, r.nbytes) for r in back]
     assert not all(met for _, met, _ in s.bars(slow))
