@@ -279,3 +279,8 @@ def test_rope_cache_write_rejects(mistake):
     fn, match = ROPE_WRONG[mistake]
     with pytest.raises(CheckFailed, match=match):
         ex.check_rope_cache_write(fn)
+
+
+def test_an_answer_that_calls_the_packages_floor_is_refused():
+    with pytest.raises(CheckFailed, match="answer key"):
+        ex.check_decode_floor(lambda *a: (decode_floor(*a).flops, decode_floor(*a).nbytes))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..._exercise import answer_key
 from ...ledger import Ledger
 from ...ledger import dtype_bytes as _dtype_bytes
 from ...model import llama_layer_ledger
@@ -46,6 +47,7 @@ class DecodeFloor:
         return max(self.nbytes / (copy_GBps * 1e6), self.flops / (matmul_TFLOPs * 1e9))
 
 
+@answer_key  # exercise 1 asks for it: an answer that calls it is refused
 def decode_floor(B: int, n_cache: int, hidden: int, n_heads: int, n_kv_heads: int, ffn: int,
                  dtype_bytes: int = 2) -> DecodeFloor:  # fmt: skip
     """One token per row, ``n_cache`` keys in each row's cache (the new one included):
