@@ -136,7 +136,7 @@ def graphed(fn, *args):
             fn(*args)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=s):  # on the warmed stream: what the warm-up set up there is the graph's too
         fn(*args)
     return g.replay
 
