@@ -81,6 +81,7 @@ PLAN = {
     "6": ("06_fused_epilogues", "Fused epilogues and prologues"),
     "7": ("07_flash_attention", "FlashAttention forward"),
     "8": ("08_flash_attention_backward", "FlashAttention backward"),
+    "9": ("09_the_whole_block", "The whole block"),
 }
 
 

@@ -12,7 +12,7 @@ import importlib
 from pathlib import Path
 
 #: suite name (as recorded) -> the lesson package that defines it
-LESSONS = {**{f"lesson{i}": f"l{i}" for i in range(1, 9)}, "lesson4b": "l4b", "lesson7b": "l7b"}
+LESSONS = {**{f"lesson{i}": f"l{i}" for i in range(1, 9)}, "lesson4b": "l4b", "lesson7b": "l7b", "lesson9": "l9"}
 #: the suites this copy of the course has (a lesson still being written has no suite yet)
 SUITES = tuple(s for s, pkg in LESSONS.items() if (Path(__file__).parent / pkg / "suite.py").is_file())
 
