@@ -78,6 +78,7 @@ from .attention_mods import (
     _mod_errors,
     _mods,
     _score_mod,
+    mod_error_text,
     mod_overrides,
     modified_scores64,
 )
@@ -478,12 +479,9 @@ def _forward(q, k, v, causal, scale, variant, config_key, mods=None) -> tuple[to
                                      SCALE_NEG=scale < 0, **plan.meta, **mods.kwargs)  # fmt: skip
     except _mod_errors() as e:
         # the interpreter runs the modification as Python (its mistakes surface as Python's errors, wrapped in
-        # InterpreterErrors); the GPU compiles it (a CompilationError): say which function failed, and the root
-        root = e
-        while root.__cause__ is not None:
-            root = root.__cause__
+        # InterpreterErrors); the GPU compiles it (a CompilationError): say which function failed, and why first
         raise KernelInputError(f"{OP}: {mods.names} did not compile into the attention kernel: "
-                               f"{type(root).__name__}: {str(root).strip()[:2000]}") from e  # fmt: skip
+                               f"{mod_error_text(e)}") from e  # fmt: skip
     return o, lse
 
 
