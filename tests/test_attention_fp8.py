@@ -1,8 +1,10 @@
 """Lesson 8's FP8 forward (fusionlab.kernels.attention_fp8): the per-block quantisation, the kernel against
-its float64 emulation (the same online softmax and the same e4m3 rounding of P: what is left is fp32
-rounding), the error FP8 costs against float64 of the unquantised inputs, and the errors for what it
-cannot take. In the interpreter the kernel runs on e4m3 inputs with P rounded to e4m3 by the kernel's own
-emulation of the cast; GPU cases (``gpu``) run bf16 inputs at lesson sizes."""
+its float64 emulation (the same online softmax and the same e4m3 rounding of P) within the bound the
+emulation derives from Hopper's published FP8 accumulation and fp32's rounding, element by element (the
+interpreter's fp32 sums sit well inside it), the error FP8 costs against float64 of the unquantised
+inputs, and the errors for what it cannot take. In the interpreter the kernel runs on e4m3 inputs with P
+rounded to e4m3 by the kernel's own emulation of the cast; GPU cases (``gpu``) run bf16 inputs at lesson
+sizes."""
 
 from __future__ import annotations
 

@@ -31,6 +31,20 @@ H_q == H_kv; finite inputs. On a GPU it needs FP8 tensor cores (compute capabili
 tiles are tuned on Hopper). Loads go through host tensor descriptors on Hopper when the layout allows
 (``TMA``), through pointers elsewhere.
 
+Hopper's FP8 sums. The e4m3 products are exact, but an FP8 ``wgmma`` does not add them in fp32: it takes
+them 32 at a time, aligns them to the largest exponent among them and truncates each (DeepSeek-V3's
+report, section 3.5.2: 14 bits kept after a sign-filled right shift), and keeps the accumulator to 13
+mantissa bits (SageAttention2, section 4: of an fp32 C, the low 10 bits are dropped). Triton accumulates
+FP8 dots this way on Hopper by default (``max_num_imprecise_acc`` = 2^30); given a smaller value it lets
+the tensor cores sum that many products from zero and adds the partial sum to the accumulator in fp32
+(the kernel's ``PROMOTE`` option for ``P V``, where the accumulator runs over the whole sequence). So
+the kernel differs from an fp32-exact emulation by more than fp32 rounding: moved scores move some P
+across e4m3's rounding boundaries, and ``P V``'s small products lose bits. :func:`mma_error_bound`
+bounds what the published description allows (read conservatively), and
+:func:`attention_fp8_emulated` carries it through the softmax to a bound on O and lse, element by
+element; the tests hold the kernel to it, and ``benchmarks/probes/probe_fp8_ab.py`` checks the
+description itself against the hardware, one ``tl.dot`` at a time.
+
 The interpreter: Triton's interpreter reads e4m3 and multiplies it exactly, but its in-kernel cast from
 fp32 to e4m3 rounds wrongly across a binade (7.97 became 4.0 under Triton 3.9). So on the interpreter
 the kernel first rounds P to e4m3's grid in fp32 arithmetic (:func:`_round_e4m3`, round to nearest
@@ -585,7 +599,9 @@ def attention_fp8_quantized(
     (natural log). ``config``: tile overrides (``num_warps``, ``num_stages``; ``BLOCK_M``/``BLOCK_N`` must
     be the blocks ``x`` was quantised over; ``"WS": True``: the unmasked loop warp-specialised by Triton,
     with descriptors made on the device, where the descriptors' layout rules hold — an experiment,
-    off by default)."""
+    off by default; Triton 3.6 cannot compile it below 8 warps, refused by name; ``"PROMOTE": n``: P V's
+    partial sums added to the accumulator in fp32 every n keys, :data:`PROMOTE_CHOICES`; ``"PIPE": True``:
+    the next key block's scores issued before this block's softmax, :func:`_fp8_inner`)."""
     _check_fp8(x, causal, scale)
     B, H, N_q, D = x.q8.shape
     N_k = x.k8.shape[2]
