@@ -173,6 +173,20 @@ def test_warp_specialised_loop_gives_the_same_bits():
         assert torch.equal(attention_fp8_quantized(x, False)[0], ws)
 
 
+def test_wider_key_blocks_than_query_tiles_without_the_causal_mask():
+    # FlashAttention-3's FP8 tiles take more keys a step than queries; the causal diagonal cannot (a query
+    # tile's diagonal must start a key block)
+    bm, bn = (64, 128) if runtime.is_gpu() else (16, 32)  # a GPU's FP8 tiles start at 64 rows
+    q, k, v = _ternary(1, 1, 150, 300, 32)
+    x = quantize_fp8(q, k, v, bm, bn)
+    cfg = {"BLOCK_M": bm, "BLOCK_N": bn}
+    o, _ = attention_fp8_quantized(x, False, out_dtype=torch.float32, config=cfg)
+    o_em, _, o_bound, _ = attention_fp8_emulated(x, False, bound=True)
+    assert _within(o, o_em, o_bound)[0]
+    with pytest.raises(KernelInputError, match="causal: BLOCK_M a multiple of BLOCK_N"):
+        attention_fp8_quantized(x, True, config=cfg)
+
+
 @pytest.mark.parametrize("opt", [{"PIPE": True}, {"PROMOTE": 64}])
 def test_pipelined_and_promoted_loops_stay_within_the_bound(opt):
     # PIPE only reorders the loop (the interpreter: the same bits); PROMOTE sums P V in fp32 between

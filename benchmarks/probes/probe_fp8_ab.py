@@ -34,6 +34,9 @@ import triton.language as tl
 #: (BLOCK_M, BLOCK_N, num_warps, num_stages) at head dim 128: the table's, Triton's tutorial's kinds (8 warps
 #: on 128 x 128, 4 on smaller), and 64-row tiles whose two score tiles fit the registers PIPE needs
 TILES = [(128, 128, 4, 3), (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 2)]
+#: non-causal only: FlashAttention-3's FP8 shape, more keys a step than queries (two warpgroups of 64 rows
+#: at 8 warps), PIPE off (two score tiles of 256 keys would not fit the registers)
+WIDE_TILES = [(128, 256, 8, 2), (128, 256, 8, 3), (64, 256, 4, 2)]
 #: the tiles also timed with PROMOTE = BLOCK_N
 PROMOTE_TILES = [(128, 128, 4, 3), (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3)]
 NS = (4096, 16384)
@@ -158,6 +161,8 @@ def _cases():
         for t in PROMOTE_TILES:
             for pipe in (False, True):
                 out.append((causal, t, pipe, t[1]))
+        if not causal:
+            out += [(causal, t, False, 0) for t in WIDE_TILES]
     return out
 
 

@@ -609,10 +609,11 @@ def attention_fp8_quantized(
     given = dict(config_key(config, OP, CONFIG_KEYS, flags=("WS", "REF", "PIPE"), choices={"PROMOTE": PROMOTE_CHOICES}))
     cfg = {**_config(D, causal, N_q, N_k, gpu), **given}
     bm, bn = x.block_m, x.block_n
-    if (cfg["BLOCK_M"], cfg["BLOCK_N"]) != (bm, bn) or bm % bn or bn < 16:
+    # causal: a query tile's diagonal starts at a multiple of BLOCK_M, which must be a key block's start
+    if (cfg["BLOCK_M"], cfg["BLOCK_N"]) != (bm, bn) or (causal and bm % bn) or bn < 16:
         raise KernelInputError(
             f"{OP}: inputs quantised over blocks {bm} x {bn}; the kernel's tiles are {cfg['BLOCK_M']} x "
-            f"{cfg['BLOCK_N']} (and BLOCK_M must be a multiple of BLOCK_N >= 16)."
+            f"{cfg['BLOCK_N']} (BLOCK_N >= 16, and causal: BLOCK_M a multiple of BLOCK_N)."
         )
     if cfg["PROMOTE"] > bn:
         raise KernelInputError(f"{OP}: PROMOTE={cfg['PROMOTE']} passes BLOCK_N={bn}, the keys one P V product sums.")
