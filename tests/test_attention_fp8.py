@@ -187,20 +187,22 @@ def test_wider_key_blocks_than_query_tiles_without_the_causal_mask():
         attention_fp8_quantized(x, True, config=cfg)
 
 
-@pytest.mark.parametrize("opt", [{"PIPE": True}, {"PROMOTE": 64}])
+@pytest.mark.parametrize("opt", [{"PIPE": True}, {"PROMOTE": 64}, {"EXP16": True, "PIPE": True}])
 def test_pipelined_and_promoted_loops_stay_within_the_bound(opt):
     # PIPE only reorders the loop (the interpreter: the same bits); PROMOTE sums P V in fp32 between
-    # groups of keys, which the emulation's bound takes as its promote argument
+    # groups of keys, EXP16 takes P's exponentials in fp16: the emulation's bound takes both as arguments
     q, k, v = _ternary(1, 2, 200, 200, 64)
     if "PROMOTE" in opt and not runtime.is_gpu():
         opt = {**opt, "PROMOTE": 0}  # the interpreter's 16-key blocks are narrower than one promotion
     cfg = attention_fp8_config(64, True, 200)
     x = quantize_fp8(q, k, v, cfg["BLOCK_M"], cfg["BLOCK_N"])
     o, _ = attention_fp8_quantized(x, True, out_dtype=torch.float32, config=opt)
-    o_em, _, o_bound, _ = attention_fp8_emulated(x, True, bound=True, promote=opt.get("PROMOTE", 0))
+    o_em, _, o_bound, _ = attention_fp8_emulated(
+        x, True, bound=True, promote=opt.get("PROMOTE", 0), exp16=opt.get("EXP16", False)
+    )
     ok, worst = _within(o, o_em, o_bound)
     assert ok, worst
-    if not runtime.is_gpu() and "PIPE" in opt:
+    if not runtime.is_gpu() and opt == {"PIPE": True}:
         assert torch.equal(o, attention_fp8_quantized(x, True, out_dtype=torch.float32)[0])
 
 

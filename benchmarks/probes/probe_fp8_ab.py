@@ -14,8 +14,9 @@ alignment or not) reproduces the most outputs bit for bit. C alone (A = B = 0): 
 
 Part 2, the speed (the rest): at head dim 128, N = 4k and 16k x 16 token-heads, causal and not: the
 package's bf16 forward, then the FP8 kernel on quantised inputs at each tile of ``TILES`` with ``PIPE``
-(the next block's Q K^T issued before this block's softmax) off and on, and at the current tiles with
-``PROMOTE`` (P V's partial sums added to the accumulator in fp32 every BLOCK_N keys) off and on. Each
+(the next block's Q K^T issued before this block's softmax) off and on, at ``EXP16_TILES`` with
+``EXP16`` (P's exponentials in fp16, two an instruction), at ``PROMOTE_CASES`` with ``PROMOTE`` (P V's
+partial sums added to the accumulator in fp32 every BLOCK_N keys), and (non-causal) at ``WIDE_TILES``. Each
 output is checked finite and against float64 (norm-relative). Launches are compiled first in
 ``--workers`` processes. JSON: ``$OUT/probe_fp8_ab.json``; one line per row on stdout.
 """
@@ -37,8 +38,10 @@ TILES = [(128, 128, 4, 3), (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (12
 #: non-causal only: FlashAttention-3's FP8 shape, more keys a step than queries (two warpgroups of 64 rows
 #: at 8 warps), PIPE off (two score tiles of 256 keys would not fit the registers)
 WIDE_TILES = [(128, 256, 8, 2), (128, 256, 8, 3), (64, 256, 4, 2)]
-#: the tiles also timed with PROMOTE = BLOCK_N
-PROMOTE_TILES = [(128, 128, 4, 3), (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3)]
+#: the tiles also timed with EXP16 (P's exponentials two at a time in fp16), PIPE off and on
+EXP16_TILES = [(128, 128, 4, 3), (64, 128, 4, 3), (128, 128, 8, 2)]
+#: (tile, PIPE) also timed with PROMOTE = BLOCK_N
+PROMOTE_CASES = [((128, 128, 4, 3), False), ((128, 128, 4, 3), True), ((64, 64, 4, 3), False)]
 NS = (4096, 16384)
 
 
@@ -147,22 +150,21 @@ def arithmetic(log):
     log({"kind": "c_only", "same_as_c": float((o == c).float().mean()), "equal_to_c_truncated_to_bits": kept})
 
 
-def _cfg(tile, pipe, promote):
+def _cfg(tile, pipe, promote, exp16=False):
     bm, bn, nw, ns = tile
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": ns, "PIPE": pipe, "PROMOTE": promote}
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": ns, "PIPE": pipe, "PROMOTE": promote,
+            "EXP16": exp16}  # fmt: skip
 
 
 def _cases():
+    """(causal, tile, PIPE, PROMOTE, EXP16) of every timed variant."""
     out = []
     for causal in (False, True):
-        for t in TILES:
-            for pipe in (False, True):
-                out.append((causal, t, pipe, 0))
-        for t in PROMOTE_TILES:
-            for pipe in (False, True):
-                out.append((causal, t, pipe, t[1]))
+        out += [(causal, t, pipe, 0, False) for t in TILES for pipe in (False, True)]
+        out += [(causal, t, pipe, 0, True) for t in EXP16_TILES for pipe in (False, True)]
+        out += [(causal, t, pipe, t[1], False) for t, pipe in PROMOTE_CASES]
         if not causal:
-            out += [(causal, t, False, 0) for t in WIDE_TILES]
+            out += [(causal, t, False, 0, False) for t in WIDE_TILES]
     return out
 
 
@@ -170,13 +172,14 @@ def _compile_worker(tasks):
     from fusionlab.kernels.attention_fp8 import attention_fp8_quantized, quantize_fp8
 
     failed = []
-    for causal, tile, pipe, promote in tasks:
+    for causal, tile, pipe, promote, exp16 in tasks:
         try:
             q, k, v = (torch.randn(1, 2, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            attention_fp8_quantized(quantize_fp8(q, k, v, tile[0], tile[1]), causal, config=_cfg(tile, pipe, promote))
+            cfg = _cfg(tile, pipe, promote, exp16)
+            attention_fp8_quantized(quantize_fp8(q, k, v, tile[0], tile[1]), causal, config=cfg)
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001  (a variant that does not build is a result)
-            failed.append([causal, list(tile), pipe, promote, f"{type(e).__name__}: {e}"[:200]])
+            failed.append([causal, list(tile), pipe, promote, exp16, f"{type(e).__name__}: {e}"[:200]])
     return failed
 
 
@@ -210,12 +213,13 @@ def speed(log, a, t0):
             flops = attention_flops(B, H, n, n, d, causal)
             bf = bench(lambda q=q, k=k, v=v, c=causal: attention(q, k, v, c))
             log({"kind": "bf16", "n": n, "causal": causal, "ms": bf, "tflops": flops / bf * 1e-9})
-            for c_, tile, pipe, promote in cases:
+            for c_, tile, pipe, promote, exp16 in cases:
                 if c_ != causal or time.time() - t0 > a.deadline:
                     continue
-                row = {"kind": "fp8", "n": n, "causal": causal, "tile": list(tile), "pipe": pipe, "promote": promote}
+                row = {"kind": "fp8", "n": n, "causal": causal, "tile": list(tile), "pipe": pipe, "promote": promote,
+                       "exp16": exp16}  # fmt: skip
                 try:
-                    cfg = _cfg(tile, pipe, promote)
+                    cfg = _cfg(tile, pipe, promote, exp16)
                     x = quantize_fp8(q, k, v, tile[0], tile[1])
                     o, _ = attention_fp8_quantized(x, causal, config=cfg)
                     r = ref[causal]

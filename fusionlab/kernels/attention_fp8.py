@@ -96,7 +96,7 @@ GPU_TABLE = {
     (128, False): (128, 128, 4, 3, False), (128, True): (64, 64, 4, 3, False),
 }  # fmt: skip
 #: what ``config`` may override
-CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "WS", "REF", "PROMOTE", "PIPE")
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "WS", "REF", "PROMOTE", "PIPE", "EXP16")
 #: ``PROMOTE``'s values: 0 (the tensor cores accumulate ``P V`` into ``acc`` themselves) or every how many keys
 #: the partial sum is added to ``acc`` in fp32 (a multiple of ``wgmma``'s 32, at most ``BLOCK_N``)
 PROMOTE_CHOICES = (0, 32, 64, 128)
@@ -174,6 +174,7 @@ def attention_fp8_emulated(
     *,
     bound: bool = False,
     promote: int = 0,
+    exp16: bool = False,
 ):
     """The kernel's arithmetic in float64, key block by key block: ``(o, lse)``. The same online softmax
     with the same running maxima, P times 2^8 rounded to e4m3 by torch's cast (round to nearest even)
@@ -182,7 +183,8 @@ def attention_fp8_emulated(
     exactly (the module's docstring), so ``bound=True`` also returns how far the kernel may lie from it:
     ``(o, lse, o_bound, lse_bound)``, element by element, derived from the published description of that
     accumulation (:func:`mma_error_bound`) and fp32's rounding, never fitted to a measurement.
-    ``promote``: the kernel's ``PROMOTE`` (P V's partial sums added in fp32 every ``promote`` keys).
+    ``promote``: the kernel's ``PROMOTE`` (P V's partial sums added in fp32 every ``promote`` keys);
+    ``exp16``: its ``EXP16`` (P's exponent rounded to fp16, 2^x in fp16; the online schedule only).
 
     The tests compare the kernel with this within the bound; with inputs whose ``Q K^T`` the tensor
     cores sum exactly (tests/test_attention_fp8.py), P is the same in both and the bound is a small part of
@@ -192,7 +194,7 @@ def attention_fp8_emulated(
     schedule instead."""
     if ref:
         r_ref = _emulate(x, causal, scale, True, promote)
-        r_on = _emulate(x, causal, scale, False, promote)
+        r_on = _emulate(x, causal, scale, False, promote, exp16)
         bad = r_ref[-1]
         n_q, bm = x.q8.shape[2], x.block_m
         pad = cdiv(n_q, bm) * bm - n_q
@@ -201,7 +203,7 @@ def attention_fp8_emulated(
         pairs = zip(r_on[:4], r_ref[:4], strict=True)
         out = [torch.where(redo[..., None] if a.dim() == 4 else redo, a, b) for a, b in pairs]
     else:
-        out = list(_emulate(x, causal, scale, False, promote)[:4])
+        out = list(_emulate(x, causal, scale, False, promote, exp16)[:4])
     return tuple(out) if bound else tuple(out[:2])
 
 
@@ -271,7 +273,7 @@ def _round_fp8(p: torch.Tensor) -> torch.Tensor:
     return p.clamp(max=FP8_MAX).float().to(FP8).double()
 
 
-def _emulate(x: Fp8Inputs, causal: bool, scale, ref: bool, promote: int = 0):
+def _emulate(x: Fp8Inputs, causal: bool, scale, ref: bool, promote: int = 0, exp16: bool = False):
     """:func:`attention_fp8_emulated`'s arithmetic for one schedule: ``(o, lse, o_bound, lse_bound, rows
     past the reference)``.
 
@@ -318,7 +320,8 @@ def _emulate(x: Fp8Inputs, causal: bool, scale, ref: bool, promote: int = 0):
             alpha = torch.ones_like(m)
         else:
             m_new = torch.maximum(m, m_blk)
-            p = torch.exp2(s - (m_new - P_SHIFT))
+            xe = s - (m_new - P_SHIFT)
+            p = _exp2_16(xe) if exp16 else torch.exp2(xe)
             alpha = torch.exp2(m - m_new)
             l = l * alpha + p.sum(-1, keepdim=True)  # noqa: E741
             m = m_new
@@ -327,8 +330,8 @@ def _emulate(x: Fp8Inputs, causal: bool, scale, ref: bool, promote: int = 0):
         # P V as the tensor cores sum it onto the rescaled accumulator (an fp32 multiply: half an ulp)
         acc = acc * alpha
         acc, pv_err = _mma_error(p8, vb, acc, pv_err * alpha + acc.abs() * 2.0**-24, promote)
-        blocks = [(pb, p8b, ab * alpha, vbb) for pb, p8b, ab, vbb in blocks]
-        blocks.append((p, p8, torch.ones_like(alpha), vb))
+        blocks = [(pb, p8b, ab * alpha, vbb, xb) for pb, p8b, ab, vbb, xb in blocks]
+        blocks.append((p, p8, torch.ones_like(alpha), vb, xe if exp16 and not ref else None))
     o = acc * x.v_scale.double()[:, :, None, :] / l
     shift = REF_SHIFT if ref else P_SHIFT
     lse = ((m + torch.log2(l)).squeeze(-1) - shift) * math.log(2.0)
@@ -336,11 +339,17 @@ def _emulate(x: Fp8Inputs, causal: bool, scale, ref: bool, promote: int = 0):
     E = 2 * ds_max
     grow = torch.exp2(E) * (1 + _P_FP32)
     num = torch.zeros_like(acc)
-    for p, p8, a, vb in blocks:
-        hi, lo = _round_fp8(p * grow), _round_fp8(p / grow)
-        amb = torch.maximum((hi - p8).abs(), (p8 - lo).abs())
-        num = num + ((amb + p8 * (grow - 1)) * a) @ vb.abs()
-    lam = (grow - 1) + N_k * 2.0**-24
+    l_err = torch.zeros_like(l)
+    for p, p8, a, vb, xe in blocks:
+        if xe is None:  # P within a factor grow of the emulation's
+            p_lo, p_hi = p / grow, p * grow
+        else:  # EXP16: the exponent within E (and fp32's rounding) of the emulation's, then fp16's exp2
+            dx = E + xe.abs().nan_to_num(0.0, 0.0, 0.0) * 2.0**-22
+            p_lo, p_hi = _exp2_16(xe - dx) * (1 - _EX2_F16), _exp2_16(xe + dx) * (1 + _EX2_F16)
+        amb = torch.maximum((_round_fp8(p_hi) - p8).abs(), (p8 - _round_fp8(p_lo)).abs())
+        num = num + ((amb * grow + p8 * (grow - 1)) * a) @ vb.abs()
+        l_err = l_err + (torch.maximum(p_hi - p, p - p_lo) * a * grow).sum(-1, keepdim=True)
+    lam = l_err / l + (grow - 1) + N_k * 2.0**-24
     vs = x.v_scale.double()[:, :, None, :]
     o_bound = vs * (num + pv_err + acc.abs() * lam) / (l * (1 - lam).clamp_min(1e-3)) + o.abs() * 2.0**-20
     # lse: the row max's move, the row sum's, and fp32's rounding of m + log2(l) - shift (a few ulps of it)
@@ -351,13 +360,29 @@ def _emulate(x: Fp8Inputs, causal: bool, scale, ref: bool, promote: int = 0):
 
 #: P's relative error from fp32 alone: the scores' rounding (|s| up to ~30) and ex2.approx's two ulps
 _P_FP32 = 2.0**-18
+#: ``ex2.approx.f16x2``'s relative error, its fp16 rounding included, taken conservatively (the EXP16 option)
+_EX2_F16 = 2.0**-8
+
+
+def _exp2_16(t: torch.Tensor) -> torch.Tensor:
+    """2^t as the EXP16 option computes it: t rounded to fp16, its exp2 rounded to fp16 (float64 out)."""
+    return torch.exp2(t.to(torch.float16).double()).to(torch.float16).double()
 
 
 # -- the configuration ----------------------------------------------------------------------------
 @functools.lru_cache(maxsize=256)
 def _config(d: int, causal: bool, n_q: int, n_k: int, gpu: bool) -> dict:
     bm, bn, nw, ns, ref = GPU_TABLE[(d, causal)] if gpu else INTERPRETER_TILE
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": ns, "REF": ref, "PROMOTE": 0, "PIPE": False}
+    return {
+        "BLOCK_M": bm,
+        "BLOCK_N": bn,
+        "num_warps": nw,
+        "num_stages": ns,
+        "REF": ref,
+        "PROMOTE": 0,
+        "PIPE": False,
+        "EXP16": False,
+    }
 
 
 def attention_fp8_config(D: int, causal: bool = False, N_q: int = 4096, N_k: int | None = None) -> dict:
@@ -387,7 +412,7 @@ def _fp8_inner(
     stride_vd, c_row, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     TMA: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr, REF: tl.constexpr, PROMOTE: tl.constexpr,
-    PIPE: tl.constexpr,
+    PIPE: tl.constexpr, EXP16: tl.constexpr,
 ):  # fmt: skip
     """Key blocks ``[lo, hi)``: the online softmax with e4m3 products. ``c_row``: s_q * scale * log2(e)
     (the Q block's part of the scores' multiplier); each step multiplies in its K block's scale. ``WS``:
@@ -444,20 +469,39 @@ def _fp8_inner(
             # P times 2^8: e4m3's normal range instead of its subnormals (the module's docstring)
             m_ij = tl.maximum(m_i, m_blk)
             if MASKED:
-                p = tl.math.exp2(qk - (m_ij[:, None] - 8.0))
+                x = qk - (m_ij[:, None] - 8.0)
             else:
-                p = tl.math.exp2(qk * c - (m_ij[:, None] - 8.0))
+                x = qk * c - (m_ij[:, None] - 8.0)
+            if EXP16:  # two exponentials per MUFU instruction, in fp16: P keeps more bits than e4m3 takes
+                p = _exp2_half(x, EMULATE)
+                l_blk = tl.sum(p.to(tl.float32), 1)
+            else:
+                p = tl.math.exp2(x)
+                l_blk = tl.sum(p, 1)
             alpha = tl.math.exp2(m_i - m_ij)
-            l_i = l_i * alpha + tl.sum(p, 1)
+            l_i = l_i * alpha + l_blk
             acc = acc * alpha[:, None]
             m_i = m_ij
         if EMULATE:
-            p = _round_e4m3(p)
+            p = _round_e4m3(p.to(tl.float32))
         if PROMOTE > 0:
             acc = tl.dot(p.to(tl.float8e4nv), tl.trans(vt), acc, max_num_imprecise_acc=PROMOTE)
         else:
             acc = tl.dot(p.to(tl.float8e4nv), tl.trans(vt), acc)
     return acc, l_i, m_i, bad
+
+
+@triton.jit
+def _exp2_half(x, EMULATE: tl.constexpr):
+    """2^x for fp32 ``x <= 8`` as fp16 (the ``EXP16`` option): x rounded to fp16, then ``ex2.approx.f16x2``,
+    two lanes an instruction (the interpreter: exp2 of the fp16 x, rounded to fp16)."""
+    h = x.to(tl.float16)
+    if EMULATE:
+        return tl.math.exp2(h.to(tl.float32)).to(tl.float16)
+    else:
+        return tl.inline_asm_elementwise(
+            "ex2.approx.f16x2 $0, $1;", "=r,r", [h], dtype=tl.float16, is_pure=True, pack=2
+        )
 
 
 @triton.jit
@@ -481,7 +525,7 @@ def _fp8_tile(
     q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0, offs_d, n_k, c_row, lo_mask, hi,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     TMA: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr, REF: tl.constexpr, PROMOTE: tl.constexpr,
-    PIPE: tl.constexpr,
+    PIPE: tl.constexpr, EXP16: tl.constexpr,
 ):  # fmt: skip
     """Every key block of a Q tile: ``[0, lo_mask)`` unmasked, ``[lo_mask, hi)`` masked. Returns
     ``(acc, l, m, bad)``; with ``REF``, ``m`` is the reference and ``bad`` flags the rows it failed."""
@@ -490,11 +534,11 @@ def _fp8_tile(
     bad = tl.zeros([BLOCK_M], dtype=tl.int32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     acc, l_i, m_i, bad = _fp8_inner(acc, l_i, m_i, bad, q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0,
-                                    offs_d, n_k, HEAD_DIM, n_k, c_row, 0, lo_mask,
-                                    HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, EMULATE, WS, REF, PROMOTE, PIPE)  # fmt: skip
+                                    offs_d, n_k, HEAD_DIM, n_k, c_row, 0, lo_mask, HEAD_DIM, BLOCK_N, False,
+                                    CAUSAL, TMA, EMULATE, WS, REF, PROMOTE, PIPE, EXP16)  # fmt: skip
     acc, l_i, m_i, bad = _fp8_inner(acc, l_i, m_i, bad, q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0,
                                     offs_d, n_k, HEAD_DIM, n_k, c_row, lo_mask, hi, HEAD_DIM, BLOCK_N, True,
-                                    CAUSAL, TMA, EMULATE, False, REF, PROMOTE, False)  # fmt: skip
+                                    CAUSAL, TMA, EMULATE, False, REF, PROMOTE, False, EXP16)  # fmt: skip
     return acc, l_i, m_i, bad
 
 
@@ -504,7 +548,7 @@ def _fp8_fwd_kernel(
     n_q, n_k, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     TMA: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr, REF: tl.constexpr, PROMOTE: tl.constexpr,
-    PIPE: tl.constexpr,
+    PIPE: tl.constexpr, EXP16: tl.constexpr,
 ):  # fmt: skip
     # grid: (query tiles, H, B); q8, k8 (B, H, N, D) and vt8 (B, H, D, N_k) contiguous. Query tiles from
     # the last: a causal head's longest tiles start first
@@ -540,17 +584,17 @@ def _fp8_fwd_kernel(
     if REF:  # against block 0's max; a row that passes it by too much sends the tile through the online loop
         acc, l_i, m_i, bad = _fp8_tile(q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0, offs_d, n_k,
                                        c_row, lo_mask, hi, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, TMA, EMULATE, WS,
-                                       True, PROMOTE, PIPE)  # fmt: skip
+                                       True, PROMOTE, PIPE, EXP16)  # fmt: skip
         shift = 4.0
         if tl.max(bad, 0) > 0:
             acc, l_i, m_i, bad = _fp8_tile(q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0, offs_d, n_k,
                                            c_row, lo_mask, hi, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, TMA, EMULATE, WS,
-                                           False, PROMOTE, PIPE)  # fmt: skip
+                                           False, PROMOTE, PIPE, EXP16)  # fmt: skip
             shift = 8.0
     else:
         acc, l_i, m_i, bad = _fp8_tile(q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0, offs_d, n_k,
                                        c_row, lo_mask, hi, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, TMA, EMULATE, WS,
-                                       False, PROMOTE, PIPE)  # fmt: skip
+                                       False, PROMOTE, PIPE, EXP16)  # fmt: skip
     vs = tl.load(vs_ptr + bh * HEAD_DIM + offs_d)
     o = acc * (vs[None, :] / l_i[:, None])
     o_ptrs = o_ptr + (bh * n_q + offs_m.to(tl.int64))[:, None] * HEAD_DIM + offs_d[None, :]
@@ -601,12 +645,14 @@ def attention_fp8_quantized(
     with descriptors made on the device, where the descriptors' layout rules hold — an experiment,
     off by default; Triton 3.6 cannot compile it below 8 warps, refused by name; ``"PROMOTE": n``: P V's
     partial sums added to the accumulator in fp32 every n keys, :data:`PROMOTE_CHOICES`; ``"PIPE": True``:
-    the next key block's scores issued before this block's softmax, :func:`_fp8_inner`)."""
+    the next key block's scores issued before this block's softmax, :func:`_fp8_inner`; ``"EXP16": True``:
+    P's exponentials in fp16, two an instruction, :func:`_exp2_half`)."""
     _check_fp8(x, causal, scale)
     B, H, N_q, D = x.q8.shape
     N_k = x.k8.shape[2]
     gpu = runtime.is_gpu()
-    given = dict(config_key(config, OP, CONFIG_KEYS, flags=("WS", "REF", "PIPE"), choices={"PROMOTE": PROMOTE_CHOICES}))
+    flags = ("WS", "REF", "PIPE", "EXP16")
+    given = dict(config_key(config, OP, CONFIG_KEYS, flags=flags, choices={"PROMOTE": PROMOTE_CHOICES}))
     cfg = {**_config(D, causal, N_q, N_k, gpu), **given}
     bm, bn = x.block_m, x.block_n
     # causal: a query tile's diagonal starts at a multiple of BLOCK_M, which must be a key block's start
@@ -648,7 +694,7 @@ def attention_fp8_quantized(
     _fp8_fwd_kernel[grid](
         x.q8, x.k8, x.vt8, x.q_scale, x.k_scale, x.v_scale, o, lse, q_desc, k_desc, vt_desc, N_q, N_k, qk_scale,
         HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, TMA=tma, EMULATE=not gpu, WS=ws, REF=bool(cfg["REF"]),
-        PROMOTE=int(cfg["PROMOTE"]), PIPE=bool(cfg["PIPE"]),
+        PROMOTE=int(cfg["PROMOTE"]), PIPE=bool(cfg["PIPE"]), EXP16=bool(cfg["EXP16"]),
         **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
     )  # fmt: skip
     return o, lse
