@@ -95,6 +95,9 @@ GPU_TABLE = {
     (64, False): (128, 128, 4, 3, False), (64, True): (128, 128, 4, 3, False),
     (128, False): (128, 128, 4, 3, False), (128, True): (64, 64, 4, 3, False),
 }  # fmt: skip
+#: the loop's options on a GPU by (head dim, causal), where measured faster (``PROMOTE``, ``PIPE``, ``EXP16``:
+#: :func:`attention_fp8_quantized`); elsewhere off
+GPU_OPTIONS: dict = {}
 #: what ``config`` may override
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "WS", "REF", "PROMOTE", "PIPE", "EXP16")
 #: ``PROMOTE``'s values: 0 (the tensor cores accumulate ``P V`` into ``acc`` themselves) or every how many keys
@@ -373,22 +376,14 @@ def _exp2_16(t: torch.Tensor) -> torch.Tensor:
 @functools.lru_cache(maxsize=256)
 def _config(d: int, causal: bool, n_q: int, n_k: int, gpu: bool) -> dict:
     bm, bn, nw, ns, ref = GPU_TABLE[(d, causal)] if gpu else INTERPRETER_TILE
-    return {
-        "BLOCK_M": bm,
-        "BLOCK_N": bn,
-        "num_warps": nw,
-        "num_stages": ns,
-        "REF": ref,
-        "PROMOTE": 0,
-        "PIPE": False,
-        "EXP16": False,
-    }
+    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": ns, "REF": ref}
+    return {**cfg, "PROMOTE": 0, "PIPE": False, "EXP16": False, **(GPU_OPTIONS.get((d, causal), {}) if gpu else {})}
 
 
 def attention_fp8_config(D: int, causal: bool = False, N_q: int = 4096, N_k: int | None = None) -> dict:
     """The tiles the launcher picks: ``BLOCK_M`` (queries a program holds; Q's quantisation block),
-    ``BLOCK_N`` (keys a step; K's quantisation block), ``num_warps``, ``num_stages``, and ``REF`` (the
-    fixed-reference schedule)."""
+    ``BLOCK_N`` (keys a step; K's quantisation block), ``num_warps``, ``num_stages``, ``REF`` (the
+    fixed-reference schedule) and the loop's options ``PROMOTE``, ``PIPE``, ``EXP16``."""
     return dict(_config(int(D), bool(causal), int(N_q), int(N_q if N_k is None else N_k), runtime.is_gpu()))
 
 
