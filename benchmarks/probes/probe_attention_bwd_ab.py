@@ -10,7 +10,8 @@ repeat). Per (causal, N = 4k and 16k at 16k x 16 token-heads), bf16:
    pass that loses is named;
 2. the atomic schedule (``deterministic=False``: dQ added by the dK/dV programs, no dQ pass), with the
    bulk reduce-add (``TMA_REDUCE``) off and on;
-3. tiles the earlier sweep did not try, each half against the other's default (TMA loads on, the
+3. ``EARLY_DP`` (dP's product issued before the exponentials, both passes), in both schedules;
+   tiles the earlier sweep did not try, each half against the other's default (TMA loads on, the
    default at these shapes): deeper pipelines, 128-row tiles, 4 warps on 128-key tiles;
 4. cuDNN's backward on the same inputs.
 
@@ -70,7 +71,13 @@ def main():
     for causal in (False, True):
         cfg = attention_backward_config(128, causal)
         b = {k: cfg[k] for k in _t(*range(8))}
-        c = [("default", {}, True), ("atomic", {}, False), ("atomic+reduce", {"TMA_REDUCE": True}, False)]
+        c = [
+            ("default", {}, True),
+            ("default+early_dp", {"EARLY_DP": True}, True),
+            ("atomic", {}, False),
+            ("atomic+early_dp", {"EARLY_DP": True}, False),
+            ("atomic+reduce", {"TMA_REDUCE": True}, False),
+        ]
         c += [(f"dkdv {t}", {**b, **dict(zip(K1, t, strict=True)), "TMA": True}, True) for t in DKDV]
         c += [(f"dq {t}", {**b, **dict(zip(K2, t, strict=True)), "TMA": True}, True) for t in DQ]
         cands[causal] = c
