@@ -126,8 +126,9 @@ def test_early_dp_product_gives_the_same_bits(causal):
     atomic schedule's), TMA loads or not: the same arithmetic in another order of issue."""
     q, k, v, do = _inputs(1, 4, 2, 70, 50, 64)
     o, lse = attention(q, k, v, causal)
-    for det in (True, False):
-        for tma in (False, True):
+    # a GPU compiles each combination (tens of seconds each): the default schedule with TMA loads there
+    for det in (True,) if GPU else (True, False):
+        for tma in (True,) if GPU else (False, True):
             plain = attention_backward(q, k, v, o, lse, do, causal, deterministic=det, config={"TMA": tma})
             early = attention_backward(q, k, v, o, lse, do, causal, deterministic=det,
                                        config={"TMA": tma, "EARLY_DP": True})  # fmt: skip
