@@ -100,6 +100,8 @@ GPU_TABLE = {
 GPU_OPTIONS: dict = {}
 #: what ``config`` may override
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "WS", "REF", "PROMOTE", "PIPE", "EXP16")
+#: ``PIPE``'s values (:func:`_fp8_inner`): 0 off; 1, 2: where the next block's ``Q K^T`` is issued
+PIPE_CHOICES = (0, 1, 2)
 #: ``PROMOTE``'s values: 0 (the tensor cores accumulate ``P V`` into ``acc`` themselves) or every how many keys
 #: the partial sum is added to ``acc`` in fp32 (a multiple of ``wgmma``'s 32, at most ``BLOCK_N``)
 PROMOTE_CHOICES = (0, 32, 64, 128)
@@ -377,7 +379,7 @@ def _exp2_16(t: torch.Tensor) -> torch.Tensor:
 def _config(d: int, causal: bool, n_q: int, n_k: int, gpu: bool) -> dict:
     bm, bn, nw, ns, ref = GPU_TABLE[(d, causal)] if gpu else INTERPRETER_TILE
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": ns, "REF": ref}
-    return {**cfg, "PROMOTE": 0, "PIPE": False, "EXP16": False, **(GPU_OPTIONS.get((d, causal), {}) if gpu else {})}
+    return {**cfg, "PROMOTE": 0, "PIPE": 0, "EXP16": False, **(GPU_OPTIONS.get((d, causal), {}) if gpu else {})}
 
 
 def attention_fp8_config(D: int, causal: bool = False, N_q: int = 4096, N_k: int | None = None) -> dict:
@@ -417,10 +419,12 @@ def _fp8_inner(
     saturate) is flagged in ``bad`` and the kernel redoes the tile online. ``PROMOTE`` (> 0): ``P V``'s
     products summed by the tensor cores from zero and added to ``acc`` in fp32 every ``PROMOTE`` keys
     (Triton's ``max_num_imprecise_acc``; 0: the hardware's own accumulation into ``acc``, module
-    docstring). ``PIPE`` (unmasked blocks only): the next block's ``Q K^T`` is issued before this block's
-    softmax, so the tensor cores work while the exponentials run (FlashAttention-3's intra-warpgroup
-    overlap, written in the loop's order); the last step recomputes its own block's scores, never read."""
-    if PIPE:  # the first block's scores before the loop (a partial block only when there is no full one)
+    docstring). ``PIPE`` (unmasked blocks only): the next block's ``Q K^T`` is issued in this step, so
+    the tensor cores may work while exponentials run — 1: before this block's softmax; 2: after it,
+    before its ``P V`` (FlashAttention-3's intra-warpgroup order: the next softmax under this ``P V``);
+    the last step recomputes its own block's scores, never read. Whether Triton's waits let them
+    overlap is measured (``benchmarks/probes/probe_fp8_ab.py``)."""
+    if PIPE > 0:  # the first block's scores before the loop (a partial block only when there is no full one)
         lo_k = tl.minimum(lo, tl.maximum(hi - BLOCK_N, 0))
         qk_next = tl.dot(q, tl.trans(_load_k(k_src, k_row, lo_k, offs_n0, offs_d, n_k, stride_kn, TMA, True)))
     else:
@@ -437,11 +441,12 @@ def _fp8_inner(
             else:
                 vt = tl.load(vt_ptrs)
         c = c_row * tl.load(ks_ptr + start_n // BLOCK_N)  # > 0: the scores in log2 units are qk * c
-        if PIPE:
+        if PIPE > 0:
             qk = qk_next
+        if PIPE == 1:  # the next block's scores issued before this block's softmax
             nxt = tl.minimum(start_n + BLOCK_N, hi - BLOCK_N)  # unmasked: hi is a multiple of BLOCK_N
             qk_next = tl.dot(q, tl.trans(_load_k(k_src, k_row, nxt, offs_n0, offs_d, n_k, stride_kn, TMA, False)))
-        else:
+        if PIPE == 0:
             qk = tl.dot(q, tl.trans(_load_k(k_src, k_row, start_n, offs_n0, offs_d, n_k, stride_kn, TMA, MASKED)))
         if MASKED:
             keep = offs_n[None, :] < n_k
@@ -479,6 +484,9 @@ def _fp8_inner(
             m_i = m_ij
         if EMULATE:
             p = _round_e4m3(p.to(tl.float32))
+        if PIPE == 2:  # the next block's scores issued before this block's P V (FlashAttention-3's order)
+            nxt = tl.minimum(start_n + BLOCK_N, hi - BLOCK_N)  # unmasked: hi is a multiple of BLOCK_N
+            qk_next = tl.dot(q, tl.trans(_load_k(k_src, k_row, nxt, offs_n0, offs_d, n_k, stride_kn, TMA, False)))
         if PROMOTE > 0:
             acc = tl.dot(p.to(tl.float8e4nv), tl.trans(vt), acc, max_num_imprecise_acc=PROMOTE)
         else:
@@ -533,7 +541,7 @@ def _fp8_tile(
                                     CAUSAL, TMA, EMULATE, WS, REF, PROMOTE, PIPE, EXP16)  # fmt: skip
     acc, l_i, m_i, bad = _fp8_inner(acc, l_i, m_i, bad, q, k_src, vt_src, ks_base, k_row, vt_row, offs_m, offs_n0,
                                     offs_d, n_k, HEAD_DIM, n_k, c_row, lo_mask, hi, HEAD_DIM, BLOCK_N, True,
-                                    CAUSAL, TMA, EMULATE, False, REF, PROMOTE, False, EXP16)  # fmt: skip
+                                    CAUSAL, TMA, EMULATE, False, REF, PROMOTE, 0, EXP16)  # fmt: skip
     return acc, l_i, m_i, bad
 
 
@@ -639,15 +647,16 @@ def attention_fp8_quantized(
     be the blocks ``x`` was quantised over; ``"WS": True``: the unmasked loop warp-specialised by Triton,
     with descriptors made on the device, where the descriptors' layout rules hold — an experiment,
     off by default; Triton 3.6 cannot compile it below 8 warps, refused by name; ``"PROMOTE": n``: P V's
-    partial sums added to the accumulator in fp32 every n keys, :data:`PROMOTE_CHOICES`; ``"PIPE": True``:
-    the next key block's scores issued before this block's softmax, :func:`_fp8_inner`; ``"EXP16": True``:
+    partial sums added to the accumulator in fp32 every n keys, :data:`PROMOTE_CHOICES`; ``"PIPE": 1 or 2``:
+    the next key block's scores issued in this step, :func:`_fp8_inner`; ``"EXP16": True``:
     P's exponentials in fp16, two an instruction, :func:`_exp2_half`)."""
     _check_fp8(x, causal, scale)
     B, H, N_q, D = x.q8.shape
     N_k = x.k8.shape[2]
     gpu = runtime.is_gpu()
-    flags = ("WS", "REF", "PIPE", "EXP16")
-    given = dict(config_key(config, OP, CONFIG_KEYS, flags=flags, choices={"PROMOTE": PROMOTE_CHOICES}))
+    flags = ("WS", "REF", "EXP16")
+    choices = {"PROMOTE": PROMOTE_CHOICES, "PIPE": PIPE_CHOICES}
+    given = dict(config_key(config, OP, CONFIG_KEYS, flags=flags, choices=choices))
     cfg = {**_config(D, causal, N_q, N_k, gpu), **given}
     bm, bn = x.block_m, x.block_n
     # causal: a query tile's diagonal starts at a multiple of BLOCK_M, which must be a key block's start
@@ -689,7 +698,7 @@ def attention_fp8_quantized(
     _fp8_fwd_kernel[grid](
         x.q8, x.k8, x.vt8, x.q_scale, x.k_scale, x.v_scale, o, lse, q_desc, k_desc, vt_desc, N_q, N_k, qk_scale,
         HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, TMA=tma, EMULATE=not gpu, WS=ws, REF=bool(cfg["REF"]),
-        PROMOTE=int(cfg["PROMOTE"]), PIPE=bool(cfg["PIPE"]), EXP16=bool(cfg["EXP16"]),
+        PROMOTE=int(cfg["PROMOTE"]), PIPE=int(cfg["PIPE"]), EXP16=bool(cfg["EXP16"]),
         **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
     )  # fmt: skip
     return o, lse
