@@ -87,7 +87,7 @@ def test_kernel_matches_its_float64_emulation(B, H, N_q, N_k, D, causal):
     cfg = attention_fp8_config(D, causal, N_q, N_k)
     x = quantize_fp8(q, k, v, cfg["BLOCK_M"], cfg["BLOCK_N"])
     o, lse = attention_fp8_quantized(x, causal, out_dtype=torch.float32)
-    o_em, lse_em, o_bound, lse_bound = attention_fp8_emulated(x, causal, bound=True)
+    o_em, lse_em, o_bound, lse_bound = attention_fp8_emulated(x, causal, bound=True, promote=cfg["PROMOTE"])
     o_exact, _ = attention_fp8_reference(x, causal)
     ok, worst = _within(o, o_em, o_bound)
     assert ok, f"the kernel leaves its emulation's bound (Hopper's FP8 sums and fp32 rounding): {worst:.3g}x"
@@ -165,8 +165,9 @@ def test_warp_specialised_loop_gives_the_same_bits():
         with pytest.raises(KernelInputError, match="WS with num_warps=4"):
             attention_fp8_quantized(x, False, config={"WS": True, "num_warps": 4})
         o_em, _, o_bound, _ = attention_fp8_emulated(x, False, bound=True)
-        for ws in (False, True):
-            o = attention_fp8_quantized(x, False, out_dtype=torch.float32, config={"WS": ws, "num_warps": 8})[0]
+        for ws in (False, True):  # the loop as it compiled warp-specialised on an H200 (PROMOTE off)
+            cfg = {"WS": ws, "num_warps": 8, "PROMOTE": 0}
+            o = attention_fp8_quantized(x, False, out_dtype=torch.float32, config=cfg)[0]
             assert _within(o, o_em, o_bound)[0], ws
     else:
         ws = attention_fp8_quantized(x, False, config={"WS": True})[0]
@@ -223,7 +224,7 @@ def test_gpu_fp8_against_float64(D, N, causal):
     cfg = attention_fp8_config(D, causal, N)
     x = quantize_fp8(q[:, :1], k[:, :1], v[:, :1], cfg["BLOCK_M"], cfg["BLOCK_N"])
     o, _ = attention_fp8_quantized(x, causal, out_dtype=torch.float32)
-    o_em, _, o_bound, _ = attention_fp8_emulated(x, causal, bound=True)
+    o_em, _, o_bound, _ = attention_fp8_emulated(x, causal, bound=True, promote=cfg["PROMOTE"])
     ok, worst = _within(o[..., :128, :], o_em[..., :128, :], o_bound[..., :128, :])
     assert ok, worst
 

@@ -62,6 +62,8 @@ rows of contiguous tensors, a partial last block through the pointers. ``config=
 per element. The TMA loads are on by default on Hopper where they were measured faster (:data:`TMA_LOADS`,
 from :data:`TMA_MIN_N` queries; ``{"TMA": False}`` turns them off), the reduce-add is off
 (benchmarks/notes_attention_backward.md has every measurement behind the defaults and the tiles).
+``config={"EARLY_DP": True}``: both passes issue dP's product right after S's, before the exponentials
+(the same arithmetic; on by default at head dim 128 in the deterministic schedule, :data:`EARLY_DP_ON`).
 
 Autograd: :class:`fusionlab.kernels.attention.AttentionFunction` runs the forward kernel and
 :func:`_backward`'s launches; ``attention(...)`` on inputs that require grad goes through it. This module
@@ -247,6 +249,12 @@ GPU_TABLE = {
 #: tiles"); head dim 64 without a mask was not measured with them
 TMA_LOADS = frozenset({(128, False), (128, True), (64, True)})
 TMA_MIN_N = 4096
+#: (head-dim class, causal) where dP's product is issued before the exponentials by default on a GPU
+#: (``EARLY_DP``), in the deterministic schedule: head dim 128, where it was faster on an H200 (2026-11-27,
+#: benchmarks/probes/probe_attention_bwd_ab.py: against cuDNN's backward 0.716 -> 0.747x and 0.789 ->
+#: 0.809x without the mask, 0.805 -> 0.807x and 0.795 -> 0.809x causal, N = 4k and 16k); the atomic
+#: schedule was slower with it (0.61 -> 0.55x), head dim 64 was not measured
+EARLY_DP_ON = frozenset({(128, False), (128, True)})
 #: the interpreter: every program is Python, so few of them; still small enough that the tests' short
 #: sequences reach a causal diagonal of several blocks and a partial last block
 INTERPRETER_TABLE = (16, 32, 4, 1, 32, 16, 4, 1)
@@ -262,7 +270,7 @@ def _config(d: int, causal: bool, gpu: bool) -> dict:
     cfg["BLOCK_D"] = block_d
     cfg["TMA_REDUCE"] = False
     cfg["TMA"] = False
-    cfg["EARLY_DP"] = False
+    cfg["EARLY_DP"] = gpu and (max(64, block_d), causal) in EARLY_DP_ON
     return cfg
 
 
@@ -628,15 +636,17 @@ def _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, key) -> _Plan:
         not deterministic and bool(cfg["TMA_REDUCE"]) and TensorDescriptor is not None and D == bd
         and hopper() and B * H * N_q + bm1 < 2**31
     )  # fmt: skip
+    # EARLY_DP by default in the deterministic schedule only (EARLY_DP_ON); as asked, in either
+    early = bool(cfg["EARLY_DP"]) and (deterministic or "EARLY_DP" in dict(key))
     bmp = 64 if gpu else 128  # the preprocess: a row sum per query, memory-bound
     grids = ((cdiv(N_q, bmp), H, B), (cdiv(N_k, bn1), H_kv, B), (cdiv(N_q, bm2), H, B))
     metas = (
         {"HEAD_DIM": D, "BLOCK_D": bd, "BLOCK_M": bmp, **launch_kwargs(4)},
         {"HEAD_DIM": D, "BLOCK_D": bd, "BLOCK_M": bm1, "BLOCK_N": bn1, "CAUSAL": causal, "EVEN_M": N_q % bm1 == 0,
-         "ATOMIC_DQ": 0 if deterministic else (2 if tma_reduce else 1), "EARLY_DP": bool(cfg["EARLY_DP"]),
+         "ATOMIC_DQ": 0 if deterministic else (2 if tma_reduce else 1), "EARLY_DP": early,
          **launch_kwargs(cfg["num_warps1"], cfg["num_stages1"])},
         {"HEAD_DIM": D, "BLOCK_D": bd, "BLOCK_M": bm2, "BLOCK_N": bn2, "CAUSAL": causal,
-         "EARLY_DP": bool(cfg["EARLY_DP"]), **launch_kwargs(cfg["num_warps2"], cfg["num_stages2"])},
+         "EARLY_DP": early, **launch_kwargs(cfg["num_warps2"], cfg["num_stages2"])},
     )  # fmt: skip
     # TMA loads (config TMA): Q and dO in the dK/dV loop, K and V in the dQ loop, through descriptors over
     # the (B H N, D) rows of contiguous tensors (the launcher checks contiguity and alignment per call)
