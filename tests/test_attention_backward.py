@@ -120,6 +120,24 @@ def test_descriptor_loads_give_the_pointer_paths_bits(shape, causal):
         assert all(torch.equal(a, b) for a, b in zip(plain, tma, strict=True))
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_early_dp_product_gives_the_same_bits(causal):
+    """``config={"EARLY_DP": True}``: dP's product issued before the exponentials in both passes (and the
+    atomic schedule's), TMA loads or not: the same arithmetic in another order of issue."""
+    q, k, v, do = _inputs(1, 4, 2, 70, 50, 64)
+    o, lse = attention(q, k, v, causal)
+    # a GPU compiles each combination (tens of seconds each): the default schedule with TMA loads there
+    for det in (True,) if GPU else (True, False):
+        for tma in (True,) if GPU else (False, True):
+            plain = attention_backward(q, k, v, o, lse, do, causal, deterministic=det, config={"TMA": tma})
+            early = attention_backward(q, k, v, o, lse, do, causal, deterministic=det,
+                                       config={"TMA": tma, "EARLY_DP": True})  # fmt: skip
+            if GPU:  # the compiler may schedule the sums differently, and atomics land in any order
+                _close(early, [t.double() for t in plain], TOL, "EARLY_DP")
+            else:  # the interpreter runs the programs, atomics included, in one order
+                assert all(torch.equal(a, b) for a, b in zip(plain, early, strict=True))
+
+
 def test_deterministic_schedule_is_bit_identical_and_atomics_agree():
     q, k, v, do = _inputs(1, 4, 2, 70, 70, 32)
     o, lse = attention(q, k, v, True)

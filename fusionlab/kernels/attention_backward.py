@@ -62,6 +62,8 @@ rows of contiguous tensors, a partial last block through the pointers. ``config=
 per element. The TMA loads are on by default on Hopper where they were measured faster (:data:`TMA_LOADS`,
 from :data:`TMA_MIN_N` queries; ``{"TMA": False}`` turns them off), the reduce-add is off
 (benchmarks/notes_attention_backward.md has every measurement behind the defaults and the tiles).
+``config={"EARLY_DP": True}``: both passes issue dP's product right after S's, before the exponentials
+(the same arithmetic; on by default at head dim 128 in the deterministic schedule, :data:`EARLY_DP_ON`).
 
 Autograd: :class:`fusionlab.kernels.attention.AttentionFunction` runs the forward kernel and
 :func:`_backward`'s launches; ``attention(...)`` on inputs that require grad goes through it. This module
@@ -247,11 +249,17 @@ GPU_TABLE = {
 #: tiles"); head dim 64 without a mask was not measured with them
 TMA_LOADS = frozenset({(128, False), (128, True), (64, True)})
 TMA_MIN_N = 4096
+#: (head-dim class, causal) where dP's product is issued before the exponentials by default on a GPU
+#: (``EARLY_DP``), in the deterministic schedule: head dim 128, where it was faster on an H200 (2026-11-27,
+#: benchmarks/probes/probe_attention_bwd_ab.py: against cuDNN's backward 0.716 -> 0.747x and 0.789 ->
+#: 0.809x without the mask, 0.805 -> 0.807x and 0.795 -> 0.809x causal, N = 4k and 16k); the atomic
+#: schedule was slower with it (0.61 -> 0.55x), head dim 64 was not measured
+EARLY_DP_ON = frozenset({(128, False), (128, True)})
 #: the interpreter: every program is Python, so few of them; still small enough that the tests' short
 #: sequences reach a causal diagonal of several blocks and a partial last block
 INTERPRETER_TABLE = (16, 32, 4, 1, 32, 16, 4, 1)
 _CONFIG_KEYS = ("BLOCK_M1", "BLOCK_N1", "num_warps1", "num_stages1", "BLOCK_M2", "BLOCK_N2", "num_warps2",
-                "num_stages2", "TMA_REDUCE", "TMA")  # fmt: skip
+                "num_stages2", "TMA_REDUCE", "TMA", "EARLY_DP")  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1024)
@@ -262,6 +270,7 @@ def _config(d: int, causal: bool, gpu: bool) -> dict:
     cfg["BLOCK_D"] = block_d
     cfg["TMA_REDUCE"] = False
     cfg["TMA"] = False
+    cfg["EARLY_DP"] = gpu and (max(64, block_d), causal) in EARLY_DP_ON
     return cfg
 
 
@@ -328,11 +337,14 @@ def _dkdv_inner(
     offs_n, offs_d, n_q, qk_scale, scale, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, EVEN_M: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
+    EARLY_DP: tl.constexpr,
 ):  # fmt: skip
     """Query blocks ``[lo, hi)`` against one K/V tile: the transposed tiles ``S^T``, ``P^T``, ``dP^T``,
     ``dS^T`` (keys by queries), so that dV and dK accumulate as ``P^T dO`` and ``dS^T Q`` with no
     transpose of an accumulator. ``MASKED``: the causal diagonal (query i sees key j <= i). ``TMA``: Q and
-    dO tiles through descriptors over the (B H N_q, D) rows, whole blocks only (``EVEN_M`` holds)."""
+    dO tiles through descriptors over the (B H N_q, D) rows, whole blocks only (``EVEN_M`` holds).
+    ``EARLY_DP``: ``dP^T``'s product issued right after ``S^T``'s, before the exponentials (it needs only
+    V and dO), so the tensor cores can run it while they do; the same arithmetic."""
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in tl.range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -347,15 +359,19 @@ def _dkdv_inner(
         else:
             lse2 = tl.load(lse_base + offs_m, mask=offs_m < n_q, other=float("inf")) * 1.4426950408889634
         s_t = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M), unscaled
+        if EARLY_DP:
+            do = _load_do(do_base, do_desc, row, start_m, offs_m, stride_dom, offs_d, n_q, HEAD_DIM, BLOCK_D,
+                          EVEN_M, TMA)  # fmt: skip
+            dp_t = tl.dot(v, tl.trans(do))  # (BLOCK_N, BLOCK_M)
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
             p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
-        if TMA:
-            do = do_desc.load([(row + start_m).to(tl.int32), 0])
-        else:
-            do = _load_rows(do_base, offs_m, stride_dom, offs_d, n_q, HEAD_DIM, BLOCK_D, EVEN_M)
+        if not EARLY_DP:
+            do = _load_do(do_base, do_desc, row, start_m, offs_m, stride_dom, offs_d, n_q, HEAD_DIM, BLOCK_D,
+                          EVEN_M, TMA)  # fmt: skip
         dv = tl.dot(p_t.to(do.dtype), do, dv)
-        dp_t = tl.dot(v, tl.trans(do))  # (BLOCK_N, BLOCK_M)
+        if not EARLY_DP:
+            dp_t = tl.dot(v, tl.trans(do))  # (BLOCK_N, BLOCK_M)
         if EVEN_M:
             di = tl.load(delta_base + offs_m)
         else:
@@ -375,11 +391,23 @@ def _dkdv_inner(
 
 
 @triton.jit
+def _load_do(do_base, do_desc, row, start_m, offs_m, stride_dom, offs_d, n_q, HEAD_DIM: tl.constexpr,
+             BLOCK_D: tl.constexpr, EVEN_M: tl.constexpr, TMA: tl.constexpr):  # fmt: skip
+    """dO's query block at ``start_m``: through the descriptor (whole blocks) or the pointers."""
+    if TMA:
+        do = do_desc.load([(row + start_m).to(tl.int32), 0])
+    else:
+        do = _load_rows(do_base, offs_m, stride_dom, offs_d, n_q, HEAD_DIM, BLOCK_D, EVEN_M)
+    return do
+
+
+@triton.jit
 def _dkdv_range(
     dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base, dq_base, row, stride_qm, stride_dom,
     offs_n, offs_d, n_q, qk_scale, scale, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, EVEN_M: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
+    EARLY_DP: tl.constexpr,
 ):  # fmt: skip
     """Query blocks ``[lo, hi)``: with ``TMA``, the whole blocks through the descriptors and a partial
     last block (rows past n_q, which the descriptors would read from the next head) through masked
@@ -389,19 +417,19 @@ def _dkdv_range(
         dk, dv = _dkdv_inner(
             dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base, dq_base, row, stride_qm,
             stride_dom, offs_n, offs_d, n_q, qk_scale, scale, lo, tl.minimum(hi, m_full),
-            HEAD_DIM, BLOCK_D, BLOCK_M, MASKED, True, ATOMIC_DQ, True,
+            HEAD_DIM, BLOCK_D, BLOCK_M, MASKED, True, ATOMIC_DQ, True, EARLY_DP,
         )  # fmt: skip
         if not EVEN_M:
             dk, dv = _dkdv_inner(
                 dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base, dq_base, row, stride_qm,
                 stride_dom, offs_n, offs_d, n_q, qk_scale, scale, tl.maximum(lo, m_full), hi,
-                HEAD_DIM, BLOCK_D, BLOCK_M, MASKED, False, ATOMIC_DQ, False,
+                HEAD_DIM, BLOCK_D, BLOCK_M, MASKED, False, ATOMIC_DQ, False, EARLY_DP,
             )  # fmt: skip
     else:
         dk, dv = _dkdv_inner(
             dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base, dq_base, row, stride_qm,
             stride_dom, offs_n, offs_d, n_q, qk_scale, scale, lo, hi,
-            HEAD_DIM, BLOCK_D, BLOCK_M, MASKED, EVEN_M, ATOMIC_DQ, False,
+            HEAD_DIM, BLOCK_D, BLOCK_M, MASKED, EVEN_M, ATOMIC_DQ, False, EARLY_DP,
         )  # fmt: skip
     return dk, dv
 
@@ -413,6 +441,7 @@ def _bwd_dkdv_kernel(
     stride_dob, stride_doh, stride_dom, kv_group, n_q, n_k, qk_scale, scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
+    EARLY_DP: tl.constexpr,
 ):  # fmt: skip
     # grid: (K/V tiles, H_kv, B). dk, dv: contiguous (B, H_kv, N_k, D); lse (the preprocess's copy), delta:
     # (B, H_q, N_q)
@@ -452,12 +481,12 @@ def _bwd_dkdv_kernel(
             dk, dv = _dkdv_range(
                 dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_ptr + row, delta_ptr + row, dq_base, row,
                 stride_qm, stride_dom, offs_n, offs_d, n_q, qk_scale, scale, lo, mid,
-                HEAD_DIM, BLOCK_D, BLOCK_M, True, EVEN_M, ATOMIC_DQ, TMA,
+                HEAD_DIM, BLOCK_D, BLOCK_M, True, EVEN_M, ATOMIC_DQ, TMA, EARLY_DP,
             )  # fmt: skip
         dk, dv = _dkdv_range(
             dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_ptr + row, delta_ptr + row, dq_base, row,
             stride_qm, stride_dom, offs_n, offs_d, n_q, qk_scale, scale, mid, n_q,
-            HEAD_DIM, BLOCK_D, BLOCK_M, False, EVEN_M, ATOMIC_DQ, TMA,
+            HEAD_DIM, BLOCK_D, BLOCK_M, False, EVEN_M, ATOMIC_DQ, TMA, EARLY_DP,
         )  # fmt: skip
     out = (off_b.to(tl.int64) * tl.num_programs(1) + off_hk) * n_k * HEAD_DIM
     _store_rows(dk_ptr + out, offs_n, HEAD_DIM, offs_d, n_k, dk * scale, HEAD_DIM, BLOCK_D)
@@ -484,7 +513,7 @@ def _dq_inner(
     dq, q, do, lse2, di, k_base, v_base, k_desc, v_desc, k_row, stride_kn, stride_vn, offs_m, offs_d, n_k,
     qk_scale, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr, TMA: tl.constexpr,
+    CAUSAL: tl.constexpr, TMA: tl.constexpr, EARLY_DP: tl.constexpr,
 ):  # fmt: skip
     """Key blocks ``[lo, hi)`` for one query tile: ``dQ += dS K``. ``MASKED``: the causal diagonal and
     the partial last block (keys past n_k: their P is forced to 0, whatever the zero K row gave).
@@ -500,13 +529,16 @@ def _dq_inner(
             k = _load_rows(k_base, offs_n, stride_kn, offs_d, n_k, HEAD_DIM, BLOCK_D, not MASKED)
             v = _load_rows(v_base, offs_n, stride_vn, offs_d, n_k, HEAD_DIM, BLOCK_D, not MASKED)
         s = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N)
+        if EARLY_DP:  # dP's product before the exponentials (the dK/dV loop's EARLY_DP)
+            dp = tl.dot(do, tl.trans(v))
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
             keep = offs_n[None, :] < n_k
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= offs_n[None, :])
             p = tl.where(keep, p, 0.0)
-        dp = tl.dot(do, tl.trans(v))
+        if not EARLY_DP:
+            dp = tl.dot(do, tl.trans(v))
         ds = (p * (dp - di[:, None])).to(k.dtype)
         dq = tl.dot(ds, k, dq)
     return dq
@@ -518,7 +550,7 @@ def _bwd_dq_kernel(
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom, kv_group, n_q, n_k, qk_scale, scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, TMA: tl.constexpr,
+    CAUSAL: tl.constexpr, TMA: tl.constexpr, EARLY_DP: tl.constexpr,
 ):  # fmt: skip
     # grid: (query tiles, H_q, B); dq contiguous (B, H_q, N_q, D). Query tiles from the last, as the
     # forward: a causal head's longest tiles start first
@@ -542,9 +574,10 @@ def _bwd_dq_kernel(
     lo_mask, hi = key_range(m0, n_k, BLOCK_M, BLOCK_N, CAUSAL)
     k_row = (off_b * (tl.num_programs(1) // kv_group) + off_hk) * n_k  # the head's first row in (B H_kv N_k, D)
     dq = _dq_inner(dq, q, do, lse2, di, k_base, v_base, k_desc, v_desc, k_row, stride_kn, stride_vn, offs_m, offs_d,
-                   n_k, qk_scale, 0, lo_mask, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA)  # fmt: skip
+                   n_k, qk_scale, 0, lo_mask, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, EARLY_DP)  # fmt: skip
     dq = _dq_inner(dq, q, do, lse2, di, k_base, v_base, k_desc, v_desc, k_row, stride_kn, stride_vn, offs_m, offs_d,
-                   n_k, qk_scale, lo_mask, hi, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, False)  # fmt: skip
+                   n_k, qk_scale, lo_mask, hi, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, False,
+                   EARLY_DP)  # fmt: skip
     dq_base = dq_ptr + row * HEAD_DIM
     _store_rows(dq_base, offs_m, HEAD_DIM, offs_d, n_q, dq * scale, HEAD_DIM, BLOCK_D)
 
@@ -582,7 +615,7 @@ class _Plan(NamedTuple):
 
 
 def _config_key(config: dict | None) -> tuple:
-    return config_key(config, OP, _CONFIG_KEYS, flags=("TMA_REDUCE", "TMA"))
+    return config_key(config, OP, _CONFIG_KEYS, flags=("TMA_REDUCE", "TMA", "EARLY_DP"))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -603,15 +636,17 @@ def _plan(B, H, H_kv, N_q, N_k, D, causal, deterministic, key) -> _Plan:
         not deterministic and bool(cfg["TMA_REDUCE"]) and TensorDescriptor is not None and D == bd
         and hopper() and B * H * N_q + bm1 < 2**31
     )  # fmt: skip
+    # EARLY_DP by default in the deterministic schedule only (EARLY_DP_ON); as asked, in either
+    early = bool(cfg["EARLY_DP"]) and (deterministic or "EARLY_DP" in dict(key))
     bmp = 64 if gpu else 128  # the preprocess: a row sum per query, memory-bound
     grids = ((cdiv(N_q, bmp), H, B), (cdiv(N_k, bn1), H_kv, B), (cdiv(N_q, bm2), H, B))
     metas = (
         {"HEAD_DIM": D, "BLOCK_D": bd, "BLOCK_M": bmp, **launch_kwargs(4)},
         {"HEAD_DIM": D, "BLOCK_D": bd, "BLOCK_M": bm1, "BLOCK_N": bn1, "CAUSAL": causal, "EVEN_M": N_q % bm1 == 0,
-         "ATOMIC_DQ": 0 if deterministic else (2 if tma_reduce else 1),
+         "ATOMIC_DQ": 0 if deterministic else (2 if tma_reduce else 1), "EARLY_DP": early,
          **launch_kwargs(cfg["num_warps1"], cfg["num_stages1"])},
         {"HEAD_DIM": D, "BLOCK_D": bd, "BLOCK_M": bm2, "BLOCK_N": bn2, "CAUSAL": causal,
-         **launch_kwargs(cfg["num_warps2"], cfg["num_stages2"])},
+         "EARLY_DP": early, **launch_kwargs(cfg["num_warps2"], cfg["num_stages2"])},
     )  # fmt: skip
     # TMA loads (config TMA): Q and dO in the dK/dV loop, K and V in the dQ loop, through descriptors over
     # the (B H N, D) rows of contiguous tensors (the launcher checks contiguity and alignment per call)
