@@ -16,16 +16,19 @@ package's kernels only, forward and backward:
   :func:`~fusionlab.kernels.rope.rope` where they lie in its output (no copy), v read in place (under
   autograd copied out by :class:`SplitHeadsFunction`, whose backward hands back qkv's gradient whole);
 - causal attention with GQA: :func:`~fusionlab.kernels.attention.attention` (lessons 7 and 8);
-- the output projection with the residual added in its epilogue (lesson 6);
+- the output projection (its input, attention's (B, H, N, D) output copied to (B, N, H D) rows) with the
+  residual added in its epilogue (lesson 6);
 - gate and up as one matmul, :func:`~fusionlab.kernels.swiglu.swiglu` on its two halves (lesson 5);
 - the down projection with the residual in its epilogue.
 
 The package's ``linear`` has no backward of its own; :class:`LinearFunction` gives it one from the
 package's :func:`~fusionlab.kernels.matmul.matmul` (``dx = dy W``, ``dW = dy^T x``, the residual's
-gradient is dy). Two more save memory for the backward by recomputing a cheap op instead of storing
-its output (what ``torch.compile``'s partitioner does): :class:`NormLinearFunction` keeps x, not
-rmsnorm(x), for the QKV and gate/up projections, and :class:`SwiGLULinearFunction` keeps g and u, not
-silu(g) u, for the down projection.
+gradient is dy). Three more keep the backward's memory down (:func:`llama_layer_saved` lists what the
+forward keeps): :class:`NormLinearFunction` keeps x, not rmsnorm(x), for the QKV and gate/up projections,
+and recomputes the norm (what ``torch.compile``'s partitioner does); :class:`SwiGLULinearFunction` keeps
+g and u, not silu(g) u, for the down projection, and writes their gradient over them;
+:class:`HeadsLinearFunction` keeps attention's output o, which attention keeps anyway, not the output
+projection's (B, N, H D) copy of it.
 
 Decoding (:meth:`LlamaLayer.decode`) writes the new token's k and v into a KV cache at each row's
 length inside RoPE's kernel (:func:`~fusionlab.kernels.rope.rope_cache_write`) and runs
@@ -48,7 +51,7 @@ from .kernels.linear_cross_entropy import linear_cross_entropy
 from .kernels.matmul import matmul
 from .kernels.rmsnorm import rmsnorm, rmsnorm_flops, rmsnorm_ledger
 from .kernels.rope import rope, rope_cache_write, rope_eager, rope_flops, rope_ledger, rope_tables
-from .kernels.swiglu import swiglu, swiglu_flops, swiglu_ledger
+from .kernels.swiglu import _swiglu_backward, _swiglu_forward, swiglu, swiglu_flops, swiglu_ledger
 from .ledger import dtype_bytes
 
 #: Llama-3-8B's layer: hidden 4096, 32 query heads, 8 KV heads (head dim 128), FFN 14336
@@ -227,26 +230,73 @@ class NormLinearFunction(torch.autograd.Function):
 
 class SwiGLULinearFunction(torch.autograd.Function):
     """``linear(swiglu(g, u), W, residual=r)`` with g and u the two halves of the gate/up projection's
-    output ``gu``, that saves gu, not h = silu(g) u: the backward recomputes h (one SwiGLU pass) for dW,
-    runs SwiGLU's own backward for dg, du, and hands gu's gradient back whole (one concatenation, where
-    autograd's slices would write two zero-filled gu-sized tensors and add them). Saves the (tokens x ffn)
-    activation h, the layer's largest."""
+    output ``gu``, that saves gu, not h = silu(g) u (the (tokens x ffn) activation, the layer's largest).
+
+    The backward, in the order that keeps the fewest (tokens x ffn) tensors alive at once: h recomputed
+    (one SwiGLU pass) for ``dW = dy^T h`` and dropped, then ``dh = dy W``, then SwiGLU's backward kernel
+    writing dg and du into one (tokens x 2 ffn) gradient, handed back whole (where autograd's two slices
+    would write two zero-filled gu-sized tensors and add them). ``overwrite=True`` (the layer's own call,
+    whose gu nothing else holds): that gradient is gu itself, each element read before it is written, so
+    the backward allocates h and dh only; gu's version is bumped, so a second backward through the same
+    graph (``retain_graph``) is refused by autograd's check instead of reading gradients as activations."""
 
     @staticmethod
-    def forward(ctx, gu, weight, residual):
+    def forward(ctx, gu, weight, residual, overwrite=False):
         ffn = gu.shape[-1] // 2
         ctx.save_for_backward(gu, weight)
-        ctx.has_residual = residual is not None
-        return linear(swiglu(gu[..., :ffn], gu[..., ffn:]), weight, residual=residual)
+        ctx.has_residual, ctx.overwrite = residual is not None, overwrite
+        return linear(_swiglu_forward(gu[..., :ffn], gu[..., ffn:]), weight, residual=residual)
 
     @staticmethod
     def backward(ctx, dy):
         gu, weight = ctx.saved_tensors
         ffn = gu.shape[-1] // 2
-        need_gu, need_w, need_r = ctx.needs_input_grad
-        dg, du, dw = _recomputed_backward(swiglu, gu[..., :ffn], gu[..., ffn:], weight, dy, (need_gu, need_gu, need_w))
-        dgu = torch.cat((dg, du), dim=-1) if need_gu else None
-        return dgu, dw, (dy if ctx.has_residual and need_r else None)
+        g, u = gu[..., :ffn], gu[..., ffn:]
+        need_gu, need_w, need_r = ctx.needs_input_grad[:3]
+        dy2 = _grad_rows(dy, gu.dtype)
+        dw = dgu = None
+        if need_w:
+            dw = weight_grad(dy2, _swiglu_forward(g, u).view(-1, ffn))  # h lives only for this matmul
+        if need_gu:
+            dh = matmul(dy2, weight).view(g.shape)
+            dgu = gu if ctx.overwrite else torch.empty_like(gu)
+            _swiglu_backward(dh, g, u, out=(dgu[..., :ffn], dgu[..., ffn:]))
+            if ctx.overwrite:
+                torch.autograd.graph.increment_version(gu)
+        return dgu, dw, (dy if ctx.has_residual and need_r else None), None
+
+
+class HeadsLinearFunction(torch.autograd.Function):
+    """``linear(rows(o), W, residual=r)`` for attention's output o (B, H, N, D), where ``rows(o)`` is its
+    (B, N, H D) copy: saves o itself, which attention's backward saves anyway, not a second copy of it
+    (SDPA's output is laid out (B, N, H, D), so eager's rows are a view; the package's attention writes
+    (B, H, N, D)). The backward copies the rows again for ``dW`` and hands o's gradient back as a
+    (B, H, N, D) view of ``dy W``'s rows, which attention's backward reads in place."""
+
+    @staticmethod
+    def forward(ctx, o, weight, residual):
+        ctx.save_for_backward(o, weight)
+        ctx.has_residual = residual is not None
+        return linear(_heads_to_rows(o), weight, residual=residual)
+
+    @staticmethod
+    def backward(ctx, dy):
+        o, weight = ctx.saved_tensors
+        B, H, N, D = o.shape
+        need_o, need_w, need_r = ctx.needs_input_grad
+        dy2 = _grad_rows(dy, o.dtype)
+        do = dw = None
+        if need_w:
+            dw = weight_grad(dy2, _heads_to_rows(o).view(B * N, H * D))
+        if need_o:
+            do = matmul(dy2, weight).view(B, N, H, D).transpose(1, 2)
+        return do, dw, (dy if ctx.has_residual and need_r else None)
+
+
+def _heads_to_rows(o: torch.Tensor) -> torch.Tensor:
+    """Attention's (B, H, N, D) output as the (B, N, H D) rows the output projection reads."""
+    B, H, N, D = o.shape
+    return o.transpose(1, 2).reshape(B, N, H * D)
 
 
 class SplitHeadsFunction(torch.autograd.Function):
@@ -286,12 +336,19 @@ def _norm_linear(x, gamma, weight, eps):
     return linear(rmsnorm(x, gamma, eps), weight)
 
 
-def _swiglu_linear(gu, weight, residual):
+def _swiglu_linear(gu, weight, residual, overwrite=False):
     weight = weight.to(gu.dtype)
     if _needs_grad(gu, weight, residual):
-        return SwiGLULinearFunction.apply(gu, weight, residual)
+        return SwiGLULinearFunction.apply(gu, weight, residual, overwrite)
     ffn = gu.shape[-1] // 2
     return linear(swiglu(gu[..., :ffn], gu[..., ffn:]), weight, residual=residual)
+
+
+def _heads_linear(o, weight, residual):
+    weight = weight.to(o.dtype)
+    if _needs_grad(o, weight, residual):
+        return HeadsLinearFunction.apply(o, weight, residual)
+    return linear(_heads_to_rows(o), weight, residual=residual)
 
 
 class LlamaLayer(nn.Module):
@@ -354,7 +411,8 @@ class LlamaLayer(nn.Module):
 
     def _mlp(self, h):
         gu = _norm_linear(h, self.ffn_norm, self.w_gate_up, self.eps)  # (B, N, 2 ffn)
-        return _swiglu_linear(gu, self.w_down, h)
+        # gu is this call's own: its backward may write gu's gradient over it
+        return _swiglu_linear(gu, self.w_down, h, overwrite=True)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """``x`` (B, N, hidden) -> (B, N, hidden), causal over the N tokens at positions offset + n."""
@@ -363,7 +421,7 @@ class LlamaLayer(nn.Module):
         q, k, v = self._attention_input(x)
         q, k = rope(q, k, self.cos, self.sin, offset, layout="bnhd")  # (B, N, H, D), contiguous
         o, _ = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)  # (B, H, N, D)
-        h = _linear(o.transpose(1, 2).reshape(B, N, -1), self.wo, residual=x)
+        h = _heads_linear(o, self.wo, residual=x)
         return self._mlp(h)
 
     @torch.no_grad()
@@ -516,6 +574,27 @@ def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: in
     return parts
 
 
-__all__ = ["LLAMA3_8B", "WEIGHT_GRAD", "LayerPart", "LinearFunction", "LlamaLayer", "LlamaLayerReference",
-           "NormLinearFunction", "SplitHeadsFunction", "SwiGLULinearFunction", "TinyLlama",
-           "llama_layer_ledger", "weight_grad"]  # fmt: skip
+def llama_layer_saved(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: int, ffn: int, dtype=torch.bfloat16,
+                      **_) -> dict[str, int]:  # fmt: skip
+    """Bytes :class:`LlamaLayer`'s forward keeps for its backward at ``B x N`` tokens, tensor by tensor (its
+    parameters and rotary tables aside): the layer's input x (the QKV projection recomputes rmsnorm(x)
+    from it), RoPE's q and k (attention's inputs), v, attention's output o (which the output projection
+    saves too: one tensor) and its fp32 log-sum-exp, h (the gate/up projection recomputes rmsnorm(h)),
+    and the gate/up output gu (the down projection recomputes silu(g) u). Eager's layer keeps, besides,
+    both norms' outputs, the QKV outputs before RoPE, silu(g), and silu(g) u."""
+    T, D, es = B * N, hidden // n_heads, dtype_bytes(dtype)
+    return {
+        "x": T * hidden * es,
+        "q (roped)": T * n_heads * D * es,
+        "k (roped)": T * n_kv_heads * D * es,
+        "v": T * n_kv_heads * D * es,
+        "o": T * n_heads * D * es,
+        "lse": B * n_heads * N * 4,
+        "h": T * hidden * es,
+        "gate, up": T * 2 * ffn * es,
+    }
+
+
+__all__ = ["LLAMA3_8B", "WEIGHT_GRAD", "HeadsLinearFunction", "LayerPart", "LinearFunction", "LlamaLayer",
+           "LlamaLayerReference", "NormLinearFunction", "SplitHeadsFunction", "SwiGLULinearFunction", "TinyLlama",
+           "llama_layer_ledger", "llama_layer_saved", "weight_grad"]  # fmt: skip

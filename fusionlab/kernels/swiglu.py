@@ -222,20 +222,31 @@ def _swiglu_forward(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return h
 
 
-def _swiglu_backward(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(dg, du)`` from one kernel: reads dh, g, u; writes dg, du."""
+def _swiglu_backward(
+    dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dg, du)`` from one kernel: reads dh, g, u; writes dg, du.
+
+    ``out``: ``(dg, du)`` to write into (g's shape, rows that view as g's do), instead of two new tensors.
+    They may be g and u themselves, or dh and one of them: every element is read before it is written, by
+    the one program that writes it, so the gradient can take the saved activations' memory (the layer's
+    MLP backward hands back its gate/up output's gradient that way, :class:`fusionlab.model.SwiGLULinearFunction`).
+    """
     op = "swiglu backward"
     try:
         dh2 = _rows(dh, "dh", op)
     except KernelInputError:
         dh2 = dh.contiguous().view(-1, dh.shape[-1])
     g2, u2 = _rows(g, "g", op), _rows(u, "u", op)
-    dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
-    du = torch.empty(u.shape, dtype=u.dtype, device=u.device)
+    if out is None:
+        dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
+        du = torch.empty(u.shape, dtype=u.dtype, device=u.device)
+    else:
+        dg, du = out
     if dg.numel() == 0:
         return dg, du
     n_rows, n_cols = g2.shape
-    dg2, du2 = dg.view(n_rows, n_cols), du.view(n_rows, n_cols)
+    dg2, du2 = _rows(dg, "dg", op), _rows(du, "du", op)
     cfg, grid, even = _launch_grid(n_rows, n_cols, g.dtype)
     _swiglu_bwd_kernel[grid](
         dh2,
