@@ -506,7 +506,8 @@ class LayerPart:
 
 def _decode_ledger(B, H, H_kv, N, n_cache, D, dtype):
     cfg = attention_decode_config(B, H, H_kv, N, n_cache, D)
-    return attention_decode_ledger(B, H, H_kv, N, n_cache, D, dtype, splits=cfg["SPLITS"])
+    return attention_decode_ledger(B, H, H_kv, N, n_cache, D, dtype, splits=cfg["SPLITS"],
+                                   last_combines=cfg["LAST_COMBINES"])  # fmt: skip
 
 
 def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: int, ffn: int, dtype=torch.bfloat16,
