@@ -238,32 +238,36 @@ class SwiGLULinearFunction(torch.autograd.Function):
     would write two zero-filled gu-sized tensors and add them). ``overwrite=True`` (the layer's own call,
     whose gu nothing else holds): that gradient is gu itself, each element read before it is written, so
     the backward allocates h and dh only; gu's version is bumped, so a second backward through the same
-    graph (``retain_graph``) is refused by autograd's check instead of reading gradients as activations."""
+    graph (``retain_graph``) is refused by autograd's check instead of reading gradients as activations.
+    ``keep_h=True``: h is saved in the forward instead of recomputed (memory for a SwiGLU pass)."""
 
     @staticmethod
-    def forward(ctx, gu, weight, residual, overwrite=False):
+    def forward(ctx, gu, weight, residual, overwrite=False, keep_h=False):
         ffn = gu.shape[-1] // 2
-        ctx.save_for_backward(gu, weight)
+        h = _swiglu_forward(gu[..., :ffn], gu[..., ffn:])
+        ctx.save_for_backward(gu, weight, h if keep_h else None)
         ctx.has_residual, ctx.overwrite = residual is not None, overwrite
-        return linear(_swiglu_forward(gu[..., :ffn], gu[..., ffn:]), weight, residual=residual)
+        return linear(h, weight, residual=residual)
 
     @staticmethod
     def backward(ctx, dy):
-        gu, weight = ctx.saved_tensors
+        gu, weight, h = ctx.saved_tensors
         ffn = gu.shape[-1] // 2
         g, u = gu[..., :ffn], gu[..., ffn:]
         need_gu, need_w, need_r = ctx.needs_input_grad[:3]
         dy2 = _grad_rows(dy, gu.dtype)
         dw = dgu = None
         if need_w:
-            dw = weight_grad(dy2, _swiglu_forward(g, u).view(-1, ffn))  # h lives only for this matmul
+            h = _swiglu_forward(g, u) if h is None else h
+            dw = weight_grad(dy2, h.view(-1, ffn))
+            del h  # a recomputed h lives only for this matmul
         if need_gu:
             dh = matmul(dy2, weight).view(g.shape)
             dgu = gu if ctx.overwrite else torch.empty_like(gu)
             _swiglu_backward(dh, g, u, out=(dgu[..., :ffn], dgu[..., ffn:]))
             if ctx.overwrite:
                 torch.autograd.graph.increment_version(gu)
-        return dgu, dw, (dy if ctx.has_residual and need_r else None), None
+        return dgu, dw, (dy if ctx.has_residual and need_r else None), None, None
 
 
 class HeadsLinearFunction(torch.autograd.Function):
@@ -336,10 +340,16 @@ def _norm_linear(x, gamma, weight, eps):
     return linear(rmsnorm(x, gamma, eps), weight)
 
 
+#: whether the down projection keeps h = silu(g) u for its weight gradient (a (tokens x ffn) tensor
+#: more in memory) instead of recomputing it in the backward (one SwiGLU pass more);
+#: ``benchmarks/probes/probe_layer_parts.py`` times both and measures both peaks
+KEEP_SWIGLU_OUTPUT = False
+
+
 def _swiglu_linear(gu, weight, residual, overwrite=False):
     weight = weight.to(gu.dtype)
     if _needs_grad(gu, weight, residual):
-        return SwiGLULinearFunction.apply(gu, weight, residual, overwrite)
+        return SwiGLULinearFunction.apply(gu, weight, residual, overwrite, KEEP_SWIGLU_OUTPUT)
     ffn = gu.shape[-1] // 2
     return linear(swiglu(gu[..., :ffn], gu[..., ffn:]), weight, residual=residual)
 
