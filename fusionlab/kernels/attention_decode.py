@@ -408,7 +408,8 @@ def attention_decode(
         raise KernelInputError(f"{OP}: B x H_kv = {B * k_shape[1]}; the grid holds at most 65535. Split the batch.")
     plan_key = () if config is None else config_key(config, OP, _CONFIG_KEYS, flags=("LAST_COMBINES",),
                                                      choices={"SPLITS": range(1, 1025)})  # fmt: skip
-    o = torch.empty(q_shape, dtype=q.dtype, device=q.device)
+    # O as q's (contiguous) layout: empty_like parses no dtype or device (half the host time of torch.empty)
+    o = torch.empty_like(q) if q.is_contiguous() else torch.empty(q_shape, dtype=q.dtype, device=q.device)
     if o.numel() == 0:
         return o
     if N_k == 0:
