@@ -336,22 +336,28 @@ def _plan(q_shape, k_shape, has_len: bool, causal: bool, scale, key: tuple, devi
     return _Plan((splits, B * H_kv), meta, ints, (rows,), combine, n_partials * (D + 2) if splits > 1 else 0, last)
 
 
-#: per (device, stream): one int32 counter per (batch row, KV head) for LAST_COMBINES, zero between calls
-#: (the last program of each puts it back). A stream's calls run in order, so they can share one; two
-#: streams could run at once, so each has its own.
-_COUNTERS: dict = {}
+#: per (device, stream): the fp32 workspace of the splits' partials and one int32 counter per (batch row,
+#: KV head) for LAST_COMBINES (zero between calls: the last program of each puts it back), kept from call to
+#: call and grown as needed. A stream's calls run in order, so they can share them (a decode step at batch
+#: 1 is the host's time, and an allocation is a tenth of it); two streams could run at once, so each has
+#: its own. Two CUDA graphs captured on one stream share them too: replay them on one stream.
+_SCRATCH: dict = {}
 
 
-def _counters(device: int, like: torch.Tensor, n: int) -> torch.Tensor:
+def _scratch(device: int, like: torch.Tensor, n_ws: int, n_counts: int) -> tuple[torch.Tensor, torch.Tensor]:
     stream = _triton.current_stream(device) if device >= 0 else 0
-    c = _COUNTERS.get((device, stream))
-    if c is None or c.numel() < n:
+    got = _SCRATCH.get((device, stream))
+    if got is None or got[0].numel() < n_ws or got[1].numel() < n_counts:
         # state kept across calls, made once per stream (as a launcher's compiled kernels are): out of sight
         # of a dispatch mode watching this call (fusionlab.instrument counts what each call does)
+        old_ws, old_counts = got if got is not None else (None, None)
         with _disable_current_modes():
-            c = torch.zeros(max(n, 256), dtype=torch.int32, device=like.device)
-        _COUNTERS[(device, stream)] = c
-    return c
+            ws = old_ws if old_ws is not None and old_ws.numel() >= n_ws else torch.empty(
+                max(n_ws, 4096), dtype=torch.float32, device=like.device)  # fmt: skip
+            counts = old_counts if old_counts is not None and old_counts.numel() >= n_counts else torch.zeros(
+                max(n_counts, 256), dtype=torch.int32, device=like.device)  # fmt: skip
+        got = _SCRATCH[(device, stream)] = (ws, counts)
+    return got
 
 
 def _check_len(cache_len, B: int, N_k: int, device) -> None:
@@ -416,14 +422,16 @@ def attention_decode(
         return o.zero_()
     device = current_device() if q.is_cuda else -1
     plan = _plan(q_shape, k_shape, has_len, causal, scale, plan_key, device)
-    ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=q.device) if plan.ws_numel else o
-    counts = _counters(device, q, plan.grid[1]) if plan.counts else o  # an unused pointer without
+    if plan.ws_numel:
+        ws, counts = _scratch(device, q, plan.ws_numel, plan.grid[1])
+    else:  # one split: no partials, no counters (unused pointers)
+        ws = counts = o
     lens = cache_len if has_len else o
     qs, ks, vs = q.stride(), k.stride(), v.stride()
     # everything Triton specialises the two launches on (each launcher keeps its own table), cheaper than
     # working it out from 24 arguments: the plan's inputs (shapes, options: the ints and constexprs), the
-    # strides, the dtypes and the inputs' 16-byte alignment (o, ws and the counters come from the caching
-    # allocator: aligned)
+    # strides, the dtypes and the inputs' 16-byte alignment (o, the workspace and the counters come from the
+    # caching allocator: aligned)
     key = (q_shape, qs, k_shape, ks, vs, q.dtype, lens.dtype, causal, plan_key,
            q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, lens.data_ptr() & 15)  # fmt: skip
     _launch_split(plan.grid, q, k, v, lens, o, ws, counts, *plan.ints, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
