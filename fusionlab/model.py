@@ -294,6 +294,8 @@ class HeadsLinearFunction(torch.autograd.Function):
             dw = weight_grad(dy2, _heads_to_rows(o).view(B * N, H * D))
         if need_o:
             do = matmul(dy2, weight).view(B, N, H, D).transpose(1, 2)
+            if ATTENTION_HEAD_MAJOR:  # attention's backward takes its TMA path with every input contiguous
+                do = do.contiguous()
         return do, dw, (dy if ctx.has_residual and need_r else None)
 
 
@@ -310,18 +312,22 @@ class SplitHeadsFunction(torch.autograd.Function):
     autograd's slices would write three zero-filled qkv-sized tensors and add them."""
 
     @staticmethod
-    def forward(ctx, qkv, n_heads, n_kv_heads, head_dim):
+    def forward(ctx, qkv, n_heads, n_kv_heads, head_dim, head_major=False):
         B, N, _ = qkv.shape
         a, b = n_heads * head_dim, (n_heads + n_kv_heads) * head_dim
         ctx.shape = (B, N)
         q = qkv[..., :a].view(B, N, n_heads, head_dim)
         k = qkv[..., a:b].view(B, N, n_kv_heads, head_dim)
-        return q, k, qkv[..., b:].reshape(B, N, n_kv_heads, head_dim).contiguous()
+        v = qkv[..., b:].view(B, N, n_kv_heads, head_dim)
+        # head_major: v's copy laid out (B, H_kv, N, D) (its (B, N, H_kv, D) view returned), as attention's
+        # contiguous inputs are
+        v = v.transpose(1, 2).contiguous().transpose(1, 2) if head_major else v.contiguous()
+        return q, k, v
 
     @staticmethod
     def backward(ctx, dq, dk, dv):
         B, N = ctx.shape
-        return torch.cat([g.reshape(B, N, -1) for g in (dq, dk, dv)], dim=-1), None, None, None
+        return torch.cat([g.reshape(B, N, -1) for g in (dq, dk, dv)], dim=-1), None, None, None, None
 
 
 def _linear(x, weight, residual=None):
@@ -339,6 +345,13 @@ def _norm_linear(x, gamma, weight, eps):
         return NormLinearFunction.apply(x, gamma, weight, eps)
     return linear(rmsnorm(x, gamma, eps), weight)
 
+
+#: how attention's inputs are laid out in :meth:`LlamaLayer.forward`: False, (B, N, H, D) (RoPE's outputs
+#: in the projection's order, read by attention as (B, H, N, D) views); True, (B, H, N, D) contiguous (RoPE
+#: writes them so, v's copy is made so, and the output projection's backward copies attention's output
+#: gradient so), the layout attention's Hopper TMA loads take. ``benchmarks/probes/probe_layer_parts.py``
+#: times both.
+ATTENTION_HEAD_MAJOR = False
 
 #: whether the down projection keeps h = silu(g) u for its weight gradient (a (tokens x ffn) tensor
 #: more in memory) instead of recomputing it in the backward (one SwiGLU pass more);
@@ -407,16 +420,19 @@ class LlamaLayer(nn.Module):
         self.w_down.copy_(sd["mlp.down_proj.weight"])
         return self
 
-    def _attention_input(self, x):
-        """n1 = rmsnorm(x), its QKV projection, and q, k, v as (B, N, heads, D) views of it."""
+    def _attention_input(self, x, head_major=False):
+        """n1 = rmsnorm(x), its QKV projection, and q, k, v as (B, N, heads, D) views of it (under autograd v
+        a copy; ``head_major``: a copy laid out (B, H_kv, N, D), without autograd too)."""
         B, N, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = _norm_linear(x, self.attn_norm, self.wqkv, self.eps)  # (B, N, (H + 2 Hkv) D)
         if _needs_grad(qkv):
-            return SplitHeadsFunction.apply(qkv, H, Hkv, D)
+            return SplitHeadsFunction.apply(qkv, H, Hkv, D, head_major)
         q = qkv[..., : H * D].view(B, N, H, D)  # strided views: rope and attention read them in place
         k = qkv[..., H * D : (H + Hkv) * D].view(B, N, Hkv, D)
         v = qkv[..., (H + Hkv) * D :].view(B, N, Hkv, D)
+        if head_major:
+            v = v.transpose(1, 2).contiguous().transpose(1, 2)
         return q, k, v
 
     def _mlp(self, h):
@@ -428,9 +444,13 @@ class LlamaLayer(nn.Module):
         """``x`` (B, N, hidden) -> (B, N, hidden), causal over the N tokens at positions offset + n."""
         B, N, _ = x.shape
         x = x.contiguous()  # the residual of o_proj's epilogue is read as (B N, hidden) rows
-        q, k, v = self._attention_input(x)
-        q, k = rope(q, k, self.cos, self.sin, offset, layout="bnhd")  # (B, N, H, D), contiguous
-        o, _ = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)  # (B, H, N, D)
+        head_major = ATTENTION_HEAD_MAJOR
+        q, k, v = self._attention_input(x, head_major)
+        if head_major:  # RoPE reads the projection's (B, H, N, D) views and writes q and k contiguous so
+            q, k = rope(q.transpose(1, 2), k.transpose(1, 2), self.cos, self.sin, offset, layout="bhnd")
+        else:  # (B, N, H, D), contiguous: attention reads their (B, H, N, D) views
+            q, k = (t.transpose(1, 2) for t in rope(q, k, self.cos, self.sin, offset, layout="bnhd"))
+        o, _ = attention(q, k, v.transpose(1, 2), causal=True)  # (B, H, N, D)
         h = _heads_linear(o, self.wo, residual=x)
         return self._mlp(h)
 

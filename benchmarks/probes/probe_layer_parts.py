@@ -9,8 +9,9 @@ projection's views, eager's), attention (the package's on the layer's (B, N, H, 
 contiguous copies, SDPA), the rows copy and the output projection with the residual (package, cuBLAS),
 the gate/up projection (as QKV's), SwiGLU (kernel, eager), the down projection with the residual.
 Backward parts: attention's forward + backward (package, SDPA), each ``dx = dy W`` (package matmul,
-cuBLAS), SwiGLU's backward (the kernel, eager's three), and the whole layer's fwd+bwd with h recomputed
-or kept (``fusionlab.model.KEEP_SWIGLU_OUTPUT``; its peak memory too). ``time_ms`` (median, L2
+cuBLAS), SwiGLU's backward (the kernel, eager's three), and the whole layer's forward and fwd+bwd with h
+recomputed or kept (``fusionlab.model.KEEP_SWIGLU_OUTPUT``) and attention's inputs as views or head-major
+(``fusionlab.model.ATTENTION_HEAD_MAJOR``), with each fwd+bwd's peak memory. ``time_ms`` (median, L2
 flushed) for parts, ``queued_ms`` for the layer's fwd+bwd. JSON: ``$OUT/probe_layer_parts.json``, saved
 after each row; stops starting rows after ``--seconds``.
 """
@@ -133,6 +134,9 @@ def main():
         row("down + residual: cublas", lambda: torch.addmm(h.view(T, hid), hh.view(T, ffn), wd.t()))
         row("layer forward: package", lambda: lay(x))
         row("layer forward: eager", lambda: ref(x))
+        model.ATTENTION_HEAD_MAJOR = True
+        row("layer forward: package, head-major attention inputs", lambda: lay(x))
+        model.ATTENTION_HEAD_MAJOR = False
 
         # the backward's parts
         for name, w in (("qkv", wqkv), ("o", wo), ("gate_up", wgu), ("down", wd)):
@@ -176,9 +180,9 @@ def main():
         xg.grad = None
         mod(xg).backward(dyl)
 
-    for keep in (False, True):
-        model.KEEP_SWIGLU_OUTPUT = keep
-        name = f"layer fwd+bwd: package, h {'kept' if keep else 'recomputed'}"
+    for keep, head_major in ((False, False), (True, False), (False, True)):
+        model.KEEP_SWIGLU_OUTPUT, model.ATTENTION_HEAD_MAJOR = keep, head_major
+        name = f"layer fwd+bwd: package, h {'kept' if keep else 'recomputed'}" + (", head-major" if head_major else "")
         row(name, lambda: step(lay), queued=True)
         try:
             step(lay)
@@ -189,7 +193,7 @@ def main():
             res["ms"][name.replace("fwd+bwd", "peak GiB")] = bench.peak_bytes(lambda: step(lay)) / 2**30
         except Exception as e:
             res["errors"][name + " peak"] = f"{type(e).__name__}: {str(e)[:300]}"
-    model.KEEP_SWIGLU_OUTPUT = False
+    model.KEEP_SWIGLU_OUTPUT, model.ATTENTION_HEAD_MAJOR = False, False
     row("layer fwd+bwd: eager", lambda: step(ref), queued=True)
     save()
     print(f"done in {time.time() - t0:.0f} s", flush=True)
