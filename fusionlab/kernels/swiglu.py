@@ -25,13 +25,24 @@ Shazeer, "GLU Variants Improve Transformer" (2020).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from ..ledger import Ledger
-from ._launch import INT32_LIMIT, KernelInputError, cdiv, check_same, check_tensor, elementwise_config, launch_kwargs
+from ._launch import (
+    INT32_LIMIT,
+    KernelInputError,
+    Launcher,
+    cdiv,
+    check_same,
+    check_tensor,
+    elementwise_config,
+    launch_kwargs,
+)
 from ._tensors import upstream_grad
 
 
@@ -188,11 +199,19 @@ def _needs_int64(n_rows: int, n_cols: int, *views: torch.Tensor) -> bool:
     return any((n_rows - 1) * v.stride(0) + n_cols >= INT32_LIMIT for v in views)
 
 
-def _launch_grid(n_rows: int, n_cols: int, dtype: torch.dtype):
+_launch_fwd = Launcher(_swiglu_kernel)
+_launch_bwd = Launcher(_swiglu_bwd_kernel)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(n_rows: int, n_cols: int, dtype: torch.dtype) -> tuple:
+    """(grid, launch keywords) for the shared element-wise tile: derived once per shape, not on every call."""
     cfg = elementwise_config(n_rows, n_cols, dtype)
-    grid = (cdiv(n_rows, cfg["BLOCK_M"]) * cdiv(n_cols, cfg["BLOCK_N"]),)
-    even = n_rows % cfg["BLOCK_M"] == 0 and n_cols % cfg["BLOCK_N"] == 0
-    return cfg, grid, even
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    grid = (cdiv(n_rows, bm) * cdiv(n_cols, bn),)
+    return grid, {"BLOCK_M": bm, "BLOCK_N": bn, "EVEN": n_rows % bm == 0 and n_cols % bn == 0} | launch_kwargs(
+        cfg["num_warps"]
+    )
 
 
 def _swiglu_forward(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -203,22 +222,9 @@ def _swiglu_forward(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         return h
     n_rows, n_cols = g2.shape
     h2 = h.view(n_rows, n_cols)
-    cfg, grid, even = _launch_grid(n_rows, n_cols, g.dtype)
-    _swiglu_kernel[grid](
-        g2,
-        u2,
-        h2,
-        n_rows,
-        n_cols,
-        g2.stride(0),
-        u2.stride(0),
-        h2.stride(0),
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"],
-        EVEN=even,
-        INT64=_needs_int64(n_rows, n_cols, g2, u2, h2),
-        **launch_kwargs(cfg["num_warps"]),
-    )
+    grid, kwargs = _plan(n_rows, n_cols, g.dtype)
+    _launch_fwd(grid, g2, u2, h2, n_rows, n_cols, g2.stride(0), u2.stride(0), h2.stride(0),
+                INT64=_needs_int64(n_rows, n_cols, g2, u2, h2), **kwargs)  # fmt: skip
     return h
 
 
@@ -247,26 +253,10 @@ def _swiglu_backward(
         return dg, du
     n_rows, n_cols = g2.shape
     dg2, du2 = _rows(dg, "dg", op), _rows(du, "du", op)
-    cfg, grid, even = _launch_grid(n_rows, n_cols, g.dtype)
-    _swiglu_bwd_kernel[grid](
-        dh2,
-        g2,
-        u2,
-        dg2,
-        du2,
-        n_rows,
-        n_cols,
-        dh2.stride(0),
-        g2.stride(0),
-        u2.stride(0),
-        dg2.stride(0),
-        du2.stride(0),
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"],
-        EVEN=even,
-        INT64=_needs_int64(n_rows, n_cols, dh2, g2, u2, dg2, du2),
-        **launch_kwargs(cfg["num_warps"]),
-    )
+    grid, kwargs = _plan(n_rows, n_cols, g.dtype)
+    _launch_bwd(grid, dh2, g2, u2, dg2, du2, n_rows, n_cols, dh2.stride(0), g2.stride(0), u2.stride(0),
+                dg2.stride(0), du2.stride(0), INT64=_needs_int64(n_rows, n_cols, dh2, g2, u2, dg2, du2),
+                **kwargs)  # fmt: skip
     return dg, du
 
 
