@@ -340,14 +340,19 @@ def _plan(q_shape, k_shape, has_len: bool, causal: bool, scale, key: tuple, devi
 #: KV head) for LAST_COMBINES (zero between calls: the last program of each puts it back), kept from call to
 #: call and grown as needed. A stream's calls run in order, so they can share them (a decode step at batch
 #: 1 is the host's time, and an allocation is a tenth of it); two streams could run at once, so each has
-#: its own. Two CUDA graphs captured on one stream share them too: replay them on one stream.
+#: its own. CUDA graphs captured on one stream share them too: replay them on one stream.
 _SCRATCH: dict = {}
 
 
-def _scratch(device: int, like: torch.Tensor, n_ws: int, n_counts: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _scratch(device: int, like: torch.Tensor, n_ws: int, n_counts: int):
+    """``(workspace, counters)`` of this stream, or None where they would have to be made inside a CUDA
+    graph's capture: zeros made there are written only when that graph first replays, and another graph
+    or an eager call on the stream could use them first. The call then takes the combine kernel."""
     stream = _triton.current_stream(device) if device >= 0 else 0
     got = _SCRATCH.get((device, stream))
     if got is None or got[0].numel() < n_ws or got[1].numel() < n_counts:
+        if device >= 0 and torch.cuda.is_current_stream_capturing():
+            return None
         # state kept across calls, made once per stream (as a launcher's compiled kernels are): out of sight
         # of a dispatch mode watching this call (fusionlab.instrument counts what each call does)
         old_ws, old_counts = got if got is not None else (None, None)
@@ -422,10 +427,18 @@ def attention_decode(
         return o.zero_()
     device = current_device() if q.is_cuda else -1
     plan = _plan(q_shape, k_shape, has_len, causal, scale, plan_key, device)
-    if plan.ws_numel:
-        ws, counts = _scratch(device, q, plan.ws_numel, plan.grid[1])
-    else:  # one split: no partials, no counters (unused pointers)
+    if not plan.ws_numel:  # one split: no partials, no counters (unused pointers)
         ws = counts = o
+    elif plan.counts:
+        scratch = _scratch(device, q, plan.ws_numel, plan.grid[1])
+        if scratch is None:  # inside a CUDA graph's capture, no counters yet: the combine kernel
+            plan_key = tuple(sorted({**dict(plan_key), "LAST_COMBINES": False}.items()))
+            plan = _plan(q_shape, k_shape, has_len, causal, scale, plan_key, device)
+            ws = counts = torch.empty(plan.ws_numel, dtype=torch.float32, device=q.device)
+        else:
+            ws, counts = scratch
+    else:  # the combine kernel: a workspace of its own (the graph's pool keeps it in capture order)
+        ws = counts = torch.empty(plan.ws_numel, dtype=torch.float32, device=q.device)
     lens = cache_len if has_len else o
     qs, ks, vs = q.stride(), k.stride(), v.stride()
     # everything Triton specialises the two launches on (each launcher keeps its own table), cheaper than
