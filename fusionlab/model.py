@@ -50,6 +50,7 @@ from .kernels.linear import linear, linear_ledger
 from .kernels.linear_cross_entropy import linear_cross_entropy
 from .kernels.matmul import matmul
 from .kernels.rmsnorm import rmsnorm, rmsnorm_flops, rmsnorm_ledger
+from .kernels.rmsnorm_linear import fold_rmsnorm_weight, rmsnorm_linear
 from .kernels.rope import rope, rope_cache_write, rope_eager, rope_flops, rope_ledger, rope_tables
 from .kernels.swiglu import _swiglu_backward, _swiglu_forward, swiglu, swiglu_flops, swiglu_ledger
 from .ledger import dtype_bytes
@@ -339,11 +340,28 @@ def _linear(x, weight, residual=None):
     return linear(x, weight, residual=residual)
 
 
-def _norm_linear(x, gamma, weight, eps):
-    weight = weight.to(x.dtype)
-    if _needs_grad(x, gamma, weight):
-        return NormLinearFunction.apply(x, gamma, weight, eps)
-    return linear(rmsnorm(x, gamma, eps), weight)
+#: without autograd, whether :class:`LlamaLayer` runs RMSNorm + projection as lesson 6's
+#: :func:`~fusionlab.kernels.rmsnorm_linear.rmsnorm_linear` (gamma folded into a copy of the weight, made
+#: once and kept while neither changes; the norm's output never written) instead of rmsnorm then linear.
+#: ``benchmarks/probes/probe_layer_parts.py`` times both.
+FOLD_NORMS = False
+
+
+def _norm_linear(x, gamma, weight, eps, folded=None):
+    """``linear(rmsnorm(x, gamma), weight)``. ``folded``: a dict the caller keeps, where the weight with gamma
+    folded in is cached for :data:`FOLD_NORMS`."""
+    w = weight.to(x.dtype)
+    if _needs_grad(x, gamma, w):
+        return NormLinearFunction.apply(x, gamma, w, eps)
+    if FOLD_NORMS and folded is not None:
+        g = gamma.to(x.dtype)
+        # the parameters' identity, version (an optimizer's step, a load: in-place writes) and the dtype
+        key = (weight.data_ptr(), weight._version, gamma.data_ptr(), gamma._version, x.dtype)
+        hit = folded.get(id(weight))
+        if hit is None or hit[0] != key:
+            hit = folded[id(weight)] = (key, fold_rmsnorm_weight(w, g))
+        return rmsnorm_linear(x, g, w, eps, folded_weight=hit[1])
+    return linear(rmsnorm(x, gamma, eps), w)
 
 
 #: how attention's inputs are laid out in :meth:`LlamaLayer.forward`: False, (B, N, H, D) (RoPE's outputs
@@ -396,6 +414,7 @@ class LlamaLayer(nn.Module):
         for w in (self.wqkv, self.wo, self.w_gate_up, self.w_down):
             nn.init.normal_(w, std=hidden**-0.5)
         cos, sin = rope_tables(max_positions, D, rope_base, device="cpu")
+        self._folded: dict = {}  # FOLD_NORMS's folded weights, by parameter
         self.register_buffer("cos", cos, persistent=False)  # fp32 tables whatever the weights' dtype
         self.register_buffer("sin", sin, persistent=False)
 
@@ -425,7 +444,7 @@ class LlamaLayer(nn.Module):
         a copy; ``head_major``: a copy laid out (B, H_kv, N, D), without autograd too)."""
         B, N, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = _norm_linear(x, self.attn_norm, self.wqkv, self.eps)  # (B, N, (H + 2 Hkv) D)
+        qkv = _norm_linear(x, self.attn_norm, self.wqkv, self.eps, self._folded)  # (B, N, (H + 2 Hkv) D)
         if _needs_grad(qkv):
             return SplitHeadsFunction.apply(qkv, H, Hkv, D, head_major)
         q = qkv[..., : H * D].view(B, N, H, D)  # strided views: rope and attention read them in place
@@ -436,7 +455,7 @@ class LlamaLayer(nn.Module):
         return q, k, v
 
     def _mlp(self, h):
-        gu = _norm_linear(h, self.ffn_norm, self.w_gate_up, self.eps)  # (B, N, 2 ffn)
+        gu = _norm_linear(h, self.ffn_norm, self.w_gate_up, self.eps, self._folded)  # (B, N, 2 ffn)
         # gu is this call's own: its backward may write gu's gradient over it
         return _swiglu_linear(gu, self.w_down, h, overwrite=True)
 

@@ -11,7 +11,8 @@ the gate/up projection (as QKV's), SwiGLU (kernel, eager), the down projection w
 Backward parts: attention's forward + backward (package, SDPA), each ``dx = dy W`` (package matmul,
 cuBLAS), SwiGLU's backward (the kernel, eager's three), and the whole layer's forward and fwd+bwd with h
 recomputed or kept (``fusionlab.model.KEEP_SWIGLU_OUTPUT``) and attention's inputs as views or head-major
-(``fusionlab.model.ATTENTION_HEAD_MAJOR``), with each fwd+bwd's peak memory. ``time_ms`` (median, L2
+(``fusionlab.model.ATTENTION_HEAD_MAJOR``), the forward with the norms folded into the projections
+(``fusionlab.model.FOLD_NORMS``), with each fwd+bwd's peak memory. ``time_ms`` (median, L2
 flushed) for parts, ``queued_ms`` for the layer's fwd+bwd. JSON: ``$OUT/probe_layer_parts.json``, saved
 after each row; stops starting rows after ``--seconds``.
 """
@@ -137,6 +138,11 @@ def main():
         model.ATTENTION_HEAD_MAJOR = True
         row("layer forward: package, head-major attention inputs", lambda: lay(x))
         model.ATTENTION_HEAD_MAJOR = False
+        model.FOLD_NORMS = True
+        row("layer forward: package, folded norms", lambda: lay(x))
+        model.ATTENTION_HEAD_MAJOR = True
+        row("layer forward: package, folded norms, head-major", lambda: lay(x))
+        model.ATTENTION_HEAD_MAJOR = model.FOLD_NORMS = False
 
         # the backward's parts
         for name, w in (("qkv", wqkv), ("o", wo), ("gate_up", wgu), ("down", wd)):
