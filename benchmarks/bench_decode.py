@@ -79,7 +79,9 @@ def graph_us(fn, reps: int = 20) -> float:
     graphs = []
     for with_call in (True, False):
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        # captured on the warmed stream: attention_decode's per-stream counters exist there, so the graph
+        # holds what an eager call launches (on a fresh stream a capture takes the combine kernel)
+        with torch.cuda.graph(g, stream=side):
             for _ in range(reps):
                 flush.zero_()
                 if with_call:
