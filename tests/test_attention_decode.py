@@ -170,3 +170,24 @@ def test_graphs_captured_on_a_fresh_stream_replay_right():
     # the combine kernel merges in another order than the last split: bf16's own tolerance, not bit-equal
     torch.testing.assert_close(outs[0], want1)
     torch.testing.assert_close(outs[1], want2)
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_a_graph_captured_on_a_warmed_stream_combines_in_the_last_split():
+    """Where the stream already has its counters, the captured call is the eager one (one launch), and
+    each replay leaves the counters at zero for the next."""
+    q, k, v = _qkv(2, 32, 8, 1, 4096, 128, torch.bfloat16, seed=9)
+    lens = torch.tensor([4096, 1000], device=DEV)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        want = attention_decode(q, k, v, lens)
+    g = torch.cuda.CUDAGraph()
+    with LaunchCounter() as counter, torch.cuda.graph(g, stream=side):
+        out = attention_decode(q, k, v, lens)
+    assert counter.names == ["_decode_split_kernel"]
+    for _ in range(3):
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, want, atol=0, rtol=0)
