@@ -21,7 +21,8 @@ not the GPU's. So by default the combine runs in the split kernel: each program,
 stored, adds 1 to a counter of its (batch row, KV head) (an atomic, released and acquired at the GPU's
 scope), and the program that finds every other split already counted combines them and zeroes the
 counter for the next call (``LAST_COMBINES``; ``config={"LAST_COMBINES": False}`` launches the combine
-kernel instead). The merge runs in split order, so the result does not depend on which program was last.
+kernel instead). The merge is the combine kernel's, row by row (one (splits x D) tile each), so the result
+does not depend on which program was last, and is the combine kernel's bit for bit.
 
 Grouped-query attention: the G = H_q / H_kv query heads that share a KV head are rows of one
 program's Q tile, so each K and V tile is read once for all of them, and ``tl.dot`` gets G x N_q
@@ -178,7 +179,7 @@ def _decode_split_kernel(
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     GROUP: tl.constexpr, N_Q: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEN: tl.constexpr, CAUSAL: tl.constexpr,
-    SPLIT: tl.constexpr, LAST_COMBINES: tl.constexpr,
+    SPLIT: tl.constexpr, LAST_COMBINES: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
     # grid: (splits, B * H_kv). One program: the GROUP x N_Q query rows of one KV head, one slice of keys.
     sid = tl.program_id(0)
@@ -240,37 +241,35 @@ def _decode_split_kernel(
             done = tl.atomic_add(count_ptr + bh, 1, sem="acq_rel", scope="gpu")
             if done == n_splits - 1:
                 tl.atomic_xchg(count_ptr + bh, 0, sem="relaxed", scope="gpu")  # zero for the next call
-                _combine_rows(ws_ptr, o_ptr, p_row, row_ok, d, d_ok, n_splits, n_partials, HEAD_DIM, BLOCK_M,
-                              BLOCK_D)  # fmt: skip
+                first = bh.to(tl.int64) * (GROUP * N_Q)
+                for j in range(0, GROUP * N_Q):  # this KV head's query rows, one (splits x D) tile each
+                    _combine_row(ws_ptr, o_ptr, first + j, n_splits, n_partials, HEAD_DIM, BLOCK_S, BLOCK_D)
     else:
         o = tl.where(l_i[:, None] == 0, 0.0, acc / l_i[:, None])  # no key seen: 0; a NaN stays NaN
         tl.store(o_ptr + p_row[:, None] * HEAD_DIM + d[None, :], o.to(o_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
-def _combine_rows(ws_ptr, o_ptr, p_row, row_ok, d, d_ok, n_splits, n_partials, HEAD_DIM: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
-    # rows p_row's splits merged one by one (lesson 4's merge), in split order whichever program runs it:
-    # the result does not depend on which split finished last. Loads bypass L1 (.cg): other SMs wrote them
-    m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_all = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for sp in range(0, n_splits):
-        part = p_row * n_splits + sp
-        m = tl.load(ws_ptr + n_partials * HEAD_DIM + part, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-        l = tl.load(ws_ptr + n_partials * (HEAD_DIM + 1) + part, mask=row_ok, other=0.0, cache_modifier=".cg")
-        a = tl.load(ws_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0,
-                    cache_modifier=".cg")  # fmt: skip
-        m_new = tl.maximum(m_all, m)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split so far saw a key
-        alpha, beta = tl.math.exp2(m_all - m_use), tl.math.exp2(m - m_use)
-        l_all = l_all * alpha + l * beta
-        acc = acc * alpha[:, None] + a * beta[:, None]
-        m_all = m_new
-    # no key seen: 0 (a padding row too, without dividing 0 by 0); a NaN stays NaN
-    o = tl.where(l_all[:, None] == 0, 0.0, acc / tl.where(l_all == 0, 1.0, l_all)[:, None])
-    tl.store(o_ptr + p_row[:, None] * HEAD_DIM + d[None, :], o.to(o_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & d_ok[None, :])  # fmt: skip
+def _combine_row(ws_ptr, o_ptr, row, n_splits, n_partials, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                 BLOCK_D: tl.constexpr):  # fmt: skip
+    # one query row's splits combined at once (lesson 4's merge), loaded as one (splits x D) tile. Loads
+    # bypass L1 (.cg): in the split kernel's last program, other SMs wrote them
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < n_splits
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    part = row * n_splits + s
+    m = tl.load(ws_ptr + n_partials * HEAD_DIM + part, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
+    l = tl.load(ws_ptr + n_partials * (HEAD_DIM + 1) + part, mask=s_ok, other=0.0, cache_modifier=".cg")
+    acc = tl.load(ws_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0,
+                  cache_modifier=".cg")  # fmt: skip
+    m_max = tl.max(m, 0)
+    m_use = tl.where(m_max == float("-inf"), 0.0, m_max)  # no split saw a key
+    w = tl.math.exp2(m - m_use)  # a split that saw no key: exp2(-inf) = 0
+    total = tl.sum(l * w, 0)
+    o = tl.sum(acc * w[:, None], 0)
+    o = tl.where(total == 0, 0.0, o / tl.where(total == 0, 1.0, total))  # no key seen: 0; a NaN stays NaN
+    tl.store(o_ptr + row * HEAD_DIM + d, o.to(o_ptr.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit
@@ -278,23 +277,8 @@ def _decode_combine_kernel(
     ws_ptr, o_ptr, n_splits, n_partials,
     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    # grid: (B H_q N_q,). One program: one query row's splits, combined at once (lesson 4's merge)
-    row = tl.program_id(0).to(tl.int64)
-    s = tl.arange(0, BLOCK_S)
-    s_ok = s < n_splits
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    part = row * n_splits + s
-    m = tl.load(ws_ptr + n_partials * HEAD_DIM + part, mask=s_ok, other=float("-inf"))
-    l = tl.load(ws_ptr + n_partials * (HEAD_DIM + 1) + part, mask=s_ok, other=0.0)
-    acc = tl.load(ws_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-    m_max = tl.max(m, 0)
-    m_use = tl.where(m_max == float("-inf"), 0.0, m_max)  # no split saw a key
-    w = tl.math.exp2(m - m_use)  # a split that saw no key: exp2(-inf) = 0
-    total = tl.sum(l * w, 0)
-    o = tl.sum(acc * w[:, None], 0)
-    o = tl.where(total == 0, 0.0, o / total)  # no key seen: 0; a NaN stays NaN
-    tl.store(o_ptr + row * HEAD_DIM + d, o.to(o_ptr.dtype.element_ty), mask=d_ok)
+    # grid: (B H_q N_q,). One program: one query row's splits
+    _combine_row(ws_ptr, o_ptr, tl.program_id(0).to(tl.int64), n_splits, n_partials, HEAD_DIM, BLOCK_S, BLOCK_D)
 
 
 # -- launcher ---------------------------------------------------------------------------------------
@@ -327,11 +311,12 @@ def _plan(q_shape, k_shape, has_len: bool, causal: bool, scale, key: tuple, devi
     # the workspace: acc of every (row, split) partial (D fp32 each), then their m, then their l
     n_partials = rows * splits
     last = cfg["LAST_COMBINES"] and splits > 1
+    block_s = max(2, next_pow2(splits))
     meta = dict(GROUP=group, N_Q=N_q, HEAD_DIM=D, BLOCK_M=max(16, next_pow2(group * N_q)), BLOCK_N=bn,
                 BLOCK_D=cfg["BLOCK_D"], HAS_LEN=has_len, CAUSAL=causal, SPLIT=splits > 1, LAST_COMBINES=last,
-                **launch_kwargs(cfg["num_warps"], cfg["num_stages"]))  # fmt: skip
-    combine = None if last or splits == 1 else dict(HEAD_DIM=D, BLOCK_S=max(2, next_pow2(splits)),
-                                                     BLOCK_D=cfg["BLOCK_D"], **launch_kwargs(4))  # fmt: skip
+                BLOCK_S=block_s if last else 2, **launch_kwargs(cfg["num_warps"], cfg["num_stages"]))  # fmt: skip
+    combine = None if last or splits == 1 else dict(HEAD_DIM=D, BLOCK_S=block_s, BLOCK_D=cfg["BLOCK_D"],
+                                                     **launch_kwargs(4))  # fmt: skip
     ints = (H_kv, N_k, split_len, n_partials, default_scale(D, scale) * LOG2E)
     return _Plan((splits, B * H_kv), meta, ints, (rows,), combine, n_partials * (D + 2) if splits > 1 else 0, last)
 
