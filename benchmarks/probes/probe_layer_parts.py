@@ -1,7 +1,7 @@
 """Where the Llama-3-8B layer on the package's kernels loses to ``torch.compile``: each part of its
 forward and backward timed alone, beside the candidates that could replace it.
 
-    PYTHONPATH=. python3 benchmarks/probes/probe_layer_parts.py [--out $OUT] [--seconds 150]
+    PYTHONPATH=. python3 benchmarks/probes/probe_layer_parts.py [--out $OUT] [--seconds 150] [--ab ROUNDS]
 
 Batch x sequence 4 x 4096, bf16, the layer's shapes (``fusionlab.model.LLAMA3_8B``). Forward parts:
 the QKV projection (rmsnorm + linear, the folded ``rmsnorm_linear``, cuBLAS), RoPE (the kernel on the
@@ -14,7 +14,9 @@ recomputed or kept (``fusionlab.model.KEEP_SWIGLU_OUTPUT``) and attention's inpu
 (``fusionlab.model.ATTENTION_HEAD_MAJOR``), the forward with the norms folded into the projections
 (``fusionlab.model.FOLD_NORMS``), with each fwd+bwd's peak memory. ``time_ms`` (median, L2
 flushed) for parts, ``queued_ms`` for the layer's fwd+bwd. JSON: ``$OUT/probe_layer_parts.json``, saved
-after each row; stops starting rows after ``--seconds``.
+after each row; stops starting rows after ``--seconds``. ``--ab ROUNDS``: only the layer under each option
+and eager, interleaved round by round (the first run's layer-level numbers moved by as much as the options
+could), in ``"ab"``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def main():
     p.add_argument("--seconds", type=float, default=150.0)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--ab", type=int, default=0, help="only the layer's options, interleaved, this many rounds")
     args = p.parse_args()
     t0 = time.time()
     res = {"meta": {**bench.metadata(), "command": " ".join(sys.argv)}, "ms": {}, "errors": {}}
@@ -88,6 +91,9 @@ def main():
     wqkv, wo, wgu, wd = (w.detach() for w in (lay.wqkv, lay.wo, lay.w_gate_up, lay.w_down))
     fqkv, fgu = fold_rmsnorm_weight(wqkv, g1), fold_rmsnorm_weight(wgu, g2)
 
+    if args.ab:
+        ab(args, res, save, ref, lay, x)
+        return
     with torch.no_grad():
         # the forward, part by part, on the tensors the layer makes
         n1 = rmsnorm(x, g1, eps)
@@ -203,6 +209,50 @@ def main():
     row("layer fwd+bwd: eager", lambda: step(ref), queued=True)
     save()
     print(f"done in {time.time() - t0:.0f} s", flush=True)
+
+
+OPTIONS = {
+    "default": {},
+    "head-major": {"ATTENTION_HEAD_MAJOR": True},
+    "folded norms": {"FOLD_NORMS": True},
+    "h kept": {"KEEP_SWIGLU_OUTPUT": True},
+}
+
+
+def ab(args, res, save, ref, lay, x):
+    """The layer's forward and fwd+bwd under each option in turn, ``args.ab`` rounds (A B C D A B C D ...: a
+    drift of the GPU's clock reaches every option alike), eager's beside; each time is the median of its
+    round's calls, the JSON keeps every round."""
+    dyl = torch.randn_like(x)
+    xg = x.clone().requires_grad_()
+
+    def step(mod):
+        for prm in mod.parameters():
+            prm.grad = None
+        xg.grad = None
+        mod(xg).backward(dyl)
+
+    def use(opts):
+        for name in ("ATTENTION_HEAD_MAJOR", "FOLD_NORMS", "KEEP_SWIGLU_OUTPUT"):
+            setattr(model, name, opts.get(name, False))
+
+    res["ab"] = {}
+    for _ in range(args.ab):
+        for name, opts in {**OPTIONS, "eager": None}.items():
+            use(opts or {})
+            mod = ref if opts is None else lay
+            r = res["ab"].setdefault(name, {"fwd_ms": [], "fwd_bwd_ms": []})
+            if opts is None or "KEEP_SWIGLU_OUTPUT" not in opts:
+                with torch.no_grad():
+                    mod(x)
+                    r["fwd_ms"].append(bench.time_ms(lambda mod=mod: mod(x)))
+            if opts is None or "FOLD_NORMS" not in opts:  # the fold is the forward's without autograd only
+                step(mod)
+                r["fwd_bwd_ms"].append(bench.queued_ms(lambda mod=mod: step(mod), calls=5))
+            save()
+    use({})
+    for name, r in res["ab"].items():
+        print(name, {k: [round(t, 3) for t in v] for k, v in r.items()}, flush=True)
 
 
 if __name__ == "__main__":
