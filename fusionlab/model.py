@@ -328,7 +328,18 @@ class SplitHeadsFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dq, dk, dv):
         B, N = ctx.shape
-        return torch.cat([g.reshape(B, N, -1) for g in (dq, dk, dv)], dim=-1), None, None, None, None
+        grads = (dq, dk, dv)
+        if all(g.is_contiguous() for g in grads):  # (B, N, heads, D) rows: one concatenation
+            return torch.cat([g.view(B, N, -1) for g in grads], dim=-1), None, None, None, None
+        # head-major gradients ((B, H, N, D) memory seen as (B, N, H, D)): each copied once, straight into its
+        # columns, where reshape would copy it to rows first and the concatenation copy it again
+        widths = [g.shape[2] * g.shape[3] for g in grads]
+        dqkv = torch.empty(B, N, sum(widths), dtype=dq.dtype, device=dq.device)
+        start = 0
+        for g, w in zip(grads, widths, strict=True):
+            dqkv[..., start : start + w].view(g.shape).copy_(g)
+            start += w
+        return dqkv, None, None, None, None
 
 
 def _linear(x, weight, residual=None):
