@@ -7,9 +7,11 @@ B 1, 32 query heads, 8 KV heads, D 128, bf16, a 4k cache with lengths. Host micr
 stream held by a sleep kernel, ``bench_decode.host_us``, the fastest of five rounds over every row) of:
 the whole call, each step of it alone (the shared input check, the length check, O's allocation, the
 plan, the per-stream scratch, the specialisation key, the launch through the package's Launcher with
-the arguments ready), SDPA, and an empty Triton kernel of as many arguments through the Launcher (the
-floor of one launch). Then GPU time (``bench_decode.graph_us``) at B 1 and 4 with 1k to 16k keys: the
-last split combining against the combine kernel and SDPA. JSON: ``$OUT/probe_decode_host.json``.
+the arguments ready; Triton's C launcher alone, given tensors or their pointers as ints: a tensor costs
+it a ``data_ptr()`` call and a ``cuPointerGetAttribute``), SDPA, and an empty Triton kernel of as many
+arguments through the Launcher (the floor of one launch). Then GPU time (``bench_decode.graph_us``) at
+B 1 and 4 with 1k to 16k keys: the last split combining against the combine kernel and SDPA.
+JSON: ``$OUT/probe_decode_host.json``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import triton
 import triton.language as tl
 
 from benchmarks.bench_decode import graph_us, host_us
-from fusionlab import bench
+from fusionlab import _triton, bench
 from fusionlab.kernels import _attention
 from fusionlab.kernels import attention_decode as AD
 from fusionlab.kernels._launch import Launcher, current_device
@@ -56,6 +58,17 @@ def main():
         qs, ks = q.stride(), k.stride()
         key = (q.shape, qs, k.shape, ks, ks, q.dtype, lens.dtype, True, (), 0, 0, 0, 0)
         empty = Launcher(_empty_kernel)
+        AD._launch_split(plan.grid, q, k, k, lens, o, ws, counts, *plan.ints, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
+                         ks[0], ks[1], ks[2], key=key, **plan.meta)  # fmt: skip
+        _, run, function, packed, tail = AD._launch_split._compiled[(key, dev)]
+        stream = _triton.current_stream(dev)
+        scalars = (*plan.ints, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], ks[0], ks[1], ks[2])
+        tensors = (q, k, k, lens, o, ws, counts)
+        ints = tuple(t.data_ptr() for t in tensors)
+
+        def raw(ptrs):  # Triton's C launcher alone, as the Launcher's fast path calls it
+            run(plan.grid[0], plan.grid[1], 1, stream, function, packed, None, None, None, *ptrs, *scalars, *tail)
+
         ptrs = (q, k, k, lens, o, ws, counts)
         rows = {
             "attention_decode (cache_len)": lambda: AD.attention_decode(q, k, k, lens),
@@ -74,6 +87,8 @@ def main():
             "the split launch, arguments ready": lambda: AD._launch_split(
                 plan.grid, q, k, k, lens, o, ws, counts, *plan.ints, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
                 ks[0], ks[1], ks[2], key=key, **plan.meta),
+            "Triton's C launcher, tensors": lambda: raw(tensors),
+            "Triton's C launcher, pointers as ints": lambda: raw(ints),
             "an empty kernel, 21 arguments, Launcher": lambda: empty(
                 (1,), *ptrs, 8, 4096, 256, 512, 0.1, *qs[:3], *ks[:3], *ks[:3], key=("e",), C0=1, C1=2),
             "torch.empty (4096 fp32)": lambda: torch.empty(4096, device="cuda"),
