@@ -26,7 +26,8 @@ package's :func:`~fusionlab.kernels.matmul.matmul` (``dx = dy W``, ``dW = dy^T x
 gradient is dy). Three more keep the backward's memory down (:func:`llama_layer_saved` lists what the
 forward keeps): :class:`NormLinearFunction` keeps x, not rmsnorm(x), for the QKV and gate/up projections,
 and recomputes the norm (what ``torch.compile``'s partitioner does); :class:`SwiGLULinearFunction` keeps
-g and u, not silu(g) u, for the down projection, and writes their gradient over them;
+g and u (and silu(g) u: :data:`KEEP_SWIGLU_OUTPUT`) for the down projection, and writes their gradient over
+them;
 :class:`HeadsLinearFunction` keeps attention's output o, which attention keeps anyway, not the output
 projection's (B, N, H D) copy of it.
 
@@ -279,25 +280,25 @@ class HeadsLinearFunction(torch.autograd.Function):
     (B, H, N, D) view of ``dy W``'s rows, which attention's backward reads in place."""
 
     @staticmethod
-    def forward(ctx, o, weight, residual):
+    def forward(ctx, o, weight, residual, head_major=False):
         ctx.save_for_backward(o, weight)
-        ctx.has_residual = residual is not None
+        ctx.has_residual, ctx.head_major = residual is not None, head_major
         return linear(_heads_to_rows(o), weight, residual=residual)
 
     @staticmethod
     def backward(ctx, dy):
         o, weight = ctx.saved_tensors
         B, H, N, D = o.shape
-        need_o, need_w, need_r = ctx.needs_input_grad
+        need_o, need_w, need_r = ctx.needs_input_grad[:3]
         dy2 = _grad_rows(dy, o.dtype)
         do = dw = None
         if need_w:
             dw = weight_grad(dy2, _heads_to_rows(o).view(B * N, H * D))
         if need_o:
             do = matmul(dy2, weight).view(B, N, H, D).transpose(1, 2)
-            if ATTENTION_HEAD_MAJOR:  # attention's backward takes its TMA path with every input contiguous
+            if ctx.head_major:  # attention's backward takes its TMA path with every input contiguous
                 do = do.contiguous()
-        return do, dw, (dy if ctx.has_residual and need_r else None)
+        return do, dw, (dy if ctx.has_residual and need_r else None), None
 
 
 def _heads_to_rows(o: torch.Tensor) -> torch.Tensor:
@@ -378,14 +379,18 @@ def _norm_linear(x, gamma, weight, eps, folded=None):
 #: how attention's inputs are laid out in :meth:`LlamaLayer.forward`: False, (B, N, H, D) (RoPE's outputs
 #: in the projection's order, read by attention as (B, H, N, D) views); True, (B, H, N, D) contiguous (RoPE
 #: writes them so, v's copy is made so, and the output projection's backward copies attention's output
-#: gradient so), the layout attention's Hopper TMA loads take. ``benchmarks/probes/probe_layer_parts.py``
-#: times both.
-ATTENTION_HEAD_MAJOR = False
+#: gradient so), the layout attention's Hopper TMA loads take; None: head-major under autograd only.
+#: ``benchmarks/probes/probe_layer_parts.py --ab`` chose None (an H200, 8B layer, 4 x 4096 tokens, three
+#: interleaved rounds: fwd+bwd 37.5-38.1 ms head-major against 38.7-38.9 with views; the forward alone
+#: 12.31-12.47 against 12.18-12.30)
+ATTENTION_HEAD_MAJOR: bool | None = None
 
 #: whether the down projection keeps h = silu(g) u for its weight gradient (a (tokens x ffn) tensor
 #: more in memory) instead of recomputing it in the backward (one SwiGLU pass more);
-#: ``benchmarks/probes/probe_layer_parts.py`` times both and measures both peaks
-KEEP_SWIGLU_OUTPUT = False
+#: ``benchmarks/probes/probe_layer_parts.py`` times both and measures both peaks: kept, 0.4 ms less of
+#: fwd+bwd (38.3-38.4 against 38.7-38.9 ms) and 0.28 GiB more at the peak (2.42 against 2.15 GiB,
+#: torch.compile's 2.68), on the H200 above
+KEEP_SWIGLU_OUTPUT = True
 
 
 def _swiglu_linear(gu, weight, residual, overwrite=False):
@@ -396,10 +401,10 @@ def _swiglu_linear(gu, weight, residual, overwrite=False):
     return linear(swiglu(gu[..., :ffn], gu[..., ffn:]), weight, residual=residual)
 
 
-def _heads_linear(o, weight, residual):
+def _heads_linear(o, weight, residual, head_major=False):
     weight = weight.to(o.dtype)
     if _needs_grad(o, weight, residual):
-        return HeadsLinearFunction.apply(o, weight, residual)
+        return HeadsLinearFunction.apply(o, weight, residual, head_major)
     return linear(_heads_to_rows(o), weight, residual=residual)
 
 
@@ -475,13 +480,15 @@ class LlamaLayer(nn.Module):
         B, N, _ = x.shape
         x = x.contiguous()  # the residual of o_proj's epilogue is read as (B N, hidden) rows
         head_major = ATTENTION_HEAD_MAJOR
+        if head_major is None:  # the measured choice: head-major where attention's backward will run
+            head_major = _needs_grad(x, self.wqkv, self.attn_norm)
         q, k, v = self._attention_input(x, head_major)
         if head_major:  # RoPE reads the projection's (B, H, N, D) views and writes q and k contiguous so
             q, k = rope(q.transpose(1, 2), k.transpose(1, 2), self.cos, self.sin, offset, layout="bhnd")
         else:  # (B, N, H, D), contiguous: attention reads their (B, H, N, D) views
             q, k = (t.transpose(1, 2) for t in rope(q, k, self.cos, self.sin, offset, layout="bnhd"))
         o, _ = attention(q, k, v.transpose(1, 2), causal=True)  # (B, H, N, D)
-        h = _heads_linear(o, self.wo, residual=x)
+        h = _heads_linear(o, self.wo, x, head_major)
         return self._mlp(h)
 
     @torch.no_grad()
@@ -636,14 +643,16 @@ def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: in
 
 
 def llama_layer_saved(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: int, ffn: int, dtype=torch.bfloat16,
-                      **_) -> dict[str, int]:  # fmt: skip
+                      *, keep_h: bool | None = None, **_) -> dict[str, int]:  # fmt: skip
     """Bytes :class:`LlamaLayer`'s forward keeps for its backward at ``B x N`` tokens, tensor by tensor (its
     parameters and rotary tables aside): the layer's input x (the QKV projection recomputes rmsnorm(x)
     from it), RoPE's q and k (attention's inputs), v, attention's output o (which the output projection
     saves too: one tensor) and its fp32 log-sum-exp, h (the gate/up projection recomputes rmsnorm(h)),
-    and the gate/up output gu (the down projection recomputes silu(g) u). Eager's layer keeps, besides,
-    both norms' outputs, the QKV outputs before RoPE, silu(g), and silu(g) u."""
+    and the gate/up output gu, and h = silu(g) u where ``keep_h`` (None: :data:`KEEP_SWIGLU_OUTPUT`; else the
+    down projection recomputes it). Eager's layer keeps, besides, both norms' outputs, the QKV outputs
+    before RoPE, and silu(g)."""
     T, D, es = B * N, hidden // n_heads, dtype_bytes(dtype)
+    keep_h = KEEP_SWIGLU_OUTPUT if keep_h is None else keep_h
     return {
         "x": T * hidden * es,
         "q (roped)": T * n_heads * D * es,
@@ -653,6 +662,7 @@ def llama_layer_saved(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: int
         "lse": B * n_heads * N * 4,
         "h": T * hidden * es,
         "gate, up": T * 2 * ffn * es,
+        **({"silu(g) u": T * ffn * es} if keep_h else {}),
     }
 
 
