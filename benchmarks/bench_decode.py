@@ -6,6 +6,8 @@ Shapes: one query token per row, Llama-3-8B's heads (32 query heads, 8 KV heads,
 B in 1, 4, 16, 64 and a KV cache of N_k in 1k, 4k, 16k, 32k keys. Per shape: the package's decode
 kernel at its default configuration, SDPA (``enable_gqa=True``, whichever backend it picks) and the
 package's prefill kernel ``attention()`` (one program per head and query tile, no split over the keys),
+and where the default splits the keys, the decode kernel with the combine in a kernel of its own
+(``LAST_COMBINES=False``),
 each checked against SDPA's O first (norm-relative error < 1e-2, no NaN). Then at a few shapes each
 row with its own cache length (uniform in [N_k/2, N_k]) against SDPA with a boolean mask. Kernel time:
 ``graph_us`` (calls in a CUDA graph, L2 flushed before each: the GPU's time alone; the ratios use it)
@@ -77,7 +79,9 @@ def graph_us(fn, reps: int = 20) -> float:
     graphs = []
     for with_call in (True, False):
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        # captured on the warmed stream: attention_decode's per-stream counters exist there, so the graph
+        # holds what an eager call launches (on a fresh stream a capture takes the combine kernel)
+        with torch.cuda.graph(g, stream=side):
             for _ in range(reps):
                 flush.zero_()
                 if with_call:
@@ -161,6 +165,7 @@ def main():
     host = {
         "attention_decode": lambda: attention_decode(q, k, v),
         "attention_decode, cache_len": lambda: attention_decode(q, k, v, lens),
+        "attention_decode, combine kernel": lambda: attention_decode(q, k, v, lens, config={"LAST_COMBINES": False}),
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
         "attention (prefill kernel)": lambda: attention(q, k, v),
         "torch.empty (one allocation)": lambda: torch.empty(4096, device="cuda"),
@@ -179,6 +184,10 @@ def main():
         ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         row = {"B": B, "N_k": N_k, "config": attention_decode_config(B, H, H_KV, 1, N_k, D)}
         row["decode"] = timed(lambda q=q, k=k, v=v: attention_decode(q, k, v), ref)
+        if row["config"]["SPLITS"] > 1:  # the combine in a second kernel, not in each KV head's last split
+            cfg = {"LAST_COMBINES": False}
+            row["decode, combine kernel"] = timed(lambda q=q, k=k, v=v: attention_decode(q, k, v, config=cfg), ref,
+                                                  fast=True)  # fmt: skip
         row["sdpa"] = timed(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), ref)
         # the prefill kernel, for the record: do_bench only (not captured, so no capture can fail the run)
         row["attention"] = timed(lambda q=q, k=k, v=v: attention(q, k, v)[0], ref, graph=False)

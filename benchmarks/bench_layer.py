@@ -148,7 +148,7 @@ def _graphed(fn, *args):
             fn(*args)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=s):  # the warmed stream: attention_decode's counters exist there
         fn(*args)
     return g.replay
 

@@ -16,16 +16,20 @@ package's kernels only, forward and backward:
   :func:`~fusionlab.kernels.rope.rope` where they lie in its output (no copy), v read in place (under
   autograd copied out by :class:`SplitHeadsFunction`, whose backward hands back qkv's gradient whole);
 - causal attention with GQA: :func:`~fusionlab.kernels.attention.attention` (lessons 7 and 8);
-- the output projection with the residual added in its epilogue (lesson 6);
+- the output projection (its input, attention's (B, H, N, D) output copied to (B, N, H D) rows) with the
+  residual added in its epilogue (lesson 6);
 - gate and up as one matmul, :func:`~fusionlab.kernels.swiglu.swiglu` on its two halves (lesson 5);
 - the down projection with the residual in its epilogue.
 
 The package's ``linear`` has no backward of its own; :class:`LinearFunction` gives it one from the
 package's :func:`~fusionlab.kernels.matmul.matmul` (``dx = dy W``, ``dW = dy^T x``, the residual's
-gradient is dy). Two more save memory for the backward by recomputing a cheap op instead of storing
-its output (what ``torch.compile``'s partitioner does): :class:`NormLinearFunction` keeps x, not
-rmsnorm(x), for the QKV and gate/up projections, and :class:`SwiGLULinearFunction` keeps g and u, not
-silu(g) u, for the down projection.
+gradient is dy). Three more keep the backward's memory down (:func:`llama_layer_saved` lists what the
+forward keeps): :class:`NormLinearFunction` keeps x, not rmsnorm(x), for the QKV and gate/up projections,
+and recomputes the norm (what ``torch.compile``'s partitioner does); :class:`SwiGLULinearFunction` keeps
+g and u (and silu(g) u: :data:`KEEP_SWIGLU_OUTPUT`) for the down projection, and writes their gradient over
+them;
+:class:`HeadsLinearFunction` keeps attention's output o, which attention keeps anyway, not the output
+projection's (B, N, H D) copy of it.
 
 Decoding (:meth:`LlamaLayer.decode`) writes the new token's k and v into a KV cache at each row's
 length inside RoPE's kernel (:func:`~fusionlab.kernels.rope.rope_cache_write`) and runs
@@ -47,8 +51,9 @@ from .kernels.linear import linear, linear_ledger
 from .kernels.linear_cross_entropy import linear_cross_entropy
 from .kernels.matmul import matmul
 from .kernels.rmsnorm import rmsnorm, rmsnorm_flops, rmsnorm_ledger
+from .kernels.rmsnorm_linear import fold_rmsnorm_weight, rmsnorm_linear
 from .kernels.rope import rope, rope_cache_write, rope_eager, rope_flops, rope_ledger, rope_tables
-from .kernels.swiglu import swiglu, swiglu_flops, swiglu_ledger
+from .kernels.swiglu import _swiglu_backward, _swiglu_forward, swiglu, swiglu_flops, swiglu_ledger
 from .ledger import dtype_bytes
 
 #: Llama-3-8B's layer: hidden 4096, 32 query heads, 8 KV heads (head dim 128), FFN 14336
@@ -227,26 +232,79 @@ class NormLinearFunction(torch.autograd.Function):
 
 class SwiGLULinearFunction(torch.autograd.Function):
     """``linear(swiglu(g, u), W, residual=r)`` with g and u the two halves of the gate/up projection's
-    output ``gu``, that saves gu, not h = silu(g) u: the backward recomputes h (one SwiGLU pass) for dW,
-    runs SwiGLU's own backward for dg, du, and hands gu's gradient back whole (one concatenation, where
-    autograd's slices would write two zero-filled gu-sized tensors and add them). Saves the (tokens x ffn)
-    activation h, the layer's largest."""
+    output ``gu``, that saves gu, not h = silu(g) u (the (tokens x ffn) activation, the layer's largest).
+
+    The backward, in the order that keeps the fewest (tokens x ffn) tensors alive at once: h recomputed
+    (one SwiGLU pass) for ``dW = dy^T h`` and dropped, then ``dh = dy W``, then SwiGLU's backward kernel
+    writing dg and du into one (tokens x 2 ffn) gradient, handed back whole (where autograd's two slices
+    would write two zero-filled gu-sized tensors and add them). ``overwrite=True`` (the layer's own call,
+    whose gu nothing else holds): that gradient is gu itself, each element read before it is written, so
+    the backward allocates h and dh only; gu's version is bumped, so a second backward through the same
+    graph (``retain_graph``) is refused by autograd's check instead of reading gradients as activations.
+    ``keep_h=True``: h is saved in the forward instead of recomputed (memory for a SwiGLU pass)."""
 
     @staticmethod
-    def forward(ctx, gu, weight, residual):
+    def forward(ctx, gu, weight, residual, overwrite=False, keep_h=False):
         ffn = gu.shape[-1] // 2
-        ctx.save_for_backward(gu, weight)
-        ctx.has_residual = residual is not None
-        return linear(swiglu(gu[..., :ffn], gu[..., ffn:]), weight, residual=residual)
+        h = _swiglu_forward(gu[..., :ffn], gu[..., ffn:])
+        ctx.save_for_backward(gu, weight, h if keep_h else None)
+        ctx.has_residual, ctx.overwrite = residual is not None, overwrite
+        return linear(h, weight, residual=residual)
 
     @staticmethod
     def backward(ctx, dy):
-        gu, weight = ctx.saved_tensors
+        gu, weight, h = ctx.saved_tensors
         ffn = gu.shape[-1] // 2
-        need_gu, need_w, need_r = ctx.needs_input_grad
-        dg, du, dw = _recomputed_backward(swiglu, gu[..., :ffn], gu[..., ffn:], weight, dy, (need_gu, need_gu, need_w))
-        dgu = torch.cat((dg, du), dim=-1) if need_gu else None
-        return dgu, dw, (dy if ctx.has_residual and need_r else None)
+        g, u = gu[..., :ffn], gu[..., ffn:]
+        need_gu, need_w, need_r = ctx.needs_input_grad[:3]
+        dy2 = _grad_rows(dy, gu.dtype)
+        dw = dgu = None
+        if need_w:
+            h = _swiglu_forward(g, u) if h is None else h
+            dw = weight_grad(dy2, h.view(-1, ffn))
+            del h  # a recomputed h lives only for this matmul
+        if need_gu:
+            dh = matmul(dy2, weight).view(g.shape)
+            dgu = gu if ctx.overwrite else torch.empty_like(gu)
+            _swiglu_backward(dh, g, u, out=(dgu[..., :ffn], dgu[..., ffn:]))
+            if ctx.overwrite:
+                torch.autograd.graph.increment_version(gu)
+        return dgu, dw, (dy if ctx.has_residual and need_r else None), None, None
+
+
+class HeadsLinearFunction(torch.autograd.Function):
+    """``linear(rows(o), W, residual=r)`` for attention's output o (B, H, N, D), where ``rows(o)`` is its
+    (B, N, H D) copy: saves o itself, which attention's backward saves anyway, not a second copy of it
+    (SDPA's output is laid out (B, N, H, D), so eager's rows are a view; the package's attention writes
+    (B, H, N, D)). The backward copies the rows again for ``dW`` and hands o's gradient back as a
+    (B, H, N, D) view of ``dy W``'s rows, which attention's backward reads in place."""
+
+    @staticmethod
+    def forward(ctx, o, weight, residual, head_major=False):
+        ctx.save_for_backward(o, weight)
+        ctx.has_residual, ctx.head_major = residual is not None, head_major
+        return linear(_heads_to_rows(o), weight, residual=residual)
+
+    @staticmethod
+    def backward(ctx, dy):
+        o, weight = ctx.saved_tensors
+        B, H, N, D = o.shape
+        need_o, need_w, need_r = ctx.needs_input_grad[:3]
+        dy2 = _grad_rows(dy, o.dtype)
+        do = dw = None
+        if need_w:
+            dw = weight_grad(dy2, _heads_to_rows(o).view(B * N, H * D))
+        if need_o:
+            do = matmul(dy2, weight).view(B, N, H, D).transpose(1, 2)
+            if ctx.head_major:  # attention's backward takes its TMA path with every input contiguous
+                do = do.contiguous()
+        return do, dw, (dy if ctx.has_residual and need_r else None), None
+
+
+def _heads_to_rows(o: torch.Tensor) -> torch.Tensor:
+    """Attention's (B, H, N, D) output as the (B, N, H D) rows the output projection reads."""
+    B, H, N, D = o.shape
+    return o.transpose(1, 2).reshape(B, N, H * D)
 
 
 class SplitHeadsFunction(torch.autograd.Function):
@@ -256,18 +314,33 @@ class SplitHeadsFunction(torch.autograd.Function):
     autograd's slices would write three zero-filled qkv-sized tensors and add them."""
 
     @staticmethod
-    def forward(ctx, qkv, n_heads, n_kv_heads, head_dim):
+    def forward(ctx, qkv, n_heads, n_kv_heads, head_dim, head_major=False):
         B, N, _ = qkv.shape
         a, b = n_heads * head_dim, (n_heads + n_kv_heads) * head_dim
         ctx.shape = (B, N)
         q = qkv[..., :a].view(B, N, n_heads, head_dim)
         k = qkv[..., a:b].view(B, N, n_kv_heads, head_dim)
-        return q, k, qkv[..., b:].reshape(B, N, n_kv_heads, head_dim).contiguous()
+        v = qkv[..., b:].view(B, N, n_kv_heads, head_dim)
+        # head_major: v's copy laid out (B, H_kv, N, D) (its (B, N, H_kv, D) view returned), as attention's
+        # contiguous inputs are
+        v = v.transpose(1, 2).contiguous().transpose(1, 2) if head_major else v.contiguous()
+        return q, k, v
 
     @staticmethod
     def backward(ctx, dq, dk, dv):
         B, N = ctx.shape
-        return torch.cat([g.reshape(B, N, -1) for g in (dq, dk, dv)], dim=-1), None, None, None
+        grads = (dq, dk, dv)
+        if all(g.is_contiguous() for g in grads):  # (B, N, heads, D) rows: one concatenation
+            return torch.cat([g.view(B, N, -1) for g in grads], dim=-1), None, None, None, None
+        # head-major gradients ((B, H, N, D) memory seen as (B, N, H, D)): each copied once, straight into its
+        # columns, where reshape would copy it to rows first and the concatenation copy it again
+        widths = [g.shape[2] * g.shape[3] for g in grads]
+        dqkv = torch.empty(B, N, sum(widths), dtype=dq.dtype, device=dq.device)
+        start = 0
+        for g, w in zip(grads, widths, strict=True):
+            dqkv[..., start : start + w].view(g.shape).copy_(g)
+            start += w
+        return dqkv, None, None, None, None
 
 
 def _linear(x, weight, residual=None):
@@ -279,19 +352,60 @@ def _linear(x, weight, residual=None):
     return linear(x, weight, residual=residual)
 
 
-def _norm_linear(x, gamma, weight, eps):
-    weight = weight.to(x.dtype)
-    if _needs_grad(x, gamma, weight):
-        return NormLinearFunction.apply(x, gamma, weight, eps)
-    return linear(rmsnorm(x, gamma, eps), weight)
+#: without autograd, whether :class:`LlamaLayer` runs RMSNorm + projection as lesson 6's
+#: :func:`~fusionlab.kernels.rmsnorm_linear.rmsnorm_linear` (gamma folded into a copy of the weight, made
+#: once and kept while neither changes; the norm's output never written) instead of rmsnorm then linear.
+#: ``benchmarks/probes/probe_layer_parts.py`` times both.
+FOLD_NORMS = False
 
 
-def _swiglu_linear(gu, weight, residual):
+def _norm_linear(x, gamma, weight, eps, folded=None):
+    """``linear(rmsnorm(x, gamma), weight)``. ``folded``: a dict the caller keeps, where the weight with gamma
+    folded in is cached for :data:`FOLD_NORMS`."""
+    w = weight.to(x.dtype)
+    if _needs_grad(x, gamma, w):
+        return NormLinearFunction.apply(x, gamma, w, eps)
+    if FOLD_NORMS and folded is not None:
+        g = gamma.to(x.dtype)
+        # the parameters' identity, version (an optimizer's step, a load: in-place writes) and the dtype
+        key = (weight.data_ptr(), weight._version, gamma.data_ptr(), gamma._version, x.dtype)
+        hit = folded.get(id(weight))
+        if hit is None or hit[0] != key:
+            hit = folded[id(weight)] = (key, fold_rmsnorm_weight(w, g))
+        return rmsnorm_linear(x, g, w, eps, folded_weight=hit[1])
+    return linear(rmsnorm(x, gamma, eps), w)
+
+
+#: how attention's inputs are laid out in :meth:`LlamaLayer.forward`: False, (B, N, H, D) (RoPE's outputs
+#: in the projection's order, read by attention as (B, H, N, D) views); True, (B, H, N, D) contiguous (RoPE
+#: writes them so, v's copy is made so, and the output projection's backward copies attention's output
+#: gradient so), the layout attention's Hopper TMA loads take; None: head-major under autograd only.
+#: ``benchmarks/probes/probe_layer_parts.py --ab`` chose None (an H200, 8B layer, 4 x 4096 tokens, three
+#: interleaved rounds: fwd+bwd 37.5-38.1 ms head-major against 38.7-38.9 with views; the forward alone
+#: 12.31-12.47 against 12.18-12.30)
+ATTENTION_HEAD_MAJOR: bool | None = None
+
+#: whether the down projection keeps h = silu(g) u for its weight gradient (a (tokens x ffn) tensor
+#: more in memory) instead of recomputing it in the backward (one SwiGLU pass more);
+#: ``benchmarks/probes/probe_layer_parts.py`` times both and measures both peaks: kept, 0.4 ms less of
+#: fwd+bwd (38.3-38.4 against 38.7-38.9 ms) and 0.28 GiB more at the peak (2.42 against 2.15 GiB,
+#: torch.compile's 2.68), on the H200 above
+KEEP_SWIGLU_OUTPUT = True
+
+
+def _swiglu_linear(gu, weight, residual, overwrite=False):
     weight = weight.to(gu.dtype)
     if _needs_grad(gu, weight, residual):
-        return SwiGLULinearFunction.apply(gu, weight, residual)
+        return SwiGLULinearFunction.apply(gu, weight, residual, overwrite, KEEP_SWIGLU_OUTPUT)
     ffn = gu.shape[-1] // 2
     return linear(swiglu(gu[..., :ffn], gu[..., ffn:]), weight, residual=residual)
+
+
+def _heads_linear(o, weight, residual, head_major=False):
+    weight = weight.to(o.dtype)
+    if _needs_grad(o, weight, residual):
+        return HeadsLinearFunction.apply(o, weight, residual, head_major)
+    return linear(_heads_to_rows(o), weight, residual=residual)
 
 
 class LlamaLayer(nn.Module):
@@ -316,6 +430,7 @@ class LlamaLayer(nn.Module):
         for w in (self.wqkv, self.wo, self.w_gate_up, self.w_down):
             nn.init.normal_(w, std=hidden**-0.5)
         cos, sin = rope_tables(max_positions, D, rope_base, device="cpu")
+        self._folded: dict = {}  # FOLD_NORMS's folded weights, by parameter
         self.register_buffer("cos", cos, persistent=False)  # fp32 tables whatever the weights' dtype
         self.register_buffer("sin", sin, persistent=False)
 
@@ -340,30 +455,40 @@ class LlamaLayer(nn.Module):
         self.w_down.copy_(sd["mlp.down_proj.weight"])
         return self
 
-    def _attention_input(self, x):
-        """n1 = rmsnorm(x), its QKV projection, and q, k, v as (B, N, heads, D) views of it."""
+    def _attention_input(self, x, head_major=False):
+        """n1 = rmsnorm(x), its QKV projection, and q, k, v as (B, N, heads, D) views of it (under autograd v
+        a copy; ``head_major``: a copy laid out (B, H_kv, N, D), without autograd too)."""
         B, N, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = _norm_linear(x, self.attn_norm, self.wqkv, self.eps)  # (B, N, (H + 2 Hkv) D)
+        qkv = _norm_linear(x, self.attn_norm, self.wqkv, self.eps, self._folded)  # (B, N, (H + 2 Hkv) D)
         if _needs_grad(qkv):
-            return SplitHeadsFunction.apply(qkv, H, Hkv, D)
+            return SplitHeadsFunction.apply(qkv, H, Hkv, D, head_major)
         q = qkv[..., : H * D].view(B, N, H, D)  # strided views: rope and attention read them in place
         k = qkv[..., H * D : (H + Hkv) * D].view(B, N, Hkv, D)
         v = qkv[..., (H + Hkv) * D :].view(B, N, Hkv, D)
+        if head_major:
+            v = v.transpose(1, 2).contiguous().transpose(1, 2)
         return q, k, v
 
     def _mlp(self, h):
-        gu = _norm_linear(h, self.ffn_norm, self.w_gate_up, self.eps)  # (B, N, 2 ffn)
-        return _swiglu_linear(gu, self.w_down, h)
+        gu = _norm_linear(h, self.ffn_norm, self.w_gate_up, self.eps, self._folded)  # (B, N, 2 ffn)
+        # gu is this call's own: its backward may write gu's gradient over it
+        return _swiglu_linear(gu, self.w_down, h, overwrite=True)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """``x`` (B, N, hidden) -> (B, N, hidden), causal over the N tokens at positions offset + n."""
         B, N, _ = x.shape
         x = x.contiguous()  # the residual of o_proj's epilogue is read as (B N, hidden) rows
-        q, k, v = self._attention_input(x)
-        q, k = rope(q, k, self.cos, self.sin, offset, layout="bnhd")  # (B, N, H, D), contiguous
-        o, _ = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)  # (B, H, N, D)
-        h = _linear(o.transpose(1, 2).reshape(B, N, -1), self.wo, residual=x)
+        head_major = ATTENTION_HEAD_MAJOR
+        if head_major is None:  # the measured choice: head-major where attention's backward will run
+            head_major = _needs_grad(x, self.wqkv, self.attn_norm)
+        q, k, v = self._attention_input(x, head_major)
+        if head_major:  # RoPE reads the projection's (B, H, N, D) views and writes q and k contiguous so
+            q, k = rope(q.transpose(1, 2), k.transpose(1, 2), self.cos, self.sin, offset, layout="bhnd")
+        else:  # (B, N, H, D), contiguous: attention reads their (B, H, N, D) views
+            q, k = (t.transpose(1, 2) for t in rope(q, k, self.cos, self.sin, offset, layout="bnhd"))
+        o, _ = attention(q, k, v.transpose(1, 2), causal=True)  # (B, H, N, D)
+        h = _heads_linear(o, self.wo, x, head_major)
         return self._mlp(h)
 
     @torch.no_grad()
@@ -448,7 +573,8 @@ class LayerPart:
 
 def _decode_ledger(B, H, H_kv, N, n_cache, D, dtype):
     cfg = attention_decode_config(B, H, H_kv, N, n_cache, D)
-    return attention_decode_ledger(B, H, H_kv, N, n_cache, D, dtype, splits=cfg["SPLITS"])
+    return attention_decode_ledger(B, H, H_kv, N, n_cache, D, dtype, splits=cfg["SPLITS"],
+                                   last_combines=cfg["LAST_COMBINES"])  # fmt: skip
 
 
 def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: int, ffn: int, dtype=torch.bfloat16,
@@ -516,6 +642,30 @@ def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: in
     return parts
 
 
-__all__ = ["LLAMA3_8B", "WEIGHT_GRAD", "LayerPart", "LinearFunction", "LlamaLayer", "LlamaLayerReference",
-           "NormLinearFunction", "SplitHeadsFunction", "SwiGLULinearFunction", "TinyLlama",
-           "llama_layer_ledger", "weight_grad"]  # fmt: skip
+def llama_layer_saved(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: int, ffn: int, dtype=torch.bfloat16,
+                      *, keep_h: bool | None = None, **_) -> dict[str, int]:  # fmt: skip
+    """Bytes :class:`LlamaLayer`'s forward keeps for its backward at ``B x N`` tokens, tensor by tensor (its
+    parameters and rotary tables aside): the layer's input x (the QKV projection recomputes rmsnorm(x)
+    from it), RoPE's q and k (attention's inputs), v, attention's output o (which the output projection
+    saves too: one tensor) and its fp32 log-sum-exp, h (the gate/up projection recomputes rmsnorm(h)),
+    and the gate/up output gu, and h = silu(g) u where ``keep_h`` (None: :data:`KEEP_SWIGLU_OUTPUT`; else the
+    down projection recomputes it). Eager's layer keeps, besides, both norms' outputs, the QKV outputs
+    before RoPE, and silu(g)."""
+    T, D, es = B * N, hidden // n_heads, dtype_bytes(dtype)
+    keep_h = KEEP_SWIGLU_OUTPUT if keep_h is None else keep_h
+    return {
+        "x": T * hidden * es,
+        "q (roped)": T * n_heads * D * es,
+        "k (roped)": T * n_kv_heads * D * es,
+        "v": T * n_kv_heads * D * es,
+        "o": T * n_heads * D * es,
+        "lse": B * n_heads * N * 4,
+        "h": T * hidden * es,
+        "gate, up": T * 2 * ffn * es,
+        **({"silu(g) u": T * ffn * es} if keep_h else {}),
+    }
+
+
+__all__ = ["LLAMA3_8B", "WEIGHT_GRAD", "HeadsLinearFunction", "LayerPart", "LinearFunction", "LlamaLayer",
+           "LlamaLayerReference", "NormLinearFunction", "SplitHeadsFunction", "SwiGLULinearFunction", "TinyLlama",
+           "llama_layer_ledger", "llama_layer_saved", "weight_grad"]  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import gpu_only
 
 from fusionlab import runtime
 from fusionlab.instrument import LaunchCounter
@@ -49,10 +50,14 @@ def _want(q, k, v, cache_len=None, causal=True):
 
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("splits", [None, 1, 3], ids=["default", "one split", "three splits"])
+@pytest.mark.parametrize(
+    "splits", [None, 1, 3, (3, False)], ids=["default", "one split", "three splits", "three splits, combine kernel"]
+)
 def test_matches_float64(shape, splits, dtype, tol):
     q, k, v = _qkv(*shape, dtype)
     cfg = None if splits is None else {"SPLITS": splits}
+    if isinstance(splits, tuple):  # the combine in a kernel of its own, not in each KV head's last split
+        cfg = {"SPLITS": splits[0], "LAST_COMBINES": splits[1]}
     got = attention_decode(q, k, v, config=cfg)
     torch.testing.assert_close(got.double(), _want(q, k, v), atol=tol, rtol=tol)
 
@@ -68,8 +73,8 @@ def test_cache_lengths_per_row(causal):
     B, H, H_kv, N_q, N_k, D = 5, 8, 2, 2, 97, 32
     q, k, v = _qkv(B, H, H_kv, N_q, N_k, D, dtype, seed=1)
     lens = torch.tensor([0, 1, 33, 64, 97], device=DEV)
-    for splits in (1, 4):
-        got = attention_decode(q, k, v, lens, causal, config={"SPLITS": splits})
+    for cfg in ({"SPLITS": 1}, {"SPLITS": 4, "LAST_COMBINES": False}, {"SPLITS": 4}):
+        got = attention_decode(q, k, v, lens, causal, config=cfg)
         want = _want(q, k, v, lens, causal)
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
     assert got[0].abs().max() == 0  # the empty row
@@ -100,8 +105,12 @@ def test_a_transposed_cache_is_read_in_place():
     kt, vt = k.transpose(1, 2).contiguous().transpose(1, 2), v.transpose(1, 2).contiguous().transpose(1, 2)
     with LaunchCounter() as counter:
         got = attention_decode(q, kt, vt, config={"SPLITS": 2})
-    assert counter.names == ["_decode_split_kernel", "_decode_combine_kernel"] and counter.passes == []
+    assert counter.names == ["_decode_split_kernel"] and counter.passes == [], "the last split combines"
     torch.testing.assert_close(got.double(), _want(q, k, v), atol=1e-3, rtol=1e-3)
+    with LaunchCounter() as counter:
+        again = attention_decode(q, kt, vt, config={"SPLITS": 2, "LAST_COMBINES": False})
+    assert counter.names == ["_decode_split_kernel", "_decode_combine_kernel"] and counter.passes == []
+    torch.testing.assert_close(again, got, atol=0, rtol=0)  # one merge, in one order, either way
     with LaunchCounter() as counter:
         attention_decode(q, kt, vt, config={"SPLITS": 1})
     assert counter.names == ["_decode_split_kernel"], "one split writes O itself"
@@ -133,5 +142,39 @@ def test_config_ledger_and_flops():
     kv = 8 * 4096 * 128
     rows = 32
     assert led.fused_bytes == 2 * (rows * 128 + 2 * kv + rows * 128) + 4 * 2 * rows * 16 * 130
+    one = attention_decode_ledger(1, 32, 8, 1, 4096, 128, torch.bfloat16, splits=16, last_combines=True)
+    assert one.fused_bytes == led.fused_bytes and {s[0] for s in one.schedule} == {"split + combine"}
     assert led.unfused_bytes > 4 * led.fused_bytes  # eager repeats K and V to 32 heads and writes the scores
     assert attention_decode_flops(1, 32, 1, 4096, 128) == 4 * 32 * 4096 * 128
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_a_captured_call_takes_the_combine_kernel():
+    """In a CUDA graph launches cost the host nothing, and the combine kernel's one program a row is the
+    faster merge: a captured call launches it (whether or not its stream has counters), each graph
+    replays to the launched call's answer (within bf16's rounding: the merge runs in another kernel), in
+    any order, and launched calls after the replays still combine in their last split, bit for bit."""
+    cases = [_qkv(1, 32, 8, 1, 4096, 128, torch.bfloat16, seed=7), _qkv(4, 32, 8, 1, 1024, 128, torch.bfloat16, seed=8)]
+    lens = [torch.tensor([4000], device=DEV), None]
+    want = [attention_decode(q, k, v, n) for (q, k, v), n in zip(cases, lens, strict=True)]
+    warmed = torch.cuda.Stream()
+    warmed.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warmed):  # this stream's counters are made here
+        attention_decode(*cases[0], lens[0])
+    torch.cuda.current_stream().wait_stream(warmed)
+    graphs, outs = [], []
+    for (q, k, v), n, stream in zip(cases, lens, (warmed, torch.cuda.Stream()), strict=True):
+        g = torch.cuda.CUDAGraph()
+        with LaunchCounter() as counter, torch.cuda.graph(g, stream=stream):
+            outs.append(attention_decode(q, k, v, n))
+        assert counter.names == ["_decode_split_kernel", "_decode_combine_kernel"]
+        graphs.append(g)
+    for _ in range(2):
+        for g in reversed(graphs):
+            g.replay()
+    torch.cuda.synchronize()
+    for got, w in zip(outs, want, strict=True):
+        torch.testing.assert_close(got, w)
+    for (q, k, v), n, w in zip(cases, lens, want, strict=True):
+        torch.testing.assert_close(attention_decode(q, k, v, n), w, atol=0, rtol=0)

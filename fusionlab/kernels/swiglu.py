@@ -25,13 +25,24 @@ Shazeer, "GLU Variants Improve Transformer" (2020).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from ..ledger import Ledger
-from ._launch import INT32_LIMIT, KernelInputError, cdiv, check_same, check_tensor, elementwise_config, launch_kwargs
+from ._launch import (
+    INT32_LIMIT,
+    KernelInputError,
+    Launcher,
+    cdiv,
+    check_same,
+    check_tensor,
+    elementwise_config,
+    launch_kwargs,
+)
 from ._tensors import upstream_grad
 
 
@@ -188,74 +199,84 @@ def _needs_int64(n_rows: int, n_cols: int, *views: torch.Tensor) -> bool:
     return any((n_rows - 1) * v.stride(0) + n_cols >= INT32_LIMIT for v in views)
 
 
-def _launch_grid(n_rows: int, n_cols: int, dtype: torch.dtype):
+_launch_fwd = Launcher(_swiglu_kernel)
+_launch_bwd = Launcher(_swiglu_bwd_kernel)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(n_rows: int, n_cols: int, dtype: torch.dtype) -> tuple:
+    """(grid, launch keywords) for the shared element-wise tile: derived once per shape, not on every call."""
     cfg = elementwise_config(n_rows, n_cols, dtype)
-    grid = (cdiv(n_rows, cfg["BLOCK_M"]) * cdiv(n_cols, cfg["BLOCK_N"]),)
-    even = n_rows % cfg["BLOCK_M"] == 0 and n_cols % cfg["BLOCK_N"] == 0
-    return cfg, grid, even
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    grid = (cdiv(n_rows, bm) * cdiv(n_cols, bn),)
+    return grid, {"BLOCK_M": bm, "BLOCK_N": bn, "EVEN": n_rows % bm == 0 and n_cols % bn == 0} | launch_kwargs(
+        cfg["num_warps"]
+    )
+
+
+def _row_stride(x: torch.Tensor, name: str, op: str) -> int:
+    """The stride between x's rows of ``x.shape[-1]`` elements, read off its strides where that is plain
+    arithmetic (contiguous; 2-D; 3-D whose first dimension steps over whole second ones, as a slice of the
+    last dimension does), else from a (rows, N) view (:func:`_rows`): a view costs a decode step's host
+    more than the rest of the wrapper."""
+    shape, stride = x.shape, x.stride()
+    if x.is_contiguous():
+        return shape[-1]
+    if len(shape) == 2:
+        return stride[0]
+    if len(shape) == 3 and stride[0] == stride[1] * shape[1]:
+        return stride[1]
+    return _rows(x, name, op).stride(0)
 
 
 def _swiglu_forward(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     op = "swiglu"
-    g2, u2 = _rows(g, "g", op), _rows(u, "u", op)
+    n_cols = g.shape[-1]
+    sg, su = _row_stride(g, "g", op), _row_stride(u, "u", op)
     h = torch.empty(g.shape, dtype=g.dtype, device=g.device)
     if h.numel() == 0:
         return h
-    n_rows, n_cols = g2.shape
-    h2 = h.view(n_rows, n_cols)
-    cfg, grid, even = _launch_grid(n_rows, n_cols, g.dtype)
-    _swiglu_kernel[grid](
-        g2,
-        u2,
-        h2,
-        n_rows,
-        n_cols,
-        g2.stride(0),
-        u2.stride(0),
-        h2.stride(0),
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"],
-        EVEN=even,
-        INT64=_needs_int64(n_rows, n_cols, g2, u2, h2),
-        **launch_kwargs(cfg["num_warps"]),
-    )
+    n_rows = h.numel() // n_cols
+    grid, kwargs = _plan(n_rows, n_cols, g.dtype)
+    # the largest element offset any program forms: (last row) * (row stride) + (last column)
+    int64 = (n_rows - 1) * max(sg, su, n_cols) + n_cols >= INT32_LIMIT
+    # everything Triton specialises this launch on, cheaper than the launcher working it out: the plan
+    # follows from the shape and dtype; the strides; the inputs' 16-byte alignment (h is fresh: aligned)
+    key = (n_rows, n_cols, sg, su, g.dtype, int64, g.data_ptr() & 15, u.data_ptr() & 15)
+    # the tensors themselves as the kernel's pointers: it indexes them as (rows, N) with these strides
+    _launch_fwd(grid, g, u, h, n_rows, n_cols, sg, su, n_cols, INT64=int64, key=key, **kwargs)
     return h
 
 
-def _swiglu_backward(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(dg, du)`` from one kernel: reads dh, g, u; writes dg, du."""
+def _swiglu_backward(
+    dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dg, du)`` from one kernel: reads dh, g, u; writes dg, du.
+
+    ``out``: ``(dg, du)`` to write into (g's shape, rows that view as g's do), instead of two new tensors.
+    They may be g and u themselves, or dh and one of them: every element is read before it is written, by
+    the one program that writes it, so the gradient can take the saved activations' memory (the layer's
+    MLP backward hands back its gate/up output's gradient that way, :class:`fusionlab.model.SwiGLULinearFunction`).
+    """
     op = "swiglu backward"
     try:
         dh2 = _rows(dh, "dh", op)
     except KernelInputError:
         dh2 = dh.contiguous().view(-1, dh.shape[-1])
     g2, u2 = _rows(g, "g", op), _rows(u, "u", op)
-    dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
-    du = torch.empty(u.shape, dtype=u.dtype, device=u.device)
+    if out is None:
+        dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
+        du = torch.empty(u.shape, dtype=u.dtype, device=u.device)
+    else:
+        dg, du = out
     if dg.numel() == 0:
         return dg, du
     n_rows, n_cols = g2.shape
-    dg2, du2 = dg.view(n_rows, n_cols), du.view(n_rows, n_cols)
-    cfg, grid, even = _launch_grid(n_rows, n_cols, g.dtype)
-    _swiglu_bwd_kernel[grid](
-        dh2,
-        g2,
-        u2,
-        dg2,
-        du2,
-        n_rows,
-        n_cols,
-        dh2.stride(0),
-        g2.stride(0),
-        u2.stride(0),
-        dg2.stride(0),
-        du2.stride(0),
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"],
-        EVEN=even,
-        INT64=_needs_int64(n_rows, n_cols, dh2, g2, u2, dg2, du2),
-        **launch_kwargs(cfg["num_warps"]),
-    )
+    dg2, du2 = _rows(dg, "dg", op), _rows(du, "du", op)
+    grid, kwargs = _plan(n_rows, n_cols, g.dtype)
+    _launch_bwd(grid, dh2, g2, u2, dg2, du2, n_rows, n_cols, dh2.stride(0), g2.stride(0), u2.stride(0),
+                dg2.stride(0), du2.stride(0), INT64=_needs_int64(n_rows, n_cols, dh2, g2, u2, dg2, du2),
+                **kwargs)  # fmt: skip
     return dg, du
 
 

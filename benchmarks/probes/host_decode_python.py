@@ -1,0 +1,62 @@
+"""Probe: how much of a batch-1 decode attention call's host time is the package's own Python
+(benchmarks/notes_lesson9.md, "decode host time"). CPU only: the launchers are replaced by no-ops, so
+what is timed is the wrapper (the shared input check, the cache-length check, the plan, the output and
+workspace allocations, the specialisation key), beside the part of it the check takes.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/probes/host_decode_python.py
+"""
+
+import cProfile
+import pstats
+import time
+
+import torch
+
+import fusionlab  # noqa: F401
+from fusionlab.kernels import _attention
+from fusionlab.kernels import attention_decode as AD
+
+
+def _nop(grid, *args, key=None, **kwargs):  # stands in for a Launcher: launches nothing
+    return None
+
+
+AD._launch_split = AD._launch_combine = _nop
+H, H_kv, N_k, D = 32, 8, 4096, 128
+q = torch.randn(1, H, 1, D)
+k = torch.randn(1, H_kv, N_k, D)
+lens = torch.full((1,), N_k - 1)
+
+
+def per_call_us(fn, calls=400, rounds=7, warmup=200):
+    """Host microseconds a call of ``fn()``: the fastest of ``rounds`` rounds of ``calls`` calls (this
+    machine's other work only ever adds time)."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, time.perf_counter() - t0)
+    return best / calls * 1e6
+
+
+with torch.no_grad():
+    rows = {
+        "attention_decode, no launches": lambda: AD.attention_decode(q, k, k, lens),
+        "attention_decode, no lengths": lambda: AD.attention_decode(q, k, k),
+        "check_inputs": lambda: _attention.check_inputs(q, k, k, True, None, op=AD.OP),
+        "torch.empty (o)": lambda: torch.empty(q.shape, dtype=q.dtype, device=q.device),
+        "sdpa on this CPU (with its compute)": lambda: torch.nn.functional.scaled_dot_product_attention(
+            q, k, k, enable_gqa=True
+        ),
+    }
+    for name, fn in rows.items():
+        print(f"{name}: {per_call_us(fn):.2f} us")
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(2000):
+        AD.attention_decode(q, k, k, lens)
+    pr.disable()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(12)
