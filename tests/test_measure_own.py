@@ -117,12 +117,25 @@ def test_dram_counts_against_a_ledger_name_a_forgotten_reread(monkeypatch):
         ex.compare_with_dram(big_out, short, "w", l2=50 * 2**20)
 
 
-def test_l2_counts_hold_the_rereads_dram_does_not_see():
+def test_l2_counts_bound_a_ledger_from_below():
     led = Ledger(dtype_bytes=torch.float32).op("matmul", reads={"A": 64 * 2**20, "B": 64 * 2**20}, writes={"C": 2**20})
     seen = {"l2_bytes": led.fused_bytes * 1.01, "dram_read": 2**23, "dram_write": 2**22}
-    ex.compare_with_l2(led, seen, "my_ledger(...)")
-    with pytest.raises(CheckFailed, match="through the L2 .*the re-reads the L2 served"):
-        ex.compare_with_l2(led, {**seen, "l2_bytes": led.fused_bytes * 2}, "my_ledger(...)")
+    ex.compare_with_l2_floor(led, seen, "my_ledger(...)")
+    # the SMs' own caches served a share of the re-reads (the H200, 2026-11-27: 0.73x at 16 x 64 tiles)
+    ex.compare_with_l2_floor(led, {**seen, "l2_bytes": led.fused_bytes * 0.73}, "my_ledger(...)")
+    with pytest.raises(CheckFailed, match="through the L2 alone, more than your ledger"):
+        ex.compare_with_l2_floor(led, {**seen, "l2_bytes": led.fused_bytes * 2}, "my_ledger(...)")
+
+
+def test_a_small_output_is_held_to_the_whole_counts_tolerance():
+    # row_var on the H200 (2026-11-27): 1 GiB read, a 1 MiB output, 3.98 MiB written to DRAM
+    rows, n = 2**18, 1024
+    led = Ledger(dtype_bytes=torch.float32).op("var", reads={"x": rows * n}, writes={"v": rows})
+    seen = {"dram_read": rows * n * 4 * 1.001, "dram_write": 3.98 * 2**20, "l2_bytes": 0.0}
+    ex.compare_with_dram(led, seen, "row_var_ledger(...)", l2=60 * 2**20)
+    rows_back = Ledger(dtype_bytes=torch.float32).op("var", reads={"x": rows * n}, writes={"v": rows * n})
+    with pytest.raises(CheckFailed, match="written"):  # a ledger that writes the rows back still fails
+        ex.compare_with_dram(rows_back, seen, "row_var_ledger(...)", l2=60 * 2**20)
 
 
 def test_without_counters_the_check_says_why_once_and_falls_back(monkeypatch, capsys):
@@ -300,7 +313,7 @@ def test_gpu_the_matmul_and_attention_ledgers_are_held_against_the_l2(monkeypatc
         writes = {"O": B * H * N_q * D, "lse": B * H * N_q}  # lse is fp32 whatever the inputs' dtype
         return Ledger(dtype_bytes=dtype, sizes={"lse": 4}).op("attention", reads=reads, writes=writes)
 
-    assert "through the L2" in ex.check_matmul_trips(mm).message
+    assert "of your ledger crossed the L2" in ex.check_matmul_trips(mm).message
     assert "of your ledger crossed the L2" in ex.check_attention_trips(attn).message
     with pytest.raises(CheckFailed, match="through the L2 alone"):  # K and V once: the re-reads forgotten
         ex.check_attention_trips(lambda B, H, N_q, N_k, D, dtype, bm: attn(B, H, N_q, N_k, D, dtype, N_q))

@@ -138,10 +138,6 @@ DRAM_TOLERANCE = 0.03
 #: bytes through the L2 against the ledger's whole trips (loads served there included): at most this much
 #: more (sectors at the edges)...
 L2_TOLERANCE = 0.10
-#: ...and at most this much less: a program may find a tile another program on its SM just loaded in the
-#: SM's own cache (the H200, 2026-11-27: 0.88x at 640 x 576 x 704, tiles of 16 x 16). A ledger that forgets
-#: the re-reads is off by the number of tiles (32 and more at these sizes)
-L2_SERVED_BY_L1 = 0.25
 #: bytes any count may differ by whatever the size (the H200, 2026-11-27, wrote 331 KiB to DRAM for a
 #: kernel whose output is 2 KiB): a thousandth of the gigabyte-sized counts'
 SLACK = 2**20
@@ -187,31 +183,20 @@ def compare_with_dram(led: Ledger, c: dict, where: str, l2: int) -> None:
                 else ""
             )  # fmt: skip
         )
-    if not want_w - l2 - SLACK <= w <= (1 + DRAM_TOLERANCE) * want_w + SLACK:
+    # a kernel whose output is a sliver of its traffic: DRAM's write count moves with the traffic around it
+    # (the H200, 2026-11-27: 3.98 MiB written by row_var, whose output is 1 MiB of 1 GiB moved), so the
+    # upper bound's slack is the tolerance of the whole count; a ledger that writes the rows back still fails
+    if not want_w - l2 - SLACK <= w <= want_w + DRAM_TOLERANCE * (want_r + want_w) + SLACK:
         raise CheckFailed(
             f"{where}: your ledger says {human_bytes(want_w)} written; your kernel, {how}, wrote {human_bytes(w)} to "
             f"DRAM (up to the L2's {human_bytes(l2)} may still be in it when the kernel ends).{_why(want_w, round(w))}"
         )
 
 
-def compare_with_l2(led: Ledger, c: dict, where: str) -> None:
-    """Fail unless the bytes through the L2 (every load and store the kernel makes, less what the SMs' own
-    caches served) are the ledger's fused trips, :data:`L2_TOLERANCE` over or :data:`L2_SERVED_BY_L1`
-    under at most; DRAM's bytes are shown beside them (the re-reads the L2 served)."""
-    want = led.fused_bytes
-    got = c["l2_bytes"]
-    if not (1 - L2_SERVED_BY_L1) * want - SLACK <= got <= (1 + L2_TOLERANCE) * want + SLACK:
-        raise CheckFailed(
-            f"{where}: your ledger says {human_bytes(want)} in all; the kernel, counted by the GPU (Nsight Compute), "
-            f"moved {human_bytes(got)} through the L2 (and {human_bytes(c['dram_read'] + c['dram_write'])} from and "
-            f"to DRAM: the re-reads the L2 served).{_why(want, round(got))}"
-        )
-
-
 def compare_with_l2_floor(led: Ledger, c: dict, where: str) -> None:
     """Fail where the L2 alone saw more bytes than the ledger has the kernel ask for (every byte the L2
-    sees was asked for; the SMs' own caches may serve more of the re-reads than :func:`compare_with_l2`
-    allows, so here the counters bound the ledger from below only)."""
+    sees was asked for; the SMs' own caches serve some of a tiled kernel's re-reads, as many as its programs
+    share, so the counters bound the ledger from below only)."""
     want, got = led.fused_bytes, c["l2_bytes"]
     if got > (1 + L2_TOLERANCE) * want + SLACK:
         raise CheckFailed(
@@ -370,10 +355,24 @@ def check_matmul_trips(my_ledger) -> grading.Passed:
             where = "my_ledger({}, {}, {}, block_m={}, block_n={}, float32)".format(*spec)
             return where, call_learner(my_ledger, *spec, torch.float32, name="my_ledger", where=where)
 
-        note = _on_gpu({}, "matmul", specs, at, compare_with_l2, "bytes through the L2, where re-reads are served")
-        if note:
+        got = gpu_counters({}, "matmul", specs)
+        if got is not None:
+            seen = []
+            for spec, c in zip(specs, got, strict=True):
+                where, led = at(spec)
+                led = _ledger(led, where)
+                # programs of one SM share tiles in its own cache (the H200, 2026-11-27: 0.73x of the re-reads
+                # crossed the L2 at 16 x 64 tiles): the L2 bounds the ledger from below, the schedule's count
+                # holds it tensor by tensor
+                compare_with_l2_floor(led, c, where)
+                schedule = matmul_ledger(*spec[:5], torch.float32)
+                compare_with_count(led, ledger_by_tensor(schedule), where, True, how=SCHEDULE_COUNT)
+                seen.append(c["l2_bytes"] / led.fused_bytes)
             return grading.passed(
-                f"✓ matmul ledger: A read once per column of tiles, B once per row of tiles, C written once{note}"
+                "✓ matmul ledger: A read once per column of tiles, B once per row of tiles, C written once (counted "
+                f"by this GPU under Nsight Compute at {len(specs)} sizes: {min(seen):.2f}-{max(seen):.2f}x of your "
+                "ledger crossed the L2, the rest of the tiles' re-reads served by the SMs' own caches; your ledger "
+                "held tensor by tensor against the package's count of the schedule)"
             )
     shapes = []
     for block_m, block_n in tiles:
