@@ -43,6 +43,7 @@ from fusionlab.kernels.linear import linear
 from fusionlab.kernels.rmsnorm import rmsnorm
 from fusionlab.kernels.rope import rope, rope_cache_write, rope_eager
 from fusionlab.kernels.swiglu import swiglu
+from fusionlab.lessons.l9.suite import DecodeStep, graphed  # the capture lesson 9's suite times, one copy
 from fusionlab.model import LLAMA3_8B, LlamaLayer, LlamaLayerReference, weight_grad
 
 DT = torch.bfloat16
@@ -139,33 +140,6 @@ def prefill(run, ref, lay, B, N, max_autotune):
         print("prefill", name, json.dumps(row), flush=True)
 
 
-def _graphed(fn, *args):
-    """``fn(*args)`` captured in a CUDA graph (after a warm-up on a side stream); returns the replay."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):  # the warmed stream: attention_decode's counters exist there
-        fn(*args)
-    return g.replay
-
-
-class _DecodeStep(torch.nn.Module):
-    """The reference decode step with its caches as buffers (static to cudagraphs)."""
-
-    def __init__(self, ref, kc, vc):
-        super().__init__()
-        self.ref = ref
-        self.register_buffer("kc", kc)
-        self.register_buffer("vc", vc)
-
-    def forward(self, x, lens):
-        return self.ref.decode(x, self.kc, self.vc, lens)
-
-
 def decode(run, ref, lay):
     H_kv, D = LLAMA3_8B["n_kv_heads"], LLAMA3_8B["hidden"] // LLAMA3_8B["n_heads"]
     for B in (1, 64):
@@ -186,12 +160,12 @@ def decode(run, ref, lay):
                 "fused": lambda: lay.decode(x, kf, vf, lens),
             }
             try:
-                cases["fused graph"] = _graphed(lay.decode, x, kf, vf, lens)
+                cases["fused graph"] = graphed(lay.decode, x, kf, vf, lens)
             except Exception as e:
                 row["fused graph error"] = f"{type(e).__name__}: {str(e)[:300]}"
             t0 = time.time()
             try:
-                step = _DecodeStep(ref, kc.clone(), vc.clone())
+                step = DecodeStep(ref, kc.clone(), vc.clone())
                 compiled = torch.compile(step, mode="reduce-overhead", dynamic=False)
                 for _ in range(3):
                     compiled(x, lens)
