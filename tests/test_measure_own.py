@@ -127,6 +127,30 @@ def test_l2_counts_bound_a_ledger_from_below():
         ex.compare_with_l2_floor(led, {**seen, "l2_bytes": led.fused_bytes * 2}, "my_ledger(...)")
 
 
+def test_shared_tiles_bound_the_ledger_from_below_and_the_schedule_holds_it(monkeypatch):
+    # the GPU path of the matmul and attention exercises, on counters faked as the H200 gave them (2026-11-27:
+    # 0.73x of the matmul's ledger crossed the L2 at 16 x 64 tiles)
+    from fusionlab.kernels.matmul import matmul_ledger
+
+    specs = [[640, 512, 768, 16, 64]]
+    schedule = lambda spec: matmul_ledger(*spec, torch.float32)  # noqa: E731
+    l2 = 0.73 * schedule(specs[0]).fused_bytes
+    monkeypatch.setattr(ex, "gpu_counters", lambda fns, b, sp: [{"l2_bytes": l2, "dram_read": 0, "dram_write": 0}])
+
+    def at(ledger):
+        return lambda spec: ("my_ledger(...)", ledger(spec))
+
+    note = ex._on_gpu_shared("matmul", specs, at(schedule), schedule, "the tiles' re-reads")
+    assert "0.73-0.73x of your ledger crossed the L2" in note
+    once = lambda spec: Ledger(dtype_bytes=4).op(  # noqa: E731  (A and B read once: the re-reads forgotten)
+        "matmul", reads={"A": spec[0] * spec[2], "B": spec[2] * spec[1]}, writes={"C": spec[0] * spec[1]}
+    )
+    with pytest.raises(CheckFailed, match="through the L2 alone"):
+        ex._on_gpu_shared("matmul", specs, at(once), schedule, "the tiles' re-reads")
+    monkeypatch.setattr(ex, "gpu_counters", lambda fns, b, sp: None)  # no counters here: the caller falls back
+    assert ex._on_gpu_shared("matmul", specs, at(schedule), schedule, "the tiles' re-reads") is None
+
+
 def test_a_small_output_is_held_to_the_whole_counts_tolerance():
     # row_var on the H200 (2026-11-27): 1 GiB read, a 1 MiB output, 3.98 MiB written to DRAM
     rows, n = 2**18, 1024

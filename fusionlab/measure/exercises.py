@@ -206,6 +206,29 @@ def compare_with_l2_floor(led: Ledger, c: dict, where: str) -> None:
         )
 
 
+def _on_gpu_shared(builder: str, specs: list[list], ledger_at, schedule_at, rereads: str, hints=None) -> str | None:
+    """The check of a tiled kernel whose programs share re-read tiles in their SM's own cache (the matmul's A
+    and B, attention's K and V; the H200, 2026-11-27: 0.73x of the matmul's ledger crossed the L2 at 16 x 64
+    tiles): the L2's bytes bound the learner's ledger from below (:func:`compare_with_l2_floor`), and the
+    package's count of the same schedule (``schedule_at(spec)``) holds it tensor by tensor. The note that
+    says so, or None where there are no counters here (the caller falls back)."""
+    got = gpu_counters({}, builder, specs)
+    if got is None:
+        return None
+    seen = []
+    for spec, c in zip(specs, got, strict=True):
+        where, led = ledger_at(spec)
+        led = _ledger(led, where)
+        compare_with_l2_floor(led, c, where)
+        compare_with_count(led, ledger_by_tensor(schedule_at(spec)), where, True, hints, how=SCHEDULE_COUNT)
+        seen.append(c["l2_bytes"] / led.fused_bytes)
+    return (
+        f" (counted by this GPU under Nsight Compute at {len(specs)} sizes: {min(seen):.2f}-{max(seen):.2f}x of "
+        f"your ledger crossed the L2, the rest of {rereads} served by the SMs' own caches; your ledger held "
+        "tensor by tensor against the package's count of the schedule)"
+    )
+
+
 def _on_gpu(fns: dict, builder: str, specs: list[list], ledger_at, compare, measure: str) -> str | None:
     """The check on this GPU's counters: the learner's ledger at each spec (``ledger_at(spec)`` returns
     ``(where, ledger)``) held against the counters of the kernel run there (``compare``); the note that
@@ -355,24 +378,11 @@ def check_matmul_trips(my_ledger) -> grading.Passed:
             where = "my_ledger({}, {}, {}, block_m={}, block_n={}, float32)".format(*spec)
             return where, call_learner(my_ledger, *spec, torch.float32, name="my_ledger", where=where)
 
-        got = gpu_counters({}, "matmul", specs)
-        if got is not None:
-            seen = []
-            for spec, c in zip(specs, got, strict=True):
-                where, led = at(spec)
-                led = _ledger(led, where)
-                # programs of one SM share tiles in its own cache (the H200, 2026-11-27: 0.73x of the re-reads
-                # crossed the L2 at 16 x 64 tiles): the L2 bounds the ledger from below, the schedule's count
-                # holds it tensor by tensor
-                compare_with_l2_floor(led, c, where)
-                schedule = matmul_ledger(*spec[:5], torch.float32)
-                compare_with_count(led, ledger_by_tensor(schedule), where, True, how=SCHEDULE_COUNT)
-                seen.append(c["l2_bytes"] / led.fused_bytes)
+        note = _on_gpu_shared("matmul", specs, at, lambda spec: matmul_ledger(*spec, torch.float32),
+                              "the tiles' re-reads")  # fmt: skip
+        if note:
             return grading.passed(
-                "✓ matmul ledger: A read once per column of tiles, B once per row of tiles, C written once (counted "
-                f"by this GPU under Nsight Compute at {len(specs)} sizes: {min(seen):.2f}-{max(seen):.2f}x of your "
-                "ledger crossed the L2, the rest of the tiles' re-reads served by the SMs' own caches; your ledger "
-                "held tensor by tensor against the package's count of the schedule)"
+                f"✓ matmul ledger: A read once per column of tiles, B once per row of tiles, C written once{note}"
             )
     shapes = []
     for block_m, block_n in tiles:
@@ -425,23 +435,20 @@ def check_attention_trips(my_ledger) -> grading.Passed:
     if runtime.is_gpu():
         specs = attention_gpu_specs(rng)
 
-        got = gpu_counters({}, "attention", specs)
-        if got is not None:
-            seen = []
-            for (B, H, N_q, N_k, D, bm, dtype), c in zip(specs, got, strict=True):
-                where = f"my_ledger({B}, {H}, {N_q}, {N_k}, {D}, {dtype}, block_m={bm})"
-                led = _ledger(call_learner(my_ledger, B, H, N_q, N_k, D, getattr(torch, dtype), bm,
-                                           name="my_ledger", where=where), where)  # fmt: skip
-                compare_with_l2_floor(led, c, where)
-                schedule = attention_ledger(B, H, N_q, N_k, D, getattr(torch, dtype), block_m=bm)
-                compare_with_count(led, ledger_by_tensor(schedule), where, True, LSE_HINT, how=SCHEDULE_COUNT)
-                seen.append(c["l2_bytes"] / led.fused_bytes)
-            return grading.passed(
-                f"✓ attention ledger: {tiles} (counted by this GPU under Nsight Compute at {len(specs)} sizes: "
-                f"{min(seen):.2f}-{max(seen):.2f}x of your ledger crossed the L2, the rest of K's and V's re-reads "
-                "served by the SMs' own caches, where programs of one head share them; your ledger held tensor by "
-                "tensor against the package's count of the schedule)"
-            )
+        def at(spec):
+            B, H, N_q, N_k, D, bm, dtype = spec
+            where = f"my_ledger({B}, {H}, {N_q}, {N_k}, {D}, {dtype}, block_m={bm})"
+            return where, call_learner(my_ledger, B, H, N_q, N_k, D, getattr(torch, dtype), bm, name="my_ledger",
+                                       where=where)  # fmt: skip
+
+        def schedule(spec):
+            B, H, N_q, N_k, D, bm, dtype = spec
+            return attention_ledger(B, H, N_q, N_k, D, getattr(torch, dtype), block_m=bm)
+
+        note = _on_gpu_shared("attention", specs, at, schedule, "K's and V's re-reads (programs of one head share "
+                              "them)", LSE_HINT)  # fmt: skip
+        if note:
+            return grading.passed(f"✓ attention ledger: {tiles}{note}")
     shapes = []
     # the second shape in 16 bits: lse stays fp32 (4 bytes a row) whatever the inputs' dtype
     for block_m, dtype in ((16, torch.float32), (32, runtime.HALF)):
