@@ -110,7 +110,11 @@ def check_decode_floor(fn) -> Passed:
             got = tuple(number(x, f"{name}{args}", u) for x, u in zip(out, ("FLOPs", "bytes"), strict=True))
             want = decode_floor(*args)
             close = lambda a, b: abs(a - b) <= FLOOR_TOL * abs(b)  # noqa: E731
-            if close(got[0], want.flops) and close(got[1], want.nbytes):
+            # the norms' weights and the new token's own tensors (x, the output, the new k and v) are a sliver
+            # of the step, and the exercise asks for the weights and the cache: an answer may leave them out
+            optional = want.other_bytes + 2 * hidden * es
+            lo, hi = (want.nbytes - optional) * (1 - FLOOR_TOL), want.nbytes * (1 + FLOOR_TOL)
+            if close(got[0], want.flops) and lo <= got[1] <= hi:
                 checks += 1
                 continue
             for mistake, alt in _floor_mistakes(*args).items():
@@ -305,15 +309,21 @@ COMBINE_SHAPES = ((6, 4, 16), (37, 3, 64), (5, 1, 32), (9, 13, 80), (130, 5, 16)
 
 def combine_inputs(R: int, S: int, D: int, gen: torch.Generator, device=None):
     """Partials as the split writes them (:func:`split_partials_reference`), one query per row, each row's
-    keys of its own count: some splits of some rows empty (m -inf, l 0, acc 0), row 1 with no key at all,
-    every split's max its own (the scores spread so the maxima differ by tens)."""
+    keys of its own count: row 0 with fewer keys than splits (its last splits empty: m -inf, l 0, acc 0), row 1
+    with no key at all, the others drawn (some with empty splits too), every split's max its own (the scores
+    spread so the maxima differ by tens)."""
     device = device or runtime.DEVICE
     acc = torch.zeros(R, S, D, dtype=torch.float64)
     m = torch.full((R, S), -math.inf, dtype=torch.float64)
     l = torch.zeros(R, S, dtype=torch.float64)  # noqa: E741
     L = 7
     for r in range(R):
-        n = 0 if r == 1 and R > 1 else int(torch.randint(1, S * L + 1, (1,), generator=gen))
+        if r == 1 and R > 1:
+            n = 0
+        elif r == 0 and S > 1:
+            n = int(torch.randint(1, S, (1,), generator=gen))
+        else:
+            n = int(torch.randint(1, S * L + 1, (1,), generator=gen))
         if n == 0:
             continue
         q = torch.randn(1, 1, D, generator=gen, dtype=torch.float64) * 3
