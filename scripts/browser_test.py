@@ -102,6 +102,11 @@ CLASSIC_JS = {
                 outputs: JSON.parse(JSON.stringify(c.output_area.outputs))};
     }).filter(Boolean)""",
     "idle": "() => !!document.querySelector('#kernel_indicator_icon.kernel_idle_icon')",
+    # ipywidgets 7's nbextension loads through require.js and registers its comm target when the kernel
+    # is created, which can land after the kernel is idle: a Run All before it leaves every widget
+    # unrendered (seen on CI's 2-core machine, 2026-11-27: lesson 4, no Step button, no bar image)
+    "widgets": """() => !!(Jupyter.notebook.kernel && Jupyter.notebook.kernel.comm_manager
+        && Jupyter.notebook.kernel.comm_manager.targets['jupyter.widget'])""",
 }
 
 
@@ -207,6 +212,8 @@ def run_lesson(page, server: Server, out: Path, timeout_s: float, lesson: str = 
     t0 = time.monotonic()
     page.goto(server.url(lesson))
     _wait(page, js["ready"], "the notebook and its kernel", 120, arg=lesson)
+    if "widgets" in js:
+        _wait(page, js["widgets"], "ipywidgets' widget manager (its comm target) in the page", 60)
     loaded = time.monotonic()
     page.evaluate(js["run_all"])
     time.sleep(1)
