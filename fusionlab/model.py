@@ -44,6 +44,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .kernels._norms import eager_steps
 from .kernels._tensors import upstream_grad  # the shared normaliser every backward's gradient goes through
 from .kernels.attention import attention, attention_flops, attention_ledger
 from .kernels.attention_decode import attention_decode, attention_decode_config, attention_decode_ledger
@@ -54,7 +55,7 @@ from .kernels.rmsnorm import rmsnorm, rmsnorm_flops, rmsnorm_ledger
 from .kernels.rmsnorm_linear import fold_rmsnorm_weight, rmsnorm_linear
 from .kernels.rope import rope, rope_cache_write, rope_eager, rope_flops, rope_ledger, rope_tables
 from .kernels.swiglu import _swiglu_backward, _swiglu_forward, swiglu, swiglu_flops, swiglu_ledger
-from .ledger import dtype_bytes
+from .ledger import Ledger, dtype_bytes
 
 #: Llama-3-8B's layer: hidden 4096, 32 query heads, 8 KV heads (head dim 128), FFN 14336
 LLAMA3_8B = dict(hidden=4096, n_heads=32, n_kv_heads=8, ffn=14336, eps=1e-5, rope_base=500000.0)
@@ -577,8 +578,54 @@ def _decode_ledger(B, H, H_kv, N, n_cache, D, dtype):
                                    last_combines=cfg["LAST_COMBINES"])  # fmt: skip
 
 
+def torch_fuses_rms_norm() -> bool:
+    """Whether ``F.rms_norm`` (the reference layer's norm) runs as one kernel on a CUDA GPU with this torch.
+
+    torch's ``rms_norm`` (aten/src/ATen/native/layer_norm.cpp, ``rms_norm_symint``) calls
+    ``at::_fused_rms_norm`` unless the input is channels-last or complex or the weight's dtype differs from
+    the input's; that op has a CUDA kernel (``_fused_rms_norm_cuda``, aten/src/ATen/native/cuda/
+    layer_norm_kernel.cu, pytorch/pytorch#153666) and elsewhere only a composite one: on a CPU it runs
+    ``rms_norm_composite``, eight aten ops in bf16. The rule: a torch built with CUDA is asked whether the op
+    has a CUDA kernel; a CPU-only build registers no CUDA kernels and cannot tell, so there the op's
+    existence stands for it. tests/test_layer.py holds the rule to what ``F.rms_norm`` dispatches on a GPU."""
+    if not hasattr(torch.ops.aten, "_fused_rms_norm"):
+        return False
+    if torch.backends.cuda.is_built():
+        return torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm", "CUDA")
+    return True
+
+
+#: ``rms_norm_composite``'s fp32 tensors (x upcast, its square, the row statistics, the products)
+_RMS_F32 = ("hf", "sq", "var", "rs", "hn", "y32")
+
+
+def _eager_rms_norm(rows: int, n: int, dtype, fused: bool) -> tuple[int, int]:
+    """``F.rms_norm`` of ``rows`` rows of ``n`` (weight in x's dtype, no residual) as torch runs it on a CUDA
+    GPU: ``(bytes, kernels)``.
+
+    Fused (``_fused_rms_norm_cuda``): one kernel, ``vectorized_layer_norm_kernel`` with ``rms_norm`` set
+    (rows of a multiple of 4 elements, 16-byte aligned, at most 2**24: a Llama layer's), which reads x and w
+    and writes y and rstd (``rows`` fp32): the op always allocates rstd and the kernel writes it, in
+    inference too. The same trips as lesson 4's kernel with ``stats=True``, so that ledger counts them (one
+    pass: the kernel re-reads its row from cache, not HBM). Op by op (``rms_norm_composite``, what a CPU
+    runs): x to fp32, pow, mean, add eps, rsqrt, times rstd, times w (in fp32: w promotes), back to x's
+    dtype; lesson 4's :func:`~fusionlab.kernels.rmsnorm.rmsnorm_eager` is Hugging Face's order instead
+    (back to x's dtype, then times w), as many kernels and fewer bytes."""
+    if fused:
+        return rmsnorm_ledger(rows, n, dtype, residual=False, stats=True, block=n).fused_bytes, 1
+    low = dtype_bytes(dtype) != 4  # fp16/bf16: the upcast and the cast back are kernels; fp32: no-ops
+    hf, y = ("hf", "y32") if low else ("x", "y")
+    led = Ledger(dtype_bytes=dtype, sizes={"w": dtype, **dict.fromkeys(_RMS_F32, torch.float32)})
+    steps = [low and "to fp32: x -> hf", f"pow: {hf} -> sq", "mean: sq -> var", "add eps: var -> var",
+             "rsqrt: var -> rs", f"mul rstd: {hf} rs -> hn", f"mul w: hn w -> {y}",
+             low and "to dtype: y32 -> y"]  # fmt: skip
+    eager_steps(led, steps, rows, n, per_row=("var", "rs"))
+    return led.unfused_bytes, len(led.ops)
+
+
 def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: int, ffn: int, dtype=torch.bfloat16,
-                       *, n_cache: int | None = None, **_) -> list[LayerPart]:  # fmt: skip
+                       *, n_cache: int | None = None, fused_rms_norm: bool | None = None,
+                       **_) -> list[LayerPart]:  # fmt: skip
     """The forward, part by part, for ``B x N`` tokens (``**LLAMA3_8B`` fits the keywords): each op's own
     ledger (its module's ``*_ledger``), so the layer's count is the sum of the lessons' counts.
 
@@ -591,19 +638,25 @@ def llama_layer_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: in
     Eager runs the projections as separate matmuls (q, k, v: three; gate, up: two), each reading its
     input, and adds the residuals in kernels of their own; the package's layer runs one matmul for QKV
     and one for gate/up, and adds the residuals in the epilogues. Both run flash attention (SDPA's, the
-    package's: the same trips) and copy attention's output to (B, N, H D) rows. Eager's RMSNorm and
-    RoPE are counted op by op as their modules' eager functions run them. The matmuls' weights are read
-    once (the ideal tile: :func:`~fusionlab.kernels.matmul.matmul_ledger` counts the re-reads)."""
+    package's: the same trips) and copy attention's output to (B, N, H D) rows. Eager's RMSNorm is
+    ``F.rms_norm`` as torch runs it on a CUDA GPU: one kernel where this torch has the fused op
+    (``fused_rms_norm``, default :func:`torch_fuses_rms_norm`), op by op otherwise (:func:`_eager_rms_norm`).
+    Eager's RoPE is counted op by op as :func:`~fusionlab.kernels.rope.rope_eager` runs it. The matmuls'
+    weights are read once (the ideal tile: :func:`~fusionlab.kernels.matmul.matmul_ledger` counts the
+    re-reads)."""
     T, D = B * N, hidden // n_heads
+    if fused_rms_norm is None:
+        fused_rms_norm = torch_fuses_rms_norm()
     es = dtype_bytes(dtype)
     parts = []
 
     def add(name, flops, eager, fused, ek, fk):
         parts.append(LayerPart(name, int(flops), int(eager), int(fused), ek, fk))
 
-    def norm(name):
-        led = rmsnorm_ledger(T, hidden, dtype, residual=False)
-        add(name, rmsnorm_flops(T, hidden, residual=False), led.unfused_bytes, led.fused_bytes, led.kernels_unfused, 1)
+    def norm(name):  # eager: F.rms_norm; fused: the package's kernel, in inference (no rstd written)
+        eager, kernels = _eager_rms_norm(T, hidden, dtype, fused_rms_norm)
+        fused = rmsnorm_ledger(T, hidden, dtype, residual=False).fused_bytes
+        add(name, rmsnorm_flops(T, hidden, residual=False), eager, fused, kernels, 1)
 
     def matmuls(name, k, widths, residual=False):
         # eager: one matmul per width, each reading x; fused: one matmul over the stacked weights
@@ -668,4 +721,4 @@ def llama_layer_saved(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: int
 
 __all__ = ["LLAMA3_8B", "WEIGHT_GRAD", "HeadsLinearFunction", "LayerPart", "LinearFunction", "LlamaLayer",
            "LlamaLayerReference", "NormLinearFunction", "SplitHeadsFunction", "SwiGLULinearFunction", "TinyLlama",
-           "llama_layer_ledger", "llama_layer_saved", "weight_grad"]  # fmt: skip
+           "llama_layer_ledger", "llama_layer_saved", "torch_fuses_rms_norm", "weight_grad"]  # fmt: skip

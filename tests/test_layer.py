@@ -5,10 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import gpu_only
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fusionlab import runtime
 from fusionlab.instrument import LaunchCounter
-from fusionlab.model import LLAMA3_8B, LlamaLayer, LlamaLayerReference, TinyLlama, llama_layer_ledger, weight_grad
+from fusionlab.model import (
+    LLAMA3_8B,
+    LlamaLayer,
+    LlamaLayerReference,
+    TinyLlama,
+    llama_layer_ledger,
+    torch_fuses_rms_norm,
+    weight_grad,
+)
 
 DEV = runtime.DEVICE
 # tiny: hidden 64, 4 query heads and 2 KV heads of 16, FFN 96 (GQA 2:1, every kernel's masks in play)
@@ -117,6 +126,62 @@ def test_layer_ledger_at_llama3_8b():
     assert down.eager_bytes - down.fused_bytes == 2 * T * 4096 * es
     assert all(p.fused_bytes <= p.eager_bytes for p in parts.values())
     assert parts["attention"].predict_ms(700, 3000) == parts["attention"].flops / 700e9
+
+
+class _AtenOps(TorchDispatchMode):
+    """The aten ops a call dispatches, by name, in order (each a kernel on the device)."""
+
+    def __enter__(self):
+        self.ops = []
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is not torch.ops.aten.detach.default:  # autograd's bookkeeping, no kernel
+            self.ops.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+def _rms_norm_ops(device):
+    x = torch.randn(3, 64, device=device, dtype=torch.bfloat16)
+    w = torch.rand(64, device=device, dtype=torch.bfloat16)
+    with _AtenOps() as seen:
+        torch.nn.functional.rms_norm(x, (64,), w, 1e-5)
+    return seen.ops
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_layer_ledger_counts_eager_rms_norm_as_torch_runs_it(fused):
+    """The reference's ``F.rms_norm`` on a GPU: one kernel that reads x and w and writes y and each row's fp32
+    rstd where torch fuses it, else ``rms_norm_composite``'s eight ops (fp32 between them), as many as torch
+    dispatches where it decomposes (this CPU)."""
+    T, hid, es = 4 * 4096, 4096, 2
+    parts = {p.name: p for p in llama_layer_ledger(4, 4096, **LLAMA3_8B, fused_rms_norm=fused)}
+    for name in ("attn_norm", "ffn_norm"):
+        norm = parts[name]
+        assert norm.fused_bytes == 2 * T * hid * es + hid * es  # the package's kernel in inference: no rstd
+        if fused:
+            assert (norm.eager_kernels, norm.eager_bytes) == (1, norm.fused_bytes + T * 4)
+        else:  # per element: x to fp32 (2 + 4), pow (4 + 4), mean (4), times rstd (4 + 4), times w (4 + 4),
+            # to bf16 (4 + 2); per row: mean's write, add eps in place, rsqrt, and rstd read back, 4 each
+            assert norm.eager_kernels == len(_rms_norm_ops("cpu")) == 8
+            assert norm.eager_bytes == 40 * T * hid + (1 + 2 + 2 + 1) * 4 * T + hid * es
+    default = llama_layer_ledger(4, 4096, **LLAMA3_8B)
+    want = llama_layer_ledger(4, 4096, **LLAMA3_8B, fused_rms_norm=torch_fuses_rms_norm())
+    assert default == want
+
+
+def test_cpu_rms_norm_is_the_composite_the_ledger_counts():
+    """On a CPU ``F.rms_norm`` decomposes: the op-by-op count's steps are the ops torch dispatches."""
+    assert _rms_norm_ops("cpu") == ["_to_copy", "pow", "mean", "add_", "rsqrt", "mul", "mul", "_to_copy"]
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_fused_rms_norm_rule_matches_the_gpus_dispatch():
+    """:func:`torch_fuses_rms_norm` says what ``F.rms_norm`` runs on this GPU: the fused op alone, or the
+    composite's ops."""
+    ops = _rms_norm_ops("cuda")
+    assert (ops == ["_fused_rms_norm"]) == torch_fuses_rms_norm(), ops
 
 
 def test_decode_steps_match_the_prefill():

@@ -96,17 +96,62 @@ def test_tiny_share_and_bars_read_a_recording(tmp_path):
     assert not all(met for _, met, _ in s.bars(slow))
 
 
-def test_the_trip_ledger_moves_the_parts_bytes():
+@pytest.mark.parametrize("fused_rms_norm", [True, False])
+def test_the_trip_ledger_moves_the_parts_bytes(fused_rms_norm):
     from fusionlab.lessons.l9.ledger import layer_trip_ledger
 
     shapes = {k: LLAMA3_8B[k] for k in ("hidden", "n_heads", "n_kv_heads", "ffn")}
-    led = layer_trip_ledger(*s.PREFILL, **shapes)
-    parts = llama_layer_ledger(*s.PREFILL, **shapes)
+    led = layer_trip_ledger(*s.PREFILL, **shapes, fused_rms_norm=fused_rms_norm)
+    parts = llama_layer_ledger(*s.PREFILL, **shapes, fused_rms_norm=fused_rms_norm)
     assert led.unfused_bytes == sum(p.eager_bytes for p in parts)
     assert led.fused_bytes == pytest.approx(sum(p.fused_bytes for p in parts), rel=1e-2)
     assert len(led.ops) == len(parts) and all(
         f"({p.eager_kernels} kernel" in o.name for p, o in zip(parts, led.ops, strict=True)
     )
+    norm = led.ops[0]  # torch's fused norm writes rstd, nothing passes between kernels; op by op, fp32 does
+    assert norm.name == ("attn_norm (1 kernel)" if fused_rms_norm else "attn_norm (8 kernels)")
+    assert ("attn_norm: rstd" in norm.writes) == fused_rms_norm
+    assert ("attn_norm: temporaries" in norm.writes) != fused_rms_norm
+
+
+def test_the_cases_carry_the_ledgers_counts():
+    """Every part, prefill forward and decode step the suite times is counted from the ledger, eager's bytes
+    for eager and compile, the fused layer's for the package's."""
+    counts = s.ledger_counts(3000.0, 700.0)
+    parts = llama_layer_ledger(*s.PREFILL, **LLAMA3_8B)
+    for p in parts:
+        assert counts[s.part_name(p.name, "eager")] == (p.eager_bytes, p.flops, p.predict_ms(700.0, 3000.0, False))
+        assert counts[s.part_name(p.name, "fused")][0] == p.fused_bytes
+    assert counts[s.layer_name("fwd", "compile")][0] == sum(p.eager_bytes for p in parts)
+    assert counts[s.layer_name("fwd", "fused")][2] == pytest.approx(sum(p.predict_ms(700.0, 3000.0) for p in parts))
+    for B in s.DECODE_BATCHES:
+        step = llama_layer_ledger(B, 1, **LLAMA3_8B, n_cache=s.N_CACHE)
+        assert counts[s.decode_name(B, "fused graph")][0] == sum(p.fused_bytes for p in step)
+    assert s.ledger_counts()[s.layer_name("fwd", "eager")][2] is None  # no ceilings, no prediction
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="on a GPU the lesson times live, counted as it times")
+def test_a_recording_is_read_against_the_ledger_as_it_counts_now():
+    """The recorded runs' counts are their ledger's of the day they ran (eager's RMSNorm op by op then):
+    the lesson reads their times against today's count, the times untouched."""
+    from fusionlab.lessons import l9
+
+    rec = bench.recorded(suite="lesson9")
+    stored = {r.name: r for r in rec.results("lesson9")}
+    run = l9.measure()
+    counts = s.ledger_counts(run.ceilings.copy_GBps, run.ceilings.matmul_TFLOPs)
+    seen = 0
+    for r in run.results:
+        assert r.ms == stored[r.name].ms
+        if r.name in counts:
+            seen += 1
+            assert (r.nbytes, r.flops, r.predicted_ms) == counts[r.name]
+            assert r.GBps == pytest.approx(r.nbytes / r.ms / 1e6) and r.frac_copy == r.GBps / run.ceilings.copy_GBps
+        else:
+            assert r == stored[r.name]
+    assert seen == len(counts)
+    norm = run.get(s.part_name("attn_norm", "eager"))
+    assert norm.frac_copy < 1, "a part faster than copy by the ledger's count is not the schedule it counts"
 
 
 def test_the_training_recording_reads_back():

@@ -71,13 +71,14 @@ def decode_floor(B: int, n_cache: int, hidden: int, n_heads: int, n_kv_heads: in
 
 
 def layer_trip_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: int, ffn: int,
-                      dtype=torch.bfloat16) -> Ledger:  # fmt: skip
+                      dtype=torch.bfloat16, *, fused_rms_norm: bool | None = None) -> Ledger:  # fmt: skip
     """For the trip animation: the prefill layer's HBM traffic as one :class:`~fusionlab.ledger.Ledger`, eager
     against fused, built from :func:`~fusionlab.model.llama_layer_ledger`'s parts. Eager: one op per part
     (its name says how many kernels eager runs for it), reading the part's inputs and writing its outputs,
     and what its kernels pass each other through HBM as "temporaries" (written, then read back), so each
-    op moves exactly the part's eager bytes. Fused: one step per kernel of the package's layer. The
-    weights are read once in both (the ideal tile)."""
+    op moves exactly the part's eager bytes. Eager's RMSNorm is ``F.rms_norm`` as the layer's ledger counts
+    it (``fused_rms_norm``: as there): one kernel writing rstd beside y where torch fuses it. Fused: one step
+    per kernel of the package's layer. The weights are read once in both (the ideal tile)."""
     es = _dtype_bytes(dtype)
     T, D = B * N, hidden // n_heads
     nq, nkv, nh, nf = T * n_heads * D, T * n_kv_heads * D, T * hidden, T * ffn
@@ -98,15 +99,19 @@ def layer_trip_ledger(B: int, N: int, hidden: int, n_heads: int, n_kv_heads: int
         "swiglu": ({"g": nf, "u": nf}, None, {"a": nf}),
         "down_proj + residual": ({"a": nf, "w_down": w_ffn // 2, "h": nh}, None, {"out": nh}),
     }  # fmt: skip
-    led = Ledger(dtype_bytes=es, outputs=("out",))
-    for part in llama_layer_ledger(B, N, hidden, n_heads, n_kv_heads, ffn, dtype=dtype):
+    # torch's fused RMSNorm writes each row's rstd (fp32) beside y, in inference too; the package's does not
+    norms = ("attn_norm", "ffn_norm")
+    led = Ledger(dtype_bytes=es, outputs=("out",), sizes={f"{n}: rstd": torch.float32 for n in norms})
+    for part in llama_layer_ledger(B, N, hidden, n_heads, n_kv_heads, ffn, dtype=dtype, fused_rms_norm=fused_rms_norm):
         reads, fused_reads, writes = io[part.name]
-        tmp = part.eager_bytes // es - sum(reads.values()) - sum(writes.values())
+        eager_writes = {**writes, f"{part.name}: rstd": T} if part.name in norms and part.eager_kernels == 1 else writes
+        moved = sum(led.size(t) * n for t, n in (*reads.items(), *eager_writes.items()))
+        tmp = (part.eager_bytes - moved) // es
         kernels = f"{part.eager_kernels} kernel{'s' if part.eager_kernels > 1 else ''}"
         if tmp > 1:  # what one eager kernel writes and the next reads back
             led.op(f"{part.name} ({kernels})", {**reads, f"{part.name}: temporaries": tmp // 2},
-                   {**writes, f"{part.name}: temporaries": tmp - tmp // 2})  # fmt: skip
+                   {**eager_writes, f"{part.name}: temporaries": tmp - tmp // 2})  # fmt: skip
         else:
-            led.op(f"{part.name} ({kernels})", reads, writes)
+            led.op(f"{part.name} ({kernels})", reads, eager_writes)
         led.fused(part.name, fused_reads or reads, writes)
     return led

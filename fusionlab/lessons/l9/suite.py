@@ -31,6 +31,7 @@ weights loaded into both :class:`~fusionlab.model.LlamaLayerReference` (eager) a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -209,19 +210,59 @@ def part_thunks(ref, lay, B: int, N: int, device="cuda", dtype=DTYPE) -> dict[st
     }
 
 
+def ledger_counts(copy_GBps=None, matmul_TFLOPs=None, prefill=PREFILL,
+                  batches=DECODE_BATCHES) -> dict[str, tuple[int, int, float | None]]:  # fmt: skip
+    """What :func:`~fusionlab.model.llama_layer_ledger` counts for each case it describes (the parts, the
+    prefill forward, the decode steps), by the case's name: ``(nbytes, flops, predicted_ms)``, the parts'
+    summed (predicted: :meth:`~fusionlab.model.LayerPart.predict_ms` at the ceilings given, None without
+    them). The package's layer gets the fused layer's bytes; eager and ``torch.compile`` eager's."""
+
+    def count(parts, fused):
+        pred = None
+        if copy_GBps and matmul_TFLOPs:
+            pred = sum(p.predict_ms(matmul_TFLOPs, copy_GBps, fused) for p in parts)
+        return sum(p.fused_bytes if fused else p.eager_bytes for p in parts), sum(p.flops for p in parts), pred
+
+    out = {}
+    parts = llama_layer_ledger(*prefill, **LLAMA3_8B, dtype=DTYPE)
+    for p in parts:
+        for impl in ("eager", "fused"):
+            out[part_name(p.name, impl)] = count([p], impl == "fused")
+    for impl in IMPLS:
+        out[layer_name("fwd", impl)] = count(parts, impl == "fused")
+    for B in batches:
+        step = llama_layer_ledger(B, 1, **LLAMA3_8B, dtype=DTYPE, n_cache=N_CACHE)
+        for impl in DECODE_IMPLS:
+            out[decode_name(B, impl)] = count(step, impl.startswith("fused"))
+    return out
+
+
+def recounted(results, ceil: bench.Ceilings) -> list[bench.Result]:
+    """``results`` with :func:`ledger_counts` at ``ceil`` in place of the counts they carry: bytes, FLOPs,
+    predictions, and the bandwidths they give; the times untouched. A recording keeps the counts of the
+    ledger that recorded it: read through this, its times are set against the ledger as it counts now."""
+    counts = ledger_counts(ceil.copy_GBps, ceil.matmul_TFLOPs)
+    out = []
+    for r in results:
+        if r.name in counts:
+            nbytes, flops, pred = counts[r.name]
+            GBps, TFLOPs = bench.gbps(nbytes, r.ms), bench.tflops(flops, r.ms) if flops else None
+            r = dataclasses.replace(r, nbytes=nbytes, flops=flops, predicted_ms=pred, GBps=GBps, TFLOPs=TFLOPs,
+                                    frac_copy=GBps / ceil.copy_GBps)  # fmt: skip
+        out.append(r)
+    return out
+
+
 def part_cases(ref, lay, copy_GBps=None, matmul_TFLOPs=None, device="cuda", prefill=PREFILL) -> list[Case]:
     B, N = prefill
-    ledger = {p.name: p for p in llama_layer_ledger(B, N, **LLAMA3_8B, dtype=DTYPE)}
+    counts = ledger_counts(copy_GBps, matmul_TFLOPs, prefill=prefill)
     out = []
     with torch.no_grad():
         thunks = part_thunks(ref, lay, B, N, device)
     for part, impls in thunks.items():
-        p = ledger[part]
         for impl, fn in impls.items():
-            fused = impl == "fused"
-            pred = p.predict_ms(matmul_TFLOPs, copy_GBps, fused) if copy_GBps and matmul_TFLOPs else None
-            nbytes = p.fused_bytes if fused else p.eager_bytes
-            out.append(Case(part_name(part, impl), torch.no_grad()(fn), nbytes, p.flops, PARTS_GROUP, pred))
+            nbytes, flops, pred = counts[part_name(part, impl)]
+            out.append(Case(part_name(part, impl), torch.no_grad()(fn), nbytes, flops, PARTS_GROUP, pred))
     return out
 
 
@@ -229,8 +270,7 @@ def part_cases(ref, lay, copy_GBps=None, matmul_TFLOPs=None, device="cuda", pref
 def layer_cases(ref, lay, copy_GBps=None, matmul_TFLOPs=None, device="cuda", prefill=PREFILL,
                 impls=IMPLS) -> list[Case]:  # fmt: skip
     B, N = prefill
-    parts = llama_layer_ledger(B, N, **LLAMA3_8B, dtype=DTYPE)
-    flops = sum(p.flops for p in parts)
+    counts = ledger_counts(copy_GBps, matmul_TFLOPs, prefill=prefill, batches=())
     gen = torch.Generator(device=device).manual_seed(2)
     x = torch.randn(B, N, lay.hidden, device=device, dtype=DTYPE, generator=gen)
     dy = torch.randn(B, N, lay.hidden, device=device, dtype=DTYPE, generator=gen)
@@ -240,11 +280,7 @@ def layer_cases(ref, lay, copy_GBps=None, matmul_TFLOPs=None, device="cuda", pre
     out, peaks = [], []
     for impl in impls:
         mod = mods[impl]
-        fused = impl == "fused"
-        nbytes = sum(p.fused_bytes if fused else p.eager_bytes for p in parts)
-        pred = None
-        if copy_GBps and matmul_TFLOPs:
-            pred = sum(p.predict_ms(matmul_TFLOPs, copy_GBps, fused) for p in parts)
+        nbytes, flops, pred = counts[layer_name("fwd", impl)]
 
         def fwd(mod=mod):
             with torch.no_grad():
@@ -302,9 +338,8 @@ def decode_inputs(B: int, lay, device="cuda", n_cache: int = N_CACHE, seed: int 
 def decode_cases(ref, lay, copy_GBps=None, matmul_TFLOPs=None, device="cuda", batches=DECODE_BATCHES,
                  impls=DECODE_IMPLS) -> list[Case]:  # fmt: skip
     out = []
+    counts = ledger_counts(copy_GBps, matmul_TFLOPs, batches=batches)
     for B in batches:
-        parts = llama_layer_ledger(B, 1, **LLAMA3_8B, dtype=DTYPE, n_cache=N_CACHE)
-        flops = sum(p.flops for p in parts)
         x, kc, vc, lens = decode_inputs(B, lay, device)
         kf, vf = kc.clone(), vc.clone()
         makers = {
@@ -314,11 +349,7 @@ def decode_cases(ref, lay, copy_GBps=None, matmul_TFLOPs=None, device="cuda", ba
             "compile reduce-overhead": lambda x=x, kc=kc, vc=vc, lens=lens: _reduce_overhead(ref, x, kc, vc, lens),
         }
         for impl in impls:
-            fused = impl.startswith("fused")
-            nbytes = sum(p.fused_bytes if fused else p.eager_bytes for p in parts)
-            pred = None
-            if copy_GBps and matmul_TFLOPs:
-                pred = sum(p.predict_ms(matmul_TFLOPs, copy_GBps, fused) for p in parts)
+            nbytes, flops, pred = counts[decode_name(B, impl)]
             with torch.no_grad():
                 thunk = _works(makers[impl])
             if thunk is not None:
