@@ -606,11 +606,11 @@ def _eager_rms_norm(rows: int, n: int, dtype, fused: bool) -> tuple[int, int]:
     Fused (``_fused_rms_norm_cuda``): one kernel, ``vectorized_layer_norm_kernel`` with ``rms_norm`` set
     (rows of a multiple of 4 elements, 16-byte aligned, at most 2**24: a Llama layer's), which reads x and w
     and writes y and rstd (``rows`` fp32): the op always allocates rstd and the kernel writes it, in
-    inference too. The same trips as lesson 4's kernel with ``stats=True``, so that ledger counts them (one
-    pass: the kernel re-reads its row from cache, not HBM). Op by op (``rms_norm_composite``, what a CPU
-    runs): x to fp32, pow, mean, add eps, rsqrt, times rstd, times w (in fp32: w promotes), back to x's
-    dtype; lesson 4's :func:`~fusionlab.kernels.rmsnorm.rmsnorm_eager` is Hugging Face's order instead
-    (back to x's dtype, then times w), as many kernels and fewer bytes."""
+    inference too. The same trips as lesson 4's kernel with ``stats=True``, so that ledger counts them, x read
+    once (the kernel reads its row again to write y: assumed served from cache, not measured). Op by op
+    (``rms_norm_composite``, what a CPU runs): x to fp32, pow, mean, add eps, rsqrt, times rstd, times w (in
+    fp32: w promotes), back to x's dtype; lesson 4's :func:`~fusionlab.kernels.rmsnorm.rmsnorm_eager` is
+    Hugging Face's order instead (back to x's dtype, then times w), as many kernels and fewer bytes."""
     if fused:
         return rmsnorm_ledger(rows, n, dtype, residual=False, stats=True, block=n).fused_bytes, 1
     low = dtype_bytes(dtype) != 4  # fp16/bf16: the upcast and the cast back are kernels; fp32: no-ops
