@@ -17,7 +17,7 @@ when ``(bits >> 1) >= round(p * 2**31)`` (integers: p = 0 keeps everything, exac
 ``1 / (1 - p)``. A call uses :func:`philox_counters` counters from ``offset``; two layers (or steps) must
 not share a stream. ``seed=None`` draws a fresh 62-bit seed from torch's CPU generator (repeatable under
 ``torch.manual_seed``; no GPU sync); with an explicit seed, give each layer its own ``offset`` (advanced
-by :func:`philox_counters`) or seed. :func:`philox_reference` is Philox in numpy, the tests' spec.
+by :func:`philox_counters`) or seed. :func:`philox_reference` (``_philox.py``) is Philox in numpy, the tests' spec.
 
 **Numerics.** h is rounded to x's dtype (it is stored, and eager adds in that dtype); the statistics are
 fp32 from the rounded h; ``y = (h - mean) * rstd * w + b`` (RMSNorm: ``h * rstd * w``, ``eps`` inside the
@@ -44,7 +44,6 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 import triton
@@ -68,6 +67,8 @@ from ._launch import (
     sm_count,
 )
 from ._norms import check_eps, overridden, sum_partials, wants_grad
+from ._philox import dropout_keep_reference, philox_reference  # noqa: F401  (the lesson's and tests' names here)
+from ._philox import keep_threshold as _threshold
 from ._tensors import upstream_grad
 
 OP = "dropout_norm"
@@ -184,12 +185,8 @@ def _dropout_norm_fwd_kernel(
         mask = row_ok[:, None] & (cols < n_cols)
         h = _h_tile(x_ptr, r_ptr, h_ptr, rows, rows2, 0, cols, mask, n_q, offset, stride_x, stride_r, n_cols,
                     seed, threshold, scale, BLOCK_M, BLOCK_Q, DROPOUT, INT64)  # fmt: skip
-        if RMS:
-            mean = tl.zeros([BLOCK_M], dtype=tl.float32)
-            d = h
-        else:
-            mean = tl.sum(h, axis=1) / n_cols
-            d = tl.where(mask, h - mean[:, None], 0.0)
+        mean = tl.zeros([BLOCK_M], dtype=tl.float32) if RMS else tl.sum(h, axis=1) / n_cols
+        d = h if RMS else tl.where(mask, h - mean[:, None], 0.0)
         rstd = tl.rsqrt(tl.sum(d * d, axis=1) / n_cols + eps)
         w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         y = d * rstd[:, None] * w
@@ -205,10 +202,7 @@ def _dropout_norm_fwd_kernel(
             mask = row_ok[:, None] & (cols < n_cols)
             acc += _h_tile(x_ptr, r_ptr, h_ptr, rows, rows2, start_q, cols, mask, n_q, offset, stride_x, stride_r,
                            n_cols, seed, threshold, scale, BLOCK_M, BLOCK_Q, DROPOUT, INT64)  # fmt: skip
-        if RMS:
-            mean = tl.zeros([BLOCK_M], dtype=tl.float32)
-        else:
-            mean = tl.sum(acc, axis=1) / n_cols
+        mean = tl.zeros([BLOCK_M], dtype=tl.float32) if RMS else tl.sum(acc, axis=1) / n_cols
         acc = tl.zeros([BLOCK_M, 4 * BLOCK_Q], dtype=tl.float32)
         for start_q in range(0, n_q, BLOCK_Q):
             cols = start_q * 4 + tile
@@ -316,10 +310,7 @@ def _dropout_norm_bwd_kernel(
                 w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
                 nh = tl.where(mask, (h - mean) * rstd, 0.0)
                 g = dy * w
-                if RMS:
-                    dh = rstd * (g - nh * c1)
-                else:
-                    dh = rstd * (g - c2 - nh * c1)
+                dh = rstd * (g - nh * c1) if RMS else rstd * (g - c2 - nh * c1)
                 if HAS_GH:
                     dh += tl.load(gh_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
                 tl.store(dr_ptr + rows2 * n_cols + cols, dh.to(dr_ptr.dtype.element_ty), mask=mask)
@@ -337,10 +328,6 @@ def _dropout_norm_bwd_kernel(
 # -- launchers ----------------------------------------------------------------------------------------------
 _launch_fwd = Launcher(_dropout_norm_fwd_kernel)
 _launch_bwd = Launcher(_dropout_norm_bwd_kernel)
-
-
-def _threshold(p: float) -> int:
-    return min(int(round(p * 2**31)), 2**31 - 1)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -496,7 +483,6 @@ def dropout_norm(
         raise KernelInputError(f"{op}: training={training!r} must be True or False.")
     check_tensor(x, "x", op=op, contiguous=False, grad=True, max_numel=None)
     check_tensor(residual, "residual", op=op, contiguous=False, grad=True, max_numel=None)
-    check_tensor(weight, "weight", op=op, ndim=1, contiguous=False, grad=True, max_numel=None)
     if x.dim() < 1:
         raise KernelInputError(f"{op}: x must have at least one dimension (..., N), got a scalar.")
     if residual.shape != x.shape or residual.dtype != x.dtype:
@@ -505,14 +491,13 @@ def dropout_norm(
             f"{tuple(x.shape)} {x.dtype}."
         )
     n = x.shape[-1]
-    if weight.shape[0] != n:
-        raise KernelInputError(f"{op}: weight has {weight.shape[0]} elements; x's rows have {n}.")
-    if bias is not None:
-        if norm == "rmsnorm":
-            raise KernelInputError(f"{op}: RMSNorm takes no bias.")
-        check_tensor(bias, "bias", op=op, ndim=1, contiguous=False, grad=True, max_numel=None)
-        if bias.shape[0] != n:
-            raise KernelInputError(f"{op}: bias has {bias.shape[0]} elements; x's rows have {n}.")
+    if bias is not None and norm == "rmsnorm":
+        raise KernelInputError(f"{op}: RMSNorm takes no bias.")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            check_tensor(t, name, op=op, ndim=1, contiguous=False, grad=True, max_numel=None)
+            if t.shape[0] != n:
+                raise KernelInputError(f"{op}: {name} has {t.shape[0]} elements; x's rows have {n}.")
     dropout = training and p > 0
     seed = new_seed() if seed is None else _check_int(seed, "seed", op, 2**63)
     offset = _check_int(offset, "offset", op, 2**62)
@@ -532,40 +517,7 @@ def dropout_norm(
     return y.view(x.shape), h.view(x.shape)
 
 
-# -- references: Philox in numpy, the op in fp32, eager PyTorch; the ledger ----------------------------------
-_M32 = np.uint64(0xFFFFFFFF)
-
-
-def philox_reference(seed: int, counters: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Philox-4x32-10 in numpy (uint64 arithmetic, so every product is exact): the four 32-bit words
-    for each counter (a uint64 array), as ``tl.randint4x(seed, counter)`` computes them."""
-    c = np.asarray(counters, dtype=np.uint64)
-    c0, c1 = c & _M32, c >> np.uint64(32)
-    c2 = np.zeros_like(c0)
-    c3 = np.zeros_like(c0)
-    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
-    ra, rb = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
-    for _ in range(10):
-        pa, pb = ra * c0, rb * c2  # < 2**64: exact
-        c0, c1, c2, c3 = (pb >> np.uint64(32)) ^ c1 ^ k0, pb & _M32, (pa >> np.uint64(32)) ^ c3 ^ k1, pa & _M32
-        k0 = (k0 + np.uint64(0x9E3779B9)) & _M32
-        k1 = (k1 + np.uint64(0xBB67AE85)) & _M32
-    return c0, c1, c2, c3
-
-
-def dropout_keep_reference(shape, p: float, seed: int, offset: int = 0) -> torch.Tensor:
-    """The keep mask (bool, ``shape``) the kernel makes for ``(seed, offset)``, from :func:`philox_reference`."""
-    shape = tuple(shape)
-    n = shape[-1]
-    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
-    col = np.arange(n)
-    ctr = offset + np.arange(rows)[:, None] * cdiv(n, 4) + (col // 4)[None, :]
-    words = philox_reference(seed, ctr.astype(np.uint64))
-    bits = np.choose(np.broadcast_to(col % 4, ctr.shape), words)
-    keep = (bits >> np.uint64(1)).astype(np.int64) >= _threshold(p)
-    return torch.from_numpy(keep.reshape(shape))
-
-
+# -- references: the op in fp32 (its mask from Philox in numpy, _philox.py), eager PyTorch; the ledger ------
 def dropout_norm_reference(
     x, residual, weight, bias=None, p: float = 0.1, *, norm="layernorm", eps=1e-5, training=True, seed=0, offset=0
 ):
