@@ -11,10 +11,11 @@ alignment, ints equal to 1 or multiples of 16, the ``do_not_specialize`` seed an
 with ``triton.compile`` for ``GPUTarget("cuda", 90, 32)``; equal specialisations compile once.
 
 It calls the public ``dropout_norm`` (forward and backward through autograd) at lesson 4b's suite and bench
-shapes (4096 and 32768 rows x hidden 4096 and 8192) and an odd width (1000), LayerNorm (with its bias) and
-RMSNorm, fp32/fp16/bf16, training (p = 0.1, a 64-bit seed) and eval, and at the test file's own calls
-(widths 37, 64, 100 on the wide path, 250 with counters past 32 bits, 4096 at 257 rows, the tiling overrides,
-p = 0, gradients missing or strided). One line a launch: ``hash  device case kernel grid scalars constexprs``.
+shapes (4096 and 32768 rows x hidden 4096 and 8192), an odd width (1000) and a row wider than one GPU tile
+(20000), LayerNorm (with its bias) and RMSNorm, fp32/fp16/bf16, training (p = 0.1, a 64-bit seed) and eval,
+and at the test file's own calls (widths 37, 64, 100 on the wide path, 250 with counters past 32 bits, 4096
+at 257 rows, the tiling overrides, p = 0, gradients missing or strided). One line a launch:
+``hash  device case kernel grid scalars constexprs``.
 Run it on the tree before a change and after, and diff: equal lines mean the same kernels, launched the
 same way.
 
@@ -112,7 +113,7 @@ def cases():
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         dt = str(dtype)[6:]
         for rows in (4096, 32768):
-            for n in (1000, 4096, 8192):
+            for n in (1000, 4096, 8192, 20000):  # 20000: past one tile, the GPU's own wide path
                 for norm in D.NORMS:
                     yield f"{norm} {rows}x{n} {dt} train", (rows, n), dtype, norm, 0.1, seed
                     yield f"{norm} {rows}x{n} {dt} eval", (rows, n), dtype, norm, 0.1, dict(seed, training=False)
@@ -136,7 +137,7 @@ def cases():
 
 
 def main(argv):
-    launches = 0
+    launches, hashes = 0, set()
     for dev, gbps in DEVICES.items():
         _launch.DEFAULT_DRAM_GBPS = gbps  # what dram_gbps() answers without CUDA
         for name, shape, dtype, norm, p, kw in cases():
@@ -149,8 +150,9 @@ def main(argv):
                 scalars = [_desc(a) for a in args]
                 consts = sorted(kwargs.items())
                 print(h, dev, name, kernel.__name__, grid, " ".join(scalars), consts, flush=True)
-                launches += 1
-    print(f"# {launches} launches, {len(_ptx_hash.__defaults__[0])} distinct compiles", flush=True)
+                launches, hashes = launches + 1, hashes | {h}
+    compiles = len(_ptx_hash.__defaults__[0])
+    print(f"# {launches} launches, {compiles} specialisations compiled, {len(hashes)} distinct PTX", flush=True)
 
 
 if __name__ == "__main__":
