@@ -156,6 +156,7 @@ def _keep(seed, rows, start_q, n_q, offset, threshold, BLOCK_M: tl.constexpr, BL
 def _h_tile(x_ptr, r_ptr, h_ptr, rows, rows2, start_q, cols, mask, n_q, offset, stride_x, stride_r, stride_h,
             seed, threshold, scale, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, DROPOUT: tl.constexpr,
             INT64: tl.constexpr):  # fmt: skip
+    """One tile of ``h = residual + dropout(x)``, stored in h's dtype and returned in fp32."""
     x = tl.load(x_ptr + rows2 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + rows2 * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
     if DROPOUT:
