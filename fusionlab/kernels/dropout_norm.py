@@ -1,61 +1,49 @@
 """Lesson 4b: residual + dropout + LayerNorm (or RMSNorm) in one kernel, the mask never stored.
 
-A transformer block ends each sub-layer with::
+A transformer block ends each sub-layer with ``h = residual + dropout(x, p)`` (the residual stream, an
+output) and ``y = norm(h) * w (+ b)`` (LayerNorm or RMSNorm: the next sub-layer's input). Eager PyTorch
+runs dropout as a kernel that **writes the keep mask** (a byte an element) and reads it again in the
+backward, then an add, then the norm. Fused, a row costs read x, residual; write h, y.
 
-    h = residual + dropout(x, p)      # the new residual stream (an output: the next block adds to it)
-    y = norm(h) * w (+ b)             # LayerNorm or RMSNorm: the next sub-layer's input
-
-Eager PyTorch runs dropout as its own kernel that draws random numbers, **writes the keep mask** (one
-byte an element) beside its output, and reads the mask again in the backward; then an add, then the
-norm: three kernels and two intermediates. Fused, a row costs read x, residual; write h, y — the mask
-is made in registers and never leaves the chip.
-
-**Randomness without memory.** Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1,
-2, 3", SC 2011) is a counter-based generator: ``philox(seed, counter)`` is a pure function, ten rounds
-of multiply-and-xor on the counter keyed by the seed, so any program can compute any element's number,
-in any order, as often as wanted: the backward *regenerates* the mask instead of reading it. One
-``tl.randint4x(seed, counter)`` call gives four 32-bit words, one for each of four neighbouring
+**Randomness without memory.** Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
+3", SC 2011) is counter-based: ``philox(seed, counter)`` is a pure function (ten rounds of multiply and
+xor), so any program can make any element's number, as often as wanted: the backward *regenerates* the
+mask. One ``tl.randint4x(seed, counter)`` call gives four 32-bit words, one for each of four neighbouring
 elements (ten rounds an element would cost as much time as the bytes on an H100).
 
-**The stream.** Element ``(row, col)`` of a call takes word ``col % 4`` of counter::
+**The stream.** Element ``(row, col)`` takes word ``col % 4`` of counter ``offset + row * ceil(N / 4) +
+col // 4``: its mask depends on the seed, the offset and its position, never on the tiling. It is kept
+when ``(bits >> 1) >= round(p * 2**31)`` (integers: p = 0 keeps everything, exactly) and scaled by
+``1 / (1 - p)``. A call uses :func:`philox_counters` counters from ``offset``; two layers (or steps) must
+not share a stream. ``seed=None`` draws a fresh 62-bit seed from torch's CPU generator (repeatable under
+``torch.manual_seed``; no GPU sync); with an explicit seed, give each layer its own ``offset`` (advanced
+by :func:`philox_counters`) or seed. :func:`philox_reference` (``_philox.py``) is Philox in numpy, the tests' spec.
 
-    offset + row * ceil(N / 4) + col // 4
+**Numerics.** h is rounded to x's dtype (it is stored, and eager adds in that dtype); the statistics are
+fp32 from the rounded h; ``y = (h - mean) * rstd * w + b`` (RMSNorm: ``h * rstd * w``, ``eps`` inside the
+square root) in fp32, rounded once. In eval or at p = 0 no number is drawn and h = residual + x exactly.
 
-so its mask depends on the seed, the offset and its position alone — never on the block size, the
-grid or the program that computed it. It is kept when ``(bits >> 1) >= round(p * 2**31)`` (an integer
-compare: p = 0 keeps everything, exactly) and scaled by ``1 / (1 - p)``. A call uses
-:func:`philox_counters` counters from ``offset``. Two layers (or two steps) must not share a stream,
-or their masks are the same: with ``seed=None`` each call draws a fresh 62-bit seed from torch's CPU
-generator (``torch.manual_seed`` makes a run repeatable; no GPU sync); with an explicit seed, give each
-layer its own ``offset`` (advance it by :func:`philox_counters`) or its own seed.
-:func:`philox_reference` is Philox written in numpy, the independent spec the tests compare with.
-
-**Numerics.** h is rounded to x's dtype (it is stored, and eager adds in that dtype); statistics are
-fp32 from the rounded h; ``y = (h - mean) * rstd * w + b`` (RMSNorm: ``h * rstd * w``, ``eps`` inside
-the square root) in fp32, rounded once. In eval (``training=False``) or with ``p = 0`` no random number
-is drawn and h = residual + x exactly.
-
-**Backward** (saved: h, w, and one fp32 mean and rstd a row; ``n̂ = (h - mean) rstd``, ``g = dy w``)::
+**Backward** (saved: h, w, one fp32 mean and rstd a row; ``n̂ = (h - mean) rstd``, ``g = dy w``)::
 
     dh = rstd (g - mean(g) - n̂ mean(g n̂))   (RMSNorm: rstd (g - n̂ mean(g n̂)))  (+ grad_h)
     dresidual = dh;   dx = dh * keep / (1 - p)   (keep regenerated from the seed)
     dw = sum over rows of dy n̂;   db = sum over rows of dy
 
-one kernel reads dy, h (and grad_h) and writes dresidual and dx; dw and db are per-program partial
-sums added in a fixed order by :func:`fusionlab.kernels._norms.sum_partials` (no atomics). Rows wider
-than one tile (:func:`dropout_norm_config`) are walked in tiles: the forward re-reads h twice (variance,
-then y), the backward re-reads dy and h once.
+one kernel reads dy, h (and grad_h), writes dresidual and dx; dw and db are per-program partial sums
+added in a fixed order (:func:`fusionlab.kernels._norms.sum_partials`, no atomics). Rows wider than a
+tile are walked in tiles: the forward re-reads h twice (variance, then y), the backward dy and h once.
 
-References: Salmon et al. (above); Triton tutorial 04 (low-memory dropout); flash-attention's
+References: Salmon et al.; Triton tutorial 04 (low-memory dropout); flash-attention's
 ``dropout_add_layer_norm``; apex ``FusedLayerNorm``.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
+from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 import triton
@@ -79,78 +67,20 @@ from ._launch import (
     sm_count,
 )
 from ._norms import check_eps, overridden, sum_partials, wants_grad
+from ._philox import dropout_keep_reference, philox_reference  # noqa: F401  (the lesson's and tests' names here)
+from ._philox import keep_threshold as _threshold
 from ._tensors import upstream_grad
 
 OP = "dropout_norm"
 NORMS = ("layernorm", "rmsnorm")
 
 
-# -- spec: the stream, the trips -----------------------------------------------------------------------------
-def philox_counters(shape) -> int:
-    """Philox counters one call on a tensor of ``shape`` uses: ``rows * ceil(N / 4)``. The next layer's
-    stream starts that far on (its ``offset``) when the seed is shared."""
-    shape = tuple(shape)
-    n = shape[-1] if shape else 1
-    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
-    return rows * cdiv(n, 4)
-
-
-def _threshold(p: float) -> int:
-    return min(int(round(p * 2**31)), 2**31 - 1)
-
-
-def dropout_norm_ledger(
-    rows: int, n: int, dtype, *, norm="layernorm", backward: bool = False, grad_h: bool = True
-) -> Ledger:
-    """Trips of a training step's residual + dropout + norm, eager and fused (w, b: ``n`` each).
-
-    Eager forward: dropout reads x, writes its output and the keep mask (1 byte); the add reads it and
-    the residual, writes h; the norm reads h, writes y (LayerNorm one kernel; RMSNorm's op-by-op
-    kernels counted as one here, a lower bound). Fused: read x, residual; write h, y, and fp32 mean
-    and rstd a row. Backward, eager: the norm's backward reads dy, h, writes dh; dropout's backward
-    reads dh and the mask, writes dx (dresidual is dh itself). Fused: read dy, h, mean, rstd; write
-    dresidual, dx — the mask regenerated, never read. ``grad_h``: h feeds the next block too (the
-    residual stream), so its own gradient arrives and is added to dh (eager: one more add kernel)."""
-    rows, n = int(rows), int(n)
-    rn = rows * n
-    sizes = {"mask": 1, "mean": 4, "rstd": 4}
-    if not backward:
-        led = Ledger(dtype_bytes=dtype, sizes=sizes, outputs=("h", "y", "mean", "rstd"))
-        led.op("dropout", reads={"x": rn}, writes={"xd": rn, "mask": rn})
-        led.op("add", reads={"xd": rn, "residual": rn}, writes={"h": rn})
-        b = n if norm == "layernorm" else 0
-        led.op(norm, reads={"h": rn, "w": n, "b": b}, writes={"y": rn, "mean": rows, "rstd": rows})
-        return led
-    out = "dh2" if grad_h else "dh"
-    led = Ledger(dtype_bytes=dtype, sizes=sizes, outputs=(out, "dx"), recomputed=("mask",))
-    led.op(f"{norm}_bwd", reads={"dy": rn, "h": rn, "w": n, "mean": rows, "rstd": rows}, writes={"dh": rn})
-    if grad_h:
-        led.op("add grad_h", reads={"dh": rn, "grad_h": rn}, writes={"dh2": rn})
-    led.op("dropout_bwd", reads={out: rn, "mask": rn}, writes={"dx": rn})
-    return led
-
-
 # -- launch configuration ----------------------------------------------------------------------------------
-#: GPU: a row of up to ``max_single`` elements is held in one tile; ``per_thread`` elements a thread
-#: set the warps; the backward runs ``warps_per_sm // num_warps`` persistent programs an SM (at least
-#: one), each summing dw over its block of rows, its row loop software-pipelined ``row_stages`` deep
-#: where the staged rows (dy, h, grad_h) fit ``stage_bytes`` of shared memory (rmsnorm.py's rule).
-#: The backward on a GPU whose DRAM outruns its SMs (``fast_dram_gbps`` or more: an H200's 4.8 TB/s for an
-#: H100's 132 SMs) takes ``fast_bwd[BLOCK_N]`` where that width was measured there: at 4096, two rows a step
-#: in one program of 16 warps an SM, the H200's best launch and on an H100 slower than the rule's one row of
-#: 8 warps (``benchmarks/notes_lesson4b.md``, 2026-11-27). Interpreter: few large programs (each costs
-#: milliseconds of Python).
-GPU_TUNING = {
-    "max_single": 16384,
-    "wide_block": 4096,
-    "per_thread": 16,
-    "warps_per_sm": 16,
-    "row_stages": 3,
-    "stage_bytes": 163840,
-    "fast_dram_gbps": 4000.0,
-    "fast_bwd": {4096: {"BLOCK_M": 2, "num_warps": 16}},
-}
-INTERPRETER_TUNING = {"max_single": 4096, "wide_block": 1024, "tile": 16384, "programs": 4}
+#: The tuning table (tuning/dropout_norm.json): what each key chooses is in its "about", the measurements
+#: behind it in benchmarks/notes_lesson4b.md. ``fast_bwd`` is keyed by BLOCK_N.
+_TUNING = json.loads((Path(__file__).parent / "tuning" / "dropout_norm.json").read_text())
+GPU_TUNING, INTERPRETER_TUNING = _TUNING["gpu"], _TUNING["interpreter"]
+GPU_TUNING["fast_bwd"] = {int(n): launch for n, launch in GPU_TUNING["fast_bwd"].items()}
 
 
 def dropout_norm_config(
@@ -161,6 +91,7 @@ def dropout_norm_config(
     one; :func:`~fusionlab.kernels._launch.dram_gbps`). A copy of a cached answer: a call's host time is
     part of a small call's cost."""
     gpu = runtime.is_gpu() if gpu is None else gpu
+    # the backward's special case is chosen by what the GPU can do (its DRAM bandwidth), not by its name
     fast = bool(gpu and backward) and dram_gbps(device) >= GPU_TUNING["fast_dram_gbps"]
     return dict(_config(int(n_rows), int(n_cols), dtype, bool(backward), gpu, fast))
 
@@ -225,6 +156,7 @@ def _keep(seed, rows, start_q, n_q, offset, threshold, BLOCK_M: tl.constexpr, BL
 def _h_tile(x_ptr, r_ptr, h_ptr, rows, rows2, start_q, cols, mask, n_q, offset, stride_x, stride_r, stride_h,
             seed, threshold, scale, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, DROPOUT: tl.constexpr,
             INT64: tl.constexpr):  # fmt: skip
+    """One tile of ``h = residual + dropout(x)``, stored in h's dtype and returned in fp32."""
     x = tl.load(x_ptr + rows2 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + rows2 * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
     if DROPOUT:
@@ -254,12 +186,8 @@ def _dropout_norm_fwd_kernel(
         mask = row_ok[:, None] & (cols < n_cols)
         h = _h_tile(x_ptr, r_ptr, h_ptr, rows, rows2, 0, cols, mask, n_q, offset, stride_x, stride_r, n_cols,
                     seed, threshold, scale, BLOCK_M, BLOCK_Q, DROPOUT, INT64)  # fmt: skip
-        if RMS:
-            mean = tl.zeros([BLOCK_M], dtype=tl.float32)
-            d = h
-        else:
-            mean = tl.sum(h, axis=1) / n_cols
-            d = tl.where(mask, h - mean[:, None], 0.0)
+        mean = tl.zeros([BLOCK_M], dtype=tl.float32) if RMS else tl.sum(h, axis=1) / n_cols
+        d = h if RMS else tl.where(mask, h - mean[:, None], 0.0)
         rstd = tl.rsqrt(tl.sum(d * d, axis=1) / n_cols + eps)
         w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         y = d * rstd[:, None] * w
@@ -275,10 +203,7 @@ def _dropout_norm_fwd_kernel(
             mask = row_ok[:, None] & (cols < n_cols)
             acc += _h_tile(x_ptr, r_ptr, h_ptr, rows, rows2, start_q, cols, mask, n_q, offset, stride_x, stride_r,
                            n_cols, seed, threshold, scale, BLOCK_M, BLOCK_Q, DROPOUT, INT64)  # fmt: skip
-        if RMS:
-            mean = tl.zeros([BLOCK_M], dtype=tl.float32)
-        else:
-            mean = tl.sum(acc, axis=1) / n_cols
+        mean = tl.zeros([BLOCK_M], dtype=tl.float32) if RMS else tl.sum(acc, axis=1) / n_cols
         acc = tl.zeros([BLOCK_M, 4 * BLOCK_Q], dtype=tl.float32)
         for start_q in range(0, n_q, BLOCK_Q):
             cols = start_q * 4 + tile
@@ -386,10 +311,7 @@ def _dropout_norm_bwd_kernel(
                 w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
                 nh = tl.where(mask, (h - mean) * rstd, 0.0)
                 g = dy * w
-                if RMS:
-                    dh = rstd * (g - nh * c1)
-                else:
-                    dh = rstd * (g - c2 - nh * c1)
+                dh = rstd * (g - nh * c1) if RMS else rstd * (g - c2 - nh * c1)
                 if HAS_GH:
                     dh += tl.load(gh_ptr + rows2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
                 tl.store(dr_ptr + rows2 * n_cols + cols, dh.to(dr_ptr.dtype.element_ty), mask=mask)
@@ -437,10 +359,8 @@ def _call(launcher, grid, args, seed_at, kwargs):
 
 def _forward(x2, r2, weight, bias, p, norm, eps, dropout, seed, offset, cfg):
     n_rows, n_cols = x2.shape
-    h = torch.empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device)
-    y = torch.empty_like(h)
-    mean = torch.empty(n_rows, dtype=torch.float32, device=x2.device)
-    rstd = torch.empty_like(mean)
+    h, y = (torch.empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device) for _ in range(2))
+    mean, rstd = (torch.empty(n_rows, dtype=torch.float32, device=x2.device) for _ in range(2))
     if h.numel() == 0:
         return y, h, mean, rstd
     args = (
@@ -459,17 +379,15 @@ def _forward(x2, r2, weight, bias, p, norm, eps, dropout, seed, offset, cfg):
 
 def _backward(dy, gh, h, weight, mean, rstd, p, norm, dropout, seed, offset, cfg, has_bias):
     n_rows, n_cols = h.shape
-    dr = torch.empty_like(h)
-    dx = torch.empty_like(h)
+    dr, dx = torch.empty_like(h), torch.empty_like(h)
     if h.numel() == 0:
         z = torch.zeros(n_cols, dtype=weight.dtype, device=h.device)
         return dx, dr, z, z.clone()
     # dy and grad_h row-contiguous, as h, dr and dx are: the kernel addresses all five with one offset
     dy2 = torch.zeros_like(h) if dy is None else _rows(upstream_grad(dy, h.dtype)).contiguous()
     gh2 = _rows(upstream_grad(gh, h.dtype)).contiguous() if gh is not None else None
-    programs = cfg["programs"]
     bm = cfg["BLOCK_M"]
-    rows_per_program = cdiv(cdiv(n_rows, programs), bm) * bm
+    rows_per_program = cdiv(cdiv(n_rows, cfg["programs"]), bm) * bm
     programs = cdiv(n_rows, rows_per_program)
     alloc = torch.empty if cfg["SINGLE_TILE"] else torch.zeros  # the wide path adds into its rows
     part = alloc((2 if has_bias else 1, programs, n_cols), dtype=torch.float32, device=h.device)
@@ -512,6 +430,21 @@ class DropoutNormFunction(torch.autograd.Function):
         return dx.view(shape), dr.view(shape), dw, db, None
 
 
+def philox_counters(shape) -> int:
+    """Philox counters one call on a tensor of ``shape`` uses: ``rows * ceil(N / 4)``. The next layer's
+    stream starts that far on (its ``offset``) when the seed is shared."""
+    shape = tuple(shape)
+    n = shape[-1] if shape else 1
+    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+    return rows * cdiv(n, 4)
+
+
+def new_seed() -> int:
+    """A fresh 62-bit Philox seed from torch's default CPU generator (repeatable under ``torch.manual_seed``;
+    no GPU sync)."""
+    return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
+
+
 def _check_p(p, op: str) -> float:
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or not 0 <= p < 1:
         raise KernelInputError(
@@ -525,12 +458,6 @@ def _check_int(v, name: str, op: str, limit: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < limit:
         raise KernelInputError(f"{op}: {name}={v!r} must be a whole number in [0, {limit}).")
     return v
-
-
-def new_seed() -> int:
-    """A fresh 62-bit Philox seed from torch's default CPU generator (repeatable under ``torch.manual_seed``;
-    no GPU sync)."""
-    return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
 
 
 def dropout_norm(
@@ -557,7 +484,6 @@ def dropout_norm(
         raise KernelInputError(f"{op}: training={training!r} must be True or False.")
     check_tensor(x, "x", op=op, contiguous=False, grad=True, max_numel=None)
     check_tensor(residual, "residual", op=op, contiguous=False, grad=True, max_numel=None)
-    check_tensor(weight, "weight", op=op, ndim=1, contiguous=False, grad=True, max_numel=None)
     if x.dim() < 1:
         raise KernelInputError(f"{op}: x must have at least one dimension (..., N), got a scalar.")
     if residual.shape != x.shape or residual.dtype != x.dtype:
@@ -566,14 +492,13 @@ def dropout_norm(
             f"{tuple(x.shape)} {x.dtype}."
         )
     n = x.shape[-1]
-    if weight.shape[0] != n:
-        raise KernelInputError(f"{op}: weight has {weight.shape[0]} elements; x's rows have {n}.")
-    if bias is not None:
-        if norm == "rmsnorm":
-            raise KernelInputError(f"{op}: RMSNorm takes no bias.")
-        check_tensor(bias, "bias", op=op, ndim=1, contiguous=False, grad=True, max_numel=None)
-        if bias.shape[0] != n:
-            raise KernelInputError(f"{op}: bias has {bias.shape[0]} elements; x's rows have {n}.")
+    if bias is not None and norm == "rmsnorm":
+        raise KernelInputError(f"{op}: RMSNorm takes no bias.")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            check_tensor(t, name, op=op, ndim=1, contiguous=False, grad=True, max_numel=None)
+            if t.shape[0] != n:
+                raise KernelInputError(f"{op}: {name} has {t.shape[0]} elements; x's rows have {n}.")
     dropout = training and p > 0
     seed = new_seed() if seed is None else _check_int(seed, "seed", op, 2**63)
     offset = _check_int(offset, "offset", op, 2**62)
@@ -593,41 +518,7 @@ def dropout_norm(
     return y.view(x.shape), h.view(x.shape)
 
 
-# -- references: Philox in numpy, the op in fp32, eager PyTorch ----------------------------------------------
-_M32 = np.uint64(0xFFFFFFFF)
-
-
-def philox_reference(seed: int, counters: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Philox-4x32-10 in numpy (uint64 arithmetic, so every product is exact): the four 32-bit words
-    for each counter (a uint64 array), as ``tl.randint4x(seed, counter)`` computes them."""
-    c = np.asarray(counters, dtype=np.uint64)
-    c0, c1 = c & _M32, c >> np.uint64(32)
-    c2 = np.zeros_like(c0)
-    c3 = np.zeros_like(c0)
-    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
-    ra, rb = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
-    for _ in range(10):
-        pa, pb = ra * c0, rb * c2  # < 2**64: exact
-        c0, c1, c2, c3 = (pb >> np.uint64(32)) ^ c1 ^ k0, pb & _M32, (pa >> np.uint64(32)) ^ c3 ^ k1, pa & _M32
-        k0 = (k0 + np.uint64(0x9E3779B9)) & _M32
-        k1 = (k1 + np.uint64(0xBB67AE85)) & _M32
-    return c0, c1, c2, c3
-
-
-def dropout_keep_reference(shape, p: float, seed: int, offset: int = 0) -> torch.Tensor:
-    """The keep mask (bool, ``shape``) the kernel makes for ``(seed, offset)``, from :func:`philox_reference`."""
-    shape = tuple(shape)
-    n = shape[-1]
-    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
-    nq = cdiv(n, 4)
-    col = np.arange(n)
-    ctr = offset + np.arange(rows)[:, None] * nq + (col // 4)[None, :]
-    words = philox_reference(seed, ctr.astype(np.uint64))
-    bits = np.choose(np.broadcast_to(col % 4, ctr.shape), words)
-    keep = (bits >> np.uint64(1)).astype(np.int64) >= _threshold(p)
-    return torch.from_numpy(keep.reshape(shape))
-
-
+# -- references: the op in fp32 (its mask from Philox in numpy, _philox.py), eager PyTorch; the ledger ------
 def dropout_norm_reference(
     x, residual, weight, bias=None, p: float = 0.1, *, norm="layernorm", eps=1e-5, training=True, seed=0, offset=0
 ):
@@ -656,3 +547,34 @@ def dropout_norm_eager(x, residual, weight, bias=None, p: float = 0.1, *, norm="
         y = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype) * weight
         return y.to(h.dtype), h
     return F.layer_norm(h, (h.shape[-1],), weight, bias, eps), h
+
+
+def dropout_norm_ledger(
+    rows: int, n: int, dtype, *, norm="layernorm", backward: bool = False, grad_h: bool = True
+) -> Ledger:
+    """Trips of a training step's residual + dropout + norm, eager and fused (w, b: ``n`` each).
+
+    Eager forward: dropout reads x, writes its output and the keep mask (1 byte); the add reads it and
+    the residual, writes h; the norm reads h, writes y (LayerNorm one kernel; RMSNorm's op-by-op
+    kernels counted as one here, a lower bound). Fused: read x, residual; write h, y, and fp32 mean
+    and rstd a row. Backward, eager: the norm's backward reads dy, h, writes dh; dropout's backward
+    reads dh and the mask, writes dx (dresidual is dh itself). Fused: read dy, h, mean, rstd; write
+    dresidual, dx — the mask regenerated, never read. ``grad_h``: h feeds the next block too (the
+    residual stream), so its own gradient arrives and is added to dh (eager: one more add kernel)."""
+    rows, n = int(rows), int(n)
+    rn = rows * n
+    sizes = {"mask": 1, "mean": 4, "rstd": 4}
+    if not backward:
+        led = Ledger(dtype_bytes=dtype, sizes=sizes, outputs=("h", "y", "mean", "rstd"))
+        led.op("dropout", reads={"x": rn}, writes={"xd": rn, "mask": rn})
+        led.op("add", reads={"xd": rn, "residual": rn}, writes={"h": rn})
+        b = n if norm == "layernorm" else 0
+        led.op(norm, reads={"h": rn, "w": n, "b": b}, writes={"y": rn, "mean": rows, "rstd": rows})
+        return led
+    out = "dh2" if grad_h else "dh"
+    led = Ledger(dtype_bytes=dtype, sizes=sizes, outputs=(out, "dx"), recomputed=("mask",))
+    led.op(f"{norm}_bwd", reads={"dy": rn, "h": rn, "w": n, "mean": rows, "rstd": rows}, writes={"dh": rn})
+    if grad_h:
+        led.op("add grad_h", reads={"dh": rn, "grad_h": rn}, writes={"dh2": rn})
+    led.op("dropout_bwd", reads={out: rn, "mask": rn}, writes={"dx": rn})
+    return led
