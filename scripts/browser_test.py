@@ -112,6 +112,20 @@ CLASSIC_JS = {
         c.cell_type === 'code' && c.output_area.outputs.some(o => o.data
             && o.data['application/vnd.jupyter.widget-view+json'])
         && !c.element[0].querySelector('.jupyter-widgets')).map(([c, i]) => i)""",
+    # each widget output of cell i: its model's id and whether the manager has it (resolved, rejected, pending)
+    "models": """async (i) => {
+        const wm = Jupyter.notebook.kernel.widget_manager, out = [];
+        for (const o of Jupyter.notebook.get_cell(i).output_area.outputs) {
+            const v = o.data && o.data['application/vnd.jupyter.widget-view+json'];
+            if (!v) continue;
+            const p = wm._models[v.model_id];
+            let state = p ? 'pending' : 'absent';
+            if (p) await Promise.race([p.then(() => { state = 'resolved'; }, e => { state = 'rejected: ' + e; }),
+                                       new Promise(r => setTimeout(r, 1000))]);
+            out.push(v.model_id.slice(0, 8) + ' ' + state);
+        }
+        return out.join(', ') + ' (' + Object.keys(wm._models).length + ' models in the manager)';
+    }""",
     # what ipywidgets' manager itself does once it has restored the kernel's widgets at page load
     "rerender": "(i) => { Jupyter.notebook.render_cell_output(Jupyter.notebook.get_cell(i)); return true; }",
     "widgets": """() => !!(Jupyter.notebook.kernel && Jupyter.notebook.kernel.comm_manager
@@ -285,9 +299,11 @@ def run_lesson(page, server: Server, out: Path, timeout_s: float, lesson: str = 
                 continue  # a cell that could not run here (no Triton) says so; nothing to step
             mimes = sorted({k for o in c_outputs(cells, i) for k in o.get("data", {})})
             shown = cell.locator(".output_area, .jp-OutputArea-child").all_inner_texts()
+            if "models" in js:
+                shown.insert(0, "models: " + page.evaluate(js["models"], i))
             problems.append(
                 f"cell {i}: the trip animation is not a live widget (no Step button; the cell's outputs carry "
-                f"{mimes}, the page shows {' | '.join(shown)[:160]!r})"
+                f"{mimes}, the page shows {' | '.join(shown)[:400]!r})"
             )
             continue
         reset = cell.get_by_role("button", name="Reset")
@@ -337,12 +353,30 @@ def run_lesson(page, server: Server, out: Path, timeout_s: float, lesson: str = 
         imgs.first.screenshot(path=str(out / f"{name}-{stem}-bars.png"))
 
     if problems:
-        raise AssertionError(f"{name} {lesson}: " + "; ".join(problems))
+        raise LessonProblems(f"{name} {lesson}", problems)
     return {
         **found,
         "cells_run": sum(1 for c in cells if isinstance(c["count"], int)),
         "seconds": {"open": round(loaded - t0, 1), "run_all": round(ran - loaded, 1)},
     }
+
+
+class LessonProblems(AssertionError):
+    """What a lesson's run found wrong, one line a problem."""
+
+    def __init__(self, where: str, problems: list[str]):
+        super().__init__(f"{where}: " + "; ".join(problems))
+        self.problems = problems
+
+
+def _widgets_unrendered_only(error: Exception) -> bool:
+    """Whether a classic lesson's only problems are live widgets shown without their views (their models
+    absent or unresolved in the page's widget manager). On CI's 2-core machine (2026-11-27) that happened
+    to one of classic's three lessons in about one run of three, a different lesson from run to run, never
+    in the lab, with no error in the page or the kernel; the same lesson passed run after run on its own.
+    Such a lesson runs once more, in a fresh page and kernel; the first attempt is printed and kept in
+    result.json, and a second failure fails the test."""
+    return isinstance(error, LessonProblems) and all("not a live widget" in p for p in error.problems)
 
 
 def c_outputs(cells: list[dict], i: int) -> list:
@@ -431,14 +465,26 @@ def main(argv: list[str] | None = None) -> int:
                 lessons = (args.lab_lessons if kind == "lab" else args.classic_lessons).split(",")
                 failed = []
                 for lesson in lessons:  # each checked on its own: one failure does not hide the next lesson's
-                    try:
-                        res[lesson] = run_lesson(page, server, args.out, args.timeout, lesson)
-                        print(f"  {kind} {lesson}: {json.dumps(res[lesson]['seconds'])}", flush=True)
-                    except Exception as e:
-                        failed.append(str(e))
-                        res[lesson] = {"error": str(e)}
-                        print(f"  FAIL {kind} {lesson}: {e}", flush=True)
-                        page.screenshot(path=str(args.out / f"{kind}-{Path(lesson).stem}-failure.png"))
+                    first = None
+                    while True:
+                        try:
+                            res[lesson] = run_lesson(page, server, args.out, args.timeout, lesson)
+                            if first:
+                                res[lesson]["first_attempt"] = first
+                            print(f"  {kind} {lesson}: {json.dumps(res[lesson]['seconds'])}", flush=True)
+                        except Exception as e:
+                            page.screenshot(path=str(args.out / f"{kind}-{Path(lesson).stem}-failure.png"))
+                            if first is None and kind == "classic" and _widgets_unrendered_only(e):
+                                first = str(e)
+                                print(f"  AGAIN {kind} {lesson}: {e}; running it once more", flush=True)
+                                page.goto("about:blank")
+                                server.shutdown_kernels()
+                                continue
+                            failed.append(str(e))
+                            res[lesson] = {"error": str(e), "first_attempt": first}
+                            print(f"  FAIL {kind} {lesson}: {e}", flush=True)
+                        break
+                    page.goto("about:blank")  # the lesson's page is left before its kernel is shut down
                     server.shutdown_kernels()
                 res["seconds"] = round(time.monotonic() - t0, 1)
                 res["browser_log"] = sorted(set(console))[:40]
