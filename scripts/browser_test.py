@@ -102,17 +102,8 @@ CLASSIC_JS = {
                 outputs: JSON.parse(JSON.stringify(c.output_area.outputs))};
     }).filter(Boolean)""",
     "idle": "() => !!document.querySelector('#kernel_indicator_icon.kernel_idle_icon')",
-    # ipywidgets 7's nbextension loads through require.js and registers its comm target when the kernel
-    # is created, which can land after the kernel is idle: a Run All before it leaves every widget
-    # unrendered (seen on CI's 2-core machine, 2026-11-27: lesson 4, no Step button, no bar image)
-    # the code cells whose outputs carry a live widget that the page shows without its view: classic's
-    # renderer throws where the widget's model is not (yet) in the manager, and the output area falls back,
-    # silently, to the bundle's picture
-    "unrendered": """() => Jupyter.notebook.get_cells().map((c, i) => [c, i]).filter(([c, i]) =>
-        c.cell_type === 'code' && c.output_area.outputs.some(o => o.data
-            && o.data['application/vnd.jupyter.widget-view+json'])
-        && !c.element[0].querySelector('.jupyter-widgets')).map(([c, i]) => i)""",
-    # each widget output of cell i: its model's id and whether the manager has it (resolved, rejected, pending)
+    # each widget output of cell i: its model's id and whether the manager has it (resolved, rejected, pending);
+    # an empty id is a view ipywidgets removed (it blanks the id), as its restore's re-render does
     "models": """async (i) => {
         const wm = Jupyter.notebook.kernel.widget_manager, out = [];
         for (const o of Jupyter.notebook.get_cell(i).output_area.outputs) {
@@ -126,8 +117,8 @@ CLASSIC_JS = {
         }
         return out.join(', ') + ' (' + Object.keys(wm._models).length + ' models in the manager)';
     }""",
-    # what ipywidgets' manager itself does once it has restored the kernel's widgets at page load
-    "rerender": "(i) => { Jupyter.notebook.render_cell_output(Jupyter.notebook.get_cell(i)); return true; }",
+    # ipywidgets 7's nbextension loads through require.js and registers its comm target when the kernel is
+    # created, which can land after the kernel is idle: a widget opened before it would have no model here
     "widgets": """() => !!(Jupyter.notebook.kernel && Jupyter.notebook.kernel.comm_manager
         && Jupyter.notebook.kernel.comm_manager.targets['jupyter.widget'])""",
 }
@@ -228,15 +219,32 @@ def _wait(page, js: str, what: str, timeout_s: float, arg=None) -> None:
         raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}") from e
 
 
-def run_lesson(page, server: Server, out: Path, timeout_s: float, lesson: str = LESSON) -> dict:
-    """Open the lesson, run every cell, check the widgets; returns what it found (raises on a failure)."""
+def run_lesson(
+    page, server: Server, out: Path, timeout_s: float, lesson: str = LESSON, frames: dict | None = None
+) -> dict:
+    """Open the lesson, run every cell, check the widgets; returns what it found (raises on a failure).
+    ``frames``: counts of the kernel messages the page received, kept up to date by a websocket listener."""
     js = LAB_JS if server.kind == "lab" else CLASSIC_JS
     name, stem = server.kind, Path(lesson).stem[:3].rstrip("_")
     t0 = time.monotonic()
+    replies = frames["comm_info_reply"] if frames is not None else 0
     page.goto(server.url(lesson))
     _wait(page, js["ready"], "the notebook and its kernel", 120, arg=lesson)
     if "widgets" in js:
         _wait(page, js["widgets"], "ipywidgets' widget manager (its comm target) in the page", 60)
+    if "widgets" in js and frames is not None:
+        # ipywidgets 7's manager restores the kernel's widgets when the page opens: it asks the kernel for its
+        # widget comms (comm_info_request, behind any cell already queued) and then re-renders every cell that
+        # holds widget output, which removes the live views of cells run meanwhile (their outputs keep only
+        # the picture). A learner clicks Run All seconds after the page opens; a Run All within milliseconds
+        # lost lesson 4's or 7's widgets in about one classic run in four on CI (2026-11-27). So: wait for
+        # the reply, then for the re-render it triggers.
+        deadline = time.monotonic() + 60
+        while frames["comm_info_reply"] == replies:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name} {lesson}: ipywidgets' manager never asked the kernel for its widgets")
+            page.wait_for_timeout(100)  # a sync Playwright call, so the websocket listener runs meanwhile
+        page.wait_for_timeout(1000)
     loaded = time.monotonic()
     page.evaluate(js["run_all"])
     time.sleep(1)
@@ -269,22 +277,6 @@ def run_lesson(page, server: Server, out: Path, timeout_s: float, lesson: str = 
     problems += [f"the page shows {e!r}" for e in RENDER_ERRORS if e in html]
 
     found = {"animations": [], "bars": []}
-    # A widget shown as its picture though its model is live: a race in classic Notebook between the
-    # widget manager's restore at page load (which re-renders every cell holding widget output) and
-    # cells that create widgets meanwhile; seen on CI's loaded 2-core machine only. Re-rendering the cell,
-    # as the manager does, shows whether the widget is live; it is reported, never hidden.
-    if "unrendered" in js:
-        time.sleep(2)  # views attach asynchronously after the last output
-        late = page.evaluate(js["unrendered"])
-        for i in late:
-            page.evaluate(js["rerender"], i)
-        if late:
-            found["rerendered"] = late
-            print(
-                f"  {name} {lesson}: cells {late} showed their widget's picture, not its view: re-rendered", flush=True
-            )
-            time.sleep(2)
-            cells = page.evaluate(js["cells"])  # re-marks the cells' elements
     # every trip animation: live controls, and a Step click that changes what it shows through the kernel
     anim_cells = [c["i"] for c in cells if "TripAnimation(" in c["source"] and c["outputs"]]
     for i in anim_cells:
@@ -353,30 +345,12 @@ def run_lesson(page, server: Server, out: Path, timeout_s: float, lesson: str = 
         imgs.first.screenshot(path=str(out / f"{name}-{stem}-bars.png"))
 
     if problems:
-        raise LessonProblems(f"{name} {lesson}", problems)
+        raise AssertionError(f"{name} {lesson}: " + "; ".join(problems))
     return {
         **found,
         "cells_run": sum(1 for c in cells if isinstance(c["count"], int)),
         "seconds": {"open": round(loaded - t0, 1), "run_all": round(ran - loaded, 1)},
     }
-
-
-class LessonProblems(AssertionError):
-    """What a lesson's run found wrong, one line a problem."""
-
-    def __init__(self, where: str, problems: list[str]):
-        super().__init__(f"{where}: " + "; ".join(problems))
-        self.problems = problems
-
-
-def _widgets_unrendered_only(error: Exception) -> bool:
-    """Whether a classic lesson's only problems are live widgets shown without their views (their models
-    absent or unresolved in the page's widget manager). On CI's 2-core machine (2026-11-27) that happened
-    to one of classic's three lessons in about one run of three, a different lesson from run to run, never
-    in the lab, with no error in the page or the kernel; the same lesson passed run after run on its own.
-    Such a lesson runs once more, in a fresh page and kernel; the first attempt is printed and kept in
-    result.json, and a second failure fails the test."""
-    return isinstance(error, LessonProblems) and all("not a live widget" in p for p in error.problems)
 
 
 def c_outputs(cells: list[dict], i: int) -> list:
@@ -456,6 +430,18 @@ def main(argv: list[str] | None = None) -> int:
             page.on(
                 "console", lambda m, c=console: c.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else 0
             )
+            frames = {"comm_info_reply": 0}  # the kernel's replies the page has received, by type
+            page.on(
+                "websocket",
+                lambda ws, f=frames: ws.on(
+                    "framereceived",
+                    lambda p: (
+                        f.__setitem__("comm_info_reply", f["comm_info_reply"] + 1)
+                        if isinstance(p, str) and "comm_info_reply" in p
+                        else None
+                    ),
+                ),
+            )
             page.on("requestfailed", lambda r, c=console: c.append(f"request failed: {r.url} ({r.failure})"))
             page.on("response", lambda r, c=console: c.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
             try:
@@ -465,25 +451,14 @@ def main(argv: list[str] | None = None) -> int:
                 lessons = (args.lab_lessons if kind == "lab" else args.classic_lessons).split(",")
                 failed = []
                 for lesson in lessons:  # each checked on its own: one failure does not hide the next lesson's
-                    first = None
-                    while True:
-                        try:
-                            res[lesson] = run_lesson(page, server, args.out, args.timeout, lesson)
-                            if first:
-                                res[lesson]["first_attempt"] = first
-                            print(f"  {kind} {lesson}: {json.dumps(res[lesson]['seconds'])}", flush=True)
-                        except Exception as e:
-                            page.screenshot(path=str(args.out / f"{kind}-{Path(lesson).stem}-failure.png"))
-                            if first is None and kind == "classic" and _widgets_unrendered_only(e):
-                                first = str(e)
-                                print(f"  AGAIN {kind} {lesson}: {e}; running it once more", flush=True)
-                                page.goto("about:blank")
-                                server.shutdown_kernels()
-                                continue
-                            failed.append(str(e))
-                            res[lesson] = {"error": str(e), "first_attempt": first}
-                            print(f"  FAIL {kind} {lesson}: {e}", flush=True)
-                        break
+                    try:
+                        res[lesson] = run_lesson(page, server, args.out, args.timeout, lesson, frames)
+                        print(f"  {kind} {lesson}: {json.dumps(res[lesson]['seconds'])}", flush=True)
+                    except Exception as e:
+                        failed.append(str(e))
+                        res[lesson] = {"error": str(e)}
+                        print(f"  FAIL {kind} {lesson}: {e}", flush=True)
+                        page.screenshot(path=str(args.out / f"{kind}-{Path(lesson).stem}-failure.png"))
                     page.goto("about:blank")  # the lesson's page is left before its kernel is shut down
                     server.shutdown_kernels()
                 res["seconds"] = round(time.monotonic() - t0, 1)
