@@ -50,9 +50,10 @@ def _sm_count(index: int) -> int:
 
 
 def sm_count() -> int:
-    """This GPU's multiprocessor count (:data:`DEFAULT_SMS` without one)."""
+    """This GPU's multiprocessor count (:data:`DEFAULT_SMS` without one). Asked on every call of a
+    norm (its configuration's key): the device through :func:`current_device`, not torch's wrapper."""
     if runtime.is_gpu():
-        return _sm_count(torch.cuda.current_device())
+        return _sm_count(current_device())
     return DEFAULT_SMS
 
 
