@@ -197,6 +197,8 @@ def check_choice(value, choices, name: str, *, op: str):
     """``choices[value]`` (a dict) or ``value`` (a sequence) when ``value`` is one of ``choices``, else a
     clear error: an unhashable value (``[]``) would make a dict lookup raise torch-free TypeError, and a
     tensor an ambiguous truth value, both far from the mistake."""
+    if (value is None or type(value) is str) and value in choices:  # the usual case: exact, 0.3 us less
+        return choices[value] if isinstance(choices, dict) else value
     try:
         ok = any(value is c or (type(value) is type(c) and value == c) for c in choices)
     except (TypeError, RuntimeError):  # a tensor compared with a string, an object without ==
