@@ -149,3 +149,12 @@ def test_host_range_reads_min_and_max_either_way(n):
     lo, hi = _launch.host_range(t)
     assert (lo, hi) == (int(t.min()), int(t.max())) and type(lo) is int and type(hi) is int
     assert _launch.host_range(t.to(torch.int32).clamp(-5, 5)) == (int(t.clamp(-5, 5).min()), int(t.clamp(-5, 5).max()))
+
+
+def test_check_tensor_refuses_a_strided_last_dimension_even_when_empty():
+    # an empty tensor is "contiguous" to torch whatever its strides: the row check reads the stride itself
+    t = torch.empty(0, 10, device=DEV)[:, ::2]
+    assert t.is_contiguous()
+    with pytest.raises(_launch.KernelInputError, match="last dimension has stride 2"):
+        _launch.check_tensor(t, "x", op="t", contiguous=False)
+    _launch.check_tensor(torch.empty(3, 10, device=DEV)[:, :4], "x", op="t", contiguous=False)  # rows: fine
