@@ -344,10 +344,15 @@ class SplitHeadsFunction(torch.autograd.Function):
         return dqkv, None, None, None, None
 
 
+def _as(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Mixed precision: fp32 master weights meet bf16 activations as a bf16 copy (autograd casts the
+    gradient back). The weight itself when the dtypes already match, as ``.to`` returns it, without
+    ``.to``'s argument parsing (1.1 us a call on a 2-core CPU, four a decode step; 2026-11-27)."""
+    return weight if weight.dtype == dtype else weight.to(dtype)
+
+
 def _linear(x, weight, residual=None):
-    # mixed precision: fp32 master weights meet bf16 activations as a bf16 copy (autograd casts the
-    # gradient back); a no-op when the dtypes already match
-    weight = weight.to(x.dtype)
+    weight = _as(weight, x.dtype)
     if _needs_grad(x, weight, residual):
         return LinearFunction.apply(x, weight, residual)
     return linear(x, weight, residual=residual)
@@ -363,7 +368,7 @@ FOLD_NORMS = False
 def _norm_linear(x, gamma, weight, eps, folded=None):
     """``linear(rmsnorm(x, gamma), weight)``. ``folded``: a dict the caller keeps, where the weight with gamma
     folded in is cached for :data:`FOLD_NORMS`."""
-    w = weight.to(x.dtype)
+    w = _as(weight, x.dtype)
     if _needs_grad(x, gamma, w):
         return NormLinearFunction.apply(x, gamma, w, eps)
     if FOLD_NORMS and folded is not None:
@@ -395,7 +400,7 @@ KEEP_SWIGLU_OUTPUT = True
 
 
 def _swiglu_linear(gu, weight, residual, overwrite=False):
-    weight = weight.to(gu.dtype)
+    weight = _as(weight, gu.dtype)
     if _needs_grad(gu, weight, residual):
         return SwiGLULinearFunction.apply(gu, weight, residual, overwrite, KEEP_SWIGLU_OUTPUT)
     ffn = gu.shape[-1] // 2
@@ -403,7 +408,7 @@ def _swiglu_linear(gu, weight, residual, overwrite=False):
 
 
 def _heads_linear(o, weight, residual, head_major=False):
-    weight = weight.to(o.dtype)
+    weight = _as(weight, o.dtype)
     if _needs_grad(o, weight, residual):
         return HeadsLinearFunction.apply(o, weight, residual, head_major)
     return linear(_heads_to_rows(o), weight, residual=residual)

@@ -140,3 +140,21 @@ def test_the_drivers_bandwidth_agrees_with_the_table_of_named_gpus():
     measured, table = _launch.dram_gbps(), _launch.dram_gbps(name)
     assert abs(measured - table) < 0.1 * table, (name, measured, table)
     assert (measured >= ROWS_MIN_DRAM_GBPS) == (table >= ROWS_MIN_DRAM_GBPS), (name, measured, table)
+
+
+@pytest.mark.parametrize("n", [1, 3, 64, 65, 300])
+def test_host_range_reads_min_and_max_either_way(n):
+    # up to 64 values through a list, more through numpy's reductions: the same answer
+    t = torch.randint(-(2**40), 2**40, (n,), generator=torch.Generator().manual_seed(n))
+    lo, hi = _launch.host_range(t)
+    assert (lo, hi) == (int(t.min()), int(t.max())) and type(lo) is int and type(hi) is int
+    assert _launch.host_range(t.to(torch.int32).clamp(-5, 5)) == (int(t.clamp(-5, 5).min()), int(t.clamp(-5, 5).max()))
+
+
+def test_check_tensor_refuses_a_strided_last_dimension_even_when_empty():
+    # an empty tensor is "contiguous" to torch whatever its strides: the row check reads the stride itself
+    t = torch.empty(0, 10, device=DEV)[:, ::2]
+    assert t.is_contiguous()
+    with pytest.raises(_launch.KernelInputError, match="last dimension has stride 2"):
+        _launch.check_tensor(t, "x", op="t", contiguous=False)
+    _launch.check_tensor(torch.empty(3, 10, device=DEV)[:, :4], "x", op="t", contiguous=False)  # rows: fine

@@ -623,3 +623,30 @@ def test_gpu_rows_times_width_past_2_to_the_31():
         nrm = (xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + EPS)).bfloat16().double()
         dw += (dy[i : i + 65536].double() * nrm).sum(0)
     _grad_close(wg.grad, dw, 1e-3, "dw")
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_no_grad_path_matches_the_autograd_path_and_gradients_still_flow(residual):
+    """Without autograd the forward launches straight from a cached plan (the default configuration's,
+    worked out once per layout): the same kernel and configuration as the autograd path's, and as the
+    default configuration asked for explicitly, so the same bits. With an input that requires grad the
+    autograd path is taken and its gradient is right."""
+    dev = runtime.DEVICE
+    x = torch.randn(3, 5, 48, device=dev)
+    r = torch.randn(3, 5, 48, device=dev) if residual else None
+    w = torch.randn(48, device=dev)
+    with torch.no_grad():
+        fast = rmsnorm(x, w, EPS, r)
+    explicit = rmsnorm(x, w, EPS, r, fwd_config={"BLOCK_N": rmsnorm_config(15, 48, x.dtype)["BLOCK_N"]})
+    xg = x.clone().requires_grad_(True)
+    slow = rmsnorm(xg, w, EPS, r)
+    for a, b, c in zip(*(t if residual else (t,) for t in (fast, explicit, slow)), strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c.detach())
+    y = slow[0] if residual else slow
+    assert y.requires_grad and not (fast[0] if residual else fast).requires_grad
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    x64 = x.double().requires_grad_(True)
+    want = rmsnorm_reference(x64, w.double(), EPS, None if r is None else r.double())
+    (want[0] if residual else want).backward(dy.double())
+    torch.testing.assert_close(xg.grad.double(), x64.grad, atol=1e-4, rtol=1e-4)

@@ -211,5 +211,8 @@ def test_cache_write_rotates_q_and_writes_k_and_v_at_each_rows_length(layout, dt
     torch.testing.assert_close(kt.transpose(1, 2)[1, :, 4:6], kc[1, :, 4:6], atol=0, rtol=0)
     with pytest.raises(KernelInputError, match="do not fit"):
         rope_cache_write(q, k, v, cos, sin, kc, vc, 11, layout)
+    if not lens.is_cuda:  # lengths in host memory are read once (by the table's check) and refused here too
+        with pytest.raises(KernelInputError, match="up to 12 do not fit"):
+            rope_cache_write(q, k, v, cos, sin, kc, vc, torch.tensor([0, 4, 11]), layout)
     with pytest.raises(KernelInputError, match="share memory"):
         rope_cache_write(q, k, v, cos, sin, kc[:, :1].expand(B, Hk, n_max, D), vc, 0, layout)

@@ -59,7 +59,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .. import _triton, runtime
 from ..ledger import Ledger
 from ._attention import LOG2E, check_inputs, config_key, default_scale
-from ._launch import KernelInputError, Launcher, cdiv, current_device, launch_kwargs, next_pow2, sm_count
+from ._launch import KernelInputError, Launcher, cdiv, current_device, host_range, launch_kwargs, next_pow2, sm_count
 
 OP = "attention_decode"
 _CONFIG_KEYS = ("BLOCK_N", "num_warps", "num_stages", "SPLITS", "LAST_COMBINES")
@@ -366,8 +366,7 @@ def _check_len(cache_len, B: int, N_k: int, device) -> None:
             f"{tuple(cache_len.shape)} on {cache_len.device}."
         )
     if not cache_len.is_cuda and B:  # free in the interpreter; a GPU would sync (the kernel clamps)
-        host = cache_len.numpy()  # host memory: read with numpy, no torch op (a call counts only its kernels)
-        lo, hi = int(host.min()), int(host.max())
+        lo, hi = host_range(cache_len)
         if lo < 0 or hi > N_k:
             raise KernelInputError(f"{OP}: cache_len holds {lo}..{hi}; each row's length must be in [0, N_k={N_k}].")
 

@@ -49,7 +49,16 @@ import triton.language as tl
 
 from .. import runtime
 from ..ledger import Ledger
-from ._launch import KernelInputError, Launcher, cdiv, check_choice, check_tensor, launch_kwargs, next_pow2
+from ._launch import (
+    KernelInputError,
+    Launcher,
+    cdiv,
+    check_choice,
+    check_tensor,
+    host_range,
+    launch_kwargs,
+    next_pow2,
+)
 from ._tensors import check_writable, upstream_grad
 
 OP = "rope"
@@ -346,7 +355,10 @@ class RoPEFunction(torch.autograd.Function):
         return dq, dk, None, None, None, None, None
 
 
-def _check(q, k, cos, sin, offset, layout, interleaved, grad: bool) -> None:
+def _check(q, k, cos, sin, offset, layout, interleaved, grad: bool) -> int | None:
+    """Refuse what the kernel cannot take. Returns the largest offset where it was read (an int, or a
+    tensor in host memory), else None: :func:`rope_cache_write` checks its cache against it without
+    reading the offsets again."""
     check_choice(layout, tuple(LAYOUTS), "layout", op=OP)
     if not isinstance(interleaved, bool):
         raise KernelInputError(f"{OP}: interleaved must be True or False, got {interleaved!r}.")
@@ -382,9 +394,8 @@ def _check(q, k, cos, sin, offset, layout, interleaved, grad: bool) -> None:
         if not offset.is_contiguous():
             raise KernelInputError(f"{OP}: offset must be contiguous. Pass offset.contiguous().")
         if offset.is_cuda or N == 0 or B == 0:
-            return  # reading the offsets back would sync: out-of-table rows give NaN (module docstring)
-        host = offset.numpy()  # host memory: read with numpy, no torch op (a fused call counts only its kernels)
-        lo, hi = int(host.min()), int(host.max())
+            return None  # reading the offsets back would sync: out-of-table rows give NaN (module docstring)
+        lo, hi = host_range(offset)
     elif isinstance(offset, int) and not isinstance(offset, bool):
         lo = hi = offset
     else:
@@ -394,6 +405,7 @@ def _check(q, k, cos, sin, offset, layout, interleaved, grad: bool) -> None:
             f"{OP}: positions {lo}..{hi + N - 1} are outside the tables' {n_pos} rows (cos and sin are "
             "(P, D/2)); build longer tables."
         )
+    return hi
 
 
 def rope(
@@ -463,7 +475,7 @@ def rope_cache_write(
     written (the kernel masks it). Not differentiable (decoding). Reference:
     :func:`rope_cache_write_reference`.
     """
-    _check(q, k, cos, sin, cache_len, layout, interleaved, False)
+    hi = _check(q, k, cos, sin, cache_len, layout, interleaved, False)
     check_tensor(v, "v", op=OP, ndim=4, contiguous=False, grad=False, max_numel=None)
     if v.shape != k.shape or v.dtype != k.dtype:
         raise KernelInputError(f"{OP}: v must be shaped like k ({tuple(k.shape)}, {k.dtype}), got {tuple(v.shape)}.")
@@ -480,10 +492,7 @@ def rope_cache_write(
     if k_cache.shape != v_cache.shape:
         raise KernelInputError(f"{OP}: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ.")
     n_max = k_cache.shape[2]
-    if isinstance(cache_len, torch.Tensor):
-        hi = None if cache_len.is_cuda or B == 0 else int(cache_len.numpy().max())  # no sync on a GPU
-    else:
-        hi = cache_len
+    # hi: the largest length, as _check read it (None on a GPU: reading it back would sync)
     if hi is not None and N and hi + N > n_max:
         raise KernelInputError(f"{OP}: positions up to {hi + N - 1} do not fit a cache of N_max={n_max}.")
     qo, _ = _apply(q, k, cos, sin, cache_len, layout, interleaved, 1, v, k_cache, v_cache)
