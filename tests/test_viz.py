@@ -679,3 +679,33 @@ def test_a_table_is_html_in_a_notebook_and_aligned_text_elsewhere():
     assert "&lt;b&gt;" in Table([("<b>", "1")])._repr_html_()  # cells are text, never markup
     with pytest.raises(ValueError, match="same number of cells"):
         Table([("a", "1"), ("b",)])
+
+
+def test_every_tile_label_fits_its_tile_in_a_whole_layers_animation():
+    """Lesson 9's layer puts 30 tensors in one HBM box; their names, measured in DejaVu Sans (matplotlib's
+    font), must fit their tiles (shrunk, or cut short with the whole name in the tooltip), not spill over
+    the neighbours' ("o_proj + residual: temporaries" did)."""
+    from matplotlib import font_manager
+    from PIL import ImageFont
+
+    from fusionlab.lessons.l9.ledger import layer_trip_ledger
+    from fusionlab.model import LLAMA3_8B
+
+    path = font_manager.findfont("DejaVu Sans")
+    shape = {k: LLAMA3_8B[k] for k in ("hidden", "n_heads", "n_kv_heads", "ffn")}
+    anim = TripAnimation(layer_trip_ledger(4, 4096, **shape), title="layer")
+    tile = re.compile(
+        r'<g><title>([^<]*)</title><rect x="[\d.]+" y="[\d.]+" width="([\d.]+)"[^>]*/>'
+        r'<text [^>]*font-size="([\d.]+)"[^>]*>([^<]*)</text></g>'
+    )
+    seen = cut = 0
+    for frame in (0, anim.n_frames - 1):
+        anim.frame = frame
+        for fused in (False, True):
+            for tip, width, size, text in tile.findall(anim.html(fused)):
+                text = text.replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">")
+                drawn = ImageFont.truetype(path, max(1, round(float(size)))).getlength(text)
+                assert drawn <= float(width) - 2, (tip, text, size, width, drawn)
+                assert text.endswith("…") or tip.startswith(text + ":"), (tip, text)
+                seen, cut = seen + 1, cut + text.endswith("…")
+    assert seen > 60 and 0 < cut < seen  # a layer's long names are cut; the short ones are whole

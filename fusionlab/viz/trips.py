@@ -175,6 +175,7 @@ def _svg_chips(chips: list[_Chip], nbytes: dict[str, int], box_y: float) -> list
     font = max(8.0, min(13.0, h - 10, w / 3))
     out = []
     for k, c in enumerate(chips):
+        label, size = _fit_label(c.name, w - 6, font)
         x = _BOX_X + 10 + (k % cols) * (w + 6)
         y = area_y + (k // cols) * (h + 4)
         fill, stroke, ink, dashed = _CHIP_STYLE[c.style]
@@ -186,10 +187,30 @@ def _svg_chips(chips: list[_Chip], nbytes: dict[str, int], box_y: float) -> list
         out.append(
             f'<g><title>{esc(tip)}</title><rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" '
             f'rx="4" fill="{fill}" stroke="{stroke}" stroke-width="{width}"{dash}/>'
-            f'<text x="{x + w / 2:.1f}" y="{y + h / 2 + font / 3:.1f}" font-size="{font:.0f}" '
-            f'text-anchor="middle" fill="{ink}">{esc(c.name)}</text></g>'
+            f'<text x="{x + w / 2:.1f}" y="{y + h / 2 + size / 3:.1f}" font-size="{size:.{0 if size == font else 1}f}" '
+            f'text-anchor="middle" fill="{ink}">{esc(label)}</text></g>'
         )
     return out
+
+
+#: a sans-serif glyph's mean advance, as a share of the font size (DejaVu Sans and Arial: 0.55-0.6)
+_GLYPH_WIDTH = 0.6
+#: the smallest font a tile's label shrinks to before it is cut short (its tooltip keeps the whole name)
+_MIN_FONT = 7.0
+
+
+def _fit_label(name: str, width: float, font: float) -> tuple[str, float]:
+    """``name`` and a font size that fit ``width`` pixels: smaller type first, down to :data:`_MIN_FONT`,
+    then the name cut short with an ellipsis (a layer's tiles are narrow; "o_proj + residual: temporaries"
+    would spill over its neighbours)."""
+    if len(name) * _GLYPH_WIDTH * font <= width:
+        return name, font
+    size = width / (len(name) * _GLYPH_WIDTH)
+    if size >= _MIN_FONT:
+        return name, size
+    size = min(font, _MIN_FONT)
+    keep = max(1, int(width / (_GLYPH_WIDTH * size)) - 1)
+    return name[:keep] + "…", size
 
 
 def _svg_box(y: float, label: str, fill: str, stroke: str, note: str = "") -> list[str]:
