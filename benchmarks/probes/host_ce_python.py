@@ -9,9 +9,9 @@ backward's bookkeeping, beside a trivial autograd.Function on the same tensors.
 
 import cProfile
 import pstats
-import time
 
 import torch
+from _host import per_call_us  # beside this script
 
 import fusionlab  # noqa: F401
 from fusionlab.kernels import _cross_entropy_kernels as CK
@@ -40,20 +40,6 @@ t = torch.randint(0, 32000, (64,))
 def call():
     loss = C.cross_entropy(x, t)
     loss.backward()
-
-
-def per_call_us(fn, calls=400, rounds=7, warmup=200):
-    """Host microseconds a call of ``fn()``: the fastest of ``rounds`` rounds of ``calls`` calls (this
-    machine's other work only ever adds time)."""
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, time.perf_counter() - t0)
-    return best / calls * 1e6
 
 
 def eager():

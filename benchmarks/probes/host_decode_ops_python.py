@@ -25,9 +25,9 @@ import argparse
 import contextlib
 import cProfile
 import pstats
-import time
 import types
 
+import _host  # beside this script
 import torch
 
 import fusionlab  # noqa: F401
@@ -89,16 +89,8 @@ for mod, name in ((RN, "_launch_fwd"), (MM, "_launch_plain"), (RP, "_launch"), (
 
 
 def per_call_us(fn, calls=300, rounds=7, warmup=100):
-    """Host microseconds a call of ``fn()``: the fastest of ``rounds`` rounds of ``calls`` calls."""
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, time.perf_counter() - t0)
-    return best / calls * 1e6
+    """:func:`_host.per_call_us` at this probe's counts."""
+    return _host.per_call_us(fn, calls=calls, rounds=rounds, warmup=warmup)
 
 
 # Llama-3-8B's decode step at batch 1, one token (fp16: the interpreter's 16-bit type, so the checks pass)

@@ -8,9 +8,9 @@ workspace allocations, the specialisation key), beside the part of it the check 
 
 import cProfile
 import pstats
-import time
 
 import torch
+from _host import per_call_us  # beside this script
 
 import fusionlab  # noqa: F401
 from fusionlab.kernels import _attention
@@ -26,20 +26,6 @@ H, H_kv, N_k, D = 32, 8, 4096, 128
 q = torch.randn(1, H, 1, D)
 k = torch.randn(1, H_kv, N_k, D)
 lens = torch.full((1,), N_k - 1)
-
-
-def per_call_us(fn, calls=400, rounds=7, warmup=200):
-    """Host microseconds a call of ``fn()``: the fastest of ``rounds`` rounds of ``calls`` calls (this
-    machine's other work only ever adds time)."""
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, time.perf_counter() - t0)
-    return best / calls * 1e6
 
 
 with torch.no_grad():
