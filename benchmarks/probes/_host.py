@@ -15,3 +15,16 @@ def per_call_us(fn, calls=400, rounds=7, warmup=200):
             fn()
         best = min(best, time.perf_counter() - t0)
     return best / calls * 1e6
+
+
+def print_profile(fn, calls: int, sort: str = "tottime", top: int = 10) -> None:
+    """cProfile of ``calls`` calls of ``fn()``, its ``top`` lines by ``sort``."""
+    import cProfile
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn()
+    pr.disable()
+    pstats.Stats(pr).sort_stats(sort).print_stats(top)

@@ -7,11 +7,8 @@ backward's bookkeeping, beside a trivial autograd.Function on the same tensors.
     .venv/bin/python benchmarks/probes/host_ce_python.py
 """
 
-import cProfile
-import pstats
-
 import torch
-from _host import per_call_us  # beside this script
+from _host import per_call_us, print_profile  # beside this script
 
 import fusionlab  # noqa: F401
 from fusionlab.kernels import _cross_entropy_kernels as CK
@@ -63,9 +60,4 @@ def triv():
 print(f"wrapper + autograd, no kernels: {per_call_us(call):.1f} us a fwd+bwd call")
 print(f"eager on this CPU (with its compute): {per_call_us(eager):.1f} us")
 print(f"a trivial autograd.Function: {per_call_us(triv):.1f} us")
-pr = cProfile.Profile()
-pr.enable()
-for _ in range(500):
-    call()
-pr.disable()
-pstats.Stats(pr).sort_stats("cumulative").print_stats(18)
+print_profile(call, 500, "cumulative", 18)

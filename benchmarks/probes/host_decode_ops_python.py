@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import cProfile
-import pstats
 import types
 
 import _host  # beside this script
@@ -160,12 +158,7 @@ def main():
     for name, fn, _ in OPS:
         print(f"\n== {name}, no_grad: cProfile of 2000 calls, by own time")
         with torch.no_grad():
-            pr = cProfile.Profile()
-            pr.enable()
-            for _ in range(2000):
-                fn()
-            pr.disable()
-        pstats.Stats(pr).sort_stats("tottime").print_stats(10)
+            _host.print_profile(fn, 2000)
 
 
 if __name__ == "__main__":

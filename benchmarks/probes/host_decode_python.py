@@ -6,11 +6,8 @@ workspace allocations, the specialisation key), beside the part of it the check 
     PYTHONPATH=. .venv/bin/python benchmarks/probes/host_decode_python.py
 """
 
-import cProfile
-import pstats
-
 import torch
-from _host import per_call_us  # beside this script
+from _host import per_call_us, print_profile  # beside this script
 
 import fusionlab  # noqa: F401
 from fusionlab.kernels import _attention
@@ -40,9 +37,4 @@ with torch.no_grad():
     }
     for name, fn in rows.items():
         print(f"{name}: {per_call_us(fn):.2f} us")
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(2000):
-        AD.attention_decode(q, k, k, lens)
-    pr.disable()
-    pstats.Stats(pr).sort_stats("tottime").print_stats(12)
+    print_profile(lambda: AD.attention_decode(q, k, k, lens), 2000, top=12)
