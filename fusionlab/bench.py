@@ -352,9 +352,7 @@ def recorded_runs() -> list[Recorded]:
     """Every recorded GPU run shipped with the package, oldest first. Files of one device and one day
     are one run: a recording of its suites one process at a time (``benchmarks/gpu_run.sh``)
     writes a file per suite, and they are read back together (suites merged; meta and ceilings from
-    the file that holds the most suites, the first of them on a tie). ``meta["suite_times"]``: when each
-    suite was recorded (its own file's time), so the newest recording *of a suite* can be told apart from
-    the newest run (a device whose day ended with other suites)."""
+    the file that holds the most suites, the first of them on a tie)."""
     groups: dict[tuple[str, str], list[Recorded]] = {}
     for p in recorded_files():
         r = Recorded.from_json(json.loads(p.read_text()), p)
@@ -363,8 +361,7 @@ def recorded_runs() -> list[Recorded]:
     for parts in groups.values():
         base = max(parts, key=lambda r: len(r.suites))  # max keeps the first of equals
         suites = {name: res for r in parts for name, res in r.suites.items()}
-        times = {name: r.meta.get("time", "") for r in parts for name in r.suites}
-        meta = {**base.meta, "time": max(r.meta.get("time", "") for r in parts), "suite_times": times}
+        meta = {**base.meta, "time": max(r.meta.get("time", "") for r in parts)}
         runs.append(Recorded(meta, base.ceilings, suites, base.path))
     return sorted(runs, key=lambda r: (r.meta["date"], r.meta.get("time", "")))
 
@@ -385,10 +382,8 @@ def recorded(path: str | Path | None = None, *, device: str | None = None, suite
     runs = recorded_runs()
     if device is not None:
         runs = [r for r in runs if device.lower() in r.meta["device"].lower()]
-    if suite is not None:  # the newest recording of that suite: by the time of its own file
-        runs = sorted(
-            (r for r in runs if suite in r.suites), key=lambda r: (r.meta["date"], r.meta["suite_times"][suite])
-        )
+    if suite is not None:
+        runs = [r for r in runs if suite in r.suites]
     if not runs:
         where = (f" on a device matching {device!r}" if device else "") + (f" with suite {suite!r}" if suite else "")
         raise FileNotFoundError(

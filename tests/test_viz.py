@@ -709,3 +709,7 @@ def test_every_tile_label_fits_its_tile_in_a_whole_layers_animation():
                 assert text.endswith("…") or tip.startswith(text + ":"), (tip, text)
                 seen, cut = seen + 1, cut + text.endswith("…")
     assert seen > 60 and 0 < cut < seen  # a layer's long names are cut; the short ones are whole
+    # its HBM box grows to hold four rows of tiles, both panels alike; a small chain's keeps its height
+    heights = {re.search(r'viewBox="0 0 \d+ (\d+)"', anim.html(f)).group(1) for f in (False, True)}
+    assert len(heights) == 1 and int(heights.pop()) > 336
+    assert 'viewBox="0 0 460 336"' in TripAnimation(cos_cos()).html(False)

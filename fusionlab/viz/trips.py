@@ -104,6 +104,14 @@ _W, _H = 460, 336
 _BOX_X, _BOX_W, _BOX_H = 16, 428, 80
 _CHIP_Y, _HBM_Y = 54, 206
 _NOTE_H = 22  # the extra height of a panel whose animation has notes
+_TILE_COLS, _ROW_H = 8, 22  # tiles a row in a box; the HBM box grows by a row's height past two rows
+
+
+def _hbm_growth(tl: _Timeline) -> int:
+    """Pixels the HBM box grows by to hold this panel's tensors: a whole layer's thirty would leave each
+    of four rows eight pixels high in the box's own height."""
+    rows = math.ceil(len(tl.hbm_slots) / _TILE_COLS)
+    return max(0, rows - 2) * _ROW_H
 
 
 @dataclass(frozen=True)
@@ -163,13 +171,13 @@ def _mark_current(chips: list[_Chip], trip: Trip | None) -> list[_Chip]:
     return [_Chip(c.name, c.style, trip.direction if c.name == trip.tensor else None) for c in chips]
 
 
-def _svg_chips(chips: list[_Chip], nbytes: dict[str, int], box_y: float) -> list[str]:
+def _svg_chips(chips: list[_Chip], nbytes: dict[str, int], box_y: float, box_h: float = _BOX_H) -> list[str]:
     """Tensor tiles in a box, in rows of at most 8, shrinking to fit rather than overflowing."""
     if not chips:
         return []
-    cols = min(len(chips), 8)
+    cols = min(len(chips), _TILE_COLS)
     rows = math.ceil(len(chips) / cols)
-    area_y, area_h = box_y + 26, _BOX_H - 32
+    area_y, area_h = box_y + 26, box_h - 32
     w = min(56.0, (_BOX_W - 16) / cols - 6)
     h = min(26.0, area_h / rows - 4)
     font = max(8.0, min(13.0, h - 10, w / 3))
@@ -193,8 +201,8 @@ def _svg_chips(chips: list[_Chip], nbytes: dict[str, int], box_y: float) -> list
     return out
 
 
-#: a sans-serif glyph's mean advance, as a share of the font size (DejaVu Sans and Arial: 0.55-0.6)
-_GLYPH_WIDTH = 0.6
+#: a sans-serif glyph's advance, as a share of the font size, with room for wide ones (DejaVu Sans: 0.55-0.82)
+_GLYPH_WIDTH = 0.66
 #: the smallest font a tile's label shrinks to before it is cut short (its tooltip keeps the whole name)
 _MIN_FONT = 7.0
 
@@ -213,9 +221,9 @@ def _fit_label(name: str, width: float, font: float) -> tuple[str, float]:
     return name[:keep] + "…", size
 
 
-def _svg_box(y: float, label: str, fill: str, stroke: str, note: str = "") -> list[str]:
+def _svg_box(y: float, label: str, fill: str, stroke: str, note: str = "", h: float = _BOX_H) -> list[str]:
     out = [
-        f'<rect x="{_BOX_X}" y="{y}" width="{_BOX_W}" height="{_BOX_H}" rx="8" fill="{fill}" '
+        f'<rect x="{_BOX_X}" y="{y}" width="{_BOX_W}" height="{h}" rx="8" fill="{fill}" '
         f'stroke="{stroke}" stroke-width="1.5"/>',
         f'<text x="{_BOX_X + 10}" y="{y + 18}" font-size="13" font-weight="bold" fill="{INK}">{esc(label)}</text>',
     ]
@@ -261,9 +269,9 @@ def _svg_arrow(trip: Trip | None, idle_text: str) -> list[str]:
     ]
 
 
-def _svg_counter(moved: int, total: int, scale: int) -> list[str]:
+def _svg_counter(moved: int, total: int, scale: int, grow: int = 0) -> list[str]:
     """The running byte counter over a bar; both panels share one scale, so the fused bar is shorter."""
-    y, full = _H - 34, _BOX_W
+    y, full = _H + grow - 34, _BOX_W
     track = full * total / scale if scale else 0
     fill = full * moved / scale if scale else 0
     return [
@@ -296,16 +304,24 @@ def _idle_text(frame: int, last_frame: int, fused: bool = True) -> str:
     return "done: no more trips"
 
 
-def _svg_note(note: str) -> list[str]:
+def _svg_note(note: str, grow: int = 0) -> list[str]:
     """The caller's line for this frame (the state a kernel keeps on chip, say), under the counter."""
-    return [f'<text x="{_BOX_X}" y="{_H + 12}" font-size="12" fill="{STAY_COLOR}">{esc(note)}</text>']
+    return [f'<text x="{_BOX_X}" y="{_H + grow + 12}" font-size="12" fill="{STAY_COLOR}">{esc(note)}</text>']
 
 
 def _panel_svg(
-    ledger: Ledger, tl: _Timeline, fused: bool, frame: int, last_frame: int, scale: int, note: str | None = None
+    ledger: Ledger,
+    tl: _Timeline,
+    fused: bool,
+    frame: int,
+    last_frame: int,
+    scale: int,
+    note: str | None = None,
+    grow: int = 0,
 ) -> str:
-    """One panel; ``note`` (``None``: the animation has no notes) adds a line of text under the counter."""
-    height = _H if note is None else _H + _NOTE_H
+    """One panel; ``note`` (``None``: the animation has no notes) adds a line of text under the counter;
+    ``grow``: pixels added to the HBM box (:func:`_hbm_growth`, the same for both panels)."""
+    height = (_H if note is None else _H + _NOTE_H) + grow
     shown = min(frame, len(tl.trips))
     current = tl.trips[shown - 1] if 0 < frame <= len(tl.trips) else None
     title = "fused (one kernel)" if fused else "unfused (one kernel per op)"
@@ -325,10 +341,10 @@ def _panel_svg(
         *_svg_chips(chip, tl.nbytes, _CHIP_Y),
         *_svg_l2(),
         *_svg_arrow(current, _idle_text(frame, last_frame, fused)),
-        *_svg_box(_HBM_Y, "HBM (off-chip DRAM)", "#eef1f6", "#6a7a9a"),
-        *_svg_chips(_mark_current(_in_hbm(tl, shown), current), tl.nbytes, _HBM_Y),
-        *_svg_counter(sum(t.nbytes for t in tl.trips[:shown]), tl.total, scale),
-        *(_svg_note(note) if note else []),
+        *_svg_box(_HBM_Y, "HBM (off-chip DRAM)", "#eef1f6", "#6a7a9a", h=_BOX_H + grow),
+        *_svg_chips(_mark_current(_in_hbm(tl, shown), current), tl.nbytes, _HBM_Y, _BOX_H + grow),
+        *_svg_counter(sum(t.nbytes for t in tl.trips[:shown]), tl.total, scale, grow),
+        *(_svg_note(note, grow) if note else []),
         "</svg>",
     ]
     return "\n".join(parts)
@@ -537,7 +553,8 @@ class TripAnimation:
         scale = self._tl[False].total  # one scale for both counter bars: the fused bar is visibly shorter
         has_notes = any(n is not None for n in self._notes.values())  # both panels the same height
         note = (self.note(fused, frame) or "") if has_notes else None
-        return _panel_svg(self.ledger, self._tl[fused], fused, frame, self.n_frames - 1, scale, note)
+        grow = max(_hbm_growth(tl) for tl in self._tl.values())  # both panels the same height
+        return _panel_svg(self.ledger, self._tl[fused], fused, frame, self.n_frames - 1, scale, note, grow)
 
     def _render(self) -> None:
         for fused, panel in self._panels.items():
