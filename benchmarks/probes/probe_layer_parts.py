@@ -183,24 +183,14 @@ def main():
         a, b, c, is_causal=True, enable_gqa=True), qc, kc, vc))  # fmt: skip
 
     # the whole layer, fwd+bwd: h recomputed (default) or kept, and eager's
-    dyl = torch.randn_like(x)
-    xg = x.clone().requires_grad_()
-
-    def step(mod):
-        for prm in mod.parameters():
-            prm.grad = None
-        xg.grad = None
-        mod(xg).backward(dyl)
-
+    step, clear = fwd_bwd(x)
     for keep, head_major in ((False, False), (True, False), (False, True)):
         model.KEEP_SWIGLU_OUTPUT, model.ATTENTION_HEAD_MAJOR = keep, head_major
         name = f"layer fwd+bwd: package, h {'kept' if keep else 'recomputed'}" + (", head-major" if head_major else "")
         row(name, lambda: step(lay), queued=True)
         try:
             step(lay)
-            for prm in lay.parameters():
-                prm.grad = None
-            xg.grad = None
+            clear(lay)
             torch.cuda.synchronize()
             res["ms"][name.replace("fwd+bwd", "peak GiB")] = bench.peak_bytes(lambda: step(lay)) / 2**30
         except Exception as e:
@@ -209,6 +199,24 @@ def main():
     row("layer fwd+bwd: eager", lambda: step(ref), queued=True)
     save()
     print(f"done in {time.time() - t0:.0f} s", flush=True)
+
+
+def fwd_bwd(x):
+    """``step(mod)``: one forward and backward of a layer on a copy of ``x`` that takes a gradient (a fixed
+    random dy), its gradients cleared first; ``clear(mod)``: the clearing alone (before a peak is read)."""
+    dy = torch.randn_like(x)
+    xg = x.clone().requires_grad_()
+
+    def clear(mod):
+        for prm in mod.parameters():
+            prm.grad = None
+        xg.grad = None
+
+    def step(mod):
+        clear(mod)
+        mod(xg).backward(dy)
+
+    return step, clear
 
 
 OPTIONS = {
@@ -223,14 +231,7 @@ def ab(args, res, save, ref, lay, x):
     """The layer's forward and fwd+bwd under each option in turn, ``args.ab`` rounds (A B C D A B C D ...: a
     drift of the GPU's clock reaches every option alike), eager's beside; each time is the median of its
     round's calls, the JSON keeps every round."""
-    dyl = torch.randn_like(x)
-    xg = x.clone().requires_grad_()
-
-    def step(mod):
-        for prm in mod.parameters():
-            prm.grad = None
-        xg.grad = None
-        mod(xg).backward(dyl)
+    step, _ = fwd_bwd(x)
 
     def use(opts):
         for name in ("ATTENTION_HEAD_MAJOR", "FOLD_NORMS", "KEEP_SWIGLU_OUTPUT"):
