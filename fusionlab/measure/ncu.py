@@ -55,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -616,6 +617,7 @@ def stages_child(stages) -> None:
         try:
             thunk = build()
         except Exception as e:  # noqa: BLE001 - one stage's failure is its own loss
+            traceback.print_exc()  # where it failed, in the recording's message (ncu keeps stderr's tail)
             _append_infos([{"part": name, "part_error": f"{type(e).__name__}: {e}"[:600]}])
         else:
             _window(thunk)

@@ -117,13 +117,16 @@ def _clear_grads(mod) -> None:
 
 
 def _works(make):
-    """Build a thunk and run it once (compile, warm up); None where this GPU or build cannot run it."""
+    """Build a thunk and run it once (compile, warm up); None where this GPU or build cannot run it. A CUDA
+    error (an illegal address: the context is lost) is raised, never taken for a case this build lacks."""
     try:
         thunk = make()
         thunk()
         torch.cuda.synchronize()
         return thunk
-    except Exception:  # noqa: BLE001  (a compile this build cannot do, out of memory)
+    except Exception as e:  # noqa: BLE001  (a compile this build cannot do, out of memory)
+        if "CUDA error" in str(e) and not isinstance(e, torch.cuda.OutOfMemoryError):
+            raise
         torch.cuda.empty_cache()
         return None
 
