@@ -265,6 +265,21 @@ def test_a_bad_call_after_good_ones_of_the_same_shape_still_raises(bad):
     assert _error(lambda: linear(bx, bw, bb, residual=br, **kw)) == fresh
 
 
+def test_a_weight_that_requires_grad_is_refused_once_grad_mode_is_on():
+    # linear has no backward: under no_grad a weight that requires grad is fine, with grad on it is not,
+    # whatever plans the no_grad calls kept
+    import fusionlab.kernels.linear as L
+
+    x, w, _, _ = _inputs(2, 32, 16, torch.float32)
+    w.requires_grad_(True)
+    L._PLANS.clear()
+    with torch.no_grad():
+        linear(x, w)
+        linear(x, w)
+    with pytest.raises(KernelInputError, match="requires grad"):
+        linear(x, w)
+
+
 def test_a_tensor_changed_in_place_takes_its_new_layout():
     # the plan is looked up by the tensor's metadata on each call, never by the tensor object
     import fusionlab.kernels.linear as L

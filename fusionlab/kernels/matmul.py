@@ -629,7 +629,7 @@ def run_gemm(plan: GemmPlan, a, b, bias, residual, row_scale, device: int | None
     key = plan.keys.get(align)
     if key is None:
         key = plan.keys[align] = _launch_plain.spec_key(args, plan.kwargs)
-    _launch_plain(plan.grid, *args, key=key, device=device, **plan.kwargs)
+    _launch_plain.launch(plan.grid, args, plan.kwargs, key, device)
     return c
 
 
