@@ -528,25 +528,28 @@ def _forward_key(x, weight, residual, layouts, plan, store_rstd) -> tuple:
 
 
 def _forward_launch(x, weight, residual, layouts, plan, store_rstd) -> tuple:
-    """``(int arguments, constexprs and launch options, launcher key)`` of the forward's launch: what a
-    kept plan launches with again (:data:`_PLANS`)."""
+    """``(int arguments, constexprs and launch options, launcher key, (shape, dtype, device) of the
+    outputs)`` of the forward's launch: what a kept plan launches with again (:data:`_PLANS`). The shape
+    as a plain tuple: ``torch.empty(size=x.shape, ...)`` costs 0.8 us more than from a tuple on a 2-core
+    CPU (2026-11-27)."""
     lx = layouts[0]
     lr = layouts[1] if residual is not None else lx
     ints = (lx.n_rows, lx.n_cols, lx.n_inner, lx.stride_b, lx.stride_m, lr.stride_b, lr.stride_m)
     kwargs = {"HAS_RESIDUAL": residual is not None, "STORE_RSTD": store_rstd, **plan[1]}
-    return ints, kwargs, _launch_fwd.intern(_forward_key(x, weight, residual, layouts, plan, store_rstd))
+    key = _launch_fwd.intern(_forward_key(x, weight, residual, layouts, plan, store_rstd))
+    return ints, kwargs, key, (tuple(x.shape), x.dtype, x.device)
 
 
 def _forward(x, weight, residual, eps, layouts, plan, store_rstd, launch=None, device=None):
     """Launch the forward kernel (``plan``: :func:`_forward_plan`'s): ``(y, h, rstd)`` (h is None without a
     residual, rstd None unless asked). ``launch``: :func:`_forward_launch`'s, when the caller kept it;
     ``device``: the current CUDA device when the caller knows it."""
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
-    rstd = torch.empty(layouts[0].n_rows, dtype=torch.float32, device=x.device) if store_rstd else None
-    if x.numel() == 0:
+    ints, kwargs, key, (shape, dtype, dev) = launch or _forward_launch(x, weight, residual, layouts, plan, store_rstd)
+    y = torch.empty(size=shape, dtype=dtype, device=dev)  # (size=: see run_gemm)
+    h = torch.empty(size=shape, dtype=dtype, device=dev) if residual is not None else None
+    rstd = torch.empty(ints[0], dtype=torch.float32, device=dev) if store_rstd else None
+    if ints[0] == 0 or ints[1] == 0:  # no element (rows x columns)
         return y, h, rstd
-    ints, kwargs, key = launch or _forward_launch(x, weight, residual, layouts, plan, store_rstd)
     r = residual if residual is not None else x
     args = (x, r, weight, h if h is not None else y, y, rstd if rstd is not None else y, *ints, eps)
     _launch_fwd.launch(plan[0], args, kwargs, key, device)
