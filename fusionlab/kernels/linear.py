@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from .._exercise import answer_key
 from ..ledger import Ledger
 from ._launch import KernelInputError, Plans, check_same, check_tensor, plain_choices, signature
-from .matmul import ACTIVATIONS, _check_activation, _tiles, check_operand, gemm_plan, matmul_config, run_gemm
+from .matmul import ACTIVATIONS, _check_activation, _gemm_plan, _run_gemm, _tiles, check_operand, matmul_config
 
 
 def _activate(h: torch.Tensor, activation) -> torch.Tensor:
@@ -196,14 +196,14 @@ def linear(
             key, device = (sig, activation, variant, input_precision), sig[1]
             plan = _PLANS.get(key)
             if plan is not None:  # a call of this signature passed every check: its plan, on these tensors
-                return run_gemm(plan, x, weight, bias, residual, None, device)
+                return _run_gemm(plan, x, weight, bias, residual, None, device)
     act = _check_activation(activation, op)
     x2, r2, out_shape = check_linear_args(x, weight, bias, residual, op)
     w_t = weight.t()
-    plan = gemm_plan(x2, w_t, bias, act, r2, None, variant, config, input_precision, op, out_shape)
+    plan = _gemm_plan(x2, w_t, bias, act, r2, None, variant, config, input_precision, op, out_shape)
     if key is not None and plan.reusable:
         _PLANS.put(key, plan)
-    return run_gemm(plan, x2, w_t, bias, r2, None, device)
+    return _run_gemm(plan, x2, w_t, bias, r2, None, device)
 
 
 #: linear's plans by call signature (a decode step calls it with the same few signatures every token:

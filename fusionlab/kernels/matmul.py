@@ -529,15 +529,15 @@ def gemm(
     """
     if not checked:
         _check_gemm_args(a, b, bias, activation, residual, row_scale, op)
-    plan = gemm_plan(a, b, bias, activation, residual, row_scale, variant, config, input_precision, op)
-    return run_gemm(plan, a, b, bias, residual, row_scale)
+    plan = _gemm_plan(a, b, bias, activation, residual, row_scale, variant, config, input_precision, op)
+    return _run_gemm(plan, a, b, bias, residual, row_scale)
 
 
-class GemmPlan:
+class _GemmPlan:
     """What :func:`gemm` works out for one problem before it launches: the output's shape, dtype and
     device, and either the plain kernel's grid, int arguments and constexprs (``kwargs``) or, for the
     Hopper path, what it needs to build its descriptors (``tma``). A plain plan reads nothing of its
-    tensors but their data pointers when it runs (:func:`run_gemm`), so an op may keep it for calls of
+    tensors but their data pointers when it runs (:func:`_run_gemm`), so an op may keep it for calls of
     the same signature (:class:`~fusionlab.kernels._launch.Plans`) and run it on the caller's own
     tensors (x as it came, the weight as (N, K)) without viewing them as (M, K) and (K, N) again."""
 
@@ -555,14 +555,14 @@ class GemmPlan:
         return self.tma is None
 
 
-def gemm_plan(a, b, bias, activation, residual, row_scale, variant, config, input_precision, op, out_shape=None):
-    """:func:`gemm`'s choices for these (checked) operands: a :class:`GemmPlan`. ``out_shape``: the
+def _gemm_plan(a, b, bias, activation, residual, row_scale, variant, config, input_precision, op, out_shape=None):
+    """:func:`gemm`'s choices for these (checked) operands: a :class:`_GemmPlan`. ``out_shape``: the
     output's shape when it is not (M, N) (``linear``'s (..., N): the same contiguous rows)."""
     M, K = a.shape
     N = b.shape[1]
     out_shape = (M, N) if out_shape is None else tuple(out_shape)
     if M == 0 or N == 0:
-        return GemmPlan(out_shape, a.dtype, a.device)
+        return _GemmPlan(out_shape, a.dtype, a.device)
     precision = _precision(a.dtype, input_precision, op)
     if variant not in VARIANTS:
         raise KernelInputError(f"{op}: variant={variant!r}; choose one of {VARIANTS}.")
@@ -582,7 +582,7 @@ def gemm_plan(a, b, bias, activation, residual, row_scale, variant, config, inpu
     stride_rm, stride_rn = (residual.stride(0), residual.stride(1)) if residual is not None else (0, 0)
     if variant == "tma" or (variant in (None, "auto") and tma_ok):
         tma = {"M": M, "N": N, "K": K, "stride_rm": stride_rm, "stride_rn": stride_rn, "flags": flags}
-        return GemmPlan(out_shape, a.dtype, a.device, tma={**tma, "config": config, "op": op})
+        return _GemmPlan(out_shape, a.dtype, a.device, tma={**tma, "config": config, "op": op})
 
     cfg = _plain_config(M, N, K, a.dtype, runtime.is_gpu())
     if config is not None:
@@ -607,10 +607,10 @@ def gemm_plan(a, b, bias, activation, residual, row_scale, variant, config, inpu
         **flags,
         **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
     }
-    return GemmPlan(out_shape, a.dtype, a.device, (cdiv(M, bm) * cdiv(N, bn),), ints, kwargs)
+    return _GemmPlan(out_shape, a.dtype, a.device, (cdiv(M, bm) * cdiv(N, bn),), ints, kwargs)
 
 
-def run_gemm(plan: GemmPlan, a, b, bias, residual, row_scale, device: int | None = None) -> torch.Tensor:
+def _run_gemm(plan: _GemmPlan, a, b, bias, residual, row_scale, device: int | None = None) -> torch.Tensor:
     """Allocate the output and launch ``plan`` on these tensors (for a plain plan any views of the
     planned ones' memory: only their data pointers are read). ``device``: the current CUDA device when
     the caller knows it (:func:`~fusionlab.kernels._launch.signature`)."""
@@ -636,7 +636,7 @@ def run_gemm(plan: GemmPlan, a, b, bias, residual, row_scale, device: int | None
 
 
 def _run_tma(t: dict, a, b, c, bias_t, res_t, scale_t) -> None:
-    """The Hopper path of a plan (``t``: :class:`GemmPlan`'s ``tma``): descriptors, then the autotuned
+    """The Hopper path of a plan (``t``: :class:`_GemmPlan`'s ``tma``): descriptors, then the autotuned
     kernel, or the kernel at a tuning run's ``config``."""
     M, N, K, config, op = t["M"], t["N"], t["K"], t["config"], t["op"]
     b_t, b_kn = _b_layout(b)

@@ -545,7 +545,7 @@ def _forward(x, weight, residual, eps, layouts, plan, store_rstd, launch=None, d
     residual, rstd None unless asked). ``launch``: :func:`_forward_launch`'s, when the caller kept it;
     ``device``: the current CUDA device when the caller knows it."""
     ints, kwargs, key, (shape, dtype, dev) = launch or _forward_launch(x, weight, residual, layouts, plan, store_rstd)
-    y = torch.empty(size=shape, dtype=dtype, device=dev)  # (size=: see run_gemm)
+    y = torch.empty(size=shape, dtype=dtype, device=dev)  # (size=: see _run_gemm)
     h = torch.empty(size=shape, dtype=dtype, device=dev) if residual is not None else None
     rstd = torch.empty(ints[0], dtype=torch.float32, device=dev) if store_rstd else None
     if ints[0] == 0 or ints[1] == 0:  # no element (rows x columns)
