@@ -628,7 +628,7 @@ def rmsnorm(
     the two-pass path. The spec: :func:`rmsnorm_reference`; the trips: :func:`rmsnorm_ledger`.
     """
     op = OP
-    key = device = None
+    key = device = kept = None
     defaults = fwd_config is None and bwd_config is None
     # eps exactly a float or an int (a bool, NaN's relatives and unhashables go the full path, which refuses
     # them); 1 and 1.0 may share a plan: the launch takes float(eps) either way, as check_eps returns it
@@ -637,26 +637,22 @@ def rmsnorm(
         if sig is not None:
             key, device = (sig, eps), sig[1]
             kept = _PLANS.get(key)
-            if kept is not None:  # a call of this signature passed every check: its layouts and plan
-                layouts, plan, grad, launch = kept
-                return _run(x, weight, residual, float(eps), layouts, plan, None, grad, launch, device)
-    layouts, eps = check_norm(x, weight, eps, {} if residual is None else {"residual": residual}, op)
-    n_rows, n_cols = layouts[0].n_rows, layouts[0].n_cols
-    if defaults:
-        plan, bwd_cfg = _default_plan(layouts[0], x.dtype, *gpu_and_sms(None)), None
+    if kept is not None:  # a call of this signature passed every check: its layouts and plan
+        (layouts, plan, grad, launch), eps, bwd_cfg = kept, float(eps), None
     else:
-        fwd_cfg, bwd_cfg = configs_with_overrides(rmsnorm_config, n_rows, n_cols, x.dtype, fwd_config, bwd_config, op)
-        plan = _forward_plan(fwd_cfg, layouts[0])
-    grad = wants_grad(x, weight, residual)
-    launch = None if grad else _forward_launch(x, weight, residual, layouts, plan, False)
-    if key is not None:
-        _PLANS.put(key, (layouts, plan, grad, launch))
-    return _run(x, weight, residual, eps, layouts, plan, bwd_cfg, grad, launch, device)
-
-
-def _run(x, weight, residual, eps, layouts, plan, bwd_cfg, grad, launch, device):
-    """rmsnorm's launch once its inputs are checked: through autograd when it records the call (``grad``),
-    else the forward alone, without rstd (``launch``: :func:`_forward_launch`'s)."""
+        layouts, eps = check_norm(x, weight, eps, {} if residual is None else {"residual": residual}, op)
+        n_rows, n_cols = layouts[0].n_rows, layouts[0].n_cols
+        if defaults:
+            plan, bwd_cfg = _default_plan(layouts[0], x.dtype, *gpu_and_sms(None)), None
+        else:
+            fwd_cfg, bwd_cfg = configs_with_overrides(
+                rmsnorm_config, n_rows, n_cols, x.dtype, fwd_config, bwd_config, op
+            )
+            plan = _forward_plan(fwd_cfg, layouts[0])
+        grad = wants_grad(x, weight, residual)
+        launch = None if grad else _forward_launch(x, weight, residual, layouts, plan, False)
+        if key is not None:
+            _PLANS.put(key, (layouts, plan, grad, launch))
     if grad:
         return RMSNormFunction.apply(x, weight, residual, eps, layouts, plan, bwd_cfg)
     y, h, _ = _forward(x, weight, residual, eps, layouts, plan, False, launch, device)
