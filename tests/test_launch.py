@@ -158,3 +158,76 @@ def test_check_tensor_refuses_a_strided_last_dimension_even_when_empty():
     with pytest.raises(_launch.KernelInputError, match="last dimension has stride 2"):
         _launch.check_tensor(t, "x", op="t", contiguous=False)
     _launch.check_tensor(torch.empty(3, 10, device=DEV)[:, :4], "x", op="t", contiguous=False)  # rows: fine
+
+
+# -- call signatures and plans ---------------------------------------------------------------------------
+def _variants(x):
+    """x changed in one field of what check_tensor (and a configuration) reads, each: the signature must
+    tell every one apart from x and from each other."""
+    buf = torch.randn(x.numel() + 8, device=DEV)
+    return {
+        "x": x,
+        "another dtype": x.half(),
+        "another shape": x.view(4, 6),
+        "other strides": x.t().contiguous().t(),
+        "negated": torch._neg_view(x),
+        "requires grad": x.detach().requires_grad_(),
+        "another 16-byte alignment": buf[1 : 1 + x.numel()].view(x.shape),
+        "another device": x.to("meta"),
+        "a subclass": torch.nn.Parameter(x, requires_grad=False),
+        "complex": torch.randn(x.shape, dtype=torch.complex64, device=DEV),
+        "complex, conjugated": torch.randn(x.shape, dtype=torch.complex64, device=DEV).conj(),
+    }
+
+
+def test_signature_tells_apart_every_field_a_check_reads():
+    x = torch.randn(6, 4, device=DEV)
+    sigs = {name: _launch.signature(t) for name, t in _variants(x).items()}
+    assert len(set(sigs.values())) == len(sigs), sigs
+    # the same metadata in another tensor (other memory, other values): the same signature
+    assert _launch.signature(torch.zeros(6, 4, device=DEV)) == sigs["x"]
+    with torch.no_grad():
+        assert _launch.signature(x) != sigs["x"]  # the grad mode is part of it
+    # an absent tensor is not a tensor; anything else that is not a tensor has no signature
+    assert _launch.signature(x, None) != _launch.signature(None, x)
+    assert _launch.signature(x, [1.0]) is None and _launch.signature(3) is None
+
+
+def test_plain_choices_keep_out_what_compares_equal_to_another_kind():
+    assert _launch.plain_choices(None, "gelu")
+    assert not _launch.plain_choices(True) and not _launch.plain_choices(1) and not _launch.plain_choices([])
+
+    class S(str):
+        pass
+
+    assert not _launch.plain_choices(S("gelu"))
+
+
+def test_plans_start_again_when_full():
+    plans = _launch.Plans(maxsize=3)
+    for i in range(3):
+        plans.put(i, str(i))
+    assert len(plans) == 3 and plans.get(2) == "2"
+    plans.put(3, "3")
+    assert len(plans) == 1 and plans.get(3) == "3" and plans.get(0) is None
+
+
+def test_call_passes_its_arguments_to_launch_and_intern_is_stable():
+    # Launcher.launch is __call__ without the unpacking (the ops' plans call it): __call__ hands it the
+    # same grid, arguments, constexprs, key and device
+    seen = []
+
+    class Recorder(_launch.Launcher):
+        def launch(self, grid, args, kwargs, key=None, device=None):
+            seen.append((grid, args, kwargs, key, device))
+
+    Recorder(bias_gelu_launcher.kernel)((3,), 1, 2.0, key=7, device=0, APPROX=True)
+    assert seen == [((3,), (1, 2.0), {"APPROX": True}, 7, 0)]
+    la = _launch.Launcher(bias_gelu_launcher.kernel)
+    assert la.intern(("a", 1)) == la.intern(("a", 1)) != la.intern(("a", 2))
+    x = torch.zeros(64, device=DEV)
+    # spec_key: equal for arguments Triton specialises alike, apart for those it does not
+    assert la.spec_key((x, 16), {"B": 1}) == la.spec_key((torch.ones(64, device=DEV), 32), {"B": 1})
+    assert la.spec_key((x, 16), {"B": 1}) != la.spec_key((x, 17), {"B": 1})
+    assert la.spec_key((x, 16), {"B": 1}) != la.spec_key((x[1:], 16), {"B": 1})
+    assert la.spec_key((x, 16), {"B": 1}) != la.spec_key((x, 16), {"B": 2})

@@ -193,6 +193,127 @@ def test_bad_inputs_raise(make, kw, match):
         linear(x, w, b, residual=r, **kw)
 
 
+# -- plans by call signature ------------------------------------------------------------------------
+# A call whose signature (each tensor's type, device, dtype, shape, strides, negation flag,
+# requires_grad and 16-byte alignment; the grad mode; the options) equals that of a call that passed
+# every check skips the checks and runs the plan kept for it. Any other call must be checked in full:
+# a bad call after good ones of the same shape raises what it raises on a fresh start.
+
+
+FP32_TOL = (2e-3, 1e-2) if GPU else (1e-6, 1e-5)  # TF32 on a GPU
+
+
+def _error(fn) -> str:
+    with pytest.raises(KernelInputError) as err:
+        fn()
+    return str(err.value)
+
+
+def test_a_repeated_call_runs_its_plan_without_the_checks(monkeypatch):
+    import fusionlab.kernels.linear as L
+
+    x, w, _, r = _inputs(3, 40, 24, torch.float32, residual=True)
+    L._PLANS.clear()
+    first = linear(x, w, residual=r)
+    assert len(L._PLANS) == 1
+    calls, check = [], L.check_linear_args
+    monkeypatch.setattr(L, "check_linear_args", lambda *a: calls.append(a) or check(*a))
+    x2, w2, _, r2 = _inputs(3, 40, 24, torch.float32, seed=1, residual=True)  # other tensors, same signature
+    y = linear(x2, w2, residual=r2)
+    assert not calls
+    assert_close_rel(y, linear_reference(x2, w2, residual=r2), *FP32_TOL)
+    assert_close_rel(linear(x, w, residual=r), first, 0, 0)
+    # the same shapes through another signature (a row-strided x): not the kept plan, checked in full
+    xs = torch.empty(3, 48, device=x.device)[:, :40].copy_(x)
+    assert_close_rel(linear(xs, w, residual=r), first, 0, 0)
+    assert len(calls) == 1 and len(L._PLANS) == 2
+
+
+def _bad_after_good():
+    """(name, a bad call's x, w, bias, residual, kwargs made from a good call's tensors) whose signature
+    differs from the good call's in one field only."""
+    return [
+        ("negated x", lambda x, w, r: (torch._neg_view(x), w, None, r, {})),
+        ("negated weight", lambda x, w, r: (x, torch._neg_view(w), None, r, {})),
+        ("negated residual", lambda x, w, r: (x, w, None, torch._neg_view(r), {})),
+        ("x of another dtype", lambda x, w, r: (x.double(), w, None, r, {})),
+        ("weight of another dtype", lambda x, w, r: (x, w.half(), None, r, {})),
+        ("x on another device", lambda x, w, r: (x.to("meta"), w, None, r, {})),
+        ("x requires grad", lambda x, w, r: (x.detach().requires_grad_(), w, None, r, {})),
+        ("weight requires grad", lambda x, w, r: (x, w.detach().requires_grad_(), None, r, {})),
+        ("x neither rows nor columns contiguous", lambda x, w, r: (torch.randn(3, 80, device=x.device)[:, ::2], w,
+                                                                   None, r, {})),
+        ("a complex x, conjugated", lambda x, w, r: (torch.randn(3, 40, dtype=torch.complex64, device=x.device).conj(),
+                                                     w, None, r, {})),
+        ("bias not a tensor", lambda x, w, r: (x, w, 1.0, r, {})),
+        ("residual not a tensor", lambda x, w, r: (x, w, None, [0.0], {})),
+        ("another activation", lambda x, w, r: (x, w, None, r, {"activation": "relu"})),
+        ("an activation that is not a str", lambda x, w, r: (x, w, None, r, {"activation": 3})),
+        ("another variant", lambda x, w, r: (x, w, None, r, {"variant": "tma"})),
+        ("another precision", lambda x, w, r: (x, w, None, r, {"input_precision": "fp8"})),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", [c[1] for c in _bad_after_good()], ids=[c[0] for c in _bad_after_good()])
+def test_a_bad_call_after_good_ones_of_the_same_shape_still_raises(bad):
+    import fusionlab.kernels.linear as L
+
+    x, w, _, r = _inputs(3, 40, 24, torch.float32, residual=True)
+    bx, bw, bb, br, kw = bad(x, w, r)
+    L._PLANS.clear()
+    fresh = _error(lambda: linear(bx, bw, bb, residual=br, **kw))
+    for _ in range(2):  # the second good call runs the kept plan
+        linear(x, w, residual=r)
+    assert len(L._PLANS) == 1
+    assert _error(lambda: linear(bx, bw, bb, residual=br, **kw)) == fresh
+
+
+def test_a_weight_that_requires_grad_is_refused_once_grad_mode_is_on():
+    # linear has no backward: under no_grad a weight that requires grad is fine, with grad on it is not,
+    # whatever plans the no_grad calls kept
+    import fusionlab.kernels.linear as L
+
+    x, w, _, _ = _inputs(2, 32, 16, torch.float32)
+    w.requires_grad_(True)
+    L._PLANS.clear()
+    with torch.no_grad():
+        linear(x, w)
+        linear(x, w)
+    with pytest.raises(KernelInputError, match="requires grad"):
+        linear(x, w)
+
+
+def test_a_tensor_changed_in_place_takes_its_new_layout():
+    # the plan is looked up by the tensor's metadata on each call, never by the tensor object
+    import fusionlab.kernels.linear as L
+
+    x, w, _, _ = _inputs(4, 32, 24, torch.float32)
+    L._PLANS.clear()
+    linear(x, w)
+    linear(x, w)
+    buf = torch.randn(4 * 64, device=x.device)
+    y = buf[:128].view(4, 32)
+    linear(y, w)
+    y.as_strided_((4, 32), (64, 1), 1)  # the same tensor object: rows 64 apart, one element in (unaligned)
+    assert_close_rel(linear(y, w), linear_reference(y, w), *FP32_TOL)
+    w_t = w.t().contiguous().t()  # the weight column-major: the same shape, other strides
+    assert_close_rel(linear(x, w_t), linear_reference(x, w_t), *FP32_TOL)
+    assert len(L._PLANS) == 3
+
+
+def test_misaligned_inputs_of_a_kept_shape_compute_the_right_values():
+    import fusionlab.kernels.linear as L
+
+    x, w, b, r = _inputs(2, 24, 40, torch.float16, residual=True)
+    L._PLANS.clear()
+    linear(x, w, b, residual=r)
+    buf = torch.randn(2 * 24 + 1, device=x.device).half()
+    xm = buf[1:].view(2, 24).copy_(x)  # 2 bytes past a 16-byte boundary
+    assert xm.data_ptr() % 16
+    assert_close_rel(linear(xm, w, b, residual=r), linear_reference(x, w, b, residual=r), 1e-3, 4e-3)
+    assert len(L._PLANS) == 2
+
+
 # -- GPU ------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @gpu_only
@@ -234,3 +355,38 @@ def test_tma_path_epilogues(dtype):
     y = linear(x, w, b, "gelu")
     assert_close_rel(y, linear_reference(x, w, b, "gelu"), *tol)
     assert_close_rel(linear(x, w, b, "gelu", variant="plain"), y, *tol)
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_a_kept_plan_launches_through_the_launchers_hit_path():
+    # the plan's launcher key (interned once) finds the compiled kernel on the Launcher's direct path, on
+    # the current device the signature asked for, and the repeated call's bits are the first call's
+    import fusionlab.kernels.linear as L
+    import fusionlab.kernels.matmul as MM
+
+    x, w, _, r = _inputs(2, 64, 48, torch.float16, residual=True)
+    L._PLANS.clear()
+    first = linear(x.view(1, 2, 64), w, residual=r.view(1, 2, 48))
+    again = linear(x.view(1, 2, 64), w, residual=r.view(1, 2, 48))
+    (plan,) = L._PLANS._plans.values()
+    assert plan.keys and all((k, torch.cuda.current_device()) in MM._launch_plain._compiled for k in plan.keys.values())
+    assert torch.equal(first, again) and first.shape == (1, 2, 48)
+    assert_close_rel(again.view(2, 48), linear_reference(x, w, residual=r), 1e-3, 4e-3)
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.skipif(not HOPPER, reason="the TMA path needs a Hopper GPU")
+def test_a_tma_call_keeps_no_plan_and_takes_leading_dimensions():
+    # the TMA path builds descriptors from the (M, K) and (K, N) tensors themselves: not kept; its output
+    # is allocated as (..., N) and described as its (M, N) rows
+    import fusionlab.kernels.linear as L
+
+    x, w, b, r = _inputs(256, 128, 256, torch.float16, residual=True)
+    L._PLANS.clear()
+    for _ in range(2):
+        y = linear(x.view(2, 128, 128), w, b, residual=r.view(2, 128, 256))
+        assert y.shape == (2, 128, 256)
+        assert_close_rel(y.view(256, 256), linear_reference(x, w, b, residual=r), 1e-3, 4e-3)
+    assert len(L._PLANS) == 0

@@ -650,3 +650,122 @@ def test_no_grad_path_matches_the_autograd_path_and_gradients_still_flow(residua
     want = rmsnorm_reference(x64, w.double(), EPS, None if r is None else r.double())
     (want[0] if residual else want).backward(dy.double())
     torch.testing.assert_close(xg.grad.double(), x64.grad, atol=1e-4, rtol=1e-4)
+
+
+# -- plans by call signature -------------------------------------------------------------------------
+# A call whose signature (each tensor's type, device, dtype, shape, strides, negation flag,
+# requires_grad and 16-byte alignment; the grad mode; eps) equals that of a call that passed
+# every check skips the checks and launches from the kept layouts and plan. Any other call is checked in
+# full: a bad call after good ones of the same shape raises what it raises on a fresh start.
+def _error(fn) -> str:
+    with pytest.raises(KernelInputError) as err:
+        fn()
+    return str(err.value)
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_a_repeated_call_launches_its_kept_plan_without_the_checks(residual, monkeypatch):
+    import fusionlab.kernels.rmsnorm as RN
+
+    x, w = _t((2, 3, 40), seed=80), _t(40, seed=81)
+    r = _t((2, 3, 40), seed=82) if residual else None
+    RN._PLANS.clear()
+    with torch.no_grad():
+        first = rmsnorm(x, w, EPS, r)
+    assert len(RN._PLANS) == 1
+    calls, check = [], RN.check_norm
+    monkeypatch.setattr(RN, "check_norm", lambda *a: calls.append(a) or check(*a))
+    x2, w2 = _t((2, 3, 40), seed=83), _t(40, seed=84)
+    r2 = _t((2, 3, 40), seed=85) if residual else None
+    with torch.no_grad():
+        y = rmsnorm(x2, w2, EPS, r2)
+        again = rmsnorm(x, w, EPS, r)
+    assert not calls
+    want = rmsnorm_reference(x2.double(), w2.double(), EPS, None if r2 is None else r2.double())
+    for a, b in zip(y if residual else (y,), want if residual else (want,), strict=True):
+        _expect_close(a, b, 1e-5, 1e-5)
+    for a, b in zip(again if residual else (again,), first if residual else (first,), strict=True):
+        assert torch.equal(a, b)
+    # another eps is another signature: checked in full, and its own eps is used
+    with torch.no_grad():
+        y = rmsnorm(x, w, 0.5, r)
+    assert len(calls) == 1
+    want = rmsnorm_reference(x.double(), w.double(), 0.5, None if r is None else r.double())
+    _expect_close(y[0] if residual else y, want[0] if residual else want, 1e-5, 1e-5)
+
+
+def _rms_bad_after_good():
+    """(name, a bad call's arguments made from a good call's x, w, residual) differing from it in one
+    field of the signature only."""
+    return [
+        ("negated x", lambda x, w, r: (torch._neg_view(x), w, EPS, r)),
+        ("negated weight", lambda x, w, r: (x, torch._neg_view(w), EPS, r)),
+        ("negated residual", lambda x, w, r: (x, w, EPS, torch._neg_view(r))),
+        ("x of another dtype", lambda x, w, r: (x.long(), w, EPS, r)),
+        ("residual of another dtype", lambda x, w, r: (x, w, EPS, r.half())),
+        ("weight on another device", lambda x, w, r: (x, w.to("meta"), EPS, r)),
+        ("x on another device", lambda x, w, r: (x.to("meta"), w, EPS, r)),
+        ("a complex x, conjugated", lambda x, w, r: (torch.randn(x.shape, dtype=torch.complex64).to(x.device).conj(),
+                                                     w, EPS, r)),
+        ("weight not contiguous", lambda x, w, r: (x, torch.randn(80, device=x.device)[::2], EPS, r)),
+        ("x's last dimension strided", lambda x, w, r: (torch.randn(2, 3, 80, device=x.device)[..., ::2], w, EPS, r)),
+        ("eps True after eps 1", lambda x, w, r: (x, w, True, r)),
+        ("eps nan", lambda x, w, r: (x, w, math.nan, r)),
+        ("eps negative", lambda x, w, r: (x, w, -1e-6, r)),
+        ("eps a list", lambda x, w, r: (x, w, [EPS], r)),
+        ("residual not a tensor", lambda x, w, r: (x, w, EPS, [0.0])),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", [c[1] for c in _rms_bad_after_good()], ids=[c[0] for c in _rms_bad_after_good()])
+def test_a_bad_call_after_good_ones_of_the_same_shape_still_raises(bad):
+    import fusionlab.kernels.rmsnorm as RN
+
+    x, w, r = _t((2, 3, 40), seed=86), _t(40, seed=87), _t((2, 3, 40), seed=88)
+    bx, bw, beps, br = bad(x, w, r)
+    RN._PLANS.clear()
+    fresh = _error(lambda: rmsnorm(bx, bw, beps, br))
+    with torch.no_grad():
+        for _ in range(2):  # the second good call launches the kept plan
+            rmsnorm(x, w, EPS, r)
+            rmsnorm(x, w, 1, r)  # (eps True must not find this one: True == 1)
+    assert len(RN._PLANS) == 2
+    with torch.no_grad():
+        assert _error(lambda: rmsnorm(bx, bw, beps, br)) == fresh
+
+
+def test_grad_mode_and_requires_grad_pick_the_path_after_a_kept_plan():
+    # the same tensors' signature under no_grad, then with grad on and an input that requires grad: the
+    # autograd path (a gradient), then no_grad again: no graph
+    import fusionlab.kernels.rmsnorm as RN
+
+    x, w = _t((3, 40), seed=89), _t(40, seed=90)
+    RN._PLANS.clear()
+    with torch.no_grad():
+        rmsnorm(x, w, EPS)
+        rmsnorm(x, w, EPS)
+    xg = x.clone().requires_grad_(True)
+    y = rmsnorm(xg, w, EPS)
+    assert y.requires_grad
+    y.sum().backward()
+    assert xg.grad is not None and xg.grad.abs().sum() > 0
+    assert not rmsnorm(x, w, EPS).requires_grad  # grad on, nothing requires it: a kept plan, no graph
+    with torch.no_grad():
+        assert not rmsnorm(xg, w, EPS).requires_grad
+    assert len(RN._PLANS) == 4
+
+
+def test_a_tensor_changed_in_place_is_read_through_its_new_strides():
+    import fusionlab.kernels.rmsnorm as RN
+
+    w = _t(40, seed=91)
+    buf = _t(400, seed=92)
+    x = buf[:120].view(3, 40)
+    RN._PLANS.clear()
+    with torch.no_grad():
+        rmsnorm(x, w, EPS)
+        rmsnorm(x, w, EPS)
+        x.as_strided_((3, 40), (100, 1), 1)  # rows 100 apart, one element in: the same tensor object
+        y = rmsnorm(x, w, EPS)
+    _expect_close(y, rmsnorm_reference(x.double(), w.double(), EPS), 1e-5, 1e-5)
+    assert len(RN._PLANS) == 2

@@ -157,7 +157,7 @@ def test_positions_outside_the_tables_are_refused():
         rope(q, k, cos, sin, -1)
     if not runtime.is_gpu():  # free to read in the interpreter; on a GPU such rows are NaN (no sync)
         with pytest.raises(KernelInputError, match="outside the tables"):
-            rope(q, k, cos, sin, torch.tensor([0, 7]))
+            rope(q, k, cos, sin, torch.tensor([0, 8]))
     with pytest.raises(KernelInputError, match=r"shape \(B,\)"):
         rope(q, k, cos, sin, torch.tensor([0, 1, 2]))
     with pytest.raises(KernelInputError, match="D/2"):
@@ -216,3 +216,86 @@ def test_cache_write_rotates_q_and_writes_k_and_v_at_each_rows_length(layout, dt
             rope_cache_write(q, k, v, cos, sin, kc, vc, torch.tensor([0, 4, 11]), layout)
     with pytest.raises(KernelInputError, match="share memory"):
         rope_cache_write(q, k, v, cos, sin, kc[:, :1].expand(B, Hk, n_max, D), vc, 0, layout)
+
+
+# -- the cache write's plans by call signature ---------------------------------------------------------
+# A call whose signature (each tensor's type, device, dtype, shape, strides, negation flag,
+# requires_grad and 16-byte alignment, the lengths' tensor among them; the grad mode; layout and
+# interleaved) equals that of a call that passed every check launches from the kept plan. The lengths'
+# values are not in the signature: where the checks read them (in host memory) they are checked on
+# every call. Any other call is checked in full and raises what it raises on a fresh start.
+def _cache_case(dtype=torch.float32, layout="bnhd", seed=20):
+    B, Hq, Hk, N, D, n_max = 2, 4, 2, 1, 16, 12
+    q, k = _qk(B, Hq, Hk, N, D, dtype, layout, seed=seed)
+    v = torch.randn(k.shape, generator=torch.Generator().manual_seed(seed + 1)).to(DEV, dtype)
+    cos, sin = rope_tables(n_max + 4, D)
+    kc = torch.zeros(B, Hk, n_max, D, device=DEV, dtype=dtype)
+    return q, k, v, cos, sin, kc, torch.zeros_like(kc)
+
+
+def _error(fn) -> str:
+    with pytest.raises(KernelInputError) as err:
+        fn()
+    return str(err.value)
+
+
+def test_cache_write_of_a_kept_signature_skips_the_checks_but_the_lengths(monkeypatch):
+    import fusionlab.kernels.rope as RP
+
+    q, k, v, cos, sin, kc, vc = _cache_case()
+    RP._PLANS.clear()
+    rope_cache_write(q, k, v, cos, sin, kc, vc, torch.tensor([0, 3], device=DEV))
+    assert len(RP._PLANS) == 1
+    calls, check = [], RP._check
+    monkeypatch.setattr(RP, "_check", lambda *a: calls.append(a) or check(*a))
+    q2, k2, v2, *_ = _cache_case(seed=30)
+    lens = torch.tensor([5, 1], device=DEV)  # other values, the same signature
+    want = rope_cache_write_reference(q2, k2, v2, cos, sin, kc, vc, lens, "bnhd")
+    got_q = rope_cache_write(q2, k2, v2, cos, sin, kc, vc, lens)
+    assert not calls
+    _close((got_q, kc), want[:2], 1e-5)
+    assert torch.equal(vc, want[2])
+    if not lens.is_cuda:  # lengths in host memory: their values are checked on every call
+        for bad in ([0, 12], [-1, 0]):
+            RP._PLANS.clear()
+            fresh = _error(lambda bad=bad: rope_cache_write(q, k, v, cos, sin, kc, vc, torch.tensor(bad)))
+            rope_cache_write(q, k, v, cos, sin, kc, vc, torch.tensor([0, 3]))
+            assert len(RP._PLANS) == 1
+            assert _error(lambda bad=bad: rope_cache_write(q, k, v, cos, sin, kc, vc, torch.tensor(bad))) == fresh
+        table = rope_tables(8, 16)  # positions past the tables (8 rows), inside the cache (12)
+        rope_cache_write(q, k, v, *table, kc, vc, torch.tensor([0, 3]))
+        assert "outside the tables" in _error(lambda: rope_cache_write(q, k, v, *table, kc, vc, torch.tensor([0, 8])))
+
+
+def _rope_bad_after_good():
+    """(name, the bad call's arguments from a good call's) differing from it in one field of the signature."""
+    return [
+        ("negated q", lambda a: {**a, "q": torch._neg_view(a["q"])}),
+        ("negated v", lambda a: {**a, "v": torch._neg_view(a["v"])}),
+        ("negated sin", lambda a: {**a, "sin": torch._neg_view(a["sin"])}),
+        ("k of another dtype", lambda a: {**a, "k": a["k"].half()}),
+        ("a cache of another dtype", lambda a: {**a, "v_cache": a["v_cache"].half()}),
+        ("a cache whose rows share memory", lambda a: {**a, "k_cache": a["k_cache"][:, :1].expand(a["k_cache"].shape)}),
+        ("lengths of a float dtype", lambda a: {**a, "cache_len": a["cache_len"].float()}),
+        ("lengths not contiguous", lambda a: {**a, "cache_len": torch.tensor([0, 9, 3, 9], device=DEV)[::2]}),
+        ("lengths on another device", lambda a: {**a, "cache_len": a["cache_len"].to("meta")}),
+        ("v requires grad", lambda a: {**a, "v": a["v"].detach().requires_grad_()}),
+        ("another layout", lambda a: {**a, "layout": "bhnd"}),
+        ("a layout that is not a str", lambda a: {**a, "layout": 1}),
+        ("interleaved not a bool", lambda a: {**a, "interleaved": 1}),
+    ]
+
+
+@pytest.mark.parametrize("bad", [c[1] for c in _rope_bad_after_good()], ids=[c[0] for c in _rope_bad_after_good()])
+def test_cache_write_a_bad_call_after_good_ones_of_the_same_shape_still_raises(bad):
+    import fusionlab.kernels.rope as RP
+
+    q, k, v, cos, sin, kc, vc = _cache_case()
+    good = dict(q=q, k=k, v=v, cos=cos, sin=sin, k_cache=kc, v_cache=vc, cache_len=torch.tensor([0, 3], device=DEV))
+    args = bad(good)
+    RP._PLANS.clear()
+    fresh = _error(lambda: rope_cache_write(**args))
+    for _ in range(2):  # the second good call launches the kept plan
+        rope_cache_write(**good)
+    assert len(RP._PLANS) == 1
+    assert _error(lambda: rope_cache_write(**args)) == fresh

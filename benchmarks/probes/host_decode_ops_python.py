@@ -60,15 +60,15 @@ class _Kernel:
         return lambda *args, **kwargs: _Compiled()
 
 
-# the Launcher's own __call__, its module's GPU switches on: the same code object, other globals
+# the Launcher's own launch (what __call__ calls), its module's GPU switches on: the same code object, other globals
 _GPU_GLOBALS = dict(vars(_launch))
 _GPU_GLOBALS.update(
     runtime=types.SimpleNamespace(is_gpu=lambda: True),
     _triton=types.SimpleNamespace(watching=lambda: False, launch_hooks_set=lambda: False, current_stream=lambda d: 0),
     current_device=lambda: 0,
 )
-_gpu_call = types.FunctionType(_launch.Launcher.__call__.__code__, _GPU_GLOBALS, "__call__")
-_gpu_call.__kwdefaults__ = _launch.Launcher.__call__.__kwdefaults__
+_gpu_launch = types.FunctionType(_launch.Launcher.launch.__code__, _GPU_GLOBALS, "launch")
+_gpu_launch.__defaults__ = _launch.Launcher.launch.__defaults__
 
 
 class HitPath(_launch.Launcher):
@@ -78,7 +78,7 @@ class HitPath(_launch.Launcher):
         self.__dict__.update(vars(launcher))
         self.kernel, self._compiled = _Kernel(), {}
 
-    __call__ = _gpu_call
+    launch = _gpu_launch  # (``__call__`` passes its arguments to it)
 
 
 for mod, name in ((RN, "_launch_fwd"), (MM, "_launch_plain"), (RP, "_launch"), (SG, "_launch_fwd"),

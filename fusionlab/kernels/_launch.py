@@ -182,6 +182,72 @@ def check_tensor(
     return x
 
 
+def signature(*tensors) -> tuple | None:
+    """What every check of :func:`check_tensor` (and an op's own checks and configuration lookups) can
+    depend on, for each of ``tensors`` (None: an absent optional tensor), with the grad mode and, on a
+    GPU, the current device: a key under which an op keeps what its checks and lookups worked out
+    (:class:`Plans`). None when an argument is not a tensor (or a tensor without memory): the op then
+    takes its full path, whose checks raise. A call whose signature equals that of a call that passed
+    every check passes them all the same way, so it skips them; any other call is checked in full.
+
+    Per tensor: its type (a subclass may view itself otherwise), device, dtype, shape, strides, the
+    negation flag and, for complex dtypes, the conjugation flag (a real tensor's ``conj()`` is itself),
+    ``requires_grad``, and the 16-byte alignment of its data (the TMA path's test and Triton's
+    specialisation). Numel, contiguity and rank follow from shape and strides. About 0.4 us a tensor on
+    a 2-core CPU, where the checks and lookups it stands in for cost several (2026-11-27)."""
+    sig = [torch.is_grad_enabled(), current_device() if _IS_CUDA else None]
+    for t in tensors:
+        if t is None:
+            sig.append(None)
+            continue
+        if not isinstance(t, torch.Tensor):
+            return None
+        dt = t.dtype
+        try:
+            ptr = t.data_ptr()
+        except RuntimeError:  # no memory behind it (a fake tensor): the full path says what is wrong
+            return None
+        sig.append(
+            (type(t), t.device, dt, t.shape, t.stride(), t.is_neg(), dt.is_complex and t.is_conj(), t.requires_grad,
+             ptr & 15)
+        )  # fmt: skip
+    return tuple(sig)
+
+
+def plain_choices(*values) -> bool:
+    """Whether ``values`` (an op's string options) can go into a :func:`signature`'s key as they are:
+    each None or exactly a str. Anything else (an unhashable list, ``True == 1``, a str subclass) takes
+    the full path, whose checks say what is wrong."""
+    for v in values:
+        if v is not None and type(v) is not str:
+            return False
+    return True
+
+
+class Plans:
+    """An op's plans (what its checks, layouts and configuration lookups worked out for one call
+    signature: the grid, the constexprs, the launcher's key), kept by :func:`signature`-based key, so
+    that a repeated call (a decode step's) does its signature, one lookup, its allocations and the
+    launch. Filled only by calls that passed every check; at ``maxsize`` plans it starts again empty
+    (a program's calls have few signatures: more means shapes that change every call)."""
+
+    def __init__(self, maxsize: int = 1024):
+        self._plans: dict = {}
+        self.maxsize = maxsize
+        self.get = self._plans.get  # the hit path's one call: a dict's own get
+
+    def put(self, key, plan) -> None:
+        if len(self._plans) >= self.maxsize:
+            self._plans.clear()
+        self._plans[key] = plan
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
 def host_range(t: torch.Tensor) -> tuple[int, int]:
     """``(min, max)`` of a non-empty integer tensor in host memory (lengths, offsets a launcher checks),
     read through numpy: no torch op (a fused call counts only its kernels). A decode batch's few values
@@ -397,6 +463,7 @@ class Launcher:
     def __init__(self, kernel):
         self.kernel = kernel
         self._compiled: dict = {}
+        self._ids: dict = {}  # intern's table
         fn = kernel
         while hasattr(fn, "fn") and not hasattr(fn, "arg_names"):
             fn = fn.fn
@@ -404,13 +471,31 @@ class Launcher:
         params = getattr(fn, "params", [])
         self._defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
-    def __call__(self, grid, *args, key=None, **kwargs):
+    def intern(self, key) -> int:
+        """A small int standing for ``key`` (a caller's summary, as ``__call__``'s ``key`` takes it), the
+        same for equal keys: a plan keeps it, and the launch then hashes an int, not the summary."""
+        return self._ids.setdefault(key, len(self._ids))
+
+    def spec_key(self, args, kwargs: dict) -> int:
+        """:meth:`intern` of what ``__call__`` would work out from these arguments itself (:func:`_key`
+        and the constexprs): for a plan that launches again with arguments of the same specialisation."""
+        return self.intern((_key(args), tuple(kwargs.items())))
+
+    def __call__(self, grid, *args, key=None, device=None, **kwargs):
         """``kernel[grid](*args, **kwargs)``. ``key``: the caller's own summary of everything Triton
         specialises on (dtypes, 16-byte alignments, ints equal to 1 or multiples of 16, constexprs),
-        when it can say it more cheaply than :func:`_key` can work it out."""
+        when it can say it more cheaply than :func:`_key` can work it out. ``device``: the current
+        CUDA device's index when the caller has already asked (:func:`signature` does)."""
+        return self.launch(grid, args, kwargs, key, device)
+
+    def launch(self, grid, args: tuple, kwargs: dict, key=None, device=None):
+        """``__call__`` with the arguments as a tuple and the constexprs as a dict (not read, nor
+        changed, on the hit path): for a caller that keeps them in a plan. Unpacking a dozen of each
+        into a call costs about 0.8 us on a 2-core CPU (2026-11-27)."""
         if not runtime.is_gpu() or _triton.watching() or not self._names:
             return self.kernel[grid](*args, **kwargs)
-        device = current_device()
+        if device is None:
+            device = current_device()
         key = (_key(args), tuple(kwargs.items()), device) if key is None else (key, device)
         hit = self._compiled.get(key)
         if hit is None or _triton.launch_hooks_set():

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from .._exercise import answer_key
 from ..ledger import Ledger
-from ._launch import KernelInputError, check_same, check_tensor
-from .matmul import ACTIVATIONS, _check_activation, _tiles, check_operand, gemm, matmul_config
+from ._launch import KernelInputError, Plans, check_same, check_tensor, plain_choices, signature
+from .matmul import ACTIVATIONS, _check_activation, _gemm_plan, _run_gemm, _tiles, check_operand, matmul_config
 
 
 def _activate(h: torch.Tensor, activation) -> torch.Tensor:
@@ -189,21 +189,26 @@ def linear(
     :func:`linear_reference`. Returns a new tensor of shape (..., N) in x's dtype.
     """
     op = "linear"
+    key = device = None
+    if config is None and plain_choices(activation, variant, input_precision):
+        sig = signature(x, weight, bias, residual)
+        if sig is not None:
+            key, device = (sig, activation, variant, input_precision), sig[1]
+            plan = _PLANS.get(key)
+            if plan is not None:  # a call of this signature passed every check: its plan, on these tensors
+                return _run_gemm(plan, x, weight, bias, residual, None, device)
     act = _check_activation(activation, op)
     x2, r2, out_shape = check_linear_args(x, weight, bias, residual, op)
-    y = gemm(
-        x2,
-        weight.t(),
-        bias=bias,
-        activation=act,
-        residual=r2,
-        variant=variant,
-        config=config,
-        input_precision=input_precision,
-        op=op,
-        checked=True,
-    )
-    return y.view(out_shape)
+    w_t = weight.t()
+    plan = _gemm_plan(x2, w_t, bias, act, r2, None, variant, config, input_precision, op, out_shape)
+    if key is not None and plan.reusable:
+        _PLANS.put(key, plan)
+    return _run_gemm(plan, x2, w_t, bias, r2, None, device)
+
+
+#: linear's plans by call signature (a decode step calls it with the same few signatures every token:
+#: host time there is the whole cost; benchmarks/notes_lesson9.md, 2026-11-27, plans by signature)
+_PLANS = Plans()
 
 
 __all__ = [

@@ -529,11 +529,40 @@ def gemm(
     """
     if not checked:
         _check_gemm_args(a, b, bias, activation, residual, row_scale, op)
+    plan = _gemm_plan(a, b, bias, activation, residual, row_scale, variant, config, input_precision, op)
+    return _run_gemm(plan, a, b, bias, residual, row_scale)
+
+
+class _GemmPlan:
+    """What :func:`gemm` works out for one problem before it launches: the output's shape, dtype and
+    device, and either the plain kernel's grid, int arguments and constexprs (``kwargs``) or, for the
+    Hopper path, what it needs to build its descriptors (``tma``). A plain plan reads nothing of its
+    tensors but their data pointers when it runs (:func:`_run_gemm`), so an op may keep it for calls of
+    the same signature (:class:`~fusionlab.kernels._launch.Plans`) and run it on the caller's own
+    tensors (x as it came, the weight as (N, K)) without viewing them as (M, K) and (K, N) again."""
+
+    __slots__ = ("out_shape", "dtype", "device", "grid", "ints", "kwargs", "tma", "keys")
+
+    def __init__(self, out_shape, dtype, device, grid=None, ints=(), kwargs=None, tma=None):
+        self.out_shape, self.dtype, self.device = out_shape, dtype, device
+        self.grid, self.ints, self.kwargs, self.tma = grid, ints, kwargs or {}, tma
+        self.keys: dict = {}  # the launcher's key, by the output's 16-byte alignment (fresh memory: 0)
+
+    @property
+    def reusable(self) -> bool:
+        """Whether a call of the same signature may run this plan on its own tensors: the plain kernel's
+        (the TMA path builds descriptors from the (M, K) and (K, N) tensors themselves)."""
+        return self.tma is None
+
+
+def _gemm_plan(a, b, bias, activation, residual, row_scale, variant, config, input_precision, op, out_shape=None):
+    """:func:`gemm`'s choices for these (checked) operands: a :class:`_GemmPlan`. ``out_shape``: the
+    output's shape when it is not (M, N) (``linear``'s (..., N): the same contiguous rows)."""
     M, K = a.shape
     N = b.shape[1]
-    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    out_shape = (M, N) if out_shape is None else tuple(out_shape)
     if M == 0 or N == 0:
-        return c
+        return _GemmPlan(out_shape, a.dtype, a.device)
     precision = _precision(a.dtype, input_precision, op)
     if variant not in VARIANTS:
         raise KernelInputError(f"{op}: variant={variant!r}; choose one of {VARIANTS}.")
@@ -544,60 +573,16 @@ def gemm(
             f">= 128, K >= 16, and A, B and C rows 16 bytes aligned (got {dtype_name(a.dtype)}, M={M}, N={N}, "
             f"K={K}, A strides {a.stride()}, B strides {b.stride()}); use variant='plain'."
         )
-    use_tma = variant == "tma" or (variant in (None, "auto") and tma_ok)
-    dummy = c  # never read: the flag that would read it is off
     flags = {
         "HAS_BIAS": bias is not None,
         "ACTIVATION": activation,
         "HAS_RESIDUAL": residual is not None,
         "HAS_ROW_SCALE": row_scale is not None,
     }
-    bias_t = bias if bias is not None else dummy
-    res_t = residual if residual is not None else dummy
-    scale_t = row_scale if row_scale is not None else dummy
     stride_rm, stride_rn = (residual.stride(0), residual.stride(1)) if residual is not None else (0, 0)
-
-    if use_tma:
-        b_t, b_kn = _b_layout(b)
-        nsm = _num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
-        if config is None:
-            cfg0 = TMA_CONFIGS[0].all_kwargs()
-            bm, bn, bk, sub = cfg0["BLOCK_M"], cfg0["BLOCK_N"], cfg0["BLOCK_K"], cfg0["EPILOGUE_SUBTILE"]
-        else:
-            cfg = _check_config(config, op, _TMA_KEYS_USER)
-            bm, bn, bk = cfg.get("BLOCK_M", 128), cfg.get("BLOCK_N", 256), cfg.get("BLOCK_K", 64)
-            sub = bool(cfg.get("EPILOGUE_SUBTILE", True))
-            check_tile(bm, bn, op=op)
-        # descriptors carry shape, strides and the block shape (set again by the autotuner's pre-hook)
-        a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
-        b_desc = TensorDescriptor.from_tensor(b_t, [bk, bn] if b_kn else [bn, bk])
-        c_desc = TensorDescriptor.from_tensor(c, [bm, bn // 2] if sub else [bm, bn])
-        args = (a_desc, b_desc, c_desc, bias_t, res_t, scale_t, M, N, K, stride_rm, stride_rn)
-        if config is None:
-
-            def grid(meta):
-                tiles = cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])
-                return (min(nsm * meta["PROGRAMS_PER_SM"], tiles),)
-
-            _matmul_tma_autotuned[grid](*args, B_KN=b_kn, **flags)
-        else:
-            pps = cfg.get("PROGRAMS_PER_SM", 1)
-            grid = (min(nsm * pps, cdiv(M, bm) * cdiv(N, bn)),)
-            _matmul_tma_kernel[grid](
-                *args,
-                BLOCK_M=bm,
-                BLOCK_N=bn,
-                BLOCK_K=bk,
-                GROUP_M=cfg.get("GROUP_M", 8),
-                B_KN=b_kn,
-                PROGRAMS_PER_SM=pps,
-                EPILOGUE_SUBTILE=sub,
-                WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
-                num_warps=cfg.get("num_warps", 8),
-                num_stages=cfg.get("num_stages", 3),
-                **flags,
-            )
-        return c
+    if variant == "tma" or (variant in (None, "auto") and tma_ok):
+        tma = {"M": M, "N": N, "K": K, "stride_rm": stride_rm, "stride_rn": stride_rn, "flags": flags}
+        return _GemmPlan(out_shape, a.dtype, a.device, tma={**tma, "config": config, "op": op})
 
     cfg = _plain_config(M, N, K, a.dtype, runtime.is_gpu())
     if config is not None:
@@ -610,36 +595,91 @@ def gemm(
             f"{op}: a K-step of {bk} times stride {max(a.stride(1), b.stride(0))} passes 2**31 elements; "
             "pass row-major (contiguous) operands."
         )
-    grid = (cdiv(M, bm) * cdiv(N, bn),)
-    _launch_plain(
-        grid,
-        a,
-        b,
-        c,
-        bias_t,
-        res_t,
-        scale_t,
-        M,
-        N,
-        K,
-        a.stride(0),
-        a.stride(1),
-        b.stride(0),
-        b.stride(1),
-        c.stride(0),
-        c.stride(1),
-        stride_rm,
-        stride_rn,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        BLOCK_K=bk,
-        GROUP_M=cfg["GROUP_M"],
-        EVEN_K=K % bk == 0,
-        PRECISION=precision,
+    # c is fresh and contiguous: rows of N, unit columns (what torch.empty((M, N)).stride() gives)
+    ints = (M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), N, 1, stride_rm, stride_rn)
+    kwargs = {
+        "BLOCK_M": bm,
+        "BLOCK_N": bn,
+        "BLOCK_K": bk,
+        "GROUP_M": cfg["GROUP_M"],
+        "EVEN_K": K % bk == 0,
+        "PRECISION": precision,
         **flags,
         **launch_kwargs(cfg["num_warps"], cfg["num_stages"]),
-    )
+    }
+    return _GemmPlan(out_shape, a.dtype, a.device, (cdiv(M, bm) * cdiv(N, bn),), ints, kwargs)
+
+
+def _run_gemm(plan: _GemmPlan, a, b, bias, residual, row_scale, device: int | None = None) -> torch.Tensor:
+    """Allocate the output and launch ``plan`` on these tensors (for a plain plan any views of the
+    planned ones' memory: only their data pointers are read). ``device``: the current CUDA device when
+    the caller knows it (:func:`~fusionlab.kernels._launch.signature`)."""
+    # size= a plain tuple: torch's argument parser takes a positional tuple 0.3 us more slowly than the
+    # keyword (a torch.Size positionally: 0.8 us) on a 2-core CPU, 2026-11-27; a decode step allocates ~10
+    c = torch.empty(size=plan.out_shape, device=plan.device, dtype=plan.dtype)
+    if plan.grid is None and plan.tma is None:  # M or N is 0
+        return c
+    dummy = c  # never read: the flag that would read it is off
+    bias_t = bias if bias is not None else dummy
+    res_t = residual if residual is not None else dummy
+    scale_t = row_scale if row_scale is not None else dummy
+    if plan.tma is not None:
+        _run_tma(plan.tma, a, b, c, bias_t, res_t, scale_t)
+        return c
+    args = (a, b, c, bias_t, res_t, scale_t, *plan.ints)
+    align = c.data_ptr() & 15
+    key = plan.keys.get(align)
+    if key is None:
+        key = plan.keys[align] = _launch_plain.spec_key(args, plan.kwargs)
+    _launch_plain.launch(plan.grid, args, plan.kwargs, key, device)
     return c
+
+
+def _run_tma(t: dict, a, b, c, bias_t, res_t, scale_t) -> None:
+    """The Hopper path of a plan (``t``: :class:`_GemmPlan`'s ``tma``): descriptors, then the autotuned
+    kernel, or the kernel at a tuning run's ``config``."""
+    M, N, K, config, op = t["M"], t["N"], t["K"], t["config"], t["op"]
+    b_t, b_kn = _b_layout(b)
+    nsm = _num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    if config is None:
+        cfg0 = TMA_CONFIGS[0].all_kwargs()
+        bm, bn, bk, sub = cfg0["BLOCK_M"], cfg0["BLOCK_N"], cfg0["BLOCK_K"], cfg0["EPILOGUE_SUBTILE"]
+    else:
+        cfg = _check_config(config, op, _TMA_KEYS_USER)
+        bm, bn, bk = cfg.get("BLOCK_M", 128), cfg.get("BLOCK_N", 256), cfg.get("BLOCK_K", 64)
+        sub = bool(cfg.get("EPILOGUE_SUBTILE", True))
+        check_tile(bm, bn, op=op)
+    # descriptors carry shape, strides and the block shape (set again by the autotuner's pre-hook)
+    a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
+    b_desc = TensorDescriptor.from_tensor(b_t, [bk, bn] if b_kn else [bn, bk])
+    c2 = c if c.dim() == 2 else c.view(M, N)  # linear's (..., N) output: its rows, as (M, N)
+    c_desc = TensorDescriptor.from_tensor(c2, [bm, bn // 2] if sub else [bm, bn])
+    args = (a_desc, b_desc, c_desc, bias_t, res_t, scale_t, M, N, K, t["stride_rm"], t["stride_rn"])
+    flags = t["flags"]
+    if config is None:
+
+        def grid(meta):
+            tiles = cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])
+            return (min(nsm * meta["PROGRAMS_PER_SM"], tiles),)
+
+        _matmul_tma_autotuned[grid](*args, B_KN=b_kn, **flags)
+    else:
+        pps = cfg.get("PROGRAMS_PER_SM", 1)
+        grid = (min(nsm * pps, cdiv(M, bm) * cdiv(N, bn)),)
+        _matmul_tma_kernel[grid](
+            *args,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            GROUP_M=cfg.get("GROUP_M", 8),
+            B_KN=b_kn,
+            PROGRAMS_PER_SM=pps,
+            EPILOGUE_SUBTILE=sub,
+            WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
+            num_warps=cfg.get("num_warps", 8),
+            num_stages=cfg.get("num_stages", 3),
+            **flags,
+        )
 
 
 def _check_gemm_args(a, b, bias, activation, residual, row_scale, op: str) -> None:

@@ -52,12 +52,14 @@ from ..ledger import Ledger
 from ._launch import (
     KernelInputError,
     Launcher,
+    Plans,
     cdiv,
     check_choice,
     check_tensor,
     host_range,
     launch_kwargs,
     next_pow2,
+    signature,
 )
 from ._tensors import check_writable, upstream_grad
 
@@ -293,6 +295,33 @@ def _plan(q_shape, k_shape, dtype, layout: str, interleaved: bool, has_offsets: 
     return grid, meta, out_strides(q_shape) + out_strides(k_shape)
 
 
+def _parts(q, k, cos, sin, offset, layout, interleaved, sign, v, ko, vo, cache):
+    """``(grid, constexprs and launch options, v as the kernel reads it, the offsets' pointer, the
+    arguments from the int offset on, the launcher's key)`` of a launch writing k into ``ko`` and v into
+    ``vo`` (without ``cache``: ``vo`` is ``ko`` and v is not read)."""
+    has_offsets = isinstance(offset, torch.Tensor)
+    grid, meta, o_strides = _plan(q.shape, k.shape, q.dtype, layout, interleaved, has_offsets, sign, cache)
+    off_ptr = offset if has_offsets else cos  # an unused pointer when the offset is an int
+    off_int = 0 if has_offsets else offset
+    if cache:  # the caches are (B, H_kv, N_max, D): their own (b, h, n) strides
+        kv_out = (*ko.stride()[:3], *vo.stride()[:3])
+        v_in, n_cache = _bhn(v, layout), ko.shape[2]
+    else:  # no v: its pointers and strides are k's, never used
+        kv_out = o_strides[3:] + o_strides[3:]
+        v, v_in, n_cache = k, _bhn(k, layout), 0
+    # everything Triton specialises this launch on, cheaper than the launcher working it out from 47
+    # arguments: the plan's inputs, the strides (the ints), the dtypes, the inputs' 16-byte alignment
+    # (fresh outputs come from the caching allocator, always aligned) and the int offset's 1 / 16 classes
+    key = (q.shape, q.stride(), k.shape, k.stride(), cos.shape, cos.stride(), sin.stride(), q.dtype, cos.dtype,
+           sin.dtype, off_ptr.dtype, layout, interleaved, sign, off_int == 1, off_int & 15, off_int >= 2**31,
+           q.data_ptr() & 15, k.data_ptr() & 15, cos.data_ptr() & 15, sin.data_ptr() & 15, off_ptr.data_ptr() & 15,
+           cache, v.stride(), kv_out, n_cache, v.data_ptr() & 15, vo.data_ptr() & 15, ko.data_ptr() & 15)  # fmt: skip
+    ints = (off_int, q.shape[LAYOUTS[layout][1]], q.shape[LAYOUTS[layout][0]], k.shape[LAYOUTS[layout][0]],
+            cos.shape[0], n_cache, *_bhn(q, layout), *_bhn(k, layout), *v_in, *o_strides[:3], *kv_out,
+            *cos.stride(), *sin.stride())  # fmt: skip
+    return grid, meta, v, off_ptr, ints, key
+
+
 def _apply(q, k, cos, sin, offset, layout, interleaved, sign, v=None, k_cache=None, v_cache=None):
     """Rotate q and k by ``sign`` times their angles: one launch. Without caches: two fresh outputs. With
     them (decoding): k rotated into ``k_cache`` and v copied into ``v_cache`` at their positions; returns
@@ -302,27 +331,9 @@ def _apply(q, k, cos, sin, offset, layout, interleaved, sign, v=None, k_cache=No
     ko = k_cache if cache else torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if qo.numel() + k.numel() == 0:
         return qo, ko
-    has_offsets = isinstance(offset, torch.Tensor)
-    grid, meta, o_strides = _plan(q.shape, k.shape, q.dtype, layout, interleaved, has_offsets, sign, cache)
-    off_ptr = offset if has_offsets else cos  # an unused pointer when the offset is an int
-    off_int = 0 if has_offsets else offset
-    if cache:  # the caches are (B, H_kv, N_max, D): their own (b, h, n) strides
-        kv_out = (*k_cache.stride()[:3], *v_cache.stride()[:3])
-        v_in, vo, n_cache = _bhn(v, layout), v_cache, k_cache.shape[2]
-    else:  # no v: its pointers and strides are k's, never used
-        kv_out = o_strides[3:] + o_strides[3:]
-        v, v_in, vo, n_cache = k, _bhn(k, layout), ko, 0
-    # everything Triton specialises this launch on, cheaper than the launcher working it out from 47
-    # arguments: the plan's inputs, the strides (the ints), the dtypes, the inputs' 16-byte alignment
-    # (fresh outputs come from the caching allocator, always aligned) and the int offset's 1 / 16 classes
-    key = (q.shape, q.stride(), k.shape, k.stride(), cos.shape, cos.stride(), sin.stride(), q.dtype, cos.dtype,
-           sin.dtype, off_ptr.dtype, layout, interleaved, sign, off_int == 1, off_int & 15, off_int >= 2**31,
-           q.data_ptr() & 15, k.data_ptr() & 15, cos.data_ptr() & 15, sin.data_ptr() & 15, off_ptr.data_ptr() & 15,
-           cache, v.stride(), kv_out, n_cache, v.data_ptr() & 15, vo.data_ptr() & 15, ko.data_ptr() & 15)  # fmt: skip
-    _launch(grid, q, k, v, qo, ko, vo, cos, sin, off_ptr, off_int,
-            q.shape[LAYOUTS[layout][1]], q.shape[LAYOUTS[layout][0]], k.shape[LAYOUTS[layout][0]], cos.shape[0],
-            n_cache, *_bhn(q, layout), *_bhn(k, layout), *v_in, *o_strides[:3], *kv_out,
-            *cos.stride(), *sin.stride(), key=key, **meta)  # fmt: skip
+    vo = v_cache if cache else ko
+    grid, meta, v, off_ptr, ints, key = _parts(q, k, cos, sin, offset, layout, interleaved, sign, v, ko, vo, cache)
+    _launch.launch(grid, (q, k, v, qo, ko, vo, cos, sin, off_ptr, *ints), meta, key)
     return qo, ko
 
 
@@ -393,19 +404,37 @@ def _check(q, k, cos, sin, offset, layout, interleaved, grad: bool) -> int | Non
             )
         if not offset.is_contiguous():
             raise KernelInputError(f"{OP}: offset must be contiguous. Pass offset.contiguous().")
-        if offset.is_cuda or N == 0 or B == 0:
+        if _reads_offsets(offset, B, N) is False:
             return None  # reading the offsets back would sync: out-of-table rows give NaN (module docstring)
         lo, hi = host_range(offset)
     elif isinstance(offset, int) and not isinstance(offset, bool):
         lo = hi = offset
     else:
         raise KernelInputError(f"{OP}: offset must be an int or an integer tensor of shape (B,), got {offset!r}.")
+    return _check_positions(lo, hi, N, n_pos)
+
+
+def _reads_offsets(offset: torch.Tensor, B: int, N: int) -> bool:
+    """Whether the checks read a tensor of offsets' values: in host memory and with tokens to place (a
+    GPU's would sync)."""
+    return not (offset.is_cuda or N == 0 or B == 0)
+
+
+def _check_positions(lo: int, hi: int, N: int, n_pos: int) -> int:
+    """Positions ``lo .. hi + N - 1`` must lie in the tables' ``n_pos`` rows; returns ``hi``."""
     if N and (lo < 0 or hi + N > n_pos):
         raise KernelInputError(
             f"{OP}: positions {lo}..{hi + N - 1} are outside the tables' {n_pos} rows (cos and sin are "
             "(P, D/2)); build longer tables."
         )
     return hi
+
+
+def _check_cache_room(hi: int | None, N: int, n_max: int) -> None:
+    """The cache write's positions up to ``hi + N - 1`` must fit a cache of ``n_max`` (``hi``: the largest
+    length where it was read, None where it was not)."""
+    if hi is not None and N and hi + N > n_max:
+        raise KernelInputError(f"{OP}: positions up to {hi + N - 1} do not fit a cache of N_max={n_max}.")
 
 
 def rope(
@@ -475,6 +504,14 @@ def rope_cache_write(
     written (the kernel masks it). Not differentiable (decoding). Reference:
     :func:`rope_cache_write_reference`.
     """
+    key = device = None
+    if type(layout) is str and type(interleaved) is bool and isinstance(cache_len, torch.Tensor):
+        sig = signature(q, k, v, cos, sin, k_cache, v_cache, cache_len)
+        if sig is not None:
+            key, device = (sig, layout, interleaved), sig[1]
+            kept = _PLANS.get(key)
+            if kept is not None:  # a call of this signature passed every check but those of the lengths' values
+                return _cache_write_kept(kept, q, k, v, cos, sin, k_cache, v_cache, cache_len, device)
     hi = _check(q, k, cos, sin, cache_len, layout, interleaved, False)
     check_tensor(v, "v", op=OP, ndim=4, contiguous=False, grad=False, max_numel=None)
     if v.shape != k.shape or v.dtype != k.dtype:
@@ -493,7 +530,40 @@ def rope_cache_write(
         raise KernelInputError(f"{OP}: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ.")
     n_max = k_cache.shape[2]
     # hi: the largest length, as _check read it (None on a GPU: reading it back would sync)
-    if hi is not None and N and hi + N > n_max:
-        raise KernelInputError(f"{OP}: positions up to {hi + N - 1} do not fit a cache of N_max={n_max}.")
+    _check_cache_room(hi, N, n_max)
+    if key is not None:
+        _PLANS.put(key, _cache_write_plan(q, k, v, cos, sin, k_cache, v_cache, cache_len, layout, interleaved))
     qo, _ = _apply(q, k, cos, sin, cache_len, layout, interleaved, 1, v, k_cache, v_cache)
     return qo
+
+
+def _cache_write_plan(q, k, v, cos, sin, k_cache, v_cache, cache_len, layout, interleaved) -> tuple:
+    """What a checked cache write with a tensor of lengths launches with again for a call of the same
+    signature: q's shape (a plain tuple), dtype and device; whether the lengths' values are checked
+    (:func:`_reads_offsets`) with the token count, table rows and cache length they are checked against;
+    and, unless there is nothing to write, the grid, constexprs, int arguments and interned key."""
+    n_dim = LAYOUTS[layout][1]
+    B, N = q.shape[0], q.shape[n_dim]
+    head = (tuple(q.shape), q.dtype, q.device, _reads_offsets(cache_len, B, N), N, cos.shape[0], k_cache.shape[2])
+    if q.numel() + k.numel() == 0:
+        return (*head, None, None, None, None)
+    grid, meta, _, _, ints, key = _parts(q, k, cos, sin, cache_len, layout, interleaved, 1, v, k_cache, v_cache, True)
+    return (*head, grid, meta, ints, _launch.intern(key))
+
+
+def _cache_write_kept(kept, q, k, v, cos, sin, k_cache, v_cache, cache_len, device):
+    """:func:`rope_cache_write` for a call of a kept signature: the lengths' values checked where they are
+    read (the only checks a kept signature does not settle), then the launch."""
+    shape, dtype, dev, reads, N, n_pos, n_max, grid, meta, ints, key = kept
+    if reads:
+        lo, hi = host_range(cache_len)
+        _check_cache_room(_check_positions(lo, hi, N, n_pos), N, n_max)
+    qo = torch.empty(size=shape, dtype=dtype, device=dev)
+    if grid is not None:
+        _launch.launch(grid, (q, k, v, qo, k_cache, v_cache, cos, sin, cache_len, *ints), meta, key, device)
+    return qo
+
+
+#: rope_cache_write's plans by call signature (a decode step writes the cache with the same signature at
+#: every token; benchmarks/notes_lesson9.md, 2026-11-27, plans by signature)
+_PLANS = Plans()
