@@ -74,6 +74,8 @@ NOT_ENTRY_POINTS = {
     "make_plan": "multi_tensor_adamw's device tables, after its checks (fusionlab.optim's path)",
     "run_plan": "multi_tensor_adamw's launch, after its checks (fusionlab.optim's path; tests/test_adamw.py)",
     "rope_tables": "cos/sin tables built in torch",
+    # a GPU's triton.jit function carries its module's name (the interpreter's does not): seen there only
+    "key_range": "a @triton.jit helper inlined into attention's dQ pass and the FP8 forward",
 }
 
 

@@ -1,5 +1,5 @@
 """Probe: where a decode op's host time goes on a GPU machine, at batch 1, one token, Llama-3-8B's sizes
-(benchmarks/notes_lesson9.md, "the decode ops' host time on the GPU, split"). GPU only.
+(benchmarks/notes_lesson9.md, "2026-11-27: the decode ops' host time on the GPU, split"). GPU only.
 
 ``host_decode_ops_python.py`` times the package's own Python on a CPU with Triton's launch stubbed out;
 the GPU bar (each op's host time at most 1.5x its eager counterpart's) is measured on the GPU's host. This
