@@ -12,11 +12,12 @@ import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 from conftest import ncu_or_skip
 
-from fusionlab import benchcli
+from fusionlab import benchcli, runtime
 from fusionlab.measure import ncu
 
 # the details page, as ncu printed it on the lent H200 (2026-11-26): one row a metric a kernel
@@ -269,3 +270,35 @@ def test_stages_past_the_deadline_are_not_started_and_a_replay_runs_the_first_pa
     ran.clear()
     ncu.stages_child(stages)  # a first pass past its deadline starts nothing
     assert ran == [] and json.loads((tmp_path / ("cases.json" + ncu.PLAN_SUFFIX)).read_text()) == []
+
+
+def test_a_suite_that_can_leave_out_its_graphs_does_so_for_the_counters(monkeypatch):
+    """The counters' runs build a suite's cases with ``graphs=False`` where its ``cases`` takes it (a
+    graph's replay launches the ungraphed case's kernels; lesson 9's graphs ended in an illegal memory
+    access under Nsight Compute), and pass nothing new to a suite that does not."""
+    from fusionlab.bench import Case
+
+    seen = {}
+
+    def with_graphs(copy_GBps=None, matmul_TFLOPs=None, graphs=True):
+        seen["graphs"] = graphs
+        return [Case("a", lambda: None, 8, 0, "g", 1e-6), Case("b", lambda: None, 8, 0, "peak memory", 1e-6)]
+
+    def without(copy_GBps=None, matmul_TFLOPs=None):
+        seen["without"] = True
+        return []
+
+    for cases in (with_graphs, without):
+        monkeypatch.setattr(benchcli, "suite_module", lambda suite, cases=cases: SimpleNamespace(cases=cases))
+        benchcli.suite_cases("lesson9")
+    assert seen == {"graphs": False, "without": True}
+
+
+def test_gpu_lesson9_leaves_out_its_graphs_only_when_asked():
+    """Lesson 9's suite without graphs: no decode case replays one, and flash-decoding keeps its cases."""
+    if not runtime.is_gpu():
+        pytest.skip("lesson 9's suite builds an 8B layer on a GPU")
+    from fusionlab.lessons.l9 import suite as S
+
+    names = [c.name for c in S.split_cases(graphs=False, shapes=((1, 1024),))]
+    assert names == [S.split_name(1, 1024, impl) for impl in S.SPLIT_IMPLS]
