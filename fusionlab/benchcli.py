@@ -706,7 +706,7 @@ def describe_timing(t: dict) -> str:
     ncu_note = " with --ncu" if t.get("ncu") else ""
     return (
         f"{m['device']}, {m['date']}, torch {m['torch']}, triton {m['triton']}: the whole bench{ncu_note} took "
-        f"{t['total_s'] / 60:.1f} min (budget {t['budget_s'] / 60:g} min) — {suites}{left}"
+        f"{t['total_s'] / 60:.1f} min (budget {t['budget_s'] / 60:.3g} min) — {suites}{left}"
     )
 
 
