@@ -1,6 +1,7 @@
 """What the host_* probes share: a call's host time on a CPU, and a :class:`HitPath` each probe puts in
 place of the launchers it times (the Launcher's GPU hit path run on a CPU, the kernel launch a no-op)."""
 
+import argparse
 import time
 import types
 
@@ -19,6 +20,14 @@ def per_call_us(fn, calls=400, rounds=7, warmup=200):
             fn()
         best = min(best, time.perf_counter() - t0)
     return best / calls * 1e6
+
+
+def arguments(doc: str) -> argparse.Namespace:
+    """A host probe's command line: ``--rounds`` (default 7) and ``--no-profile``; ``doc``: its docstring."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--no-profile", action="store_true")
+    return ap.parse_args()
 
 
 def print_profile(fn, calls: int, sort: str = "tottime", top: int = 10) -> None:

@@ -21,7 +21,6 @@ Two grad modes: ``no_grad`` (what ``LlamaLayer.decode`` runs: it is decorated ``
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 
 import _host  # beside this script
@@ -97,10 +96,7 @@ def _layer():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--no-profile", action="store_true")
-    args = ap.parse_args()
+    args = _host.arguments(__doc__)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; us per call, best of {args.rounds} rounds")
     modes = {"no_grad": torch.no_grad, "grad on": contextlib.nullcontext}
     print(f"{'op':30s} {'no_grad':>8s} {'grad on':>8s} {'empty':>6s}")

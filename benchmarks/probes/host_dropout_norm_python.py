@@ -29,8 +29,6 @@ Before and after a change: the same script with ``PYTHONPATH`` at the other tree
 
 from __future__ import annotations
 
-import argparse
-
 import _host  # beside this script
 import torch
 
@@ -78,10 +76,7 @@ def calls(rows, norm):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--no-profile", action="store_true")
-    args = ap.parse_args()
+    args = _host.arguments(__doc__)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {D.__file__}")
     print(f"us per call, fp16, p = {P}, best of {args.rounds} rounds of 300 calls")
     for rows in (4096, 16):
