@@ -430,13 +430,16 @@ def _plan(x, residual, weight, bias, p, norm, dropout, fwd_config, bwd_config, o
     return plan
 
 
-def _forward(plan: _Plan, x, residual, weight, bias, eps, seed, offset, device=None):
+def _forward(plan: _Plan, x, residual, weight, bias, eps, seed, offset, device=None, stats: bool = True):
     """``(y, h, mean, rstd)`` of ``plan``'s forward on these tensors (y, h in x's shape), its stream at
-    ``seed`` and ``offset``. ``device``: the current CUDA device when the caller knows it."""
+    ``seed`` and ``offset``. ``device``: the current CUDA device when the caller knows it. ``stats=False``
+    (no backward will read them): mean and rstd are one buffer, each row's two values stored to one place
+    and never read (one allocation less: a ``torch.empty`` costs a GPU host 2.6-2.8 us,
+    benchmarks/notes_lesson9.md, 2026-11-27, the decode ops' host time on the GPU)."""
     y = torch.empty(size=plan.shape, dtype=plan.dtype, device=plan.device)
     h = torch.empty(size=plan.shape, dtype=plan.dtype, device=plan.device)
     mean = torch.empty(plan.n_rows, dtype=torch.float32, device=plan.device)
-    rstd = torch.empty(plan.n_rows, dtype=torch.float32, device=plan.device)
+    rstd = torch.empty(plan.n_rows, dtype=torch.float32, device=plan.device) if stats else mean
     if plan.grid is None:  # no row
         return y, h, mean, rstd
     copy_x, copy_r = plan.copies
@@ -558,7 +561,7 @@ def _run(plan: _Plan, x, residual, weight, bias, eps, seed, offset, device=None)
         bias = bias.contiguous()
     if plan.grad:
         return DropoutNormFunction.apply(x, residual, weight, bias, (plan, eps, seed, offset, device))
-    y, h, _, _ = _forward(plan, x, residual, weight, bias, eps, seed, offset, device)
+    y, h, _, _ = _forward(plan, x, residual, weight, bias, eps, seed, offset, device, stats=False)
     return y, h
 
 
