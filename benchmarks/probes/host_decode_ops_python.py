@@ -21,16 +21,13 @@ Two grad modes: ``no_grad`` (what ``LlamaLayer.decode`` runs: it is decorated ``
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import types
 
 import _host  # beside this script
 import torch
 
 import fusionlab  # noqa: F401
 from fusionlab import model
-from fusionlab.kernels import _launch
 from fusionlab.kernels import attention_decode as AD
 from fusionlab.kernels import matmul as MM
 from fusionlab.kernels import rmsnorm as RN
@@ -42,48 +39,9 @@ from fusionlab.kernels.rmsnorm import rmsnorm
 from fusionlab.kernels.rope import rope_cache_write, rope_tables
 from fusionlab.kernels.swiglu import swiglu
 
-
-class _Compiled:
-    """What Triton hands back for a compiled kernel, with a launch that does nothing."""
-
-    function = packed_metadata = None
-
-    @staticmethod
-    def run(*args, **kwargs):
-        return None
-
-
-class _Kernel:
-    """A kernel whose first launch (the Launcher's miss) compiles nothing: it returns :class:`_Compiled`."""
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: _Compiled()
-
-
-# the Launcher's own launch (what __call__ calls), its module's GPU switches on: the same code object, other globals
-_GPU_GLOBALS = dict(vars(_launch))
-_GPU_GLOBALS.update(
-    runtime=types.SimpleNamespace(is_gpu=lambda: True),
-    _triton=types.SimpleNamespace(watching=lambda: False, launch_hooks_set=lambda: False, current_stream=lambda d: 0),
-    current_device=lambda: 0,
-)
-_gpu_launch = types.FunctionType(_launch.Launcher.launch.__code__, _GPU_GLOBALS, "launch")
-_gpu_launch.__defaults__ = _launch.Launcher.launch.__defaults__
-
-
-class HitPath(_launch.Launcher):
-    """A Launcher on its GPU hit path whose kernel launch is a no-op."""
-
-    def __init__(self, launcher):
-        self.__dict__.update(vars(launcher))
-        self.kernel, self._compiled = _Kernel(), {}
-
-    launch = _gpu_launch  # (``__call__`` passes its arguments to it)
-
-
 for mod, name in ((RN, "_launch_fwd"), (MM, "_launch_plain"), (RP, "_launch"), (SG, "_launch_fwd"),
                   (AD, "_launch_split"), (AD, "_launch_combine")):  # fmt: skip
-    setattr(mod, name, HitPath(getattr(mod, name)))
+    setattr(mod, name, _host.HitPath(getattr(mod, name)))
 
 
 def per_call_us(fn, calls=300, rounds=7, warmup=100):
@@ -138,10 +96,7 @@ def _layer():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--no-profile", action="store_true")
-    args = ap.parse_args()
+    args = _host.arguments(__doc__)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; us per call, best of {args.rounds} rounds")
     modes = {"no_grad": torch.no_grad, "grad on": contextlib.nullcontext}
     print(f"{'op':30s} {'no_grad':>8s} {'grad on':>8s} {'empty':>6s}")

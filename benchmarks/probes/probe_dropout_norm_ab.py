@@ -142,8 +142,8 @@ class Before(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, r, w, b, norm):
-        cfg = dn.dropout_norm_config(*x.shape, x.dtype)
-        y, h, mean, rstd = dn._forward(x, r, w, b, P.P, norm, P.EPS, True, SEED, 0, cfg)
+        plan = dn._plan(x, r, w, b, P.P, norm, True, None, None, dn.OP)  # the default configuration's
+        y, h, mean, rstd = dn._forward(plan, x, r, w, b, P.EPS, SEED, 0)
         ctx.save_for_backward(h, w, mean, rstd)
         ctx.args = (norm, b is not None)
         return y, h

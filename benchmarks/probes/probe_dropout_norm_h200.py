@@ -224,12 +224,14 @@ def shipped_config(fwd: dict | None = None, bwd: dict | None = None, pdl_sum: bo
         return c
 
     dn.dropout_norm_config = cfg
+    dn._PLANS.clear()  # plans kept by call signature hold the configuration they were made with
     if pdl_sum:
         dn.sum_partials = lambda part, dtype, **k: real_sum(part, dtype, pdl=True, checked=True)
     try:
         yield
     finally:
         dn.dropout_norm_config, dn.sum_partials = real_cfg, real_sum
+        dn._PLANS.clear()
 
 
 # -- measuring -------------------------------------------------------------------------------------------------------

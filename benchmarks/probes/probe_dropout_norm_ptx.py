@@ -4,7 +4,7 @@ residual + dropout + norm kernels, compiled for sm_90 from a CPU, one sha256 of 
 The process pretends a CUDA GPU of capability 9.0 with 132 SMs (an H100's and an H200's count) before
 fusionlab decides its mode, so the kernels are GPU kernels and the launchers take their GPU paths on CPU
 tensors; DRAM bandwidth is pretended too, once as an H100's (3350 GB/s) and once as an H200's (4800 GB/s:
-the >= 4000 GB/s backward launch). ``Launcher.__call__`` is replaced by a recorder, so nothing launches and
+the >= 4000 GB/s backward launch). ``Launcher.launch`` is replaced by a recorder, so nothing launches and
 no tensor is touched (the large ones are never-written ``torch.empty``). Each recorded launch is
 specialised as Triton's own launch path does it on a GPU (its binder with the CUDA backend: dtypes, 16-byte
 alignment, ints equal to 1 or multiples of 16, the ``do_not_specialize`` seed and offset) and compiled
@@ -54,11 +54,11 @@ BACKEND = make_backend(TARGET)
 LOG: list = []
 
 
-def _record(self, grid, *args, key=None, **kwargs):
-    LOG.append((self.kernel, tuple(grid), args, kwargs))
+def _record(self, grid, args, kwargs, key=None, device=None):
+    LOG.append((self.kernel, tuple(grid), tuple(args), dict(kwargs)))
 
 
-_launch.Launcher.__call__ = _record
+_launch.Launcher.launch = _record  # (``__call__`` passes its arguments to it; a kept plan calls it directly)
 # Triton 3.9 warns that FP fusion stops being its default in 3.10; the GPUs' Triton 3.6 compiles with it on
 warnings.filterwarnings("ignore", message="TRITON_DEFAULT_FP_FUSION")
 

@@ -55,6 +55,7 @@ from ._launch import (
     INT32_LIMIT,
     KernelInputError,
     Launcher,
+    Plans,
     _key,
     cdiv,
     check_choice,
@@ -64,6 +65,7 @@ from ._launch import (
     element_size,
     launch_kwargs,
     next_pow2,
+    signature,
     sm_count,
 )
 from ._norms import check_eps, overridden, sum_partials, wants_grad
@@ -347,33 +349,113 @@ def _needs_int64(n_rows: int, n_cols: int, offset: int, *strides: int) -> bool:
     return last >= INT32_LIMIT or offset + n_rows * cdiv(n_cols, 4) >= INT32_LIMIT
 
 
-def _call(launcher, grid, args, seed_at, kwargs):
-    """Launch with a cache key that ignores the seed's and offset's values (``args[seed_at]``,
-    ``args[seed_at + 1]``) but not their width (int32 or int64): a fresh seed every call must hit the
-    compiled kernel."""
+def _widths(args, seed_at) -> list:
+    """``args`` with the seed's and offset's values (``args[seed_at]``, ``args[seed_at + 1]``) replaced by
+    ones of their width (int32 or int64): what the launcher's key sees of them, so that a fresh seed every
+    call hits the compiled kernel."""
     rep = list(args)
     for i in (seed_at, seed_at + 1):
         rep[i] = 2**40 if args[i] >= 2**31 else 2
-    launcher(grid, *args, key=(_key(rep), tuple(kwargs.items())), **kwargs)
+    return rep
 
 
-def _forward(x2, r2, weight, bias, p, norm, eps, dropout, seed, offset, cfg):
-    n_rows, n_cols = x2.shape
-    h, y = (torch.empty((n_rows, n_cols), dtype=x2.dtype, device=x2.device) for _ in range(2))
-    mean, rstd = (torch.empty(n_rows, dtype=torch.float32, device=x2.device) for _ in range(2))
-    if h.numel() == 0:
-        return y, h, mean, rstd
-    args = (
-        x2, r2, weight, bias if bias is not None else weight, h, y, mean, rstd,
-        n_rows, n_cols, x2.stride(0), r2.stride(0), seed, offset, _threshold(p), 1.0 / (1.0 - p), eps,
-    )  # fmt: skip
-    kwargs = dict(
+def _call(launcher, grid, args, seed_at, kwargs):
+    """Launch with a cache key that ignores the seed's and offset's values but not their width
+    (:func:`_widths`)."""
+    launcher(grid, *args, key=(_key(_widths(args, seed_at)), tuple(kwargs.items())), **kwargs)
+
+
+def _row_stride(t: torch.Tensor) -> int | None:
+    """The row stride of a checked ``t`` (its last dimension of stride 1, or of size 1) seen as (rows, N)
+    as :func:`_rows` sees it, or None where no view exists (rows that do not merge): :func:`_rows` copies
+    it then, into rows of N."""
+    if t.dim() == 2:
+        return t.stride(0)
+    try:
+        return t.view(-1, t.shape[-1]).stride(0)
+    except RuntimeError:
+        return None
+
+
+class _Plan:
+    """What :func:`dropout_norm` works out for a checked call before its forward launches: the outputs'
+    shape (a plain tuple: ``torch.empty(size=...)`` takes it fastest), dtype and device; the rows (x and
+    the residual copied where no (rows, N) view exists, ``copies``), the grid and int arguments; the
+    threshold and scale of p; the constexprs for int32 and int64 offsets (``kwargs[int64]``) and the
+    launcher's interned key by the seed's and offset's widths (``keys``); what the backward needs. The
+    forward reads nothing of its tensors but their data pointers (x and the residual as they came, their
+    row strides planned), so a call of the same signature (:data:`_PLANS`) runs it on its own tensors with
+    its own eps, seed and offset. ``bwd_cfg``: the backward's configuration when an override gave one
+    (None: the default, looked up when a gradient is asked for)."""
+
+    __slots__ = ("shape", "dtype", "device", "n_rows", "n_cols", "grid", "copies", "ints", "scale", "kwargs", "keys",
+                 "wide", "counters", "grad", "p", "norm", "dropout", "has_bias", "bwd_cfg")  # fmt: skip
+
+
+def _fwd_kwargs(cfg: dict, norm: str, has_bias: bool, dropout: bool, int64: bool) -> dict:
+    return dict(
         BLOCK_M=cfg["BLOCK_M"], BLOCK_Q=cfg["BLOCK_N"] // 4, SINGLE_TILE=cfg["SINGLE_TILE"],
-        RMS=norm == "rmsnorm", HAS_BIAS=bias is not None, DROPOUT=dropout,
-        INT64=_needs_int64(n_rows, n_cols, offset, x2.stride(0), r2.stride(0)),
-        **launch_kwargs(cfg["num_warps"]),
+        RMS=norm == "rmsnorm", HAS_BIAS=has_bias, DROPOUT=dropout, INT64=int64, **launch_kwargs(cfg["num_warps"]),
     )  # fmt: skip
-    _call(_launch_fwd, (cdiv(n_rows, cfg["BLOCK_M"]),), args, 12, kwargs)
+
+
+def _plan(x, residual, weight, bias, p, norm, dropout, fwd_config, bwd_config, op) -> _Plan:
+    """The :class:`_Plan` of a call whose arguments passed :func:`dropout_norm`'s checks (x with N > 0)."""
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols
+    cfg = _with_overrides(dropout_norm_config(n_rows, n_cols, x.dtype), fwd_config, n_cols, op)
+    plan = _Plan()
+    # an override of the backward's configuration is checked now, as the forward's is
+    plan.bwd_cfg = None
+    if bwd_config is not None:
+        plan.bwd_cfg = _with_overrides(
+            dropout_norm_config(n_rows, n_cols, x.dtype, backward=True), bwd_config, n_cols, op
+        )
+    stride_x, stride_r = _row_stride(x), _row_stride(residual)
+    plan.copies = (stride_x is None, stride_r is None)
+    stride_x = n_cols if stride_x is None else stride_x
+    stride_r = n_cols if stride_r is None else stride_r
+    plan.shape, plan.dtype, plan.device = tuple(x.shape), x.dtype, x.device
+    plan.n_rows, plan.n_cols = n_rows, n_cols
+    plan.grid = (cdiv(n_rows, cfg["BLOCK_M"]),) if n_rows else None
+    plan.ints = (n_rows, n_cols, stride_x, stride_r)
+    plan.scale = (_threshold(p), 1.0 / (1.0 - p))
+    plan.kwargs = tuple(_fwd_kwargs(cfg, norm, bias is not None, dropout, int64) for int64 in (False, True))
+    plan.keys = {}
+    # int64 offsets: _needs_int64 with the offset split off (the offset's part is the call's, below)
+    plan.wide = _needs_int64(n_rows, n_cols, 0, stride_x, stride_r)
+    plan.counters = n_rows * cdiv(n_cols, 4)
+    plan.grad = wants_grad(x, residual, weight, bias)
+    plan.p, plan.norm, plan.dropout, plan.has_bias = p, norm, dropout, bias is not None
+    return plan
+
+
+def _forward(plan: _Plan, x, residual, weight, bias, eps, seed, offset, device=None, stats: bool = True):
+    """``(y, h, mean, rstd)`` of ``plan``'s forward on these tensors (y, h in x's shape), its stream at
+    ``seed`` and ``offset``. ``device``: the current CUDA device when the caller knows it. ``stats=False``
+    (no backward will read them): mean and rstd are one buffer, each row's two values stored to one place
+    and never read (one allocation less: a ``torch.empty`` costs a GPU host 2.6-2.8 us,
+    benchmarks/notes_lesson9.md, 2026-11-27, the decode ops' host time on the GPU)."""
+    y = torch.empty(size=plan.shape, dtype=plan.dtype, device=plan.device)
+    h = torch.empty(size=plan.shape, dtype=plan.dtype, device=plan.device)
+    mean = torch.empty(plan.n_rows, dtype=torch.float32, device=plan.device)
+    rstd = torch.empty(plan.n_rows, dtype=torch.float32, device=plan.device) if stats else mean
+    if plan.grid is None:  # no row
+        return y, h, mean, rstd
+    copy_x, copy_r = plan.copies
+    args = (
+        x.contiguous() if copy_x else x, residual.contiguous() if copy_r else residual, weight,
+        bias if bias is not None else weight, h, y, mean, rstd, *plan.ints, seed, offset, *plan.scale, eps,
+    )  # fmt: skip
+    int64 = plan.wide or offset + plan.counters >= INT32_LIMIT
+    kwargs = plan.kwargs[int64]
+    # the launcher's key by what the plan leaves to the call (the seed's and offset's widths); the fresh
+    # outputs are aligned, as are copies (torch's allocators: 64 bytes and more)
+    widths = (seed >= 2**31, offset >= 2**31, int64)
+    key = plan.keys.get(widths)
+    if key is None:
+        key = plan.keys[widths] = _launch_fwd.spec_key(_widths(args, 12), kwargs)
+    _launch_fwd.launch(plan.grid, args, kwargs, key, device)
     return y, h, mean, rstd
 
 
@@ -411,23 +493,26 @@ class DropoutNormFunction(torch.autograd.Function):
     """Saves h, w, mean and rstd, and the seed and offset: the mask is regenerated, never saved."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, bias, args):
-        p, norm, eps, dropout, seed, offset, cfg, bwd_cfg = args
-        x2, r2 = _rows(x), _rows(residual)
-        y, h, mean, rstd = _forward(x2, r2, weight, bias, p, norm, eps, dropout, seed, offset, cfg)
+    def forward(ctx, x, residual, weight, bias, call):
+        plan, eps, seed, offset, device = call
+        y, h, mean, rstd = _forward(plan, x, residual, weight, bias, eps, seed, offset, device)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(h, weight, mean, rstd)
-        ctx.args = (p, norm, dropout, seed, offset, bwd_cfg, bias is not None, x.shape)
-        return y.view(x.shape), h.view(x.shape)
+        ctx.stream = (plan, seed, offset)
+        return y, h
 
     @staticmethod
     def backward(ctx, dy, gh):
         h, weight, mean, rstd = ctx.saved_tensors
-        p, norm, dropout, seed, offset, bwd_cfg, has_bias, shape = ctx.args
+        plan, seed, offset = ctx.stream
         if dy is None and gh is None:
             return None, None, None, None, None
-        dx, dr, dw, db = _backward(dy, gh, h, weight, mean, rstd, p, norm, dropout, seed, offset, bwd_cfg, has_bias)
-        return dx.view(shape), dr.view(shape), dw, db, None
+        rows, n = plan.n_rows, plan.n_cols
+        # the backward's configuration, looked up only now that a gradient is asked for
+        cfg = plan.bwd_cfg if plan.bwd_cfg is not None else dropout_norm_config(rows, n, h.dtype, backward=True)
+        dx, dr, dw, db = _backward(dy, gh, h.view(rows, n), weight, mean, rstd, plan.p, plan.norm, plan.dropout, seed,
+                                   offset, cfg, plan.has_bias)  # fmt: skip
+        return dx.view(plan.shape), dr.view(plan.shape), dw, db, None
 
 
 def philox_counters(shape) -> int:
@@ -460,6 +545,26 @@ def _check_int(v, name: str, op: str, limit: int) -> int:
     return v
 
 
+def _stream(seed, offset, op: str) -> tuple[int, int]:
+    """The call's ``(seed, offset)``: a fresh seed for None, each checked (on every call: no plan keeps them)."""
+    seed = new_seed() if seed is None else _check_int(seed, "seed", op, 2**63)
+    return seed, _check_int(offset, "offset", op, 2**62)
+
+
+def _run(plan: _Plan, x, residual, weight, bias, eps, seed, offset, device=None):
+    """``(y, h)``: ``plan`` on these tensors, through autograd where the plan's call records a gradient.
+    The kernels index vectors with unit stride: a strided weight or bias is copied (N elements; through
+    autograd, so its gradient reaches the caller's tensor)."""
+    if not weight.is_contiguous():
+        weight = weight.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    if plan.grad:
+        return DropoutNormFunction.apply(x, residual, weight, bias, (plan, eps, seed, offset, device))
+    y, h, _, _ = _forward(plan, x, residual, weight, bias, eps, seed, offset, device, stats=False)
+    return y, h
+
+
 def dropout_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, p: float = 0.1,
     *, norm: str = "layernorm", eps: float = 1e-5, training: bool = True, seed: int | None = None, offset: int = 0,
@@ -475,8 +580,24 @@ def dropout_norm(
     two layers apart). Differentiable in x, residual, weight, bias; the backward regenerates the mask.
     ``fwd_config``/``bwd_config``: overrides of :func:`dropout_norm_config` (``BLOCK_M``, ``BLOCK_N``,
     ``programs``) for tests and tuning; the mask does not depend on them.
+
+    A call whose tensors' signature (:func:`~fusionlab.kernels._launch.signature`), p, eps, norm and
+    training equal those of a call that passed every check, without overrides, skips the checks and
+    launches that call's plan (:data:`_PLANS`); its seed and offset are its own, checked every call.
     """
     op = OP
+    key = device = None
+    # options exactly of their types (a bool p or eps, a str subclass, a list go the full path, which says
+    # what is wrong); p 0 and 0.0, eps 1 and 1.0 may share a plan: the launch takes them as floats either way
+    if (fwd_config is None and bwd_config is None and type(norm) is str and type(training) is bool
+            and type(p) in (float, int) and type(eps) in (float, int)):  # fmt: skip
+        sig = signature(x, residual, weight, bias)
+        if sig is not None:
+            key, device = (sig, p, eps, norm, training), sig[1]
+            plan = _PLANS.get(key)
+            if plan is not None:  # a call of this signature and these options passed every check: its plan
+                seed, offset = _stream(seed, offset, op)
+                return _run(plan, x, residual, weight, bias, float(eps), seed, offset, device)
     norm = check_choice(norm, NORMS, "norm", op=op)
     p = _check_p(p, op)
     eps = check_eps(eps, op)
@@ -499,23 +620,20 @@ def dropout_norm(
             check_tensor(t, name, op=op, ndim=1, contiguous=False, grad=True, max_numel=None)
             if t.shape[0] != n:
                 raise KernelInputError(f"{op}: {name} has {t.shape[0]} elements; x's rows have {n}.")
-    dropout = training and p > 0
-    seed = new_seed() if seed is None else _check_int(seed, "seed", op, 2**63)
-    offset = _check_int(offset, "offset", op, 2**62)
-    n_rows = x.numel() // n if n else 0
+    seed, offset = _stream(seed, offset, op)
     if n == 0:
         e = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         return e, e.clone()
-    cfg = _with_overrides(dropout_norm_config(n_rows, n, x.dtype), fwd_config, n, op)
-    bwd_cfg = _with_overrides(dropout_norm_config(n_rows, n, x.dtype, backward=True), bwd_config, n, op)
-    # the kernels index vectors with unit stride: a strided weight or bias is copied (N elements)
-    weight_c = weight if weight.is_contiguous() else weight.contiguous()
-    bias_c = bias if bias is None or bias.is_contiguous() else bias.contiguous()
-    args = (p, norm, eps, dropout, seed, offset, cfg, bwd_cfg)
-    if wants_grad(x, residual, weight, bias):
-        return DropoutNormFunction.apply(x, residual, weight_c, bias_c, args)
-    y, h, _, _ = _forward(_rows(x), _rows(residual), weight_c, bias_c, p, norm, eps, dropout, seed, offset, cfg)
-    return y.view(x.shape), h.view(x.shape)
+    plan = _plan(x, residual, weight, bias, p, norm, training and p > 0, fwd_config, bwd_config, op)
+    if key is not None:
+        _PLANS.put(key, plan)
+    return _run(plan, x, residual, weight, bias, eps, seed, offset, device)
+
+
+#: dropout_norm's plans by call signature and options (a training step calls it with the same few every
+#: step; at 4096 rows its host path cost more than its kernel: benchmarks/notes_lesson4b.md, 2026-11-27,
+#: the forward's plans by signature)
+_PLANS = Plans()
 
 
 # -- references: the op in fp32 (its mask from Philox in numpy, _philox.py), eager PyTorch; the ledger ------
