@@ -178,3 +178,103 @@ def test_rows_that_cannot_be_viewed():
     g = x.transpose(0, 1)  # (6, 4, 8), last dim contiguous but the rows do not flatten
     with pytest.raises(KernelInputError, match="contiguous"):
         swiglu(g, g)
+
+
+# -- plans by call signature -------------------------------------------------------------------------
+# A call whose signature (each tensor's type, device, dtype, shape, strides, negation flag, requires_grad
+# and 16-byte alignment; the grad mode) equals that of a call that passed every check skips the checks and
+# launches the kept plan. Any other call is checked in full: a bad call after good ones raises as fresh.
+def _halves(n_cols, seed):
+    gen = torch.Generator().manual_seed(seed)
+    gu = (torch.randn(1, 1, 2 * n_cols, generator=gen) * 3).to(runtime.DEVICE)
+    return gu[..., :n_cols], gu[..., n_cols:]  # the decode step's two halves of one projection
+
+
+def _error(fn) -> str:
+    with pytest.raises(KernelInputError) as err:
+        fn()
+    return str(err.value)
+
+
+def test_a_repeated_call_launches_its_kept_plan_without_the_checks(monkeypatch):
+    import fusionlab.kernels.swiglu as SG
+
+    g, u = _halves(40, seed=60)
+    SG._PLANS.clear()
+    with torch.no_grad():
+        first = swiglu(g, u)
+    assert len(SG._PLANS) == 1
+    calls = []
+    for name in ("check_tensor", "_forward_plan"):
+        fn = getattr(SG, name)
+        monkeypatch.setattr(SG, name, lambda *a, fn=fn, **k: calls.append(a) or fn(*a, **k))
+    g2, u2 = _halves(40, seed=61)
+    with torch.no_grad():
+        again, other = swiglu(g, u), swiglu(g2, u2)
+    assert not calls
+    assert torch.equal(again, first)
+    monkeypatch.undo()
+    SG._PLANS.clear()
+    with torch.no_grad():
+        assert torch.equal(other, swiglu(g2, u2))  # the full path's bits
+    assert torch.allclose(first, swiglu_reference(g, u), 1e-5, 1e-5)
+
+
+def test_grad_mode_and_requires_grad_pick_the_path_after_a_kept_plan():
+    import fusionlab.kernels.swiglu as SG
+
+    g, u = _halves(24, seed=62)
+    SG._PLANS.clear()
+    with torch.no_grad():
+        swiglu(g, u)
+        swiglu(g, u)
+    gg = g.detach().clone().requires_grad_(True)
+    for _ in range(2):  # the second call runs the autograd forward from its kept plan
+        gg.grad = None
+        h = swiglu(gg, u)
+        assert h.requires_grad
+        dh = torch.ones_like(h)
+        h.backward(dh)
+        assert torch.allclose(gg.grad, _float64_grads(g, u, dh)[0].to(g.dtype), 1e-5, 1e-5)
+    assert not swiglu(g, u).requires_grad  # grad on, nothing requires it: no graph
+    with torch.no_grad():
+        assert not swiglu(gg, u).requires_grad
+    assert len(SG._PLANS) == 4
+
+
+def _swiglu_bad_after_good():
+    """(name, a bad call's arguments made from a good call's g and u) differing from it in one field of
+    the signature only."""
+    dev = runtime.DEVICE
+    return [
+        ("negated g", lambda g, u: (torch._neg_view(g), u)),
+        ("negated u", lambda g, u: (g, torch._neg_view(u))),
+        ("g of another dtype", lambda g, u: (g.long(), u)),
+        ("u of another dtype", lambda g, u: (g, u.half())),
+        ("u on another device", lambda g, u: (g, u.to("meta"))),
+        ("u of another shape", lambda g, u: (g, u[..., :-1])),
+        ("g's last dimension strided", lambda g, u: (torch.randn(1, 1, 2 * g.shape[-1], device=dev)[..., ::2], u)),
+        ("rows that cannot be viewed", lambda g, u: (torch.randn(4, 2, 6, device=dev).transpose(0, 1)[..., :5],
+                                                     torch.randn(2, 4, 5, device=dev))),
+        ("u not a tensor", lambda g, u: (g, [0.0])),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", [c[1] for c in _swiglu_bad_after_good()], ids=[c[0] for c in _swiglu_bad_after_good()])
+def test_a_bad_call_after_good_ones_of_the_same_shape_still_raises(bad):
+    import fusionlab.kernels.swiglu as SG
+
+    g, u = _halves(5, seed=63)
+    bg, bu = bad(g, u)
+    SG._PLANS.clear()
+    fresh = _error(lambda: swiglu(bg, bu))
+    good = [(g, u)]
+    if isinstance(bg, torch.Tensor) and isinstance(bu, torch.Tensor) and bg.dim() == 3 and bg.shape == bu.shape:
+        good.append((torch.randn(bg.shape, device=g.device), torch.randn(bu.shape, device=g.device)))
+    with torch.no_grad():
+        for _ in range(2):  # the second good call launches the kept plan
+            for a, b in good:
+                swiglu(a, b)
+    assert len(SG._PLANS) == len(good)
+    with torch.no_grad():
+        assert _error(lambda: swiglu(bg, bu)) == fresh

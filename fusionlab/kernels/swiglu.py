@@ -37,11 +37,13 @@ from ._launch import (
     INT32_LIMIT,
     KernelInputError,
     Launcher,
+    Plans,
     cdiv,
     check_same,
     check_tensor,
     elementwise_config,
     launch_kwargs,
+    signature,
 )
 from ._tensors import upstream_grad
 
@@ -229,22 +231,36 @@ def _row_stride(x: torch.Tensor, name: str, op: str) -> int:
     return _rows(x, name, op).stride(0)
 
 
-def _swiglu_forward(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def _forward_plan(g: torch.Tensor, u: torch.Tensor) -> tuple:
+    """``(h's shape as a plain tuple, dtype, device, grid, int arguments, constexprs and launch options,
+    interned launcher key)`` of the forward over g and u (grid None: nothing to compute). All of it follows
+    from the tensors' :func:`~fusionlab.kernels._launch.signature`, so a call of a kept signature
+    (:data:`_PLANS`) launches it again on its own tensors."""
     op = "swiglu"
     n_cols = g.shape[-1]
     sg, su = _row_stride(g, "g", op), _row_stride(u, "u", op)
-    h = torch.empty(g.shape, dtype=g.dtype, device=g.device)
-    if h.numel() == 0:
-        return h
-    n_rows = h.numel() // n_cols
+    head = (tuple(g.shape), g.dtype, g.device)
+    numel = g.numel()
+    if numel == 0:
+        return (*head, None, None, None, None)
+    n_rows = numel // n_cols
     grid, kwargs = _plan(n_rows, n_cols, g.dtype)
     # the largest element offset any program forms: (last row) * (row stride) + (last column)
     int64 = (n_rows - 1) * max(sg, su, n_cols) + n_cols >= INT32_LIMIT
     # everything Triton specialises this launch on, cheaper than the launcher working it out: the plan
     # follows from the shape and dtype; the strides; the inputs' 16-byte alignment (h is fresh: aligned)
     key = (n_rows, n_cols, sg, su, g.dtype, int64, g.data_ptr() & 15, u.data_ptr() & 15)
-    # the tensors themselves as the kernel's pointers: it indexes them as (rows, N) with these strides
-    _launch_fwd(grid, g, u, h, n_rows, n_cols, sg, su, n_cols, INT64=int64, key=key, **kwargs)
+    return (*head, grid, (n_rows, n_cols, sg, su, n_cols), {"INT64": int64, **kwargs}, _launch_fwd.intern(key))
+
+
+def _swiglu_forward(g: torch.Tensor, u: torch.Tensor, plan: tuple | None = None, device=None) -> torch.Tensor:
+    """h from one launch (``plan``: :func:`_forward_plan`'s, when the caller kept it; ``device``: the current
+    CUDA device when the caller knows it)."""
+    shape, dtype, dev, grid, ints, kwargs, key = plan or _forward_plan(g, u)
+    h = torch.empty(size=shape, dtype=dtype, device=dev)
+    if grid is not None:
+        # the tensors themselves as the kernel's pointers: it indexes them as (rows, N) with these strides
+        _launch_fwd.launch(grid, (g, u, h, *ints), kwargs, key, device)
     return h
 
 
@@ -284,8 +300,8 @@ class SwiGLUFunction(torch.autograd.Function):
     """Forward ``silu(g) * u``; saves g and u (the inputs, no new memory) and recomputes silu."""
 
     @staticmethod
-    def forward(ctx, g, u):
-        h = _swiglu_forward(g, u)
+    def forward(ctx, g, u, plan=None, device=None):
+        h = _swiglu_forward(g, u, plan, device)
         ctx.save_for_backward(g, u)
         return h
 
@@ -294,7 +310,7 @@ class SwiGLUFunction(torch.autograd.Function):
         g, u = ctx.saved_tensors
         dh = upstream_grad(dh, g.dtype)  # a negated view resolved, a transposed one copied
         dg, du = _swiglu_backward(dh, g, u)
-        return dg, du
+        return dg, du, None, None
 
 
 def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -305,12 +321,27 @@ def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     halves of one ``(T, 2F)`` projection, ``x.chunk(2, -1)``) but the last dimension must have stride 1.
     Returns a new contiguous tensor like g. Reference: :func:`swiglu_reference`.
     """
+    key = device = None
+    sig = signature(g, u)
+    if sig is not None:
+        key, device = sig, sig[1]
+        kept = _PLANS.get(key)
+        if kept is not None:  # a call of this signature passed every check: its plan
+            grad, plan = kept
+            return SwiGLUFunction.apply(g, u, plan, device) if grad else _swiglu_forward(g, u, plan, device)
     op = "swiglu"
     check_tensor(g, "g", op=op, contiguous=False, grad=True, max_numel=None)
     check_tensor(u, "u", op=op, contiguous=False, grad=True, max_numel=None)
     check_same(g, u, "g and u", op=op)
     if g.dim() < 1:
         raise KernelInputError(f"{op}: g and u must have at least one dimension (..., N), got scalars.")
-    if torch.is_grad_enabled() and (g.requires_grad or u.requires_grad):
-        return SwiGLUFunction.apply(g, u)
-    return _swiglu_forward(g, u)
+    plan = _forward_plan(g, u)  # (its row strides are the last check)
+    grad = torch.is_grad_enabled() and (g.requires_grad or u.requires_grad)
+    if key is not None:
+        _PLANS.put(key, (grad, plan))
+    return SwiGLUFunction.apply(g, u, plan, device) if grad else _swiglu_forward(g, u, plan, device)
+
+
+#: swiglu's forward plans by call signature (a decode step's gate: host time is its cost;
+#: benchmarks/notes_lesson9.md, 2026-11-27, swiglu's and attention_decode's plans by signature)
+_PLANS = Plans()
