@@ -178,3 +178,90 @@ def test_a_captured_call_takes_the_combine_kernel():
         torch.testing.assert_close(got, w)
     for (q, k, v), n, w in zip(cases, lens, want, strict=True):
         torch.testing.assert_close(attention_decode(q, k, v, n), w, atol=0, rtol=0)
+
+
+# -- plans by call signature -------------------------------------------------------------------------
+# A call whose signature (q's, k's, v's and the lengths' type, device, dtype, shape, strides, negation
+# flag, requires_grad and 16-byte alignment; the grad mode; causal and scale) equals that of a call that
+# passed every check skips the checks and launches the kept plan; the lengths' values, where they are read
+# on the host, are checked on every call. Any other call is checked in full, as on a fresh start.
+def _error(fn) -> str:
+    with pytest.raises(KernelInputError) as err:
+        fn()
+    return str(err.value)
+
+
+@pytest.mark.parametrize("has_len", [True, False], ids=["lengths", "full-cache"])
+def test_a_repeated_call_launches_its_kept_plan_without_the_checks(has_len, monkeypatch):
+    import fusionlab.kernels.attention_decode as AD
+
+    q, k, v = _qkv(2, 8, 2, 1, 100, 32, torch.float16, seed=20)  # two splits: the last one combines
+    lens = torch.tensor([37, 100], device=DEV) if has_len else None
+    AD._PLANS.clear()
+    first = attention_decode(q, k, v, lens)
+    assert len(AD._PLANS) == 1
+    calls = []
+    for name in ("check_inputs", "_decode_plan", "_check_len"):
+        fn = getattr(AD, name)
+        monkeypatch.setattr(AD, name, lambda *a, fn=fn, **kw: calls.append(a) or fn(*a, **kw))
+    q2, k2, v2 = _qkv(2, 8, 2, 1, 100, 32, torch.float16, seed=21)
+    lens2 = torch.tensor([5, 64], device=DEV) if has_len else None  # other values, the same signature
+    again, other = attention_decode(q, k, v, lens), attention_decode(q2, k2, v2, lens2)
+    assert not calls
+    assert torch.equal(again, first)
+    torch.testing.assert_close(other.double(), _want(q2, k2, v2, lens2), atol=2e-3, rtol=2e-3)
+    monkeypatch.undo()
+    AD._PLANS.clear()
+    assert torch.equal(other, attention_decode(q2, k2, v2, lens2))  # the full path's bits
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="a GPU never reads the lengths back (the kernel clamps them)")
+def test_lengths_in_host_memory_are_checked_on_every_call_of_a_kept_plan():
+    import fusionlab.kernels.attention_decode as AD
+
+    q, k, v = _qkv(2, 4, 2, 1, 10, 16, torch.float16, seed=22)
+    for bad in ([1, 11], [-1, 0]):
+        AD._PLANS.clear()
+        fresh = _error(lambda bad=bad: attention_decode(q, k, v, torch.tensor(bad)))
+        for _ in range(2):
+            attention_decode(q, k, v, torch.tensor([1, 3]))
+        assert len(AD._PLANS) == 1
+        assert _error(lambda bad=bad: attention_decode(q, k, v, torch.tensor(bad))) == fresh
+
+
+def _decode_bad_after_good():
+    """(name, the bad call's arguments from a good call's) differing from it in one field of the signature
+    or one option."""
+    return [
+        ("negated q", lambda a: {**a, "q": torch._neg_view(a["q"])}),
+        ("negated k", lambda a: {**a, "k": torch._neg_view(a["k"])}),
+        ("v of another dtype", lambda a: {**a, "v": a["v"].long()}),
+        ("k's last dimension strided", lambda a: {**a, "k": torch.randn(2, 2, 10, 32, device=DEV).half()[..., ::2]}),
+        ("q on another device", lambda a: {**a, "q": a["q"].to("meta")}),
+        ("q requires grad", lambda a: {**a, "q": a["q"].detach().requires_grad_()}),
+        ("lengths of a float dtype", lambda a: {**a, "cache_len": a["cache_len"].float()}),
+        ("lengths not contiguous", lambda a: {**a, "cache_len": torch.tensor([1, 9, 3, 9], device=DEV)[::2]}),
+        ("lengths on another device", lambda a: {**a, "cache_len": a["cache_len"].to("meta")}),
+        ("lengths of another shape", lambda a: {**a, "cache_len": torch.tensor([1, 3, 2], device=DEV)}),
+        ("lengths not a tensor", lambda a: {**a, "cache_len": [1, 3]}),
+        ("causal 1", lambda a: {**a, "causal": 1}),
+        ("scale nan", lambda a: {**a, "scale": float("nan")}),
+        ("scale True", lambda a: {**a, "scale": True}),
+        ("a config of 0 splits", lambda a: {**a, "config": {"SPLITS": 0}}),
+    ]
+
+
+@pytest.mark.parametrize("bad", [c[1] for c in _decode_bad_after_good()], ids=[c[0] for c in _decode_bad_after_good()])
+def test_a_bad_call_after_good_ones_of_the_same_shape_still_raises(bad):
+    import fusionlab.kernels.attention_decode as AD
+
+    q, k, v = _qkv(2, 4, 2, 1, 10, 16, torch.float16, seed=23)
+    good = dict(q=q, k=k, v=v, cache_len=torch.tensor([1, 3], device=DEV))
+    args = bad(good)
+    AD._PLANS.clear()
+    fresh = _error(lambda: attention_decode(**args))
+    for _ in range(2):  # the second good call launches the kept plan (grad on, as the bad call runs)
+        attention_decode(**good)
+        attention_decode(**good, scale=1.0)  # (scale True must not find this one: True == 1.0)
+    assert len(AD._PLANS) == 2
+    assert _error(lambda: attention_decode(**args)) == fresh

@@ -59,7 +59,18 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .. import _triton, runtime
 from ..ledger import Ledger
 from ._attention import LOG2E, check_inputs, config_key, default_scale
-from ._launch import KernelInputError, Launcher, cdiv, current_device, host_range, launch_kwargs, next_pow2, sm_count
+from ._launch import (
+    KernelInputError,
+    Launcher,
+    Plans,
+    cdiv,
+    current_device,
+    host_range,
+    launch_kwargs,
+    next_pow2,
+    signature,
+    sm_count,
+)
 
 OP = "attention_decode"
 _CONFIG_KEYS = ("BLOCK_N", "num_warps", "num_stages", "SPLITS", "LAST_COMBINES")
@@ -353,9 +364,11 @@ def _scratch(device: int, like: torch.Tensor, n_ws: int, n_counts: int) -> tuple
     return got
 
 
-def _check_len(cache_len, B: int, N_k: int, device) -> None:
+def _check_len(cache_len, B: int, N_k: int, device) -> bool:
+    """The lengths' checks; True when their values are read on the host (:func:`_check_len_values`), as a
+    kept plan then reads them on every call."""
     if cache_len is None:
-        return
+        return False
     if not isinstance(cache_len, torch.Tensor) or cache_len.dtype not in (torch.int32, torch.int64):
         raise KernelInputError(
             f"{OP}: cache_len must be None or an int32/int64 tensor of shape (B,), got {cache_len!r}."
@@ -365,10 +378,16 @@ def _check_len(cache_len, B: int, N_k: int, device) -> None:
             f"{OP}: cache_len must be a contiguous tensor of shape (B,) = ({B},) on {device}, got shape "
             f"{tuple(cache_len.shape)} on {cache_len.device}."
         )
-    if not cache_len.is_cuda and B:  # free in the interpreter; a GPU would sync (the kernel clamps)
-        lo, hi = host_range(cache_len)
-        if lo < 0 or hi > N_k:
-            raise KernelInputError(f"{OP}: cache_len holds {lo}..{hi}; each row's length must be in [0, N_k={N_k}].")
+    reads = not cache_len.is_cuda and B > 0  # free in the interpreter; a GPU would sync (the kernel clamps)
+    if reads:
+        _check_len_values(cache_len, N_k)
+    return reads
+
+
+def _check_len_values(cache_len: torch.Tensor, N_k: int) -> None:
+    lo, hi = host_range(cache_len)
+    if lo < 0 or hi > N_k:
+        raise KernelInputError(f"{OP}: cache_len holds {lo}..{hi}; each row's length must be in [0, N_k={N_k}].")
 
 
 def attention_decode(
@@ -391,51 +410,110 @@ def attention_decode(
     (``BLOCK_N``, ``num_warps``, ``num_stages``, ``SPLITS``). Returns O (B, H_q, N_q, D), contiguous, in
     q's dtype. Forward only (decoding needs no gradient). Reference: :func:`attention_decode_reference`.
     """
+    key = device = None
+    if config is None and type(causal) is bool and (scale is None or type(scale) is float):
+        sig = signature(q, k, v, cache_len)
+        if sig is not None:
+            key, device = (sig, causal, scale), sig[1]
+            kept = _PLANS.get(key)
+            if kept is not None:  # a call of this signature passed every check but that of the lengths' values
+                return _decode(kept, q, k, v, cache_len, device)
     check_inputs(q, k, v, causal, scale, op=OP)
-    q_shape, k_shape = q.shape, k.shape
-    B, H, N_q, D = q_shape
-    N_k = k_shape[2]
+    B, N_q, N_k = q.shape[0], q.shape[2], k.shape[2]
     if N_q > MAX_QUERIES:
         raise KernelInputError(
             f"{OP}: {N_q} queries per row; decoding takes at most {MAX_QUERIES} (use attention() for a prefill)."
         )
-    has_len = cache_len is not None
-    if has_len:
-        _check_len(cache_len, B, N_k, q.device)
-    if B * k_shape[1] > 65535:
-        raise KernelInputError(f"{OP}: B x H_kv = {B * k_shape[1]}; the grid holds at most 65535. Split the batch.")
+    reads = _check_len(cache_len, B, N_k, q.device)
+    if B * k.shape[1] > 65535:
+        raise KernelInputError(f"{OP}: B x H_kv = {B * k.shape[1]}; the grid holds at most 65535. Split the batch.")
     plan_key = () if config is None else config_key(config, OP, _CONFIG_KEYS, flags=("LAST_COMBINES",),
                                                      choices={"SPLITS": range(1, 1025)})  # fmt: skip
-    # O as q's (contiguous) layout: empty_like parses no dtype or device (half the host time of torch.empty)
-    o = torch.empty_like(q) if q.is_contiguous() else torch.empty(q_shape, dtype=q.dtype, device=q.device)
-    if o.numel() == 0:
-        return o
-    if N_k == 0:
-        return o.zero_()
+    kept = _decode_plan(q, k, v, cache_len, causal, scale, plan_key, reads)
+    if key is not None:
+        _PLANS.put(key, kept)
+    return _decode(kept, q, k, v, cache_len, device)
+
+
+class _Kept(NamedTuple):
+    """What a checked call launches with again for a call of the same signature (:data:`_PLANS`)."""
+
+    q_shape: tuple  # O's shape, a plain tuple (O takes q's layout where q is contiguous)
+    like_q: bool  # q contiguous: O is empty_like(q)
+    empty: int  # 0: a launch; 1: O has no element; 2: no key (O is zeros)
+    n_k: int  # the lengths' values are checked against it when they are read on the host
+    reads: bool  # they are (lengths in host memory, B > 0)
+    plan: _Plan | None
+    plan_key: tuple  # the configuration's overrides (a captured call works its own plan out from them)
+    ints: tuple  # the split kernel's strides
+    keys: tuple  # the split's and the combine's interned launcher keys
+    args: tuple  # q's dtype and device; has_len, causal and scale (a captured call's plan)
+
+
+def _launch_key(q, k, v, cache_len, causal, plan_key) -> tuple:
+    """Everything Triton specialises the two launches on (each launcher keeps its own table), cheaper than
+    working it out from 24 arguments: the plan's inputs (shapes, options: the ints and constexprs), the
+    strides, the dtypes and the inputs' 16-byte alignment (o, the workspace and the counters come from the
+    caching allocator: aligned; without lengths, o stands for them)."""
+    lens = (q.dtype, 0) if cache_len is None else (cache_len.dtype, cache_len.data_ptr() & 15)
+    return (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, causal, plan_key, q.data_ptr() & 15,
+            k.data_ptr() & 15, v.data_ptr() & 15, *lens)  # fmt: skip
+
+
+def _decode_plan(q, k, v, cache_len, causal, scale, plan_key, reads) -> _Kept:
+    """:class:`_Kept` of a checked call: everything but the lengths' values, the workspace (the current
+    stream's) and whether the stream is being captured follows from the call's signature and options."""
+    q_shape, k_shape = tuple(q.shape), tuple(k.shape)
+    has_len = cache_len is not None
+    empty = 1 if q.numel() == 0 else 2 if k_shape[2] == 0 else 0
+    args = (q.dtype, q.device, has_len, causal, scale)
+    if empty:
+        return _Kept(q_shape, q.is_contiguous(), empty, k_shape[2], reads, None, plan_key, (), (), args)
     device = current_device() if q.is_cuda else -1
     plan = _plan(q_shape, k_shape, has_len, causal, scale, plan_key, device)
+    key = _launch_key(q, k, v, cache_len, causal, plan_key)
+    keys = (_launch_split.intern(key), _launch_combine.intern(key))
+    ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
+    return _Kept(q_shape, q.is_contiguous(), 0, k_shape[2], reads, plan, plan_key, ints, keys, args)
+
+
+def _decode(kept: _Kept, q, k, v, cache_len, device) -> torch.Tensor:
+    """The call's launches from its plan (:func:`_decode_plan`'s): the lengths' values checked where they are
+    read on the host (on every call: a kept signature does not settle them), O made, the current stream's
+    workspace taken, the split kernel (and the combine kernel) launched. ``device``: the current CUDA device
+    when the caller knows it."""
+    if kept.reads:
+        _check_len_values(cache_len, kept.n_k)
+    # O as q's (contiguous) layout: empty_like parses no dtype or device (half the host time of torch.empty)
+    dtype, dev, has_len, causal, scale = kept.args
+    o = torch.empty_like(q) if kept.like_q else torch.empty(kept.q_shape, dtype=dtype, device=dev)
+    if kept.empty:
+        return o if kept.empty == 1 else o.zero_()
+    plan, keys, launch_device = kept.plan, kept.keys, device
+    if device is None:
+        device = current_device() if o.is_cuda else -1
     if not plan.ws_numel:  # one split: no partials, no counters (unused pointers)
         ws = counts = o
     elif plan.counts and not (device >= 0 and _is_capturing()):
         ws, counts = _scratch(device, q, plan.ws_numel, plan.grid[1])
     else:  # the combine kernel, with a workspace of its own (in a graph, from its pool, kept in capture order)
         if plan.counts:  # captured into a CUDA graph: launches cost nothing there, the parallel combine wins
-            plan_key = tuple(sorted({**dict(plan_key), "LAST_COMBINES": False}.items()))
-            plan = _plan(q_shape, k_shape, has_len, causal, scale, plan_key, device)
-        ws = counts = torch.empty(plan.ws_numel, dtype=torch.float32, device=q.device)
+            plan_key = tuple(sorted({**dict(kept.plan_key), "LAST_COMBINES": False}.items()))
+            plan = _plan(kept.q_shape, tuple(k.shape), has_len, causal, scale, plan_key, device)
+            key = _launch_key(q, k, v, cache_len, causal, plan_key)
+            keys = (_launch_split.intern(key), _launch_combine.intern(key))
+        ws = counts = torch.empty(plan.ws_numel, dtype=torch.float32, device=dev)
     lens = cache_len if has_len else o
-    qs, ks, vs = q.stride(), k.stride(), v.stride()
-    # everything Triton specialises the two launches on (each launcher keeps its own table), cheaper than
-    # working it out from 24 arguments: the plan's inputs (shapes, options: the ints and constexprs), the
-    # strides, the dtypes and the inputs' 16-byte alignment (o, the workspace and the counters come from the
-    # caching allocator: aligned)
-    key = (q_shape, qs, k_shape, ks, vs, q.dtype, lens.dtype, causal, plan_key,
-           q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, lens.data_ptr() & 15)  # fmt: skip
-    _launch_split(plan.grid, q, k, v, lens, o, ws, counts, *plan.ints, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
-                  vs[0], vs[1], vs[2], key=key, **plan.meta)  # fmt: skip
+    _launch_split.launch(plan.grid, (q, k, v, lens, o, ws, counts, *plan.ints, *kept.ints), plan.meta, keys[0],
+                         launch_device)  # fmt: skip
     if plan.c_meta is not None:
-        _launch_combine(plan.c_grid, ws, o, plan.grid[0], plan.ints[3], key=key, **plan.c_meta)
+        _launch_combine.launch(plan.c_grid, (ws, o, plan.grid[0], plan.ints[3]), plan.c_meta, keys[1], launch_device)
     return o
+
+
+#: attention_decode's plans by call signature and options (a decode step attends with the same signature at
+#: every token; benchmarks/notes_lesson9.md, 2026-11-27, swiglu's and attention_decode's plans by signature)
+_PLANS = Plans()
 
 
 __all__ = ["attention_decode", "attention_decode_reference", "attention_decode_eager", "attention_decode_ledger",
