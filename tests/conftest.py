@@ -66,3 +66,12 @@ def cross_entropy_by_hand(logits, target, ignore_index=-100, reduction="mean", l
     if reduction == "none":
         return loss
     return loss.sum() / keep.sum() if reduction == "mean" else loss.sum()
+
+
+def refusal(fn) -> str:
+    """The message of the KernelInputError ``fn()`` raises (a bad call's refusal, to compare with another's)."""
+    from fusionlab.kernels import KernelInputError
+
+    with pytest.raises(KernelInputError) as err:
+        fn()
+    return str(err.value)

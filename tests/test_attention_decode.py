@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import gpu_only
+from conftest import gpu_only, refusal
 
 from fusionlab import runtime
 from fusionlab.instrument import LaunchCounter
@@ -185,12 +185,6 @@ def test_a_captured_call_takes_the_combine_kernel():
 # flag, requires_grad and 16-byte alignment; the grad mode; causal and scale) equals that of a call that
 # passed every check skips the checks and launches the kept plan; the lengths' values, where they are read
 # on the host, are checked on every call. Any other call is checked in full, as on a fresh start.
-def _error(fn) -> str:
-    with pytest.raises(KernelInputError) as err:
-        fn()
-    return str(err.value)
-
-
 @pytest.mark.parametrize("has_len", [True, False], ids=["lengths", "full-cache"])
 def test_a_repeated_call_launches_its_kept_plan_without_the_checks(has_len, monkeypatch):
     import fusionlab.kernels.attention_decode as AD
@@ -222,11 +216,11 @@ def test_lengths_in_host_memory_are_checked_on_every_call_of_a_kept_plan():
     q, k, v = _qkv(2, 4, 2, 1, 10, 16, torch.float16, seed=22)
     for bad in ([1, 11], [-1, 0]):
         AD._PLANS.clear()
-        fresh = _error(lambda bad=bad: attention_decode(q, k, v, torch.tensor(bad)))
+        fresh = refusal(lambda bad=bad: attention_decode(q, k, v, torch.tensor(bad)))
         for _ in range(2):
             attention_decode(q, k, v, torch.tensor([1, 3]))
         assert len(AD._PLANS) == 1
-        assert _error(lambda bad=bad: attention_decode(q, k, v, torch.tensor(bad))) == fresh
+        assert refusal(lambda bad=bad: attention_decode(q, k, v, torch.tensor(bad))) == fresh
 
 
 def _decode_bad_after_good():
@@ -259,9 +253,9 @@ def test_a_bad_call_after_good_ones_of_the_same_shape_still_raises(bad):
     good = dict(q=q, k=k, v=v, cache_len=torch.tensor([1, 3], device=DEV))
     args = bad(good)
     AD._PLANS.clear()
-    fresh = _error(lambda: attention_decode(**args))
+    fresh = refusal(lambda: attention_decode(**args))
     for _ in range(2):  # the second good call launches the kept plan (grad on, as the bad call runs)
         attention_decode(**good)
         attention_decode(**good, scale=1.0)  # (scale True must not find this one: True == 1.0)
     assert len(AD._PLANS) == 2
-    assert _error(lambda: attention_decode(**args)) == fresh
+    assert refusal(lambda: attention_decode(**args)) == fresh

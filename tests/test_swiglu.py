@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import refusal
 
 from fusionlab import runtime
 from fusionlab.grading import Sandbox
@@ -190,12 +191,6 @@ def _halves(n_cols, seed):
     return gu[..., :n_cols], gu[..., n_cols:]  # the decode step's two halves of one projection
 
 
-def _error(fn) -> str:
-    with pytest.raises(KernelInputError) as err:
-        fn()
-    return str(err.value)
-
-
 def test_a_repeated_call_launches_its_kept_plan_without_the_checks(monkeypatch):
     import fusionlab.kernels.swiglu as SG
 
@@ -267,7 +262,7 @@ def test_a_bad_call_after_good_ones_of_the_same_shape_still_raises(bad):
     g, u = _halves(5, seed=63)
     bg, bu = bad(g, u)
     SG._PLANS.clear()
-    fresh = _error(lambda: swiglu(bg, bu))
+    fresh = refusal(lambda: swiglu(bg, bu))
     good = [(g, u)]
     if isinstance(bg, torch.Tensor) and isinstance(bu, torch.Tensor) and bg.dim() == 3 and bg.shape == bu.shape:
         good.append((torch.randn(bg.shape, device=g.device), torch.randn(bu.shape, device=g.device)))
@@ -277,4 +272,4 @@ def test_a_bad_call_after_good_ones_of_the_same_shape_still_raises(bad):
                 swiglu(a, b)
     assert len(SG._PLANS) == len(good)
     with torch.no_grad():
-        assert _error(lambda: swiglu(bg, bu)) == fresh
+        assert refusal(lambda: swiglu(bg, bu)) == fresh
