@@ -23,13 +23,13 @@ Then a cProfile of each op's real calls (the stream held), by own time. Each num
 from __future__ import annotations
 
 import argparse
-import time
 
 import _host  # beside this script
 import torch
 import torch.nn.functional as F
 import triton
 
+from benchmarks.bench_decode import host_us
 from fusionlab import _triton
 from fusionlab.kernels import _launch
 from fusionlab.kernels import attention_decode as AD
@@ -50,19 +50,10 @@ DT, DEV = torch.bfloat16, "cuda"
 HID, H, HKV, D, FFN, NMAX = 4096, 32, 8, 128, 14336, 4096
 
 
-def held_us(fn, calls=200, rounds=7):
-    """Host us a call, the stream held by a sleep kernel (50 ms covers 200 calls of 250 us)."""
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        torch.cuda._sleep(int(2e9 * 0.05))
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, time.perf_counter() - t0)
-        torch.cuda.synchronize()
-    return best / calls * 1e6
+def held_us(fn, rounds=7):
+    """Host us a call, the stream held by a sleep kernel (:func:`benchmarks.bench_decode.host_us`, the bar's
+    own measure): the fastest of ``rounds``."""
+    return min(host_us(fn) for _ in range(rounds))
 
 
 def _no_run(*args, **kwargs):

@@ -37,27 +37,12 @@ FAMILIES = ("parts", "layer eager", "layer fused", "layer compile", "decode eage
 
 def family(name: str):
     """The ncu target: the lesson 9 cases of one family, as :func:`fusionlab.measure.ncu.cases_thunk`."""
-    import torch
-    import torch.nn.functional as F
-
-    from fusionlab.kernels.attention_decode import attention_decode
     from fusionlab.lessons.l9 import suite as S
     from fusionlab.measure import ncu
 
     if name.startswith("split"):
-        cases = []
-        for B, n_k in S.SPLIT_SHAPES:
-            q = torch.randn(B, 32, 1, 128, device="cuda", dtype=S.DTYPE)
-            k, v = (torch.randn(B, 8, n_k, 128, device="cuda", dtype=S.DTYPE) for _ in range(2))
-            calls = {
-                "ours": lambda q=q, k=k, v=v: attention_decode(q, k, v),
-                "sdpa": lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
-            }
-            for impl, fn in calls.items():
-                if name == "split graph":
-                    fn = S.graphed(fn)
-                cases.append(({"name": f"{name} B={B} N_k={n_k} {impl}"}, fn))
-        return ncu.cases_thunk(cases)
+        made = S.split_cases(graphs=name == "split graph")
+        return ncu.cases_thunk(({"name": f"{name} {c.name}"}, c.fn) for c in made)
     ref, lay = S.make_layers(max(S.PREFILL[1], S.N_CACHE))
     if name == "parts":
         made = S.part_cases(ref, lay)
