@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/bench_lesson7b.py --out $OUT [--seconds 170] [--ds 64,128]
         [--ns 8192,32768] [--sweep-n 16384] [--workers 8] [--no-sweep | --no-bars]
+        [--mods alibi,causal] [--configs "default online"]     # some modifications, some sweep rows
 
 For each head dim, N and modification of the suite (:mod:`fusionlab.lessons.l7b.suite`: softcap, ALiBi,
 sliding window 1k, 8 documents, causal): ours at the default configuration and ``torch.compile``d
@@ -34,6 +35,11 @@ SWEEP = {
     "64x64 w4 s3": (64, 64, 4, 3, None),
     "64x128 w4 s2": (64, 128, 4, 2, None),
     "64x128 w4 s3": (64, 128, 4, 3, None),
+    "default ref1": (None, None, None, None, 1),
+    "64x128 w4 s2 ref1": (64, 128, 4, 2, 1),
+    "64x128 w8 s2": (64, 128, 8, 2, None),
+    "128x64 w8 s2": (128, 64, 8, 2, None),
+    "128x128 w8 s2": (128, 128, 8, 2, None),
 }
 #: modifications the bench adds to the suite's: the softcap written with exp2 (the interpreter's form), to
 #: set the GPU's tanh.approx beside it
@@ -98,6 +104,8 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--no-bars", action="store_true")
+    p.add_argument("--mods", default=None, help="comma-separated modifications (default: all)")
+    p.add_argument("--configs", default=None, help="comma-separated SWEEP names besides the default (default: all)")
     a = p.parse_args(argv)
     t_end = time.time() + a.seconds
     ds = [int(x) for x in a.ds.split(",")]
@@ -118,7 +126,11 @@ def main(argv=None):
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": runtime.version("triton"),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "argv": sys.argv[1:]}  # fmt: skip
     sweep = [] if a.no_sweep else [c for c in SWEEP if c != "default"]
+    if a.configs is not None:
+        sweep = [c for c in a.configs.split(",") if c != "default" and c in SWEEP]
     mods = (*suite.MODS, suite.PLAIN, *EXTRA_MODS)
+    if a.mods is not None:
+        mods = tuple(m for m in mods if m in a.mods.split(","))
     tasks = [(d, 4096, mod, c) for d in ds for mod in mods for c in ["default", *sweep]]
     t0 = time.time()
     ctx = mp.get_context("spawn")

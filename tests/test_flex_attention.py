@@ -119,18 +119,42 @@ def test_block_mask_matches_reference(mask, with_mod, ref):
     _close(got, attention_reference(q, k, v, score_mod=sm, block_mask=bm))
 
 
+@triton.jit
+def _steep(score, b, h, q_idx, kv_idx, aux, a0, a1):
+    return score + 4.0 * kv_idx.to(tl.float32)
+
+
 def test_an_unbounded_modification_takes_the_online_loop():
-    # ALiBi's bias grows with the distance: a reference max would overflow and run tiles twice, so the plan
-    # takes the online loop; softcap's scores are bounded and keep the table's REF_MAX; a config decides first
+    # a bias that grows with the distance overflows a reference max taken in key order and runs tiles twice,
+    # so the plan takes the online loop; softcap's scores are bounded and keep the table's REF_MAX; ALiBi
+    # (rising: it only raises later keys) keeps it too, its keys walked backwards, but not with a block mask
+    # (walked forwards); a config decides first
     from fusionlab.kernels.attention import _config, _plan
 
     q = torch.empty(1, 2, 45, 32, device=DEV, dtype=DT)
     table = _config(45, 45, 32, False, False, GPU)["REF_MAX"]
-    for sm, want in ((alibi(2), 0), (softcap(3.0), table)):
-        tiles = _mods(q, q, False, sm, None).tiles
+    bm = block_mask(causal_mask(), None, None, 45, 45, device=DEV)
+    unbounded = ScoreMod(_steep, name="steep")
+    for sm, mask, want in ((unbounded, None, 0), (alibi(2), bm, 0), (softcap(3.0), None, table),
+                           (alibi(2), None, table)):  # fmt: skip
+        mods = _mods(q, q, False, sm, mask)
+        assert mods.kwargs.get("MOD_RISING", False) == (sm.rising and mask is None), sm.name
         for key, ref in (((("REF_MAX", 2),), 2), ((), want)):
-            plan = _plan(q.shape, q.stride(), q.shape, q.stride(), q.stride(), q.dtype, False, None, key, tiles)
+            plan = _plan(q.shape, q.stride(), q.shape, q.stride(), q.stride(), q.dtype, False, None, key, mods.tiles)
             assert plan.meta["REF_MAX"] == ref, (sm.name, key)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n_q, n_k", [(64, 64), (40, 72), (72, 40)])
+def test_a_rising_modification_walks_its_keys_back(n_q, n_k, causal):
+    # ALiBi against a reference max: the masked blocks first (online), then the rest from the last block back;
+    # with nothing masked (64 keys, full) the last block sets the reference. A steep rising bias (4 a key:
+    # hundreds of base-2 units across the row, past fp32's 2**128) overflows a forward walk, not one walked back
+    q, k, v = _qkv(1, 4, 2, n_q, n_k, 32, seed=12)
+    for sm in (alibi(4), ScoreMod(_steep, lambda s, b, h, qi, kv, aux, a0, a1: s + 4.0 * kv, name="steep",
+                                  rising=True)):  # fmt: skip
+        got = attention(q, k, v, causal, score_mod=sm, config={"REF_MAX": 1})
+        _close(got, attention_reference(q, k, v, causal, score_mod=sm))
 
 
 def test_ref_max_overflow_falls_back_to_the_online_loop():

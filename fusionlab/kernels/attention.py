@@ -271,7 +271,7 @@ def _attention_kernel(
     CAUSAL: tl.constexpr, SCALE_NEG: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, TMA_STORE: tl.constexpr,
     REF_MAX: tl.constexpr = 0,
     MOD: tl.constexpr = False, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
-    SPARSE: tl.constexpr = False, BM_DIV: tl.constexpr = 1, BN_DIV: tl.constexpr = 1,
+    SPARSE: tl.constexpr = False, BM_DIV: tl.constexpr = 1, BN_DIV: tl.constexpr = 1, MOD_RISING: tl.constexpr = False,
     mod_aux=None, mod_a0=None, mod_a1=None, mask_aux=None, mask_a0=None, mask_a1=None,
     bm_num=None, bm_idx=None, bm_sb=None, bm_sh=None, bm_tn=None,
 ):  # fmt: skip
@@ -324,7 +324,7 @@ def _attention_kernel(
             offs_m, offs_d, n_k, qk_scale * 0.6931471805599453, lo_mask, hi, pid_m, off_b, off_h,
             mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1, bm_num, bm_idx, bm_sb, bm_sh, bm_tn,
             HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, TMA, EVEN_N, SCORE_MOD, MASK_MOD, SPARSE, BM_DIV, BN_DIV,
-            REF_MAX > 0,
+            REF_MAX > 0, MOD_RISING,
         )  # fmt: skip
     elif REF_MAX:  # Hopper's default: every block against block 0's row max (_attention.py)
         acc, l_i, m_ref = _attention_ref(

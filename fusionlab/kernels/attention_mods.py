@@ -48,7 +48,10 @@ class ScoreMod(NamedTuple):
     passed). ``bounded``: the modified scores stay in a narrow range (softcap's ``(-cap, cap)``), so the
     kernel may sum every block against the first block's max (``REF_MAX``); a modification that moves the
     max from block to block by far (ALiBi's bias grows with the distance) would overflow that sum and run
-    the tile twice, so it takes the online loop."""
+    the tile twice, so it takes the online loop. ``rising``: it moves the max the other way only, never
+    lowering a later key's score (ALiBi's ``m_h (kv_idx - q_idx)``): the kernel then walks a tile's keys from
+    the last block back, against the max of the blocks it meets first, and the sum cannot overflow; with a
+    block mask (whose blocks it walks forward) it takes the online loop."""
 
     fn: object
     ref: Callable | None = None
@@ -57,6 +60,7 @@ class ScoreMod(NamedTuple):
     a1: float | int | None = None
     name: str = "score_mod"
     bounded: bool = False
+    rising: bool = False
 
 
 class MaskMod(NamedTuple):
@@ -266,7 +270,7 @@ def alibi(n_heads: int) -> ScoreMod:
     """ALiBi (Press et al., 2022): ``score + m_h (kv_idx - q_idx)``, head h's slope ``m_h = 2^(-8 (h+1) / H)``."""
     if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
         raise KernelInputError(f"{OP}: alibi takes the number of query heads, got {n_heads!r}.")
-    return ScoreMod(_alibi, _alibi_ref, None, float(n_heads), None, f"alibi({n_heads})")
+    return ScoreMod(_alibi, _alibi_ref, None, float(n_heads), None, f"alibi({n_heads})", rising=True)
 
 
 @triton.jit
@@ -426,6 +430,8 @@ def _mods(q, k, causal, score_mod, bmask) -> _Mods:
             raise KernelInputError(f"{OP}: score_mod {sm.name!r}: fn must be a @triton.jit function, got "
                                    f"{type(sm.fn).__name__}.")  # fmt: skip
         kwargs.update(SCORE_MOD=sm.fn, mod_aux=sm.aux, mod_a0=sm.a0, mod_a1=sm.a1)
+        if sm.rising and not sm.bounded and bmask is None:
+            kwargs.update(MOD_RISING=True)
         names.append(f"score_mod {sm.name!r}")
     if bmask is not None:
         if not isinstance(bmask, BlockMask):
@@ -454,8 +460,9 @@ def _mods(q, k, causal, score_mod, bmask) -> _Mods:
                       bm_tn=bmask.idx.shape[-1])  # fmt: skip
         tiles = (bmask.block_m, bmask.block_n)
         names.append(f"mask {bmask.mask.name!r}")
-    # the plan's key: the mask's tiles, and whether the reference-max loop may run (no unbounded modification)
-    return _Mods((*tiles, sm is None or sm.bounded), kwargs, " and ".join(names))
+    # the plan's key: the mask's tiles, and whether the reference-max loop may run (no unbounded modification,
+    # or a rising one walked backwards)
+    return _Mods((*tiles, sm is None or sm.bounded or bool(kwargs.get("MOD_RISING"))), kwargs, " and ".join(names))
 
 
 #: the modification path's (BLOCK_M, BLOCK_N, num_warps, num_stages) on the TMA path, by (head-dim
@@ -535,7 +542,7 @@ def _attention_inner_mod(
     lo, hi, idx_ptr, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1, u_lo, rot, f_lo, f_hi,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     EVEN_N: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, INDEXED: tl.constexpr, STEP: tl.constexpr,
-    REF: tl.constexpr, FIRST: tl.constexpr, BN_DIV: tl.constexpr,
+    REF: tl.constexpr, FIRST: tl.constexpr, BN_DIV: tl.constexpr, REVERSE: tl.constexpr = False,
 ):  # fmt: skip
     """:func:`_attention_inner` with a modification: key blocks ``[lo, hi)`` (``INDEXED``: entries
     ``[lo, hi)`` of the block mask's list ``idx_ptr``, key block numbers, each ``BN_DIV`` of the kernel's
@@ -544,7 +551,8 @@ def _attention_inner_mod(
     ``REF`` (lesson 7's ``REF_MAX``): ``m_i`` is a fixed reference, no running max and no rescale; the
     tile's first block sets it (``FIRST``: 1 the block at key 0, 2 the first of ``[lo, hi)``, 0 none here).
     ``INDEXED == 2``: kernel blocks ``u_lo + (rot + j) % hi`` (a run of consecutive blocks entered at its first
-    full one), ``MASKED == 2``: the element mask on those outside ``[f_lo, f_hi)`` only, decided per block."""
+    full one), ``MASKED == 2``: the element mask on those outside ``[f_lo, f_hi)`` only, decided per block.
+    ``REVERSE`` (not ``INDEXED``; ``hi - lo`` a multiple of ``STEP``): the blocks from the last back to ``lo``."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for j in tl.range(lo, hi, STEP):
         part = True
@@ -554,6 +562,8 @@ def _attention_inner_mod(
             start_n = blk * BLOCK_N
         elif INDEXED:
             start_n = tl.load(idx_ptr + j // BN_DIV) * (BLOCK_N * BN_DIV) + (j % BN_DIV) * BLOCK_N
+        elif REVERSE:
+            start_n = hi - STEP - (j - lo)
         else:
             start_n = j
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -593,13 +603,17 @@ def _mod_pass(
     lo_mask, hi, idx, n_whole, n_part, bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr,
     SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, SPARSE: tl.constexpr, REF: tl.constexpr, BN_DIV: tl.constexpr,
+    RISING: tl.constexpr = False,
 ):  # fmt: skip
     """Every key block of a Q tile, once. ``SPARSE`` (a block mask): the tile's full blocks with no element
     mask (1: through the list; 2: consecutive, as a range from the list's first), then its partial blocks
     through the mask function; an empty block is in neither list, so it is never loaded. 3: the visited
     blocks consecutive, one loop over them that starts at the first full block and comes round to the
     partial ones before it, the element mask on the partial blocks only (:data:`SPARSE_LOOP`). Without a
-    block mask: lesson 7's split, ``[0, lo_mask)`` unmasked and ``[lo_mask, hi)`` masked."""
+    block mask: lesson 7's split, ``[0, lo_mask)`` unmasked and ``[lo_mask, hi)`` masked; ``RISING`` with
+    ``REF`` (a modification that only raises later keys' scores, :attr:`ScoreMod.rising`): the masked
+    blocks first, online (they hold each row's last keys, where its max lies), then the unmasked ones from
+    the last back against that max (or against the first block met, when nothing is masked)."""
     if SPARSE == 3:  # all visited blocks consecutive: one loop, entered at the first full block
         f_lo = tl.load(idx) * BN_DIV
         f_hi = f_lo + n_whole * BN_DIV
@@ -637,6 +651,19 @@ def _mod_pass(
             sm_scale, 0, n_part * BN_DIV, idx + bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0,
             mask_a1, 0, 0, 0, 0, HEAD_DIM, BLOCK_N, 1, False, TMA, EVEN_N, SCORE_MOD, MASK_MOD, 1, 1, REF, 0, BN_DIV,
         )  # fmt: skip
+    elif RISING and REF:
+        first: tl.constexpr = 0 if (CAUSAL or not EVEN_N) else 2
+        if CAUSAL or not EVEN_N:
+            acc, l_i, m_i = _attention_inner_mod(
+                acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d,
+                n_k, sm_scale, lo_mask, hi, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
+                0, 0, 0, 0, HEAD_DIM, BLOCK_N, 1, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, 0, BLOCK_N, False, 0, 1,
+            )  # fmt: skip
+        acc, l_i, m_i = _attention_inner_mod(
+            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
+            sm_scale, 0, lo_mask, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
+            0, 0, 0, 0, HEAD_DIM, BLOCK_N, 0, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, 0, BLOCK_N, True, first, 1, True,
+        )  # fmt: skip
     elif not SPARSE:
         acc, l_i, m_i = _attention_inner_mod(
             acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
@@ -659,7 +686,7 @@ def _attention_mod(
     bm_num, bm_idx, bm_sb, bm_sh, bm_tn,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, TMA: tl.constexpr, EVEN_N: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
-    SPARSE: tl.constexpr, BM_DIV: tl.constexpr, BN_DIV: tl.constexpr, REF: tl.constexpr,
+    SPARSE: tl.constexpr, BM_DIV: tl.constexpr, BN_DIV: tl.constexpr, REF: tl.constexpr, RISING: tl.constexpr = False,
 ):  # fmt: skip
     """A Q tile's key blocks with a modification (:func:`_mod_pass`). ``BM_DIV``: the block mask's Q tile
     holds that many of the kernel's (their lists are the mask tile's: a block full for it is full for
@@ -687,7 +714,7 @@ def _attention_mod(
                 acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d,
                 n_k, sm_scale, lo_mask, hi, idx, n_whole, n_part, bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1,
                 mask_aux, mask_a0, mask_a1, HEAD_DIM, BLOCK_N, CAUSAL, TMA, EVEN_N, SCORE_MOD, MASK_MOD, SPARSE, True,
-                BN_DIV,
+                BN_DIV, RISING,
             )  # fmt: skip
             ok = (l_i > 0) & (tl.sum(tl.abs(acc), 1) + l_i < float("inf"))
             online = tl.max(tl.where(ok, 0, 1), 0)

@@ -60,6 +60,8 @@ class Part:
     live: bool = False
     #: the dates of every recording a case or setting was taken from, newest first (:func:`newest`)
     dates: tuple[str, ...] = ()
+    #: (date, time) of every recording a case or setting was taken from, newest first: which files are read
+    sources: tuple[tuple[str, str], ...] = ()
     #: the device the reader asked for, where the recording is of another (:func:`for_device`)
     wanted: str | None = None
 
@@ -154,6 +156,7 @@ def newest(part: str, device: str | None = None, directory: Path | None = None) 
     same = [d for d in found if d["meta"]["device"] == base["meta"]["device"]]
     cases = {name: dict(c) for name, c in base["parts"][part].items()}
     dates = [base["meta"]["date"]]
+    sources = [(base["meta"]["date"], base["meta"].get("time", ""))]
     for older in same[1:]:
         used = False
         for name, c in older["parts"][part].items():
@@ -165,7 +168,9 @@ def newest(part: str, device: str | None = None, directory: Path | None = None) 
                     used = True
         if used and older["meta"]["date"] not in dates:
             dates.append(older["meta"]["date"])
-    return Part(part, base["meta"], cases, dates=tuple(dates))
+        if used:
+            sources.append((older["meta"]["date"], older["meta"].get("time", "")))
+    return Part(part, base["meta"], cases, dates=tuple(dates), sources=tuple(sources))
 
 
 def this_device() -> str | None:
