@@ -651,9 +651,15 @@ def _mod_pass(
             sm_scale, 0, n_part * BN_DIV, idx + bm_tn, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0,
             mask_a1, 0, 0, 0, 0, HEAD_DIM, BLOCK_N, 1, False, TMA, EVEN_N, SCORE_MOD, MASK_MOD, 1, 1, REF, 0, BN_DIV,
         )  # fmt: skip
-    elif RISING and REF:
-        first: tl.constexpr = 0 if (CAUSAL or not EVEN_N) else 2
-        if CAUSAL or not EVEN_N:
+    elif not SPARSE:
+        # lesson 7's order: the unmasked blocks, then the masked ones (FIRST 1: block 0 sets the reference).
+        # RISING with REF: the masked blocks first, online (they hold each row's last keys, where its max
+        # lies), then the unmasked ones from the last back against that max (FIRST 0), or against the first
+        # block they meet when nothing is masked (FIRST 2)
+        back: tl.constexpr = RISING and REF
+        tail: tl.constexpr = CAUSAL or not EVEN_N
+        first: tl.constexpr = (0 if tail else 2) if back else 1
+        if back and tail:
             acc, l_i, m_i = _attention_inner_mod(
                 acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d,
                 n_k, sm_scale, lo_mask, hi, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
@@ -662,15 +668,9 @@ def _mod_pass(
         acc, l_i, m_i = _attention_inner_mod(
             acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
             sm_scale, 0, lo_mask, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-            0, 0, 0, 0, HEAD_DIM, BLOCK_N, 0, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, 0, BLOCK_N, True, first, 1, True,
+            0, 0, 0, 0, HEAD_DIM, BLOCK_N, 0, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, 0, BLOCK_N, REF, first, 1, back,
         )  # fmt: skip
-    elif not SPARSE:
-        acc, l_i, m_i = _attention_inner_mod(
-            acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d, n_k,
-            sm_scale, 0, lo_mask, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,
-            0, 0, 0, 0, HEAD_DIM, BLOCK_N, 0, CAUSAL, TMA, EVEN_N, SCORE_MOD, None, 0, BLOCK_N, REF, 1, 1,
-        )  # fmt: skip
-        if CAUSAL or not EVEN_N:
+        if tail and not back:
             acc, l_i, m_i = _attention_inner_mod(
                 acc, l_i, m_i, q, k_src, v_src, k_row, k_col, v_row, v_col, stride_kn, stride_vn, offs_m, offs_d,
                 n_k, sm_scale, lo_mask, hi, None, off_b, off_h, mod_aux, mod_a0, mod_a1, mask_aux, mask_a0, mask_a1,

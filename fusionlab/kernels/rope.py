@@ -404,7 +404,7 @@ def _check(q, k, cos, sin, offset, layout, interleaved, grad: bool) -> int | Non
             )
         if not offset.is_contiguous():
             raise KernelInputError(f"{OP}: offset must be contiguous. Pass offset.contiguous().")
-        if _reads_offsets(offset, B, N) is False:
+        if not _reads_offsets(offset, B, N):
             return None  # reading the offsets back would sync: out-of-table rows give NaN (module docstring)
         lo, hi = host_range(offset)
     elif isinstance(offset, int) and not isinstance(offset, bool):

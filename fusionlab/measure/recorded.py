@@ -58,12 +58,15 @@ class Part:
     cases: dict[str, dict]
     #: counted here, now (not read from a recording)
     live: bool = False
-    #: the dates of every recording a case or setting was taken from, newest first (:func:`newest`)
-    dates: tuple[str, ...] = ()
-    #: (date, time) of every recording a case or setting was taken from, newest first: which files are read
+    #: (date, time) of every recording a case or setting was taken from, newest first (:func:`newest`)
     sources: tuple[tuple[str, str], ...] = ()
     #: the device the reader asked for, where the recording is of another (:func:`for_device`)
     wanted: str | None = None
+
+    @property
+    def dates(self) -> tuple[str, ...]:
+        """The dates of :attr:`sources`, each once, newest first."""
+        return tuple(dict.fromkeys(date for date, _ in self.sources))
 
     @property
     def device(self) -> str:
@@ -155,7 +158,6 @@ def newest(part: str, device: str | None = None, directory: Path | None = None) 
     base = found[0]
     same = [d for d in found if d["meta"]["device"] == base["meta"]["device"]]
     cases = {name: dict(c) for name, c in base["parts"][part].items()}
-    dates = [base["meta"]["date"]]
     sources = [(base["meta"]["date"], base["meta"].get("time", ""))]
     for older in same[1:]:
         used = False
@@ -166,11 +168,9 @@ def newest(part: str, device: str | None = None, directory: Path | None = None) 
                     mine[cc] = c[cc]
                     mine.pop("error", None)
                     used = True
-        if used and older["meta"]["date"] not in dates:
-            dates.append(older["meta"]["date"])
         if used:
             sources.append((older["meta"]["date"], older["meta"].get("time", "")))
-    return Part(part, base["meta"], cases, dates=tuple(dates), sources=tuple(sources))
+    return Part(part, base["meta"], cases, sources=tuple(sources))
 
 
 def this_device() -> str | None:
